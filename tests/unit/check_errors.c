@@ -1,0 +1,55 @@
+#include "errors.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+START_TEST(test_strerror_project_codes)
+{
+    ck_assert_str_eq(ps_strerror(0), "success");
+    ck_assert_str_eq(ps_strerror(PS_ENOTFOUND), "not found");
+    ck_assert_str_eq(ps_strerror(PS_ESHAPE), "shape mismatch");
+    ck_assert_str_eq(ps_errname(PS_ENONFINITE), "PS_ENONFINITE");
+}
+END_TEST
+
+START_TEST(test_strerror_errno)
+{
+    ck_assert_str_eq(ps_strerror(-ENOENT), strerror(ENOENT));
+    ck_assert_str_eq(ps_errname(-ENOSPC), "ENOSPC");
+}
+END_TEST
+
+START_TEST(test_strerror_unknown)
+{
+    ck_assert_str_eq(ps_strerror(-29999), "unknown error");
+    ck_assert_str_eq(ps_strerror(12345), "unknown error");
+    ck_assert_str_eq(ps_errname(-29999), "UNKNOWN");
+}
+END_TEST
+
+START_TEST(test_codes_distinct_from_errno)
+{
+    /* Every project code must sit below the errno range. */
+#define CHECK_BAND(name, value, text) ck_assert_int_lt(name, -4095);
+    PS_ERRNO_MAP(CHECK_BAND)
+#undef CHECK_BAND
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("errors");
+    TCase *tc = tcase_create("ps_strerror");
+    tcase_add_test(tc, test_strerror_project_codes);
+    tcase_add_test(tc, test_strerror_errno);
+    tcase_add_test(tc, test_strerror_unknown);
+    tcase_add_test(tc, test_codes_distinct_from_errno);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
