@@ -1,0 +1,63 @@
+# The README's two commands. Each installs what is missing (Debian packages,
+# with sudo when not root), configures meson once and builds.
+#
+#   make demo    the main job: a local cluster training a real model
+#   make test    every test suite (unit, integration, interop, fault), then
+#                the unit suite again under valgrind
+#   make bench   the benchmarks under bench/
+#
+# BUILD selects the build directory; MESON_ARGS passes options to meson.
+
+BUILD ?= build
+MESON_ARGS ?=
+SHELL := /bin/bash
+
+# Everything the build, the tests and the demo need, by Debian package name.
+DEB_PACKAGES := \
+	meson ninja-build pkg-config gcc g++ clang \
+	libgrpc-dev protobuf-c-compiler libprotobuf-c-dev liblmdb-dev \
+	libuv1-dev libjansson-dev zlib1g-dev libopenblas-dev \
+	check libsubunit-dev valgrind lmdb-utils \
+	python3-grpcio python3-grpc-tools python3-numpy \
+	dataset-fashion-mnist iproute2 procps
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build test test-unit test-valgrind demo bench clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "make: installing Debian packages:" $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) $(MESON_ARGS)
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+test: build
+	@rc=0; \
+	meson test -C $(BUILD) --print-errorlogs --no-rebuild || rc=1; \
+	/usr/bin/python3 tests/summary.py $(BUILD)/meson-logs/testlog.json "tests" > $(BUILD)/summary-main.txt || rc=1; \
+	meson test -C $(BUILD) --setup valgrind --suite unit --print-errorlogs --no-rebuild || rc=1; \
+	/usr/bin/python3 tests/summary.py $(BUILD)/meson-logs/testlog-valgrind.json "valgrind" > $(BUILD)/summary-valgrind.txt || rc=1; \
+	cat $(BUILD)/summary-main.txt $(BUILD)/summary-valgrind.txt | \
+		/usr/bin/python3 tests/summary.py --total; \
+	exit $$rc
+
+demo: build
+	bash deploy/demo.sh $(BUILD)
+
+bench: build
+	bash bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

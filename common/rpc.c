@@ -1,0 +1,1166 @@
+/*
+ * rpc.c - the gRPC-core server: completion-queue threads, one struct per
+ * call, the health service, graceful shutdown. See rpc.h for the model.
+ *
+ * A call's life: a ps_rpc_call is allocated and requested from gRPC (tag
+ * t_new). When a client's call arrives on it, a fresh one is requested for
+ * the same method, RECV_CLOSE_ON_SERVER is started (t_close) so that a
+ * cancellation is noticed, the payload is copied into the thread's reusable
+ * buffer and the handler runs. The call holds two references: one for the
+ * close operation and one for the answer; it is freed when both completions
+ * (t_close and the final status batch, t_send) have come back.
+ */
+#include "rpc.h"
+
+#include "errors.h"
+#include "health.pb-c.h"
+#include "log.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Calls kept requested per method per thread: enough that a burst is
+ * matched without waiting for the re-request after each arrival. */
+#define REQUESTS_PER_METHOD 4
+#define MAX_THREADS 64
+
+enum tag_kind { TAG_NEW, TAG_SEND, TAG_CLOSE, TAG_WRITE, TAG_SHUTDOWN };
+
+struct tag {
+    enum tag_kind kind;
+    void *obj;
+};
+
+struct method {
+    char *path;
+    char *service; /* "ps.v1.ParameterServer" */
+    enum ps_rpc_kind kind;
+    ps_rpc_handler fn;
+    void *ctx;
+    void *handle; /* from grpc_server_register_method */
+};
+
+struct cq_thread {
+    ps_rpc_server *srv;
+    int index;
+    grpc_completion_queue *cq;
+    pthread_t th;
+    ps_buf buf; /* the request bytes of the call being handled */
+};
+
+struct outmsg {
+    struct outmsg *next;
+    grpc_byte_buffer *bb;
+};
+
+struct health_entry {
+    char *service;
+    bool serving;
+};
+
+struct ps_rpc_call {
+    struct tag t_new, t_send, t_close, t_write;
+    ps_rpc_server *srv;
+    struct method *m; /* NULL: an unregistered method */
+    struct cq_thread *thr;
+    grpc_call *call;
+    gpr_timespec deadline;
+    int64_t deadline_ms;
+    grpc_metadata_array md;
+    grpc_call_details details; /* unregistered calls only */
+    grpc_byte_buffer *payload;
+    int close_cancelled; /* written by gRPC when t_close completes */
+    atomic_bool cancelled;
+    atomic_int refs;
+    char *peer;
+    char path[256];
+
+    /* Answer side, under mu (streams write from several threads). */
+    pthread_mutex_t mu;
+    grpc_byte_buffer *send_bb;
+    grpc_slice status_details;
+    bool have_details;
+    bool md_sent;
+    bool ended;           /* reply/fail/finish was called */
+    bool write_in_flight;
+    bool status_sent;
+    enum ps_rpc_code finish_code;
+    char *finish_msg;
+    struct outmsg *q_head, *q_tail;
+    grpc_byte_buffer *write_bb;
+
+    bool is_health_watcher;
+    struct ps_rpc_call *next_watcher;
+    char *watch_service;
+};
+
+struct ps_rpc_server {
+    ps_rpc_server_opts opts;
+    char *listen;
+    grpc_server *server;
+    struct method *methods;
+    int nmethods;
+    struct cq_thread *threads;
+    int nthreads;
+    bool started;
+    atomic_bool shutting_down;
+    bool shutdown_done;
+    bool destroyed_server;
+    struct tag t_shutdown;
+    pthread_mutex_t mu; /* shutdown state, in-flight count, health */
+    pthread_cond_t cond;
+    int in_flight;
+    atomic_uint_fast64_t calls_total;
+    struct health_entry *health;
+    int nhealth;
+    struct ps_rpc_call *watchers;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+/* gRPC's own log lines (multi-line error trees) go through our logger at
+ * debug level: the error that matters is reported by us, in one line. */
+static void grpc_log_to_ps(gpr_log_func_args *args)
+{
+    ps_log_debug("grpc: %s:%d %s", args->file, args->line, args->message);
+}
+
+void ps_rpc_init_logging(void)
+{
+    gpr_set_log_function(grpc_log_to_ps);
+}
+
+int64_t ps_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ps_buf_reserve(ps_buf *b, size_t cap)
+{
+    if (cap <= b->cap)
+        return 0;
+    size_t ncap = b->cap ? b->cap : 4096;
+    while (ncap < cap)
+        ncap = ncap * 2 > ncap ? ncap * 2 : cap;
+    uint8_t *p = realloc(b->data, ncap);
+    if (p == NULL)
+        return -ENOMEM;
+    b->data = p;
+    b->cap = ncap;
+    return 0;
+}
+
+void ps_buf_free(ps_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+static const char *const code_names[] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+    "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+};
+
+const char *ps_rpc_code_name(int code)
+{
+    if (code < 0 || code > 16)
+        return "UNKNOWN_CODE";
+    return code_names[code];
+}
+
+enum ps_rpc_code ps_rpc_code_from_err(int err)
+{
+    switch (err) {
+    case 0: return PS_RPC_OK;
+    case PS_EINVAL_ARG:
+    case PS_EPARSE:
+    case PS_ESHAPE:
+    case PS_EDTYPE:
+    case PS_ENONFINITE:
+    case -EINVAL: return PS_RPC_INVALID_ARGUMENT;
+    case PS_ENOTFOUND:
+    case -ENOENT: return PS_RPC_NOT_FOUND;
+    case PS_EEXIST: return PS_RPC_ALREADY_EXISTS;
+    case PS_ESTALE:
+    case PS_ECONFLICT: return PS_RPC_FAILED_PRECONDITION;
+    case PS_ETIMEDOUT: return PS_RPC_DEADLINE_EXCEEDED;
+    case PS_EUNAVAIL:
+    case PS_ESHUTDOWN: return PS_RPC_UNAVAILABLE;
+    case PS_EFULL:
+    case -ENOSPC:
+    case -ENOMEM: return PS_RPC_RESOURCE_EXHAUSTED;
+    case PS_ECORRUPT: return PS_RPC_DATA_LOSS;
+    default: return PS_RPC_INTERNAL;
+    }
+}
+
+/* Copies a received message into b, reusing its memory. */
+static int read_byte_buffer(grpc_byte_buffer *bb, ps_buf *b)
+{
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, bb))
+        return PS_EPARSE;
+    b->len = 0;
+    int rc = ps_buf_reserve(b, grpc_byte_buffer_length(bb));
+    grpc_slice s;
+    while (rc == 0 && grpc_byte_buffer_reader_next(&reader, &s)) {
+        size_t n = GRPC_SLICE_LENGTH(s);
+        rc = ps_buf_reserve(b, b->len + n);
+        if (rc == 0) {
+            memcpy(b->data + b->len, GRPC_SLICE_START_PTR(s), n);
+            b->len += n;
+        }
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&reader);
+    return rc;
+}
+
+/* A byte buffer holding a copy of msg; gRPC consumes it when it is sent. */
+static grpc_byte_buffer *make_bb(const void *msg, size_t len)
+{
+    grpc_slice s = grpc_slice_malloc(len);
+    if (len > 0)
+        memcpy(GRPC_SLICE_START_PTR(s), msg, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static grpc_byte_buffer *make_bb_pb(const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+/* ---- call lifetime ---------------------------------------------------- */
+
+static ps_rpc_call *call_new(ps_rpc_server *srv, struct method *m,
+                             struct cq_thread *thr)
+{
+    ps_rpc_call *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->srv = srv;
+    c->m = m;
+    c->thr = thr;
+    c->t_new = (struct tag){TAG_NEW, c};
+    c->t_send = (struct tag){TAG_SEND, c};
+    c->t_close = (struct tag){TAG_CLOSE, c};
+    c->t_write = (struct tag){TAG_WRITE, c};
+    grpc_metadata_array_init(&c->md);
+    grpc_call_details_init(&c->details);
+    pthread_mutex_init(&c->mu, NULL);
+    atomic_init(&c->refs, 0);
+    atomic_init(&c->cancelled, false);
+    return c;
+}
+
+/* Frees everything of a call; the last reference's holder calls it. */
+static void call_free(ps_rpc_call *c)
+{
+    if (c->call != NULL)
+        grpc_call_unref(c->call);
+    grpc_metadata_array_destroy(&c->md);
+    grpc_call_details_destroy(&c->details);
+    if (c->payload != NULL)
+        grpc_byte_buffer_destroy(c->payload);
+    if (c->send_bb != NULL)
+        grpc_byte_buffer_destroy(c->send_bb);
+    if (c->write_bb != NULL)
+        grpc_byte_buffer_destroy(c->write_bb);
+    if (c->have_details)
+        grpc_slice_unref(c->status_details);
+    for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
+        next = o->next;
+        grpc_byte_buffer_destroy(o->bb);
+        free(o);
+    }
+    if (c->peer != NULL)
+        gpr_free(c->peer);
+    free(c->finish_msg);
+    free(c->watch_service);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void call_unref(ps_rpc_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    ps_rpc_server *srv = c->srv;
+    call_free(c);
+    pthread_mutex_lock(&srv->mu);
+    srv->in_flight--;
+    pthread_cond_broadcast(&srv->cond);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+static void request_call(ps_rpc_server *srv, struct method *m,
+                         struct cq_thread *thr)
+{
+    if (atomic_load(&srv->shutting_down))
+        return;
+    ps_rpc_call *c = call_new(srv, m, thr);
+    if (c == NULL) {
+        ps_log_error("rpc: out of memory requesting a call");
+        return;
+    }
+    grpc_call_error e;
+    if (m != NULL) {
+        e = grpc_server_request_registered_call(
+            srv->server, m->handle, &c->call, &c->deadline, &c->md,
+            &c->payload, thr->cq, thr->cq, &c->t_new);
+    } else {
+        e = grpc_server_request_call(srv->server, &c->call, &c->details,
+                                     &c->md, thr->cq, thr->cq, &c->t_new);
+    }
+    if (e != GRPC_CALL_OK) {
+        call_free(c);
+        if (!atomic_load(&srv->shutting_down))
+            ps_log_error("rpc: requesting a call failed (%d)", (int)e);
+    }
+}
+
+/* Sends the final status (with initial metadata if none went yet). Called
+ * with c->mu held, once no write is in flight. Returns false if gRPC refused
+ * the batch: the caller then drops the answer's reference after unlocking. */
+static bool send_status_locked(ps_rpc_call *c)
+{
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+        c->md_sent = true;
+    }
+    c->status_details =
+        grpc_slice_from_copied_string(c->finish_msg ? c->finish_msg : "");
+    c->have_details = true;
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status =
+        (grpc_status_code)c->finish_code;
+    ops[n].data.send_status_from_server.status_details =
+        c->finish_code == PS_RPC_OK ? NULL : &c->status_details;
+    n++;
+    c->status_sent = true;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send,
+                                              NULL);
+    if (e != GRPC_CALL_OK) {
+        ps_log_error("rpc: %s: sending status failed (%d)", c->path, (int)e);
+        return false;
+    }
+    return true;
+}
+
+/* Starts the next queued stream message. Called with c->mu held. */
+static void start_write_locked(ps_rpc_call *c)
+{
+    struct outmsg *o = c->q_head;
+    c->q_head = o->next;
+    if (c->q_head == NULL)
+        c->q_tail = NULL;
+    c->write_bb = o->bb;
+    free(o);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+        c->md_sent = true;
+    }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = c->write_bb;
+    n++;
+    c->write_in_flight = true;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_write,
+                                              NULL);
+    if (e != GRPC_CALL_OK) {
+        ps_log_error("rpc: %s: stream write failed (%d)", c->path, (int)e);
+        c->write_in_flight = false;
+        grpc_byte_buffer_destroy(c->write_bb);
+        c->write_bb = NULL;
+    }
+}
+
+static void on_write_done(ps_rpc_call *c, bool ok)
+{
+    pthread_mutex_lock(&c->mu);
+    grpc_byte_buffer_destroy(c->write_bb);
+    c->write_bb = NULL;
+    c->write_in_flight = false;
+    if (!ok) {
+        /* The stream is gone: drop what is queued. */
+        for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
+            next = o->next;
+            grpc_byte_buffer_destroy(o->bb);
+            free(o);
+        }
+        c->q_head = c->q_tail = NULL;
+        atomic_store(&c->cancelled, true);
+    }
+    bool sent = true;
+    if (c->q_head != NULL)
+        start_write_locked(c);
+    else if (c->ended && !c->status_sent)
+        sent = send_status_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (!sent)
+        call_unref(c);
+}
+
+/* Marks the call ended with a status and sends it when the queue is empty. */
+static void finish_call(ps_rpc_call *c, enum ps_rpc_code code, char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->ended) {
+        pthread_mutex_unlock(&c->mu);
+        ps_log_error("rpc: %s: answered twice (ignored)", c->path);
+        free(msg);
+        return;
+    }
+    c->ended = true;
+    c->finish_code = code;
+    c->finish_msg = msg;
+    if (code != PS_RPC_OK) {
+        /* An error ends a stream at once; queued messages are dropped. */
+        for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
+            next = o->next;
+            grpc_byte_buffer_destroy(o->bb);
+            free(o);
+        }
+        c->q_head = c->q_tail = NULL;
+    }
+    bool sent = true;
+    if (!c->write_in_flight && c->q_head == NULL)
+        sent = send_status_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (!sent)
+        call_unref(c);
+}
+
+/* ---- answering -------------------------------------------------------- */
+
+static int reply_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->ended) {
+        pthread_mutex_unlock(&c->mu);
+        grpc_byte_buffer_destroy(bb);
+        ps_log_error("rpc: %s: answered twice (ignored)", c->path);
+        return PS_ECONFLICT;
+    }
+    c->ended = true;
+    c->finish_code = PS_RPC_OK;
+    c->send_bb = bb;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    c->md_sent = true;
+    c->status_sent = true;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, 3, &c->t_send,
+                                              NULL);
+    pthread_mutex_unlock(&c->mu);
+    if (e != GRPC_CALL_OK) {
+        ps_log_error("rpc: %s: sending reply failed (%d)", c->path, (int)e);
+        call_unref(c);
+        return PS_ERPC;
+    }
+    return 0;
+}
+
+int ps_rpc_reply(ps_rpc_call *c, const void *msg, size_t len)
+{
+    if (c->m != NULL && c->m->kind == PS_RPC_SERVER_STREAM) {
+        int rc = ps_rpc_stream_write(c, msg, len);
+        ps_rpc_stream_finish(c);
+        return rc;
+    }
+    return reply_bb(c, make_bb(msg, len));
+}
+
+int ps_rpc_reply_pb(ps_rpc_call *c, const void *msg)
+{
+    if (c->m != NULL && c->m->kind == PS_RPC_SERVER_STREAM) {
+        int rc = ps_rpc_stream_write_pb(c, msg);
+        ps_rpc_stream_finish(c);
+        return rc;
+    }
+    return reply_bb(c, make_bb_pb(msg));
+}
+
+void ps_rpc_vfail(ps_rpc_call *c, enum ps_rpc_code code, const char *fmt,
+                  va_list ap)
+{
+    char *msg = NULL;
+    if (vasprintf(&msg, fmt, ap) < 0)
+        msg = NULL;
+    if (code == PS_RPC_OK)
+        code = PS_RPC_UNKNOWN;
+    ps_log_debug("rpc: %s -> %s: %s", c->path, ps_rpc_code_name(code),
+                 msg ? msg : "");
+    finish_call(c, code, msg);
+}
+
+void ps_rpc_fail(ps_rpc_call *c, enum ps_rpc_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ps_rpc_vfail(c, code, fmt, ap);
+    va_end(ap);
+}
+
+static int stream_write_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
+{
+    struct outmsg *o = malloc(sizeof *o);
+    if (o == NULL) {
+        grpc_byte_buffer_destroy(bb);
+        return -ENOMEM;
+    }
+    o->bb = bb;
+    o->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->ended || atomic_load(&c->cancelled)) {
+        pthread_mutex_unlock(&c->mu);
+        grpc_byte_buffer_destroy(bb);
+        free(o);
+        return PS_ESHUTDOWN;
+    }
+    if (c->q_tail != NULL)
+        c->q_tail->next = o;
+    else
+        c->q_head = o;
+    c->q_tail = o;
+    if (!c->write_in_flight)
+        start_write_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+int ps_rpc_stream_write(ps_rpc_call *c, const void *msg, size_t len)
+{
+    return stream_write_bb(c, make_bb(msg, len));
+}
+
+int ps_rpc_stream_write_pb(ps_rpc_call *c, const void *msg)
+{
+    return stream_write_bb(c, make_bb_pb(msg));
+}
+
+void ps_rpc_stream_finish(ps_rpc_call *c)
+{
+    finish_call(c, PS_RPC_OK, NULL);
+}
+
+int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *c)
+{
+    return c->deadline_ms;
+}
+
+bool ps_rpc_call_cancelled(const ps_rpc_call *c)
+{
+    return atomic_load(&c->cancelled) ||
+           (c->deadline_ms != INT64_MAX && ps_now_ms() >= c->deadline_ms);
+}
+
+const char *ps_rpc_call_method(const ps_rpc_call *c)
+{
+    return c->path;
+}
+
+const char *ps_rpc_call_peer(ps_rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->peer == NULL)
+        c->peer = grpc_call_get_peer(c->call);
+    pthread_mutex_unlock(&c->mu);
+    return c->peer;
+}
+
+/* ---- health ----------------------------------------------------------- */
+
+static struct health_entry *health_find(ps_rpc_server *srv, const char *svc)
+{
+    for (int i = 0; i < srv->nhealth; i++)
+        if (strcmp(srv->health[i].service, svc) == 0)
+            return &srv->health[i];
+    return NULL;
+}
+
+static int health_add(ps_rpc_server *srv, const char *svc)
+{
+    if (health_find(srv, svc) != NULL)
+        return 0;
+    struct health_entry *h =
+        realloc(srv->health, sizeof *h * (size_t)(srv->nhealth + 1));
+    if (h == NULL)
+        return -ENOMEM;
+    srv->health = h;
+    h[srv->nhealth].service = strdup(svc);
+    h[srv->nhealth].serving = false;
+    if (h[srv->nhealth].service == NULL)
+        return -ENOMEM;
+    srv->nhealth++;
+    return 0;
+}
+
+static Grpc__Health__V1__HealthCheckResponse__ServingStatus
+health_status_locked(ps_rpc_server *srv, const char *svc, bool watch)
+{
+    struct health_entry *h = health_find(srv, svc);
+    if (h == NULL)
+        return watch ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+                     : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__UNKNOWN;
+    return h->serving && !atomic_load(&srv->shutting_down)
+               ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void health_send(ps_rpc_call *c,
+                        Grpc__Health__V1__HealthCheckResponse__ServingStatus st)
+{
+    Grpc__Health__V1__HealthCheckResponse resp =
+        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = st;
+    ps_rpc_stream_write_pb(c, &resp);
+}
+
+static void health_check(ps_rpc_call *call, const uint8_t *req, size_t len,
+                         void *ctx)
+{
+    ps_rpc_server *srv = ctx;
+    Grpc__Health__V1__HealthCheckRequest *r =
+        grpc__health__v1__health_check_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "HealthCheckRequest: %zu bytes that do not parse", len);
+        return;
+    }
+    pthread_mutex_lock(&srv->mu);
+    bool known = health_find(srv, r->service) != NULL;
+    Grpc__Health__V1__HealthCheckResponse resp =
+        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = health_status_locked(srv, r->service, false);
+    pthread_mutex_unlock(&srv->mu);
+    if (known)
+        ps_rpc_reply_pb(call, &resp);
+    else
+        ps_rpc_fail(call, PS_RPC_NOT_FOUND, "unknown service '%s'",
+                    r->service);
+    grpc__health__v1__health_check_request__free_unpacked(r, NULL);
+}
+
+static void health_watch(ps_rpc_call *call, const uint8_t *req, size_t len,
+                         void *ctx)
+{
+    ps_rpc_server *srv = ctx;
+    Grpc__Health__V1__HealthCheckRequest *r =
+        grpc__health__v1__health_check_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "HealthCheckRequest: %zu bytes that do not parse", len);
+        return;
+    }
+    call->watch_service = strdup(r->service);
+    grpc__health__v1__health_check_request__free_unpacked(r, NULL);
+    if (call->watch_service == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    pthread_mutex_lock(&srv->mu);
+    health_send(call, health_status_locked(srv, call->watch_service, true));
+    if (atomic_load(&srv->shutting_down)) {
+        pthread_mutex_unlock(&srv->mu);
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "server is shutting down");
+        return;
+    }
+    call->is_health_watcher = true;
+    call->next_watcher = srv->watchers;
+    srv->watchers = call;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Removes a watcher that went away; returns true if it was still listed
+ * (and so still needs ending). Called with srv->mu held. */
+static bool watcher_remove_locked(ps_rpc_server *srv, ps_rpc_call *c)
+{
+    for (ps_rpc_call **p = &srv->watchers; *p != NULL; p = &(*p)->next_watcher) {
+        if (*p == c) {
+            *p = c->next_watcher;
+            return true;
+        }
+    }
+    return false;
+}
+
+void ps_rpc_server_set_serving(ps_rpc_server *srv, const char *service,
+                               bool serving)
+{
+    pthread_mutex_lock(&srv->mu);
+    struct health_entry *h = health_find(srv, service);
+    if (h == NULL && health_add(srv, service) == 0)
+        h = health_find(srv, service);
+    if (h != NULL && h->serving != serving) {
+        h->serving = serving;
+        for (ps_rpc_call *w = srv->watchers; w != NULL; w = w->next_watcher)
+            if (strcmp(w->watch_service, service) == 0)
+                health_send(w, health_status_locked(srv, service, true));
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- the completion-queue threads ------------------------------------- */
+
+static void on_new_call(ps_rpc_call *c)
+{
+    ps_rpc_server *srv = c->srv;
+    struct cq_thread *thr = c->thr;
+
+    request_call(srv, c->m, thr);
+
+    pthread_mutex_lock(&srv->mu);
+    srv->in_flight++;
+    pthread_mutex_unlock(&srv->mu);
+    atomic_store(&c->refs, 2);
+
+    if (c->m != NULL) {
+        snprintf(c->path, sizeof c->path, "%s", c->m->path);
+    } else {
+        char *m = grpc_slice_to_c_string(c->details.method);
+        snprintf(c->path, sizeof c->path, "%s", m);
+        gpr_free(m);
+        c->deadline = c->details.deadline;
+    }
+    if (gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0) {
+        c->deadline_ms = INT64_MAX;
+    } else {
+        gpr_timespec left = gpr_time_sub(c->deadline,
+                                         gpr_now(c->deadline.clock_type));
+        c->deadline_ms = ps_now_ms() + gpr_time_to_millis(left);
+    }
+
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) !=
+        GRPC_CALL_OK) {
+        ps_log_error("rpc: %s: cannot watch for close", c->path);
+        atomic_fetch_sub(&c->refs, 1);
+    }
+
+    if (c->m == NULL) {
+        ps_rpc_fail(c, PS_RPC_UNIMPLEMENTED, "unknown method '%s'", c->path);
+        return;
+    }
+    if (c->payload == NULL) {
+        ps_rpc_fail(c, PS_RPC_INVALID_ARGUMENT,
+                    "%s: the call carried no request message", c->path);
+        return;
+    }
+    int rc = read_byte_buffer(c->payload, &thr->buf);
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    if (rc != 0) {
+        ps_rpc_fail(c, PS_RPC_RESOURCE_EXHAUSTED,
+                    "%s: cannot read the request: %s", c->path,
+                    ps_strerror(rc));
+        return;
+    }
+    atomic_fetch_add(&srv->calls_total, 1);
+    c->m->fn(c, thr->buf.data, thr->buf.len, c->m->ctx);
+}
+
+static void on_close(ps_rpc_call *c)
+{
+    if (c->close_cancelled)
+        atomic_store(&c->cancelled, true);
+    if (c->is_health_watcher) {
+        ps_rpc_server *srv = c->srv;
+        pthread_mutex_lock(&srv->mu);
+        bool listed = watcher_remove_locked(srv, c);
+        pthread_mutex_unlock(&srv->mu);
+        if (listed)
+            ps_rpc_fail(c, PS_RPC_CANCELLED, "watch ended by the client");
+    }
+    call_unref(c);
+}
+
+static void *cq_thread_main(void *arg)
+{
+    struct cq_thread *thr = arg;
+    ps_rpc_server *srv = thr->srv;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(
+            thr->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        struct tag *t = ev.tag;
+        switch (t->kind) {
+        case TAG_NEW:
+            if (ev.success)
+                on_new_call(t->obj);
+            else
+                call_free(t->obj); /* the server is shutting down */
+            break;
+        case TAG_SEND:
+            call_unref(t->obj);
+            break;
+        case TAG_CLOSE:
+            on_close(t->obj);
+            break;
+        case TAG_WRITE:
+            on_write_done(t->obj, ev.success);
+            break;
+        case TAG_SHUTDOWN:
+            pthread_mutex_lock(&srv->mu);
+            srv->shutdown_done = true;
+            pthread_cond_broadcast(&srv->cond);
+            pthread_mutex_unlock(&srv->mu);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- server ----------------------------------------------------------- */
+
+int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
+{
+    if (opts == NULL || opts->listen == NULL || opts->listen[0] == '\0' ||
+        opts->threads < 0 || opts->threads > MAX_THREADS ||
+        opts->max_message_bytes > PS_RPC_MAX_MESSAGE_CEILING)
+        return PS_EINVAL_ARG;
+    ps_rpc_server *srv = calloc(1, sizeof *srv);
+    if (srv == NULL)
+        return -ENOMEM;
+    srv->opts = *opts;
+    if (srv->opts.threads == 0)
+        srv->opts.threads = 2;
+    if (srv->opts.max_message_bytes == 0)
+        srv->opts.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
+    srv->listen = strdup(opts->listen);
+    if (srv->listen == NULL) {
+        free(srv);
+        return -ENOMEM;
+    }
+    srv->opts.listen = srv->listen;
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->cond, NULL);
+    atomic_init(&srv->shutting_down, false);
+    atomic_init(&srv->calls_total, 0);
+    srv->t_shutdown = (struct tag){TAG_SHUTDOWN, srv};
+    ps_rpc_init_logging();
+    grpc_init();
+
+    int rc = ps_rpc_server_add_method(srv, "/grpc.health.v1.Health/Check",
+                                      PS_RPC_UNARY, health_check, srv);
+    if (rc == 0)
+        rc = ps_rpc_server_add_method(srv, "/grpc.health.v1.Health/Watch",
+                                      PS_RPC_SERVER_STREAM, health_watch, srv);
+    if (rc != 0) {
+        ps_rpc_server_destroy(srv);
+        return rc;
+    }
+    *out = srv;
+    return 0;
+}
+
+int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
+                             enum ps_rpc_kind kind, ps_rpc_handler fn,
+                             void *ctx)
+{
+    if (srv->started || path == NULL || path[0] != '/' || fn == NULL ||
+        strlen(path) >= 255)
+        return PS_EINVAL_ARG;
+    const char *slash = strchr(path + 1, '/');
+    if (slash == NULL || slash == path + 1 || slash[1] == '\0')
+        return PS_EINVAL_ARG;
+    for (int i = 0; i < srv->nmethods; i++)
+        if (strcmp(srv->methods[i].path, path) == 0)
+            return PS_EEXIST;
+    struct method *m = realloc(srv->methods,
+                               sizeof *m * (size_t)(srv->nmethods + 1));
+    if (m == NULL)
+        return -ENOMEM;
+    srv->methods = m;
+    m = &srv->methods[srv->nmethods];
+    memset(m, 0, sizeof *m);
+    m->path = strdup(path);
+    m->service = strndup(path + 1, (size_t)(slash - path - 1));
+    if (m->path == NULL || m->service == NULL) {
+        free(m->path);
+        free(m->service);
+        return -ENOMEM;
+    }
+    m->kind = kind;
+    m->fn = fn;
+    m->ctx = ctx;
+    srv->nmethods++;
+    return 0;
+}
+
+int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
+{
+    if (srv->started)
+        return PS_EINVAL_ARG;
+    int rc = 0;
+    /* SO_REUSEPORT off: a second psd on a taken port must fail loudly,
+     * not silently share the port with the first. */
+    grpc_arg args[3];
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)srv->opts.max_message_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = (int)srv->opts.max_message_bytes;
+    grpc_channel_args cargs = {3, args};
+    srv->server = grpc_server_create(&cargs, NULL);
+    if (srv->server == NULL)
+        return -ENOMEM;
+
+    for (int i = 0; i < srv->nmethods; i++) {
+        srv->methods[i].handle = grpc_server_register_method(
+            srv->server, srv->methods[i].path, NULL,
+            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->methods[i].handle == NULL)
+            return PS_EINVAL_ARG;
+        if ((rc = health_add(srv, srv->methods[i].service)) != 0)
+            return rc;
+    }
+    if ((rc = health_add(srv, "")) != 0)
+        return rc;
+
+    srv->nthreads = srv->opts.threads;
+    srv->threads = calloc((size_t)srv->nthreads, sizeof *srv->threads);
+    if (srv->threads == NULL)
+        return -ENOMEM;
+    for (int i = 0; i < srv->nthreads; i++) {
+        srv->threads[i].srv = srv;
+        srv->threads[i].index = i;
+        srv->threads[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(srv->server,
+                                              srv->threads[i].cq, NULL);
+    }
+
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (port == 0) {
+        ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
+                     "host:port)", srv->listen);
+        /* Nothing was started: the queues can go at once. */
+        for (int i = 0; i < srv->nthreads; i++) {
+            grpc_completion_queue_shutdown(srv->threads[i].cq);
+            while (grpc_completion_queue_next(srv->threads[i].cq,
+                                              gpr_inf_future(GPR_CLOCK_REALTIME),
+                                              NULL).type != GRPC_QUEUE_SHUTDOWN)
+                ;
+            grpc_completion_queue_destroy(srv->threads[i].cq);
+            srv->threads[i].cq = NULL;
+        }
+        grpc_server_destroy(srv->server);
+        srv->server = NULL;
+        free(srv->threads);
+        srv->threads = NULL;
+        srv->nthreads = 0;
+        return -EADDRINUSE;
+    }
+    grpc_server_start(srv->server);
+    srv->started = true;
+
+    for (int i = 0; i < srv->nthreads; i++) {
+        struct cq_thread *thr = &srv->threads[i];
+        for (int k = 0; k < srv->nmethods; k++)
+            for (int r = 0; r < REQUESTS_PER_METHOD; r++)
+                request_call(srv, &srv->methods[k], thr);
+        request_call(srv, NULL, thr);
+        if (pthread_create(&thr->th, NULL, cq_thread_main, thr) != 0) {
+            ps_log_error("rpc: cannot start thread %d", i);
+            /* Threads already running are stopped by shutdown. */
+            srv->nthreads = i;
+            grpc_completion_queue_shutdown(thr->cq);
+            while (grpc_completion_queue_next(thr->cq,
+                                              gpr_inf_future(GPR_CLOCK_REALTIME),
+                                              NULL).type != GRPC_QUEUE_SHUTDOWN)
+                ;
+            grpc_completion_queue_destroy(thr->cq);
+            return -EAGAIN;
+        }
+    }
+    pthread_mutex_lock(&srv->mu);
+    for (int i = 0; i < srv->nhealth; i++)
+        srv->health[i].serving = true;
+    pthread_mutex_unlock(&srv->mu);
+    if (port_out != NULL)
+        *port_out = port;
+    return 0;
+}
+
+void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms)
+{
+    if (!srv->started || atomic_exchange(&srv->shutting_down, true))
+        return;
+
+    /* Watchers are told NOT_SERVING and ended, or they would hold the
+     * drain open forever. */
+    pthread_mutex_lock(&srv->mu);
+    ps_rpc_call *w = srv->watchers;
+    srv->watchers = NULL;
+    for (ps_rpc_call *x = w; x != NULL; x = x->next_watcher)
+        health_send(x, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
+    pthread_mutex_unlock(&srv->mu);
+    while (w != NULL) {
+        ps_rpc_call *next = w->next_watcher;
+        ps_rpc_fail(w, PS_RPC_UNAVAILABLE, "server is shutting down");
+        w = next;
+    }
+
+    grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
+                                    &srv->t_shutdown);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += grace_ms / 1000;
+    until.tv_nsec += (long)(grace_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&srv->mu);
+    while (!srv->shutdown_done) {
+        if (pthread_cond_timedwait(&srv->cond, &srv->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    bool drained = srv->shutdown_done;
+    int left = srv->in_flight;
+    pthread_mutex_unlock(&srv->mu);
+    if (!drained) {
+        if (left > 0)
+            ps_log_warn("rpc: %d call(s) still in flight after %d ms; cancelling",
+                    left, grace_ms);
+        grpc_server_cancel_all_calls(srv->server);
+        pthread_mutex_lock(&srv->mu);
+        while (!srv->shutdown_done)
+            pthread_cond_wait(&srv->cond, &srv->mu);
+        pthread_mutex_unlock(&srv->mu);
+    }
+    for (int i = 0; i < srv->nthreads; i++)
+        grpc_completion_queue_shutdown(srv->threads[i].cq);
+    for (int i = 0; i < srv->nthreads; i++) {
+        pthread_join(srv->threads[i].th, NULL);
+        grpc_completion_queue_destroy(srv->threads[i].cq);
+        ps_buf_free(&srv->threads[i].buf);
+    }
+    grpc_server_destroy(srv->server);
+    srv->server = NULL;
+}
+
+void ps_rpc_server_destroy(ps_rpc_server *srv)
+{
+    if (srv == NULL)
+        return;
+    ps_rpc_server_shutdown(srv, 0);
+    if (srv->server != NULL)
+        grpc_server_destroy(srv->server);
+    for (int i = 0; i < srv->nmethods; i++) {
+        free(srv->methods[i].path);
+        free(srv->methods[i].service);
+    }
+    free(srv->methods);
+    for (int i = 0; i < srv->nhealth; i++)
+        free(srv->health[i].service);
+    free(srv->health);
+    free(srv->threads);
+    free(srv->listen);
+    pthread_mutex_destroy(&srv->mu);
+    pthread_cond_destroy(&srv->cond);
+    free(srv);
+    grpc_shutdown();
+}
+
+uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv)
+{
+    return atomic_load(&((ps_rpc_server *)srv)->calls_total);
+}
+
+int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv)
+{
+    ps_rpc_server *s = (ps_rpc_server *)srv;
+    pthread_mutex_lock(&s->mu);
+    int n = s->in_flight;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* ---- signals ---------------------------------------------------------- */
+
+static void fill_sigset(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
+void ps_signals_block(void)
+{
+    sigset_t set;
+    fill_sigset(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int ps_signals_wait(int timeout_ms)
+{
+    sigset_t set;
+    fill_sigset(&set);
+    for (;;) {
+        int sig;
+        if (timeout_ms < 0) {
+            if (sigwait(&set, &sig) == 0)
+                return sig;
+            continue;
+        }
+        struct timespec ts = {timeout_ms / 1000,
+                              (long)(timeout_ms % 1000) * 1000000L};
+        sig = sigtimedwait(&set, NULL, &ts);
+        if (sig > 0)
+            return sig;
+        if (errno == EAGAIN)
+            return 0;
+        /* EINTR: try again. */
+    }
+}

@@ -1,0 +1,243 @@
+/*
+ * rpc.h - the gRPC-core plumbing every process shares: a server over
+ * completion queues, a blocking client with deadlines and retry, and the
+ * standard grpc.health.v1 service answered by every server.
+ *
+ * Messages cross this interface as serialized protobuf bytes, so nothing
+ * outside rpc.c and rpc_client.c includes a gRPC header.
+ *
+ * Server model. Each method is registered with a path ("/ps.v1.
+ * ParameterServer/Push") and a handler. The server runs `threads`
+ * completion-queue threads; each keeps a few calls requested for every method,
+ * so calls are spread over the threads. When a call arrives, the handler runs
+ * on that thread with the request bytes. It answers exactly once, with
+ * ps_rpc_reply*() or ps_rpc_fail(), at once or later from any thread (a Pull
+ * that waits for a version answers when the version arrives). A
+ * server-streaming handler writes any number of messages with
+ * ps_rpc_stream_write() and ends with ps_rpc_stream_finish() or ps_rpc_fail().
+ * Unknown methods are answered UNIMPLEMENTED with the method's name.
+ *
+ * Threads and lifetime:
+ * - The request bytes passed to a handler are valid only until the handler
+ *   returns (they live in a per-thread buffer that is reused for the next
+ *   call). A handler that answers later copies what it needs.
+ * - A ps_rpc_call is valid from the handler's start until the call that ends
+ *   it (reply, fail, stream_finish) returns; after that it must not be used.
+ *   Every call must be ended exactly once, even one the client cancelled:
+ *   ps_rpc_call_cancelled() tells a waiting handler to give up.
+ * - ps_rpc_server_shutdown() stops taking calls, waits up to its grace period
+ *   for calls in flight to be answered, then cancels the rest. Handlers that
+ *   answer later must be told to answer (e.g. UNAVAILABLE) before or during
+ *   the grace period, or they are cancelled.
+ * - A client may be used from several threads at once; each call is
+ *   independent. ps_buf responses belong to the caller.
+ */
+#ifndef PS_RPC_H
+#define PS_RPC_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* gRPC status codes, with the same values as grpc_status_code. */
+enum ps_rpc_code {
+    PS_RPC_OK = 0,
+    PS_RPC_CANCELLED = 1,
+    PS_RPC_UNKNOWN = 2,
+    PS_RPC_INVALID_ARGUMENT = 3,
+    PS_RPC_DEADLINE_EXCEEDED = 4,
+    PS_RPC_NOT_FOUND = 5,
+    PS_RPC_ALREADY_EXISTS = 6,
+    PS_RPC_PERMISSION_DENIED = 7,
+    PS_RPC_RESOURCE_EXHAUSTED = 8,
+    PS_RPC_FAILED_PRECONDITION = 9,
+    PS_RPC_ABORTED = 10,
+    PS_RPC_OUT_OF_RANGE = 11,
+    PS_RPC_UNIMPLEMENTED = 12,
+    PS_RPC_INTERNAL = 13,
+    PS_RPC_UNAVAILABLE = 14,
+    PS_RPC_DATA_LOSS = 15,
+    PS_RPC_UNAUTHENTICATED = 16,
+};
+
+/* "INVALID_ARGUMENT" etc.; "UNKNOWN_CODE" for values outside the table. */
+const char *ps_rpc_code_name(int code);
+/* The status code that best reports a project error code (PS_ENOTFOUND ->
+ * NOT_FOUND, PS_ESHAPE -> INVALID_ARGUMENT, PS_EFULL -> RESOURCE_EXHAUSTED...). */
+enum ps_rpc_code ps_rpc_code_from_err(int err);
+
+/* A growable byte buffer that calls reuse, so a steady stream of responses
+ * costs no allocation. Zero-initialize it; ps_buf_free releases it. */
+typedef struct ps_buf {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+} ps_buf;
+
+/* Makes room for `cap` bytes (contents up to len kept). 0 or -ENOMEM. */
+int ps_buf_reserve(ps_buf *b, size_t cap);
+void ps_buf_free(ps_buf *b);
+
+/* Default message-size limit for both directions: 1 GiB, so that no tensor
+ * meets gRPC's 4 MiB default. The hard ceiling is INT32_MAX (gRPC's own). */
+#define PS_RPC_DEFAULT_MAX_MESSAGE ((size_t)1 << 30)
+#define PS_RPC_MAX_MESSAGE_CEILING ((size_t)INT32_MAX)
+
+/* ---- Server ---------------------------------------------------------- */
+
+typedef struct ps_rpc_server ps_rpc_server;
+typedef struct ps_rpc_call ps_rpc_call;
+
+enum ps_rpc_kind {
+    PS_RPC_UNARY,
+    PS_RPC_SERVER_STREAM,
+};
+
+typedef void (*ps_rpc_handler)(ps_rpc_call *call, const uint8_t *req,
+                               size_t len, void *ctx);
+
+typedef struct ps_rpc_server_opts {
+    const char *listen;       /* "127.0.0.1:0", "[::]:7000"; port 0 = any */
+    int threads;              /* completion-queue threads; 0 = 2 */
+    size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+} ps_rpc_server_opts;
+
+/* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,
+ * PS_EINVAL_ARG for bad options, -ENOMEM. */
+int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out);
+
+/* Registers a method before start. `path` is "/package.Service/Method" and
+ * is copied. Returns 0, PS_EINVAL_ARG (bad path, after start), PS_EEXIST. */
+int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
+                             enum ps_rpc_kind kind, ps_rpc_handler fn,
+                             void *ctx);
+
+/* Binds, starts the threads and marks every registered service and "" as
+ * SERVING. *port_out (may be NULL) receives the bound port. Returns 0,
+ * -EADDRINUSE when the address cannot be bound, PS_EINVAL_ARG. */
+int ps_rpc_server_start(ps_rpc_server *srv, int *port_out);
+
+/* Sets a service's health status ("" = the whole server). Watchers are told. */
+void ps_rpc_server_set_serving(ps_rpc_server *srv, const char *service,
+                               bool serving);
+
+/* Graceful stop: health NOT_SERVING, no new calls, up to grace_ms for calls
+ * in flight, then the rest cancelled; joins the threads. Idempotent. */
+void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms);
+
+/* Shuts down (with no grace) if needed and frees. NULL is a no-op. */
+void ps_rpc_server_destroy(ps_rpc_server *srv);
+
+/* Calls answered since start, and calls in flight now. */
+uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv);
+int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv);
+
+/* ---- Answering a call (any thread, exactly once) ---------------------- */
+
+/* Sends `len` bytes as the response and status OK. Returns 0 or -ENOMEM
+ * (the call is then failed with INTERNAL). */
+int ps_rpc_reply(ps_rpc_call *call, const void *msg, size_t len);
+
+/* Serializes a protobuf-c message straight into the outgoing buffer (one
+ * copy of its bytes fields) and sends it with status OK. `msg` is a
+ * const ProtobufCMessage *; it stays the caller's. */
+int ps_rpc_reply_pb(ps_rpc_call *call, const void *msg);
+
+/* Ends the call with a non-OK status and a message naming the problem.
+ * Works for unary and streaming calls. Logs at debug level. */
+void ps_rpc_fail(ps_rpc_call *call, enum ps_rpc_code code, const char *fmt,
+                 ...) __attribute__((format(printf, 3, 4)));
+void ps_rpc_vfail(ps_rpc_call *call, enum ps_rpc_code code, const char *fmt,
+                  va_list ap);
+
+/* Streaming: queues one message (copied; sent in order). Returns 0,
+ * PS_ESHUTDOWN if the call was cancelled, -ENOMEM. */
+int ps_rpc_stream_write(ps_rpc_call *call, const void *msg, size_t len);
+int ps_rpc_stream_write_pb(ps_rpc_call *call, const void *msg);
+/* Ends a stream with OK once every queued message is sent. */
+void ps_rpc_stream_finish(ps_rpc_call *call);
+
+/* The call's deadline in ms on CLOCK_MONOTONIC (ps_now_ms), INT64_MAX if the
+ * client set none. */
+int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *call);
+/* True once the client cancelled or the deadline passed. */
+bool ps_rpc_call_cancelled(const ps_rpc_call *call);
+/* The full method path of the call ("/ps.v1.ParameterServer/Push"). */
+const char *ps_rpc_call_method(const ps_rpc_call *call);
+/* The client's address ("ipv4:127.0.0.1:51234"), for logs. Valid while the
+ * call is. */
+const char *ps_rpc_call_peer(ps_rpc_call *call);
+
+/* ---- Client ---------------------------------------------------------- */
+
+typedef struct ps_rpc_client ps_rpc_client;
+
+typedef struct ps_rpc_client_opts {
+    int deadline_ms;          /* per attempt; 0 = 10000 */
+    int max_attempts;         /* on UNAVAILABLE; 0 = 1 (no retry) */
+    int backoff_initial_ms;   /* 0 = 50 */
+    int backoff_max_ms;       /* 0 = 2000 */
+    int64_t retry_budget_ms;  /* total time for all attempts; 0 = no limit
+                                 beyond max_attempts */
+    size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+} ps_rpc_client_opts;
+
+typedef struct ps_rpc_status {
+    int code;           /* enum ps_rpc_code */
+    char message[512];  /* the server's message, or ours for local errors */
+    int attempts;       /* how many attempts were made */
+} ps_rpc_status;
+
+/* Creates a client for "host:port" (any gRPC target). The connection is
+ * made lazily. Returns 0, PS_EINVAL_ARG, -ENOMEM. */
+int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
+                         ps_rpc_client **out);
+void ps_rpc_client_destroy(ps_rpc_client *c);
+const char *ps_rpc_client_target(const ps_rpc_client *c);
+
+/* A unary call. The response bytes land in `resp` (reused, resized as
+ * needed). deadline_ms 0 uses the client's default. UNAVAILABLE is retried
+ * with exponential backoff and jitter as the options allow. Returns 0 when
+ * the status is OK, PS_ERPC with *st filled otherwise (st may be NULL). */
+int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
+                size_t len, ps_buf *resp, int deadline_ms, ps_rpc_status *st);
+
+/* Packs a protobuf-c request, calls, and unpacks the response with
+ * `resp_desc` (a const ProtobufCMessageDescriptor *) into *resp_out, which
+ * the caller frees with protobuf_c_message_free_unpacked. A response that
+ * does not parse is PS_EPARSE with st->code INTERNAL. */
+int ps_rpc_invoke_pb(ps_rpc_client *c, const char *method, const void *req_msg,
+                   const void *resp_desc, void **resp_out, int deadline_ms,
+                   ps_rpc_status *st);
+
+/* A server-streaming call: on_msg runs for each message (bytes valid during
+ * the callback); a nonzero return cancels the call. Returns as ps_rpc_invoke.
+ * Not retried. */
+typedef int (*ps_rpc_stream_fn)(void *ctx, const uint8_t *msg, size_t len);
+int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
+                       size_t len, int deadline_ms, ps_rpc_stream_fn on_msg,
+                       void *ctx, ps_rpc_status *st);
+
+/* grpc.health.v1.Health/Check: 0 and *serving set, or PS_ERPC. */
+int ps_rpc_health_check(ps_rpc_client *c, const char *service,
+                        int deadline_ms, bool *serving, ps_rpc_status *st);
+
+/* ---- Process helpers --------------------------------------------------- */
+
+/* Sends gRPC's own log output through ps_log at debug level. Called by the
+ * server and client constructors; idempotent. */
+void ps_rpc_init_logging(void);
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+int64_t ps_now_ms(void);
+
+/* Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (call it in main
+ * before starting any thread, so every thread inherits the mask) and ignores
+ * SIGPIPE. */
+void ps_signals_block(void);
+/* Waits up to timeout_ms (-1 = forever) for one of those signals. Returns
+ * the signal number, or 0 on timeout. */
+int ps_signals_wait(int timeout_ms);
+
+#endif

@@ -1,0 +1,450 @@
+/*
+ * rpc_client.c - the blocking gRPC-core client: one channel per target,
+ * per-call deadlines, retry with exponential backoff and jitter on
+ * UNAVAILABLE. See rpc.h.
+ *
+ * Each call uses its own pluck completion queue, so any number of threads
+ * can call through one client at once without sharing queue state.
+ */
+#include "rpc.h"
+
+#include "errors.h"
+#include "health.pb-c.h"
+#include "log.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ps_rpc_client {
+    grpc_channel *ch;
+    char *target;
+    ps_rpc_client_opts o;
+    atomic_uint_fast64_t rng; /* jitter state, shared by the calling threads */
+};
+
+int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
+                         ps_rpc_client **out)
+{
+    if (target == NULL || target[0] == '\0')
+        return PS_EINVAL_ARG;
+    ps_rpc_client_opts o = opts != NULL ? *opts : (ps_rpc_client_opts){0};
+    if (o.deadline_ms < 0 || o.max_attempts < 0 || o.backoff_initial_ms < 0 ||
+        o.backoff_max_ms < 0 || o.max_message_bytes > PS_RPC_MAX_MESSAGE_CEILING)
+        return PS_EINVAL_ARG;
+    if (o.deadline_ms == 0)
+        o.deadline_ms = 10000;
+    if (o.max_attempts == 0)
+        o.max_attempts = 1;
+    if (o.backoff_initial_ms == 0)
+        o.backoff_initial_ms = 50;
+    if (o.backoff_max_ms == 0)
+        o.backoff_max_ms = 2000;
+    if (o.max_message_bytes == 0)
+        o.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
+
+    ps_rpc_client *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return -ENOMEM;
+    c->target = strdup(target);
+    if (c->target == NULL) {
+        free(c);
+        return -ENOMEM;
+    }
+    c->o = o;
+    atomic_init(&c->rng, (uint64_t)ps_now_ms() * 0x9E3779B97F4A7C15ull ^
+                             (uint64_t)(uintptr_t)c);
+    ps_rpc_init_logging();
+    grpc_init();
+    grpc_arg args[4];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)o.max_message_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = (int)o.max_message_bytes;
+    /* A restarted server should be found again within a second, not after
+     * gRPC's default two-minute reconnect backoff. */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+    args[2].value.integer = 1000;
+    /* We retry ourselves, with the caller's budget. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_ARG_ENABLE_RETRIES;
+    args[3].value.integer = 0;
+    grpc_channel_args cargs = {4, args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(target, creds, &cargs);
+    grpc_channel_credentials_release(creds);
+    if (c->ch == NULL) {
+        free(c->target);
+        free(c);
+        grpc_shutdown();
+        return PS_EINVAL_ARG;
+    }
+    *out = c;
+    return 0;
+}
+
+void ps_rpc_client_destroy(ps_rpc_client *c)
+{
+    if (c == NULL)
+        return;
+    grpc_channel_destroy(c->ch);
+    free(c->target);
+    free(c);
+    grpc_shutdown();
+}
+
+const char *ps_rpc_client_target(const ps_rpc_client *c)
+{
+    return c->target;
+}
+
+static gpr_timespec deadline_after(int ms)
+{
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static void set_status(ps_rpc_status *st, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_status(ps_rpc_status *st, int code, const char *fmt, ...)
+{
+    if (st == NULL)
+        return;
+    st->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->message, sizeof st->message, fmt, ap);
+    va_end(ap);
+}
+
+static int read_response(grpc_byte_buffer *bb, ps_buf *b)
+{
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, bb))
+        return PS_EPARSE;
+    b->len = 0;
+    int rc = ps_buf_reserve(b, grpc_byte_buffer_length(bb));
+    grpc_slice s;
+    while (rc == 0 && grpc_byte_buffer_reader_next(&reader, &s)) {
+        size_t n = GRPC_SLICE_LENGTH(s);
+        rc = ps_buf_reserve(b, b->len + n);
+        if (rc == 0) {
+            memcpy(b->data + b->len, GRPC_SLICE_START_PTR(s), n);
+            b->len += n;
+        }
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&reader);
+    return rc;
+}
+
+/* Copies the status details into st. */
+static void take_status(ps_rpc_status *st, grpc_status_code code,
+                        grpc_slice details)
+{
+    if (st == NULL)
+        return;
+    st->code = (int)code;
+    size_t n = GRPC_SLICE_LENGTH(details);
+    if (n >= sizeof st->message)
+        n = sizeof st->message - 1;
+    memcpy(st->message, GRPC_SLICE_START_PTR(details), n);
+    st->message[n] = '\0';
+}
+
+/* One attempt of a unary call. Returns the gRPC status code (or
+ * PS_RPC_INTERNAL for a local failure, with st set). */
+static int call_once(ps_rpc_client *c, const char *method, const void *req,
+                     size_t len, ps_buf *resp, int deadline_ms,
+                     ps_rpc_status *st)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    gpr_timespec dl = deadline_after(deadline_ms);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL,
+                                               GRPC_PROPAGATE_DEFAULTS, cq,
+                                               mslice, NULL, dl, NULL);
+    grpc_slice_unref(mslice);
+
+    grpc_slice s = grpc_slice_malloc(len);
+    if (len > 0)
+        memcpy(GRPC_SLICE_START_PTR(s), req, len);
+    grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+
+    grpc_metadata_array init_md, trail_md;
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+    grpc_byte_buffer *recv_bb = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+
+    int tag = 1;
+    int result;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        set_status(st, PS_RPC_INTERNAL, "%s: cannot start call (%d)", method,
+                   (int)e);
+        result = PS_RPC_INTERNAL;
+    } else {
+        grpc_event ev = grpc_completion_queue_pluck(
+            cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        (void)ev; /* RECV_STATUS always completes, with the deadline's help. */
+        take_status(st, code, details);
+        result = (int)code;
+        if (code == GRPC_STATUS_OK) {
+            if (recv_bb == NULL) {
+                set_status(st, PS_RPC_INTERNAL,
+                           "%s: status OK but no response message", method);
+                result = PS_RPC_INTERNAL;
+            } else if (resp != NULL && read_response(recv_bb, resp) != 0) {
+                set_status(st, PS_RPC_RESOURCE_EXHAUSTED,
+                           "%s: out of memory reading the response", method);
+                result = PS_RPC_RESOURCE_EXHAUSTED;
+            }
+        } else if (st != NULL && st->message[0] == '\0' &&
+                   error_string != NULL) {
+            snprintf(st->message, sizeof st->message, "%s", error_string);
+        }
+    }
+
+    if (error_string != NULL)
+        gpr_free((void *)error_string);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    if (recv_bb != NULL)
+        grpc_byte_buffer_destroy(recv_bb);
+    grpc_byte_buffer_destroy(send_bb);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME),
+                                       NULL).type != GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return result;
+}
+
+static uint64_t next_rand(ps_rpc_client *c)
+{
+    /* splitmix64 over an atomic counter: good enough for jitter. */
+    uint64_t z = atomic_fetch_add(&c->rng, 0x9E3779B97F4A7C15ull) +
+                 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void sleep_ms(int64_t ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
+                size_t len, ps_buf *resp, int deadline_ms, ps_rpc_status *st)
+{
+    ps_rpc_status local;
+    if (st == NULL)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (deadline_ms <= 0)
+        deadline_ms = c->o.deadline_ms;
+    int64_t start = ps_now_ms();
+    int64_t backoff = c->o.backoff_initial_ms;
+    for (int attempt = 1;; attempt++) {
+        st->attempts = attempt;
+        st->message[0] = '\0';
+        int code = call_once(c, method, req, len, resp, deadline_ms, st);
+        if (code == PS_RPC_OK)
+            return 0;
+        if (code != PS_RPC_UNAVAILABLE || attempt >= c->o.max_attempts)
+            break;
+        /* Full jitter around the exponential step: [0.5, 1.5) x backoff. */
+        int64_t delay = backoff / 2 + (int64_t)(next_rand(c) % (uint64_t)(backoff > 0 ? backoff : 1));
+        if (c->o.retry_budget_ms > 0 &&
+            ps_now_ms() + delay - start >= c->o.retry_budget_ms)
+            break;
+        ps_log_debug("rpc: %s %s: UNAVAILABLE (%s); retry %d in %lld ms",
+                     c->target, method, st->message, attempt,
+                     (long long)delay);
+        sleep_ms(delay);
+        backoff = backoff * 2 > c->o.backoff_max_ms ? c->o.backoff_max_ms
+                                                    : backoff * 2;
+    }
+    return PS_ERPC;
+}
+
+int ps_rpc_invoke_pb(ps_rpc_client *c, const char *method, const void *req_msg,
+                   const void *resp_desc, void **resp_out, int deadline_ms,
+                   ps_rpc_status *st)
+{
+    ps_rpc_status local;
+    if (st == NULL)
+        st = &local;
+    const ProtobufCMessage *m = req_msg;
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL) {
+        set_status(st, PS_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return -ENOMEM;
+    }
+    protobuf_c_message_pack(m, buf);
+    ps_buf resp = {0};
+    int rc = ps_rpc_invoke(c, method, buf, len, &resp, deadline_ms, st);
+    free(buf);
+    if (rc == 0) {
+        *resp_out = protobuf_c_message_unpack(resp_desc, NULL, resp.len,
+                                              resp.data);
+        if (*resp_out == NULL) {
+            set_status(st, PS_RPC_INTERNAL,
+                       "%s: the response (%zu bytes) does not parse", method,
+                       resp.len);
+            rc = PS_EPARSE;
+        }
+    }
+    ps_buf_free(&resp);
+    return rc;
+}
+
+int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
+                       size_t len, int deadline_ms, ps_rpc_stream_fn on_msg,
+                       void *ctx, ps_rpc_status *st)
+{
+    ps_rpc_status local;
+    if (st == NULL)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    st->attempts = 1;
+    if (deadline_ms <= 0)
+        deadline_ms = c->o.deadline_ms;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(
+        c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice, NULL,
+        deadline_after(deadline_ms), NULL);
+    grpc_slice_unref(mslice);
+
+    grpc_slice s = grpc_slice_malloc(len);
+    if (len > 0)
+        memcpy(GRPC_SLICE_START_PTR(s), req, len);
+    grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_metadata_array init_md, trail_md;
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    ps_buf msg = {0};
+    int stopped = 0;
+
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    int tag_send = 1, tag_msg = 2, tag_status = 3;
+    grpc_call_start_batch(call, ops, 4, &tag_send, NULL);
+    grpc_completion_queue_pluck(cq, &tag_send,
+                                gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_RECV_MESSAGE;
+        ops[0].data.recv_message.recv_message = &bb;
+        grpc_call_start_batch(call, ops, 1, &tag_msg, NULL);
+        grpc_event ev = grpc_completion_queue_pluck(
+            cq, &tag_msg, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (!ev.success || bb == NULL)
+            break;
+        int rc = read_response(bb, &msg);
+        grpc_byte_buffer_destroy(bb);
+        if (rc != 0 || on_msg(ctx, msg.data, msg.len) != 0) {
+            stopped = 1;
+            grpc_call_cancel(call, NULL);
+            break;
+        }
+    }
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[0].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[0].data.recv_status_on_client.status = &code;
+    ops[0].data.recv_status_on_client.status_details = &details;
+    grpc_call_start_batch(call, ops, 1, &tag_status, NULL);
+    grpc_completion_queue_pluck(cq, &tag_status,
+                                gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    take_status(st, code, details);
+    if (stopped && code == GRPC_STATUS_CANCELLED)
+        snprintf(st->message, sizeof st->message, "stopped by the reader");
+
+    ps_buf_free(&msg);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    grpc_byte_buffer_destroy(send_bb);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME),
+                                       NULL).type != GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return code == GRPC_STATUS_OK ? 0 : PS_ERPC;
+}
+
+int ps_rpc_health_check(ps_rpc_client *c, const char *service,
+                        int deadline_ms, bool *serving, ps_rpc_status *st)
+{
+    Grpc__Health__V1__HealthCheckRequest req =
+        GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)(service != NULL ? service : "");
+    void *resp = NULL;
+    int rc = ps_rpc_invoke_pb(c, "/grpc.health.v1.Health/Check", &req,
+                            &grpc__health__v1__health_check_response__descriptor,
+                            &resp, deadline_ms, st);
+    if (rc != 0)
+        return rc;
+    Grpc__Health__V1__HealthCheckResponse *r = resp;
+    *serving = r->status ==
+               GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+    return 0;
+}

@@ -1,0 +1,352 @@
+#include "init.h"
+
+#include "errors.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The same bits on every host needs double arithmetic evaluated as written:
+ * no x87 extended precision (FLT_EVAL_METHOD 2, or -1 for unknown; 0, 1 and
+ * TS 18661-3's 16, 32, 64 all evaluate double as double) and no fused
+ * multiply-add (server/meson.build passes -ffp-contract=off). */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD == 2 || FLT_EVAL_METHOD < 0
+#error "init.c needs double evaluated as double (SSE2, not x87) for reproducible initializers"
+#endif
+
+/* Keras's RandomUniform default range, used for a UNIFORM left unset. */
+#define DEFAULT_UNIFORM_MIN -0.05f
+#define DEFAULT_UNIFORM_MAX 0.05f
+/* TRUNCATED_NORMAL redraws beyond this many standard deviations. */
+#define TRUNCATE_AT 2.0
+/* A truncated draw is refused with probability 0.0455 per candidate, so
+ * 2 * MAX_DRAWS refusals in a row never happen; the cap only guarantees that
+ * the loop ends. */
+#define MAX_DRAWS 64
+
+static const char *const kind_names[] = {
+    "ZEROS", "CONSTANT", "UNIFORM", "NORMAL", "TRUNCATED_NORMAL",
+    "GLOROT_UNIFORM",
+};
+
+static bool kind_known(enum psd_init_kind kind)
+{
+    return (unsigned)kind <= (unsigned)PSD_INIT_GLOROT_UNIFORM;
+}
+
+const char *psd_init_name(enum psd_init_kind kind)
+{
+    return kind_known(kind) ? kind_names[kind] : "UNKNOWN";
+}
+
+void psd_init_defaults(psd_init *i)
+{
+    if (i->stddev == 0.0f)
+        i->stddev = 1.0f;
+    if (i->kind == PSD_INIT_UNIFORM && i->minval == 0.0f && i->maxval == 0.0f) {
+        i->minval = DEFAULT_UNIFORM_MIN;
+        i->maxval = DEFAULT_UNIFORM_MAX;
+    }
+}
+
+int psd_init_validate(const psd_init *i, char *why, size_t whylen)
+{
+    char dummy[1];
+    if (why == NULL || whylen == 0) {
+        why = dummy;
+        whylen = sizeof dummy;
+    }
+    if (!kind_known(i->kind)) {
+        snprintf(why, whylen,
+                 "initializer kind %d is unknown (expected 0 ZEROS, 1 "
+                 "CONSTANT, 2 UNIFORM, 3 NORMAL, 4 TRUNCATED_NORMAL or 5 "
+                 "GLOROT_UNIFORM)", (int)i->kind);
+        return PS_EINVAL_ARG;
+    }
+    const char *name = kind_names[i->kind];
+    const struct {
+        const char *field;
+        float value;
+    } fields[] = {
+        {"value", i->value}, {"minval", i->minval}, {"maxval", i->maxval},
+        {"mean", i->mean},   {"stddev", i->stddev},
+    };
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (!isfinite(fields[k].value)) {
+            snprintf(why, whylen, "initializer %s: %s must be finite, got %g",
+                     name, fields[k].field, (double)fields[k].value);
+            return PS_EINVAL_ARG;
+        }
+    }
+    if (i->kind == PSD_INIT_UNIFORM && !(i->maxval > i->minval)) {
+        snprintf(why, whylen,
+                 "initializer UNIFORM: maxval must exceed minval, got minval "
+                 "%g maxval %g", (double)i->minval, (double)i->maxval);
+        return PS_EINVAL_ARG;
+    }
+    if ((i->kind == PSD_INIT_NORMAL || i->kind == PSD_INIT_TRUNCATED_NORMAL) &&
+        !(i->stddev > 0.0f)) {
+        snprintf(why, whylen, "initializer %s: stddev must be > 0, got %g",
+                 name, (double)i->stddev);
+        return PS_EINVAL_ARG;
+    }
+    return 0;
+}
+
+/*
+ * Philox4x32-10, as in Random123's philox.h: ten rounds of two 32x32->64
+ * multiplications whose halves are xored with the other words and the key,
+ * the key bumped by the Weyl constants between rounds.
+ */
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+void psd_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
+                       uint32_t out[4])
+{
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
+        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (uint32_t)p1;
+        c2 = n2;
+        c3 = (uint32_t)p0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* The random block for counter (index, draw) under a seed. The layout (the
+ * 64-bit index in words 0-1, the draw in word 2, word 3 zero; the seed as
+ * the key, low word first) is part of the reproducibility promise. */
+static void block(uint64_t seed, uint64_t index, uint32_t draw,
+                  uint32_t out[4])
+{
+    const uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), draw, 0};
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    psd_philox4x32_10(ctr, key, out);
+}
+
+/* 53 random bits from two words, as an integer below 2^53. */
+static uint64_t bits53(uint32_t hi, uint32_t lo)
+{
+    return (((uint64_t)hi << 32) | lo) >> 11;
+}
+
+/*
+ * Natural log and sine/cosine from IEEE basic operations only, so that they
+ * give the same bits everywhere (libm's differ in the last place between
+ * versions and machines). Plain series, accurate to a few units in the last
+ * place of a double, far more than a float result needs.
+ */
+
+/* ln(x) for 0 < x <= 1. x = m * 2^e with m in [sqrt(1/2), sqrt(2)); then
+ * ln(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172, and the atanh
+ * series to s^23 is below 1e-18. */
+static double det_log(double x)
+{
+    int e;
+    double m = frexp(x, &e); /* exact: m in [0.5, 1) */
+    if (m < 0.70710678118654752) {
+        m *= 2.0;
+        e -= 1;
+    }
+    double f = m - 1.0; /* exact (Sterbenz) */
+    double s = f / (2.0 + f);
+    double s2 = s * s;
+    double p = 1.0 / 23;
+    p = 1.0 / 21 + s2 * p;
+    p = 1.0 / 19 + s2 * p;
+    p = 1.0 / 17 + s2 * p;
+    p = 1.0 / 15 + s2 * p;
+    p = 1.0 / 13 + s2 * p;
+    p = 1.0 / 11 + s2 * p;
+    p = 1.0 / 9 + s2 * p;
+    p = 1.0 / 7 + s2 * p;
+    p = 1.0 / 5 + s2 * p;
+    p = 1.0 / 3 + s2 * p;
+    double log_m = 2.0 * s + 2.0 * s * s2 * p;
+    return (double)e * 0.69314718055994530942 + log_m;
+}
+
+/* sin and cos of 2*pi*u for u in [0, 1) a multiple of 2^-53. 4u = q + r with
+ * q an integer and |r| <= 1/2 exactly, so the series runs on
+ * x = r * pi/2 in [-pi/4, pi/4] (terms to x^19 / 19!, below 1e-18) and the
+ * quadrant q only swaps and negates. */
+static void det_sincos_2pi(double u, double *sin_out, double *cos_out)
+{
+    double t = 4.0 * u;
+    double q = floor(t + 0.5);
+    double r = t - q;
+    double x = r * 1.57079632679489661923;
+    double x2 = x * x;
+    double sp = -1.0 / 121645100408832000.0; /* -1/19! */
+    sp = 1.0 / 355687428096000.0 + x2 * sp;  /* 1/17! */
+    sp = -1.0 / 1307674368000.0 + x2 * sp;   /* -1/15! */
+    sp = 1.0 / 6227020800.0 + x2 * sp;       /* 1/13! */
+    sp = -1.0 / 39916800.0 + x2 * sp;        /* -1/11! */
+    sp = 1.0 / 362880.0 + x2 * sp;           /* 1/9! */
+    sp = -1.0 / 5040.0 + x2 * sp;            /* -1/7! */
+    sp = 1.0 / 120.0 + x2 * sp;              /* 1/5! */
+    sp = -1.0 / 6.0 + x2 * sp;               /* -1/3! */
+    double s = x + x * x2 * sp;
+    double cp = -1.0 / 6402373705728000.0;   /* -1/18! */
+    cp = 1.0 / 20922789888000.0 + x2 * cp;   /* 1/16! */
+    cp = -1.0 / 87178291200.0 + x2 * cp;     /* -1/14! */
+    cp = 1.0 / 479001600.0 + x2 * cp;        /* 1/12! */
+    cp = -1.0 / 3628800.0 + x2 * cp;         /* -1/10! */
+    cp = 1.0 / 40320.0 + x2 * cp;            /* 1/8! */
+    cp = -1.0 / 720.0 + x2 * cp;             /* -1/6! */
+    cp = 1.0 / 24.0 + x2 * cp;               /* 1/4! */
+    double c = 1.0 - x2 * (0.5 - x2 * cp);
+    switch ((int)q & 3) {
+    case 0:
+        *sin_out = s;
+        *cos_out = c;
+        break;
+    case 1:
+        *sin_out = c;
+        *cos_out = -s;
+        break;
+    case 2:
+        *sin_out = -s;
+        *cos_out = -c;
+        break;
+    default:
+        *sin_out = -c;
+        *cos_out = s;
+        break;
+    }
+}
+
+/* Two independent standard normals from the block (index, draw), by
+ * Box-Muller: u1 in (0, 1] (so the log is finite), u2 in [0, 1). */
+static void normal_pair(uint64_t seed, uint64_t index, uint32_t draw,
+                        double *z0, double *z1)
+{
+    uint32_t r[4];
+    block(seed, index, draw, r);
+    double u1 = (double)(bits53(r[0], r[1]) + 1) * 0x1p-53;
+    double u2 = (double)bits53(r[2], r[3]) * 0x1p-53;
+    double radius = sqrt(-2.0 * det_log(u1));
+    double s, c;
+    det_sincos_2pi(u2, &s, &c);
+    *z0 = radius * c;
+    *z1 = radius * s;
+}
+
+/* Element k of a standard normal: the first of its draw-0 pair, so NORMAL
+ * and TRUNCATED_NORMAL with one seed agree wherever the first is in range. */
+static double normal_at(uint64_t seed, uint64_t k)
+{
+    double z0, z1;
+    normal_pair(seed, k, 0, &z0, &z1);
+    return z0;
+}
+
+/* Element k of a standard normal truncated to [-2, 2]: the first candidate
+ * in range among z0, z1 of draws 0, 1, 2, ... of counter k. */
+static double truncated_at(uint64_t seed, uint64_t k)
+{
+    for (uint32_t d = 0; d < MAX_DRAWS; d++) {
+        double z0, z1;
+        normal_pair(seed, k, d, &z0, &z1);
+        if (fabs(z0) <= TRUNCATE_AT)
+            return z0;
+        if (fabs(z1) <= TRUNCATE_AT)
+            return z1;
+    }
+    return 0.0;
+}
+
+/* Uniform on [lo, hi) for elements first .. first+count-1: element k is word
+ * k % 4 of block (k / 4, 0), scaled in double and rounded to float; a value
+ * that rounds up to hi is moved to the float just below it. */
+static void fill_uniform(uint64_t seed, float lo, float hi, float *w,
+                         uint64_t first, size_t count)
+{
+    double base = lo, span = (double)hi - (double)lo;
+    float below_hi = nextafterf(hi, -INFINITY);
+    uint32_t r[4];
+    uint64_t have = UINT64_MAX;
+    for (size_t j = 0; j < count; j++) {
+        uint64_t k = first + j;
+        if (k / 4 != have) {
+            have = k / 4;
+            block(seed, have, 0, r);
+        }
+        double u = (double)r[k % 4] * 0x1p-32;
+        float x = (float)(base + span * u);
+        w[j] = x < hi ? x : below_hi;
+    }
+}
+
+/* Keras's glorot_uniform limit, sqrt(6 / (fan_in + fan_out)), with its fans
+ * (keras.initializers' compute_fans, channels last). */
+static float glorot_limit(const int64_t *shape, int ndim)
+{
+    double fan_in, fan_out;
+    if (ndim <= 0 || shape == NULL) {
+        fan_in = fan_out = 1.0;
+    } else if (ndim == 1) {
+        fan_in = fan_out = (double)shape[0];
+    } else {
+        double receptive = 1.0;
+        for (int d = 0; d < ndim - 2; d++)
+            receptive *= (double)shape[d];
+        fan_in = (double)shape[ndim - 2] * receptive;
+        fan_out = (double)shape[ndim - 1] * receptive;
+    }
+    double avg = (fan_in + fan_out) / 2.0;
+    return (float)sqrt(3.0 / (avg > 1.0 ? avg : 1.0));
+}
+
+void psd_init_fill_range(const psd_init *i, float *w, uint64_t first,
+                         size_t count, const int64_t *shape, int ndim)
+{
+    switch (i->kind) {
+    case PSD_INIT_CONSTANT:
+        for (size_t j = 0; j < count; j++)
+            w[j] = i->value;
+        return;
+    case PSD_INIT_UNIFORM:
+        fill_uniform(i->seed, i->minval, i->maxval, w, first, count);
+        return;
+    case PSD_INIT_GLOROT_UNIFORM: {
+        float limit = glorot_limit(shape, ndim);
+        fill_uniform(i->seed, -limit, limit, w, first, count);
+        return;
+    }
+    case PSD_INIT_NORMAL:
+        for (size_t j = 0; j < count; j++)
+            w[j] = (float)((double)i->mean +
+                           (double)i->stddev * normal_at(i->seed, first + j));
+        return;
+    case PSD_INIT_TRUNCATED_NORMAL:
+        for (size_t j = 0; j < count; j++)
+            w[j] = (float)((double)i->mean +
+                           (double)i->stddev * truncated_at(i->seed, first + j));
+        return;
+    case PSD_INIT_ZEROS:
+        break;
+    }
+    memset(w, 0, count * sizeof *w); /* all-zero bits are +0.0f */
+}
+
+void psd_init_fill(const psd_init *i, float *w, size_t n,
+                   const int64_t *shape, int ndim)
+{
+    psd_init_fill_range(i, w, 0, n, shape, ndim);
+}

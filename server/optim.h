@@ -1,0 +1,108 @@
+/*
+ * optim.h - the optimizers psd applies to pushed gradients.
+ *
+ * Pure arithmetic on float32 arrays: no locks, no I/O, no allocation. The
+ * caller (the variable store) owns the variable w, its optimizer slots and
+ * the gradient, and serializes updates to one variable.
+ *
+ * The update rules follow TensorFlow 2 / Keras, field for field as in
+ * proto/ps.proto's Optimizer message:
+ *   SGD       w -= lr * g
+ *   MOMENTUM  v = momentum * v + g; w -= lr * v
+ *             Nesterov: v as above, then w -= lr * (g + momentum * v)
+ *   ADAGRAD   a += g^2; w -= lr * g / (sqrt(a) + epsilon)
+ *   ADAM      m = beta1 * m + (1 - beta1) * g
+ *             v = beta2 * v + (1 - beta2) * g^2
+ *             lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+ *             w -= lr_t * m / (sqrt(v) + epsilon)
+ * where g is the pushed gradient times `scale` (sync mode sums the pushes of
+ * a step and passes scale = 1/N to average them).
+ *
+ * Slots are one float array of psd_opt_slot_count(o) * n floats; slot k of a
+ * variable of n elements starts at slots + k * n (MOMENTUM: v; ADAGRAD: a;
+ * ADAM: m then v). That layout is what checkpoints store, so keep it.
+ *
+ * Threads and lifetime: every function is reentrant and keeps no state; two
+ * threads may update different variables at once. Arrays passed to one call
+ * must not overlap (the update loops are declared restrict).
+ */
+#ifndef PSD_OPTIM_H
+#define PSD_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The same numbering as proto Optimizer.Kind. */
+enum psd_opt_kind {
+    PSD_OPT_SGD = 0,
+    PSD_OPT_MOMENTUM = 1,
+    PSD_OPT_ADAGRAD = 2,
+    PSD_OPT_ADAM = 3,
+};
+
+/* The proto's Optimizer message, in C. */
+typedef struct psd_opt {
+    enum psd_opt_kind kind;
+    float lr;                  /* learning_rate */
+    float momentum;            /* MOMENTUM */
+    bool nesterov;             /* MOMENTUM */
+    float initial_accumulator; /* ADAGRAD */
+    float beta1, beta2;        /* ADAM */
+    float epsilon;             /* ADAGRAD, ADAM */
+} psd_opt;
+
+/* Replaces each zero field (+0 or -0) with the proto's documented default:
+ * learning_rate 0.01, momentum 0.9, initial_accumulator 0.1, beta1 0.9,
+ * beta2 0.999, epsilon 1e-7. Every field is filled whatever the kind, so two
+ * specs that differ only in unset fields are equal afterwards. Call it once,
+ * when a spec arrives, before psd_opt_validate. */
+void psd_opt_defaults(psd_opt *o);
+
+/* Checks a spec after psd_opt_defaults. Returns 0, or PS_EINVAL_ARG with a
+ * sentence in `why` (NUL-terminated, truncated to whylen; why may be NULL)
+ * naming the field, what was expected and what was given, e.g.
+ * "learning_rate must be > 0 and finite, got -1". Refused: an unknown kind;
+ * any non-finite float field; learning_rate <= 0; and, for the fields the
+ * kind uses, momentum or beta1 or beta2 outside [0, 1), epsilon <= 0,
+ * initial_accumulator < 0. Fields the kind does not use are not
+ * range-checked (the proto gives them no meaning). */
+int psd_opt_validate(const psd_opt *o, char *why, size_t whylen);
+
+/* Number of slot arrays of n floats the kind keeps: SGD 0, MOMENTUM 1,
+ * ADAGRAD 1, ADAM 2; 0 for an unknown kind. */
+int psd_opt_slot_count(const psd_opt *o);
+
+/* The proto's name of the kind ("SGD", "MOMENTUM", "ADAGRAD", "ADAM"), or
+ * "UNKNOWN". A static string, never NULL. */
+const char *psd_opt_name(enum psd_opt_kind kind);
+
+/* Sets a new variable's slots (slot_count * n floats): ADAGRAD's accumulator
+ * to initial_accumulator, every other slot to 0. Nothing for SGD (slots may
+ * then be NULL). */
+void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n);
+
+/* Applies one update in place to w (n floats) and slots (slot_count * n
+ * floats) from the gradient g (n floats), which is multiplied by `scale`
+ * first. t is the 1-based number of updates applied to this variable
+ * including this one (ADAM's bias correction; 0 is taken as 1). The spec must
+ * have passed psd_opt_validate; an unknown kind changes nothing. w, slots and
+ * g must not overlap. One pass over memory: each array is read once and
+ * written at most once. */
+void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
+                   const float *restrict g, size_t n, float scale, uint64_t t);
+
+/* True when none of x[0..n) is NaN, +Inf or -Inf (denormals and -0 are
+ * finite). True for n == 0. The server refuses a gradient for which this is
+ * false with PS_ENONFINITE. */
+bool psd_all_finite(const float *x, size_t n);
+
+/* sqrt(sum of x[i]^2), accumulated in double in a fixed order, so the result
+ * is the same on every run. NaN or Inf if an element is. */
+double psd_l2_norm(const float *x, size_t n);
+
+/* acc[i] += g[i] for i < n: sums the pushes of one sync step. acc and g must
+ * not overlap. */
+void psd_accumulate(float *restrict acc, const float *restrict g, size_t n);
+
+#endif

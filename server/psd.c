@@ -1,0 +1,175 @@
+/*
+ * psd - the parameter-server daemon: one shard of model variables in LMDB,
+ * served over gRPC (ps.v1.ParameterServer and grpc.health.v1.Health).
+ *
+ * Prints "PORT <n>" on stdout once it serves (so scripts and tests can start
+ * it on port 0), logs one line per event on stderr, and on SIGTERM or SIGINT
+ * drains the calls in flight, flushes everything acknowledged to LMDB and
+ * exits 0.
+ */
+#include "conf.h"
+#include "errors.h"
+#include "log.h"
+#include "ps_config.h"
+#include "rpc.h"
+#include "shard.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct psd_conf {
+    char *listen;
+    char *data_dir;
+    int64_t threads;
+    uint64_t max_message;
+    int consistency;
+    int64_t workers;
+    int64_t commit_interval_ms;
+    bool durable;
+    bool allow_nonfinite;
+    uint64_t map_size;
+    int64_t checkpoint_keep;
+    int64_t shutdown_grace_ms;
+    int log_level;
+};
+
+static const char *const consistency_choices[] = {"async", "sync", NULL};
+static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
+
+/* Defaults, each with why. */
+static const ps_opt psd_opts[] = {
+    {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), "0.0.0.0:7070",
+     "host:port to serve on; port 0 picks a free one (printed as PORT <n>)", 0, 0, NULL},
+    {"data-dir", PS_OPT_STRING, offsetof(struct psd_conf, data_dir), NULL,
+     "directory of the LMDB store and checkpoints/ (required)", 0, 0, NULL},
+    /* Two completion-queue threads keep both cores of a small host busy. */
+    {"threads", PS_OPT_INT, offsetof(struct psd_conf, threads), "2",
+     "gRPC completion-queue threads", 1, 64, NULL},
+    /* 1 GiB: no tensor meets gRPC's 4 MiB default. */
+    {"max-message", PS_OPT_SIZE, offsetof(struct psd_conf, max_message), "1G",
+     "largest message accepted or sent (bounds a variable's size)", 1024, 2147483647.0, NULL},
+    {"consistency", PS_OPT_ENUM, offsetof(struct psd_conf, consistency), "async",
+     "default for variables whose spec leaves it unset: async or sync", 0, 0,
+     consistency_choices},
+    {"workers", PS_OPT_INT, offsetof(struct psd_conf, workers), "1",
+     "sync: pushes aggregated per step when a spec says 0", 1, 65536, NULL},
+    /* 20 ms: a kill -9 loses at most ~20 ms of acknowledged pushes while
+     * group commits stay cheap next to the pushes they batch. */
+    {"commit-interval", PS_OPT_DURATION_MS, offsetof(struct psd_conf, commit_interval_ms),
+     "20ms", "write-behind period: how often changed variables are committed to LMDB",
+     1, 60000, NULL},
+    {"durable", PS_OPT_BOOL, offsetof(struct psd_conf, durable), "false",
+     "acknowledge a push only once it is committed to LMDB", 0, 0, NULL},
+    {"allow-nonfinite", PS_OPT_BOOL, offsetof(struct psd_conf, allow_nonfinite), "false",
+     "accept gradients holding NaN or Inf (refused by default)", 0, 0, NULL},
+    /* 64 GiB of address space, not memory: LMDB maps it sparsely. */
+    {"map-size", PS_OPT_SIZE, offsetof(struct psd_conf, map_size), "64G",
+     "most the LMDB environment may grow to", 1048576.0, 1e15, NULL},
+    {"checkpoint-keep", PS_OPT_INT, offsetof(struct psd_conf, checkpoint_keep), "5",
+     "complete checkpoints kept (0 keeps all)", 0, 1000000, NULL},
+    {"shutdown-grace", PS_OPT_DURATION_MS, offsetof(struct psd_conf, shutdown_grace_ms),
+     "10s", "how long SIGTERM waits for calls in flight before cancelling them",
+     0, 600000, NULL},
+    {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
+     "error, warn, info or debug", 0, 0, level_choices},
+    {0},
+};
+
+int main(int argc, char **argv)
+{
+    struct psd_conf c;
+    memset(&c, 0, sizeof c);
+    char err[512];
+    int first = argc;
+    int rc = ps_conf_load(psd_opts, &c, argc, argv, &first, err, sizeof err);
+    if (rc == PS_CONF_HELP) {
+        ps_conf_usage(psd_opts, "psd", "--data-dir DIR [options]", stdout);
+        ps_conf_free(psd_opts, &c);
+        return 0;
+    }
+    if (rc == PS_CONF_VERSION) {
+        printf("psd %s\n", PS_VERSION);
+        ps_conf_free(psd_opts, &c);
+        return 0;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        ps_conf_free(psd_opts, &c);
+        return 2;
+    }
+    if (first < argc) {
+        fprintf(stderr, "psd: unexpected argument '%s'\n", argv[first]);
+        ps_conf_free(psd_opts, &c);
+        return 2;
+    }
+    if (c.data_dir == NULL || c.data_dir[0] == '\0') {
+        fprintf(stderr, "psd: --data-dir is required\n");
+        ps_conf_free(psd_opts, &c);
+        return 2;
+    }
+    ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    ps_signals_block();
+
+    ps_rpc_server *srv = NULL;
+    psd_shard *shard = NULL;
+    psd_shard_opts so = {
+        .data_dir = c.data_dir,
+        .map_size = c.map_size,
+        .consistency = c.consistency == 1 ? PSD_SYNC : PSD_ASYNC,
+        .workers = (uint32_t)c.workers,
+        .commit_interval_ms = (int)c.commit_interval_ms,
+        .durable = c.durable,
+        .allow_nonfinite = c.allow_nonfinite,
+        .max_message_bytes = (size_t)c.max_message,
+        .checkpoint_keep = (size_t)c.checkpoint_keep,
+    };
+    uint64_t base_rss = psd_rss_bytes();
+    rc = psd_shard_open(&so, &shard);
+    if (rc != 0) {
+        fprintf(stderr, "psd: cannot open the data directory %s: %s\n",
+                c.data_dir, ps_strerror(rc));
+        ps_conf_free(psd_opts, &c);
+        return 1;
+    }
+    ps_rpc_server_opts ro = {.listen = c.listen, .threads = (int)c.threads,
+                             .max_message_bytes = (size_t)c.max_message};
+    int port = 0;
+    if ((rc = ps_rpc_server_create(&ro, &srv)) != 0 ||
+        (rc = psd_shard_register(shard, srv)) != 0 ||
+        (rc = ps_rpc_server_start(srv, &port)) != 0) {
+        fprintf(stderr, "psd: cannot serve on %s: %s\n", c.listen,
+                rc == -EADDRINUSE ? "address in use or not host:port"
+                                  : ps_strerror(rc));
+        ps_rpc_server_destroy(srv);
+        psd_shard_close(shard);
+        ps_conf_free(psd_opts, &c);
+        return 1;
+    }
+    /* What a psd with no variables costs: the overhead Stats reports. */
+    uint64_t rss = psd_rss_bytes();
+    psd_shard_set_fixed_overhead(shard, rss > base_rss ? rss : base_rss);
+    printf("PORT %d\n", port);
+    fflush(stdout);
+    ps_log_info("psd %s serving on %s (port %d), data in %s, %s commits every "
+                "%lld ms", PS_VERSION, c.listen, port, c.data_dir,
+                c.durable ? "durable" : "write-behind",
+                (long long)c.commit_interval_ms);
+
+    int sig = ps_signals_wait(-1);
+    ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
+    psd_shard_stop(shard);
+    ps_rpc_server_shutdown(srv, (int)c.shutdown_grace_ms);
+    ps_rpc_server_destroy(srv);
+    rc = psd_shard_close(shard);
+    if (rc != 0)
+        ps_log_err(rc, "the final flush failed");
+    else
+        ps_log_info("stopped cleanly");
+    ps_conf_free(psd_opts, &c);
+    return rc == 0 ? 0 : 1;
+}

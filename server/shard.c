@@ -1,0 +1,1804 @@
+/*
+ * shard.c - variables in memory, write-behind to LMDB, and the
+ * ParameterServer service. See shard.h for the model and the promise.
+ *
+ * Locks, always taken in this order and never the reverse:
+ *   s->table_lock (rw)  the set of variables; handlers hold it for reading
+ *                       for their whole run, CreateVariable and Restore for
+ *                       writing
+ *   v->lock (rw)        one variable's value, slots, version and sync state
+ *   s->wait_mu          the lists of calls that wait (pulls for a version,
+ *                       sync pushes for their step, durable pushes for their
+ *                       commit)
+ * The store's write transaction is begun only with table_lock held.
+ */
+#include "shard.h"
+
+#include "checkpoint.h"
+#include "errors.h"
+#include "init.h"
+#include "log.h"
+#include "optim.h"
+#include "ps.pb-c.h"
+#include "store.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_NAME 255
+#define SWEEP_MS 20
+
+typedef struct pending_push pending_push;
+
+typedef struct psd_var {
+    char *name;
+    uint8_t *spec_blob; /* packed, normalized VariableSpec */
+    size_t spec_len;
+    Ps__V1__VariableSpec *spec; /* unpacked spec_blob */
+    int64_t shape[PSD_MAX_DIMS];
+    int ndim;
+    size_t n;
+    psd_opt opt;
+    int nslots;
+    int consistency;
+    uint32_t num_workers;
+
+    pthread_rwlock_t lock;
+    float *value; /* (n) */
+    float *slots; /* (nslots, n) */
+    uint64_t version;
+    uint64_t step;            /* sync: the step being aggregated */
+    uint64_t persisted_version;
+    uint64_t persisted_step;
+    /* sync aggregation of `step` */
+    float *accum;             /* (n), allocated on first sync push */
+    uint32_t accum_count;
+    uint32_t *pushed;         /* workers that pushed this step */
+    size_t npushed, cap_pushed;
+} psd_var;
+
+/* A push that answers later: sync parts waiting for their step, or a
+ * durable push waiting for its commit. */
+struct pending_push {
+    pending_push *next;       /* in s->pending (sync) or s->durable list */
+    ps_rpc_call *call;
+    size_t nitems;
+    size_t nleft;             /* sync parts not yet applied */
+    psd_var **vars;           /* (nitems) */
+    uint64_t *versions;       /* (nitems) */
+    uint64_t step;
+    uint64_t seq;             /* durable: the apply sequence to commit */
+    bool armed;               /* its handler is done with it (under wait_mu) */
+};
+
+typedef struct pull_waiter {
+    struct pull_waiter *next;
+    ps_rpc_call *call;
+    size_t nitems;
+    psd_var **vars;
+    uint64_t *min_versions;
+} pull_waiter;
+
+struct psd_shard {
+    psd_shard_opts o;
+    char *data_dir;
+    psd_store *store;
+
+    pthread_rwlock_t table_lock;
+    psd_var **vars; /* sorted by name */
+    size_t nvars, cap;
+
+    pthread_mutex_t wait_mu;
+    pthread_cond_t wait_cond;
+    pull_waiter *waiters;
+    pending_push *pending;   /* sync pushes waiting for their step */
+    pending_push *durable;   /* pushes waiting for a commit */
+    bool stopping;
+    bool closing;
+
+    pthread_mutex_t flush_mu; /* one flush at a time */
+    pthread_cond_t flush_cond;
+    bool flush_requested;
+    pthread_t flusher, sweeper;
+    bool threads_started;
+
+    atomic_uint_fast64_t apply_seq;   /* updates applied, ever */
+    atomic_uint_fast64_t committed_seq;
+    atomic_uint_fast64_t pushes, pulls, bytes_in, bytes_out, stale, bad,
+        nonfinite, commits, last_ckpt;
+    uint64_t fixed_overhead;
+    int64_t started_ms;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+uint64_t psd_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return 0;
+    unsigned long size = 0, rss = 0;
+    int k = fscanf(f, "%lu %lu", &size, &rss);
+    fclose(f);
+    return k == 2 ? (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+static float *alloc_floats(size_t n)
+{
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+static void shape_str(const int64_t *shape, int ndim, char *buf, size_t len)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, len - off, "(");
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? ", " : "",
+                                (long long)shape[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, ndim == 1 ? ",)" : ")");
+}
+
+static const char *dtype_name(int d)
+{
+    switch (d) {
+    case PS__V1__DTYPE__DTYPE_FLOAT32: return "FLOAT32";
+    case PS__V1__DTYPE__DTYPE_FLOAT16: return "FLOAT16";
+    case PS__V1__DTYPE__DTYPE_BFLOAT16: return "BFLOAT16";
+    case PS__V1__DTYPE__DTYPE_UNSPECIFIED: return "DTYPE_UNSPECIFIED";
+    default: return "an unknown dtype";
+    }
+}
+
+static const char *consistency_name(int c)
+{
+    return c == PSD_SYNC ? "SYNC" : c == PSD_ASYNC ? "ASYNC" : "BOUNDED_STALENESS";
+}
+
+/* A name is 1..255 bytes of UTF-8 with no control characters. Returns NULL
+ * or what is wrong with it. */
+static const char *name_problem(const char *name, size_t len)
+{
+    if (len == 0)
+        return "is empty";
+    if (len > MAX_NAME)
+        return "is longer than 255 bytes";
+    const unsigned char *p = (const unsigned char *)name, *end = p + len;
+    while (p < end) {
+        unsigned c = *p;
+        if (c < 0x20 || c == 0x7f)
+            return "contains a control character";
+        int extra = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2
+                  : (c >> 3) == 30 ? 3 : -1;
+        if (extra < 0 || end - p <= extra)
+            return "is not valid UTF-8";
+        for (int i = 1; i <= extra; i++)
+            if ((p[i] & 0xc0) != 0x80)
+                return "is not valid UTF-8";
+        p += extra + 1;
+    }
+    return NULL;
+}
+
+/* Binary search; name need not be NUL-terminated. Called with table_lock. */
+static psd_var *find_var(psd_shard *s, const char *name, size_t len,
+                         size_t *pos)
+{
+    size_t lo = 0, hi = s->nvars;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const char *m = s->vars[mid]->name;
+        size_t mlen = strlen(m);
+        int c = memcmp(m, name, mlen < len ? mlen : len);
+        if (c == 0)
+            c = mlen < len ? -1 : mlen > len ? 1 : 0;
+        if (c == 0) {
+            if (pos)
+                *pos = mid;
+            return s->vars[mid];
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (pos)
+        *pos = lo;
+    return NULL;
+}
+
+static void var_free(psd_var *v)
+{
+    if (v == NULL)
+        return;
+    free(v->name);
+    free(v->spec_blob);
+    if (v->spec)
+        ps__v1__variable_spec__free_unpacked(v->spec, NULL);
+    free(v->value);
+    free(v->slots);
+    free(v->accum);
+    free(v->pushed);
+    pthread_rwlock_destroy(&v->lock);
+    free(v);
+}
+
+/* ---- specs ------------------------------------------------------------ */
+
+/* Fills the defaults the proto documents into a spec, in place, so that
+ * two specs that mean the same thing compare equal. The optimizer and
+ * initializer sub-messages are replaced by owned copies when absent. */
+struct norm_spec {
+    Ps__V1__VariableSpec spec;
+    Ps__V1__Optimizer opt;
+    Ps__V1__Initializer init;
+};
+
+static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
+                      struct norm_spec *out)
+{
+    out->spec = *in;
+    ps__v1__optimizer__init(&out->opt);
+    ps__v1__initializer__init(&out->init);
+    if (in->optimizer)
+        out->opt = *in->optimizer;
+    if (in->initializer)
+        out->init = *in->initializer;
+    out->opt.base.unknown_fields = NULL;
+    out->opt.base.n_unknown_fields = 0;
+    out->init.base.unknown_fields = NULL;
+    out->init.base.n_unknown_fields = 0;
+    out->spec.base.unknown_fields = NULL;
+    out->spec.base.n_unknown_fields = 0;
+
+    psd_opt o = {.kind = (enum psd_opt_kind)out->opt.kind,
+                 .lr = out->opt.learning_rate,
+                 .momentum = out->opt.momentum,
+                 .nesterov = out->opt.nesterov,
+                 .initial_accumulator = out->opt.initial_accumulator,
+                 .beta1 = out->opt.beta1,
+                 .beta2 = out->opt.beta2,
+                 .epsilon = out->opt.epsilon};
+    psd_opt_defaults(&o);
+    out->opt.learning_rate = o.lr;
+    /* Only the optimizer's own hyper-parameters are kept, so that an
+     * irrelevant field cannot make two SGD specs differ. */
+    out->opt.momentum = o.kind == PSD_OPT_MOMENTUM ? o.momentum : 0;
+    out->opt.nesterov = o.kind == PSD_OPT_MOMENTUM ? o.nesterov : 0;
+    out->opt.initial_accumulator = o.kind == PSD_OPT_ADAGRAD ? o.initial_accumulator : 0;
+    out->opt.beta1 = o.kind == PSD_OPT_ADAM ? o.beta1 : 0;
+    out->opt.beta2 = o.kind == PSD_OPT_ADAM ? o.beta2 : 0;
+    out->opt.epsilon = o.kind == PSD_OPT_ADAM || o.kind == PSD_OPT_ADAGRAD ? o.epsilon : 0;
+
+    psd_init i = {.kind = (enum psd_init_kind)out->init.kind,
+                  .value = out->init.value,
+                  .minval = out->init.minval,
+                  .maxval = out->init.maxval,
+                  .mean = out->init.mean,
+                  .stddev = out->init.stddev,
+                  .seed = out->init.seed};
+    psd_init_defaults(&i);
+    out->init.value = i.kind == PSD_INIT_CONSTANT ? i.value : 0;
+    out->init.minval = i.kind == PSD_INIT_UNIFORM ? i.minval : 0;
+    out->init.maxval = i.kind == PSD_INIT_UNIFORM ? i.maxval : 0;
+    bool normal = i.kind == PSD_INIT_NORMAL || i.kind == PSD_INIT_TRUNCATED_NORMAL;
+    out->init.mean = normal ? i.mean : 0;
+    out->init.stddev = normal ? i.stddev : 0;
+    out->init.seed = i.kind >= PSD_INIT_UNIFORM ? i.seed : 0;
+
+    out->spec.optimizer = &out->opt;
+    out->spec.initializer = &out->init;
+    if (out->spec.consistency == PS__V1__CONSISTENCY__CONSISTENCY_DEFAULT)
+        out->spec.consistency = (Ps__V1__Consistency)s->o.consistency;
+    if (out->spec.consistency == PS__V1__CONSISTENCY__SYNC) {
+        if (out->spec.num_workers == 0)
+            out->spec.num_workers = s->o.workers;
+    } else {
+        out->spec.num_workers = 0;
+    }
+    out->spec.staleness = 0;
+}
+
+static void opt_from_pb(const Ps__V1__Optimizer *p, psd_opt *o)
+{
+    *o = (psd_opt){.kind = (enum psd_opt_kind)p->kind,
+                   .lr = p->learning_rate,
+                   .momentum = p->momentum,
+                   .nesterov = p->nesterov,
+                   .initial_accumulator = p->initial_accumulator,
+                   .beta1 = p->beta1,
+                   .beta2 = p->beta2,
+                   .epsilon = p->epsilon};
+    psd_opt_defaults(o);
+}
+
+static void init_from_pb(const Ps__V1__Initializer *p, psd_init *i)
+{
+    *i = (psd_init){.kind = (enum psd_init_kind)p->kind,
+                    .value = p->value,
+                    .minval = p->minval,
+                    .maxval = p->maxval,
+                    .mean = p->mean,
+                    .stddev = p->stddev,
+                    .seed = p->seed};
+    psd_init_defaults(i);
+}
+
+/* Validates a normalized spec. Returns 0, or a project error with one line
+ * in why. */
+static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
+                         size_t *n_out, char *why, size_t whylen)
+{
+    const char *np = name_problem(sp->name, strlen(sp->name));
+    if (np != NULL) {
+        snprintf(why, whylen, "variable name %s", np);
+        return PS_EINVAL_ARG;
+    }
+    if (sp->sparse) {
+        snprintf(why, whylen, "variable '%s': sparse variables are not served "
+                 "yet", sp->name);
+        return PS_EDTYPE;
+    }
+    if (sp->dtype != PS__V1__DTYPE__DTYPE_FLOAT32) {
+        snprintf(why, whylen, "variable '%s': dtype %s is not served; use "
+                 "DTYPE_FLOAT32", sp->name, dtype_name(sp->dtype));
+        return PS_EDTYPE;
+    }
+    if (sp->n_shape > PSD_MAX_DIMS) {
+        snprintf(why, whylen, "variable '%s': %zu dimensions, at most %d",
+                 sp->name, sp->n_shape, PSD_MAX_DIMS);
+        return PS_ESHAPE;
+    }
+    size_t n = 1;
+    for (size_t i = 0; i < sp->n_shape; i++) {
+        if (sp->shape[i] <= 0) {
+            snprintf(why, whylen, "variable '%s': dimension %zu is %lld; every "
+                     "dimension must be >= 1", sp->name, i,
+                     (long long)sp->shape[i]);
+            return PS_ESHAPE;
+        }
+        if ((uint64_t)sp->shape[i] > SIZE_MAX / 8 / n) {
+            snprintf(why, whylen, "variable '%s': shape overflows", sp->name);
+            return PS_ESHAPE;
+        }
+        n *= (size_t)sp->shape[i];
+    }
+    /* The value must fit one Pull response with its header. */
+    if (n * sizeof(float) + 4096 > s->o.max_message_bytes) {
+        snprintf(why, whylen, "variable '%s': %zu bytes cannot travel in one "
+                 "message (limit %zu bytes; raise --max-message)", sp->name,
+                 n * sizeof(float), s->o.max_message_bytes);
+        return PS_ESHAPE;
+    }
+    if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__ADAM) {
+        snprintf(why, whylen, "variable '%s': unknown optimizer kind %d",
+                 sp->name, (int)sp->optimizer->kind);
+        return PS_EINVAL_ARG;
+    }
+    psd_opt o;
+    opt_from_pb(sp->optimizer, &o);
+    char w[200];
+    if (psd_opt_validate(&o, w, sizeof w) != 0) {
+        snprintf(why, whylen, "variable '%s': optimizer: %s", sp->name, w);
+        return PS_EINVAL_ARG;
+    }
+    if ((unsigned)sp->initializer->kind > PS__V1__INITIALIZER__KIND__GLOROT_UNIFORM) {
+        snprintf(why, whylen, "variable '%s': unknown initializer kind %d",
+                 sp->name, (int)sp->initializer->kind);
+        return PS_EINVAL_ARG;
+    }
+    psd_init in;
+    init_from_pb(sp->initializer, &in);
+    if (psd_init_validate(&in, w, sizeof w) != 0) {
+        snprintf(why, whylen, "variable '%s': initializer: %s", sp->name, w);
+        return PS_EINVAL_ARG;
+    }
+    if (sp->consistency == PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
+        snprintf(why, whylen, "variable '%s': BOUNDED_STALENESS is not served "
+                 "yet; use ASYNC or SYNC", sp->name);
+        return PS_EINVAL_ARG;
+    }
+    if (sp->consistency != PS__V1__CONSISTENCY__ASYNC &&
+        sp->consistency != PS__V1__CONSISTENCY__SYNC) {
+        snprintf(why, whylen, "variable '%s': unknown consistency %d",
+                 sp->name, (int)sp->consistency);
+        return PS_EINVAL_ARG;
+    }
+    if (sp->consistency == PS__V1__CONSISTENCY__SYNC &&
+        (sp->num_workers == 0 || sp->num_workers > 65536)) {
+        snprintf(why, whylen, "variable '%s': SYNC needs num_workers in "
+                 "[1, 65536], got %u", sp->name, sp->num_workers);
+        return PS_EINVAL_ARG;
+    }
+    *n_out = n;
+    return 0;
+}
+
+/* Names the first difference between two normalized specs. */
+static void spec_diff(const Ps__V1__VariableSpec *a, const Ps__V1__VariableSpec *b,
+                      char *out, size_t len)
+{
+    char sa[128], sb[128];
+    if (a->n_shape != b->n_shape ||
+        memcmp(a->shape, b->shape, a->n_shape * sizeof *a->shape) != 0) {
+        shape_str(a->shape, (int)a->n_shape, sa, sizeof sa);
+        shape_str(b->shape, (int)b->n_shape, sb, sizeof sb);
+        snprintf(out, len, "shape %s, existing %s", sb, sa);
+    } else if (a->optimizer->kind != b->optimizer->kind) {
+        psd_opt oa, ob;
+        opt_from_pb(a->optimizer, &oa);
+        opt_from_pb(b->optimizer, &ob);
+        snprintf(out, len, "optimizer %s, existing %s", psd_opt_name(ob.kind),
+                 psd_opt_name(oa.kind));
+    } else if (a->optimizer->learning_rate != b->optimizer->learning_rate) {
+        snprintf(out, len, "learning_rate %g, existing %g",
+                 (double)b->optimizer->learning_rate,
+                 (double)a->optimizer->learning_rate);
+    } else if (a->initializer->kind != b->initializer->kind ||
+               a->initializer->seed != b->initializer->seed) {
+        snprintf(out, len, "initializer %s seed %llu, existing %s seed %llu",
+                 psd_init_name((enum psd_init_kind)b->initializer->kind),
+                 (unsigned long long)b->initializer->seed,
+                 psd_init_name((enum psd_init_kind)a->initializer->kind),
+                 (unsigned long long)a->initializer->seed);
+    } else if (a->consistency != b->consistency ||
+               a->num_workers != b->num_workers) {
+        snprintf(out, len, "consistency %s/%u workers, existing %s/%u workers",
+                 consistency_name(b->consistency), b->num_workers,
+                 consistency_name(a->consistency), a->num_workers);
+    } else {
+        snprintf(out, len, "optimizer or initializer parameters differ");
+    }
+}
+
+/* Builds a variable from a normalized, validated spec (value initialized)
+ * or from a stored record (value copied). */
+static int var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
+{
+    psd_var *v = calloc(1, sizeof *v);
+    if (v == NULL)
+        return -ENOMEM;
+    pthread_rwlock_init(&v->lock, NULL);
+    v->spec_len = ps__v1__variable_spec__get_packed_size(sp);
+    v->spec_blob = malloc(v->spec_len ? v->spec_len : 1);
+    v->name = strdup(sp->name);
+    if (v->spec_blob == NULL || v->name == NULL)
+        goto nomem;
+    ps__v1__variable_spec__pack(sp, v->spec_blob);
+    v->spec = ps__v1__variable_spec__unpack(NULL, v->spec_len, v->spec_blob);
+    if (v->spec == NULL)
+        goto nomem;
+    v->ndim = (int)sp->n_shape;
+    for (int i = 0; i < v->ndim; i++)
+        v->shape[i] = sp->shape[i];
+    v->n = n;
+    opt_from_pb(v->spec->optimizer, &v->opt);
+    v->nslots = psd_opt_slot_count(&v->opt);
+    v->consistency = (int)v->spec->consistency;
+    v->num_workers = v->spec->num_workers;
+    v->value = alloc_floats(n);
+    v->slots = v->nslots ? alloc_floats(n * (size_t)v->nslots) : NULL;
+    if (v->value == NULL || (v->nslots && v->slots == NULL))
+        goto nomem;
+    v->persisted_version = UINT64_MAX; /* not in the store yet */
+    *out = v;
+    return 0;
+nomem:
+    var_free(v);
+    return -ENOMEM;
+}
+
+static void var_rec(const psd_var *v, psd_var_rec *r)
+{
+    *r = (psd_var_rec){.name = v->name, .spec = v->spec_blob,
+                       .spec_len = v->spec_len, .version = v->version,
+                       .step = v->step, .value = v->value, .n = v->n,
+                       .slots = v->slots, .nslots = v->nslots};
+}
+
+static int table_insert(psd_shard *s, psd_var *v, size_t pos)
+{
+    if (s->nvars == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 16;
+        psd_var **nv = realloc(s->vars, ncap * sizeof *nv);
+        if (nv == NULL)
+            return -ENOMEM;
+        s->vars = nv;
+        s->cap = ncap;
+    }
+    memmove(&s->vars[pos + 1], &s->vars[pos], (s->nvars - pos) * sizeof *s->vars);
+    s->vars[pos] = v;
+    s->nvars++;
+    return 0;
+}
+
+/* ---- loading ---------------------------------------------------------- */
+
+struct load_ctx {
+    psd_var **vars;
+    size_t n, cap;
+};
+
+static int load_visit(void *ctx, const psd_var_rec *r)
+{
+    struct load_ctx *lc = ctx;
+    Ps__V1__VariableSpec *sp =
+        ps__v1__variable_spec__unpack(NULL, r->spec_len, r->spec);
+    if (sp == NULL || sp->optimizer == NULL || sp->initializer == NULL ||
+        strcmp(sp->name, r->name) != 0) {
+        ps_log_error("store: variable '%s': its spec does not parse", r->name);
+        if (sp)
+            ps__v1__variable_spec__free_unpacked(sp, NULL);
+        return PS_ECORRUPT;
+    }
+    size_t n = 1;
+    for (size_t i = 0; i < sp->n_shape; i++)
+        n *= (size_t)(sp->shape[i] > 0 ? sp->shape[i] : 0);
+    psd_var *v = NULL;
+    int rc = n == r->n && sp->n_shape <= PSD_MAX_DIMS ? var_new(sp, n, &v)
+                                                      : PS_ECORRUPT;
+    ps__v1__variable_spec__free_unpacked(sp, NULL);
+    if (rc == PS_ECORRUPT)
+        ps_log_error("store: variable '%s': %zu stored elements do not match "
+                     "its shape", r->name, r->n);
+    if (rc != 0)
+        return rc;
+    if (r->nslots != v->nslots) {
+        ps_log_error("store: variable '%s': %d stored slots, its optimizer "
+                     "has %d", r->name, r->nslots, v->nslots);
+        var_free(v);
+        return PS_ECORRUPT;
+    }
+    memcpy(v->value, r->value, n * sizeof(float));
+    if (v->nslots)
+        memcpy(v->slots, r->slots, n * (size_t)v->nslots * sizeof(float));
+    v->version = v->persisted_version = r->version;
+    v->step = v->persisted_step = r->step;
+    if (lc->n == lc->cap) {
+        size_t ncap = lc->cap ? lc->cap * 2 : 16;
+        psd_var **nv = realloc(lc->vars, ncap * sizeof *nv);
+        if (nv == NULL) {
+            var_free(v);
+            return -ENOMEM;
+        }
+        lc->vars = nv;
+        lc->cap = ncap;
+    }
+    lc->vars[lc->n++] = v;
+    return 0;
+}
+
+static int load_store(psd_store *st, struct load_ctx *lc)
+{
+    memset(lc, 0, sizeof *lc);
+    int rc = psd_store_load(st, load_visit, lc);
+    if (rc != 0) {
+        for (size_t i = 0; i < lc->n; i++)
+            var_free(lc->vars[i]);
+        free(lc->vars);
+        memset(lc, 0, sizeof *lc);
+    }
+    return rc;
+}
+
+/* ---- flushing --------------------------------------------------------- */
+
+static void answer_durable(psd_shard *s, uint64_t upto);
+
+/* Writes every changed variable in one transaction. Called with flush_mu
+ * held. */
+static int flush_locked(psd_shard *s)
+{
+    uint64_t seq = atomic_load(&s->apply_seq);
+    pthread_rwlock_rdlock(&s->table_lock);
+    size_t nv = s->nvars;
+    uint64_t *snap_v = malloc((nv ? nv : 1) * 2 * sizeof *snap_v);
+    if (snap_v == NULL) {
+        pthread_rwlock_unlock(&s->table_lock);
+        return -ENOMEM;
+    }
+    psd_store_txn *t = NULL;
+    int rc = 0;
+    size_t written = 0;
+    for (size_t i = 0; i < nv && rc == 0; i++) {
+        psd_var *v = s->vars[i];
+        pthread_rwlock_rdlock(&v->lock);
+        snap_v[2 * i] = v->version;
+        snap_v[2 * i + 1] = v->step;
+        if (v->version != v->persisted_version || v->step != v->persisted_step) {
+            if (t == NULL)
+                rc = psd_store_begin(s->store, &t);
+            if (rc == 0) {
+                psd_var_rec r;
+                var_rec(v, &r);
+                rc = psd_store_put(t, &r);
+                written++;
+            }
+        }
+        pthread_rwlock_unlock(&v->lock);
+    }
+    if (t != NULL) {
+        if (rc == 0)
+            rc = psd_store_commit(t);
+        else
+            psd_store_abort(t);
+        if (rc == 0) {
+            atomic_fetch_add(&s->commits, 1);
+            for (size_t i = 0; i < nv; i++) {
+                psd_var *v = s->vars[i];
+                pthread_rwlock_wrlock(&v->lock);
+                v->persisted_version = snap_v[2 * i];
+                v->persisted_step = snap_v[2 * i + 1];
+                pthread_rwlock_unlock(&v->lock);
+            }
+        }
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    free(snap_v);
+    if (rc == 0) {
+        atomic_store(&s->committed_seq, seq);
+        answer_durable(s, seq);
+    } else {
+        ps_log_err(rc, "flush of %zu variable(s) to LMDB failed", written);
+    }
+    return rc;
+}
+
+int psd_shard_flush(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    int rc = flush_locked(s);
+    pthread_mutex_unlock(&s->flush_mu);
+    return rc;
+}
+
+static void *flusher_main(void *arg)
+{
+    psd_shard *s = arg;
+    pthread_mutex_lock(&s->flush_mu);
+    while (!s->closing) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long ns = until.tv_nsec + (long)s->o.commit_interval_ms * 1000000L;
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        while (!s->closing && !s->flush_requested)
+            if (pthread_cond_timedwait(&s->flush_cond, &s->flush_mu, &until) ==
+                ETIMEDOUT)
+                break;
+        s->flush_requested = false;
+        if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
+            flush_locked(s);
+    }
+    pthread_mutex_unlock(&s->flush_mu);
+    return NULL;
+}
+
+static void request_flush(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_requested = true;
+    pthread_cond_signal(&s->flush_cond);
+    pthread_mutex_unlock(&s->flush_mu);
+}
+
+/* ---- answering pulls -------------------------------------------------- */
+
+/* Sends the values of vars. Takes each variable's read lock while the
+ * response is serialized straight from its memory. */
+static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                         size_t n)
+{
+    Ps__V1__PullResponse resp = PS__V1__PULL_RESPONSE__INIT;
+    Ps__V1__VariableValue *vals = calloc(n, sizeof *vals);
+    Ps__V1__VariableValue **pv = calloc(n, sizeof *pv);
+    Ps__V1__Tensor *ts = calloc(n, sizeof *ts);
+    if (vals == NULL || pv == NULL || ts == NULL) {
+        free(vals);
+        free(pv);
+        free(ts);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
+        return;
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        psd_var *v = vars[i];
+        pthread_rwlock_rdlock(&v->lock);
+        ps__v1__variable_value__init(&vals[i]);
+        ps__v1__tensor__init(&ts[i]);
+        vals[i].name = v->name;
+        vals[i].version = v->version;
+        ts[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+        ts[i].n_shape = (size_t)v->ndim;
+        ts[i].shape = v->shape;
+        ts[i].data.data = (uint8_t *)v->value;
+        ts[i].data.len = v->n * sizeof(float);
+        vals[i].value = &ts[i];
+        pv[i] = &vals[i];
+        bytes += ts[i].data.len;
+    }
+    resp.n_values = n;
+    resp.values = pv;
+    ps_rpc_reply_pb(call, &resp);
+    for (size_t i = 0; i < n; i++)
+        pthread_rwlock_unlock(&vars[i]->lock);
+    atomic_fetch_add(&s->pulls, 1);
+    atomic_fetch_add(&s->bytes_out, bytes);
+    free(vals);
+    free(pv);
+    free(ts);
+}
+
+static void waiter_free(pull_waiter *w)
+{
+    free(w->vars);
+    free(w->min_versions);
+    free(w);
+}
+
+/* Returns the first item below its min_version, or n if none. */
+static size_t first_unmet(psd_var **vars, const uint64_t *minv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        pthread_rwlock_rdlock(&vars[i]->lock);
+        bool met = vars[i]->version >= minv[i];
+        pthread_rwlock_unlock(&vars[i]->lock);
+        if (!met)
+            return i;
+    }
+    return n;
+}
+
+static void fail_unmet(ps_rpc_call *call, psd_var *v, uint64_t minv)
+{
+    pthread_rwlock_rdlock(&v->lock);
+    uint64_t ver = v->version;
+    pthread_rwlock_unlock(&v->lock);
+    ps_rpc_fail(call, PS_RPC_DEADLINE_EXCEEDED,
+                "variable '%s' is at version %llu; the deadline passed waiting "
+                "for version %llu", v->name, (unsigned long long)ver,
+                (unsigned long long)minv);
+}
+
+static void wake_waiters(psd_shard *s)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    if (s->waiters != NULL)
+        pthread_cond_signal(&s->wait_cond);
+    pthread_mutex_unlock(&s->wait_mu);
+}
+
+/* The sweeper answers pulls whose versions arrived and fails waits whose
+ * deadline passed or whose client went away. The table read lock keeps the
+ * variables alive while it looks at them. */
+static void *sweeper_main(void *arg)
+{
+    psd_shard *s = arg;
+    pthread_mutex_lock(&s->wait_mu);
+    while (!s->closing) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long ns = until.tv_nsec + SWEEP_MS * 1000000L;
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&s->wait_cond, &s->wait_mu, &until);
+        if (s->closing)
+            break;
+        pull_waiter *ready = NULL, *expired = NULL;
+        for (pull_waiter **pw = &s->waiters; *pw != NULL;) {
+            pull_waiter *w = *pw;
+            if (first_unmet(w->vars, w->min_versions, w->nitems) == w->nitems) {
+                *pw = w->next;
+                w->next = ready;
+                ready = w;
+            } else if (ps_rpc_call_cancelled(w->call) || s->stopping) {
+                *pw = w->next;
+                w->next = expired;
+                expired = w;
+            } else {
+                pw = &w->next;
+            }
+        }
+        pending_push *gone = NULL;
+        for (pending_push **pp = &s->pending; *pp != NULL;) {
+            pending_push *p = *pp;
+            if (p->armed && (ps_rpc_call_cancelled(p->call) || s->stopping)) {
+                *pp = p->next;
+                p->next = gone;
+                gone = p;
+            } else {
+                pp = &p->next;
+            }
+        }
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->wait_mu);
+
+        pthread_rwlock_rdlock(&s->table_lock);
+        while (ready != NULL) {
+            pull_waiter *w = ready;
+            ready = w->next;
+            reply_values(s, w->call, w->vars, w->nitems);
+            waiter_free(w);
+        }
+        while (expired != NULL) {
+            pull_waiter *w = expired;
+            expired = w->next;
+            if (stopping) {
+                ps_rpc_fail(w->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+            } else {
+                size_t i = first_unmet(w->vars, w->min_versions, w->nitems);
+                if (i < w->nitems)
+                    fail_unmet(w->call, w->vars[i], w->min_versions[i]);
+                else
+                    reply_values(s, w->call, w->vars, w->nitems);
+            }
+            waiter_free(w);
+        }
+        pthread_rwlock_unlock(&s->table_lock);
+        while (gone != NULL) {
+            pending_push *p = gone;
+            gone = p->next;
+            if (stopping)
+                ps_rpc_fail(p->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+            else
+                ps_rpc_fail(p->call, PS_RPC_DEADLINE_EXCEEDED,
+                            "step %llu: the deadline passed waiting for the other "
+                            "workers' pushes (the gradient was kept; push the "
+                            "same step again to wait again)",
+                            (unsigned long long)p->step);
+            /* Off every list: nothing else can reach it. */
+            free(p->vars);
+            free(p->versions);
+            free(p);
+        }
+        pthread_mutex_lock(&s->wait_mu);
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    return NULL;
+}
+
+/* ---- pushes that wait ------------------------------------------------- */
+
+static void pending_free(pending_push *p)
+{
+    free(p->vars);
+    free(p->versions);
+    free(p);
+}
+
+static void reply_push(psd_shard *s, ps_rpc_call *call, const uint64_t *versions,
+                       size_t n)
+{
+    Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
+    resp.n_versions = n;
+    resp.versions = (uint64_t *)versions;
+    ps_rpc_reply_pb(call, &resp);
+    atomic_fetch_add(&s->pushes, 1);
+}
+
+/* Answers the durable pushes whose updates are all committed. */
+static void answer_durable(psd_shard *s, uint64_t upto)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    pending_push *done = NULL;
+    for (pending_push **pp = &s->durable; *pp != NULL;) {
+        pending_push *p = *pp;
+        if (p->seq <= upto) {
+            *pp = p->next;
+            p->next = done;
+            done = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    while (done != NULL) {
+        pending_push *p = done;
+        done = p->next;
+        reply_push(s, p->call, p->versions, p->nitems);
+        pending_free(p);
+    }
+}
+
+/* A push whose every part is applied: answer now, or after its commit. */
+static void push_complete(psd_shard *s, pending_push *p)
+{
+    if (s->o.durable) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->seq = atomic_load(&s->apply_seq);
+        p->next = s->durable;
+        s->durable = p;
+        pthread_mutex_unlock(&s->wait_mu);
+        request_flush(s);
+        return;
+    }
+    reply_push(s, p->call, p->versions, p->nitems);
+    pending_free(p);
+}
+
+/* ---- the service ------------------------------------------------------ */
+
+static void count_bad(psd_shard *s)
+{
+    atomic_fetch_add(&s->bad, 1);
+}
+
+static void create_variable(ps_rpc_call *call, const uint8_t *req, size_t len,
+                            void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__CreateVariableRequest *r =
+        ps__v1__create_variable_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "CreateVariable: %zu bytes that are not a "
+                    "CreateVariableRequest", len);
+        return;
+    }
+    if (r->spec == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "CreateVariable: spec is missing");
+        ps__v1__create_variable_request__free_unpacked(r, NULL);
+        return;
+    }
+    struct norm_spec ns;
+    normalize(s, r->spec, &ns);
+    char why[512];
+    size_t n = 0;
+    int rc = validate_spec(s, &ns.spec, &n, why, sizeof why);
+    if (rc != 0) {
+        count_bad(s);
+        ps_rpc_fail(call, rc == PS_EDTYPE && ns.spec.sparse ? PS_RPC_UNIMPLEMENTED
+                                                            : PS_RPC_INVALID_ARGUMENT,
+                    "%s", why);
+        ps__v1__create_variable_request__free_unpacked(r, NULL);
+        return;
+    }
+    if (s->stopping) {
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        ps__v1__create_variable_request__free_unpacked(r, NULL);
+        return;
+    }
+
+    /* Fast answer for an existing variable, without building a new one. */
+    pthread_rwlock_rdlock(&s->table_lock);
+    psd_var *old = find_var(s, ns.spec.name, strlen(ns.spec.name), NULL);
+    bool exists = old != NULL;
+    pthread_rwlock_unlock(&s->table_lock);
+
+    psd_var *v = NULL;
+    if (!exists) {
+        rc = var_new(&ns.spec, n, &v);
+        if (rc != 0) {
+            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
+                        "variable '%s': cannot allocate its %zu elements and "
+                        "their optimizer slots", ns.spec.name, n);
+            ps__v1__create_variable_request__free_unpacked(r, NULL);
+            return;
+        }
+        psd_init in;
+        init_from_pb(v->spec->initializer, &in);
+        psd_init_fill(&in, v->value, v->n, v->shape, v->ndim);
+        if (v->nslots)
+            psd_opt_init_slots(&v->opt, v->slots, v->n);
+    }
+
+    pthread_rwlock_wrlock(&s->table_lock);
+    size_t pos;
+    old = find_var(s, ns.spec.name, strlen(ns.spec.name), &pos);
+    if (old != NULL) {
+        pthread_rwlock_unlock(&s->table_lock);
+        var_free(v);
+        /* Compare packed normalized specs: equal bytes, equal meaning. */
+        size_t plen = ps__v1__variable_spec__get_packed_size(&ns.spec);
+        uint8_t *packed = malloc(plen ? plen : 1);
+        bool same = packed != NULL;
+        if (same) {
+            ps__v1__variable_spec__pack(&ns.spec, packed);
+            same = plen == old->spec_len && memcmp(packed, old->spec_blob, plen) == 0;
+        }
+        free(packed);
+        if (same) {
+            Ps__V1__CreateVariableResponse resp = PS__V1__CREATE_VARIABLE_RESPONSE__INIT;
+            pthread_rwlock_rdlock(&old->lock);
+            resp.version = old->version;
+            pthread_rwlock_unlock(&old->lock);
+            resp.created = false;
+            ps_rpc_reply_pb(call, &resp);
+        } else {
+            char diff[300];
+            spec_diff(old->spec, &ns.spec, diff, sizeof diff);
+            count_bad(s);
+            ps_rpc_fail(call, PS_RPC_ALREADY_EXISTS,
+                        "variable '%s' already exists with a different spec: %s",
+                        ns.spec.name, diff);
+        }
+        ps__v1__create_variable_request__free_unpacked(r, NULL);
+        return;
+    }
+    /* New: durable before it is acknowledged. */
+    psd_store_txn *t;
+    rc = psd_store_begin(s->store, &t);
+    if (rc == 0) {
+        psd_var_rec rec;
+        var_rec(v, &rec);
+        rc = psd_store_put(t, &rec);
+        if (rc == 0)
+            rc = psd_store_commit(t);
+        else
+            psd_store_abort(t);
+    }
+    if (rc == 0) {
+        v->persisted_version = 0;
+        rc = table_insert(s, v, pos);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    if (rc != 0) {
+        var_free(v);
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc),
+                    "variable '%s': cannot store it: %s", ns.spec.name,
+                    ps_strerror(rc));
+    } else {
+        atomic_fetch_add(&s->commits, 1);
+        Ps__V1__CreateVariableResponse resp = PS__V1__CREATE_VARIABLE_RESPONSE__INIT;
+        resp.created = true;
+        ps_rpc_reply_pb(call, &resp);
+        char shp[128];
+        shape_str(v->shape, v->ndim, shp, sizeof shp);
+        ps_log_info("created variable '%s' %s %s %s", v->name, shp,
+                    psd_opt_name(v->opt.kind), consistency_name(v->consistency));
+    }
+    ps__v1__create_variable_request__free_unpacked(r, NULL);
+}
+
+static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__PullRequest *r = ps__v1__pull_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Pull: %zu bytes that are not a PullRequest", len);
+        return;
+    }
+    size_t n = r->n_items;
+    if (n == 0) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Pull: no items; name at "
+                    "least one variable");
+        ps__v1__pull_request__free_unpacked(r, NULL);
+        return;
+    }
+    psd_var **vars = calloc(n, sizeof *vars);
+    uint64_t *minv = calloc(n, sizeof *minv);
+    if (vars == NULL || minv == NULL) {
+        free(vars);
+        free(minv);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
+        ps__v1__pull_request__free_unpacked(r, NULL);
+        return;
+    }
+    pthread_rwlock_rdlock(&s->table_lock);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = r->items[i]->name;
+        vars[i] = find_var(s, name, strlen(name), NULL);
+        minv[i] = r->items[i]->min_version;
+        if (vars[i] == NULL) {
+            count_bad(s);
+            const char *np = name_problem(name, strlen(name));
+            if (np != NULL)
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                            "Pull: items[%zu]: variable name %s", i, np);
+            else
+                ps_rpc_fail(call, PS_RPC_NOT_FOUND,
+                            "Pull: variable '%s' does not exist", name);
+            goto out;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (vars[j] == vars[i]) {
+                count_bad(s);
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                            "Pull: variable '%s' is named twice", name);
+                goto out;
+            }
+        }
+    }
+    size_t unmet = first_unmet(vars, minv, n);
+    if (unmet == n) {
+        reply_values(s, call, vars, n);
+    } else if (s->stopping) {
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+    } else if (ps_rpc_call_cancelled(call)) {
+        fail_unmet(call, vars[unmet], minv[unmet]);
+    } else {
+        pull_waiter *w = calloc(1, sizeof *w);
+        if (w == NULL) {
+            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
+            goto out;
+        }
+        w->call = call;
+        w->nitems = n;
+        w->vars = vars;
+        w->min_versions = minv;
+        vars = NULL;
+        minv = NULL;
+        pthread_mutex_lock(&s->wait_mu);
+        w->next = s->waiters;
+        s->waiters = w;
+        /* A version may have arrived between the check and the listing. */
+        pthread_cond_signal(&s->wait_cond);
+        pthread_mutex_unlock(&s->wait_mu);
+    }
+out:
+    pthread_rwlock_unlock(&s->table_lock);
+    free(vars);
+    free(minv);
+    ps__v1__pull_request__free_unpacked(r, NULL);
+}
+
+/* Per-thread scratch for gradients whose bytes are not float-aligned in the
+ * request (the optimizer's vector loops need aligned floats). */
+static __thread float *scratch;
+static __thread size_t scratch_cap;
+
+static const float *aligned_grad(const psd_wire_grad *g, size_t n)
+{
+    if (((uintptr_t)g->data & (sizeof(float) - 1)) == 0)
+        return (const float *)(const void *)g->data;
+    if (scratch_cap < n) {
+        free(scratch);
+        scratch = alloc_floats(n);
+        scratch_cap = scratch ? n : 0;
+        if (scratch == NULL)
+            return NULL;
+    }
+    memcpy(scratch, g->data, n * sizeof(float));
+    return scratch;
+}
+
+static __thread psd_push_req push_req;
+
+/* Adds a worker to the step's set; false if it was there already. Called
+ * with v->lock held for writing. */
+static bool mark_pushed(psd_var *v, uint32_t worker)
+{
+    for (size_t i = 0; i < v->npushed; i++)
+        if (v->pushed[i] == worker)
+            return false;
+    if (v->npushed == v->cap_pushed) {
+        size_t ncap = v->cap_pushed ? v->cap_pushed * 2 : 8;
+        uint32_t *p = realloc(v->pushed, ncap * sizeof *p);
+        if (p == NULL)
+            return false;
+        v->pushed = p;
+        v->cap_pushed = ncap;
+    }
+    v->pushed[v->npushed++] = worker;
+    return true;
+}
+
+/* Applies the step's aggregate when every worker has pushed, and completes
+ * the pushes that waited for it. Called with v->lock held for writing;
+ * returns the pushes to complete (the caller does, after unlocking). */
+static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
+{
+    if (v->accum_count < v->num_workers)
+        return NULL;
+    psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
+                  1.0f / (float)v->accum_count, v->version + 1);
+    v->version++;
+    uint64_t done_step = v->step;
+    v->step++;
+    v->accum_count = 0;
+    v->npushed = 0;
+    atomic_fetch_add(&s->apply_seq, 1);
+    /* Collect the pushes of this step that now have every part applied. */
+    pending_push *ready = NULL;
+    pthread_mutex_lock(&s->wait_mu);
+    for (pending_push **pp = &s->pending; *pp != NULL;) {
+        pending_push *p = *pp;
+        bool mine = false;
+        if (p->step == done_step)
+            for (size_t i = 0; i < p->nitems; i++)
+                if (p->vars[i] == v && p->versions[i] == 0) {
+                    p->versions[i] = v->version;
+                    p->nleft--;
+                    mine = true;
+                }
+        if (mine && p->nleft == 0 && p->armed) {
+            *pp = p->next;
+            p->next = ready;
+            ready = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    return ready;
+}
+
+static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    char err[512];
+    psd_push_req *r = &push_req;
+    int rc = psd_push_decode(req, len, r, err, sizeof err);
+    if (rc != 0) {
+        count_bad(s);
+        ps_rpc_fail(call, rc == PS_EPARSE ? PS_RPC_INVALID_ARGUMENT
+                                          : PS_RPC_RESOURCE_EXHAUSTED,
+                    "%s", rc == PS_EPARSE ? err : "Push: out of memory");
+        return;
+    }
+    if (r->ngrads == 0) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Push: no gradients; send at least one");
+        return;
+    }
+    if (s->stopping) {
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        return;
+    }
+    pending_push *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return;
+    }
+    p->call = call;
+    p->nitems = r->ngrads;
+    p->step = r->step;
+    p->vars = calloc(r->ngrads, sizeof *p->vars);
+    p->versions = calloc(r->ngrads, sizeof *p->versions);
+    if (p->vars == NULL || p->versions == NULL) {
+        pending_free(p);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return;
+    }
+
+    pthread_rwlock_rdlock(&s->table_lock);
+    /* Phase 1: check everything, change nothing. */
+    enum ps_rpc_code code = PS_RPC_OK;
+    for (size_t i = 0; i < r->ngrads && code == PS_RPC_OK; i++) {
+        psd_wire_grad *g = &r->grads[i];
+        psd_var *v = find_var(s, g->name, g->name_len, NULL);
+        if (v == NULL) {
+            const char *np = name_problem(g->name, g->name_len);
+            code = np ? PS_RPC_INVALID_ARGUMENT : PS_RPC_NOT_FOUND;
+            if (np)
+                snprintf(err, sizeof err, "Push: grads[%zu]: variable name %s", i, np);
+            else
+                snprintf(err, sizeof err, "Push: variable '%.*s' does not exist",
+                         (int)g->name_len, g->name);
+            break;
+        }
+        p->vars[i] = v;
+        for (size_t j = 0; j < i; j++)
+            if (p->vars[j] == v) {
+                code = PS_RPC_INVALID_ARGUMENT;
+                snprintf(err, sizeof err, "Push: variable '%s' has two gradients "
+                         "in one push", v->name);
+            }
+        if (code != PS_RPC_OK)
+            break;
+        if (!g->has_tensor) {
+            code = PS_RPC_INVALID_ARGUMENT;
+            snprintf(err, sizeof err, "variable '%s': the gradient tensor is "
+                     "missing", v->name);
+        } else if (g->dtype != PS__V1__DTYPE__DTYPE_FLOAT32) {
+            code = PS_RPC_INVALID_ARGUMENT;
+            snprintf(err, sizeof err, "variable '%s': gradient dtype is %s, "
+                     "variable is FLOAT32", v->name, dtype_name(g->dtype));
+        } else if (g->nbytes != v->n * sizeof(float)) {
+            code = PS_RPC_INVALID_ARGUMENT;
+            if (g->nbytes % sizeof(float) != 0)
+                snprintf(err, sizeof err, "variable '%s': gradient has %zu bytes, "
+                         "not a whole number of float32 elements", v->name, g->nbytes);
+            else
+                snprintf(err, sizeof err, "variable '%s': gradient has %zu elements, "
+                         "variable has %zu", v->name, g->nbytes / sizeof(float), v->n);
+        } else if (g->ndim != 0 &&
+                   (g->ndim != v->ndim ||
+                    memcmp(g->shape, v->shape, (size_t)v->ndim * sizeof *v->shape) != 0)) {
+            char a[128], b[128];
+            shape_str(g->shape, g->ndim < 0 ? 0 : g->ndim, a, sizeof a);
+            shape_str(v->shape, v->ndim, b, sizeof b);
+            code = PS_RPC_INVALID_ARGUMENT;
+            snprintf(err, sizeof err, "variable '%s': gradient shape %s, variable "
+                     "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
+        } else if (aligned_grad(g, v->n) == NULL) {
+            code = PS_RPC_RESOURCE_EXHAUSTED;
+            snprintf(err, sizeof err, "Push: out of memory");
+        } else if (!s->o.allow_nonfinite &&
+                   !psd_all_finite(aligned_grad(g, v->n), v->n)) {
+            code = PS_RPC_INVALID_ARGUMENT;
+            atomic_fetch_add(&s->nonfinite, 1);
+            snprintf(err, sizeof err, "variable '%s': the gradient holds NaN or "
+                     "Inf; refused (start psd with --allow-nonfinite to accept)",
+                     v->name);
+        } else if (v->consistency == PSD_SYNC) {
+            pthread_rwlock_rdlock(&v->lock);
+            uint64_t at = v->step;
+            pthread_rwlock_unlock(&v->lock);
+            if (r->step < at) {
+                code = PS_RPC_FAILED_PRECONDITION;
+                atomic_fetch_add(&s->stale, 1);
+                snprintf(err, sizeof err, "variable '%s': step %llu was already "
+                         "applied (the variable is aggregating step %llu)", v->name,
+                         (unsigned long long)r->step, (unsigned long long)at);
+            } else if (r->step > at) {
+                code = PS_RPC_FAILED_PRECONDITION;
+                snprintf(err, sizeof err, "variable '%s': step %llu is ahead of "
+                         "the step being aggregated, %llu", v->name,
+                         (unsigned long long)r->step, (unsigned long long)at);
+            }
+        }
+    }
+    if (code != PS_RPC_OK) {
+        pthread_rwlock_unlock(&s->table_lock);
+        if (code == PS_RPC_INVALID_ARGUMENT)
+            count_bad(s);
+        ps_rpc_fail(call, code, "%s", err);
+        pending_free(p);
+        return;
+    }
+
+    /* Phase 2: apply. Async parts now; sync parts join their step. The
+     * pending push is listed before any part joins, with every sync part
+     * counted, so that whichever thread applies the last part's step sees
+     * the whole count; it completes the push only once armed, that is once
+     * this handler is done with it. */
+    size_t nsync = 0;
+    for (size_t i = 0; i < r->ngrads; i++)
+        nsync += p->vars[i]->consistency == PSD_SYNC;
+    if (nsync > 0) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->nleft = nsync;
+        p->next = s->pending;
+        s->pending = p;
+        pthread_mutex_unlock(&s->wait_mu);
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < r->ngrads; i++) {
+        psd_var *v = p->vars[i];
+        const float *g = aligned_grad(&r->grads[i], v->n);
+        bytes += v->n * sizeof(float);
+        pthread_rwlock_wrlock(&v->lock);
+        if (v->consistency != PSD_SYNC) {
+            psd_opt_apply(&v->opt, v->value, v->slots, g, v->n, 1.0f,
+                          v->version + 1);
+            p->versions[i] = ++v->version;
+            atomic_fetch_add(&s->apply_seq, 1);
+            pthread_rwlock_unlock(&v->lock);
+            continue;
+        }
+        /* A worker pushing a step again (a retry after its deadline) adds
+         * nothing and just waits for the step again. */
+        if (mark_pushed(v, r->worker)) {
+            if (v->accum == NULL)
+                v->accum = alloc_floats(v->n);
+            if (v->accum_count == 0)
+                memcpy(v->accum, g, v->n * sizeof(float));
+            else
+                psd_accumulate(v->accum, g, v->n);
+            v->accum_count++;
+        }
+        pending_push *ready = maybe_apply_step(s, v);
+        pthread_rwlock_unlock(&v->lock);
+        while (ready != NULL) {
+            pending_push *q = ready;
+            ready = q->next;
+            push_complete(s, q);
+        }
+    }
+    bool done = nsync == 0;
+    if (nsync > 0) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->armed = true;
+        if (p->nleft == 0) {
+            for (pending_push **pp = &s->pending; *pp != NULL; pp = &(*pp)->next)
+                if (*pp == p) {
+                    *pp = p->next;
+                    break;
+                }
+            done = true;
+        }
+        pthread_mutex_unlock(&s->wait_mu);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    atomic_fetch_add(&s->bytes_in, bytes);
+    wake_waiters(s);
+    if (done)
+        push_complete(s, p);
+}
+
+static int cmp_vars(const void *a, const void *b)
+{
+    return strcmp((*(psd_var *const *)a)->name, (*(psd_var *const *)b)->name);
+}
+
+static void list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
+                           void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__ListVariablesRequest *r =
+        ps__v1__list_variables_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "ListVariables: %zu bytes that are not a ListVariablesRequest", len);
+        return;
+    }
+    ps__v1__list_variables_request__free_unpacked(r, NULL);
+    pthread_rwlock_rdlock(&s->table_lock);
+    size_t n = s->nvars;
+    Ps__V1__ListVariablesResponse resp = PS__V1__LIST_VARIABLES_RESPONSE__INIT;
+    Ps__V1__VariableInfo *infos = calloc(n ? n : 1, sizeof *infos);
+    Ps__V1__VariableInfo **pi = calloc(n ? n : 1, sizeof *pi);
+    if (infos == NULL || pi == NULL) {
+        pthread_rwlock_unlock(&s->table_lock);
+        free(infos);
+        free(pi);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "ListVariables: out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        psd_var *v = s->vars[i];
+        ps__v1__variable_info__init(&infos[i]);
+        infos[i].spec = v->spec;
+        pthread_rwlock_rdlock(&v->lock);
+        infos[i].version = v->version;
+        pthread_rwlock_unlock(&v->lock);
+        infos[i].value_bytes = v->n * sizeof(float);
+        infos[i].slot_bytes = v->n * (size_t)v->nslots * sizeof(float);
+        pi[i] = &infos[i];
+    }
+    resp.n_variables = n;
+    resp.variables = pi;
+    ps_rpc_reply_pb(call, &resp);
+    pthread_rwlock_unlock(&s->table_lock);
+    free(infos);
+    free(pi);
+}
+
+static void stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__StatsRequest *r = ps__v1__stats_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Stats: %zu bytes that are not a StatsRequest", len);
+        return;
+    }
+    ps__v1__stats_request__free_unpacked(r, NULL);
+    Ps__V1__StatsResponse resp = PS__V1__STATS_RESPONSE__INIT;
+    pthread_rwlock_rdlock(&s->table_lock);
+    resp.variables = s->nvars;
+    for (size_t i = 0; i < s->nvars; i++) {
+        psd_var *v = s->vars[i];
+        resp.value_bytes += v->n * sizeof(float);
+        resp.slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
+                           (v->accum ? v->n * sizeof(float) : 0);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    resp.pushes = atomic_load(&s->pushes);
+    resp.pulls = atomic_load(&s->pulls);
+    resp.bytes_received = atomic_load(&s->bytes_in);
+    resp.bytes_sent = atomic_load(&s->bytes_out);
+    resp.stale_pushes_refused = atomic_load(&s->stale);
+    resp.bad_requests = atomic_load(&s->bad);
+    resp.nonfinite_refused = atomic_load(&s->nonfinite);
+    resp.commits = psd_store_commits(s->store);
+    resp.resident_bytes = psd_rss_bytes();
+    resp.fixed_overhead_bytes = s->fixed_overhead;
+    resp.uptime_seconds = (double)(ps_now_ms() - s->started_ms) / 1000.0;
+    resp.last_checkpoint_step = atomic_load(&s->last_ckpt);
+    ps_rpc_reply_pb(call, &resp);
+}
+
+static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__CheckpointRequest *r = ps__v1__checkpoint_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Checkpoint: %zu bytes that are not a CheckpointRequest", len);
+        return;
+    }
+    uint64_t step = r->step;
+    ps__v1__checkpoint_request__free_unpacked(r, NULL);
+    /* Everything acknowledged so far goes into the store, then the copy is
+     * taken from one read transaction while pushes go on. */
+    pthread_mutex_lock(&s->flush_mu);
+    int rc = flush_locked(s);
+    uint64_t nvars = 0;
+    pthread_rwlock_rdlock(&s->table_lock);
+    nvars = s->nvars;
+    if (step == 0)
+        for (size_t i = 0; i < s->nvars; i++)
+            if (s->vars[i]->version > step)
+                step = s->vars[i]->version;
+    pthread_rwlock_unlock(&s->table_lock);
+    pthread_mutex_unlock(&s->flush_mu);
+    if (rc != 0) {
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc),
+                    "Checkpoint: flushing to LMDB failed: %s", ps_strerror(rc));
+        return;
+    }
+    char path[4096];
+    uint64_t bytes = 0;
+    rc = psd_ckpt_write(s->store, s->data_dir, step, nvars, path, sizeof path, &bytes);
+    if (rc != 0) {
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc),
+                    "Checkpoint at step %llu in %s/checkpoints failed: %s%s",
+                    (unsigned long long)step, s->data_dir, ps_strerror(rc),
+                    rc == PS_EFULL ? " (disk full; earlier checkpoints are intact)"
+                                   : "");
+        return;
+    }
+    atomic_store(&s->last_ckpt, step);
+    if (s->o.checkpoint_keep > 0)
+        psd_ckpt_prune(s->data_dir, s->o.checkpoint_keep);
+    ps_log_info("checkpoint at step %llu: %s (%llu bytes)",
+                (unsigned long long)step, path, (unsigned long long)bytes);
+    Ps__V1__CheckpointResponse resp = PS__V1__CHECKPOINT_RESPONSE__INIT;
+    resp.path = path;
+    resp.step = step;
+    resp.bytes = bytes;
+    ps_rpc_reply_pb(call, &resp);
+}
+
+/* Fails every waiting call: Restore replaces the variables they point to. */
+static void fail_all_waits(psd_shard *s, enum ps_rpc_code code, const char *msg)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    pull_waiter *w = s->waiters;
+    s->waiters = NULL;
+    pending_push *p = s->pending;
+    s->pending = NULL;
+    pthread_mutex_unlock(&s->wait_mu);
+    while (w != NULL) {
+        pull_waiter *next = w->next;
+        ps_rpc_fail(w->call, code, "%s", msg);
+        waiter_free(w);
+        w = next;
+    }
+    while (p != NULL) {
+        pending_push *next = p->next;
+        ps_rpc_fail(p->call, code, "%s", msg);
+        pending_free(p);
+        p = next;
+    }
+}
+
+static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__RestoreRequest *r = ps__v1__restore_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Restore: %zu bytes that are not a RestoreRequest", len);
+        return;
+    }
+    uint64_t step = r->step;
+    ps__v1__restore_request__free_unpacked(r, NULL);
+    int rc = 0;
+    if (step == 0 && (rc = psd_ckpt_latest(s->data_dir, &step)) != 0) {
+        ps_rpc_fail(call, PS_RPC_NOT_FOUND,
+                    "Restore: no complete checkpoint under %s/checkpoints",
+                    s->data_dir);
+        return;
+    }
+    char path[4096];
+    rc = psd_ckpt_path(s->data_dir, step, path, sizeof path);
+    if (rc != 0) {
+        ps_rpc_fail(call, rc == PS_ECORRUPT ? PS_RPC_DATA_LOSS : PS_RPC_NOT_FOUND,
+                    "Restore: checkpoint %llu under %s/checkpoints %s",
+                    (unsigned long long)step, s->data_dir,
+                    rc == PS_ECORRUPT ? "is corrupt (its checksum does not match)"
+                                      : "does not exist or is incomplete");
+        return;
+    }
+    psd_store *ck;
+    rc = psd_store_open(path, 0, PSD_STORE_RDONLY, &ck);
+    struct load_ctx lc;
+    if (rc == 0) {
+        rc = load_store(ck, &lc);
+        psd_store_close(ck);
+    }
+    if (rc != 0) {
+        ps_rpc_fail(call, PS_RPC_DATA_LOSS, "Restore: checkpoint %s does not "
+                    "load: %s", path, ps_strerror(rc));
+        return;
+    }
+    pthread_mutex_lock(&s->flush_mu);
+    pthread_rwlock_wrlock(&s->table_lock);
+    /* No handler runs now, so every waiting call is listed and armed. */
+    fail_all_waits(s, PS_RPC_ABORTED, "the variables were restored from a "
+                   "checkpoint while this call waited; pull again");
+    psd_store_txn *t;
+    rc = psd_store_begin(s->store, &t);
+    if (rc == 0)
+        rc = psd_store_clear(t);
+    for (size_t i = 0; i < lc.n && rc == 0; i++) {
+        psd_var_rec rec;
+        var_rec(lc.vars[i], &rec);
+        rc = psd_store_put(t, &rec);
+    }
+    if (rc == 0)
+        rc = psd_store_commit(t);
+    else if (t != NULL)
+        psd_store_abort(t);
+    if (rc == 0) {
+        for (size_t i = 0; i < s->nvars; i++)
+            var_free(s->vars[i]);
+        free(s->vars);
+        s->vars = lc.vars;
+        s->nvars = s->cap = lc.n;
+        qsort(s->vars, s->nvars, sizeof *s->vars, cmp_vars);
+        atomic_store(&s->committed_seq, atomic_load(&s->apply_seq));
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    pthread_mutex_unlock(&s->flush_mu);
+    if (rc != 0) {
+        for (size_t i = 0; i < lc.n; i++)
+            var_free(lc.vars[i]);
+        free(lc.vars);
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc), "Restore: writing the "
+                    "checkpoint into the live store failed: %s (the variables "
+                    "are unchanged)", ps_strerror(rc));
+        return;
+    }
+    ps_log_info("restored %zu variable(s) from checkpoint %llu", lc.n,
+                (unsigned long long)step);
+    Ps__V1__RestoreResponse resp = PS__V1__RESTORE_RESPONSE__INIT;
+    resp.step = step;
+    resp.variables = lc.n;
+    ps_rpc_reply_pb(call, &resp);
+}
+
+/* ---- lifetime --------------------------------------------------------- */
+
+int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
+{
+    if (opts->data_dir == NULL || opts->data_dir[0] == '\0' ||
+        opts->commit_interval_ms <= 0 || opts->workers == 0)
+        return PS_EINVAL_ARG;
+    psd_shard *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    s->o = *opts;
+    if (s->o.max_message_bytes == 0)
+        s->o.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
+    s->data_dir = strdup(opts->data_dir);
+    s->o.data_dir = s->data_dir;
+    pthread_rwlock_init(&s->table_lock, NULL);
+    pthread_mutex_init(&s->wait_mu, NULL);
+    pthread_cond_init(&s->wait_cond, NULL);
+    pthread_mutex_init(&s->flush_mu, NULL);
+    pthread_cond_init(&s->flush_cond, NULL);
+    s->started_ms = ps_now_ms();
+    int rc = psd_store_open(s->data_dir, opts->map_size, 0, &s->store);
+    if (rc != 0) {
+        ps_log_err(rc, "cannot open the store in %s", s->data_dir);
+        goto fail;
+    }
+    struct load_ctx lc;
+    rc = load_store(s->store, &lc);
+    if (rc != 0) {
+        ps_log_err(rc, "cannot load the variables in %s", s->data_dir);
+        goto fail;
+    }
+    s->vars = lc.vars;
+    s->nvars = lc.n;
+    s->cap = lc.cap;
+    uint64_t last = 0;
+    if (psd_ckpt_latest(s->data_dir, &last) == 0)
+        atomic_store(&s->last_ckpt, last);
+    if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0 ||
+        pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
+        rc = -EAGAIN;
+        goto fail; /* (a started flusher is stopped by close) */
+    }
+    s->threads_started = true;
+    ps_log_info("loaded %zu variable(s) from %s", s->nvars, s->data_dir);
+    *out = s;
+    return 0;
+fail:
+    psd_shard_close(s);
+    return rc;
+}
+
+void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes)
+{
+    s->fixed_overhead = bytes;
+}
+
+int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
+{
+    static const struct {
+        const char *path;
+        ps_rpc_handler fn;
+    } m[] = {
+        {"/ps.v1.ParameterServer/CreateVariable", create_variable},
+        {"/ps.v1.ParameterServer/Pull", pull},
+        {"/ps.v1.ParameterServer/Push", push},
+        {"/ps.v1.ParameterServer/ListVariables", list_variables},
+        {"/ps.v1.ParameterServer/Stats", stats},
+        {"/ps.v1.ParameterServer/Checkpoint", checkpoint},
+        {"/ps.v1.ParameterServer/Restore", restore},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        int rc = ps_rpc_server_add_method(srv, m[i].path, PS_RPC_UNARY, m[i].fn, s);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+void psd_shard_stop(psd_shard *s)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    s->stopping = true;
+    pthread_cond_signal(&s->wait_cond);
+    pthread_mutex_unlock(&s->wait_mu);
+    /* Durable pushes are answered by one last flush. */
+    psd_shard_flush(s);
+    /* Let the sweeper answer the waits; wait until it has. */
+    for (int i = 0; i < 500; i++) {
+        pthread_mutex_lock(&s->wait_mu);
+        bool empty = s->waiters == NULL && s->pending == NULL;
+        pthread_mutex_unlock(&s->wait_mu);
+        if (empty)
+            break;
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int psd_shard_close(psd_shard *s)
+{
+    if (s == NULL)
+        return 0;
+    int rc = 0;
+    if (s->threads_started) {
+        pthread_mutex_lock(&s->wait_mu);
+        s->closing = true;
+        s->stopping = true;
+        pthread_cond_signal(&s->wait_cond);
+        pthread_mutex_unlock(&s->wait_mu);
+        pthread_mutex_lock(&s->flush_mu);
+        pthread_cond_signal(&s->flush_cond);
+        pthread_mutex_unlock(&s->flush_mu);
+        pthread_join(s->flusher, NULL);
+        pthread_join(s->sweeper, NULL);
+        rc = psd_shard_flush(s);
+        fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
+    }
+    psd_store_close(s->store);
+    for (size_t i = 0; i < s->nvars; i++)
+        var_free(s->vars[i]);
+    free(s->vars);
+    pthread_rwlock_destroy(&s->table_lock);
+    pthread_mutex_destroy(&s->wait_mu);
+    pthread_cond_destroy(&s->wait_cond);
+    pthread_mutex_destroy(&s->flush_mu);
+    pthread_cond_destroy(&s->flush_cond);
+    free(s->data_dir);
+    free(s);
+    psd_push_req_free(&push_req);
+    return rc;
+}

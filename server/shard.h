@@ -1,0 +1,78 @@
+/*
+ * shard.h - one parameter-server shard: the variables it holds in memory,
+ * their write-behind to LMDB, and the ps.v1.ParameterServer service over
+ * them.
+ *
+ * Dense variables live in memory, one aligned block for the value and one
+ * for the optimizer's slots, each guarded by its own read-write lock: a push
+ * applies the optimizer in place straight from the request's bytes, a pull
+ * serializes straight from the value into the response. A flusher thread
+ * writes every variable that changed to LMDB in one transaction per commit
+ * interval (group commit); --durable makes each push wait for the commit
+ * that holds it before it is acknowledged.
+ *
+ * Durability promise (see README): with the default 20 ms commit interval a
+ * kill -9 loses at most the pushes acknowledged in the last commit interval
+ * plus the duration of one commit; --durable loses nothing acknowledged. A
+ * SIGTERM loses nothing: the shard flushes before it closes.
+ *
+ * Threads and lifetime: psd_shard_open loads the store; the service may then
+ * be registered on an rpc server and called from its threads. Call
+ * psd_shard_stop before the rpc server's shutdown (it answers every call
+ * that waits, with UNAVAILABLE, so the drain can finish), and
+ * psd_shard_close after it (it flushes and closes the store).
+ */
+#ifndef PSD_SHARD_H
+#define PSD_SHARD_H
+
+#include "rpc.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct psd_shard psd_shard;
+
+enum psd_consistency {
+    PSD_ASYNC = 1,
+    PSD_SYNC = 2,
+};
+
+typedef struct psd_shard_opts {
+    const char *data_dir;        /* the LMDB environment and checkpoints/ */
+    uint64_t map_size;           /* LMDB map size; 0 = store's default */
+    int consistency;             /* default for specs that leave it unset */
+    uint32_t workers;            /* sync: pushes per step when a spec says 0 */
+    int commit_interval_ms;      /* write-behind period, > 0 */
+    bool durable;                /* acknowledge a push only once committed */
+    bool allow_nonfinite;        /* accept NaN/Inf gradients */
+    size_t max_message_bytes;    /* the rpc limit: bounds a variable's size */
+    size_t checkpoint_keep;      /* complete checkpoints kept; 0 = all */
+} psd_shard_opts;
+
+/* Opens the store under data_dir (creating it) and loads every variable.
+ * Returns 0, PS_EINVAL_ARG, PS_ECORRUPT (a record or spec that does not
+ * load; the log names it), -errno or PS_ESTORE. */
+int psd_shard_open(const psd_shard_opts *opts, psd_shard **out);
+
+/* Registers ParameterServer's methods on srv (before it starts). */
+int psd_shard_register(psd_shard *s, ps_rpc_server *srv);
+
+/* Refuses new waits and answers every waiting call with UNAVAILABLE. */
+void psd_shard_stop(psd_shard *s);
+
+/* Flushes what is not yet in LMDB, stops the flusher and the sweeper, closes
+ * the store and frees. Returns the final flush's result. NULL is a no-op. */
+int psd_shard_close(psd_shard *s);
+
+/* Commits every change now (the checkpoint path and tests use it). */
+int psd_shard_flush(psd_shard *s);
+
+/* Resident bytes measured at open, before any variable was loaded: the
+ * fixed overhead Stats reports beside the variables' own bytes. */
+void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes);
+
+/* The process's resident set size in bytes (from /proc/self/statm). */
+uint64_t psd_rss_bytes(void);
+
+#endif

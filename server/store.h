@@ -1,0 +1,140 @@
+/*
+ * store.h - psd's variable records persisted in one LMDB environment.
+ *
+ * psd keeps its dense variables in memory for speed and writes them behind
+ * to this store in group commits: the caller opens a write transaction,
+ * puts every variable that changed since the last commit, and commits. The
+ * store knows nothing of protobuf: a variable's spec is an opaque blob (psd
+ * packs a ps.v1.VariableSpec into it) stored verbatim and handed back as is.
+ *
+ * Durability: a successful psd_store_commit has been fsync'ed (LMDB's
+ * default durability), so a kill -9 or a power cut loses exactly the work
+ * not yet committed. How much that is is the caller's commit interval.
+ *
+ * Layout on disk: <dir>/data.mdb and <dir>/lock.mdb, with four named
+ * sub-databases (LMDB sorts keys bytewise):
+ *
+ *   "meta"   "format"      -> {u32 magic 'PSDS', u32 format 1, u32 0x01020304}
+ *            "next_var_id" -> u32, the next variable id to hand out; ids are
+ *                             never reused, not even after a delete or clear
+ *   "vars"   name (1..255 bytes, no NUL) -> 48-byte header + spec blob:
+ *            {u32 magic 'PSVR', u16 format 1, u16 header size 48, u32 var_id,
+ *             u32 nslots, u64 version, u64 step, u64 n, u64 spec_len}
+ *   "dense"  var_id (u32 big-endian) + kind (u8: 0 value, 1+k slot k)
+ *                             -> n float32, exactly n*4 bytes
+ *   "rows"   var_id (u32 big-endian) + row id (u64 big-endian) -> one row.
+ *            Reserved for sparse tables: created and emptied by delete and
+ *            clear, but no API writes it yet. Big-endian keys make a
+ *            variable's rows one contiguous range, scanned in row order.
+ *
+ * Integers in values and the floats are in the host's byte order, and only
+ * little-endian hosts are supported: store.c refuses to compile elsewhere,
+ * and the byte-order mark in "meta"/"format" and the record magics turn an
+ * environment carried to a big-endian reader into PS_ECORRUPT, not garbage.
+ *
+ * Threads and lifetime: a psd_store may be used from any thread (the
+ * environment is opened with MDB_NOTLS). psd_store_load, psd_store_get and
+ * psd_store_copy each run in their own read transaction and may run
+ * concurrently with each other and with one write transaction. Write
+ * transactions are serialized: psd_store_begin blocks while another is
+ * open. A psd_store_txn is used by one thread at a time and must be ended
+ * (commit or abort) by the thread that began it. The records passed to a
+ * visitor, and every pointer in them, are valid only during that call: copy
+ * what you keep. Never open the same directory twice in one process, and
+ * never use a store across fork(): open it in the process that uses it.
+ */
+#ifndef PSD_STORE_H
+#define PSD_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct psd_store psd_store;
+typedef struct psd_store_txn psd_store_txn;
+
+/* One variable as stored. */
+typedef struct psd_var_rec {
+    const char *name;          /* NUL-terminated, 1..255 bytes */
+    const void *spec;          /* opaque blob, stored verbatim */
+    size_t spec_len;
+    uint64_t version;          /* updates applied */
+    uint64_t step;             /* last applied step (sync mode's clock) */
+    const float *value;        /* (n) */
+    size_t n;
+    const float *slots;        /* (nslots, n) optimizer state; NULL if nslots == 0 */
+    int nslots;                /* 0..PSD_STORE_MAX_SLOTS */
+} psd_var_rec;
+
+enum {
+    PSD_STORE_RDONLY = 1,      /* psd_store_open: read only, create nothing */
+    PSD_STORE_MAX_SLOTS = 254, /* the kind byte of a "dense" key */
+};
+
+/* Opens (and unless PSD_STORE_RDONLY, creates) the store in dir, creating
+ * dir and its parents if needed. map_size is the most the environment may
+ * hold; 0 picks 64 GiB, a sparse mapping that costs only address space,
+ * halved (with a warning) down to 256 MiB where address space is capped
+ * (ulimit -v, valgrind). A full map gives PS_EFULL from put and commit.
+ * Returns 0, -errno (-ENOENT: a read-only open of a directory with no
+ * store), PS_ECORRUPT (not a psd store, a newer format, or written on a
+ * big-endian host), PS_EINVAL_ARG or PS_ESTORE; LMDB's reason is logged. */
+int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store **out);
+/* Closes the environment. Every transaction must have ended. NULL is ok. */
+void psd_store_close(psd_store *s);
+
+/* Called once per record; a nonzero return stops the walk and is returned
+ * by the function that called it. rec is valid only during the call. */
+typedef int (*psd_store_visit_fn)(void *ctx, const psd_var_rec *rec);
+
+/* Visits every variable, sorted bytewise by name, all from one read
+ * transaction (one consistent snapshot). Returns 0, fn's nonzero return,
+ * PS_ECORRUPT naming the variable in the log (bad magic, sizes that do not
+ * match the header, a missing value or slot), -ENOMEM or PS_ESTORE. */
+int psd_store_load(psd_store *s, psd_store_visit_fn fn, void *ctx);
+/* Visits one variable. Returns 0, fn's return, PS_ENOTFOUND, PS_EINVAL_ARG
+ * (a name that is empty or longer than 255 bytes), or as psd_store_load. */
+int psd_store_get(psd_store *s, const char *name, psd_store_visit_fn fn, void *ctx);
+
+/* Begins the write transaction; blocks while another one is open. Returns
+ * 0, PS_EINVAL_ARG on a read-only store, -ENOMEM or PS_ESTORE. */
+int psd_store_begin(psd_store *s, psd_store_txn **out);
+/* Inserts or replaces a variable: header, spec, value and every slot, each
+ * copied straight into the map (MDB_RESERVE). Replacing keeps the var_id and
+ * drops slots the new record no longer has; an unreadable old record is
+ * replaced as if it were new (with a warning). Returns 0, PS_EINVAL_ARG (bad
+ * name, too many slots, NULL arrays with nonzero sizes: the transaction
+ * stays usable), PS_EFULL (the map or the transaction is full), PS_ECORRUPT
+ * (the id counter is unreadable) or PS_ESTORE. After any of the last three
+ * the transaction is spoiled: every later call returns that error and
+ * commit aborts. */
+int psd_store_put(psd_store_txn *t, const psd_var_rec *rec);
+/* Deletes a variable with its value, slots and rows (only the record, if
+ * its header is unreadable). Returns 0, PS_ENOTFOUND (the transaction stays
+ * usable), PS_EINVAL_ARG, or as put. */
+int psd_store_del(psd_store_txn *t, const char *name);
+/* Deletes every variable (restore empties the store before loading a
+ * checkpoint into it). Returns 0 or as put. */
+int psd_store_clear(psd_store_txn *t);
+/* Commits and frees t, fsync'ed before it returns. Returns 0, PS_EFULL (the
+ * map is full, or the disk: ENOSPC, EDQUOT, EFBIG), PS_ESTORE, or the error
+ * that spoiled the transaction; on any failure nothing of it is visible. */
+int psd_store_commit(psd_store_txn *t);
+/* Discards and frees t. NULL is ok. */
+void psd_store_abort(psd_store_txn *t);
+
+/* Writes a compacted copy of the store, taken from one read transaction (so
+ * commits go on meanwhile), to dst_dir/data.mdb; dst_dir must exist and hold
+ * no data.mdb. The copy is not fsync'ed: the caller does that (checkpoint.c
+ * does). Called by the checkpoint writer, possibly in its own thread while
+ * the writer thread keeps committing. Returns 0,
+ * -EEXIST, -ENOENT, other -errno, PS_EFULL when a write fails for space
+ * (ENOSPC, EDQUOT, EFBIG) or PS_ESTORE; on failure the partial file is
+ * removed. */
+int psd_store_copy(psd_store *s, const char *dst_dir);
+/* Forces everything committed to disk (mdb_env_sync). A read-only store has
+ * nothing to flush and returns 0. Returns 0, PS_EFULL or PS_ESTORE. */
+int psd_store_sync(psd_store *s);
+/* The number of successful commits since open. */
+uint64_t psd_store_commits(const psd_store *s);
+
+#endif

@@ -1,0 +1,104 @@
+"""Shared helpers for the Python interop tests: generate stubs from proto/
+at test time with grpc_tools, start a daemon on 127.0.0.1:0, stop it.
+
+Run with Debian's /usr/bin/python3 (python3-grpcio, python3-grpc-tools).
+"""
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SOURCE_ROOT = os.environ.get(
+    "PS_SOURCE_ROOT",
+    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BUILD_ROOT = os.environ.get("PS_BUILD_ROOT", os.path.join(SOURCE_ROOT, "build"))
+
+
+def generate_stubs():
+    """Compiles proto/*.proto into a temporary package and imports it."""
+    from grpc_tools import protoc  # noqa: imported late: only tests need it
+    out = tempfile.mkdtemp(prefix="ps-stubs-")
+    atexit.register(shutil.rmtree, out, True)
+    proto_dir = os.path.join(SOURCE_ROOT, "proto")
+    for name in ("ps.proto", "health.proto"):
+        rc = protoc.main(["protoc", "-I" + proto_dir, "--python_out=" + out,
+                          "--grpc_python_out=" + out,
+                          os.path.join(proto_dir, name)])
+        if rc != 0:
+            raise RuntimeError("grpc_tools.protoc failed on %s" % name)
+    sys.path.insert(0, out)
+    import ps_pb2, ps_pb2_grpc, health_pb2, health_pb2_grpc  # noqa: E401
+    return ps_pb2, ps_pb2_grpc, health_pb2, health_pb2_grpc
+
+
+# Python's grpcio keeps gRPC's 4 MiB receive default; tensors need more.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
+                   ("grpc.max_send_message_length", 1 << 30)]
+
+
+def channel(address):
+    import grpc
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class Daemon:
+    """A real process that prints "PORT <n>" on stdout once serving."""
+
+    def __init__(self, argv, env=None, timeout=20.0):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                     stderr=None, env=env, text=True)
+        atexit.register(self.kill)
+        deadline = time.monotonic() + timeout
+        self.port = None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("PORT "):
+                self.port = int(line.split()[1])
+                break
+        if self.port is None:
+            self.kill()
+            raise RuntimeError("%s did not report its port" % argv[0])
+        self.address = "127.0.0.1:%d" % self.port
+
+    def stop(self, sig=signal.SIGTERM, timeout=20.0):
+        """Sends sig and waits; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Results:
+    """Counts checks and prints the closing 'N passed, N failed' line."""
+
+    def __init__(self, name):
+        self.name = name
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, cond, what):
+        if cond:
+            self.passed += 1
+            print("ok   %s" % what, flush=True)
+        else:
+            self.failed += 1
+            print("FAIL %s" % what, flush=True)
+
+    def finish(self):
+        print("%s: %d passed, %d failed" % (self.name, self.passed, self.failed))
+        sys.exit(0 if self.failed == 0 else 1)

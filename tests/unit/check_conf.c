@@ -1,0 +1,495 @@
+#include "conf.h"
+#include "errors.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A config struct with one field of each type. */
+struct cfg {
+    char *data_dir;
+    char *name;
+    int port;
+    int threads;
+    uint64_t seed;
+    double lr;
+    bool verbose;
+    bool sync;
+    uint64_t map_size;
+    int64_t timeout_ms;
+    int consistency;
+};
+
+static const char *const consistency_choices[] = {"async", "sync", "bounded",
+                                                  NULL};
+
+static const ps_opt opts[] = {
+    {"data-dir", PS_OPT_STRING, offsetof(struct cfg, data_dir), "/var/lib/psd",
+     "where the LMDB environment lives"},
+    {"name", PS_OPT_STRING, offsetof(struct cfg, name), NULL, "a label"},
+    {"port", PS_OPT_INT, offsetof(struct cfg, port), "7000", "listen port",
+     1, 65535},
+    {"threads", PS_OPT_INT, offsetof(struct cfg, threads), "4",
+     "worker threads", 1, 64},
+    {"seed", PS_OPT_UINT64, offsetof(struct cfg, seed), NULL, "random seed"},
+    {"lr", PS_OPT_DOUBLE, offsetof(struct cfg, lr), "0.01", "learning rate",
+     0.0, 10.0},
+    {"verbose", PS_OPT_BOOL, offsetof(struct cfg, verbose), NULL,
+     "log more"},
+    {"sync", PS_OPT_BOOL, offsetof(struct cfg, sync), "true", "fsync"},
+    {"map-size", PS_OPT_SIZE, offsetof(struct cfg, map_size), "1G",
+     "LMDB map size", 1 << 20, 1099511627776.0},
+    {"timeout", PS_OPT_DURATION_MS, offsetof(struct cfg, timeout_ms), "2s",
+     "call deadline", 1, 3600000},
+    {"consistency", PS_OPT_ENUM, offsetof(struct cfg, consistency), "async",
+     "update rule", 0, 0, consistency_choices},
+    {0},
+};
+
+static char tmpdir[64];
+static char tmppath[128];
+
+static void tmp_setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_conf.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(tmppath, sizeof tmppath, "%s/conf.json", tmpdir);
+}
+
+static void tmp_teardown(void)
+{
+    unlink(tmppath);
+    rmdir(tmpdir);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Runs ps_conf_load on a NULL-terminated argument list (argv[0] added). */
+static char err[512];
+static int first;
+#define LOAD(cfgp, ...)                                                   \
+    load((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL})
+static int load(struct cfg *c, const char **args)
+{
+    int argc = 0;
+    while (args[argc] != NULL)
+        argc++;
+    err[0] = '\0';
+    first = -1;
+    memset(c, 0xAB, sizeof *c); /* whatever was there is overwritten */
+    return ps_conf_load(opts, c, argc, (char **)args, &first, err,
+                        sizeof err);
+}
+
+START_TEST(test_defaults)
+{
+    struct cfg c;
+    ck_assert_int_eq(load(&c, (const char *[]){"prog", NULL}), 0);
+    ck_assert_str_eq(c.data_dir, "/var/lib/psd");
+    ck_assert_ptr_null(c.name);
+    ck_assert_int_eq(c.port, 7000);
+    ck_assert_int_eq(c.threads, 4);
+    ck_assert_uint_eq(c.seed, 0);
+    ck_assert_double_eq(c.lr, 0.01);
+    ck_assert(!c.verbose);
+    ck_assert(c.sync);
+    ck_assert_uint_eq(c.map_size, 1ull << 30);
+    ck_assert_int_eq(c.timeout_ms, 2000);
+    ck_assert_int_eq(c.consistency, 0);
+    ck_assert_int_eq(first, 1);
+    ps_conf_free(opts, &c);
+    ck_assert_ptr_null(c.data_dir);
+}
+END_TEST
+
+START_TEST(test_command_line)
+{
+    struct cfg c;
+    ck_assert_int_eq(LOAD(&c, "--data-dir", "/srv/ps", "--port=7001",
+                          "--threads", "8", "--seed", "18446744073709551615",
+                          "--lr=0.5", "--verbose",
+                          "--no-sync", "--map-size", "64M", "--timeout",
+                          "50ms", "--consistency=bounded", "--name="),
+                     0);
+    ck_assert_str_eq(c.data_dir, "/srv/ps");
+    ck_assert_str_eq(c.name, "");
+    ck_assert_int_eq(c.port, 7001);
+    ck_assert_int_eq(c.threads, 8);
+    ck_assert_uint_eq(c.seed, UINT64_MAX);
+    ck_assert(c.verbose);
+    ck_assert(!c.sync);
+    ck_assert_uint_eq(c.map_size, 64ull << 20);
+    ck_assert_int_eq(c.timeout_ms, 50);
+    ck_assert_int_eq(c.consistency, 2);
+    ck_assert_double_eq(c.lr, 0.5);
+    ck_assert_int_eq(first, 17);
+    ps_conf_free(opts, &c);
+
+    /* The last of a repeated option wins; bools take =value too. */
+    ck_assert_int_eq(LOAD(&c, "--port", "1", "--port", "2", "--verbose=yes",
+                          "--sync=off"), 0);
+    ck_assert_int_eq(c.port, 2);
+    ck_assert(c.verbose);
+    ck_assert(!c.sync);
+    ps_conf_free(opts, &c);
+
+    /* A negative number is a value, not an option. */
+    ck_assert_int_eq(LOAD(&c, "--lr", "-1"), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "--lr: -1 is out of range [0, 10]");
+}
+END_TEST
+
+START_TEST(test_units)
+{
+    struct cfg c;
+    static const struct {
+        const char *size;
+        uint64_t bytes;
+    } sizes[] = {
+        {"1048576", 1048576},  {"4096K", 4096ull << 10}, {"4MiB", 4ull << 20},
+        {"2g", 2ull << 30},    {"1T", 1ull << 40},       {"3 MB", 3ull << 20},
+        {"1024kib", 1ull << 20},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        ck_assert_int_eq(LOAD(&c, "--map-size", sizes[i].size), 0);
+        ck_assert_msg(c.map_size == sizes[i].bytes, "%s", sizes[i].size);
+        ps_conf_free(opts, &c);
+    }
+    /* 16 KiB is below the 1 MiB minimum. */
+    ck_assert_int_eq(LOAD(&c, "--map-size", "16KiB"), PS_EINVAL_ARG);
+    ck_assert_str_eq(err,
+                     "--map-size: 16KiB is out of range [1048576, 1099511627776]");
+
+    static const struct {
+        const char *text;
+        int64_t ms;
+    } durs[] = {
+        {"50ms", 50}, {"2s", 2000}, {"1m", 60000}, {"1h", 3600000},
+        {"250", 250}, {"3 s", 3000}, {"2min", 120000},
+    };
+    for (size_t i = 0; i < sizeof durs / sizeof durs[0]; i++) {
+        ck_assert_int_eq(LOAD(&c, "--timeout", durs[i].text), 0);
+        ck_assert_int_eq(c.timeout_ms, durs[i].ms);
+        ps_conf_free(opts, &c);
+    }
+}
+END_TEST
+
+START_TEST(test_bad_values)
+{
+    static const struct {
+        const char *args[3];
+        const char *msg;
+    } cases[] = {
+        {{"--port", "abc"}, "--port: 'abc' is not an integer"},
+        {{"--port", "12x"}, "--port: '12x' is not an integer"},
+        {{"--port", ""}, "--port: '' is not an integer"},
+        {{"--port", "70000"}, "--port: 70000 is out of range [1, 65535]"},
+        {{"--port", "99999999999"},
+         "--port: 99999999999 is out of range [1, 65535]"},
+        {{"--threads", "0"}, "--threads: 0 is out of range [1, 64]"},
+        {{"--seed", "-1"}, "--seed: '-1' is not a non-negative integer"},
+        {{"--seed", "18446744073709551616"},
+         "--seed: 18446744073709551616 is too large for 64 bits"},
+        {{"--lr", "fast"}, "--lr: 'fast' is not a number"},
+        {{"--lr", "nan"}, "--lr: nan is not a finite number"},
+        {{"--lr", "11"}, "--lr: 11 is out of range [0, 10]"},
+        {{"--verbose=maybe"}, "--verbose: 'maybe' is not a boolean (true or "
+                              "false)"},
+        {{"--no-verbose=1"}, "--no-verbose: takes no value"},
+        {{"--map-size", "64X"}, "--map-size: '64X' is not a size (bytes, or a "
+                                "number with K, M, G or T)"},
+        {{"--map-size", "-1G"}, "--map-size: '-1G' is not a size (bytes, or a "
+                                "number with K, M, G or T)"},
+        {{"--map-size", "99999999999T"}, "--map-size: '99999999999T' is too "
+                                         "large"},
+        {{"--timeout", "5x"}, "--timeout: '5x' is not a duration (a number "
+                              "with ms, s, m or h; plain numbers are ms)"},
+        {{"--timeout", "2h"}, "--timeout: 2h is out of range [1, 3600000]"},
+        {{"--consistency", "eventual"},
+         "--consistency: 'eventual' is not one of async, sync, bounded"},
+        {{"--prot", "1"}, "unknown option '--prot' (did you mean --port?)"},
+        {{"--frobnicate"}, "unknown option '--frobnicate'"},
+        {{"--frobnicate=1"}, "unknown option '--frobnicate'"},
+        {{"-p", "1"}, "unknown option '-p'"},
+        {{"--no-port"}, "unknown option '--no-port' (--port is not a "
+                        "boolean)"},
+        {{"--xy"}, "unknown option '--xy'"},
+        {{"--port"}, "--port: missing value"},
+        {{"--port", "--threads", "4"}, "--port: missing value"},
+        {{"--config"}, "--config: missing value"},
+        {{"--config="}, "--config: empty file name"},
+    };
+    struct cfg c;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *argv[5] = {"prog"};
+        int argc = 1;
+        for (int j = 0; j < 3 && cases[i].args[j] != NULL; j++)
+            argv[argc++] = cases[i].args[j];
+        memset(&c, 0xAB, sizeof c);
+        err[0] = '\0';
+        int rc = ps_conf_load(opts, &c, argc, (char **)argv, &first, err,
+                              sizeof err);
+        ck_assert_msg(rc == PS_EINVAL_ARG, "case %zu: rc %d", i, rc);
+        ck_assert_str_eq(err, cases[i].msg);
+    }
+}
+END_TEST
+
+START_TEST(test_failure_frees)
+{
+    /* A failure after strings were set leaves none allocated (valgrind
+     * checks the "none leaked" half). */
+    struct cfg c;
+    ck_assert_int_eq(LOAD(&c, "--data-dir", "/x", "--name", "n", "--port",
+                          "0"), PS_EINVAL_ARG);
+    ck_assert_ptr_null(c.data_dir);
+    ck_assert_ptr_null(c.name);
+    ps_conf_free(opts, &c); /* harmless */
+}
+END_TEST
+
+START_TEST(test_positionals)
+{
+    struct cfg c;
+    ck_assert_int_eq(LOAD(&c, "--port", "1", "cluster", "validate",
+                          "--port", "x"), 0);
+    ck_assert_int_eq(first, 3);
+    ck_assert_int_eq(c.port, 1);
+    ps_conf_free(opts, &c);
+
+    ck_assert_int_eq(LOAD(&c, "--verbose", "--", "--port", "x"), 0);
+    ck_assert_int_eq(first, 3);
+    ps_conf_free(opts, &c);
+
+    ck_assert_int_eq(LOAD(&c, "-"), 0);
+    ck_assert_int_eq(first, 1);
+    ps_conf_free(opts, &c);
+
+    ck_assert_int_eq(LOAD(&c, "--verbose"), 0);
+    ck_assert_int_eq(first, 2);
+    ps_conf_free(opts, &c);
+
+    /* Without first_positional, a positional argument is an error. */
+    const char *argv[] = {"prog", "--port", "5", "extra", NULL};
+    ck_assert_int_eq(ps_conf_load(opts, &c, 4, (char **)argv, NULL, err,
+                                  sizeof err), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "unexpected argument 'extra'");
+    ck_assert_int_eq(ps_conf_load(opts, &c, 3, (char **)argv, NULL, err,
+                                  sizeof err), 0);
+    ps_conf_free(opts, &c);
+}
+END_TEST
+
+START_TEST(test_help_version)
+{
+    struct cfg c;
+    ck_assert_int_eq(LOAD(&c, "--help"), PS_CONF_HELP);
+    ck_assert_int_eq(LOAD(&c, "--port", "1", "-h"), PS_CONF_HELP);
+    ck_assert_int_eq(LOAD(&c, "--version", "--help"), PS_CONF_VERSION);
+    /* An error before --help is still an error... */
+    ck_assert_int_eq(LOAD(&c, "--prot", "--help"), PS_EINVAL_ARG);
+    /* ...and --help after the options is a positional argument. */
+    ck_assert_int_eq(LOAD(&c, "cmd", "--help"), 0);
+    ck_assert_int_eq(first, 1);
+    ps_conf_free(opts, &c);
+}
+END_TEST
+
+START_TEST(test_config_file)
+{
+    struct cfg c;
+    write_file(tmppath, "{\"port\": 7100, \"data-dir\": \"/from/file\", "
+                        "\"verbose\": true, \"lr\": 0.5, \"map-size\": \"2G\", "
+                        "\"timeout\": 1500, \"consistency\": \"sync\", "
+                        "\"seed\": 42, \"threads\": 2}");
+    /* The file overrides defaults; the command line overrides the file,
+     * wherever --config sits on it. */
+    ck_assert_int_eq(LOAD(&c, "--port", "7200", "--config", tmppath), 0);
+    ck_assert_int_eq(c.port, 7200);
+    ck_assert_str_eq(c.data_dir, "/from/file");
+    ck_assert(c.verbose);
+    ck_assert_double_eq(c.lr, 0.5);
+    ck_assert_uint_eq(c.map_size, 2ull << 30);
+    ck_assert_int_eq(c.timeout_ms, 1500);
+    ck_assert_int_eq(c.consistency, 1);
+    ck_assert_uint_eq(c.seed, 42);
+    ck_assert_int_eq(c.threads, 2);
+    ck_assert(c.sync); /* untouched: the default */
+    ps_conf_free(opts, &c);
+
+    char arg[160];
+    snprintf(arg, sizeof arg, "--config=%s", tmppath);
+    ck_assert_int_eq(LOAD(&c, arg, "--data-dir", "/cli"), 0);
+    ck_assert_str_eq(c.data_dir, "/cli");
+    ck_assert_int_eq(c.port, 7100);
+    ps_conf_free(opts, &c);
+
+    ck_assert_int_eq(LOAD(&c, arg, arg), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "--config: given more than once");
+}
+END_TEST
+
+START_TEST(test_config_file_bad)
+{
+    static const struct {
+        const char *json;
+        int rc;
+        const char *msg; /* after "<path>: " */
+    } cases[] = {
+        {"{\"prot\": 1}", PS_EINVAL_ARG, "unknown key 'prot'"},
+        {"{\"port\": \"7000\"}", PS_EINVAL_ARG,
+         "key 'port': expected an integer, got a string"},
+        {"{\"port\": 0}", PS_EINVAL_ARG,
+         "key 'port': 0 is out of range [1, 65535]"},
+        {"{\"port\": 1.5}", PS_EINVAL_ARG,
+         "key 'port': expected an integer, got a number"},
+        {"{\"seed\": -3}", PS_EINVAL_ARG, "key 'seed': -3 is negative"},
+        {"{\"lr\": \"fast\"}", PS_EINVAL_ARG,
+         "key 'lr': expected a number, got a string"},
+        {"{\"verbose\": 1}", PS_EINVAL_ARG,
+         "key 'verbose': expected true or false, got an integer"},
+        {"{\"data-dir\": null}", PS_EINVAL_ARG,
+         "key 'data-dir': expected a string, got null"},
+        {"{\"map-size\": \"lots\"}", PS_EINVAL_ARG,
+         "key 'map-size': 'lots' is not a size (bytes, or a number with K, M, "
+         "G or T)"},
+        {"{\"map-size\": true}", PS_EINVAL_ARG,
+         "key 'map-size': expected a size like \"64M\" or an integer, got a "
+         "boolean"},
+        {"{\"timeout\": -5}", PS_EINVAL_ARG, "key 'timeout': -5 is negative"},
+        {"{\"consistency\": \"eventual\"}", PS_EINVAL_ARG,
+         "key 'consistency': 'eventual' is not one of async, sync, bounded"},
+        {"[1]", PS_EINVAL_ARG, "expected a JSON object of options, got a list"},
+        {"{\"config\": \"x\"}", PS_EINVAL_ARG, "unknown key 'config'"},
+        {"{\"port\": 1,\n \"port\": 2}", PS_EPARSE, NULL},
+        {"{\"port\": ", PS_EPARSE, NULL},
+    };
+    struct cfg c;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(tmppath, cases[i].json);
+        int rc = LOAD(&c, "--config", tmppath);
+        ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d (%s)", i, rc, err);
+        ck_assert_ptr_null(c.data_dir);
+        char want[512];
+        if (cases[i].msg != NULL) {
+            snprintf(want, sizeof want, "%s: %s", tmppath, cases[i].msg);
+            ck_assert_str_eq(err, want);
+        } else {
+            snprintf(want, sizeof want, "%s: not valid JSON at line ",
+                     tmppath);
+            ck_assert_ptr_eq(strstr(err, want), err);
+        }
+    }
+    write_file(tmppath, "{\"port\": 1,\n \"port\": 2}");
+    ck_assert_int_eq(LOAD(&c, "--config", tmppath), PS_EPARSE);
+    ck_assert_ptr_nonnull(strstr(err, "line 2, column"));
+
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/missing.json", tmpdir);
+    ck_assert_int_eq(LOAD(&c, "--config", missing), -ENOENT);
+    char want[512];
+    snprintf(want, sizeof want,
+             "--config: cannot open '%s': No such file or directory", missing);
+    ck_assert_str_eq(err, want);
+}
+END_TEST
+
+START_TEST(test_bad_default)
+{
+    /* A table with a default outside its own range is caught at load. */
+    struct cfg c;
+    static const ps_opt broken[] = {
+        {"port", PS_OPT_INT, offsetof(struct cfg, port), "0", "port", 1, 10},
+        {0},
+    };
+    const char *argv[] = {"prog", NULL};
+    ck_assert_int_eq(ps_conf_load(broken, &c, 1, (char **)argv, NULL, err,
+                                  sizeof err), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "--port (default): 0 is out of range [1, 10]");
+}
+END_TEST
+
+START_TEST(test_free)
+{
+    struct cfg c;
+    ck_assert_int_eq(LOAD(&c, "--name", "x"), 0);
+    ps_conf_free(opts, &c);
+    ck_assert_ptr_null(c.name);
+    ck_assert_ptr_null(c.data_dir);
+    ck_assert_int_eq(c.port, 7000); /* only strings are touched */
+    ps_conf_free(opts, &c);
+}
+END_TEST
+
+START_TEST(test_usage)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ps_conf_usage(opts, "/usr/bin/psd", "[OPTIONS]", f);
+    fclose(f);
+    ck_assert_ptr_eq(strstr(buf, "Usage: psd [OPTIONS]\n"), buf);
+    ck_assert_ptr_nonnull(strstr(buf, "--data-dir STRING"));
+    ck_assert_ptr_nonnull(strstr(buf, "(default: /var/lib/psd)"));
+    ck_assert_ptr_nonnull(strstr(buf, "--port INT"));
+    ck_assert_ptr_nonnull(strstr(buf, "listen port [1, 65535] (default: 7000)"));
+    ck_assert_ptr_nonnull(strstr(buf, "--[no-]verbose"));
+    ck_assert_ptr_nonnull(strstr(buf, "log more (default: false)"));
+    ck_assert_ptr_nonnull(strstr(buf, "--map-size SIZE"));
+    ck_assert_ptr_nonnull(strstr(buf, "--timeout DURATION"));
+    ck_assert_ptr_nonnull(strstr(buf, "--consistency async|sync|bounded"));
+    ck_assert_ptr_nonnull(strstr(buf, "--config FILE"));
+    ck_assert_ptr_nonnull(strstr(buf, "--help"));
+    free(buf);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("conf");
+    TCase *tc;
+
+    tc = tcase_create("ps_conf_load");
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_command_line);
+    tcase_add_test(tc, test_units);
+    tcase_add_test(tc, test_bad_values);
+    tcase_add_test(tc, test_failure_frees);
+    tcase_add_test(tc, test_positionals);
+    tcase_add_test(tc, test_help_version);
+    tcase_add_test(tc, test_bad_default);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("ps_conf_load --config");
+    tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
+    tcase_add_test(tc, test_config_file);
+    tcase_add_test(tc, test_config_file_bad);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("ps_conf_free");
+    tcase_add_test(tc, test_free);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("ps_conf_usage");
+    tcase_add_test(tc, test_usage);
+    suite_add_tcase(s, tc);
+
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,47 @@
+/* check_gpu - the GPU probe answers truthfully on any machine: a count of
+ * devices where one answers, otherwise PS_ENODEV with a cause to print. */
+#include "errors.h"
+#include "gpu.h"
+#include "ps_config.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+START_TEST(test_probe)
+{
+    char err[256] = "";
+    int n = -1;
+    int rc = ps_gpu_probe(&n, err, sizeof err);
+    ck_assert_int_eq(ps_gpu_compiled(), PS_HAVE_CUDA);
+    if (rc == 0) {
+        ck_assert_int_ge(n, 1);
+        char name[256];
+        size_t mem = 0;
+        ck_assert_int_eq(ps_gpu_describe(0, name, sizeof name, &mem, err,
+                                         sizeof err), 0);
+        ck_assert_uint_gt(mem, 0);
+        ck_assert_int_eq(ps_gpu_describe(n, name, sizeof name, &mem, err,
+                                         sizeof err), PS_ENODEV);
+        ck_assert_ptr_nonnull(strstr(err, "does not exist"));
+    } else {
+        ck_assert_int_eq(rc, PS_ENODEV);
+        ck_assert_int_eq(n, 0);
+        ck_assert_uint_gt(strlen(err), 5);
+        ck_assert_ptr_null(strchr(err, '\n'));
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("gpu");
+    TCase *tc = tcase_create("ps_gpu_probe");
+    tcase_add_test(tc, test_probe);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,672 @@
+#include "errors.h"
+#include "optim.h"
+
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Odd and not a multiple of any vector width, so the loops' tails run too. */
+#define N 1037
+#define STEPS 12
+
+/* A small deterministic generator for test data (xorshift64*). */
+static uint64_t rng_state;
+static void rng_seed(uint64_t s)
+{
+    rng_state = s * 2654435761u + 1;
+}
+static double rng_unit(void) /* [0, 1) */
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) * 0x1p-53;
+}
+
+static float from_bits(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- psd_opt_defaults ------------------------------------------------- */
+
+START_TEST(test_defaults_fill_zero_fields)
+{
+    psd_opt o = {.kind = PSD_OPT_ADAM};
+    psd_opt_defaults(&o);
+    ck_assert_int_eq(o.kind, PSD_OPT_ADAM);
+    ck_assert_float_eq(o.lr, 0.01f);
+    ck_assert_float_eq(o.momentum, 0.9f);
+    ck_assert_float_eq(o.initial_accumulator, 0.1f);
+    ck_assert_float_eq(o.beta1, 0.9f);
+    ck_assert_float_eq(o.beta2, 0.999f);
+    ck_assert_float_eq(o.epsilon, 1e-7f);
+    ck_assert(!o.nesterov);
+}
+END_TEST
+
+START_TEST(test_defaults_keep_set_fields)
+{
+    psd_opt o = {.kind = PSD_OPT_MOMENTUM, .lr = 0.5f, .momentum = 0.25f,
+                 .nesterov = true, .initial_accumulator = 2.0f,
+                 .beta1 = 0.5f, .beta2 = 0.75f, .epsilon = 1e-3f};
+    psd_opt_defaults(&o);
+    ck_assert_int_eq(o.kind, PSD_OPT_MOMENTUM);
+    ck_assert_float_eq(o.lr, 0.5f);
+    ck_assert_float_eq(o.momentum, 0.25f);
+    ck_assert(o.nesterov);
+    ck_assert_float_eq(o.initial_accumulator, 2.0f);
+    ck_assert_float_eq(o.beta1, 0.5f);
+    ck_assert_float_eq(o.beta2, 0.75f);
+    ck_assert_float_eq(o.epsilon, 1e-3f);
+}
+END_TEST
+
+START_TEST(test_defaults_negative_zero)
+{
+    psd_opt o = {.kind = PSD_OPT_SGD, .lr = -0.0f, .epsilon = -0.0f};
+    psd_opt_defaults(&o);
+    ck_assert_float_eq(o.lr, 0.01f);
+    ck_assert_float_eq(o.epsilon, 1e-7f);
+}
+END_TEST
+
+/* ---- psd_opt_validate ------------------------------------------------- */
+
+static psd_opt defaulted(enum psd_opt_kind kind)
+{
+    psd_opt o = {.kind = kind};
+    psd_opt_defaults(&o);
+    return o;
+}
+
+START_TEST(test_validate_accepts_defaults)
+{
+    char why[256];
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++) {
+        psd_opt o = defaulted((enum psd_opt_kind)k);
+        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+        o.nesterov = true;
+        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    }
+}
+END_TEST
+
+START_TEST(test_validate_unknown_kind)
+{
+    char why[256] = "";
+    psd_opt o = defaulted(PSD_OPT_SGD);
+    o.kind = (enum psd_opt_kind)4;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "optimizer kind 4 is unknown"));
+    o.kind = (enum psd_opt_kind)-1;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "kind -1"));
+}
+END_TEST
+
+START_TEST(test_validate_learning_rate)
+{
+    char why[256];
+    psd_opt o = defaulted(PSD_OPT_SGD);
+    o.lr = -1.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got -1");
+    o.lr = 0.0f; /* not defaulted: refused */
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got 0");
+    o.lr = NAN;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "learning_rate"));
+    o.lr = INFINITY;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got inf");
+    o.lr = FLT_TRUE_MIN;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+}
+END_TEST
+
+START_TEST(test_validate_momentum)
+{
+    char why[256];
+    psd_opt o = defaulted(PSD_OPT_MOMENTUM);
+    o.momentum = 1.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "momentum must be in [0, 1), got 1");
+    o.momentum = -0.5f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "momentum must be in [0, 1), got -0.5");
+    o.momentum = NAN;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    o.momentum = 0.0f; /* a set 0 (no defaults applied) is in range */
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    o.momentum = nextafterf(1.0f, 0.0f);
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    /* SGD ignores momentum: any finite value passes, NaN does not. */
+    o = defaulted(PSD_OPT_SGD);
+    o.momentum = 5.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    o.momentum = NAN;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "momentum must be finite, got nan");
+}
+END_TEST
+
+START_TEST(test_validate_betas)
+{
+    char why[256];
+    psd_opt o = defaulted(PSD_OPT_ADAM);
+    o.beta1 = 1.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "beta1 must be in [0, 1), got 1");
+    o.beta1 = -0.1f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "beta1 must be in [0, 1)"));
+    o = defaulted(PSD_OPT_ADAM);
+    o.beta2 = 1.5f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "beta2 must be in [0, 1), got 1.5");
+    o.beta2 = INFINITY;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "beta2"));
+    /* Only ADAM range-checks the betas. */
+    o = defaulted(PSD_OPT_MOMENTUM);
+    o.beta1 = 2.0f;
+    o.beta2 = -3.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    o.beta2 = -INFINITY;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "beta2 must be finite, got -inf");
+}
+END_TEST
+
+START_TEST(test_validate_epsilon)
+{
+    char why[256];
+    for (int k = PSD_OPT_ADAGRAD; k <= PSD_OPT_ADAM; k++) {
+        psd_opt o = defaulted((enum psd_opt_kind)k);
+        o.epsilon = 0.0f;
+        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+        ck_assert_str_eq(why, "epsilon must be > 0 and finite, got 0");
+        o.epsilon = -1e-8f;
+        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+        ck_assert_ptr_nonnull(strstr(why, "epsilon must be > 0"));
+        o.epsilon = NAN;
+        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    }
+    psd_opt o = defaulted(PSD_OPT_SGD);
+    o.epsilon = -1.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+}
+END_TEST
+
+START_TEST(test_validate_initial_accumulator)
+{
+    char why[256];
+    psd_opt o = defaulted(PSD_OPT_ADAGRAD);
+    o.initial_accumulator = -0.1f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(
+        strstr(why, "initial_accumulator must be >= 0 and finite, got -0.1"));
+    o.initial_accumulator = INFINITY;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    o.initial_accumulator = 0.0f; /* >= 0 */
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    o = defaulted(PSD_OPT_ADAM);
+    o.initial_accumulator = -0.1f;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    o.initial_accumulator = NAN;
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "initial_accumulator must be finite, got nan");
+}
+END_TEST
+
+START_TEST(test_validate_why_null_or_short)
+{
+    psd_opt o = defaulted(PSD_OPT_SGD);
+    o.lr = -1.0f;
+    ck_assert_int_eq(psd_opt_validate(&o, NULL, 0), PS_EINVAL_ARG);
+    char why[8];
+    memset(why, 'x', sizeof why);
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+    ck_assert_str_eq(why, "learnin");
+    o.kind = (enum psd_opt_kind)9;
+    ck_assert_int_eq(psd_opt_validate(&o, NULL, 0), PS_EINVAL_ARG);
+}
+END_TEST
+
+/* ---- psd_opt_slot_count, psd_opt_name --------------------------------- */
+
+START_TEST(test_slot_count)
+{
+    psd_opt o = {.kind = PSD_OPT_SGD};
+    ck_assert_int_eq(psd_opt_slot_count(&o), 0);
+    o.kind = PSD_OPT_MOMENTUM;
+    ck_assert_int_eq(psd_opt_slot_count(&o), 1);
+    o.kind = PSD_OPT_ADAGRAD;
+    ck_assert_int_eq(psd_opt_slot_count(&o), 1);
+    o.kind = PSD_OPT_ADAM;
+    ck_assert_int_eq(psd_opt_slot_count(&o), 2);
+    o.kind = (enum psd_opt_kind)17;
+    ck_assert_int_eq(psd_opt_slot_count(&o), 0);
+}
+END_TEST
+
+START_TEST(test_name)
+{
+    ck_assert_str_eq(psd_opt_name(PSD_OPT_SGD), "SGD");
+    ck_assert_str_eq(psd_opt_name(PSD_OPT_MOMENTUM), "MOMENTUM");
+    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAGRAD), "ADAGRAD");
+    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAM), "ADAM");
+    ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)4), "UNKNOWN");
+    ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)-1), "UNKNOWN");
+}
+END_TEST
+
+/* ---- psd_opt_init_slots ----------------------------------------------- */
+
+START_TEST(test_init_slots)
+{
+    float slots[2 * N];
+    psd_opt o = defaulted(PSD_OPT_ADAGRAD);
+    o.initial_accumulator = 0.25f;
+    memset(slots, 0x7f, sizeof slots);
+    psd_opt_init_slots(&o, slots, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_float_eq(slots[i], 0.25f);
+    ck_assert_uint_eq(*(unsigned char *)&slots[N], 0x7f); /* untouched */
+
+    o = defaulted(PSD_OPT_MOMENTUM);
+    memset(slots, 0x7f, sizeof slots);
+    psd_opt_init_slots(&o, slots, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert(slots[i] == 0.0f && !signbit(slots[i]));
+    ck_assert_uint_eq(*(unsigned char *)&slots[N], 0x7f);
+
+    o = defaulted(PSD_OPT_ADAM);
+    memset(slots, 0x7f, sizeof slots);
+    psd_opt_init_slots(&o, slots, N);
+    for (size_t i = 0; i < 2 * N; i++)
+        ck_assert(slots[i] == 0.0f && !signbit(slots[i]));
+
+    o = defaulted(PSD_OPT_SGD);
+    psd_opt_init_slots(&o, NULL, N); /* no slots: nothing touched */
+    o = defaulted(PSD_OPT_ADAM);
+    psd_opt_init_slots(&o, NULL, 0);
+}
+END_TEST
+
+/* ---- psd_opt_apply against a double-precision reference --------------- */
+
+/* The reference: the documented formulas, one element at a time, in
+ * double. w and slots are double copies of the float state. */
+static void ref_apply(const psd_opt *o, double *w, double *slots,
+                      const double *g, size_t n, double scale, uint64_t t)
+{
+    double lr = o->lr, mu = o->momentum, eps = o->epsilon;
+    double b1 = o->beta1, b2 = o->beta2;
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i] * scale;
+        switch (o->kind) {
+        case PSD_OPT_SGD:
+            w[i] -= lr * gi;
+            break;
+        case PSD_OPT_MOMENTUM:
+            slots[i] = mu * slots[i] + gi;
+            if (o->nesterov)
+                w[i] -= lr * (gi + mu * slots[i]);
+            else
+                w[i] -= lr * slots[i];
+            break;
+        case PSD_OPT_ADAGRAD:
+            slots[i] += gi * gi;
+            w[i] -= lr * gi / (sqrt(slots[i]) + eps);
+            break;
+        case PSD_OPT_ADAM: {
+            double *m = slots, *v = slots + n;
+            double lr_t = lr * sqrt(1.0 - pow(b2, (double)t)) /
+                          (1.0 - pow(b1, (double)t));
+            m[i] = b1 * m[i] + (1.0 - b1) * gi;
+            v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+            w[i] -= lr_t * m[i] / (sqrt(v[i]) + eps);
+            break;
+        }
+        }
+    }
+}
+
+/* Asserts once per array (a passing ck_assert costs Check a message to its
+ * runner, which makes a million of them slow under valgrind). */
+static void assert_close(const float *got, const double *want, size_t n,
+                         const char *what, int step)
+{
+    for (size_t i = 0; i < n; i++) {
+        double tol = 1e-6 * fabs(want[i]);
+        if (!(fabs((double)got[i] - want[i]) <= tol))
+            ck_abort_msg("%s[%zu] after step %d: got %.9g, want %.9g", what,
+                         i, step, (double)got[i], want[i]);
+    }
+}
+
+/* Runs STEPS updates of o on both implementations and compares w and every
+ * slot after each. Each element's gradient keeps its sign over the steps
+ * and its magnitude stays in [0.1, 1] (or is 0 now and then), and w starts
+ * at magnitude 1 to 2 on the side the updates move it away from 0: nothing
+ * cancels towards 0, so a relative tolerance of 1e-6 per element holds for a
+ * correct float implementation. */
+static void run_against_reference(psd_opt o, float scale)
+{
+    static float w[N], slots[2 * N], g[N];
+    static double rw[N], rslots[2 * N], rg[N];
+    static double sign[N];
+    char why[256];
+    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    int nslots = psd_opt_slot_count(&o);
+
+    rng_seed((uint64_t)o.kind * 10 + o.nesterov);
+    for (size_t i = 0; i < N; i++) {
+        sign[i] = rng_unit() < 0.5 ? -1.0 : 1.0;
+        w[i] = (float)(-sign[i] * (1.0 + rng_unit()));
+        rw[i] = w[i];
+    }
+    psd_opt_init_slots(&o, slots, N);
+    for (size_t i = 0; i < (size_t)nslots * N; i++)
+        rslots[i] = slots[i];
+
+    for (int step = 1; step <= STEPS; step++) {
+        for (size_t i = 0; i < N; i++) {
+            double r = rng_unit();
+            g[i] = r < 0.1 ? 0.0f : (float)(sign[i] * (0.1 + 0.9 * rng_unit()));
+            rg[i] = g[i];
+        }
+        psd_opt_apply(&o, w, slots, g, N, scale, (uint64_t)step);
+        ref_apply(&o, rw, rslots, rg, N, scale, (uint64_t)step);
+        assert_close(w, rw, N, "w", step);
+        for (int k = 0; k < nslots; k++)
+            assert_close(slots + (size_t)k * N, rslots + (size_t)k * N, N,
+                         "slot", step);
+    }
+}
+
+START_TEST(test_apply_sgd)
+{
+    psd_opt o = {.kind = PSD_OPT_SGD, .lr = 0.05f};
+    psd_opt_defaults(&o);
+    run_against_reference(o, 1.0f);
+}
+END_TEST
+
+START_TEST(test_apply_momentum)
+{
+    psd_opt o = {.kind = PSD_OPT_MOMENTUM, .lr = 0.01f, .momentum = 0.8f};
+    psd_opt_defaults(&o);
+    run_against_reference(o, 1.0f);
+}
+END_TEST
+
+START_TEST(test_apply_nesterov)
+{
+    psd_opt o = {.kind = PSD_OPT_MOMENTUM, .nesterov = true};
+    psd_opt_defaults(&o);
+    run_against_reference(o, 1.0f);
+}
+END_TEST
+
+START_TEST(test_apply_adagrad)
+{
+    psd_opt o = {.kind = PSD_OPT_ADAGRAD, .lr = 0.1f};
+    psd_opt_defaults(&o);
+    run_against_reference(o, 1.0f);
+}
+END_TEST
+
+START_TEST(test_apply_adam)
+{
+    psd_opt o = {.kind = PSD_OPT_ADAM, .lr = 0.02f, .beta1 = 0.8f,
+                 .beta2 = 0.99f, .epsilon = 1e-6f};
+    psd_opt_defaults(&o);
+    run_against_reference(o, 1.0f);
+    o = defaulted(PSD_OPT_ADAM);
+    run_against_reference(o, 1.0f);
+}
+END_TEST
+
+/* `scale` multiplies the gradient before everything, g^2 included. */
+START_TEST(test_apply_scale)
+{
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++) {
+        psd_opt o = defaulted((enum psd_opt_kind)k);
+        run_against_reference(o, 0.25f);
+        run_against_reference(o, 3.0f);
+        o.nesterov = true;
+        run_against_reference(o, 0.5f);
+    }
+}
+END_TEST
+
+/* Sync mode: sum four pushes with psd_accumulate, apply with scale 1/4;
+ * that is the same update as applying their mean. */
+START_TEST(test_apply_sync_average)
+{
+    static float g[4][N], acc[N], w[N], slots[2 * N], w2[N], slots2[2 * N],
+        mean[N];
+    rng_seed(99);
+    for (int p = 0; p < 4; p++)
+        for (size_t i = 0; i < N; i++)
+            g[p][i] = (float)(rng_unit() * 2.0 - 1.0);
+    memset(acc, 0, sizeof acc);
+    for (int p = 0; p < 4; p++)
+        psd_accumulate(acc, g[p], N);
+    for (size_t i = 0; i < N; i++)
+        mean[i] = acc[i] / 4.0f; /* exact: a power of two */
+    psd_opt o = defaulted(PSD_OPT_ADAM);
+    for (size_t i = 0; i < N; i++)
+        w[i] = w2[i] = 1.0f + (float)i / N;
+    psd_opt_init_slots(&o, slots, N);
+    psd_opt_init_slots(&o, slots2, N);
+    psd_opt_apply(&o, w, slots, acc, N, 0.25f, 1);
+    psd_opt_apply(&o, w2, slots2, mean, N, 1.0f, 1);
+    ck_assert_mem_eq(w, w2, sizeof w);
+    ck_assert_mem_eq(slots, slots2, sizeof slots);
+}
+END_TEST
+
+/* Adam's first step moves each weight by about lr * sign(g) (the bias
+ * correction at work), and t = 0 is taken as 1. */
+START_TEST(test_apply_adam_first_step)
+{
+    float w[3] = {1.0f, 1.0f, 1.0f}, g[3] = {0.5f, -2.0f, 1e-3f};
+    float slots[6];
+    psd_opt o = defaulted(PSD_OPT_ADAM);
+    psd_opt_init_slots(&o, slots, 3);
+    psd_opt_apply(&o, w, slots, g, 3, 1.0f, 0);
+    ck_assert_float_eq_tol(w[0], 1.0f - 0.01f, 1e-6f);
+    ck_assert_float_eq_tol(w[1], 1.0f + 0.01f, 1e-6f);
+    ck_assert_float_eq_tol(w[2], 1.0f - 0.01f, 1e-4f); /* eps matters */
+}
+END_TEST
+
+/* Late steps: beta^t underflows and the correction tends to 1. */
+START_TEST(test_apply_adam_large_t)
+{
+    float w[1] = {0.0f}, g[1] = {1.0f}, slots[2] = {1.0f, 1.0f};
+    psd_opt o = defaulted(PSD_OPT_ADAM);
+    psd_opt_apply(&o, w, slots, g, 1, 1.0f, UINT64_C(1) << 40);
+    ck_assert(isfinite(w[0]));
+    ck_assert_float_eq_tol(w[0], -0.01f / (1.0f + 1e-7f), 1e-8f);
+}
+END_TEST
+
+START_TEST(test_apply_empty_and_unknown)
+{
+    psd_opt o = defaulted(PSD_OPT_ADAM);
+    psd_opt_apply(&o, NULL, NULL, NULL, 0, 1.0f, 1);
+    float w[2] = {1.0f, 2.0f}, g[2] = {1.0f, 1.0f};
+    o.kind = (enum psd_opt_kind)9;
+    psd_opt_apply(&o, w, NULL, g, 2, 1.0f, 1);
+    ck_assert_float_eq(w[0], 1.0f);
+    ck_assert_float_eq(w[1], 2.0f);
+}
+END_TEST
+
+/* ---- psd_all_finite --------------------------------------------------- */
+
+START_TEST(test_finite_values)
+{
+    static float x[10000];
+    for (size_t i = 0; i < 10000; i++)
+        x[i] = (float)i - 5000.0f;
+    ck_assert(psd_all_finite(x, 10000));
+    ck_assert(psd_all_finite(x, 0));
+    ck_assert(psd_all_finite(NULL, 0));
+
+    /* Edge values that are finite. */
+    const float edge[] = {
+        -0.0f, 0.0f, FLT_TRUE_MIN, -FLT_TRUE_MIN, FLT_MIN / 2, -FLT_MIN,
+        FLT_MAX, -FLT_MAX, from_bits(0x007fffffu) /* largest denormal */,
+        from_bits(0x7f7fffffu) /* FLT_MAX by bits */,
+    };
+    ck_assert(psd_all_finite(edge, sizeof edge / sizeof edge[0]));
+}
+END_TEST
+
+START_TEST(test_finite_rejects)
+{
+    static float x[10000];
+    const uint32_t bad[] = {
+        0x7fc00000u, /* quiet NaN */
+        0xffc00000u, /* negative quiet NaN */
+        0x7f800001u, /* signalling NaN */
+        0x7fffffffu, /* NaN, all payload bits */
+        0x7f800000u, /* +Inf */
+        0xff800000u, /* -Inf */
+    };
+    /* First, inside the first block, at a block edge, in the tail, last. */
+    const size_t at[] = {0, 1, 17, 4095, 4096, 4097, 8191, 9998, 9999};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+            for (size_t i = 0; i < 10000; i++)
+                x[i] = 1.0f;
+            x[at[a]] = from_bits(bad[b]);
+            ck_assert_msg(!psd_all_finite(x, 10000), "bits %08x at %zu",
+                          bad[b], at[a]);
+            /* Not counted when outside the first n. */
+            ck_assert(psd_all_finite(x, at[a]));
+        }
+    }
+    ck_assert(!psd_all_finite((const float[]){NAN}, 1));
+    ck_assert(!psd_all_finite((const float[]){-INFINITY}, 1));
+}
+END_TEST
+
+/* ---- psd_l2_norm ------------------------------------------------------ */
+
+START_TEST(test_l2_norm)
+{
+    ck_assert_double_eq(psd_l2_norm((const float[]){3.0f, 4.0f}, 2), 5.0);
+    ck_assert_double_eq(psd_l2_norm(NULL, 0), 0.0);
+    ck_assert_double_eq(psd_l2_norm((const float[]){-2.0f}, 1), 2.0);
+
+    static float x[N];
+    double sum = 0.0;
+    rng_seed(5);
+    for (size_t i = 0; i < N; i++) {
+        x[i] = (float)(rng_unit() * 2.0 - 1.0);
+        sum += (double)x[i] * x[i];
+    }
+    ck_assert_double_eq_tol(psd_l2_norm(x, N), sqrt(sum), 1e-12 * sqrt(sum));
+    /* Squares of floats never overflow a double. */
+    double big = psd_l2_norm((const float[]){FLT_MAX, FLT_MAX}, 2);
+    ck_assert_double_eq_tol(big, (double)FLT_MAX * sqrt(2.0), 1e-9 * big);
+    ck_assert(isnan(psd_l2_norm((const float[]){1.0f, NAN, 2.0f}, 3)));
+    ck_assert(isinf(psd_l2_norm((const float[]){1.0f, -INFINITY}, 2)));
+}
+END_TEST
+
+/* ---- psd_accumulate --------------------------------------------------- */
+
+START_TEST(test_accumulate)
+{
+    float acc[N], g[N];
+    for (size_t i = 0; i < N; i++) {
+        acc[i] = (float)i;
+        g[i] = 0.5f * (float)i - 3.0f;
+    }
+    psd_accumulate(acc, g, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_float_eq(acc[i], 1.5f * (float)i - 3.0f);
+    psd_accumulate(NULL, NULL, 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("optim");
+    TCase *tc;
+
+    tc = tcase_create("psd_opt_defaults");
+    tcase_add_test(tc, test_defaults_fill_zero_fields);
+    tcase_add_test(tc, test_defaults_keep_set_fields);
+    tcase_add_test(tc, test_defaults_negative_zero);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_opt_validate");
+    tcase_add_test(tc, test_validate_accepts_defaults);
+    tcase_add_test(tc, test_validate_unknown_kind);
+    tcase_add_test(tc, test_validate_learning_rate);
+    tcase_add_test(tc, test_validate_momentum);
+    tcase_add_test(tc, test_validate_betas);
+    tcase_add_test(tc, test_validate_epsilon);
+    tcase_add_test(tc, test_validate_initial_accumulator);
+    tcase_add_test(tc, test_validate_why_null_or_short);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_opt_slot_count");
+    tcase_add_test(tc, test_slot_count);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_opt_name");
+    tcase_add_test(tc, test_name);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_opt_init_slots");
+    tcase_add_test(tc, test_init_slots);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_opt_apply");
+    tcase_add_test(tc, test_apply_sgd);
+    tcase_add_test(tc, test_apply_momentum);
+    tcase_add_test(tc, test_apply_nesterov);
+    tcase_add_test(tc, test_apply_adagrad);
+    tcase_add_test(tc, test_apply_adam);
+    tcase_add_test(tc, test_apply_scale);
+    tcase_add_test(tc, test_apply_sync_average);
+    tcase_add_test(tc, test_apply_adam_first_step);
+    tcase_add_test(tc, test_apply_adam_large_t);
+    tcase_add_test(tc, test_apply_empty_and_unknown);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_all_finite");
+    tcase_add_test(tc, test_finite_values);
+    tcase_add_test(tc, test_finite_rejects);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_l2_norm");
+    tcase_add_test(tc, test_l2_norm);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("psd_accumulate");
+    tcase_add_test(tc, test_accumulate);
+    suite_add_tcase(s, tc);
+
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,441 @@
+/*
+ * check_rpc - the gRPC plumbing against itself: a real server on
+ * 127.0.0.1 port 0 in this process, called through the real client.
+ */
+#include "errors.h"
+#include "health.pb-c.h"
+#include "rpc.h"
+
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static ps_rpc_server *srv;
+static ps_rpc_client *cli;
+static int port;
+static char target[64];
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void echo(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    ps_rpc_reply(call, req, len);
+}
+
+static void fail_with_name(ps_rpc_call *call, const uint8_t *req, size_t len,
+                           void *ctx)
+{
+    ps_rpc_fail(call, PS_RPC_NOT_FOUND, "variable '%.*s' not found", (int)len,
+                (const char *)req);
+}
+
+struct later {
+    ps_rpc_call *call;
+    int ms;
+};
+
+static void *answer_later(void *arg)
+{
+    struct later *l = arg;
+    int64_t until = ps_now_ms() + l->ms;
+    while (ps_now_ms() < until && !ps_rpc_call_cancelled(l->call))
+        sleep_ms(2);
+    if (ps_rpc_call_cancelled(l->call))
+        ps_rpc_fail(l->call, PS_RPC_DEADLINE_EXCEEDED, "gave up");
+    else
+        ps_rpc_reply(l->call, "late", 4);
+    free(l);
+    return NULL;
+}
+
+/* Answers from another thread after the number of ms in the request. */
+static void slow(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    struct later *l = malloc(sizeof *l);
+    l->call = call;
+    char text[16] = {0};
+    memcpy(text, req, len < sizeof text - 1 ? len : sizeof text - 1);
+    l->ms = atoi(text);
+    pthread_t th;
+    pthread_create(&th, NULL, answer_later, l);
+    pthread_detach(th);
+}
+
+static void count(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    int n = (int)len;
+    for (int i = 0; i < n; i++) {
+        uint8_t b = (uint8_t)i;
+        ps_rpc_stream_write(call, &b, 1);
+    }
+    ps_rpc_stream_finish(call);
+}
+
+static void start_server(size_t max_message)
+{
+    ps_rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 2,
+                            .max_message_bytes = max_message};
+    ck_assert_int_eq(ps_rpc_server_create(&o, &srv), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Echo", PS_RPC_UNARY,
+                                              echo, NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Fail", PS_RPC_UNARY,
+                                              fail_with_name, NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Slow", PS_RPC_UNARY,
+                                              slow, NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Count",
+                                              PS_RPC_SERVER_STREAM, count,
+                                              NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_start(srv, &port), 0);
+    ck_assert_int_gt(port, 0);
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+}
+
+static void setup(void)
+{
+    start_server(0);
+    ps_rpc_client_opts co = {.deadline_ms = 5000};
+    ck_assert_int_eq(ps_rpc_client_create(target, &co, &cli), 0);
+}
+
+static void teardown(void)
+{
+    ps_rpc_client_destroy(cli);
+    cli = NULL;
+    ps_rpc_server_destroy(srv);
+    srv = NULL;
+}
+
+START_TEST(test_echo)
+{
+    ps_buf resp = {0};
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", "hello", 5, &resp, 0, &st), 0);
+    ck_assert_int_eq(st.code, PS_RPC_OK);
+    ck_assert_uint_eq(resp.len, 5);
+    ck_assert_mem_eq(resp.data, "hello", 5);
+    /* The same buffer is reused for the next response. */
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", "", 0, &resp, 0, &st), 0);
+    ck_assert_uint_eq(resp.len, 0);
+    ps_buf_free(&resp);
+}
+END_TEST
+
+START_TEST(test_large_message)
+{
+    /* 64 MiB: far past gRPC's 4 MiB default, inside our 1 GiB default. */
+    size_t n = (size_t)64 << 20;
+    uint8_t *big = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        big[i] = (uint8_t)(i * 131u);
+    ps_buf resp = {0};
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", big, n, &resp, 30000, &st), 0);
+    ck_assert_uint_eq(resp.len, n);
+    ck_assert(memcmp(resp.data, big, n) == 0);
+    ps_buf_free(&resp);
+    free(big);
+}
+END_TEST
+
+START_TEST(test_error_status_message)
+{
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Fail", "w1", 2, NULL, 0, &st),
+                     PS_ERPC);
+    ck_assert_int_eq(st.code, PS_RPC_NOT_FOUND);
+    ck_assert_str_eq(st.message, "variable 'w1' not found");
+}
+END_TEST
+
+START_TEST(test_unknown_method)
+{
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/NoSuch", "x", 1, NULL, 0, &st),
+                     PS_ERPC);
+    ck_assert_int_eq(st.code, PS_RPC_UNIMPLEMENTED);
+    ck_assert_ptr_nonnull(strstr(st.message, "/t.T/NoSuch"));
+}
+END_TEST
+
+START_TEST(test_deadline)
+{
+    ps_rpc_status st;
+    int64_t t0 = ps_now_ms();
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Slow", "3000", 4, NULL, 200, &st),
+                     PS_ERPC);
+    int64_t took = ps_now_ms() - t0;
+    ck_assert_int_eq(st.code, PS_RPC_DEADLINE_EXCEEDED);
+    ck_assert_int_lt(took, 2000);
+    /* The server noticed too and freed the call. */
+    int64_t until = ps_now_ms() + 3000;
+    while (ps_rpc_server_calls_in_flight(srv) > 0 && ps_now_ms() < until)
+        sleep_ms(10);
+    ck_assert_int_eq(ps_rpc_server_calls_in_flight(srv), 0);
+    /* A call answered within its deadline is fine. */
+    ps_buf resp = {0};
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Slow", "10", 2, &resp, 2000, &st), 0);
+    ck_assert_mem_eq(resp.data, "late", 4);
+    ps_buf_free(&resp);
+}
+END_TEST
+
+struct counted {
+    int n;
+    int bad;
+};
+
+static int on_count(void *ctx, const uint8_t *msg, size_t len)
+{
+    struct counted *c = ctx;
+    if (len != 1 || msg[0] != (uint8_t)c->n)
+        c->bad++;
+    c->n++;
+    return 0;
+}
+
+START_TEST(test_stream)
+{
+    char req[100];
+    memset(req, 'x', sizeof req);
+    struct counted c = {0, 0};
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke_stream(cli, "/t.T/Count", req, sizeof req, 0,
+                                        on_count, &c, &st), 0);
+    ck_assert_int_eq(c.n, 100);
+    ck_assert_int_eq(c.bad, 0);
+}
+END_TEST
+
+static int on_health(void *ctx, const uint8_t *msg, size_t len)
+{
+    Grpc__Health__V1__HealthCheckResponse *r =
+        grpc__health__v1__health_check_response__unpack(NULL, len, msg);
+    *(int *)ctx = r ? (int)r->status : -1;
+    grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+    return 1; /* one message is enough */
+}
+
+START_TEST(test_health)
+{
+    bool serving = false;
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_health_check(cli, "", 0, &serving, &st), 0);
+    ck_assert(serving);
+    ck_assert_int_eq(ps_rpc_health_check(cli, "t.T", 0, &serving, &st), 0);
+    ck_assert(serving);
+    ck_assert_int_eq(ps_rpc_health_check(cli, "no.Such", 0, &serving, &st),
+                     PS_ERPC);
+    ck_assert_int_eq(st.code, PS_RPC_NOT_FOUND);
+    ps_rpc_server_set_serving(srv, "t.T", false);
+    ck_assert_int_eq(ps_rpc_health_check(cli, "t.T", 0, &serving, &st), 0);
+    ck_assert(!serving);
+
+    /* Watch sends the current status first. */
+    Grpc__Health__V1__HealthCheckRequest req =
+        GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)"";
+    uint8_t buf[64];
+    size_t len = grpc__health__v1__health_check_request__pack(&req, buf);
+    int status = -1;
+    ps_rpc_invoke_stream(cli, "/grpc.health.v1.Health/Watch", buf, len, 2000,
+                       on_health, &status, &st);
+    ck_assert_int_eq(status,
+                     GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+    /* The cancelled watcher is gone from the server. */
+    int64_t until = ps_now_ms() + 3000;
+    while (ps_rpc_server_calls_in_flight(srv) > 0 && ps_now_ms() < until)
+        sleep_ms(10);
+    ck_assert_int_eq(ps_rpc_server_calls_in_flight(srv), 0);
+}
+END_TEST
+
+START_TEST(test_message_limit)
+{
+    ps_rpc_client_destroy(cli);
+    ps_rpc_server_destroy(srv);
+    start_server(1 << 20);
+    ps_rpc_client_opts co = {.deadline_ms = 5000};
+    ck_assert_int_eq(ps_rpc_client_create(target, &co, &cli), 0);
+    size_t n = (1 << 20) + 1024;
+    uint8_t *big = calloc(1, n);
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", big, n, NULL, 0, &st),
+                     PS_ERPC);
+    ck_assert_int_eq(st.code, PS_RPC_RESOURCE_EXHAUSTED);
+    free(big);
+    /* The server still serves after refusing. */
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", "ok", 2, NULL, 0, &st), 0);
+}
+END_TEST
+
+START_TEST(test_retry_unavailable)
+{
+    /* Nothing listens on this port: every attempt is UNAVAILABLE. */
+    ps_rpc_client *c2;
+    char t2[64];
+    int dead_port = port;
+    ps_rpc_client_destroy(cli);
+    cli = NULL;
+    ps_rpc_server_destroy(srv);
+    srv = NULL;
+    snprintf(t2, sizeof t2, "127.0.0.1:%d", dead_port);
+    ps_rpc_client_opts co = {.deadline_ms = 500, .max_attempts = 4,
+                             .backoff_initial_ms = 20, .backoff_max_ms = 100};
+    ck_assert_int_eq(ps_rpc_client_create(t2, &co, &c2), 0);
+    ps_rpc_status st;
+    ck_assert_int_eq(ps_rpc_invoke(c2, "/t.T/Echo", "x", 1, NULL, 0, &st), PS_ERPC);
+    ck_assert_int_eq(st.code, PS_RPC_UNAVAILABLE);
+    ck_assert_int_eq(st.attempts, 4);
+    ps_rpc_client_destroy(c2);
+    start_server(0); /* for teardown */
+    ck_assert_int_eq(ps_rpc_client_create(target, NULL, &cli), 0);
+}
+END_TEST
+
+static void *start_server_later(void *arg)
+{
+    sleep_ms(300);
+    ps_rpc_server_opts o = {.listen = arg, .threads = 1};
+    ps_rpc_server *s2;
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s2), 0);
+    ps_rpc_server_add_method(s2, "/t.T/Echo", PS_RPC_UNARY, echo, NULL);
+    ck_assert_int_eq(ps_rpc_server_start(s2, NULL), 0);
+    return s2;
+}
+
+START_TEST(test_retry_then_success)
+{
+    /* A server that comes up after the first attempts: the retries find it. */
+    ps_rpc_client_destroy(cli);
+    cli = NULL;
+    ps_rpc_server_destroy(srv);
+    srv = NULL;
+    ps_rpc_client_opts co = {.deadline_ms = 300, .max_attempts = 30,
+                             .backoff_initial_ms = 50, .backoff_max_ms = 200,
+                             .retry_budget_ms = 10000};
+    ps_rpc_client *c2;
+    ck_assert_int_eq(ps_rpc_client_create(target, &co, &c2), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, start_server_later, target);
+    ps_rpc_status st;
+    int rc = ps_rpc_invoke(c2, "/t.T/Echo", "x", 1, NULL, 0, &st);
+    void *s2;
+    pthread_join(th, &s2);
+    ck_assert_msg(rc == 0, "call failed: %s %s", ps_rpc_code_name(st.code),
+                  st.message);
+    ck_assert_int_gt(st.attempts, 1);
+    ps_rpc_client_destroy(c2);
+    srv = s2;
+    ck_assert_int_eq(ps_rpc_client_create(target, NULL, &cli), 0);
+}
+END_TEST
+
+static void *call_slow(void *arg)
+{
+    static ps_rpc_status st;
+    ps_buf resp = {0};
+    ps_rpc_invoke(cli, "/t.T/Slow", "400", 3, &resp, 5000, &st);
+    ps_buf_free(&resp);
+    return &st;
+}
+
+START_TEST(test_graceful_shutdown_drains)
+{
+    pthread_t th;
+    pthread_create(&th, NULL, call_slow, NULL);
+    int64_t until = ps_now_ms() + 3000;
+    while (ps_rpc_server_calls_in_flight(srv) == 0 && ps_now_ms() < until)
+        sleep_ms(5);
+    ck_assert_int_eq(ps_rpc_server_calls_in_flight(srv), 1);
+    ps_rpc_server_shutdown(srv, 5000);
+    ps_rpc_status *st;
+    pthread_join(th, (void **)&st);
+    ck_assert_msg(st->code == PS_RPC_OK, "in-flight call got %s: %s",
+                  ps_rpc_code_name(st->code), st->message);
+    /* New calls are refused once the server is gone. */
+    ps_rpc_status st2;
+    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Echo", "x", 1, NULL, 500, &st2),
+                     PS_ERPC);
+    ck_assert_int_eq(st2.code, PS_RPC_UNAVAILABLE);
+}
+END_TEST
+
+START_TEST(test_bad_options)
+{
+    ps_rpc_server *s;
+    ps_rpc_server_opts o = {.listen = ""};
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s), PS_EINVAL_ARG);
+    o.listen = "127.0.0.1:0";
+    o.threads = -1;
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "noslash", PS_RPC_UNARY,
+                                              echo, NULL), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_rpc_server_add_method(srv, "/x.Y/Z", PS_RPC_UNARY,
+                                              echo, NULL), PS_EINVAL_ARG);
+    /* The port taken by the fixture's server cannot be bound twice. */
+    o.threads = 1;
+    o.listen = target;
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s), 0);
+    ck_assert_int_eq(ps_rpc_server_start(s, NULL), -EADDRINUSE);
+    ps_rpc_server_destroy(s);
+    ps_rpc_client *c;
+    ck_assert_int_eq(ps_rpc_client_create("", NULL, &c), PS_EINVAL_ARG);
+}
+END_TEST
+
+START_TEST(test_code_mapping)
+{
+    ck_assert_int_eq(ps_rpc_code_from_err(PS_ENOTFOUND), PS_RPC_NOT_FOUND);
+    ck_assert_int_eq(ps_rpc_code_from_err(PS_ESHAPE), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_int_eq(ps_rpc_code_from_err(PS_EFULL), PS_RPC_RESOURCE_EXHAUSTED);
+    ck_assert_int_eq(ps_rpc_code_from_err(PS_ESTALE), PS_RPC_FAILED_PRECONDITION);
+    ck_assert_int_eq(ps_rpc_code_from_err(PS_EEXIST), PS_RPC_ALREADY_EXISTS);
+    ck_assert_str_eq(ps_rpc_code_name(PS_RPC_DEADLINE_EXCEEDED),
+                     "DEADLINE_EXCEEDED");
+    ck_assert_str_eq(ps_rpc_code_name(99), "UNKNOWN_CODE");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("rpc");
+    struct {
+        const char *name;
+        const TTest *t;
+    } cases[] = {
+        {"unary", test_echo},
+        {"large", test_large_message},
+        {"fail", test_error_status_message},
+        {"unimplemented", test_unknown_method},
+        {"deadline", test_deadline},
+        {"stream", test_stream},
+        {"health", test_health},
+        {"message_limit", test_message_limit},
+        {"retry_unavailable", test_retry_unavailable},
+        {"retry_success", test_retry_then_success},
+        {"shutdown", test_graceful_shutdown_drains},
+        {"bad_options", test_bad_options},
+        {"code_mapping", test_code_mapping},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].t);
+        suite_add_tcase(s, tc);
+    }
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

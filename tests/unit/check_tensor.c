@@ -1,0 +1,466 @@
+#include "errors.h"
+#include "tensor.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A temporary directory per test, removed with what the test wrote. */
+static char tmpdir[64];
+static char tmppath[128];
+
+static void tmp_setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_tensor.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(tmppath, sizeof tmppath, "%s/t.npy", tmpdir);
+}
+
+static void tmp_teardown(void)
+{
+    unlink(tmppath);
+    rmdir(tmpdir);
+}
+
+START_TEST(test_dtype_size)
+{
+    ck_assert_uint_eq(ps_dtype_size(PS_DTYPE_FLOAT32), 4);
+    ck_assert_uint_eq(ps_dtype_size(PS_DTYPE_FLOAT16), 2);
+    ck_assert_uint_eq(ps_dtype_size(PS_DTYPE_BFLOAT16), 2);
+    ck_assert_uint_eq(ps_dtype_size(PS_DTYPE_UNSPECIFIED), 0);
+    ck_assert_uint_eq(ps_dtype_size((enum ps_dtype)42), 0);
+    /* The enum must track the wire values. */
+    ck_assert_int_eq(PS_DTYPE_FLOAT32, PS__V1__DTYPE__DTYPE_FLOAT32);
+    ck_assert_int_eq(PS_DTYPE_FLOAT16, PS__V1__DTYPE__DTYPE_FLOAT16);
+    ck_assert_int_eq(PS_DTYPE_BFLOAT16, PS__V1__DTYPE__DTYPE_BFLOAT16);
+}
+END_TEST
+
+START_TEST(test_dtype_name)
+{
+    ck_assert_str_eq(ps_dtype_name(PS_DTYPE_FLOAT32), "float32");
+    ck_assert_str_eq(ps_dtype_name(PS_DTYPE_FLOAT16), "float16");
+    ck_assert_str_eq(ps_dtype_name(PS_DTYPE_BFLOAT16), "bfloat16");
+    ck_assert_str_eq(ps_dtype_name(PS_DTYPE_UNSPECIFIED), "unspecified");
+    ck_assert_str_eq(ps_dtype_name((enum ps_dtype)42), "unknown");
+}
+END_TEST
+
+START_TEST(test_shape_numel_ok)
+{
+    size_t n = 0;
+    int64_t s[] = {784, 256};
+    ck_assert_int_eq(ps_shape_numel(s, 2, &n), 0);
+    ck_assert_uint_eq(n, 784 * 256);
+    ck_assert_int_eq(ps_shape_numel(NULL, 0, &n), 0);
+    ck_assert_uint_eq(n, 1);
+    int64_t eight[8] = {1, 2, 1, 2, 1, 2, 1, 2};
+    ck_assert_int_eq(ps_shape_numel(eight, 8, &n), 0);
+    ck_assert_uint_eq(n, 16);
+}
+END_TEST
+
+START_TEST(test_shape_numel_bad)
+{
+    size_t n = 7;
+    int64_t zero[] = {3, 0};
+    int64_t neg[] = {-1};
+    int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t huge[] = {INT64_MAX, INT64_MAX, 4};
+    ck_assert_int_eq(ps_shape_numel(zero, 2, &n), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_shape_numel(neg, 1, &n), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_shape_numel(nine, 9, &n), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_shape_numel(nine, -1, &n), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_shape_numel(huge, 3, &n), PS_EINVAL_ARG);
+    ck_assert_uint_eq(n, 7);
+}
+END_TEST
+
+START_TEST(test_shape_str)
+{
+    char buf[64];
+    int64_t s2[] = {784, 256};
+    int64_t s1[] = {10};
+    ck_assert_str_eq(ps_tensor_shape_str(s2, 2, buf, sizeof buf), "(784, 256)");
+    ck_assert_str_eq(ps_tensor_shape_str(s1, 1, buf, sizeof buf), "(10,)");
+    ck_assert_str_eq(ps_tensor_shape_str(NULL, 0, buf, sizeof buf), "()");
+    char small[6];
+    ck_assert_str_eq(ps_tensor_shape_str(s2, 2, small, sizeof small), "(784,");
+    ck_assert_ptr_eq(ps_tensor_shape_str(s2, 2, small, 0), small);
+}
+END_TEST
+
+START_TEST(test_create_destroy)
+{
+    ps_tensor *t = NULL;
+    int64_t s[] = {3, 4};
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT32, 2, s, &t), 0);
+    ck_assert_int_eq(t->ndim, 2);
+    ck_assert_int_eq(t->shape[0], 3);
+    ck_assert_int_eq(t->shape[1], 4);
+    ck_assert_uint_eq(t->numel, 12);
+    ck_assert(t->owns);
+    for (size_t i = 0; i < t->numel; i++)
+        ck_assert_float_eq(t->data[i], 0.0f);
+    t->data[11] = 1.5f;
+    ps_tensor_destroy(t);
+
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT32, 0, NULL, &t), 0);
+    ck_assert_uint_eq(t->numel, 1);
+    ps_tensor_destroy(t);
+    ps_tensor_destroy(NULL);
+}
+END_TEST
+
+START_TEST(test_create_bad)
+{
+    ps_tensor *t = NULL;
+    int64_t s[] = {3, 0};
+    int64_t ok[] = {3};
+    int64_t huge[] = {INT64_MAX}; /* numel fits, bytes do not */
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT32, 2, s, &t),
+                     PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT16, 1, ok, &t), PS_EDTYPE);
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_UNSPECIFIED, 1, ok, &t),
+                     PS_EDTYPE);
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT32, 1, huge, &t),
+                     PS_EINVAL_ARG);
+    ck_assert_ptr_null(t);
+}
+END_TEST
+
+/* A wire tensor over caller-owned storage. */
+static Ps__V1__Tensor make_pb(int dtype, int64_t *shape, size_t ndim,
+                              void *data, size_t len)
+{
+    Ps__V1__Tensor pb = PS__V1__TENSOR__INIT;
+    pb.dtype = (Ps__V1__DType)dtype;
+    pb.n_shape = ndim;
+    pb.shape = shape;
+    pb.data.data = data;
+    pb.data.len = len;
+    return pb;
+}
+
+START_TEST(test_view_pb_ok)
+{
+    float data[6] = {1, 2, 3, 4, 5, 6};
+    int64_t s[] = {2, 3};
+    Ps__V1__Tensor pb = make_pb(1, s, 2, data, sizeof data);
+    ps_tensor v;
+    char err[256] = "";
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), 0);
+    ck_assert_ptr_eq(v.data, data); /* no copy */
+    ck_assert(!v.owns);
+    ck_assert_uint_eq(v.numel, 6);
+    ck_assert_int_eq(v.ndim, 2);
+    ck_assert_int_eq(v.shape[1], 3);
+
+    /* A scalar: empty shape, one element. */
+    Ps__V1__Tensor sc = make_pb(1, NULL, 0, data, 4);
+    ck_assert_int_eq(ps_tensor_view_pb(&sc, &v, NULL, 0), 0);
+    ck_assert_uint_eq(v.numel, 1);
+    ck_assert_int_eq(v.ndim, 0);
+
+    /* Round trip through protobuf-c's packer and unpacker. */
+    size_t len = ps__v1__tensor__get_packed_size(&pb);
+    uint8_t *buf = malloc(len);
+    ps__v1__tensor__pack(&pb, buf);
+    Ps__V1__Tensor *un = ps__v1__tensor__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(un);
+    ck_assert_int_eq(ps_tensor_view_pb(un, &v, err, sizeof err), 0);
+    ck_assert_float_eq(v.data[5], 6.0f);
+    ps__v1__tensor__free_unpacked(un, NULL);
+    free(buf);
+}
+END_TEST
+
+START_TEST(test_view_pb_dtype)
+{
+    float data[2] = {0};
+    int64_t s[] = {2};
+    ps_tensor v;
+    char err[256];
+    Ps__V1__Tensor pb = make_pb(2, s, 1, data, 4);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_str_eq(err, "tensor dtype float16 is not served; only float32 is");
+    pb = make_pb(3, s, 1, data, 4);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_ptr_nonnull(strstr(err, "bfloat16"));
+    pb = make_pb(0, s, 1, data, 8);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_ptr_nonnull(strstr(err, "unspecified"));
+    pb = make_pb(9, s, 1, data, 8);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_ptr_nonnull(strstr(err, "dtype 9 is unknown"));
+}
+END_TEST
+
+START_TEST(test_view_pb_shape)
+{
+    float data[8] = {0};
+    ps_tensor v;
+    char err[256];
+    int64_t zero[] = {3, 0};
+    Ps__V1__Tensor pb = make_pb(1, zero, 2, data, 0);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "tensor shape (3, 0): dimension 1 is 0; each must "
+                          "be >= 1");
+    int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    pb = make_pb(1, nine, 9, data, 4);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "tensor has 9 dimensions; at most 8 are allowed");
+    int64_t huge[] = {INT64_MAX, INT64_MAX};
+    pb = make_pb(1, huge, 2, data, 4);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "too many elements"));
+    ck_assert_int_eq(ps_tensor_view_pb(NULL, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "tensor is missing");
+}
+END_TEST
+
+START_TEST(test_view_pb_bytes)
+{
+    static float data[2000];
+    ps_tensor v;
+    char err[256];
+    int64_t s[] = {1000, 2};
+    Ps__V1__Tensor pb = make_pb(1, s, 2, data, 4000);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_str_eq(err,
+                     "tensor has 4000 bytes, shape (1000, 2) float32 needs 8000");
+    pb = make_pb(1, s, 2, data, 8004);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    /* Misaligned bytes are refused rather than read as floats. */
+    pb = make_pb(1, s, 1, (char *)data + 1, 4000);
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "aligned"));
+}
+END_TEST
+
+START_TEST(test_from_pb)
+{
+    float data[3] = {1.5f, -2.0f, 3.25f};
+    int64_t s[] = {3};
+    Ps__V1__Tensor pb = make_pb(1, s, 1, data, sizeof data);
+    ps_tensor *t = NULL;
+    char err[256];
+    ck_assert_int_eq(ps_tensor_from_pb(&pb, &t, err, sizeof err), 0);
+    ck_assert(t->owns);
+    ck_assert_ptr_ne(t->data, data);
+    ck_assert_mem_eq(t->data, data, sizeof data);
+    data[0] = 99.0f; /* the copy is independent */
+    ck_assert_float_eq(t->data[0], 1.5f);
+    ps_tensor_destroy(t);
+
+    t = NULL;
+    pb = make_pb(2, s, 1, data, 6);
+    ck_assert_int_eq(ps_tensor_from_pb(&pb, &t, err, sizeof err), PS_EDTYPE);
+    ck_assert_ptr_null(t);
+    pb = make_pb(1, s, 1, data, 8);
+    ck_assert_int_eq(ps_tensor_from_pb(&pb, &t, err, sizeof err),
+                     PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "tensor has 8 bytes, shape (3,) float32 needs 12");
+    ck_assert_ptr_null(t);
+}
+END_TEST
+
+START_TEST(test_to_pb)
+{
+    ps_tensor *t;
+    int64_t s[] = {2, 2};
+    ck_assert_int_eq(ps_tensor_create(PS_DTYPE_FLOAT32, 2, s, &t), 0);
+    t->data[3] = 4.0f;
+    Ps__V1__Tensor pb = PS__V1__TENSOR__INIT;
+    ps_tensor_to_pb(t, &pb);
+    ck_assert_int_eq(pb.dtype, PS__V1__DTYPE__DTYPE_FLOAT32);
+    ck_assert_uint_eq(pb.n_shape, 2);
+    ck_assert_uint_eq(pb.data.len, 16);
+    ps_tensor v;
+    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, NULL, 0), 0);
+    ck_assert_ptr_eq(v.data, t->data);
+    ck_assert_float_eq(v.data[3], 4.0f);
+    ps_tensor_destroy(t);
+}
+END_TEST
+
+static size_t file_size(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return (size_t)n;
+}
+
+START_TEST(test_npy_write)
+{
+    float data[12];
+    for (int i = 0; i < 12; i++)
+        data[i] = (float)i * 0.5f;
+    int64_t s[] = {3, 4};
+    ck_assert_int_eq(ps_npy_write(tmppath, s, 2, data), 0);
+    /* numpy's own header for a (3, 4) float32 array, byte for byte. */
+    char head[128];
+    FILE *f = fopen(tmppath, "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(head, 1, sizeof head, f), sizeof head);
+    fclose(f);
+    ck_assert_mem_eq(head, "\x93NUMPY\x01\x00\x76\x00", 10);
+    const char *dict = "{'descr': '<f4', 'fortran_order': False, "
+                       "'shape': (3, 4), }";
+    ck_assert_mem_eq(head + 10, dict, strlen(dict));
+    for (size_t i = 10 + strlen(dict); i < 127; i++)
+        ck_assert_int_eq(head[i], ' ');
+    ck_assert_int_eq(head[127], '\n');
+    ck_assert_uint_eq(file_size(tmppath), 128 + sizeof data);
+
+    int64_t bad[] = {0};
+    ck_assert_int_eq(ps_npy_write(tmppath, bad, 1, data), PS_EINVAL_ARG);
+    ck_assert_int_eq(ps_npy_write("/nonexistent-dir/x.npy", s, 2, data),
+                     -ENOENT);
+}
+END_TEST
+
+START_TEST(test_npy_read)
+{
+    float data[24];
+    for (int i = 0; i < 24; i++)
+        data[i] = (float)i - 3.75f;
+    int64_t s[] = {2, 3, 4};
+    ck_assert_int_eq(ps_npy_write(tmppath, s, 3, data), 0);
+    ps_tensor *t = NULL;
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), 0);
+    ck_assert_int_eq(t->ndim, 3);
+    ck_assert_int_eq(t->shape[0], 2);
+    ck_assert_int_eq(t->shape[2], 4);
+    ck_assert_mem_eq(t->data, data, sizeof data);
+    ps_tensor_destroy(t);
+
+    /* 1-D and scalar shapes survive the trip too. */
+    int64_t one[] = {5};
+    ck_assert_int_eq(ps_npy_write(tmppath, one, 1, data), 0);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), 0);
+    ck_assert_int_eq(t->ndim, 1);
+    ck_assert_int_eq(t->shape[0], 5);
+    ps_tensor_destroy(t);
+    ck_assert_int_eq(ps_npy_write(tmppath, NULL, 0, data), 0);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), 0);
+    ck_assert_int_eq(t->ndim, 0);
+    ck_assert_float_eq(t->data[0], data[0]);
+    ps_tensor_destroy(t);
+}
+END_TEST
+
+static void write_file(const char *path, const void *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
+    fclose(f);
+}
+
+/* A version 1.0 file with the given header dict and `nbytes` zero bytes of
+ * data. */
+static void write_npy_raw(const char *path, const char *dict, size_t nbytes)
+{
+    char file[256] = "\x93NUMPY\x01\x00";
+    size_t len = strlen(dict);
+    size_t total = (10 + len + 1 + 63) / 64 * 64;
+    ck_assert_uint_le(total + nbytes, sizeof file);
+    file[8] = (char)(total - 10);
+    file[9] = 0;
+    memcpy(file + 10, dict, len);
+    memset(file + 10 + len, ' ', total - 10 - len - 1);
+    file[total - 1] = '\n';
+    memset(file + total, 0, nbytes);
+    write_file(path, file, total + nbytes);
+}
+
+START_TEST(test_npy_read_bad)
+{
+    ps_tensor *t = NULL;
+    char path2[160];
+    snprintf(path2, sizeof path2, "%s/missing.npy", tmpdir);
+    ck_assert_int_eq(ps_npy_read(path2, &t), -ENOENT);
+
+    write_file(tmppath, "not numpy at all", 16);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
+
+    /* Truncated data: the header promises 12 floats. */
+    float data[12] = {0};
+    int64_t s[] = {3, 4};
+    ck_assert_int_eq(ps_npy_write(tmppath, s, 2, data), 0);
+    ck_assert_int_eq(truncate(tmppath, 128 + 20), 0);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
+
+    /* Another dtype, and Fortran order. */
+    write_npy_raw(tmppath, "{'descr': '<f8', 'fortran_order': False, "
+                           "'shape': (1,), }", 8);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_EDTYPE);
+    write_npy_raw(tmppath, "{'descr': '<f4', 'fortran_order': True, "
+                           "'shape': (2,), }", 8);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_EDTYPE);
+    /* A broken shape tuple. */
+    write_npy_raw(tmppath, "{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (2, x), }", 8);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
+    /* Keys in another order, as other writers may put them: accepted. */
+    write_npy_raw(tmppath, "{'shape': (2,), 'fortran_order': False, "
+                           "'descr': '<f4'}", 8);
+    ck_assert_int_eq(ps_npy_read(tmppath, &t), 0);
+    ck_assert_uint_eq(t->numel, 2);
+    ps_tensor_destroy(t);
+    t = NULL;
+    ck_assert_ptr_null(t);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("tensor");
+    struct {
+        const char *name;
+        const TTest *tests[4];
+        bool tmp;
+    } cases[] = {
+        {"ps_dtype_size", {test_dtype_size}, false},
+        {"ps_dtype_name", {test_dtype_name}, false},
+        {"ps_shape_numel", {test_shape_numel_ok, test_shape_numel_bad}, false},
+        {"ps_tensor_shape_str", {test_shape_str}, false},
+        {"ps_tensor_create", {test_create_destroy, test_create_bad}, false},
+        {"ps_tensor_view_pb",
+         {test_view_pb_ok, test_view_pb_dtype, test_view_pb_shape,
+          test_view_pb_bytes},
+         false},
+        {"ps_tensor_from_pb", {test_from_pb}, false},
+        {"ps_tensor_to_pb", {test_to_pb}, false},
+        {"ps_npy_write", {test_npy_write}, true},
+        {"ps_npy_read", {test_npy_read, test_npy_read_bad}, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        if (cases[i].tmp)
+            tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
+        for (int j = 0; j < 4 && cases[i].tests[j] != NULL; j++)
+            tcase_add_test(tc, cases[i].tests[j]);
+        suite_add_tcase(s, tc);
+    }
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
