@@ -102,3 +102,41 @@ class Results:
     def finish(self):
         print("%s: %d passed, %d failed" % (self.name, self.passed, self.failed))
         sys.exit(0 if self.failed == 0 else 1)
+
+
+def psd_path():
+    return os.path.join(BUILD_ROOT, "server", "psd")
+
+
+def start_psd(data_dir, *args, wrapper=None):
+    """Starts a real psd on 127.0.0.1:0 with data_dir; returns a Daemon."""
+    argv = [psd_path(), "--data-dir", data_dir, "--listen", "127.0.0.1:0",
+            "--log-level", os.environ.get("PSD_LOG_LEVEL", "warn")] + list(args)
+    return Daemon((wrapper or []) + argv)
+
+
+def tmpdir(prefix="psd-test-"):
+    d = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+def spec(pb, name, shape, lr=0.1, opt=None, init=None, **kw):
+    """A float32 VariableSpec with SGD (or `opt`) and zeros (or `init`)."""
+    return pb.VariableSpec(
+        name=name, dtype=pb.DTYPE_FLOAT32, shape=list(shape),
+        optimizer=opt or pb.Optimizer(kind=pb.Optimizer.SGD, learning_rate=lr),
+        initializer=init or pb.Initializer(kind=pb.Initializer.ZEROS), **kw)
+
+
+def grad(pb, name, array):
+    import numpy as np
+    a = np.ascontiguousarray(array, dtype="<f4")
+    return pb.Gradient(name=name, grad=pb.Tensor(
+        dtype=pb.DTYPE_FLOAT32, shape=list(a.shape), data=a.tobytes()))
+
+
+def value(v):
+    """The numpy array of a VariableValue."""
+    import numpy as np
+    return np.frombuffer(v.value.data, dtype="<f4").reshape(tuple(v.value.shape))

@@ -1,0 +1,140 @@
+"""Checkpoints of a real psd: taken while pushes go on, restored whole; a
+checkpoint without its manifest (or with a corrupt one) is never used; a full
+disk fails the Checkpoint call with a clear status and leaves the earlier
+checkpoints intact. The full disk is a 1 MiB tmpfs mounted on checkpoints/
+in a private mount namespace (root only; skipped with a note otherwise)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pstest  # noqa: E402
+
+
+def main():
+    pb, pbg, _, _ = pstest.generate_stubs()
+    r = pstest.Results("psd-checkpoint")
+    data = pstest.tmpdir()
+    d = pstest.start_psd(data, "--checkpoint-keep", "3")
+    ch = pstest.channel(d.address)
+    stub = pbg.ParameterServerStub(ch)
+    for name, shape in (("a", (1000,)), ("b", (64, 64))):
+        stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+            pb, name, shape, lr=1.0)), timeout=10)
+
+    stop = threading.Event()
+
+    def pusher(i):
+        c = pstest.channel(d.address)
+        s = pbg.ParameterServerStub(c)
+        g = [pstest.grad(pb, "a", np.ones(1000)), pstest.grad(pb, "b", np.ones((64, 64)))]
+        while not stop.is_set():
+            s.Push(pb.PushRequest(worker=i, grads=g), timeout=10)
+        c.close()
+
+    threads = [threading.Thread(target=pusher, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    steps = []
+    for _ in range(4):
+        resp = stub.Checkpoint(pb.CheckpointRequest(step=0), timeout=30)
+        steps.append(resp.step)
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join()
+    r.check(steps == sorted(steps) and steps[0] > 0,
+            "four checkpoints while pushes go on, at steps %s" % steps)
+    ck = os.path.join(data, "checkpoints")
+    kept = sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+    r.check(kept == steps[-3:], "--checkpoint-keep 3 keeps the last three (%s)" % kept)
+    man = json.load(open(os.path.join(ck, str(steps[-1]), "MANIFEST.json")))
+    r.check(man.get("step") == steps[-1] and man.get("variables") == 2,
+            "the manifest names its step and variables (%s)" % man)
+
+    now = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=5).values[0].version
+    resp = stub.Restore(pb.RestoreRequest(step=steps[-2]), timeout=30)
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a"), pb.PullItem(name="b")]),
+                    timeout=5)
+    va, vb = got.values
+    r.check(resp.step == steps[-2] and resp.variables == 2,
+            "Restore loads checkpoint %d with 2 variables" % steps[-2])
+    r.check(va.version < now, "the restored version %d is the checkpoint's, not the "
+            "live %d" % (va.version, now))
+    r.check(bool(np.all(pstest.value(va) == -float(va.version))) and
+            bool(np.all(pstest.value(vb) == -float(vb.version))),
+            "each variable in a checkpoint taken under pushes is whole "
+            "(a at %d, b at %d)" % (va.version, vb.version))
+
+    # A newer directory without a manifest, and one with a corrupt manifest,
+    # are never taken for checkpoints.
+    os.makedirs(os.path.join(ck, "999999"))
+    open(os.path.join(ck, "999999", "data.mdb"), "wb").write(b"\0" * 4096)
+    bad = os.path.join(ck, "888888")
+    os.makedirs(bad)
+    open(os.path.join(bad, "data.mdb"), "wb").write(b"\0" * 4096)
+    open(os.path.join(bad, "MANIFEST.json"), "w").write('{"format": 1, "step": 888888, "va')
+    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
+    r.check(resp.step == steps[-1], "Restore of the latest skips directories without a "
+            "whole manifest (restored %d)" % resp.step)
+    try:
+        stub.Restore(pb.RestoreRequest(step=999999), timeout=30)
+        r.check(False, "restoring a checkpoint without a manifest is refused")
+    except grpc.RpcError as e:
+        r.check(e.code() == grpc.StatusCode.NOT_FOUND and "999999" in e.details(),
+                "restoring a checkpoint without a manifest is NOT_FOUND (%s)" % e.details())
+    try:
+        stub.Restore(pb.RestoreRequest(step=12345), timeout=30)
+        r.check(False, "restoring a missing checkpoint is refused")
+    except grpc.RpcError as e:
+        r.check(e.code() == grpc.StatusCode.NOT_FOUND, "a missing checkpoint is NOT_FOUND")
+    ch.close()
+    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+
+    # A full disk.
+    data2 = pstest.tmpdir()
+    os.makedirs(os.path.join(data2, "checkpoints"))
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        print("skip full-disk case: cannot make a mount namespace (%s)"
+              % probe.stderr.decode().strip())
+        r.finish()
+    wrapper = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+               'mount -t tmpfs -o size=1m tmpfs "$0/checkpoints" && exec "$@"', data2]
+    d2 = pstest.start_psd(data2, wrapper=wrapper)
+    ch = pstest.channel(d2.address)
+    stub = pbg.ParameterServerStub(ch)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "small", (100,),
+                                                                  lr=1.0)), timeout=10)
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "small", np.ones(100))]), timeout=10)
+    first = stub.Checkpoint(pb.CheckpointRequest(step=1), timeout=30)
+    r.check(first.step == 1, "a checkpoint that fits is written (%d bytes)" % first.bytes)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "big", (512, 1024),
+                                                                  lr=1.0)), timeout=10)
+    try:
+        stub.Checkpoint(pb.CheckpointRequest(step=2), timeout=30)
+        r.check(False, "a checkpoint on a full disk fails")
+    except grpc.RpcError as e:
+        r.check(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "full" in e.details(),
+                "a checkpoint on a full disk is RESOURCE_EXHAUSTED (%s)" % e.details())
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "small", np.ones(100))]), timeout=10)
+    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="small")]), timeout=5)
+    r.check(resp.step == 1 and got.values[0].version == 1 and
+            bool(np.all(pstest.value(got.values[0]) == -1.0)),
+            "the earlier checkpoint is intact and restores (step %d)" % resp.step)
+    ch.close()
+    r.check(d2.stop() == 0, "psd exits 0 on SIGTERM")
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""An outside client trains a model: linear regression with numpy, through
+Push and Pull against a real psd, using stubs generated from proto/ at test
+time. Proves the wire contract from outside C.
+
+Two workers (threads, each its own channel and data shard) push
+asynchronously; the model must converge to the true weights.
+"""
+import os
+import sys
+import threading
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pstest  # noqa: E402
+
+
+def main():
+    pb, pbg, _, _ = pstest.generate_stubs()
+    r = pstest.Results("psd-linreg")
+    d = pstest.start_psd(pstest.tmpdir())
+    ch = pstest.channel(d.address)
+    stub = pbg.ParameterServerStub(ch)
+
+    rng = np.random.default_rng(7)
+    n_features, n = 20, 4000
+    w_true = rng.normal(size=(n_features, 1)).astype(np.float32)
+    b_true = np.float32(0.5)
+    x = rng.normal(size=(n, n_features)).astype(np.float32)
+    y = x @ w_true + b_true + 0.01 * rng.normal(size=(n, 1)).astype(np.float32)
+
+    for name, shape in (("linreg/w", (n_features, 1)), ("linreg/b", (1,))):
+        resp = stub.CreateVariable(pb.CreateVariableRequest(
+            spec=pstest.spec(pb, name, shape, lr=0.05)), timeout=10)
+        r.check(resp.created, "created %s" % name)
+
+    def worker(index, steps, batch, losses):
+        wch = pstest.channel(d.address)
+        ws = pbg.ParameterServerStub(wch)
+        xs, ys = x[index::2], y[index::2]
+        for step in range(steps):
+            got = ws.Pull(pb.PullRequest(items=[pb.PullItem(name="linreg/w"),
+                                                pb.PullItem(name="linreg/b")]),
+                          timeout=10)
+            w, b = pstest.value(got.values[0]), pstest.value(got.values[1])
+            lo = (step * batch) % len(xs)
+            xb, yb = xs[lo:lo + batch], ys[lo:lo + batch]
+            err = xb @ w + b - yb
+            losses.append(float(np.mean(err ** 2)))
+            gw = 2 * xb.T @ err / len(xb)
+            gb = np.array([2 * err.mean()], dtype=np.float32)
+            ws.Push(pb.PushRequest(worker=index, step=step, grads=[
+                pstest.grad(pb, "linreg/w", gw), pstest.grad(pb, "linreg/b", gb)]),
+                timeout=10)
+        wch.close()
+
+    losses = [[], []]
+    threads = [threading.Thread(target=worker, args=(i, 150, 64, losses[i]))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="linreg/w"),
+                                          pb.PullItem(name="linreg/b")]), timeout=10)
+    w, b = pstest.value(got.values[0]), pstest.value(got.values[1])
+    err_w = float(np.max(np.abs(w - w_true)))
+    r.check(err_w < 0.05, "weights converge (max error %.4f < 0.05)" % err_w)
+    r.check(abs(float(b[0]) - 0.5) < 0.05, "bias converges (%.4f vs 0.5)" % b[0])
+    r.check(np.mean(losses[0][-10:]) < 0.01 * np.mean(losses[0][:3]),
+            "loss falls 100x (%.4g -> %.4g)" % (np.mean(losses[0][:3]),
+                                                  np.mean(losses[0][-10:])))
+    r.check(got.values[0].version == 300,
+            "every push applied once: version %d == 300" % got.values[0].version)
+    st = stub.Stats(pb.StatsRequest(), timeout=10)
+    r.check(st.pushes == 300 and st.variables == 2,
+            "Stats counts 300 pushes over 2 variables (%d, %d)" % (st.pushes, st.variables))
+    ch.close()
+    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
