@@ -348,7 +348,8 @@ static int read_line(struct line_reader *r, char *err, size_t errlen)
                 return rc;
             }
         }
-        if (gzgets(r->gz, r->buf + len, (int)(r->cap - len > INT_MAX ? INT_MAX : r->cap - len)) == NULL) {
+        size_t room = r->cap - len > INT_MAX ? INT_MAX : r->cap - len;
+        if (gzgets(r->gz, r->buf + len, (int)room) == NULL) {
             int zerr = Z_OK;
             const char *msg = gzerror(r->gz, &zerr);
             if (zerr == Z_ERRNO) {

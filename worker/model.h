@@ -173,8 +173,11 @@ float *ps_model_grads(ps_model *m);
 int ps_model_param_count(const ps_model *m);
 const struct ps_param_info *ps_model_param_info(const ps_model *m, int i);
 
-/* Draws every tensor from its initializer. Tensor i's values depend only on
- * (seed, i), so any host can reproduce them. */
+/* Draws every tensor from its initializer, for local training. Tensor i's
+ * values depend only on (seed, i), so any host can reproduce them; they are
+ * not the bits psd's own initializer draws for the same spec, so in
+ * distributed training create the variables on the server from
+ * ps_model_param_info and pull them instead. */
 void ps_model_init_params(ps_model *m, uint64_t seed);
 
 /*
