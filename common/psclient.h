@@ -1,0 +1,73 @@
+/*
+ * psclient.h - the C client library of psd's ParameterServer service, for
+ * workerd, psctl and the benchmarks.
+ *
+ * The hot calls move tensors with as few copies as the wire allows: Push
+ * encodes the gradients by hand into a request buffer the client keeps and
+ * reuses (one copy of each gradient), and Pull parses the response in place
+ * and copies each value straight into the caller's memory (one copy), so a
+ * model whose parameters are one block with views is pulled into that block
+ * directly. The other calls go through protobuf-c.
+ *
+ * Threads and lifetime: one ps_client is used by one thread at a time (it
+ * owns the reused buffers); give each thread its own, as each holds its own
+ * gRPC channel. Every call returns 0, PS_ERPC with *st filled (st may be
+ * NULL), PS_EPARSE for a response that does not parse, PS_ESHAPE when a
+ * pulled value does not have the element count the caller expects (the
+ * message names the variable), or -ENOMEM.
+ */
+#ifndef PS_PSCLIENT_H
+#define PS_PSCLIENT_H
+
+#include "rpc.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ps_client ps_client;
+
+/* One tensor of a push or pull: a name and n float32 values. */
+typedef struct ps_client_item {
+    const char *name;
+    float *data;             /* push: read; pull: written */
+    size_t n;                /* elements */
+    const int64_t *shape;    /* push: optional (NULL = not sent) */
+    int ndim;
+    uint64_t min_version;    /* pull: wait for it (0 = no wait) */
+    uint64_t version;        /* out: the version pushed to / pulled */
+} ps_client_item;
+
+int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
+                     ps_client **out);
+void ps_client_destroy(ps_client *c);
+const char *ps_client_address(const ps_client *c);
+
+/* CreateVariable with a packed-or-not ps.v1.VariableSpec (const
+ * Ps__V1__VariableSpec *). *created and *version may be NULL. */
+int ps_client_create_variable(ps_client *c, const void *spec, int *created,
+                              uint64_t *version, int deadline_ms,
+                              ps_rpc_status *st);
+
+/* Pushes the gradients of items[0..n) as one PushRequest. Each item's
+ * version is set to the variable's version after the push. */
+int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
+                   ps_client_item *items, size_t n, int deadline_ms,
+                   ps_rpc_status *st);
+
+/* Pulls items[0..n) in one PullRequest, copying each value into its data
+ * (which must hold exactly n elements) and setting its version. */
+int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
+                   int deadline_ms, ps_rpc_status *st);
+
+/* Encodes a PushRequest into b (reused); exposed for the benchmarks and the
+ * fuzz tests. Returns 0 or -ENOMEM. */
+int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
+                   const ps_client_item *items, size_t n);
+
+/* Parses a PullResponse in place, copying values into items (matched by
+ * position and checked by name). Returns 0, PS_EPARSE or PS_ESHAPE with one
+ * line in err. */
+int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
+                   size_t n, char *err, size_t errlen);
+
+#endif
