@@ -1,0 +1,678 @@
+/*
+ * train.c - the training loop: replicas, in-host gradient reduction, one
+ * comm thread per psd shard, overlap of communication and computation. See
+ * train.h for the picture.
+ */
+#include "train.h"
+
+#include "errors.h"
+#include "gpu.h"
+#include "log.h"
+#include "ps.pb-c.h"
+#include "psclient.h"
+#include "rpc.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+volatile int wd_stop_requested;
+
+#define MAX_SHARDS 64
+
+/* One psd shard: its client, the tensors placed on it, its comm thread. */
+struct shard {
+    struct session *s;
+    int index;
+    const char *address;
+    ps_client *client;
+    ps_client_item *push_items; /* views of s->grads_send */
+    ps_client_item *pull_items; /* views of s->params_pull */
+    size_t nitems;
+    size_t bytes;
+    pthread_t th;
+    uint64_t done;              /* jobs finished */
+};
+
+struct session {
+    const struct wd_train_opts *o;
+    ps_model **replicas;
+    int nrep;
+    size_t nparams;
+    float *grads_send;          /* (nparams) the gradient being pushed */
+    float *params_pull;         /* (nparams) the values being pulled */
+    struct shard shards[MAX_SHARDS];
+    int nshards;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    uint64_t posted;            /* jobs posted */
+    uint64_t job_step;
+    bool job_pull_only;
+    bool quit;
+    int failed;                 /* first comm error */
+    char fail_msg[1024];
+    uint64_t min_version;       /* sync: pull waits for this */
+
+    /* replicas */
+    pthread_t *rep_th;
+    pthread_barrier_t rep_start, rep_done;
+    const float *rep_x;
+    const int32_t *rep_y;
+    int rep_n;                  /* examples this step */
+    float *rep_loss;
+    int rep_err;
+    bool rep_quit;
+};
+
+static double now_s(void)
+{
+    return (double)ps_now_ms() / 1000.0;
+}
+
+/* ---- placement -------------------------------------------------------- */
+
+struct placed {
+    int param;
+    size_t count;
+};
+
+static int cmp_placed(const void *a, const void *b)
+{
+    const struct placed *x = a, *y = b;
+    if (x->count != y->count)
+        return x->count < y->count ? 1 : -1;
+    return x->param - y->param;
+}
+
+/* Largest first onto the least loaded shard; ties by index, so every
+ * worker computes the same placement. */
+static void place(const ps_model *m, int nshards, int *shard_of)
+{
+    int np = ps_model_param_count(m);
+    struct placed *p = calloc((size_t)np, sizeof *p);
+    size_t load[MAX_SHARDS] = {0};
+    for (int i = 0; i < np; i++) {
+        p[i].param = i;
+        p[i].count = ps_model_param_info(m, i)->count;
+    }
+    qsort(p, (size_t)np, sizeof *p, cmp_placed);
+    for (int i = 0; i < np; i++) {
+        int best = 0;
+        for (int k = 1; k < nshards; k++)
+            if (load[k] < load[best])
+                best = k;
+        shard_of[p[i].param] = best;
+        load[best] += p[i].count;
+    }
+    free(p);
+}
+
+/* ---- comm threads ----------------------------------------------------- */
+
+static void comm_fail(struct session *s, struct shard *sh, int rc,
+                      const ps_rpc_status *st, const char *what)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->failed == 0) {
+        s->failed = rc ? rc : PS_ERPC;
+        if (rc == PS_ERPC)
+            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s: %s",
+                     sh->address, what, ps_rpc_code_name(st->code), st->message);
+        else
+            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s%s%s",
+                     sh->address, what, ps_strerror(rc), st->message[0] ? ": " : "",
+                     st->message);
+    }
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *comm_main(void *arg)
+{
+    struct shard *sh = arg;
+    struct session *s = sh->s;
+    const struct wd_train_opts *o = s->o;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->quit && sh->done == s->posted)
+            pthread_cond_wait(&s->cond, &s->mu);
+        if (s->quit) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        uint64_t step = s->job_step;
+        bool pull_only = s->job_pull_only;
+        uint64_t minv = s->min_version;
+        pthread_mutex_unlock(&s->mu);
+
+        ps_rpc_status st = {0};
+        int rc = 0;
+        if (!pull_only && sh->nitems > 0) {
+            /* A sync push waits for every worker's push of the step. */
+            int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
+            rc = ps_client_push(sh->client, (uint32_t)o->task_index, step,
+                                sh->push_items, sh->nitems, dl, &st);
+            if (rc != 0) {
+                comm_fail(s, sh, rc, &st, "Push");
+                continue;
+            }
+            if (o->consistency == 2)
+                minv = sh->push_items[0].version;
+        }
+        for (size_t i = 0; i < sh->nitems; i++)
+            sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
+        if (sh->nitems > 0)
+            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
+        if (rc != 0) {
+            comm_fail(s, sh, rc, &st, "Pull");
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        sh->done++;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* Posts a job (push grads_send for step, then pull) to every shard. */
+static void post_job(struct session *s, uint64_t step, bool pull_only)
+{
+    pthread_mutex_lock(&s->mu);
+    s->job_step = step;
+    s->job_pull_only = pull_only;
+    s->posted++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits for the last job on every shard; returns the comm error if any. */
+static int wait_job(struct session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->failed)
+            break;
+        bool all = true;
+        for (int k = 0; k < s->nshards; k++)
+            all = all && s->shards[k].done == s->posted;
+        if (all)
+            break;
+        pthread_cond_wait(&s->cond, &s->mu);
+    }
+    int rc = s->failed;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- replicas --------------------------------------------------------- */
+
+/* Replica r's slice of the step's examples. */
+static void slice(const struct session *s, int r, int *lo, int *n)
+{
+    int per = s->rep_n / s->nrep, extra = s->rep_n % s->nrep;
+    *lo = r * per + (r < extra ? r : extra);
+    *n = per + (r < extra);
+}
+
+static int run_replica(struct session *s, int r)
+{
+    int lo, n;
+    slice(s, r, &lo, &n);
+    if (n == 0) {
+        memset(ps_model_grads(s->replicas[r]), 0,
+               s->nparams * sizeof(float));
+        s->rep_loss[r] = 0;
+        return 0;
+    }
+    size_t dim = ps_model_input_size(s->replicas[r]);
+    return ps_model_forward_backward(s->replicas[r], s->rep_x + (size_t)lo * dim,
+                                     s->rep_y + lo, n, &s->rep_loss[r]);
+}
+
+static void *replica_main(void *arg)
+{
+    struct session *s = ((void **)arg)[0];
+    int r = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    ps_backend_cpu_set_threads(s->o->blas_threads);
+    for (;;) {
+        pthread_barrier_wait(&s->rep_start);
+        if (s->rep_quit)
+            break;
+        int rc = run_replica(s, r);
+        if (rc != 0)
+            s->rep_err = rc;
+        pthread_barrier_wait(&s->rep_done);
+    }
+    return NULL;
+}
+
+/* One step on every replica; the gradient of the whole batch (the mean over
+ * its examples) ends in replica 0's gradient block. */
+static int compute_step(struct session *s, const float *x, const int32_t *y,
+                        int n, float *loss)
+{
+    s->rep_x = x;
+    s->rep_y = y;
+    s->rep_n = n;
+    s->rep_err = 0;
+    if (s->nrep > 1)
+        pthread_barrier_wait(&s->rep_start);
+    int rc = run_replica(s, 0);
+    if (s->nrep > 1)
+        pthread_barrier_wait(&s->rep_done);
+    if (rc == 0)
+        rc = s->rep_err;
+    if (rc != 0)
+        return rc;
+    /* All-reduce inside the host: each replica's gradient is the mean over
+     * its slice, so the batch's is their example-weighted sum. */
+    double total = 0;
+    if (s->nrep > 1) {
+        float *g0 = ps_model_grads(s->replicas[0]);
+        int lo, n0;
+        slice(s, 0, &lo, &n0);
+        float w0 = (float)n0 / (float)n;
+        for (size_t i = 0; i < s->nparams; i++)
+            g0[i] *= w0;
+        for (int r = 1; r < s->nrep; r++) {
+            int nr;
+            slice(s, r, &lo, &nr);
+            if (nr == 0)
+                continue;
+            float wr = (float)nr / (float)n;
+            const float *gr = ps_model_grads(s->replicas[r]);
+            for (size_t i = 0; i < s->nparams; i++)
+                g0[i] += wr * gr[i];
+        }
+    }
+    for (int r = 0; r < s->nrep; r++) {
+        int lo, nr;
+        slice(s, r, &lo, &nr);
+        total += (double)s->rep_loss[r] * nr;
+    }
+    *loss = (float)(total / n);
+    return 0;
+}
+
+/* ---- session setup ---------------------------------------------------- */
+
+static int create_variables(struct session *s, const int *shard_of, char *err,
+                            size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
+    ps_model *m = s->replicas[0];
+    for (int i = 0; i < ps_model_param_count(m); i++) {
+        const struct ps_param_info *pi = ps_model_param_info(m, i);
+        Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
+        Ps__V1__Initializer init = PS__V1__INITIALIZER__INIT;
+        Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
+        spec.name = (char *)pi->name;
+        spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+        spec.n_shape = (size_t)pi->ndim;
+        spec.shape = (int64_t *)pi->shape;
+        init.kind = (Ps__V1__Initializer__Kind)pi->init;
+        init.seed = o->init_seed * 1000003u + (uint64_t)i;
+        opt.kind = (Ps__V1__Optimizer__Kind)o->optimizer;
+        opt.learning_rate = o->lr;
+        opt.momentum = o->optimizer == PS__V1__OPTIMIZER__KIND__MOMENTUM ? o->momentum : 0;
+        spec.initializer = &init;
+        spec.optimizer = &opt;
+        spec.consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
+                                               : PS__V1__CONSISTENCY__ASYNC;
+        spec.num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
+        struct shard *sh = &s->shards[shard_of[i]];
+        ps_rpc_status st = {0};
+        int rc = ps_client_create_variable(sh->client, &spec, NULL, NULL,
+                                           o->rpc_timeout_ms, &st);
+        if (rc != 0) {
+            if (rc == PS_ERPC && st.code == PS_RPC_ALREADY_EXISTS)
+                snprintf(err, errlen, "psd at %s holds a variable that does not "
+                         "fit model %s: %s", sh->address, o->model, st.message);
+            else if (rc == PS_ERPC)
+                snprintf(err, errlen, "psd at %s: CreateVariable '%s': %s: %s",
+                         sh->address, pi->name, ps_rpc_code_name(st.code),
+                         st.message);
+            else
+                snprintf(err, errlen, "psd at %s: CreateVariable '%s': %s",
+                         sh->address, pi->name, ps_strerror(rc));
+            return rc == PS_ERPC && st.code == PS_RPC_ALREADY_EXISTS ? PS_ESHAPE : rc;
+        }
+    }
+    return 0;
+}
+
+static void session_close(struct session *s)
+{
+    if (s->rep_th != NULL) {
+        s->rep_quit = true;
+        pthread_barrier_wait(&s->rep_start);
+        for (int r = 1; r < s->nrep; r++)
+            pthread_join(s->rep_th[r], NULL);
+        free(s->rep_th);
+        pthread_barrier_destroy(&s->rep_start);
+        pthread_barrier_destroy(&s->rep_done);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->quit = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < s->nshards; k++) {
+        struct shard *sh = &s->shards[k];
+        if (sh->th)
+            pthread_join(sh->th, NULL);
+        ps_client_destroy(sh->client);
+        free(sh->push_items);
+        free(sh->pull_items);
+    }
+    for (int r = 0; r < s->nrep; r++)
+        ps_model_destroy(s->replicas[r]);
+    free(s->replicas);
+    free(s->rep_loss);
+    free(s->grads_send);
+    free(s->params_pull);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cond);
+}
+
+/* Builds replicas, clients, placement and comm threads; creates the
+ * variables and pulls them once. */
+static int session_open(struct session *s, const struct wd_train_opts *o,
+                        int in_h, int in_w, int in_c, int nclasses, int max_batch,
+                        int nrep, bool start_comm, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->o = o;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    if (o->nps < 1 || o->nps > MAX_SHARDS) {
+        snprintf(err, errlen, "need 1 to %d psd addresses, got %d", MAX_SHARDS, o->nps);
+        return PS_EINVAL_ARG;
+    }
+    s->nrep = nrep;
+    s->replicas = calloc((size_t)nrep, sizeof *s->replicas);
+    s->rep_loss = calloc((size_t)nrep, sizeof *s->rep_loss);
+    if (s->replicas == NULL || s->rep_loss == NULL)
+        return -ENOMEM;
+    for (int r = 0; r < nrep; r++) {
+        int rc = ps_model_create(o->model, in_h, in_w, in_c, nclasses, max_batch,
+                                 &s->replicas[r], err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    ps_model *m = s->replicas[0];
+    s->nparams = ps_model_nparams(m);
+    s->grads_send = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    if (s->grads_send == NULL || s->params_pull == NULL)
+        return -ENOMEM;
+
+    int np = ps_model_param_count(m);
+    int shard_of[256];
+    if (np > 256) {
+        snprintf(err, errlen, "model has %d tensors, at most 256", np);
+        return PS_EINVAL_ARG;
+    }
+    s->nshards = o->nps;
+    place(m, s->nshards, shard_of);
+    ps_rpc_client_opts co = {
+        .deadline_ms = o->rpc_timeout_ms,
+        .max_attempts = 1000000,
+        .backoff_initial_ms = 100,
+        .backoff_max_ms = 2000,
+        .retry_budget_ms = o->retry_budget_ms,
+    };
+    for (int k = 0; k < s->nshards; k++) {
+        struct shard *sh = &s->shards[k];
+        sh->s = s;
+        sh->index = k;
+        sh->address = o->ps[k];
+        int rc = ps_client_create(sh->address, &co, &sh->client);
+        if (rc != 0) {
+            snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
+            return rc;
+        }
+        sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
+        sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);
+        if (sh->push_items == NULL || sh->pull_items == NULL)
+            return -ENOMEM;
+    }
+    for (int i = 0; i < np; i++) {
+        const struct ps_param_info *pi = ps_model_param_info(m, i);
+        struct shard *sh = &s->shards[shard_of[i]];
+        ps_client_item it = {.name = pi->name, .n = pi->count,
+                             .shape = pi->shape, .ndim = pi->ndim};
+        it.data = s->grads_send + pi->offset;
+        sh->push_items[sh->nitems] = it;
+        it.data = s->params_pull + pi->offset;
+        sh->pull_items[sh->nitems] = it;
+        sh->nitems++;
+        sh->bytes += pi->count * sizeof(float);
+    }
+    int rc = create_variables(s, shard_of, err, errlen);
+    if (rc != 0)
+        return rc;
+    /* The first pull, on this thread, so that a mismatch is reported here. */
+    for (int k = 0; k < s->nshards; k++) {
+        struct shard *sh = &s->shards[k];
+        if (sh->nitems == 0)
+            continue;
+        ps_rpc_status st = {0};
+        rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                            o->rpc_timeout_ms, &st);
+        if (rc == PS_ESHAPE) {
+            snprintf(err, errlen, "psd at %s: %s (model %s)", sh->address,
+                     st.message, o->model);
+            return rc;
+        }
+        if (rc != 0) {
+            snprintf(err, errlen, "psd at %s: Pull: %s: %s", sh->address,
+                     ps_rpc_code_name(st.code), st.message);
+            return rc;
+        }
+    }
+    for (int r = 0; r < nrep; r++)
+        memcpy(ps_model_params(s->replicas[r]), s->params_pull,
+               s->nparams * sizeof(float));
+    if (start_comm) {
+        for (int k = 0; k < s->nshards; k++)
+            if (pthread_create(&s->shards[k].th, NULL, comm_main, &s->shards[k]) != 0)
+                return -EAGAIN;
+        if (nrep > 1) {
+            s->rep_th = calloc((size_t)nrep, sizeof *s->rep_th);
+            pthread_barrier_init(&s->rep_start, NULL, (unsigned)nrep);
+            pthread_barrier_init(&s->rep_done, NULL, (unsigned)nrep);
+            for (int r = 1; r < nrep; r++) {
+                void **arg = malloc(2 * sizeof *arg);
+                arg[0] = s;
+                arg[1] = (void *)(intptr_t)r;
+                pthread_create(&s->rep_th[r], NULL, replica_main, arg);
+            }
+        }
+    }
+    ps_log_info("model %s: %zu parameters in %d tensors over %d psd shard(s), "
+                "%d replica(s)", o->model, s->nparams, np, s->nshards, nrep);
+    return 0;
+}
+
+/* ---- the loop --------------------------------------------------------- */
+
+int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
+             struct wd_train_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    if (strcmp(o->device, "cpu") != 0) {
+        int ndev = 0;
+        char why[256];
+        if (ps_gpu_probe(&ndev, why, sizeof why) != 0) {
+            snprintf(err, errlen, "--device %s: %s", o->device, why);
+            return PS_ENODEV;
+        }
+        snprintf(err, errlen, "--device %s: the CUDA training path is not wired "
+                 "into workerd yet; use --device cpu", o->device);
+        return PS_ENODEV;
+    }
+    ps_backend_cpu_set_threads(o->blas_threads);
+    int global = 0;
+    if (ps_batch_global(o->batch, o->replicas, &global) != 0) {
+        snprintf(err, errlen, "--batch %d x --replicas %d is not a valid global "
+                 "batch", o->batch, o->replicas);
+        return PS_EINVAL_ARG;
+    }
+    struct session s;
+    int rc = session_open(&s, o, train->h, train->w, train->c, o->nclasses,
+                          o->batch, o->replicas, true, err, errlen);
+    if (rc != 0) {
+        session_close(&s);
+        return rc;
+    }
+    struct ps_batcher b;
+    rc = ps_batcher_init(&b, train->n, o->task_index, o->num_workers, global,
+                         PS_BATCH_SHUFFLE | PS_BATCH_DROP_REMAINDER, o->seed);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot shard %lld examples for worker %d of %d",
+                 (long long)train->n, o->task_index, o->num_workers);
+        session_close(&s);
+        return rc;
+    }
+    float *xb = malloc((size_t)global * (size_t)train->dim * sizeof(float));
+    int32_t *yb = malloc((size_t)global * sizeof(int32_t));
+    if (xb == NULL || yb == NULL) {
+        free(xb);
+        free(yb);
+        ps_batcher_close(&b);
+        session_close(&s);
+        return -ENOMEM;
+    }
+
+    /* Sync: the job's step is the variables' step count, so a restarted
+     * worker joins the step the others are on. */
+    uint64_t step = o->consistency == 2 ? s.shards[0].pull_items[0].version : 0;
+    bool sync = o->consistency == 2;
+    double t0 = now_s(), last_report = t0, compute = 0, waited = 0;
+    double window_loss = 0;
+    int64_t window_n = 0, window_ex = 0, steps = 0, examples = 0;
+    bool pending = false;
+    int64_t steps_per_epoch = ps_batcher_steps(&b);
+    if (steps_per_epoch == 0) {
+        snprintf(err, errlen, "worker %d of %d has no full batch of %d in %lld "
+                 "examples", o->task_index, o->num_workers, global,
+                 (long long)train->n);
+        rc = PS_EINVAL_ARG;
+        goto out;
+    }
+    for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
+        ps_batcher_start_epoch(&b, (uint64_t)epoch);
+        const int64_t *idx;
+        int n;
+        while ((n = ps_batcher_next(&b, &idx)) > 0) {
+            if (wd_stop_requested || (o->max_steps && steps >= o->max_steps))
+                goto done;
+            ps_dataset_gather(train, idx, n, xb, yb);
+            double c0 = now_s();
+            float loss = 0;
+            rc = compute_step(&s, xb, yb, n, &loss);
+            double c1 = now_s();
+            compute += c1 - c0;
+            if (rc != 0) {
+                snprintf(err, errlen, "step %lld: %s", (long long)steps,
+                         ps_model_errmsg(s.replicas[0]));
+                goto out;
+            }
+            /* Hand the gradient over once the previous push is done, and
+             * take the values that job pulled. */
+            if (pending && (rc = wait_job(&s)) != 0)
+                goto comm_failed;
+            double c2 = now_s();
+            waited += c2 - c1;
+            if (pending)
+                for (int r = 0; r < s.nrep; r++)
+                    memcpy(ps_model_params(s.replicas[r]), s.params_pull,
+                           s.nparams * sizeof(float));
+            memcpy(s.grads_send, ps_model_grads(s.replicas[0]),
+                   s.nparams * sizeof(float));
+            post_job(&s, step, false);
+            pending = true;
+            if (sync) {
+                /* The next step needs this step's update. */
+                if ((rc = wait_job(&s)) != 0)
+                    goto comm_failed;
+                for (int r = 0; r < s.nrep; r++)
+                    memcpy(ps_model_params(s.replicas[r]), s.params_pull,
+                           s.nparams * sizeof(float));
+                pending = false;
+                waited += now_s() - c2;
+            }
+            step++;
+            steps++;
+            examples += n;
+            window_loss += loss;
+            window_n++;
+            window_ex += n;
+            double t = now_s();
+            if (o->progress_ms > 0 && (t - last_report) * 1000 >= o->progress_ms) {
+                res->final_loss = window_loss / (double)window_n;
+                if (!o->quiet)
+                    fprintf(stdout, "worker %d: epoch %d step %lld  %.0f examples/s  "
+                            "loss %.4f\n", o->task_index, epoch, (long long)steps,
+                            (double)window_ex / (t - last_report), res->final_loss);
+                fflush(stdout);
+                last_report = t;
+                window_loss = 0;
+                window_n = 0;
+                window_ex = 0;
+            }
+        }
+    }
+done:
+    if (pending && (rc = wait_job(&s)) != 0)
+        goto comm_failed;
+    pending = false;
+    rc = 0;
+    res->steps = steps;
+    res->examples = examples;
+    res->seconds = now_s() - t0;
+    res->examples_per_second = res->seconds > 0 ? (double)examples / res->seconds : 0;
+    if (window_n > 0)
+        res->final_loss = window_loss / (double)window_n;
+    res->compute_seconds = compute;
+    res->wait_seconds = waited;
+    res->version = s.shards[0].pull_items[0].version;
+    goto out;
+comm_failed:
+    pthread_mutex_lock(&s.mu);
+    snprintf(err, errlen, "%s", s.fail_msg);
+    pthread_mutex_unlock(&s.mu);
+out:
+    free(xb);
+    free(yb);
+    ps_batcher_close(&b);
+    session_close(&s);
+    return rc;
+}
+
+int wd_evaluate(const struct wd_train_opts *o, const struct ps_dataset *test,
+                float *loss, float *accuracy, uint64_t *version, char *err,
+                size_t errlen)
+{
+    struct session s;
+    int max_batch = 1000;
+    int rc = session_open(&s, o, test->h, test->w, test->c, o->nclasses,
+                          max_batch, 1, false, err, errlen);
+    if (rc == 0) {
+        rc = ps_model_evaluate(s.replicas[0], test->x, test->y, test->n, loss,
+                               accuracy);
+        if (rc != 0)
+            snprintf(err, errlen, "evaluate: %s", ps_model_errmsg(s.replicas[0]));
+        *version = s.shards[0].pull_items[0].version;
+    }
+    session_close(&s);
+    return rc;
+}

@@ -1,0 +1,88 @@
+/*
+ * train.h - workerd's training loop against one or more psd shards.
+ *
+ * A session owns the model replicas, one comm thread per psd shard, and the
+ * host buffers that move between them:
+ *
+ *   compute (main thread + replica threads)       comm (one thread per shard)
+ *   step s: forward/backward on params   --->     push g(s-1), then pull the
+ *           (replicas split the batch,            freshest values into the
+ *            gradients summed in-host)            pull buffer
+ *   then hand g(s) over, take the pulled values, start step s+1
+ *
+ * so communication of one step overlaps the computation of the next, with at
+ * most one step's push in flight (async). In sync mode each push waits for
+ * its step to be applied by every worker, and the next step pulls that
+ * update first (min_version), as MultiWorkerMirroredStrategy would.
+ *
+ * Variables are placed on shards by size, largest first onto the least
+ * loaded shard, the same way in every worker, so all agree on placement
+ * without talking to each other.
+ *
+ * Threads and lifetime: a session is driven by one thread (the caller's);
+ * it starts and joins its own threads. Errors come back as a project error
+ * code with one line in the session's error text.
+ */
+#ifndef PS_WORKER_TRAIN_H
+#define PS_WORKER_TRAIN_H
+
+#include "data.h"
+#include "model.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct wd_train_opts {
+    const char *const *ps;     /* psd addresses */
+    int nps;
+    const char *model;         /* model spec */
+    int nclasses;              /* classes the model predicts */
+    int batch;                 /* per replica */
+    int replicas;              /* local replicas (CPU threads or GPUs) */
+    const char *device;        /* "cpu" or "cuda:N" */
+    int blas_threads;          /* OpenBLAS threads per replica */
+    int epochs;                /* 0 = until max_steps */
+    int64_t max_steps;         /* 0 = no limit */
+    float lr;
+    int optimizer;             /* ps.v1 Optimizer.Kind */
+    float momentum;
+    int consistency;           /* 1 async, 2 sync */
+    int num_workers;           /* cluster size (sharding, sync count) */
+    int task_index;            /* this worker's index */
+    uint64_t seed;             /* shuffle */
+    uint64_t init_seed;        /* variable initializers */
+    int rpc_timeout_ms;        /* per call */
+    int64_t retry_budget_ms;   /* how long to keep retrying an absent psd */
+    int progress_ms;           /* progress line period; 0 = none */
+    bool quiet;
+};
+
+struct wd_train_result {
+    int64_t steps;
+    int64_t examples;
+    double seconds;
+    double examples_per_second;
+    double final_loss;         /* mean of the last progress window */
+    double compute_seconds;    /* time inside forward/backward */
+    double wait_seconds;       /* time the compute waited for comm */
+    uint64_t version;          /* of the first variable at the end */
+};
+
+/* Trains on `train` and fills *res. Returns 0, or a project error with one
+ * line in err: PS_ESHAPE (model and data or server variables disagree),
+ * PS_ERPC (a psd refused or stayed unreachable past the retry budget),
+ * PS_ENODEV (no usable device), PS_EINVAL_ARG, -ENOMEM. */
+int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
+             struct wd_train_result *res, char *err, size_t errlen);
+
+/* Pulls the current parameters into a fresh CPU model and evaluates it on
+ * `test`. Fills loss, accuracy and the first variable's version. */
+int wd_evaluate(const struct wd_train_opts *o, const struct ps_dataset *test,
+                float *loss, float *accuracy, uint64_t *version, char *err,
+                size_t errlen);
+
+/* Set by a signal handler to ask the loop to stop after the current step. */
+extern volatile int wd_stop_requested;
+
+#endif

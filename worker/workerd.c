@@ -1,0 +1,399 @@
+/*
+ * workerd - trains a model on a shard of the data against psd shards, or,
+ * as the evaluator, reports test loss and accuracy of the latest parameters.
+ *
+ * Exit status: 0 done; 1 a runtime failure (one line on stderr: data that
+ * does not load, a model that does not fit the data or the server's
+ * variables, a psd unreachable past the retry budget, no usable device);
+ * 2 a bad flag.
+ */
+#include "cluster.h"
+#include "conf.h"
+#include "data.h"
+#include "errors.h"
+#include "log.h"
+#include "model.h"
+#include "ps.pb-c.h"
+#include "ps_config.h"
+#include "rpc.h"
+#include "train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct wd_conf {
+    char *ps;
+    char *role;
+    char *model;
+    char *data;
+    char *train_images, *train_labels, *test_images, *test_labels;
+    int64_t limit;
+    int64_t classes;
+    int64_t batch;
+    int64_t replicas;
+    char *device;
+    int64_t threads;
+    int64_t epochs;
+    int64_t steps;
+    double lr;
+    int optimizer;
+    double momentum;
+    int consistency;
+    int64_t num_workers;
+    int64_t task_index;
+    uint64_t seed;
+    uint64_t init_seed;
+    int64_t rpc_timeout_ms;
+    int64_t retry_budget_ms;
+    int64_t progress_ms;
+    int64_t eval_interval_ms;
+    int64_t eval_count;
+    bool evaluate;
+    bool json;
+    int log_level;
+};
+
+static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
+static const char *const cons_choices[] = {"async", "sync", NULL};
+static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
+
+#define FM "/usr/share/datasets/fashion-mnist"
+
+static const ps_opt wd_opts[] = {
+    {"ps", PS_OPT_STRING, offsetof(struct wd_conf, ps), "127.0.0.1:7070",
+     "psd addresses, comma-separated (variables are placed over them by size)", 0, 0, NULL},
+    {"role", PS_OPT_STRING, offsetof(struct wd_conf, role), "worker",
+     "worker or evaluator", 0, 0, NULL},
+    {"model", PS_OPT_STRING, offsetof(struct wd_conf, model), "mlp:784-256-256-10",
+     "softmax, mlp:IN-H1-...-OUT, or cnn[:C1-C2-D]", 0, 0, NULL},
+    {"data", PS_OPT_STRING, offsetof(struct wd_conf, data), FM,
+     "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]", 0, 0, NULL},
+    {"train-images", PS_OPT_STRING, offsetof(struct wd_conf, train_images), NULL,
+     "IDX file of training images (overrides --data)", 0, 0, NULL},
+    {"train-labels", PS_OPT_STRING, offsetof(struct wd_conf, train_labels), NULL,
+     "IDX file of training labels (overrides --data)", 0, 0, NULL},
+    {"test-images", PS_OPT_STRING, offsetof(struct wd_conf, test_images), NULL,
+     "IDX file of test images (overrides --data)", 0, 0, NULL},
+    {"test-labels", PS_OPT_STRING, offsetof(struct wd_conf, test_labels), NULL,
+     "IDX file of test labels (overrides --data)", 0, 0, NULL},
+    {"limit", PS_OPT_INT, offsetof(struct wd_conf, limit), "0",
+     "use at most this many training examples (0 = all)", 0, 1e12, NULL},
+    {"classes", PS_OPT_INT, offsetof(struct wd_conf, classes), "10",
+     "classes the model predicts", 2, 100000, NULL},
+    /* 64: the batch the reference numbers use. */
+    {"batch", PS_OPT_INT, offsetof(struct wd_conf, batch), "64",
+     "examples per replica per step (global batch = batch x replicas)", 1, 65536, NULL},
+    {"replicas", PS_OPT_INT, offsetof(struct wd_conf, replicas), "1",
+     "local replicas: CPU threads (or GPUs) splitting each batch", 1, 64, NULL},
+    {"device", PS_OPT_STRING, offsetof(struct wd_conf, device), "cpu",
+     "cpu or cuda:N", 0, 0, NULL},
+    {"threads", PS_OPT_INT, offsetof(struct wd_conf, threads), "1",
+     "OpenBLAS threads per replica", 1, 256, NULL},
+    {"epochs", PS_OPT_INT, offsetof(struct wd_conf, epochs), "1",
+     "passes over this worker's shard (0 = until --steps)", 0, 1000000, NULL},
+    {"steps", PS_OPT_INT, offsetof(struct wd_conf, steps), "0",
+     "stop after this many steps (0 = no limit)", 0, 1e15, NULL},
+    {"lr", PS_OPT_DOUBLE, offsetof(struct wd_conf, lr), "0.1",
+     "learning rate (applied on the server)", 1e-12, 1e6, NULL},
+    {"optimizer", PS_OPT_ENUM, offsetof(struct wd_conf, optimizer), "sgd",
+     "sgd, momentum, adagrad or adam", 0, 0, opt_choices},
+    {"momentum", PS_OPT_DOUBLE, offsetof(struct wd_conf, momentum), "0.9",
+     "momentum (with --optimizer momentum)", 0, 0.999999, NULL},
+    {"consistency", PS_OPT_ENUM, offsetof(struct wd_conf, consistency), "async",
+     "async (apply each push) or sync (average every worker's step)", 0, 0, cons_choices},
+    {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "1",
+     "workers in the job (data sharding, sync aggregation)", 1, 65536, NULL},
+    {"task-index", PS_OPT_INT, offsetof(struct wd_conf, task_index), "0",
+     "this worker's index in [0, num-workers)", 0, 65535, NULL},
+    {"seed", PS_OPT_UINT64, offsetof(struct wd_conf, seed), "1",
+     "data shuffle seed", 0, 0, NULL},
+    {"init-seed", PS_OPT_UINT64, offsetof(struct wd_conf, init_seed), "1",
+     "seed of the variables' initializers on the server", 0, 0, NULL},
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct wd_conf, rpc_timeout_ms), "10s",
+     "deadline of one push or pull", 10, 3600000, NULL},
+    /* Long enough to ride out a psd restart (systemd restarts in ~1 s). */
+    {"retry-budget", PS_OPT_DURATION_MS, offsetof(struct wd_conf, retry_budget_ms), "60s",
+     "how long to keep retrying a psd that is unavailable", 0, 86400000, NULL},
+    {"progress", PS_OPT_DURATION_MS, offsetof(struct wd_conf, progress_ms), "2s",
+     "progress line period (0 = none)", 0, 3600000, NULL},
+    {"eval-interval", PS_OPT_DURATION_MS, offsetof(struct wd_conf, eval_interval_ms), "5s",
+     "evaluator: time between evaluations", 10, 86400000, NULL},
+    {"eval-count", PS_OPT_INT, offsetof(struct wd_conf, eval_count), "0",
+     "evaluator: stop after this many evaluations (0 = until SIGTERM)", 0, 1e9, NULL},
+    {"evaluate", PS_OPT_BOOL, offsetof(struct wd_conf, evaluate), "true",
+     "worker: evaluate the final parameters on the test set", 0, 0, NULL},
+    {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
+     "print the summary as one JSON object", 0, 0, NULL},
+    {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
+     "error, warn, info or debug", 0, 0, level_choices},
+    {0},
+};
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    wd_stop_requested = 1;
+}
+
+/* Finds FILE or FILE.gz under dir. */
+static void data_path(const char *dir, const char *base, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s.gz", dir, base);
+    FILE *f = fopen(out, "rb");
+    if (f != NULL) {
+        fclose(f);
+        return;
+    }
+    snprintf(out, len, "%s/%s", dir, base);
+}
+
+static int split_ps(char *list, const char **out, int cap)
+{
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (n == cap)
+            return -1;
+        out[n++] = tok;
+    }
+    return n;
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "workerd: %s\n", line);
+    return 1;
+}
+
+static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
+                         const struct ps_dataset *test)
+{
+    int64_t n = 0;
+    uint64_t last_version = UINT64_MAX;
+    while (!wd_stop_requested && (c->eval_count == 0 || n < c->eval_count)) {
+        float loss = 0, acc = 0;
+        uint64_t version = 0;
+        char err[512];
+        int rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        if (rc != 0)
+            return fail("%s", err);
+        n++;
+        if (c->json)
+            printf("{\"role\":\"evaluator\",\"version\":%llu,\"test_loss\":%.6f,"
+                   "\"test_accuracy\":%.6f}\n", (unsigned long long)version, loss, acc);
+        else if (version != last_version)
+            printf("evaluator: version %llu  test loss %.4f  test accuracy %.4f\n",
+                   (unsigned long long)version, loss, acc);
+        fflush(stdout);
+        last_version = version;
+        for (int64_t t = 0; t < c->eval_interval_ms && !wd_stop_requested &&
+                            (c->eval_count == 0 || n < c->eval_count); t += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct wd_conf c;
+    memset(&c, 0, sizeof c);
+    char err[1024];
+    int first = argc;
+    int rc = ps_conf_load(wd_opts, &c, argc, argv, &first, err, sizeof err);
+    if (rc == PS_CONF_HELP) {
+        ps_conf_usage(wd_opts, "workerd", "[options]", stdout);
+        ps_conf_free(wd_opts, &c);
+        return 0;
+    }
+    if (rc == PS_CONF_VERSION) {
+        printf("workerd %s\n", PS_VERSION);
+        ps_conf_free(wd_opts, &c);
+        return 0;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "workerd: %s\n", err);
+        ps_conf_free(wd_opts, &c);
+        return 2;
+    }
+    int status = 0;
+    const char *ps[64];
+    int nps = 0;
+    bool evaluator = false;
+    struct ps_dataset train, test;
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    if (first < argc) {
+        fprintf(stderr, "workerd: unexpected argument '%s'\n", argv[first]);
+        status = 2;
+        goto out;
+    }
+    if (strcmp(c.role, "evaluator") == 0) {
+        evaluator = true;
+    } else if (strcmp(c.role, "worker") != 0) {
+        fprintf(stderr, "workerd: --role: '%s' is not worker or evaluator\n", c.role);
+        status = 2;
+        goto out;
+    }
+    if (c.task_index >= c.num_workers) {
+        fprintf(stderr, "workerd: --task-index %lld is out of range for "
+                "--num-workers %lld\n", (long long)c.task_index,
+                (long long)c.num_workers);
+        status = 2;
+        goto out;
+    }
+    if (strcmp(c.device, "cpu") != 0 && strncmp(c.device, "cuda:", 5) != 0) {
+        fprintf(stderr, "workerd: --device: '%s' is not cpu or cuda:N\n", c.device);
+        status = 2;
+        goto out;
+    }
+    nps = split_ps(c.ps, ps, 64);
+    if (nps <= 0) {
+        fprintf(stderr, "workerd: --ps: give 1 to 64 host:port addresses\n");
+        status = 2;
+        goto out;
+    }
+    for (int i = 0; i < nps; i++) {
+        char host[256];
+        int port;
+        if (ps_addr_split(ps[i], host, sizeof host, &port) != 0) {
+            fprintf(stderr, "workerd: --ps: '%s' is not host:port\n", ps[i]);
+            status = 2;
+            goto out;
+        }
+    }
+    ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+
+    char img[1024], lbl[1024];
+    if (!evaluator) {
+        data_path(c.data, "train-images-idx3-ubyte", img, sizeof img);
+        data_path(c.data, "train-labels-idx1-ubyte", lbl, sizeof lbl);
+        rc = ps_dataset_load_idx(c.train_images ? c.train_images : img,
+                                 c.train_labels ? c.train_labels : lbl, c.limit,
+                                 &train, err, sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+        if (train.nclasses > c.classes) {
+            status = fail("the training labels have %d classes, the model "
+                          "predicts --classes %lld", train.nclasses,
+                          (long long)c.classes);
+            goto out;
+        }
+    }
+    bool want_test = evaluator || c.evaluate;
+    if (want_test) {
+        data_path(c.data, "t10k-images-idx3-ubyte", img, sizeof img);
+        data_path(c.data, "t10k-labels-idx1-ubyte", lbl, sizeof lbl);
+        rc = ps_dataset_load_idx(c.test_images ? c.test_images : img,
+                                 c.test_labels ? c.test_labels : lbl, 0, &test,
+                                 err, sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+    }
+    /* The model must fit the data before any server is touched. */
+    {
+        const struct ps_dataset *d = evaluator ? &test : &train;
+        ps_model *probe;
+        rc = ps_model_create(c.model, d->h, d->w, d->c, (int)c.classes, 1, &probe,
+                             err, sizeof err);
+        if (rc != 0) {
+            status = fail("--model %s: %s", c.model, err);
+            goto out;
+        }
+        ps_model_destroy(probe);
+    }
+
+    struct wd_train_opts o = {
+        .ps = ps,
+        .nps = nps,
+        .model = c.model,
+        .nclasses = (int)c.classes,
+        .batch = (int)c.batch,
+        .replicas = (int)c.replicas,
+        .device = c.device,
+        .blas_threads = (int)c.threads,
+        .epochs = (int)c.epochs,
+        .max_steps = c.steps,
+        .lr = (float)c.lr,
+        .optimizer = c.optimizer,
+        .momentum = (float)c.momentum,
+        .consistency = c.consistency == 1 ? 2 : 1,
+        .num_workers = (int)c.num_workers,
+        .task_index = (int)c.task_index,
+        .seed = c.seed,
+        .init_seed = c.init_seed,
+        .rpc_timeout_ms = (int)c.rpc_timeout_ms,
+        .retry_budget_ms = c.retry_budget_ms,
+        .progress_ms = c.json ? 0 : (int)c.progress_ms,
+    };
+    if (evaluator) {
+        status = run_evaluator(&o, &c, &test);
+        goto out;
+    }
+    struct wd_train_result res;
+    rc = wd_train(&o, &train, &res, err, sizeof err);
+    if (rc != 0) {
+        status = fail("%s", err);
+        goto out;
+    }
+    float loss = NAN, acc = NAN;
+    uint64_t version = 0;
+    if (c.evaluate) {
+        rc = wd_evaluate(&o, &test, &loss, &acc, &version, err, sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+    }
+    if (c.json) {
+        printf("{\"role\":\"worker\",\"task_index\":%lld,\"model\":\"%s\","
+               "\"batch\":%lld,\"replicas\":%lld,\"steps\":%lld,\"examples\":%lld,"
+               "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
+               "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
+               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu}\n",
+               (long long)c.task_index, c.model, (long long)c.batch,
+               (long long)c.replicas, (long long)res.steps, (long long)res.examples,
+               res.seconds, res.examples_per_second, res.final_loss,
+               res.compute_seconds, res.wait_seconds,
+               c.evaluate ? loss : -1.0, c.evaluate ? acc : -1.0,
+               (unsigned long long)version);
+    } else {
+        printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
+               "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",
+               (long long)c.task_index, (long long)res.steps, (long long)res.examples,
+               res.seconds, res.examples_per_second, res.compute_seconds,
+               res.wait_seconds, res.final_loss);
+        if (c.evaluate)
+            printf(", test loss %.4f, test accuracy %.4f", loss, acc);
+        printf("\n");
+    }
+    if (wd_stop_requested)
+        ps_log_warn("stopped by a signal after %lld steps", (long long)res.steps);
+out:
+    ps_dataset_close(&train);
+    ps_dataset_close(&test);
+    ps_conf_free(wd_opts, &c);
+    return status;
+}
