@@ -22,6 +22,6 @@ read -r -t 20 word PORT <&"${PSDP[0]}" || { echo "demo: psd did not start" >&2; 
 ADDR=127.0.0.1:$PORT
 echo "demo: psd serving on $ADDR, data in $DATA/ps0"
 /usr/bin/python3 "$ROOT/deploy/demo_train.py" "$ADDR" --epochs "${DEMO_EPOCHS:-3}" --workers 2
-"$PSCTL" --server "$ADDR" checkpoint 2>/dev/null || true
-"$PSCTL" --server "$ADDR" stats 2>/dev/null || true
+"$PSCTL" --server "$ADDR" checkpoint
+"$PSCTL" --server "$ADDR" stats
 echo "demo: stopping psd"

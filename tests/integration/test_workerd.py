@@ -1,0 +1,176 @@
+"""workerd end to end against real psd processes on 127.0.0.1: it trains
+to a stated accuracy, in async and sync mode, with local replicas, rides out
+a psd restart, and refuses bad input with one line on stderr."""
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "interop"))
+import pstest  # noqa: E402
+
+WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
+FM = "/usr/share/datasets/fashion-mnist"
+
+
+def workerd(*args, timeout=240):
+    return subprocess.run([WORKERD, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def one_line_error(r, proc, code, *words):
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    ok = proc.returncode == code and len(lines) == 1 and \
+        lines[0].startswith("workerd: ") and all(w in lines[0] for w in words)
+    return ok, (lines[0] if lines else "(no stderr)")
+
+
+def main():
+    r = pstest.Results("workerd")
+    if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
+        print("skip: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
+        sys.exit(77)
+
+    # Train: one async worker, then two workers sharing a psd.
+    d = pstest.start_psd(pstest.tmpdir())
+    p = workerd("--ps", d.address, "--epochs", "1", "--json", "--seed", "3")
+    out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    r.check(p.returncode == 0 and out.get("test_accuracy", 0) > 0.80,
+            "one worker, one epoch of Fashion-MNIST: test accuracy %.4f > 0.80 "
+            "(%.0f examples/s)" % (out.get("test_accuracy", -1),
+                                   out.get("examples_per_second", -1)))
+    d.stop()
+
+    d = pstest.start_psd(pstest.tmpdir())
+    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--epochs", "1",
+                               "--num-workers", "2",
+                               "--task-index", str(i), "--json", "--init-seed", "5"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [pr.communicate(timeout=240) for pr in procs]
+    ok = all(pr.returncode == 0 for pr in procs)
+    res = [json.loads(o[0].strip().splitlines()[-1]) for o in outs] if ok else []
+    r.check(ok and all(x["steps"] == 468 for x in res),
+            "two async workers each take their half of the data (468 steps each)")
+    r.check(ok and min(x["test_accuracy"] for x in res) > 0.80,
+            "two async workers reach test accuracy > 0.80 (%s)"
+            % [x.get("test_accuracy") for x in res])
+    d.stop()
+
+    # Sync: two workers, every step averaged; versions equal steps.
+    d = pstest.start_psd(pstest.tmpdir())
+    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--steps", "60",
+                               "--epochs", "0", "--limit", "10000", "--num-workers", "2",
+                               "--task-index", str(i), "--json", "--consistency", "sync"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [pr.communicate(timeout=240) for pr in procs]
+    ok = all(pr.returncode == 0 for pr in procs)
+    res = [json.loads(o[0].strip().splitlines()[-1]) for o in outs] if ok else []
+    r.check(ok and all(x["version"] == 60 for x in res),
+            "sync: two workers x 60 steps make 60 updates (%s)"
+            % ([x.get("version") for x in res] if ok else [o[1] for o in outs]))
+    r.check(ok and min(x["test_accuracy"] for x in res) > 0.6,
+            "sync: test accuracy after 60 steps > 0.6 (%s)"
+            % [x.get("test_accuracy") for x in res])
+    d.stop()
+
+    # Replicas: the batch split over 2 local replicas trains as well.
+    d = pstest.start_psd(pstest.tmpdir())
+    p = workerd("--ps", d.address, "--epochs", "1", "--json",
+                "--replicas", "2", "--batch", "32")
+    out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    r.check(p.returncode == 0 and out.get("test_accuracy", 0) > 0.80 and
+            out.get("steps") == 937,
+            "--replicas 2 --batch 32: global batch 64, 937 steps, accuracy %.4f"
+            % out.get("test_accuracy", -1))
+    d.stop()
+
+    # A psd that goes away and comes back on the same address.
+    data = pstest.tmpdir()
+    port = free_port()
+    argv = [pstest.psd_path(), "--data-dir", data, "--listen", "127.0.0.1:%d" % port,
+            "--log-level", "warn"]
+    d = pstest.Daemon(argv)
+    w = subprocess.Popen([WORKERD, "--ps", d.address, "--epochs", "2", "--limit", "20000",
+                          "--json", "--retry-budget", "30s"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    time.sleep(1.0)
+    d = pstest.Daemon(argv)
+    out_s, err_s = w.communicate(timeout=240)
+    out = json.loads(out_s.strip().splitlines()[-1]) if w.returncode == 0 else {}
+    r.check(w.returncode == 0 and out.get("test_accuracy", 0) > 0.78,
+            "a worker rides out a psd killed and restarted mid-training "
+            "(exit %d, accuracy %s)" % (w.returncode, out.get("test_accuracy", err_s.strip())))
+    d.stop()
+
+    # The evaluator reports test accuracy of the latest parameters.
+    d = pstest.start_psd(pstest.tmpdir())
+    workerd("--ps", d.address, "--steps", "200", "--epochs", "0", "--limit", "20000",
+            "--evaluate=false")
+    p = workerd("--ps", d.address, "--role", "evaluator", "--eval-count", "2",
+                "--eval-interval", "100ms", "--json")
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    r.check(p.returncode == 0 and len(lines) == 2 and lines[-1]["version"] == 200 and
+            lines[-1]["test_accuracy"] > 0.7,
+            "the evaluator reports version 200 at test accuracy %s"
+            % (lines[-1]["test_accuracy"] if lines else p.stderr.strip()))
+
+    # Bad input: one line on stderr, non-zero exit, no hang.
+    tmp = pstest.tmpdir()
+    trunc = os.path.join(tmp, "trunc-images.gz")
+    with gzip.open(os.path.join(FM, "train-images-idx3-ubyte.gz")) as f:
+        head = f.read(5000)
+    with gzip.open(trunc, "wb") as f:
+        f.write(head)
+    cases = [
+        ("a missing data file", ["--ps", d.address, "--data", "/nonexistent"], 1,
+         ["/nonexistent"]),
+        ("a truncated data file", ["--ps", d.address, "--train-images", trunc], 1,
+         ["trunc-images.gz"]),
+        ("a model that does not fit the data",
+         ["--ps", d.address, "--model", "mlp:100-10"], 1, ["mlp:100-10", "784"]),
+        ("a server variable of another shape",
+         ["--ps", d.address, "--model", "mlp:784-128-10"], 1, ["dense0/kernel"]),
+        ("an unreachable psd",
+         ["--ps", "127.0.0.1:%d" % free_port(), "--retry-budget", "1s",
+          "--rpc-timeout", "300ms"], 1, ["UNAVAILABLE"]),
+        ("a bad flag", ["--batch", "0"], 2, ["--batch"]),
+        ("an unknown flag", ["--batchsize", "3"], 2, ["--batchsize"]),
+        ("a bad --ps", ["--ps", "localhost"], 2, ["--ps", "localhost"]),
+        ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
+         ["--task-index"]),
+        ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
+    ]
+    for what, args, code, words in cases:
+        t0 = time.monotonic()
+        p = workerd(*args, "--limit", "1000", "--epochs", "1", timeout=60)
+        ok, line = one_line_error(r, p, code, *words)
+        r.check(ok, "%s: exit %d, %r (%.1fs)" % (what, p.returncode, line,
+                                                time.monotonic() - t0))
+    p = workerd("--ps", d.address, "--device", "cuda:0", "--limit", "1000", timeout=60)
+    ok, line = one_line_error(r, p, 1, "cuda:0")
+    r.check(ok or p.returncode == 0,
+            "--device cuda:0 without a usable GPU names the cause: %r" % line)
+    d.stop()
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
