@@ -406,6 +406,8 @@ int psd_ckpt_write(psd_store *s, const char *data_dir, uint64_t step, uint64_t n
         return PS_EINVAL_ARG;
 
     rc = mkdir_p(ckdir);
+    if (rc == 0)
+        rc = fsync_path(data_dir, O_DIRECTORY); /* checkpoints/ may be new */
     if (rc != 0) {
         ps_log_err(rc, "checkpoint: creating %s", ckdir);
         return rc;

@@ -16,6 +16,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
 
 /* The floats and the integers in values are written in host order; see the
  * byte-order note in store.h. */
@@ -26,6 +29,9 @@ _Static_assert(sizeof(float) == 4, "float must be IEEE-754 binary32");
 /* 64 GiB of address space: LMDB maps it sparse and the file grows only as
  * pages are written, so a big default costs nothing and leaves room. */
 #define DEFAULT_MAP_SIZE (sizeof(size_t) >= 8 ? (uint64_t)64 << 30 : (uint64_t)1 << 30)
+/* Except under valgrind, whose memcheck (with --track-origins) spends about
+ * two seconds per GiB of a new mapping, and cannot map 64 GiB at all. */
+#define VALGRIND_MAP_SIZE ((uint64_t)1 << 30)
 #define MIN_FALLBACK_MAP ((uint64_t)256 << 20)
 #define MAX_DBS 8
 #define MAX_NAME 255
@@ -60,7 +66,7 @@ struct var_hdr {
 _Static_assert(sizeof(struct var_hdr) == 48, "var_hdr must have no padding");
 
 #define DENSE_KEY_LEN 5 /* u32 var_id BE + kind */
-#define ROW_PREFIX_LEN 4
+#define ID_PREFIX_LEN 4 /* u32 var_id BE: the prefix of a variable's dense and row keys */
 
 struct psd_store {
     MDB_env *env;
@@ -262,6 +268,19 @@ abort:
     return rc;
 }
 
+static uint64_t default_map_size(void)
+{
+#ifdef RUNNING_ON_VALGRIND
+    if (RUNNING_ON_VALGRIND)
+        return VALGRIND_MAP_SIZE;
+#endif
+    /* Set by the project's valgrind test setup, for builds without
+     * valgrind's headers. */
+    if (getenv("PS_UNDER_VALGRIND"))
+        return VALGRIND_MAP_SIZE;
+    return DEFAULT_MAP_SIZE;
+}
+
 /* Creates and opens the environment. The default map may not fit where
  * address space is capped (ulimit -v, valgrind): mmap then fails with
  * EINVAL or ENOMEM, and with fallback the map is halved down to
@@ -309,7 +328,7 @@ int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store
     bool rdonly = flags & PSD_STORE_RDONLY;
     bool fallback = map_size == 0;
     if (map_size == 0)
-        map_size = DEFAULT_MAP_SIZE;
+        map_size = default_map_size();
     if (map_size > SIZE_MAX)
         return PS_EINVAL_ARG;
 
@@ -434,21 +453,22 @@ static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_va
         uint8_t kb[DENSE_KEY_LEN];
         dense_key(kb, h.var_id, kind);
         MDB_val k = {sizeof kb, kb};
+        char what[16] = "the value";
+        if (kind > 0)
+            snprintf(what, sizeof what, "slot %u", kind - 1);
         int mrc = mdb_get(txn, s->dense, &k, &vals[kind]);
         if (mrc == MDB_NOTFOUND) {
-            ps_log_error("store %s: variable '%s': %s %u is missing", s->dir, name,
-                         kind ? "slot" : "value", kind ? kind - 1 : 0);
+            ps_log_error("store %s: variable '%s': %s is missing", s->dir, name, what);
             return PS_ECORRUPT;
         }
         if (mrc != 0) {
-            ps_log_error("store %s: variable '%s': reading %s: %s", s->dir, name,
-                         kind ? "a slot" : "the value", mdb_strerror(mrc));
+            ps_log_error("store %s: variable '%s': reading %s: %s", s->dir, name, what,
+                         mdb_strerror(mrc));
             return map_rc(mrc, true);
         }
         if (vals[kind].mv_size != n * sizeof(float)) {
-            ps_log_error("store %s: variable '%s': %s %u has %zu bytes, expected %zu (%zu floats)",
-                         s->dir, name, kind ? "slot" : "value", kind ? kind - 1 : 0,
-                         vals[kind].mv_size, n * sizeof(float), n);
+            ps_log_error("store %s: variable '%s': %s has %zu bytes, expected %zu (%zu floats)",
+                         s->dir, name, what, vals[kind].mv_size, n * sizeof(float), n);
             return PS_ECORRUPT;
         }
     }
@@ -640,7 +660,7 @@ static int delete_prefix(psd_store_txn *t, MDB_dbi dbi, uint32_t var_id, const c
     int mrc = mdb_cursor_open(t->txn, dbi, &cur);
     if (mrc != 0)
         return txn_fail(t, mrc, "cursor", name);
-    uint8_t prefix[ROW_PREFIX_LEN];
+    uint8_t prefix[ID_PREFIX_LEN];
     put_be32(prefix, var_id);
     for (;;) {
         /* Seek afresh after each delete rather than trust the cursor's

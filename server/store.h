@@ -74,8 +74,8 @@ enum {
  * dir and its parents if needed. map_size is the most the environment may
  * hold; 0 picks 64 GiB, a sparse mapping that costs only address space,
  * halved (with a warning) down to 256 MiB where address space is capped
- * (ulimit -v, valgrind). A full map gives PS_EFULL from put and commit.
- * Returns 0, -errno (-ENOENT: a read-only open of a directory with no
+ * (ulimit -v); 1 GiB under valgrind. A full map gives PS_EFULL from put and
+ * commit. Returns 0, -errno (-ENOENT: a read-only open of a directory with no
  * store), PS_ECORRUPT (not a psd store, a newer format, or written on a
  * big-endian host), PS_EINVAL_ARG or PS_ESTORE; LMDB's reason is logged. */
 int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store **out);

@@ -1,0 +1,478 @@
+#include "checkpoint.h"
+#include "errors.h"
+#include "store.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* Each test gets a fresh data directory; the store lives in it, as in psd,
+ * and checkpoints under it. */
+static char data_dir[PATH_MAX];
+static char ck_dir[PATH_MAX + 16];
+
+static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+static void setup(void)
+{
+    strcpy(data_dir, "/tmp/check_checkpoint.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(data_dir));
+    snprintf(ck_dir, sizeof ck_dir, "%s/checkpoints", data_dir);
+}
+
+static void teardown(void)
+{
+    nftw(data_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Puts one variable "w" of n floats, all equal to fill, plus a second small
+ * one so checkpoints hold more than one record. */
+static void put_model(psd_store *s, size_t n, float fill)
+{
+    float *buf = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        buf[i] = fill;
+    psd_store_txn *t;
+    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_var_rec r = {.name = "w", .spec = "spec", .spec_len = 4, .version = (uint64_t)fill,
+                     .value = buf, .n = n, .slots = buf, .nslots = 1};
+    ck_assert_int_eq(psd_store_put(t, &r), 0);
+    psd_var_rec b = {.name = "b", .version = 1, .value = buf, .n = 3};
+    ck_assert_int_eq(psd_store_put(t, &b), 0);
+    ck_assert_int_eq(psd_store_commit(t), 0);
+    free(buf);
+}
+
+static int visit_w_fill(void *ctx, const psd_var_rec *r)
+{
+    float *fill = ctx;
+    *fill = r->n > 0 ? r->value[0] : -1.0f;
+    return 0;
+}
+
+/* The value of "w" in the checkpoint at dir, opened read-only. */
+static float ckpt_fill(const char *dir)
+{
+    psd_store *c;
+    ck_assert_int_eq(psd_store_open(dir, 0, PSD_STORE_RDONLY, &c), 0);
+    float fill = 0;
+    ck_assert_int_eq(psd_store_get(c, "w", visit_w_fill, &fill), 0);
+    psd_store_close(c);
+    return fill;
+}
+
+static void write_ckpt(psd_store *s, uint64_t step)
+{
+    char path[PATH_MAX];
+    uint64_t bytes = 0;
+    ck_assert_int_eq(psd_ckpt_write(s, data_dir, step, 2, path, sizeof path, &bytes), 0);
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof want, "%s/%llu", ck_dir, (unsigned long long)step);
+    ck_assert_str_eq(path, want);
+    ck_assert_uint_gt(bytes, 0);
+}
+
+static void ckpt_file(char *out, size_t len, uint64_t step, const char *name)
+{
+    snprintf(out, len, "%s/%llu/%s", ck_dir, (unsigned long long)step, name);
+}
+
+/* How many entries of checkpoints/ contain s. */
+static int count_entries(const char *s)
+{
+    DIR *d = opendir(ck_dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, s) != NULL;
+    closedir(d);
+    return n;
+}
+
+static void list_eq(const uint64_t *want, size_t nwant)
+{
+    uint64_t got[16];
+    size_t n = 99;
+    ck_assert_int_eq(psd_ckpt_list(data_dir, got, 16, &n), 0);
+    ck_assert_uint_eq(n, nwant);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_uint_eq(got[i], want[i]);
+}
+
+START_TEST(test_write_two_latest_highest)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 1000, 1.0f);
+    write_ckpt(s, 10);
+    put_model(s, 1000, 2.0f);
+    write_ckpt(s, 20);
+    put_model(s, 1000, 3.0f); /* after the last checkpoint: in neither */
+
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 20);
+    list_eq((uint64_t[]){10, 20}, 2);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
+    ck_assert(ckpt_fill(path) == 1.0f);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), 0);
+    ck_assert(ckpt_fill(path) == 2.0f);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+
+    /* The manifest says what the directory holds. */
+    char file[PATH_MAX + 64];
+    ckpt_file(file, sizeof file, 20, "MANIFEST.json");
+    json_error_t jerr;
+    json_t *m = json_load_file(file, 0, &jerr);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(json_integer_value(json_object_get(m, "format")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(m, "step")), 20);
+    ck_assert_int_eq(json_integer_value(json_object_get(m, "variables")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(m, "data_file")), "data.mdb");
+    ck_assert_int_gt(json_integer_value(json_object_get(m, "created_unix")), 0);
+    json_int_t bytes = json_integer_value(json_object_get(m, "bytes"));
+    json_int_t crc = json_integer_value(json_object_get(m, "crc32"));
+    json_decref(m);
+    ckpt_file(file, sizeof file, 20, "data.mdb");
+    FILE *f = fopen(file, "rb");
+    ck_assert_ptr_nonnull(f);
+    static unsigned char buf[1 << 16];
+    uLong c = crc32(0L, Z_NULL, 0);
+    size_t n, total = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        c = crc32(c, buf, (uInt)n);
+        total += n;
+    }
+    fclose(f);
+    ck_assert_uint_eq(total, (size_t)bytes);
+    ck_assert_uint_eq(c, (uLong)crc);
+    psd_store_close(s);
+}
+END_TEST
+
+START_TEST(test_latest_none)
+{
+    uint64_t step = 7, steps[4];
+    size_t n = 9;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), PS_ENOTFOUND);
+    ck_assert_uint_eq(step, 7);
+    ck_assert_int_eq(psd_ckpt_list(data_dir, steps, 4, &n), 0);
+    ck_assert_uint_eq(n, 0);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 1, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 1), 0);
+}
+END_TEST
+
+START_TEST(test_dir_without_manifest_ignored)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 100, 1.0f);
+    write_ckpt(s, 10);
+    /* Higher steps that are not whole checkpoints: an empty directory, a
+     * copy without its manifest, names psd never writes, a temp dir. */
+    char dir[PATH_MAX + 64];
+    static const char *const junk[] = {"30", "40", "050", "abc", "60.tmp-1", "+70"};
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", ck_dir, junk[i]);
+        ck_assert_int_eq(mkdir(dir, 0755), 0);
+    }
+    snprintf(dir, sizeof dir, "%s/40", ck_dir);
+    ck_assert_int_eq(psd_store_copy(s, dir), 0);
+
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 10);
+    list_eq((uint64_t[]){10}, 1);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 30, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 40, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 99, path, sizeof path), PS_ENOTFOUND);
+    /* Prune leaves what it did not write alone. */
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 1), 0);
+    ck_assert_int_eq(count_entries("40"), 1);
+    ck_assert_int_eq(count_entries("abc"), 1);
+    psd_store_close(s);
+}
+END_TEST
+
+static void overwrite(const char *file, const char *text)
+{
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(test_bad_manifest_ignored)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 100, 1.0f);
+    write_ckpt(s, 10);
+    write_ckpt(s, 20);
+    write_ckpt(s, 30);
+    psd_store_close(s);
+
+    char file[PATH_MAX + 64];
+    ckpt_file(file, sizeof file, 30, "MANIFEST.json");
+    overwrite(file, "{\"format\": 1, \"step\": 30, \"trunc");
+    ckpt_file(file, sizeof file, 20, "MANIFEST.json");
+    overwrite(file, "{\"format\": 1, \"step\": 21, \"variables\": 2, \"bytes\": 1,"
+                    " \"created_unix\": 1, \"data_file\": \"data.mdb\", \"crc32\": 0}");
+
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 10);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 30, path, sizeof path), PS_ECORRUPT);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ECORRUPT);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
+    list_eq((uint64_t[]){10}, 1);
+}
+END_TEST
+
+START_TEST(test_bad_crc_ignored)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 1000, 1.0f);
+    write_ckpt(s, 10);
+    write_ckpt(s, 20);
+    psd_store_close(s);
+
+    /* Flip one byte of 20's data file: same size, wrong crc. */
+    char file[PATH_MAX + 64];
+    ckpt_file(file, sizeof file, 20, "data.mdb");
+    FILE *f = fopen(file, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 5000, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 5000, SEEK_SET);
+    fputc(c ^ 0xff, f);
+    fclose(f);
+
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 10);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ECORRUPT);
+    /* list does not read the data: 20 still looks complete to it. */
+    list_eq((uint64_t[]){10, 20}, 2);
+    /* Prune never removes the checkpoint latest would pick. */
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 1), 0);
+    list_eq((uint64_t[]){10, 20}, 2);
+}
+END_TEST
+
+/* Forks a child that runs fn and returns its exit status. The write limit
+ * set by limit_writes() lives and dies with the child, whether or not Check
+ * forks (under valgrind it does not). */
+static int run_child(int (*fn)(void))
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(fn());
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status), "child died (status %d)", status);
+    return WEXITSTATUS(status);
+}
+
+/* Writes past 64 KiB fail as on a full disk: EFBIG, SIGXFSZ ignored. */
+static int limit_writes(void)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {64 << 10, 64 << 10};
+    return setrlimit(RLIMIT_FSIZE, &rl);
+}
+
+static int child_write_full(void)
+{
+    psd_store *s;
+    if (psd_store_open(data_dir, 0, 0, &s) != 0)
+        return 10;
+    int code = 0;
+    char path[PATH_MAX];
+    uint64_t bytes = 0;
+    if (limit_writes() != 0)
+        code = 11;
+    else if (psd_ckpt_write(s, data_dir, 20, 2, path, sizeof path, &bytes) != PS_EFULL)
+        code = 12;
+    psd_store_close(s);
+    return code;
+}
+
+START_TEST(test_write_full_disk)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 1 << 17, 1.0f); /* 1 MiB with its slot */
+    write_ckpt(s, 10);
+    put_model(s, 1 << 17, 2.0f);
+    psd_store_close(s); /* LMDB handles must not cross fork() */
+
+    ck_assert_int_eq(run_child(child_write_full), 0);
+
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 10);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
+    ck_assert(ckpt_fill(path) == 1.0f);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+    list_eq((uint64_t[]){10}, 1);
+    /* The store itself is unharmed. */
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    float fill = 0;
+    ck_assert_int_eq(psd_store_get(s, "w", visit_w_fill, &fill), 0);
+    ck_assert(fill == 2.0f);
+    psd_store_close(s);
+}
+END_TEST
+
+static int child_exit(void)
+{
+    return 0;
+}
+
+START_TEST(test_prune_keeps_last)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 100, 1.0f);
+    for (uint64_t step = 1; step <= 5; step++)
+        write_ckpt(s, step);
+    psd_store_close(s);
+
+    /* A temp dir whose writer is dead goes; one whose writer lives stays. */
+    fflush(NULL);
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0)
+        _exit(child_exit());
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/6.tmp-%ld", ck_dir, (long)dead);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(dir, sizeof dir, "%s/7.tmp-%ld", ck_dir, (long)getpid());
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 2), 0);
+    list_eq((uint64_t[]){4, 5}, 2);
+    ck_assert_int_eq(count_entries("6.tmp-"), 0);
+    ck_assert_int_eq(count_entries("7.tmp-"), 1);
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, 5);
+
+    /* Asking for more than there are removes nothing; 0 keeps latest. */
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 10), 0);
+    list_eq((uint64_t[]){4, 5}, 2);
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 0), 0);
+    list_eq((uint64_t[]){5}, 1);
+}
+END_TEST
+
+START_TEST(test_replace_same_step)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 1000, 1.0f);
+    write_ckpt(s, 10);
+    put_model(s, 1000, 2.0f);
+    write_ckpt(s, 10);
+    put_model(s, 2000, 3.0f);
+    write_ckpt(s, 10);
+    psd_store_close(s);
+
+    list_eq((uint64_t[]){10}, 1);
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
+    ck_assert(ckpt_fill(path) == 3.0f);
+    ck_assert_int_eq(count_entries(".tmp-"), 0);
+}
+END_TEST
+
+START_TEST(test_list_and_path_limits)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
+    put_model(s, 10, 1.0f);
+    write_ckpt(s, 3);
+    write_ckpt(s, 100);
+    write_ckpt(s, 20);
+    /* Too small a buffer for the path: refused before any work. */
+    char small[8];
+    ck_assert_int_eq(psd_ckpt_write(s, data_dir, 40, 2, small, sizeof small, NULL),
+                     PS_EINVAL_ARG);
+    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, small, sizeof small), PS_EINVAL_ARG);
+    ck_assert_int_eq(psd_ckpt_write(s, data_dir, (uint64_t)INT64_MAX + 1, 2, NULL, 0, NULL),
+                     PS_EINVAL_ARG);
+    /* NULL outputs are fine. */
+    ck_assert_int_eq(psd_ckpt_write(s, data_dir, 50, 2, NULL, 0, NULL), 0);
+    psd_store_close(s);
+
+    /* Sorted numerically, not by name; a short array gets the first ones. */
+    uint64_t steps[2];
+    size_t n = 0;
+    ck_assert_int_eq(psd_ckpt_list(data_dir, steps, 2, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_uint_eq(steps[0], 3);
+    ck_assert_uint_eq(steps[1], 20);
+    list_eq((uint64_t[]){3, 20, 50, 100}, 4);
+    ck_assert_int_eq(psd_ckpt_list(data_dir, NULL, 0, &n), 0);
+    ck_assert_uint_eq(n, 4);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("checkpoint");
+    struct {
+        const char *name;
+        const TTest *tests[4];
+    } cases[] = {
+        {"psd_ckpt_write", {test_write_two_latest_highest, test_write_full_disk,
+                            test_replace_same_step}},
+        {"psd_ckpt_latest", {test_latest_none, test_dir_without_manifest_ignored,
+                             test_bad_manifest_ignored}},
+        {"psd_ckpt_path", {test_bad_crc_ignored}},
+        {"psd_ckpt_list", {test_list_and_path_limits}},
+        {"psd_ckpt_prune", {test_prune_keeps_last}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        for (size_t j = 0; j < 4 && cases[i].tests[j]; j++)
+            tcase_add_test(tc, cases[i].tests[j]);
+        suite_add_tcase(s, tc);
+    }
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
