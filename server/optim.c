@@ -140,7 +140,9 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n)
  * the same bits.
  */
 #if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
+/* GCC only: clang 14 emits just the .ifunc symbol for a cloned public
+ * function, which then fails to link. */
+#if __has_attribute(target_clones) && !defined(__clang__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
 #endif

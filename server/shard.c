@@ -198,7 +198,8 @@ static psd_var *find_var(psd_shard *s, const char *name, size_t len,
         size_t mid = (lo + hi) / 2;
         const char *m = s->vars[mid]->name;
         size_t mlen = strlen(m);
-        int c = memcmp(m, name, mlen < len ? mlen : len);
+        size_t k = mlen < len ? mlen : len;
+        int c = k > 0 ? memcmp(m, name, k) : 0;
         if (c == 0)
             c = mlen < len ? -1 : mlen > len ? 1 : 0;
         if (c == 0) {
@@ -1146,27 +1147,59 @@ out:
     ps__v1__pull_request__free_unpacked(r, NULL);
 }
 
-/* Per-thread scratch for gradients whose bytes are not float-aligned in the
- * request (the optimizer's vector loops need aligned floats). */
-static __thread float *scratch;
-static __thread size_t scratch_cap;
+/* What a push handler reuses from call to call on its thread: the decoded
+ * request, and scratch for gradients whose bytes are not float-aligned in
+ * the request (the optimizer's vector loops need aligned floats). Freed by
+ * the thread-exit destructor of a pthread key. */
+struct thread_bufs {
+    psd_push_req req;
+    float *scratch;
+    size_t scratch_cap;
+};
 
-static const float *aligned_grad(const psd_wire_grad *g, size_t n)
+static pthread_key_t bufs_key;
+static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
+
+static void bufs_free(void *p)
+{
+    struct thread_bufs *b = p;
+    psd_push_req_free(&b->req);
+    free(b->scratch);
+    free(b);
+}
+
+static void bufs_key_make(void)
+{
+    pthread_key_create(&bufs_key, bufs_free);
+}
+
+static struct thread_bufs *thread_bufs(void)
+{
+    pthread_once(&bufs_once, bufs_key_make);
+    struct thread_bufs *b = pthread_getspecific(bufs_key);
+    if (b == NULL) {
+        b = calloc(1, sizeof *b);
+        if (b != NULL)
+            pthread_setspecific(bufs_key, b);
+    }
+    return b;
+}
+
+static const float *aligned_grad(struct thread_bufs *tb, const psd_wire_grad *g,
+                                 size_t n)
 {
     if (((uintptr_t)g->data & (sizeof(float) - 1)) == 0)
         return (const float *)(const void *)g->data;
-    if (scratch_cap < n) {
-        free(scratch);
-        scratch = alloc_floats(n);
-        scratch_cap = scratch ? n : 0;
-        if (scratch == NULL)
+    if (tb->scratch_cap < n) {
+        free(tb->scratch);
+        tb->scratch = alloc_floats(n);
+        tb->scratch_cap = tb->scratch ? n : 0;
+        if (tb->scratch == NULL)
             return NULL;
     }
-    memcpy(scratch, g->data, n * sizeof(float));
-    return scratch;
+    memcpy(tb->scratch, g->data, n * sizeof(float));
+    return tb->scratch;
 }
-
-static __thread psd_push_req push_req;
 
 /* Adds a worker to the step's set; false if it was there already. Called
  * with v->lock held for writing. */
@@ -1231,7 +1264,12 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
     char err[512];
-    psd_push_req *r = &push_req;
+    struct thread_bufs *tb = thread_bufs();
+    if (tb == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return;
+    }
+    psd_push_req *r = &tb->req;
     int rc = psd_push_decode(req, len, r, err, sizeof err);
     if (rc != 0) {
         count_bad(s);
@@ -1316,11 +1354,11 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
             code = PS_RPC_INVALID_ARGUMENT;
             snprintf(err, sizeof err, "variable '%s': gradient shape %s, variable "
                      "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
-        } else if (aligned_grad(g, v->n) == NULL) {
+        } else if (aligned_grad(tb, g, v->n) == NULL) {
             code = PS_RPC_RESOURCE_EXHAUSTED;
             snprintf(err, sizeof err, "Push: out of memory");
         } else if (!s->o.allow_nonfinite &&
-                   !psd_all_finite(aligned_grad(g, v->n), v->n)) {
+                   !psd_all_finite(aligned_grad(tb, g, v->n), v->n)) {
             code = PS_RPC_INVALID_ARGUMENT;
             atomic_fetch_add(&s->nonfinite, 1);
             snprintf(err, sizeof err, "variable '%s': the gradient holds NaN or "
@@ -1371,7 +1409,7 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     uint64_t bytes = 0;
     for (size_t i = 0; i < r->ngrads; i++) {
         psd_var *v = p->vars[i];
-        const float *g = aligned_grad(&r->grads[i], v->n);
+        const float *g = aligned_grad(tb, &r->grads[i], v->n);
         bytes += v->n * sizeof(float);
         pthread_rwlock_wrlock(&v->lock);
         if (v->consistency != PSD_SYNC) {
@@ -1799,6 +1837,5 @@ int psd_shard_close(psd_shard *s)
     pthread_cond_destroy(&s->flush_cond);
     free(s->data_dir);
     free(s);
-    psd_push_req_free(&push_req);
     return rc;
 }

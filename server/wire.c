@@ -189,6 +189,7 @@ int psd_push_decode(const uint8_t *buf, size_t len, psd_push_req *req,
             }
             psd_wire_grad *g = &req->grads[req->ngrads];
             memset(g, 0, sizeof *g);
+            g->name = "";
             const char *why = decode_grad(&s, g);
             if (why != NULL) {
                 snprintf(err, errlen, "PushRequest.grads[%zu]: %s", req->ngrads, why);
