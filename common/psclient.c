@@ -69,6 +69,21 @@ int ps_client_create_variable(ps_client *c, const void *spec, int *created,
     return 0;
 }
 
+/* Joins a small response's pieces into b. */
+static int copy_pieces(void *ctx, const struct ps_piece *p, int np)
+{
+    ps_buf *b = ctx;
+    b->len = 0;
+    for (int i = 0; i < np; i++) {
+        int rc = ps_buf_reserve(b, b->len + p[i].len);
+        if (rc != 0)
+            return rc;
+        memcpy(b->data + b->len, p[i].data, p[i].len);
+        b->len += p[i].len;
+    }
+    return 0;
+}
+
 /* ---- protobuf wire format, by hand ------------------------------------ */
 
 static size_t varint_len(uint64_t v)
@@ -91,64 +106,83 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
     return p;
 }
 
-/* Tensor{dtype=1, shape=2 packed, data=3}: its encoded length. */
-static size_t tensor_len(const ps_client_item *it, size_t *shape_len)
+/* The layout of one Gradient field. psd's optimizer wants each gradient's
+ * floats 4-byte aligned in the request; the dtype varint is padded with
+ * overlong (still valid) encodings of its value so that they are, given the
+ * offset `off` at which the field starts. */
+struct grad_layout {
+    size_t pad;        /* extra dtype varint bytes */
+    size_t shape_len;  /* packed shape bytes */
+    size_t tl, gl;     /* Tensor and Gradient lengths */
+    size_t total;      /* the whole field, tag and length included */
+};
+
+static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
 {
+    size_t nl = strlen(it->name), bytes = it->n * sizeof(float);
     size_t sl = 0;
     for (int d = 0; d < it->ndim; d++)
         sl += varint_len((uint64_t)it->shape[d]);
-    *shape_len = sl;
-    size_t bytes = it->n * sizeof(float);
-    size_t len = 2; /* dtype tag + value 1 */
-    if (it->ndim > 0)
-        len += 1 + varint_len(sl) + sl;
-    len += 1 + varint_len(bytes) + bytes;
-    return len;
+    size_t shape_part = it->ndim > 0 ? 1 + varint_len(sl) + sl : 0;
+    for (size_t pad = 0; pad < 8; pad++) {
+        size_t tl = 1 + (1 + pad) + shape_part + 1 + varint_len(bytes) + bytes;
+        size_t gl = 1 + varint_len(nl) + nl + 1 + varint_len(tl) + tl;
+        size_t data_off = off + 1 + varint_len(gl) + 1 + varint_len(nl) + nl + 1 +
+                          varint_len(tl) + tl - bytes;
+        *L = (struct grad_layout){pad, sl, tl, gl, 1 + varint_len(gl) + gl};
+        if (data_off % 4 == 0)
+            return;
+    }
 }
 
-static size_t grad_len(const ps_client_item *it, size_t *tlen, size_t *shape_len)
-{
-    size_t nl = strlen(it->name);
-    *tlen = tensor_len(it, shape_len);
-    return 1 + varint_len(nl) + nl + 1 + varint_len(*tlen) + *tlen;
-}
-
-int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
-                   const ps_client_item *items, size_t n)
+static size_t push_len(uint32_t worker, uint64_t step,
+                       const ps_client_item *items, size_t n)
 {
     size_t total = 1 + varint_len(worker) + 1 + varint_len(step);
     for (size_t i = 0; i < n; i++) {
-        size_t tl, sl;
-        size_t gl = grad_len(&items[i], &tl, &sl);
-        total += 1 + varint_len(gl) + gl;
+        struct grad_layout L;
+        layout(&items[i], total, &L);
+        total += L.total;
     }
-    int rc = ps_buf_reserve(b, total);
-    if (rc != 0)
-        return rc;
-    uint8_t *p = b->data;
+    return total;
+}
+
+/* Writes the PushRequest at p (push_len bytes); returns its end. */
+static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
+                           const ps_client_item *items, size_t n)
+{
+    uint8_t *start = p;
     *p++ = (1 << 3) | 0;
     p = put_varint(p, worker);
     *p++ = (2 << 3) | 0;
     p = put_varint(p, step);
     for (size_t i = 0; i < n; i++) {
         const ps_client_item *it = &items[i];
-        size_t tl, sl;
-        size_t gl = grad_len(it, &tl, &sl);
+        struct grad_layout L;
+        layout(it, (size_t)(p - start), &L);
         size_t nl = strlen(it->name);
         size_t bytes = it->n * sizeof(float);
         *p++ = (3 << 3) | 2;
-        p = put_varint(p, gl);
+        p = put_varint(p, L.gl);
         *p++ = (1 << 3) | 2;
         p = put_varint(p, nl);
         memcpy(p, it->name, nl);
         p += nl;
         *p++ = (2 << 3) | 2;
-        p = put_varint(p, tl);
+        p = put_varint(p, L.tl);
         *p++ = (1 << 3) | 0;
-        *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+        /* DTYPE_FLOAT32 (1), overlong by L.pad bytes: 0x81 0x80.. 0x00. */
+        if (L.pad == 0) {
+            *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+        } else {
+            *p++ = 0x80 | PS__V1__DTYPE__DTYPE_FLOAT32;
+            for (size_t k = 1; k < L.pad; k++)
+                *p++ = 0x80;
+            *p++ = 0x00;
+        }
         if (it->ndim > 0) {
             *p++ = (2 << 3) | 2;
-            p = put_varint(p, sl);
+            p = put_varint(p, L.shape_len);
             for (int d = 0; d < it->ndim; d++)
                 p = put_varint(p, (uint64_t)it->shape[d]);
         }
@@ -157,7 +191,16 @@ int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
         memcpy(p, it->data, bytes);
         p += bytes;
     }
-    b->len = (size_t)(p - b->data);
+    return p;
+}
+
+int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
+                   const ps_client_item *items, size_t n)
+{
+    int rc = ps_buf_reserve(b, push_len(worker, step, items, n));
+    if (rc != 0)
+        return rc;
+    b->len = (size_t)(push_write(b->data, worker, step, items, n) - b->data);
     return 0;
 }
 
@@ -165,11 +208,17 @@ int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
                    ps_client_item *items, size_t n, int deadline_ms,
                    ps_rpc_status *st)
 {
-    int rc = ps_push_encode(&c->req, worker, step, items, n);
-    if (rc != 0)
-        return rc;
-    rc = ps_rpc_invoke(c->rpc, "/ps.v1.ParameterServer/Push", c->req.data,
-                       c->req.len, &c->resp, deadline_ms, st);
+    /* Encoded straight into a pooled buffer that gRPC sends from. */
+    size_t len = push_len(worker, step, items, n);
+    ps_rpc_msg *m = ps_rpc_msg_new(len);
+    if (m == NULL)
+        return -ENOMEM;
+    uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n);
+    ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
+    c->resp.len = 0;
+    int rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
+                               copy_pieces, &c->resp, deadline_ms, st);
+    ps_rpc_msg_unref(m);
     if (rc != 0)
         return rc;
     Ps__V1__PushResponse *r =
@@ -226,17 +275,37 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
     return 0;
 }
 
+/* A cursor over a message that may arrive in several pieces. */
 struct cur {
-    const uint8_t *p, *end;
+    const struct ps_piece *p;
+    int np;
+    int i;          /* current piece */
+    size_t off;     /* offset in it */
+    size_t left;    /* bytes left in this (sub)message */
 };
+
+static int get_byte(struct cur *c, uint8_t *b)
+{
+    if (c->left == 0)
+        return -1;
+    while (c->i < c->np && c->off == c->p[c->i].len) {
+        c->i++;
+        c->off = 0;
+    }
+    if (c->i >= c->np)
+        return -1;
+    *b = c->p[c->i].data[c->off++];
+    c->left--;
+    return 0;
+}
 
 static int get_varint(struct cur *c, uint64_t *out)
 {
     uint64_t v = 0;
     for (int s = 0; s < 64; s += 7) {
-        if (c->p >= c->end)
+        uint8_t b;
+        if (get_byte(c, &b) != 0)
             return -1;
-        uint8_t b = *c->p++;
         v |= (uint64_t)(b & 0x7f) << s;
         if (!(b & 0x80)) {
             *out = v;
@@ -246,15 +315,40 @@ static int get_varint(struct cur *c, uint64_t *out)
     return -1;
 }
 
+/* Copies n bytes to dst (NULL: skips them). */
+static int take(struct cur *c, uint8_t *dst, size_t n)
+{
+    if (n > c->left)
+        return -1;
+    c->left -= n;
+    while (n > 0) {
+        if (c->i >= c->np)
+            return -1;
+        size_t avail = c->p[c->i].len - c->off;
+        size_t k = avail < n ? avail : n;
+        if (dst != NULL && k > 0) {
+            memcpy(dst, c->p[c->i].data + c->off, k);
+            dst += k;
+        }
+        c->off += k;
+        n -= k;
+        if (c->off == c->p[c->i].len) {
+            c->i++;
+            c->off = 0;
+        }
+    }
+    return 0;
+}
+
+/* A sub-cursor over the next length-delimited field; the parent skips it. */
 static int get_sub(struct cur *c, struct cur *sub)
 {
     uint64_t len;
-    if (get_varint(c, &len) != 0 || len > (uint64_t)(c->end - c->p))
+    if (get_varint(c, &len) != 0 || len > c->left)
         return -1;
-    sub->p = c->p;
-    sub->end = c->p + len;
-    c->p += len;
-    return 0;
+    *sub = *c;
+    sub->left = (size_t)len;
+    return take(c, NULL, (size_t)len);
 }
 
 static int skip(struct cur *c, int wt)
@@ -263,19 +357,30 @@ static int skip(struct cur *c, int wt)
     struct cur s;
     switch (wt) {
     case 0: return get_varint(c, &v);
-    case 1: if (c->end - c->p < 8) return -1; c->p += 8; return 0;
-    case 5: if (c->end - c->p < 4) return -1; c->p += 4; return 0;
+    case 1: return take(c, NULL, 8);
+    case 5: return take(c, NULL, 4);
     case 2: return get_sub(c, &s);
     default: return -1;
     }
 }
 
-int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
-                   size_t n, char *err, size_t errlen)
+struct pull_ctx {
+    ps_client_item *items;
+    size_t n;
+    char *err;
+    size_t errlen;
+};
+
+static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 {
-    struct cur c = {buf, buf + len};
+    struct pull_ctx *pc = ctx;
+    ps_client_item *items = pc->items;
+    size_t n = pc->n, total = 0;
+    for (int i = 0; i < np; i++)
+        total += pieces[i].len;
+    struct cur c = {pieces, np, 0, 0, total};
     size_t k = 0;
-    while (c.p < c.end) {
+    while (c.left > 0) {
         uint64_t key;
         if (get_varint(&c, &key) != 0)
             goto bad;
@@ -288,21 +393,24 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
         if (get_sub(&c, &vv) != 0)
             goto bad;
         if (k >= n) {
-            snprintf(err, errlen, "Pull: more values than requested");
+            snprintf(pc->err, pc->errlen, "Pull: more values than requested");
             return PS_EPARSE;
         }
-        const uint8_t *name = NULL, *data = NULL;
-        size_t name_len = 0, data_len = 0;
+        ps_client_item *it = &items[k];
+        char name[256];
+        size_t name_len = 0;
+        bool have_data = false;
         uint64_t version = 0;
-        while (vv.p < vv.end) {
+        while (vv.left > 0) {
             if (get_varint(&vv, &key) != 0)
                 goto bad;
             if (key == ((1 << 3) | 2)) {
                 struct cur s;
-                if (get_sub(&vv, &s) != 0)
+                if (get_sub(&vv, &s) != 0 || s.left >= sizeof name)
                     goto bad;
-                name = s.p;
-                name_len = (size_t)(s.end - s.p);
+                name_len = s.left;
+                if (take(&s, (uint8_t *)name, name_len) != 0)
+                    goto bad;
             } else if (key == ((2 << 3) | 0)) {
                 if (get_varint(&vv, &version) != 0)
                     goto bad;
@@ -310,15 +418,23 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                 struct cur t;
                 if (get_sub(&vv, &t) != 0)
                     goto bad;
-                while (t.p < t.end) {
+                while (t.left > 0) {
                     if (get_varint(&t, &key) != 0)
                         goto bad;
                     if (key == ((3 << 3) | 2)) {
-                        struct cur s;
-                        if (get_sub(&t, &s) != 0)
+                        struct cur d;
+                        if (get_sub(&t, &d) != 0)
                             goto bad;
-                        data = s.p;
-                        data_len = (size_t)(s.end - s.p);
+                        if (d.left != it->n * sizeof(float)) {
+                            snprintf(pc->err, pc->errlen, "variable '%s' has %zu "
+                                     "elements on the server, the model expects %zu",
+                                     it->name, d.left / sizeof(float), it->n);
+                            return PS_ESHAPE;
+                        }
+                        /* The one copy: straight into the caller's block. */
+                        if (take(&d, (uint8_t *)it->data, d.left) != 0)
+                            goto bad;
+                        have_data = true;
                     } else if (skip(&t, (int)(key & 7)) != 0) {
                         goto bad;
                     }
@@ -327,30 +443,35 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                 goto bad;
             }
         }
-        ps_client_item *it = &items[k];
         if (name_len != strlen(it->name) || memcmp(name, it->name, name_len) != 0) {
-            snprintf(err, errlen, "Pull: value %zu is '%.*s', expected '%s'", k,
-                     (int)name_len, name ? (const char *)name : "", it->name);
+            snprintf(pc->err, pc->errlen, "Pull: value %zu is '%.*s', expected '%s'",
+                     k, (int)name_len, name, it->name);
             return PS_EPARSE;
         }
-        if (data_len != it->n * sizeof(float)) {
-            snprintf(err, errlen, "variable '%s' has %zu elements on the server, "
-                     "the model expects %zu", it->name, data_len / sizeof(float),
-                     it->n);
+        if (!have_data && it->n != 0) {
+            snprintf(pc->err, pc->errlen, "variable '%s' has 0 elements on the "
+                     "server, the model expects %zu", it->name, it->n);
             return PS_ESHAPE;
         }
-        memcpy(it->data, data, data_len);
         it->version = version;
         k++;
     }
     if (k != n) {
-        snprintf(err, errlen, "Pull: %zu values for %zu items", k, n);
+        snprintf(pc->err, pc->errlen, "Pull: %zu values for %zu items", k, n);
         return PS_EPARSE;
     }
     return 0;
 bad:
-    snprintf(err, errlen, "Pull: the response does not parse");
+    snprintf(pc->err, pc->errlen, "Pull: the response does not parse");
     return PS_EPARSE;
+}
+
+int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
+                   size_t n, char *err, size_t errlen)
+{
+    struct ps_piece one = {buf, len};
+    struct pull_ctx pc = {items, n, err, errlen};
+    return decode_pieces(&pc, &one, 1);
 }
 
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
@@ -359,12 +480,18 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
     int rc = encode_pull(&c->req, items, n);
     if (rc != 0)
         return rc;
-    rc = ps_rpc_invoke(c->rpc, "/ps.v1.ParameterServer/Pull", c->req.data,
-                       c->req.len, &c->resp, deadline_ms, st);
-    if (rc != 0)
+    char err[256] = "";
+    struct pull_ctx pc = {items, n, err, sizeof err};
+    ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
+    if (m == NULL)
+        return -ENOMEM;
+    memcpy(ps_rpc_msg_data(m), c->req.data, c->req.len);
+    ps_rpc_msg_set_len(m, c->req.len);
+    rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Pull", m,
+                           decode_pieces, &pc, deadline_ms, st);
+    ps_rpc_msg_unref(m);
+    if (rc == PS_ERPC || rc == -ENOMEM)
         return rc;
-    char err[256];
-    rc = ps_pull_decode(c->resp.data, c->resp.len, items, n, err, sizeof err);
     if (rc != 0 && st != NULL) {
         st->code = rc == PS_ESHAPE ? PS_RPC_FAILED_PRECONDITION : PS_RPC_INTERNAL;
         snprintf(st->message, sizeof st->message, "%s", err);

@@ -13,6 +13,7 @@
 #include "rpc.h"
 
 #include "errors.h"
+#include "rpc_internal.h"
 #include "health.pb-c.h"
 #include "log.h"
 
@@ -212,47 +213,40 @@ enum ps_rpc_code ps_rpc_code_from_err(int err)
     }
 }
 
-/* Copies a received message into b, reusing its memory. */
-static int read_byte_buffer(grpc_byte_buffer *bb, ps_buf *b)
+/* Thread buffers bigger than this are freed after their call, so that
+ * one huge request does not pin its size per thread for ever. */
+#define KEEP_THREAD_BUF ((size_t)32 << 20)
+
+struct fill_mem {
+    const void *src;
+    size_t len;
+};
+
+static void fill_mem(void *ctx, uint8_t *dst)
 {
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, bb))
-        return PS_EPARSE;
-    b->len = 0;
-    int rc = ps_buf_reserve(b, grpc_byte_buffer_length(bb));
-    grpc_slice s;
-    while (rc == 0 && grpc_byte_buffer_reader_next(&reader, &s)) {
-        size_t n = GRPC_SLICE_LENGTH(s);
-        rc = ps_buf_reserve(b, b->len + n);
-        if (rc == 0) {
-            memcpy(b->data + b->len, GRPC_SLICE_START_PTR(s), n);
-            b->len += n;
-        }
-        grpc_slice_unref(s);
-    }
-    grpc_byte_buffer_reader_destroy(&reader);
-    return rc;
+    struct fill_mem *f = ctx;
+    if (f->len > 0)
+        memcpy(dst, f->src, f->len);
+}
+
+static void fill_pb(void *ctx, uint8_t *dst)
+{
+    protobuf_c_message_pack(ctx, dst);
 }
 
 /* A byte buffer holding a copy of msg; gRPC consumes it when it is sent. */
 static grpc_byte_buffer *make_bb(const void *msg, size_t len)
 {
-    grpc_slice s = grpc_slice_malloc(len);
-    if (len > 0)
-        memcpy(GRPC_SLICE_START_PTR(s), msg, len);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
+    struct fill_mem f = {msg, len};
+    return ps_rpc_bb_fill(len, fill_mem, &f);
 }
 
+/* Packs straight into the outgoing buffer: the message's bytes fields are
+ * copied once, into pooled (warm) memory for big messages. */
 static grpc_byte_buffer *make_bb_pb(const ProtobufCMessage *msg)
 {
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    grpc_slice s = grpc_slice_malloc(len);
-    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
+    return ps_rpc_bb_fill(protobuf_c_message_get_packed_size(msg), fill_pb,
+                          (void *)msg);
 }
 
 /* ---- call lifetime ---------------------------------------------------- */
@@ -467,6 +461,11 @@ static void finish_call(ps_rpc_call *c, enum ps_rpc_code code, char *msg)
 
 static int reply_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
 {
+    if (bb == NULL) {
+        ps_rpc_fail(c, PS_RPC_RESOURCE_EXHAUSTED,
+                    "out of memory building the response");
+        return -ENOMEM;
+    }
     pthread_mutex_lock(&c->mu);
     if (c->ended) {
         pthread_mutex_unlock(&c->mu);
@@ -540,6 +539,8 @@ void ps_rpc_fail(ps_rpc_call *c, enum ps_rpc_code code, const char *fmt, ...)
 
 static int stream_write_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
 {
+    if (bb == NULL)
+        return -ENOMEM;
     struct outmsg *o = malloc(sizeof *o);
     if (o == NULL) {
         grpc_byte_buffer_destroy(bb);
@@ -786,7 +787,7 @@ static void on_new_call(ps_rpc_call *c)
                     "%s: the call carried no request message", c->path);
         return;
     }
-    int rc = read_byte_buffer(c->payload, &thr->buf);
+    int rc = ps_rpc_bb_read(c->payload, &thr->buf);
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
     if (rc != 0) {
@@ -797,6 +798,8 @@ static void on_new_call(ps_rpc_call *c)
     }
     atomic_fetch_add(&srv->calls_total, 1);
     c->m->fn(c, thr->buf.data, thr->buf.len, c->m->ctx);
+    if (thr->buf.cap > KEEP_THREAD_BUF)
+        ps_buf_free(&thr->buf);
 }
 
 static void on_close(ps_rpc_call *c)
@@ -937,17 +940,25 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
     int rc = 0;
     /* SO_REUSEPORT off: a second psd on a taken port must fail loudly,
      * not silently share the port with the first. */
-    grpc_arg args[3];
+    grpc_arg args[5];
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
+    /* Big tensors: bigger HTTP/2 frames and a stream window that does not
+     * make a 4 MiB message wait for window updates. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
+    args[3].value.integer = 4 << 20;
+    args[4].type = GRPC_ARG_INTEGER;
+    args[4].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+    args[4].value.integer = 16 << 20;
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = (int)srv->opts.max_message_bytes;
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = (int)srv->opts.max_message_bytes;
-    grpc_channel_args cargs = {3, args};
+    grpc_channel_args cargs = {5, args};
     srv->server = grpc_server_create(&cargs, NULL);
     if (srv->server == NULL)
         return -ENOMEM;

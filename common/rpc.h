@@ -84,6 +84,35 @@ void ps_buf_free(ps_buf *b);
 #define PS_RPC_DEFAULT_MAX_MESSAGE ((size_t)1 << 30)
 #define PS_RPC_MAX_MESSAGE_CEILING ((size_t)INT32_MAX)
 
+/* ---- Pooled messages ---------------------------------------------------- */
+
+/* A big outgoing message built in place: take a buffer from the pool, write
+ * the message into it, set its length, and send it. gRPC sends straight from
+ * it and gives it back to the pool, warm, when done; a steady stream of big
+ * messages then costs no allocation and no page fault. Refcounted: the
+ * creator drops its reference with ps_rpc_msg_unref (after sending). */
+typedef struct ps_rpc_msg ps_rpc_msg;
+
+/* A buffer of at least cap bytes (contents undefined); NULL when out of
+ * memory. */
+ps_rpc_msg *ps_rpc_msg_new(size_t cap);
+uint8_t *ps_rpc_msg_data(ps_rpc_msg *m);
+size_t ps_rpc_msg_cap(const ps_rpc_msg *m);
+void ps_rpc_msg_set_len(ps_rpc_msg *m, size_t len);
+size_t ps_rpc_msg_len(const ps_rpc_msg *m);
+void ps_rpc_msg_unref(ps_rpc_msg *m);
+/* Bytes of idle buffers the pool keeps (bounded at 64 MiB). */
+size_t ps_rpc_pool_bytes(void);
+
+/* A received message as the pieces it arrived in, borrowed for the length
+ * of a callback: decoders that can work across pieces avoid a copy. */
+struct ps_piece {
+    const uint8_t *data;
+    size_t len;
+};
+typedef int (*ps_rpc_pieces_fn)(void *ctx, const struct ps_piece *pieces,
+                                int npieces);
+
 /* ---- Server ---------------------------------------------------------- */
 
 typedef struct ps_rpc_server ps_rpc_server;
@@ -202,6 +231,13 @@ const char *ps_rpc_client_target(const ps_rpc_client *c);
  * the status is OK, PS_ERPC with *st filled otherwise (st may be NULL). */
 int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
                 size_t len, ps_buf *resp, int deadline_ms, ps_rpc_status *st);
+
+/* As ps_rpc_invoke, sending a pooled message (not consumed: the caller
+ * still unrefs it) and handing the response to on_resp as borrowed pieces
+ * (no copy); on_resp's nonzero return is returned. */
+int ps_rpc_invoke_msg(ps_rpc_client *c, const char *method, ps_rpc_msg *req,
+                      ps_rpc_pieces_fn on_resp, void *ctx, int deadline_ms,
+                      ps_rpc_status *st);
 
 /* Packs a protobuf-c request, calls, and unpacks the response with
  * `resp_desc` (a const ProtobufCMessageDescriptor *) into *resp_out, which

@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "health.pb-c.h"
 #include "log.h"
+#include "rpc_internal.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>
@@ -66,7 +67,13 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
                              (uint64_t)(uintptr_t)c);
     ps_rpc_init_logging();
     grpc_init();
-    grpc_arg args[4];
+    grpc_arg args[6];
+    args[4].type = GRPC_ARG_INTEGER;
+    args[4].key = (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
+    args[4].value.integer = 4 << 20;
+    args[5].type = GRPC_ARG_INTEGER;
+    args[5].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+    args[5].value.integer = 16 << 20;
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = (int)o.max_message_bytes;
@@ -82,7 +89,7 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
     args[3].type = GRPC_ARG_INTEGER;
     args[3].key = (char *)GRPC_ARG_ENABLE_RETRIES;
     args[3].value.integer = 0;
-    grpc_channel_args cargs = {4, args};
+    grpc_channel_args cargs = {6, args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
@@ -130,27 +137,6 @@ static void set_status(ps_rpc_status *st, int code, const char *fmt, ...)
     va_end(ap);
 }
 
-static int read_response(grpc_byte_buffer *bb, ps_buf *b)
-{
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, bb))
-        return PS_EPARSE;
-    b->len = 0;
-    int rc = ps_buf_reserve(b, grpc_byte_buffer_length(bb));
-    grpc_slice s;
-    while (rc == 0 && grpc_byte_buffer_reader_next(&reader, &s)) {
-        size_t n = GRPC_SLICE_LENGTH(s);
-        rc = ps_buf_reserve(b, b->len + n);
-        if (rc == 0) {
-            memcpy(b->data + b->len, GRPC_SLICE_START_PTR(s), n);
-            b->len += n;
-        }
-        grpc_slice_unref(s);
-    }
-    grpc_byte_buffer_reader_destroy(&reader);
-    return rc;
-}
-
 /* Copies the status details into st. */
 static void take_status(ps_rpc_status *st, grpc_status_code code,
                         grpc_slice details)
@@ -165,11 +151,19 @@ static void take_status(ps_rpc_status *st, grpc_status_code code,
     st->message[n] = '\0';
 }
 
-/* One attempt of a unary call. Returns the gRPC status code (or
- * PS_RPC_INTERNAL for a local failure, with st set). */
-static int call_once(ps_rpc_client *c, const char *method, const void *req,
-                     size_t len, ps_buf *resp, int deadline_ms,
-                     ps_rpc_status *st)
+/* Where a response goes: copied into a buffer, or handed over in pieces. */
+struct sink {
+    ps_buf *buf;
+    ps_rpc_pieces_fn fn;
+    void *ctx;
+    int fn_rc;
+};
+
+/* One attempt of a unary call sending send_bb (consumed). Returns the gRPC
+ * status code (or PS_RPC_INTERNAL for a local failure, with st set). */
+static int call_once(ps_rpc_client *c, const char *method,
+                     grpc_byte_buffer *send_bb, struct sink *out,
+                     int deadline_ms, ps_rpc_status *st)
 {
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_slice mslice = grpc_slice_from_copied_string(method);
@@ -178,12 +172,6 @@ static int call_once(ps_rpc_client *c, const char *method, const void *req,
                                                GRPC_PROPAGATE_DEFAULTS, cq,
                                                mslice, NULL, dl, NULL);
     grpc_slice_unref(mslice);
-
-    grpc_slice s = grpc_slice_malloc(len);
-    if (len > 0)
-        memcpy(GRPC_SLICE_START_PTR(s), req, len);
-    grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
 
     grpc_metadata_array init_md, trail_md;
     grpc_metadata_array_init(&init_md);
@@ -227,10 +215,13 @@ static int call_once(ps_rpc_client *c, const char *method, const void *req,
                 set_status(st, PS_RPC_INTERNAL,
                            "%s: status OK but no response message", method);
                 result = PS_RPC_INTERNAL;
-            } else if (resp != NULL && read_response(recv_bb, resp) != 0) {
+            } else if (out != NULL && out->buf != NULL &&
+                       ps_rpc_bb_read(recv_bb, out->buf) != 0) {
                 set_status(st, PS_RPC_RESOURCE_EXHAUSTED,
                            "%s: out of memory reading the response", method);
                 result = PS_RPC_RESOURCE_EXHAUSTED;
+            } else if (out != NULL && out->fn != NULL) {
+                out->fn_rc = ps_rpc_bb_pieces(recv_bb, out->fn, out->ctx);
             }
         } else if (st != NULL && st->message[0] == '\0' &&
                    error_string != NULL) {
@@ -275,8 +266,11 @@ static void sleep_ms(int64_t ms)
         ;
 }
 
-int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
-                size_t len, ps_buf *resp, int deadline_ms, ps_rpc_status *st)
+/* The retry loop around call_once; make_bb builds each attempt's message
+ * (sending consumes it). */
+static int invoke(ps_rpc_client *c, const char *method,
+                  grpc_byte_buffer *(*make_bb)(void *ctx), void *bb_ctx,
+                  struct sink *out, int deadline_ms, ps_rpc_status *st)
 {
     ps_rpc_status local;
     if (st == NULL)
@@ -289,12 +283,17 @@ int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
     for (int attempt = 1;; attempt++) {
         st->attempts = attempt;
         st->message[0] = '\0';
-        int code = call_once(c, method, req, len, resp, deadline_ms, st);
+        grpc_byte_buffer *bb = make_bb(bb_ctx);
+        if (bb == NULL) {
+            set_status(st, PS_RPC_RESOURCE_EXHAUSTED, "%s: out of memory", method);
+            return -ENOMEM;
+        }
+        int code = call_once(c, method, bb, out, deadline_ms, st);
         if (code == PS_RPC_OK)
-            return 0;
+            return out != NULL && out->fn_rc != 0 ? out->fn_rc : 0;
         if (code != PS_RPC_UNAVAILABLE || attempt >= c->o.max_attempts)
             break;
-        /* Full jitter around the exponential step: [0.5, 1.5) x backoff. */
+        /* Jitter around the exponential step: [0.5, 1.5) x backoff. */
         int64_t delay = backoff / 2 + (int64_t)(next_rand(c) % (uint64_t)(backoff > 0 ? backoff : 1));
         if (c->o.retry_budget_ms > 0 &&
             ps_now_ms() + delay - start >= c->o.retry_budget_ms)
@@ -307,6 +306,43 @@ int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
                                                     : backoff * 2;
     }
     return PS_ERPC;
+}
+
+struct plain_req {
+    const void *req;
+    size_t len;
+};
+
+static grpc_byte_buffer *plain_bb(void *ctx)
+{
+    struct plain_req *p = ctx;
+    grpc_slice s = grpc_slice_malloc(p->len);
+    if (p->len > 0)
+        memcpy(GRPC_SLICE_START_PTR(s), p->req, p->len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
+                  size_t len, ps_buf *resp, int deadline_ms, ps_rpc_status *st)
+{
+    struct plain_req p = {req, len};
+    struct sink out = {.buf = resp};
+    return invoke(c, method, plain_bb, &p, &out, deadline_ms, st);
+}
+
+static grpc_byte_buffer *msg_bb(void *ctx)
+{
+    return ps_rpc_msg_byte_buffer(ctx);
+}
+
+int ps_rpc_invoke_msg(ps_rpc_client *c, const char *method, ps_rpc_msg *req,
+                      ps_rpc_pieces_fn on_resp, void *ctx, int deadline_ms,
+                      ps_rpc_status *st)
+{
+    struct sink out = {.fn = on_resp, .ctx = ctx};
+    return invoke(c, method, msg_bb, req, &out, deadline_ms, st);
 }
 
 int ps_rpc_invoke_pb(ps_rpc_client *c, const char *method, const void *req_msg,
@@ -395,7 +431,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
             cq, &tag_msg, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (!ev.success || bb == NULL)
             break;
-        int rc = read_response(bb, &msg);
+        int rc = ps_rpc_bb_read(bb, &msg);
         grpc_byte_buffer_destroy(bb);
         if (rc != 0 || on_msg(ctx, msg.data, msg.len) != 0) {
             stopped = 1;

@@ -32,6 +32,33 @@ START_TEST(test_push_encode)
     ck_assert_uint_eq(r->grads[1]->grad->n_shape, 0);
     ck_assert_mem_eq(r->grads[1]->grad->data.data, b, sizeof b);
     ps__v1__push_request__free_unpacked(r, NULL);
+    /* Every gradient's floats start 4-byte aligned in the message, whatever
+     * the name lengths, so psd can apply them without a copy. */
+    for (int len = 1; len < 40; len++) {
+        char name[64];
+        memset(name, 'x', (size_t)len);
+        name[len] = '\0';
+        items[0].name = name;
+        ck_assert_int_eq(ps_push_encode(&buf, (uint32_t)len, (uint64_t)len * 977u,
+                                        items, 2), 0);
+        for (int g = 0; g < 2; g++) {
+            const uint8_t *want = (const uint8_t *)(g == 0 ? (void *)a : (void *)b);
+            size_t nb = g == 0 ? sizeof a : sizeof b;
+            const uint8_t *at = NULL;
+            for (size_t off = 0; off + nb <= buf.len; off++)
+                if (memcmp(buf.data + off, want, nb) == 0) {
+                    at = buf.data + off;
+                    break;
+                }
+            ck_assert_ptr_nonnull(at);
+            ck_assert_uint_eq((size_t)(at - buf.data) % 4, 0);
+        }
+        r = ps__v1__push_request__unpack(NULL, buf.len, buf.data);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_int_eq(r->grads[0]->grad->dtype, PS__V1__DTYPE__DTYPE_FLOAT32);
+        ck_assert_str_eq(r->grads[0]->name, name);
+        ps__v1__push_request__free_unpacked(r, NULL);
+    }
     ps_buf_free(&buf);
 }
 END_TEST

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs every benchmark under bench/ against the build in $1 (what `make bench`
+# runs). Each benchmark is one section: a function below, named in SECTIONS.
+# A section starts the daemons it measures and stops them itself; the trap
+# stops whatever a section leaves behind when this script is interrupted.
+#
+#   bash bench/run.sh BUILD_DIR [SECTION...]    (default: every section)
+#
+# Extra arguments for pushpull can be passed as PUSHPULL_ARGS="--json".
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+    echo "usage: $0 BUILD_DIR [SECTION...]" >&2
+    exit 2
+fi
+BUILD=$(cd "$1" && pwd)
+shift
+
+# The benchmark running now, so that the trap can stop it (it takes its psd
+# down with it: psd dies with its parent).
+child=
+cleanup() {
+    if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
+        kill -TERM "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Runs one benchmark in the background and waits for it, so that a signal
+# reaches the trap at once instead of after the benchmark ends.
+run() {
+    "$@" &
+    child=$!
+    local rc=0
+    wait "$child" || rc=$?
+    child=
+    return "$rc"
+}
+
+# push/pull throughput and latency against one psd, with the loopback-TCP and
+# memcpy ceilings of this run; the full matrix (4K..64M x 1,2,4 streams).
+section_pushpull() {
+    # shellcheck disable=SC2086  # PUSHPULL_ARGS is a list of words
+    run "$BUILD/bench/pushpull" --psd "$BUILD/server/psd" ${PUSHPULL_ARGS:-}
+}
+
+ALL_SECTIONS=(pushpull)
+
+SECTIONS=("${ALL_SECTIONS[@]}")
+if [ $# -gt 0 ]; then
+    SECTIONS=("$@")
+fi
+
+failed=()
+for s in "${SECTIONS[@]}"; do
+    if ! declare -F "section_$s" >/dev/null; then
+        echo "run.sh: no section '$s' (have: ${ALL_SECTIONS[*]})" >&2
+        exit 2
+    fi
+    echo "=== bench: $s ==="
+    start=$SECONDS
+    if "section_$s"; then
+        echo "=== $s: done in $((SECONDS - start)) s ==="
+    else
+        echo "=== $s: FAILED ===" >&2
+        failed+=("$s")
+    fi
+    echo
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "run.sh: failed sections: ${failed[*]}" >&2
+    exit 1
+fi

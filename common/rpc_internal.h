@@ -1,0 +1,29 @@
+/*
+ * rpc_internal.h - what rpc.c and rpc_client.c share and nobody else sees:
+ * pooled message buffers wrapped as gRPC slices.
+ */
+#ifndef PS_RPC_INTERNAL_H
+#define PS_RPC_INTERNAL_H
+
+#include "rpc.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/slice.h>
+
+/* A byte buffer whose one slice is msg's bytes: no copy. The slice holds a
+ * reference to msg until gRPC is done with it. */
+grpc_byte_buffer *ps_rpc_msg_byte_buffer(ps_rpc_msg *msg);
+
+/* A byte buffer holding `len` bytes written by fill(ctx, dst) into a pooled
+ * buffer (big messages) or a fresh slice (small ones). */
+grpc_byte_buffer *ps_rpc_bb_fill(size_t len, void (*fill)(void *ctx, uint8_t *dst),
+                                 void *ctx);
+
+/* Copies a received byte buffer into b (reused). Returns 0, PS_EPARSE or
+ * -ENOMEM. */
+int ps_rpc_bb_read(grpc_byte_buffer *bb, ps_buf *b);
+
+/* Calls fn with the received message as a list of borrowed pieces. */
+int ps_rpc_bb_pieces(grpc_byte_buffer *bb, ps_rpc_pieces_fn fn, void *ctx);
+
+#endif
