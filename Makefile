@@ -19,7 +19,7 @@ DEB_PACKAGES := \
 	libuv1-dev libjansson-dev zlib1g-dev libopenblas-dev \
 	check libsubunit-dev valgrind lmdb-utils \
 	python3-grpcio python3-grpc-tools python3-numpy \
-	dataset-fashion-mnist iproute2 procps
+	dataset-fashion-mnist iproute2 procps python3-torch
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -49,7 +49,15 @@ test: build
 	/usr/bin/python3 tests/summary.py $(BUILD)/meson-logs/testlog.json "tests" > $(BUILD)/summary-main.txt || rc=1; \
 	meson test -C $(BUILD) --setup valgrind --suite unit --print-errorlogs --no-rebuild || rc=1; \
 	/usr/bin/python3 tests/summary.py $(BUILD)/meson-logs/testlog-valgrind.json "valgrind" > $(BUILD)/summary-valgrind.txt || rc=1; \
-	cat $(BUILD)/summary-main.txt $(BUILD)/summary-valgrind.txt | \
+	if { [ -f $(BUILD)-fuzz/build.ninja ] || CC=clang meson setup $(BUILD)-fuzz -Dfuzz=enabled \
+			-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link -Dcuda=disabled; } && \
+		ninja -C $(BUILD)-fuzz tests/fuzz/fuzz_decode tests/fuzz/fuzz_handlers tests/fuzz/fuzz_seeds; then \
+		meson test -C $(BUILD)-fuzz --suite fuzz --no-rebuild --print-errorlogs || rc=1; \
+		/usr/bin/python3 tests/summary.py $(BUILD)-fuzz/meson-logs/testlog.json "fuzz" > $(BUILD)/summary-fuzz.txt || rc=1; \
+	else \
+		rc=1; printf "  the clang fuzz build in $(BUILD)-fuzz failed\nfuzz: 0 passed, 1 failed, 0 skipped\n" > $(BUILD)/summary-fuzz.txt; \
+	fi; \
+	cat $(BUILD)/summary-main.txt $(BUILD)/summary-valgrind.txt $(BUILD)/summary-fuzz.txt | \
 		/usr/bin/python3 tests/summary.py --total; \
 	exit $$rc
 

@@ -46,7 +46,14 @@ section_pushpull() {
     run "$BUILD/bench/pushpull" --psd "$BUILD/server/psd" ${PUSHPULL_ARGS:-}
 }
 
-ALL_SECTIONS=(pushpull)
+# training throughput and accuracy: workerd against psd beside PyTorch at one
+# thread, batch 64 and 256 (TRAIN_ARGS="--json" or "--quick" pass through).
+section_train() {
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of words
+    run /usr/bin/python3 "$(dirname "$0")/train.py" "$BUILD" ${TRAIN_ARGS:-}
+}
+
+ALL_SECTIONS=(pushpull train)
 
 SECTIONS=("${ALL_SECTIONS[@]}")
 if [ $# -gt 0 ]; then

@@ -504,10 +504,75 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
 
 /* ---- the loop --------------------------------------------------------- */
 
+/* --local: the same model and batches with SGD applied in-process and no
+ * psd, the "workerd computing alone" baseline the benchmark compares
+ * against. One replica. */
+static int train_local(const struct wd_train_opts *o, const struct ps_dataset *train,
+                       struct wd_train_result *res, char *err, size_t errlen)
+{
+    ps_model *m;
+    int rc = ps_model_create(o->model, train->h, train->w, train->c, o->nclasses,
+                             o->batch, &m, err, errlen);
+    if (rc != 0)
+        return rc;
+    ps_model_init_params(m, o->init_seed);
+    struct ps_batcher b;
+    rc = ps_batcher_init(&b, train->n, o->task_index, o->num_workers, o->batch,
+                         PS_BATCH_SHUFFLE | PS_BATCH_DROP_REMAINDER, o->seed);
+    float *xb = malloc((size_t)o->batch * (size_t)train->dim * sizeof(float));
+    int32_t *yb = malloc((size_t)o->batch * sizeof(int32_t));
+    if (rc != 0 || xb == NULL || yb == NULL) {
+        snprintf(err, errlen, "cannot set up local training");
+        rc = rc ? rc : -ENOMEM;
+        goto out;
+    }
+    double t0 = now_s(), compute = 0, loss_sum = 0;
+    int64_t steps = 0, examples = 0, nloss = 0;
+    for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
+        ps_batcher_start_epoch(&b, (uint64_t)epoch);
+        const int64_t *idx;
+        int n;
+        while ((n = ps_batcher_next(&b, &idx)) > 0) {
+            if (wd_stop_requested || (o->max_steps && steps >= o->max_steps))
+                goto done;
+            ps_dataset_gather(train, idx, n, xb, yb);
+            double c0 = now_s();
+            float loss;
+            if ((rc = ps_model_forward_backward(m, xb, yb, n, &loss)) != 0) {
+                snprintf(err, errlen, "%s", ps_model_errmsg(m));
+                goto out;
+            }
+            ps_model_sgd_step(m, o->lr);
+            compute += now_s() - c0;
+            steps++;
+            examples += n;
+            loss_sum += loss;
+            nloss++;
+        }
+    }
+done:
+    res->steps = steps;
+    res->examples = examples;
+    res->seconds = now_s() - t0;
+    res->examples_per_second = res->seconds > 0 ? (double)examples / res->seconds : 0;
+    res->final_loss = nloss ? loss_sum / (double)nloss : 0;
+    res->compute_seconds = compute;
+out:
+    free(xb);
+    free(yb);
+    ps_batcher_close(&b);
+    ps_model_destroy(m);
+    return rc;
+}
+
 int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
              struct wd_train_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
+    if (o->nps == 0) {
+        ps_backend_cpu_set_threads(o->blas_threads);
+        return train_local(o, train, res, err, errlen);
+    }
     if (strcmp(o->device, "cpu") != 0) {
         int ndev = 0;
         char why[256];

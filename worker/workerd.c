@@ -31,6 +31,7 @@
 
 struct wd_conf {
     char *ps;
+    bool local;
     char *role;
     char *model;
     char *data;
@@ -70,6 +71,8 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 static const ps_opt wd_opts[] = {
     {"ps", PS_OPT_STRING, offsetof(struct wd_conf, ps), "127.0.0.1:7070",
      "psd addresses, comma-separated (variables are placed over them by size)", 0, 0, NULL},
+    {"local", PS_OPT_BOOL, offsetof(struct wd_conf, local), "false",
+     "train alone with SGD in-process, no psd (the compute-only baseline)", 0, 0, NULL},
     {"role", PS_OPT_STRING, offsetof(struct wd_conf, role), "worker",
      "worker or evaluator", 0, 0, NULL},
     {"model", PS_OPT_STRING, offsetof(struct wd_conf, model), "mlp:784-256-256-10",
@@ -327,7 +330,7 @@ int main(int argc, char **argv)
 
     struct wd_train_opts o = {
         .ps = ps,
-        .nps = nps,
+        .nps = c.local ? 0 : nps,
         .model = c.model,
         .nclasses = (int)c.classes,
         .batch = (int)c.batch,
@@ -360,6 +363,9 @@ int main(int argc, char **argv)
     }
     float loss = NAN, acc = NAN;
     uint64_t version = 0;
+    if (c.evaluate && c.local) {
+        c.evaluate = false; /* the local model is gone; its loss is reported */
+    }
     if (c.evaluate) {
         rc = wd_evaluate(&o, &test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0) {

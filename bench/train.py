@@ -1,0 +1,223 @@
+"""bench/train: training throughput and accuracy on Fashion-MNIST, workerd
+against psd beside PyTorch at one thread, all measured in the same run.
+
+Model MLP 784-256-256-10, SGD, learning rate 0.1, batch 64 and 256, one
+compute thread everywhere:
+  local  workerd --local: the same model and batches with no psd (the
+         compute-only ceiling that communication overlap is judged by)
+  (a)    one workerd against one psd on this host
+  (b)    one psd and two workerd (each half of the data)
+  (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
+  (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow
+         (needs tensorflow-cpu from PyPI in the virtualenv named by
+         --tf-python; not installed by make)
+Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
+accuracy after 1 and 5 epochs; --json prints one object per measurement.
+
+Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
+"""
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FM = "/usr/share/datasets/fashion-mnist"
+
+
+def start_psd(build, data):
+    p = subprocess.Popen([os.path.join(build, "server", "psd"), "--data-dir", data,
+                          "--listen", "127.0.0.1:0", "--log-level", "warn"],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("PORT "):
+        p.kill()
+        raise RuntimeError("psd did not start")
+    return p, "127.0.0.1:%s" % line.split()[1]
+
+
+def stop(p):
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def workerd(build, args, env=None):
+    argv = [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1"] + args
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
+    if r.returncode != 0:
+        raise RuntimeError("workerd %s failed: %s" % (" ".join(args), r.stderr.strip()))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_ps(build, nworkers, batch, epochs, seed=1):
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as data:
+        psd, addr = start_psd(build, data)
+        try:
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(
+                [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1",
+                 "--ps", addr, "--batch", str(batch), "--epochs", str(epochs),
+                 "--lr", "0.1", "--num-workers", str(nworkers), "--task-index", str(i),
+                 "--seed", str(seed), "--progress", "0"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i in range(nworkers)]
+            outs = [p.communicate(timeout=1800) for p in procs]
+            wall = time.monotonic() - t0
+            for p, (o, e) in zip(procs, outs):
+                if p.returncode != 0:
+                    raise RuntimeError("workerd failed: %s" % e.strip())
+            res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+        finally:
+            stop(psd)
+    ex = sum(r["examples"] for r in res)
+    train_s = max(r["seconds"] for r in res)
+    return {"examples_per_second": ex / train_s, "wall_seconds": wall,
+            "test_accuracy": min(r["test_accuracy"] for r in res),
+            "comm_wait_seconds": sum(r["comm_wait_seconds"] for r in res),
+            "compute_seconds": sum(r["compute_seconds"] for r in res)}
+
+
+def load_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    import numpy as np
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def run_torch(batch, epochs):
+    """Returns (examples/s over the first epoch, accuracy after 1 and after
+    `epochs` epochs)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import numpy as np
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    x = torch.from_numpy((load_idx(os.path.join(FM, "train-images-idx3-ubyte.gz"))
+                          .reshape(-1, 784) / np.float32(255)).astype(np.float32))
+    y = torch.from_numpy(load_idx(os.path.join(FM, "train-labels-idx1-ubyte.gz"))
+                         .astype(np.int64))
+    xt = torch.from_numpy((load_idx(os.path.join(FM, "t10k-images-idx3-ubyte.gz"))
+                           .reshape(-1, 784) / np.float32(255)).astype(np.float32))
+    yt = torch.from_numpy(load_idx(os.path.join(FM, "t10k-labels-idx1-ubyte.gz"))
+                          .astype(np.int64))
+    m = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 10))
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            torch.nn.init.xavier_uniform_(layer.weight)
+            torch.nn.init.zeros_(layer.bias)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    lossf = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(1)
+
+    def accuracy():
+        with torch.no_grad():
+            return float((m(xt).argmax(1) == yt).float().mean())
+
+    rate, acc1 = None, None
+    steps = len(x) // batch
+    for epoch in range(epochs):
+        perm = torch.randperm(len(x), generator=g)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            idx = perm[i * batch:(i + 1) * batch]
+            opt.zero_grad()
+            loss = lossf(m(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+        dt = time.perf_counter() - t0
+        if epoch == 0:
+            rate = steps * batch / dt
+            acc1 = accuracy()
+    return rate, acc1, accuracy()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--quick", action="store_true", help="batch 64 only, 1 epoch")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--tensorflow", action="store_true",
+                    help="also run TensorFlow's ParameterServerStrategy (d)")
+    ap.add_argument("--tf-python", default=os.path.join(HERE, "..", ".venv-tf", "bin", "python"))
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
+        print("bench/train: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
+        return 1
+    epochs = 1 if a.quick else a.epochs
+    batches = [64] if a.quick else [64, 256]
+    env1 = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    rows = []
+    for batch in batches:
+        local = workerd(build, ["--local", "--batch", str(batch), "--epochs", "1",
+                                "--progress", "0"], env1)
+        a1 = run_ps(build, 1, batch, 1)
+        a5 = run_ps(build, 1, batch, epochs) if epochs > 1 else a1
+        b1 = run_ps(build, 2, batch, 1)
+        try:
+            t_rate, t_acc1, t_acc5 = run_torch(batch, epochs)
+        except ImportError:
+            t_rate = t_acc1 = t_acc5 = None
+        row = {"batch": batch,
+               "local_examples_per_second": local["examples_per_second"],
+               "a_examples_per_second": a1["examples_per_second"],
+               "a_test_accuracy_1": a1["test_accuracy"],
+               "a_test_accuracy_%d" % epochs: a5["test_accuracy"],
+               "a_overlap_gap": 1 - a1["examples_per_second"] / local["examples_per_second"],
+               "b_examples_per_second": b1["examples_per_second"],
+               "b_test_accuracy_1": b1["test_accuracy"],
+               "torch_examples_per_second": t_rate,
+               "torch_test_accuracy_1": t_acc1,
+               "torch_test_accuracy_%d" % epochs: t_acc5}
+        if t_rate:
+            row["a_vs_torch"] = a1["examples_per_second"] / t_rate
+            row["b_vs_torch"] = b1["examples_per_second"] / t_rate
+        rows.append(row)
+        if a.json:
+            print(json.dumps(row), flush=True)
+    if a.tensorflow:
+        print("bench/train: (d) TensorFlow ParameterServerStrategy: not implemented "
+              "in this benchmark yet", flush=True)
+    if a.json:
+        return 0
+    print("bench/train: MLP 784-256-256-10, SGD lr 0.1, one compute thread, "
+          "Fashion-MNIST (60000 train, 10000 test)")
+    print("%-6s %-34s %12s %10s %9s %9s" % ("batch", "configuration", "examples/s",
+                                           "vs torch", "acc@1", "acc@%d" % epochs))
+    for r in rows:
+        t = r["torch_examples_per_second"]
+        def vs(v):
+            return "%.2fx" % (v / t) if t else "-"
+        print("%-6d %-34s %12.0f %10s %9s %9s" % (r["batch"], "workerd --local (no psd)",
+              r["local_examples_per_second"], vs(r["local_examples_per_second"]), "-", "-"))
+        print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(a) 1 workerd + 1 psd",
+              r["a_examples_per_second"], vs(r["a_examples_per_second"]),
+              r["a_test_accuracy_1"], r["a_test_accuracy_%d" % epochs]))
+        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(b) 2 workerd + 1 psd",
+              r["b_examples_per_second"], vs(r["b_examples_per_second"]),
+              r["b_test_accuracy_1"], "-"))
+        if t:
+            print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(c) PyTorch, 1 thread", t,
+                  "1.00x", r["torch_test_accuracy_1"], r["torch_test_accuracy_%d" % epochs]))
+        else:
+            print("%-6d %-34s %12s" % (r["batch"], "(c) PyTorch", "not installed"))
+        print("%-6s overlap gap of (a) to local: %.1f%% (target < 15%%)"
+              % ("", 100 * r["a_overlap_gap"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

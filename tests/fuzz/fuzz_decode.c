@@ -1,0 +1,191 @@
+/*
+ * fuzz_decode - libFuzzer target: the same bytes go to every decoder a
+ * request meets in psd, that is server/wire.c's zero-copy PushRequest
+ * decoder and the protobuf-c unpack of every other request the
+ * ParameterServer and Health services read.
+ *
+ * Besides the sanitizers, it checks what is cheap to check:
+ * - a decoded push points only into the input (names and gradient bytes),
+ *   and every byte it points to is read, so ASan sees any overrun;
+ * - the decoder agrees with protobuf-c: a PushRequest that protobuf-c
+ *   accepts decodes, with the same worker, step, gradients, names, shapes
+ *   and bytes, except one with field number 0 (invalid protobuf, which
+ *   protobuf-c skips and the decoder refuses). The reverse need not hold:
+ *   the decoder skips a known field with the wrong wire type as unknown,
+ *   where protobuf-c refuses the message.
+ * A broken invariant aborts, which libFuzzer reports as a crash.
+ */
+#include "errors.h"
+#include "health.pb-c.h"
+#include "ps.pb-c.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond)                                                       \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "fuzz_decode: %s:%d: invariant broken: %s\n", \
+                    __FILE__, __LINE__, #cond);                           \
+            abort();                                                      \
+        }                                                                 \
+    } while (0)
+
+/* Reused across inputs, as the server reuses one per thread. */
+static psd_push_req push;
+
+static int inside(const uint8_t *p, size_t n, const uint8_t *buf, size_t len)
+{
+    return n == 0 || (p >= buf && n <= len && (size_t)(p - buf) <= len - n);
+}
+
+/* Reads every byte so that ASan checks the range; the sum is returned only
+ * so that the compiler keeps the loop. */
+static unsigned touch(const uint8_t *p, size_t n)
+{
+    unsigned s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += p[i];
+    return s;
+}
+
+static void check_push(const uint8_t *data, size_t size)
+{
+    char err[256];
+    err[0] = '\0';
+    int rc = psd_push_decode(data, size, &push, err, sizeof err);
+    Ps__V1__PushRequest *pb = ps__v1__push_request__unpack(NULL, size, data);
+    if (rc != 0) {
+        CHECK(rc == PS_EPARSE || rc == -ENOMEM);
+        if (rc == PS_EPARSE)
+            CHECK(err[0] != '\0' && memchr(err, '\0', sizeof err) != NULL);
+        /* protobuf-c must not accept what the decoder refuses, but for
+         * field number 0, which protobuf forbids and protobuf-c lets pass
+         * as an unknown field. */
+        CHECK(pb == NULL ||
+              strncmp(err, "PushRequest: malformed field 0 ", 31) == 0);
+        if (pb != NULL)
+            ps__v1__push_request__free_unpacked(pb, NULL);
+        return;
+    }
+    CHECK(push.ngrads <= push.cap);
+    unsigned sum = 0;
+    for (size_t i = 0; i < push.ngrads; i++) {
+        const psd_wire_grad *g = &push.grads[i];
+        CHECK(inside((const uint8_t *)g->name, g->name_len, data, size));
+        CHECK(inside(g->data, g->nbytes, data, size));
+        CHECK(g->ndim >= -1 && g->ndim <= PSD_MAX_DIMS);
+        CHECK(g->dtype >= 0 && g->dtype <= 1000);
+        if (g->name_len)
+            sum += touch((const uint8_t *)g->name, g->name_len);
+        if (g->nbytes)
+            sum += touch(g->data, g->nbytes);
+    }
+    (void)sum;
+    if (pb == NULL)
+        return;
+    CHECK(pb->worker == push.worker);
+    CHECK(pb->step == push.step);
+    CHECK(pb->n_grads == push.ngrads);
+    for (size_t i = 0; i < push.ngrads; i++) {
+        const psd_wire_grad *g = &push.grads[i];
+        const Ps__V1__Gradient *pg = pb->grads[i];
+        CHECK(strlen(pg->name) <= g->name_len);
+        /* protobuf-c's string stops at an embedded NUL; the prefix agrees. */
+        CHECK(memcmp(pg->name, g->name ? g->name : "", strlen(pg->name)) == 0);
+        CHECK((pg->grad != NULL) == (g->has_tensor != 0));
+        if (pg->grad == NULL)
+            continue;
+        const Ps__V1__Tensor *t = pg->grad;
+        if (t->n_shape <= PSD_MAX_DIMS) {
+            CHECK(g->ndim == (int)t->n_shape);
+            for (size_t d = 0; d < t->n_shape; d++)
+                CHECK(g->shape[d] == t->shape[d]);
+        } else {
+            CHECK(g->ndim == -1);
+        }
+        /* A Tensor sent twice in one Gradient is merged. The decoder keeps
+         * the last value on the wire, as protobuf requires; protobuf-c keeps
+         * an earlier one when the last is zero or empty. So dtype and data
+         * are compared only when the decoder's are not zero. */
+        if (g->dtype > 0 && g->dtype < 1000)
+            CHECK((int)t->dtype == g->dtype);
+        if (g->nbytes > 0) {
+            CHECK(t->data.len == g->nbytes);
+            CHECK(memcmp(t->data.data, g->data, g->nbytes) == 0);
+        }
+    }
+    ps__v1__push_request__free_unpacked(pb, NULL);
+}
+
+/* The other requests go through protobuf-c as the handlers use it: unpack,
+ * read the fields the handler reads, free. */
+static void check_others(const uint8_t *data, size_t size)
+{
+    Ps__V1__CreateVariableRequest *cv =
+        ps__v1__create_variable_request__unpack(NULL, size, data);
+    if (cv != NULL) {
+        if (cv->spec != NULL) {
+            const Ps__V1__VariableSpec *sp = cv->spec;
+            CHECK(sp->name != NULL);
+            (void)strlen(sp->name);
+            for (size_t i = 0; i < sp->n_shape; i++)
+                (void)touch((const uint8_t *)&sp->shape[i], sizeof sp->shape[i]);
+            /* The handler packs the spec again to compare it. */
+            size_t n = ps__v1__variable_spec__get_packed_size(sp);
+            uint8_t *buf = malloc(n ? n : 1);
+            CHECK(buf != NULL);
+            CHECK(ps__v1__variable_spec__pack(sp, buf) == n);
+            free(buf);
+        }
+        ps__v1__create_variable_request__free_unpacked(cv, NULL);
+    }
+
+    Ps__V1__PullRequest *pr = ps__v1__pull_request__unpack(NULL, size, data);
+    if (pr != NULL) {
+        for (size_t i = 0; i < pr->n_items; i++) {
+            CHECK(pr->items[i] != NULL && pr->items[i]->name != NULL);
+            (void)strlen(pr->items[i]->name);
+        }
+        ps__v1__pull_request__free_unpacked(pr, NULL);
+    }
+
+    Ps__V1__ListVariablesRequest *lr =
+        ps__v1__list_variables_request__unpack(NULL, size, data);
+    if (lr != NULL)
+        ps__v1__list_variables_request__free_unpacked(lr, NULL);
+
+    Ps__V1__StatsRequest *sr = ps__v1__stats_request__unpack(NULL, size, data);
+    if (sr != NULL)
+        ps__v1__stats_request__free_unpacked(sr, NULL);
+
+    Ps__V1__CheckpointRequest *cr =
+        ps__v1__checkpoint_request__unpack(NULL, size, data);
+    if (cr != NULL)
+        ps__v1__checkpoint_request__free_unpacked(cr, NULL);
+
+    Ps__V1__RestoreRequest *rr = ps__v1__restore_request__unpack(NULL, size, data);
+    if (rr != NULL)
+        ps__v1__restore_request__free_unpacked(rr, NULL);
+
+    Grpc__Health__V1__HealthCheckRequest *hr =
+        grpc__health__v1__health_check_request__unpack(NULL, size, data);
+    if (hr != NULL) {
+        CHECK(hr->service != NULL);
+        (void)strlen(hr->service);
+        grpc__health__v1__health_check_request__free_unpacked(hr, NULL);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    check_push(data, size);
+    check_others(data, size);
+    return 0;
+}
