@@ -7,7 +7,10 @@
  * drains the calls in flight, flushes everything acknowledged to LMDB and
  * exits 0.
  */
+#include "cluster.h"
 #include "conf.h"
+#include "coordclient.h"
+#include "ps.pb-c.h"
 #include "errors.h"
 #include "log.h"
 #include "ps_config.h"
@@ -25,15 +28,20 @@
 struct psd_conf {
     char *listen;
     char *data_dir;
-    int64_t threads;
+    char *checkpoint_root;
+    char *coordinator;
+    char *job_id;
+    int task_index;
+    char *advertise;
+    int threads;
     uint64_t max_message;
     int consistency;
-    int64_t workers;
+    int workers;
     int64_t commit_interval_ms;
     bool durable;
     bool allow_nonfinite;
     uint64_t map_size;
-    int64_t checkpoint_keep;
+    int checkpoint_keep;
     int64_t shutdown_grace_ms;
     int log_level;
 };
@@ -47,6 +55,18 @@ static const ps_opt psd_opts[] = {
      "host:port to serve on; port 0 picks a free one (printed as PORT <n>)", 0, 0, NULL},
     {"data-dir", PS_OPT_STRING, offsetof(struct psd_conf, data_dir), NULL,
      "directory of the LMDB store and checkpoints/ (required)", 0, 0, NULL},
+    {"checkpoint-root", PS_OPT_STRING, offsetof(struct psd_conf, checkpoint_root), NULL,
+     "checkpoints go to DIR/checkpoints/<step> (default: the data dir); put it "
+     "where it outlives the data dir, so a wiped shard can be restored", 0, 0, NULL},
+    {"coordinator", PS_OPT_STRING, offsetof(struct psd_conf, coordinator), NULL,
+     "pscoord host:port to register with as a ps task (none: standalone)", 0, 0, NULL},
+    {"job-id", PS_OPT_STRING, offsetof(struct psd_conf, job_id), "job",
+     "the job this shard belongs to (checked by the coordinator)", 0, 0, NULL},
+    {"task-index", PS_OPT_INT, offsetof(struct psd_conf, task_index), "-1",
+     "this shard's ps index (-1: the coordinator assigns one)", -1, 65535, NULL},
+    {"advertise", PS_OPT_STRING, offsetof(struct psd_conf, advertise), NULL,
+     "host:port others reach this shard at (default: the listen host, "
+     "127.0.0.1 for 0.0.0.0, with the bound port)", 0, 0, NULL},
     /* Two completion-queue threads keep both cores of a small host busy. */
     {"threads", PS_OPT_INT, offsetof(struct psd_conf, threads), "2",
      "gRPC completion-queue threads", 1, 64, NULL},
@@ -119,6 +139,7 @@ int main(int argc, char **argv)
     psd_shard *shard = NULL;
     psd_shard_opts so = {
         .data_dir = c.data_dir,
+        .checkpoint_root = c.checkpoint_root,
         .map_size = c.map_size,
         .consistency = c.consistency == 1 ? PSD_SYNC : PSD_ASYNC,
         .workers = (uint32_t)c.workers,
@@ -153,6 +174,34 @@ int main(int argc, char **argv)
     /* What a psd with no variables costs: the overhead Stats reports. */
     uint64_t rss = psd_rss_bytes();
     psd_shard_set_fixed_overhead(shard, rss > base_rss ? rss : base_rss);
+    ps_coord *coord = NULL;
+    if (c.coordinator != NULL && c.coordinator[0] != '\0') {
+        char adv[300], host[256];
+        int lport;
+        if (c.advertise != NULL && c.advertise[0] != '\0') {
+            snprintf(adv, sizeof adv, "%s", c.advertise);
+        } else if (ps_addr_split(c.listen, host, sizeof host, &lport) == 0) {
+            bool any = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ||
+                       host[0] == '\0';
+            snprintf(adv, sizeof adv, "%s:%d", any ? "127.0.0.1" : host, port);
+        } else {
+            snprintf(adv, sizeof adv, "127.0.0.1:%d", port);
+        }
+        ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
+                            .role = PS__V1__ROLE__PS, .index = (int)c.task_index,
+                            .address = adv, .empty = psd_shard_nvars(shard) == 0,
+                            .register_budget_ms = 60000};
+        int idx;
+        rc = ps_coord_join(&co, &coord, &idx, err, sizeof err);
+        if (rc != 0) {
+            fprintf(stderr, "psd: %s\n", err);
+            ps_rpc_server_shutdown(srv, 0);
+            ps_rpc_server_destroy(srv);
+            psd_shard_close(shard);
+            ps_conf_free(psd_opts, &c);
+            return 1;
+        }
+    }
     printf("PORT %d\n", port);
     fflush(stdout);
     ps_log_info("psd %s serving on %s (port %d), data in %s, %s commits every "
@@ -162,6 +211,7 @@ int main(int argc, char **argv)
 
     int sig = ps_signals_wait(-1);
     ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
+    ps_coord_leave(coord);
     psd_shard_stop(shard);
     ps_rpc_server_shutdown(srv, (int)c.shutdown_grace_ms);
     ps_rpc_server_destroy(srv);

@@ -90,6 +90,7 @@ typedef struct pull_waiter {
 struct psd_shard {
     psd_shard_opts o;
     char *data_dir;
+    char *ckpt_root;     /* checkpoints live in <ckpt_root>/checkpoints */
     psd_store *store;
 
     pthread_rwlock_t table_lock;
@@ -295,6 +296,9 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
     out->init.mean = normal ? i.mean : 0;
     out->init.stddev = normal ? i.stddev : 0;
     out->init.seed = i.kind >= PSD_INIT_UNIFORM ? i.seed : 0;
+    if (i.kind != PSD_INIT_GLOROT_UNIFORM || out->init.fan_in <= 0 ||
+        out->init.fan_out <= 0)
+        out->init.fan_in = out->init.fan_out = 0;
 
     out->spec.optimizer = &out->opt;
     out->spec.initializer = &out->init;
@@ -989,7 +993,14 @@ static void create_variable(ps_rpc_call *call, const uint8_t *req, size_t len,
         }
         psd_init in;
         init_from_pb(v->spec->initializer, &in);
-        psd_init_fill(&in, v->value, v->n, v->shape, v->ndim);
+        const Ps__V1__Initializer *pi = v->spec->initializer;
+        if (pi->fan_in > 0 && pi->fan_out > 0) {
+            /* A part of a split variable: the whole variable's fans. */
+            int64_t fans[2] = {pi->fan_in, pi->fan_out};
+            psd_init_fill(&in, v->value, v->n, fans, 2);
+        } else {
+            psd_init_fill(&in, v->value, v->n, v->shape, v->ndim);
+        }
         if (v->nslots)
             psd_opt_init_slots(&v->opt, v->slots, v->n);
     }
@@ -1460,6 +1471,51 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         push_complete(s, p);
 }
 
+/* The coordinator's word on how many workers are alive: every SYNC
+ * variable's step now waits for that many pushes, and a step that already
+ * holds them is applied at once. */
+static void set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
+                             void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__SetSyncWorkersRequest *r =
+        ps__v1__set_sync_workers_request__unpack(NULL, len, req);
+    if (r == NULL || r->workers < 1 || r->workers > 65536) {
+        count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SetSyncWorkers: %s",
+                    r == NULL ? "bytes that are not a SetSyncWorkersRequest"
+                              : "workers must be in [1, 65536]");
+        if (r)
+            ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
+        return;
+    }
+    uint32_t n = r->workers, previous = s->o.workers;
+    ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
+    pthread_rwlock_rdlock(&s->table_lock);
+    for (size_t i = 0; i < s->nvars; i++) {
+        psd_var *v = s->vars[i];
+        if (v->consistency != PSD_SYNC)
+            continue;
+        pthread_rwlock_wrlock(&v->lock);
+        previous = v->num_workers;
+        v->num_workers = n;
+        pending_push *ready = v->accum_count > 0 ? maybe_apply_step(s, v) : NULL;
+        pthread_rwlock_unlock(&v->lock);
+        while (ready != NULL) {
+            pending_push *q = ready;
+            ready = q->next;
+            push_complete(s, q);
+        }
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    wake_waiters(s);
+    ps_log_info("sync variables now aggregate %u worker(s) per step (were %u)",
+                n, previous);
+    Ps__V1__SetSyncWorkersResponse resp = PS__V1__SET_SYNC_WORKERS_RESPONSE__INIT;
+    resp.previous = previous;
+    ps_rpc_reply_pb(call, &resp);
+}
+
 static int cmp_vars(const void *a, const void *b)
 {
     return strcmp((*(psd_var *const *)a)->name, (*(psd_var *const *)b)->name);
@@ -1577,18 +1633,18 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     }
     char path[4096];
     uint64_t bytes = 0;
-    rc = psd_ckpt_write(s->store, s->data_dir, step, nvars, path, sizeof path, &bytes);
+    rc = psd_ckpt_write(s->store, s->ckpt_root, step, nvars, path, sizeof path, &bytes);
     if (rc != 0) {
         ps_rpc_fail(call, ps_rpc_code_from_err(rc),
                     "Checkpoint at step %llu in %s/checkpoints failed: %s%s",
-                    (unsigned long long)step, s->data_dir, ps_strerror(rc),
+                    (unsigned long long)step, s->ckpt_root, ps_strerror(rc),
                     rc == PS_EFULL ? " (disk full; earlier checkpoints are intact)"
                                    : "");
         return;
     }
     atomic_store(&s->last_ckpt, step);
     if (s->o.checkpoint_keep > 0)
-        psd_ckpt_prune(s->data_dir, s->o.checkpoint_keep);
+        psd_ckpt_prune(s->ckpt_root, s->o.checkpoint_keep);
     ps_log_info("checkpoint at step %llu: %s (%llu bytes)",
                 (unsigned long long)step, path, (unsigned long long)bytes);
     Ps__V1__CheckpointResponse resp = PS__V1__CHECKPOINT_RESPONSE__INIT;
@@ -1634,18 +1690,18 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
     uint64_t step = r->step;
     ps__v1__restore_request__free_unpacked(r, NULL);
     int rc = 0;
-    if (step == 0 && (rc = psd_ckpt_latest(s->data_dir, &step)) != 0) {
+    if (step == 0 && (rc = psd_ckpt_latest(s->ckpt_root, &step)) != 0) {
         ps_rpc_fail(call, PS_RPC_NOT_FOUND,
                     "Restore: no complete checkpoint under %s/checkpoints",
-                    s->data_dir);
+                    s->ckpt_root);
         return;
     }
     char path[4096];
-    rc = psd_ckpt_path(s->data_dir, step, path, sizeof path);
+    rc = psd_ckpt_path(s->ckpt_root, step, path, sizeof path);
     if (rc != 0) {
         ps_rpc_fail(call, rc == PS_ECORRUPT ? PS_RPC_DATA_LOSS : PS_RPC_NOT_FOUND,
                     "Restore: checkpoint %llu under %s/checkpoints %s",
-                    (unsigned long long)step, s->data_dir,
+                    (unsigned long long)step, s->ckpt_root,
                     rc == PS_ECORRUPT ? "is corrupt (its checksum does not match)"
                                       : "does not exist or is incomplete");
         return;
@@ -1723,6 +1779,9 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
         s->o.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
     s->data_dir = strdup(opts->data_dir);
     s->o.data_dir = s->data_dir;
+    s->ckpt_root = strdup(opts->checkpoint_root && opts->checkpoint_root[0]
+                              ? opts->checkpoint_root : opts->data_dir);
+    s->o.checkpoint_root = s->ckpt_root;
     pthread_rwlock_init(&s->table_lock, NULL);
     pthread_mutex_init(&s->wait_mu, NULL);
     pthread_cond_init(&s->wait_cond, NULL);
@@ -1744,7 +1803,7 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     s->nvars = lc.n;
     s->cap = lc.cap;
     uint64_t last = 0;
-    if (psd_ckpt_latest(s->data_dir, &last) == 0)
+    if (psd_ckpt_latest(s->ckpt_root, &last) == 0)
         atomic_store(&s->last_ckpt, last);
     if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0 ||
         pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
@@ -1758,6 +1817,14 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
 fail:
     psd_shard_close(s);
     return rc;
+}
+
+size_t psd_shard_nvars(psd_shard *s)
+{
+    pthread_rwlock_rdlock(&s->table_lock);
+    size_t n = s->nvars;
+    pthread_rwlock_unlock(&s->table_lock);
+    return n;
 }
 
 void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes)
@@ -1778,6 +1845,7 @@ int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
         {"/ps.v1.ParameterServer/Stats", stats},
         {"/ps.v1.ParameterServer/Checkpoint", checkpoint},
         {"/ps.v1.ParameterServer/Restore", restore},
+        {"/ps.v1.ParameterServer/SetSyncWorkers", set_sync_workers},
     };
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
         int rc = ps_rpc_server_add_method(srv, m[i].path, PS_RPC_UNARY, m[i].fn, s);
@@ -1836,6 +1904,7 @@ int psd_shard_close(psd_shard *s)
     pthread_mutex_destroy(&s->flush_mu);
     pthread_cond_destroy(&s->flush_cond);
     free(s->data_dir);
+    free(s->ckpt_root);
     free(s);
     return rc;
 }

@@ -39,7 +39,8 @@ enum psd_consistency {
 };
 
 typedef struct psd_shard_opts {
-    const char *data_dir;        /* the LMDB environment and checkpoints/ */
+    const char *data_dir;        /* the LMDB environment */
+    const char *checkpoint_root; /* checkpoints/ goes here; NULL = data_dir */
     uint64_t map_size;           /* LMDB map size; 0 = store's default */
     int consistency;             /* default for specs that leave it unset */
     uint32_t workers;            /* sync: pushes per step when a spec says 0 */
@@ -71,6 +72,9 @@ int psd_shard_flush(psd_shard *s);
 /* Resident bytes measured at open, before any variable was loaded: the
  * fixed overhead Stats reports beside the variables' own bytes. */
 void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes);
+
+/* How many variables the shard holds now. */
+size_t psd_shard_nvars(psd_shard *s);
 
 /* The process's resident set size in bytes (from /proc/self/statm). */
 uint64_t psd_rss_bytes(void);

@@ -38,8 +38,23 @@ struct shard {
     uint64_t done;              /* jobs finished */
 };
 
+/* One server variable: a whole model tensor, or a row range of one when the
+ * coordinator split it over shards. Its floats are contiguous in the
+ * parameter and gradient blocks (row-major). */
+struct part {
+    char name[300];
+    int param;              /* model tensor */
+    size_t offset, count;   /* in floats, in the blocks */
+    int64_t shape[PS_PARAM_MAXDIM];
+    int ndim;
+    int shard;
+    int64_t fan_in, fan_out;/* a split part keeps the whole tensor's fans */
+};
+
 struct session {
     const struct wd_train_opts *o;
+    struct part *parts;
+    int nparts;
     ps_model **replicas;
     int nrep;
     size_t nparams;
@@ -304,22 +319,26 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
 
 /* ---- session setup ---------------------------------------------------- */
 
-static int create_variables(struct session *s, const int *shard_of, char *err,
-                            size_t errlen)
+static int create_variables(struct session *s, char *err, size_t errlen)
 {
     const struct wd_train_opts *o = s->o;
     ps_model *m = s->replicas[0];
-    for (int i = 0; i < ps_model_param_count(m); i++) {
-        const struct ps_param_info *pi = ps_model_param_info(m, i);
+    for (int k = 0; k < s->nparts; k++) {
+        const struct part *pt = &s->parts[k];
+        const struct ps_param_info *pi = ps_model_param_info(m, pt->param);
         Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
         Ps__V1__Initializer init = PS__V1__INITIALIZER__INIT;
         Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
-        spec.name = (char *)pi->name;
+        spec.name = (char *)pt->name;
         spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        spec.n_shape = (size_t)pi->ndim;
-        spec.shape = (int64_t *)pi->shape;
+        spec.n_shape = (size_t)pt->ndim;
+        spec.shape = (int64_t *)pt->shape;
         init.kind = (Ps__V1__Initializer__Kind)pi->init;
-        init.seed = o->init_seed * 1000003u + (uint64_t)i;
+        init.seed = o->init_seed * 1000003u + (uint64_t)k;
+        if (pi->init == PS_INIT_GLOROT_UNIFORM && pt->count != pi->count) {
+            init.fan_in = pt->fan_in;
+            init.fan_out = pt->fan_out;
+        }
         opt.kind = (Ps__V1__Optimizer__Kind)o->optimizer;
         opt.learning_rate = o->lr;
         opt.momentum = o->optimizer == PS__V1__OPTIMIZER__KIND__MOMENTUM ? o->momentum : 0;
@@ -328,7 +347,7 @@ static int create_variables(struct session *s, const int *shard_of, char *err,
         spec.consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
                                                : PS__V1__CONSISTENCY__ASYNC;
         spec.num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
-        struct shard *sh = &s->shards[shard_of[i]];
+        struct shard *sh = &s->shards[pt->shard];
         ps_rpc_status st = {0};
         int rc = ps_client_create_variable(sh->client, &spec, NULL, NULL,
                                            o->rpc_timeout_ms, &st);
@@ -338,12 +357,84 @@ static int create_variables(struct session *s, const int *shard_of, char *err,
                          "fit model %s: %s", sh->address, o->model, st.message);
             else if (rc == PS_ERPC)
                 snprintf(err, errlen, "psd at %s: CreateVariable '%s': %s: %s",
-                         sh->address, pi->name, ps_rpc_code_name(st.code),
+                         sh->address, pt->name, ps_rpc_code_name(st.code),
                          st.message);
             else
                 snprintf(err, errlen, "psd at %s: CreateVariable '%s': %s",
-                         sh->address, pi->name, ps_strerror(rc));
+                         sh->address, pt->name, ps_strerror(rc));
             return rc == PS_ERPC && st.code == PS_RPC_ALREADY_EXISTS ? PS_ESHAPE : rc;
+        }
+    }
+    return 0;
+}
+
+/* The parts: from the coordinator's placement when there is one, else one
+ * part per tensor placed by the local rule. */
+static int make_parts(struct session *s, char *err, size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
+    ps_model *m = s->replicas[0];
+    int np = ps_model_param_count(m);
+    int cap = np;
+    if (o->placement != NULL)
+        for (int i = 0; i < o->placement->n; i++)
+            cap += o->placement->vars[i].nparts;
+    s->parts = calloc((size_t)cap, sizeof *s->parts);
+    if (s->parts == NULL)
+        return -ENOMEM;
+    int shard_of[256];
+    if (np > 256) {
+        snprintf(err, errlen, "model has %d tensors, at most 256", np);
+        return PS_EINVAL_ARG;
+    }
+    if (o->placement == NULL)
+        place(m, s->nshards, shard_of);
+    for (int i = 0; i < np; i++) {
+        const struct ps_param_info *pi = ps_model_param_info(m, i);
+        size_t row = pi->ndim > 0 && pi->shape[0] > 0 ? pi->count / (size_t)pi->shape[0]
+                                                      : pi->count;
+        const struct wd_var_place *vp = NULL;
+        if (o->placement != NULL) {
+            for (int k = 0; k < o->placement->n; k++)
+                if (strcmp(o->placement->vars[k].name, pi->name) == 0)
+                    vp = &o->placement->vars[k];
+            if (vp == NULL) {
+                snprintf(err, errlen, "the coordinator's placement has no '%s'",
+                         pi->name);
+                return PS_ESHAPE;
+            }
+        }
+        int nparts = vp ? vp->nparts : 1;
+        for (int k = 0; k < nparts; k++) {
+            struct part *pt = &s->parts[s->nparts++];
+            pt->param = i;
+            pt->ndim = pi->ndim;
+            memcpy(pt->shape, pi->shape, sizeof pt->shape);
+            pt->fan_in = pi->fan_in;
+            pt->fan_out = pi->fan_out;
+            if (vp == NULL) {
+                snprintf(pt->name, sizeof pt->name, "%s", pi->name);
+                pt->offset = pi->offset;
+                pt->count = pi->count;
+                pt->shard = shard_of[i];
+                continue;
+            }
+            const struct wd_part_place *pp = &vp->parts[k];
+            if (pp->shard < 0 || pp->shard >= s->nshards ||
+                pp->row_begin < 0 || pp->row_end <= pp->row_begin ||
+                (pi->ndim > 0 && pp->row_end > pi->shape[0])) {
+                snprintf(err, errlen, "the coordinator's placement of '%s' part %d "
+                         "(shard %d, rows %lld..%lld) does not fit the model or the "
+                         "%d shards", pi->name, k, pp->shard, (long long)pp->row_begin,
+                         (long long)pp->row_end, s->nshards);
+                return PS_ESHAPE;
+            }
+            snprintf(pt->name, sizeof pt->name, "%s", pp->name);
+            pt->shard = pp->shard;
+            pt->offset = pi->offset + (size_t)pp->row_begin * row;
+            pt->count = (size_t)(pp->row_end - pp->row_begin) * row;
+            if (pi->ndim > 0)
+                pt->shape[0] = pp->row_end - pp->row_begin;
         }
     }
     return 0;
@@ -378,6 +469,7 @@ static void session_close(struct session *s)
     free(s->rep_loss);
     free(s->grads_send);
     free(s->params_pull);
+    free(s->parts);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
 }
@@ -414,14 +506,11 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     if (s->grads_send == NULL || s->params_pull == NULL)
         return -ENOMEM;
 
-    int np = ps_model_param_count(m);
-    int shard_of[256];
-    if (np > 256) {
-        snprintf(err, errlen, "model has %d tensors, at most 256", np);
-        return PS_EINVAL_ARG;
-    }
     s->nshards = o->nps;
-    place(m, s->nshards, shard_of);
+    int rc = make_parts(s, err, errlen);
+    if (rc != 0)
+        return rc;
+    int np = s->nparts;
     ps_rpc_client_opts co = {
         .deadline_ms = o->rpc_timeout_ms,
         .max_attempts = 1000000,
@@ -434,7 +523,7 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         sh->s = s;
         sh->index = k;
         sh->address = o->ps[k];
-        int rc = ps_client_create(sh->address, &co, &sh->client);
+        rc = ps_client_create(sh->address, &co, &sh->client);
         if (rc != 0) {
             snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
             return rc;
@@ -445,18 +534,18 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             return -ENOMEM;
     }
     for (int i = 0; i < np; i++) {
-        const struct ps_param_info *pi = ps_model_param_info(m, i);
-        struct shard *sh = &s->shards[shard_of[i]];
-        ps_client_item it = {.name = pi->name, .n = pi->count,
-                             .shape = pi->shape, .ndim = pi->ndim};
-        it.data = s->grads_send + pi->offset;
+        const struct part *pt = &s->parts[i];
+        struct shard *sh = &s->shards[pt->shard];
+        ps_client_item it = {.name = pt->name, .n = pt->count,
+                             .shape = pt->shape, .ndim = pt->ndim};
+        it.data = s->grads_send + pt->offset;
         sh->push_items[sh->nitems] = it;
-        it.data = s->params_pull + pi->offset;
+        it.data = s->params_pull + pt->offset;
         sh->pull_items[sh->nitems] = it;
         sh->nitems++;
-        sh->bytes += pi->count * sizeof(float);
+        sh->bytes += pt->count * sizeof(float);
     }
-    int rc = create_variables(s, shard_of, err, errlen);
+    rc = create_variables(s, err, errlen);
     if (rc != 0)
         return rc;
     /* The first pull, on this thread, so that a mismatch is reported here. */
@@ -497,8 +586,8 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             }
         }
     }
-    ps_log_info("model %s: %zu parameters in %d tensors over %d psd shard(s), "
-                "%d replica(s)", o->model, s->nparams, np, s->nshards, nrep);
+    ps_log_info("model %s: %zu parameters in %d server variables over %d psd "
+                "shard(s), %d replica(s)", o->model, s->nparams, np, s->nshards, nrep);
     return 0;
 }
 
@@ -622,7 +711,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
     uint64_t step = o->consistency == 2 ? s.shards[0].pull_items[0].version : 0;
     bool sync = o->consistency == 2;
     double t0 = now_s(), last_report = t0, compute = 0, waited = 0;
-    double window_loss = 0;
+    double window_loss = 0, rate = 0;
     int64_t window_n = 0, window_ex = 0, steps = 0, examples = 0;
     bool pending = false;
     int64_t steps_per_epoch = ps_batcher_steps(&b);
@@ -682,6 +771,11 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
             window_n++;
             window_ex += n;
             double t = now_s();
+            if (o->on_progress != NULL)
+                o->on_progress(o->progress_ctx, step, rate, loss);
+            if ((t - last_report) * 1000 >= (o->progress_ms > 0 ? o->progress_ms : 2000)) {
+                rate = (double)window_ex / (t - last_report);
+            }
             if (o->progress_ms > 0 && (t - last_report) * 1000 >= o->progress_ms) {
                 res->final_loss = window_loss / (double)window_n;
                 if (!o->quiet)

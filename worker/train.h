@@ -33,7 +33,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The coordinator's placement of the model's tensors (see proto
+ * VariablePlacement); NULL in wd_train_opts = place locally by size. */
+struct wd_part_place {
+    char name[300];
+    int shard;
+    int64_t row_begin, row_end;
+};
+struct wd_var_place {
+    char name[256];
+    struct wd_part_place *parts;
+    int nparts;
+};
+struct wd_placement {
+    struct wd_var_place *vars;
+    int n;
+};
+
+/* Reports progress (from the training thread) and evaluations. */
+typedef void (*wd_progress_fn)(void *ctx, uint64_t step, double examples_per_second,
+                               double loss);
+
 struct wd_train_opts {
+    const struct wd_placement *placement;
+    wd_progress_fn on_progress;
+    void *progress_ctx;
     const char *const *ps;     /* psd addresses */
     int nps;
     const char *model;         /* model spec */

@@ -9,6 +9,7 @@
  */
 #include "cluster.h"
 #include "conf.h"
+#include "coordclient.h"
 #include "data.h"
 #include "errors.h"
 #include "log.h"
@@ -31,32 +32,34 @@
 
 struct wd_conf {
     char *ps;
+    char *coordinator;
+    char *job_id;
     bool local;
     char *role;
     char *model;
     char *data;
     char *train_images, *train_labels, *test_images, *test_labels;
-    int64_t limit;
-    int64_t classes;
-    int64_t batch;
-    int64_t replicas;
+    int limit;
+    int classes;
+    int batch;
+    int replicas;
     char *device;
-    int64_t threads;
-    int64_t epochs;
-    int64_t steps;
+    int threads;
+    int epochs;
+    int steps;
     double lr;
     int optimizer;
     double momentum;
     int consistency;
-    int64_t num_workers;
-    int64_t task_index;
+    int num_workers;
+    int task_index;
     uint64_t seed;
     uint64_t init_seed;
     int64_t rpc_timeout_ms;
     int64_t retry_budget_ms;
     int64_t progress_ms;
     int64_t eval_interval_ms;
-    int64_t eval_count;
+    int eval_count;
     bool evaluate;
     bool json;
     int log_level;
@@ -71,6 +74,11 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 static const ps_opt wd_opts[] = {
     {"ps", PS_OPT_STRING, offsetof(struct wd_conf, ps), "127.0.0.1:7070",
      "psd addresses, comma-separated (variables are placed over them by size)", 0, 0, NULL},
+    {"coordinator", PS_OPT_STRING, offsetof(struct wd_conf, coordinator), NULL,
+     "pscoord host:port: register there, learn the ps shards and the placement "
+     "from it, and report progress (--ps is then ignored)", 0, 0, NULL},
+    {"job-id", PS_OPT_STRING, offsetof(struct wd_conf, job_id), "job",
+     "the job to join (checked by the coordinator)", 0, 0, NULL},
     {"local", PS_OPT_BOOL, offsetof(struct wd_conf, local), "false",
      "train alone with SGD in-process, no psd (the compute-only baseline)", 0, 0, NULL},
     {"role", PS_OPT_STRING, offsetof(struct wd_conf, role), "worker",
@@ -88,7 +96,7 @@ static const ps_opt wd_opts[] = {
     {"test-labels", PS_OPT_STRING, offsetof(struct wd_conf, test_labels), NULL,
      "IDX file of test labels (overrides --data)", 0, 0, NULL},
     {"limit", PS_OPT_INT, offsetof(struct wd_conf, limit), "0",
-     "use at most this many training examples (0 = all)", 0, 1e12, NULL},
+     "use at most this many training examples (0 = all)", 0, 2147483647.0, NULL},
     {"classes", PS_OPT_INT, offsetof(struct wd_conf, classes), "10",
      "classes the model predicts", 2, 100000, NULL},
     /* 64: the batch the reference numbers use. */
@@ -103,7 +111,7 @@ static const ps_opt wd_opts[] = {
     {"epochs", PS_OPT_INT, offsetof(struct wd_conf, epochs), "1",
      "passes over this worker's shard (0 = until --steps)", 0, 1000000, NULL},
     {"steps", PS_OPT_INT, offsetof(struct wd_conf, steps), "0",
-     "stop after this many steps (0 = no limit)", 0, 1e15, NULL},
+     "stop after this many steps (0 = no limit)", 0, 2147483647.0, NULL},
     {"lr", PS_OPT_DOUBLE, offsetof(struct wd_conf, lr), "0.1",
      "learning rate (applied on the server)", 1e-12, 1e6, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct wd_conf, optimizer), "sgd",
@@ -114,8 +122,9 @@ static const ps_opt wd_opts[] = {
      "async (apply each push) or sync (average every worker's step)", 0, 0, cons_choices},
     {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "1",
      "workers in the job (data sharding, sync aggregation)", 1, 65536, NULL},
-    {"task-index", PS_OPT_INT, offsetof(struct wd_conf, task_index), "0",
-     "this worker's index in [0, num-workers)", 0, 65535, NULL},
+    {"task-index", PS_OPT_INT, offsetof(struct wd_conf, task_index), "-1",
+     "this worker's index in [0, num-workers) (-1: 0, or assigned by the "
+     "coordinator)", -1, 65535, NULL},
     {"seed", PS_OPT_UINT64, offsetof(struct wd_conf, seed), "1",
      "data shuffle seed", 0, 0, NULL},
     {"init-seed", PS_OPT_UINT64, offsetof(struct wd_conf, init_seed), "1",
@@ -182,8 +191,138 @@ static int fail(const char *fmt, ...)
     return 1;
 }
 
+static void report_progress(void *ctx, uint64_t step, double exps, double loss)
+{
+    ps_coord_report(ctx, step, exps, loss);
+}
+
+static void on_directive(void *ctx, int kind, uint64_t step)
+{
+    (void)ctx;
+    (void)step;
+    if (kind == PS__V1__DIRECTIVE__KIND__STOP) {
+        ps_log_info("the coordinator asks this task to stop");
+        wd_stop_requested = 1;
+    }
+}
+
+/* From the coordinator: the ps addresses by index and the worker count.
+ * Waits (within budget) until every ps task has an address. */
+static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
+                         const char **ps, int *nps, int *nworkers, char *err,
+                         size_t errlen)
+{
+    int64_t until = ps_now_ms() + 60000;
+    for (;;) {
+        void *p = NULL;
+        ps_rpc_status st;
+        int rc = ps_coord_cluster(coord, &p, &st);
+        if (rc != 0) {
+            snprintf(err, errlen, "coordinator: GetCluster: %s: %s",
+                     ps_rpc_code_name(st.code), st.message);
+            return rc;
+        }
+        Ps__V1__ClusterState *cs = p;
+        int n = (int)cs->num_ps, have = 0;
+        size_t used = 0;
+        if (n > 0 && n <= 64) {
+            for (int k = 0; k < n; k++)
+                ps[k] = NULL;
+            for (size_t i = 0; i < cs->n_tasks; i++) {
+                Ps__V1__TaskInfo *t = cs->tasks[i];
+                if (t->role != PS__V1__ROLE__PS || (int)t->index >= n ||
+                    t->address[0] == '\0' || ps[t->index] != NULL)
+                    continue;
+                size_t l = strlen(t->address) + 1;
+                if (used + l > storelen)
+                    break;
+                memcpy(store + used, t->address, l);
+                ps[t->index] = store + used;
+                used += l;
+                have++;
+            }
+        }
+        *nps = n;
+        *nworkers = cs->num_workers > 0 ? (int)cs->num_workers : 1;
+        ps__v1__cluster_state__free_unpacked(cs, NULL);
+        if (n > 0 && have == n)
+            return 0;
+        if (ps_now_ms() >= until) {
+            snprintf(err, errlen, "coordinator: %d of %d ps tasks have an address "
+                     "after 60 s", have, n);
+            return PS_EUNAVAIL;
+        }
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Proposes the model to the coordinator and converts its placement. */
+static int learn_placement(ps_coord *coord, const char *model, int h, int w, int ch,
+                           int nclasses, struct wd_placement *pl, char *err,
+                           size_t errlen)
+{
+    ps_model *m;
+    int rc = ps_model_create(model, h, w, ch, nclasses, 1, &m, err, errlen);
+    if (rc != 0)
+        return rc;
+    int np = ps_model_param_count(m);
+    Ps__V1__PlaceRequest req = PS__V1__PLACE_REQUEST__INIT;
+    Ps__V1__VariablePlacement *vars = calloc((size_t)np, sizeof *vars);
+    Ps__V1__VariablePlacement **pv = calloc((size_t)np, sizeof *pv);
+    for (int i = 0; i < np; i++) {
+        const struct ps_param_info *pi = ps_model_param_info(m, i);
+        ps__v1__variable_placement__init(&vars[i]);
+        vars[i].name = (char *)pi->name;
+        vars[i].n_shape = (size_t)pi->ndim;
+        vars[i].shape = (int64_t *)pi->shape;
+        pv[i] = &vars[i];
+    }
+    req.n_variables = (size_t)np;
+    req.variables = pv;
+    void *p = NULL;
+    ps_rpc_status st;
+    rc = ps_coord_place(coord, &req, &p, &st);
+    free(vars);
+    free(pv);
+    ps_model_destroy(m);
+    if (rc != 0) {
+        snprintf(err, errlen, "coordinator: Place: %s: %s", ps_rpc_code_name(st.code),
+                 st.message);
+        return rc;
+    }
+    Ps__V1__PlaceResponse *r = p;
+    pl->n = (int)r->n_placement;
+    pl->vars = calloc(r->n_placement ? r->n_placement : 1, sizeof *pl->vars);
+    for (size_t i = 0; i < r->n_placement; i++) {
+        Ps__V1__VariablePlacement *vp = r->placement[i];
+        snprintf(pl->vars[i].name, sizeof pl->vars[i].name, "%s", vp->name);
+        pl->vars[i].nparts = (int)vp->n_parts;
+        pl->vars[i].parts = calloc(vp->n_parts ? vp->n_parts : 1,
+                                   sizeof *pl->vars[i].parts);
+        for (size_t k = 0; k < vp->n_parts; k++) {
+            struct wd_part_place *pp = &pl->vars[i].parts[k];
+            snprintf(pp->name, sizeof pp->name, "%s", vp->parts[k]->name);
+            pp->shard = (int)vp->parts[k]->shard;
+            pp->row_begin = vp->parts[k]->row_begin;
+            pp->row_end = vp->parts[k]->row_end;
+        }
+    }
+    ps__v1__place_response__free_unpacked(r, NULL);
+    return 0;
+}
+
+static void placement_free(struct wd_placement *pl)
+{
+    for (int i = 0; i < pl->n; i++)
+        free(pl->vars[i].parts);
+    free(pl->vars);
+    pl->vars = NULL;
+    pl->n = 0;
+}
+
 static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
-                         const struct ps_dataset *test)
+                         const struct ps_dataset *test, ps_coord *coord)
 {
     int64_t n = 0;
     uint64_t last_version = UINT64_MAX;
@@ -195,6 +334,8 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         if (rc != 0)
             return fail("%s", err);
         n++;
+        if (coord != NULL)
+            ps_coord_metrics(coord, version, loss, acc);
         if (c->json)
             printf("{\"role\":\"evaluator\",\"version\":%llu,\"test_loss\":%.6f,"
                    "\"test_accuracy\":%.6f}\n", (unsigned long long)version, loss, acc);
@@ -253,7 +394,10 @@ int main(int argc, char **argv)
         status = 2;
         goto out;
     }
-    if (c.task_index >= c.num_workers) {
+    bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
+    if (!use_coord && c.task_index < 0)
+        c.task_index = 0;
+    if (!use_coord && c.task_index >= c.num_workers) {
         fprintf(stderr, "workerd: --task-index %lld is out of range for "
                 "--num-workers %lld\n", (long long)c.task_index,
                 (long long)c.num_workers);
@@ -328,7 +472,49 @@ int main(int argc, char **argv)
         ps_model_destroy(probe);
     }
 
+    ps_coord *coord = NULL;
+    struct wd_placement placement = {0};
+    char ps_store[64 * 300];
+    if (use_coord && !c.local) {
+        ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
+                            .role = evaluator ? PS__V1__ROLE__EVALUATOR
+                                              : PS__V1__ROLE__WORKER,
+                            .index = (int)c.task_index, .address = "",
+                            .register_budget_ms = 60000,
+                            .on_directive = on_directive};
+        int idx = 0;
+        rc = ps_coord_join(&co, &coord, &idx, err, sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+        c.task_index = idx;
+        int nw = 1;
+        rc = learn_cluster(coord, ps_store, sizeof ps_store, ps, &nps, &nw, err,
+                           sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+        c.num_workers = nw;
+        if (c.task_index >= c.num_workers && !evaluator) {
+            status = fail("the coordinator made this worker %lld of %lld",
+                          (long long)c.task_index, (long long)c.num_workers);
+            goto out;
+        }
+        const struct ps_dataset *d = evaluator ? &test : &train;
+        rc = learn_placement(coord, c.model, d->h, d->w, d->c, (int)c.classes,
+                             &placement, err, sizeof err);
+        if (rc != 0) {
+            status = fail("%s", err);
+            goto out;
+        }
+    }
+
     struct wd_train_opts o = {
+        .placement = coord != NULL ? &placement : NULL,
+        .on_progress = coord != NULL ? report_progress : NULL,
+        .progress_ctx = coord,
         .ps = ps,
         .nps = c.local ? 0 : nps,
         .model = c.model,
@@ -352,7 +538,7 @@ int main(int argc, char **argv)
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
     };
     if (evaluator) {
-        status = run_evaluator(&o, &c, &test);
+        status = run_evaluator(&o, &c, &test, coord);
         goto out;
     }
     struct wd_train_result res;
@@ -398,6 +584,8 @@ int main(int argc, char **argv)
     if (wd_stop_requested)
         ps_log_warn("stopped by a signal after %lld steps", (long long)res.steps);
 out:
+    ps_coord_leave(coord);
+    placement_free(&placement);
     ps_dataset_close(&train);
     ps_dataset_close(&test);
     ps_conf_free(wd_opts, &c);
