@@ -1,0 +1,65 @@
+"""deploy/ checked offline (no Docker engine runs here): the compose file
+parses, every service runs one of our binaries with flags that binary
+accepts, the cluster spec it mounts validates, and the systemd units'
+ExecStart lines use only flags their binaries accept."""
+import configparser
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+import pstest  # noqa: E402
+
+DEPLOY = os.path.join(pstest.SOURCE_ROOT, "deploy")
+BINS = {"psd": ("server", "psd"), "pscoord": ("coordinator", "pscoord"),
+        "workerd": ("worker", "workerd"), "psctl": ("tools", "psctl")}
+
+
+def flags_of(binary):
+    out = subprocess.run([os.path.join(pstest.BUILD_ROOT, *BINS[binary]), "--help"],
+                         capture_output=True, text=True, timeout=30).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+
+
+def main():
+    r = pstest.Results("deploy")
+    known = {b: flags_of(b) for b in BINS if os.path.exists(
+        os.path.join(pstest.BUILD_ROOT, *BINS[b]))}
+    compose = yaml.safe_load(open(os.path.join(DEPLOY, "docker-compose.yml")))
+    services = compose.get("services", {})
+    r.check(set(services) >= {"pscoord", "ps0", "ps1", "worker0", "worker1", "evaluator"},
+            "compose defines the coordinator, two shards, two workers, an evaluator")
+    for name, svc in services.items():
+        cmd = svc.get("command", [])
+        binary = cmd[0] if cmd else None
+        r.check(binary in BINS, "%s runs one of our binaries (%s)" % (name, binary))
+        if binary in known:
+            bad = [a.split("=")[0] for a in cmd[1:] if a.startswith("--") and
+                   a.split("=")[0] not in known[binary]]
+            r.check(not bad, "%s: every flag is one %s accepts %s" % (name, binary, bad or ""))
+        for dep in svc.get("depends_on", []):
+            r.check(dep in services, "%s depends on a defined service %s" % (name, dep))
+    spec = os.path.join(DEPLOY, "compose-cluster.json")
+    p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
+                        "validate", spec], capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0, "the compose cluster spec validates (%s)"
+            % (p.stderr.strip() or p.stdout.strip().splitlines()[0]))
+    for unit in sorted(os.listdir(os.path.join(DEPLOY, "systemd"))):
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.read(os.path.join(DEPLOY, "systemd", unit))
+        ok = cp.has_section("Unit") and cp.has_section("Service") and cp.has_section("Install")
+        r.check(ok, "%s has [Unit], [Service], [Install]" % unit)
+        start = cp.get("Service", "ExecStart", fallback="").split()
+        binary = os.path.basename(start[0]) if start else None
+        r.check(binary in BINS, "%s starts one of our binaries (%s)" % (unit, binary))
+        if binary in known:
+            bad = [a for a in start[1:] if a.startswith("--") and a not in known[binary]]
+            r.check(not bad, "%s: every flag is one %s accepts %s" % (unit, binary, bad or ""))
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
