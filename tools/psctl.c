@@ -18,6 +18,9 @@
  * reported in seconds as "cannot reach psd at ..." and not after --timeout.
  * No call is retried: an operator sees the first answer and decides.
  *
+ * status asks the job's coordinator (pscoord) instead: --coordinator
+ * HOST:PORT, default $PSCOORD_ADDR, else 127.0.0.1:7071.
+ *
  * Exit status: 0 success; 1 the command ran and failed (one line
  * "psctl: <problem>" on stderr; for a failed call "psctl: <command>:
  * <STATUS>: <server's message>"); 2 the command line was wrong (one line on
@@ -42,17 +45,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
 /* Where psctl looks for psd when neither --server nor $PSD_ADDR says. */
 #define DEFAULT_SERVER "127.0.0.1:7070"
+/* Where status looks for pscoord when neither --coordinator nor
+ * $PSCOORD_ADDR says. */
+#define DEFAULT_COORDINATOR "127.0.0.1:7071"
 /* The first contact's deadline (or --timeout, if shorter): long enough for
  * a loaded server, or one under valgrind, to answer a health check; short
  * enough that a mistyped address is reported while the operator waits. */
 #define PROBE_MS 3000
 
 #define PS_METHOD(m) "/ps.v1.ParameterServer/" m
+#define COORD_METHOD(m) "/ps.v1.Coordinator/" m
 
 struct command {
     const char *words; /* the command, space-separated: "cluster validate" */
@@ -71,6 +79,7 @@ static int cmd_stats(const struct command *self, int argc, char **argv);
 static int cmd_health(const struct command *self, int argc, char **argv);
 static int cmd_cluster_validate(const struct command *self, int argc,
                                 char **argv);
+static int cmd_status(const struct command *self, int argc, char **argv);
 
 static const struct command commands[] = {
     {"list", "",
@@ -100,6 +109,11 @@ static const struct command commands[] = {
      "check a TF_CONFIG-shaped cluster spec (FILE, else $TF_CONFIG) and "
      "summarise it",
      cmd_cluster_validate},
+    {"status", "",
+     "the job as its coordinator sees it: job, epoch, global step, live "
+     "workers, last checkpoint and evaluation, then one row per task "
+     "(--watch: a new block at each change)",
+     cmd_status},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -317,9 +331,10 @@ static int parse_command(const struct command *cmd, const ps_opt *opts,
 
 /* ---- Talking to psd --------------------------------------------------- */
 
-/* One command's connection to one psd. */
+/* One command's connection to one psd (or, for status, to pscoord). */
 struct session {
     const struct command *cmd;
+    const char *peer;   /* "psd" or "pscoord", for messages */
     const char *target; /* borrowed from the options */
     int timeout_ms;
     ps_rpc_client *client;
@@ -354,6 +369,7 @@ static int session_open(struct session *s, const struct command *cmd,
 {
     memset(s, 0, sizeof *s);
     s->cmd = cmd;
+    s->peer = "psd";
     s->target = cc->server != NULL ? cc->server : global.server;
     s->timeout_ms = (int)(cc->timeout_ms > 0 ? cc->timeout_ms
                                              : global.timeout_ms);
@@ -366,8 +382,8 @@ static int session_open(struct session *s, const struct command *cmd,
     ps_rpc_client_opts o = {.deadline_ms = s->timeout_ms, .max_attempts = 1};
     int rc = ps_rpc_client_create(s->target, &o, &s->client);
     if (rc != 0) {
-        fprintf(stderr, "psctl: cannot reach psd at %s: %s\n", s->target,
-                ps_strerror(rc));
+        fprintf(stderr, "psctl: cannot reach %s at %s: %s\n", s->peer,
+                s->target, ps_strerror(rc));
         return EXIT_FAIL;
     }
     return -1;
@@ -397,8 +413,8 @@ static void report_unreachable(const struct session *s, ps_rpc_status *st)
         snprintf(st->message, sizeof st->message, "no answer within %d ms",
                  probe_ms(s));
     one_line(st->message);
-    fprintf(stderr, "psctl: cannot reach psd at %s: %s: %s\n", s->target,
-            ps_rpc_code_name(st->code),
+    fprintf(stderr, "psctl: cannot reach %s at %s: %s: %s\n", s->peer,
+            s->target, ps_rpc_code_name(st->code),
             st->message[0] != '\0' ? st->message : "(no message)");
 }
 
@@ -1463,6 +1479,205 @@ static int cmd_cluster_validate(const struct command *self, int argc,
         printf("  job_id     %s\n", c.job_id);
     ps_cluster_close(&c);
     return EXIT_OK;
+}
+
+/* ---- status (the coordinator) ----------------------------------------- */
+
+struct status_cfg {
+    char *coordinator;
+    int64_t timeout_ms;
+    bool watch;
+};
+
+static const ps_opt status_opts[] = {
+    {"coordinator", PS_OPT_STRING, offsetof(struct status_cfg, coordinator),
+     NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
+     DEFAULT_COORDINATOR ")", 0, 0, NULL},
+    {"timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
+     NULL, "deadline of the call (default: 10s); --watch waits forever",
+     1, 3600000, NULL},
+    {"watch", PS_OPT_BOOL, offsetof(struct status_cfg, watch), "false",
+     "print a new block each time the coordinator sends one, until "
+     "interrupted", 0, 0, NULL},
+    {0},
+};
+
+static const char *task_state(const Ps__V1__TaskInfo *t)
+{
+    if (t->alive)
+        return "alive";
+    if (t->incarnation == 0)
+        return "never seen";
+    /* Registered before the coordinator restarted, not heard from since. */
+    if (t->last_heartbeat_age_seconds < 0)
+        return "unknown";
+    return "dead";
+}
+
+static const char *role_label(Ps__V1__Role r)
+{
+    switch (r) {
+    case PS__V1__ROLE__CHIEF:
+        return "chief";
+    case PS__V1__ROLE__WORKER:
+        return "worker";
+    case PS__V1__ROLE__PS:
+        return "ps";
+    case PS__V1__ROLE__EVALUATOR:
+        return "evaluator";
+    default:
+        return "unknown";
+    }
+}
+
+/* One block: the job's lines, then one row per task. */
+static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
+{
+#define ROW(label, ...)                                                     \
+    do {                                                                    \
+        printf("%-16s ", label);                                            \
+        printf(__VA_ARGS__);                                                \
+        printf("\n");                                                       \
+    } while (0)
+    if (stamp) {
+        char when[32];
+        time_t now = time(NULL);
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S",
+                 localtime_r(&now, &tm));
+        ROW("time", "%s", when);
+    }
+    ROW("job", "%s", c->job_id);
+    ROW("epoch", "%" PRIu64, c->epoch);
+    ROW("global step", "%" PRIu64, c->global_step);
+    ROW("workers", "%u/%u live", c->live_workers, c->num_workers);
+    ROW("ps shards", "%u", c->num_ps);
+    if (c->last_checkpoint_path != NULL && c->last_checkpoint_path[0] != '\0')
+        ROW("last checkpoint", "step %" PRIu64 ": %s", c->last_checkpoint_step,
+            c->last_checkpoint_path);
+    else
+        ROW("last checkpoint", "none");
+    if (c->eval_step > 0 || c->eval_accuracy != 0 || c->eval_loss != 0)
+        ROW("evaluation", "accuracy %.4f, loss %.4f at step %" PRIu64,
+            c->eval_accuracy, c->eval_loss, c->eval_step);
+    else
+        ROW("evaluation", "none");
+    size_t split = 0;
+    for (size_t i = 0; i < c->n_placement; i++)
+        split += c->placement[i]->n_parts > 1;
+    if (c->n_placement > 0)
+        ROW("placement", "%zu variable%s over %u ps shards, %zu split",
+            c->n_placement, c->n_placement == 1 ? "" : "s", c->num_ps, split);
+    else
+        ROW("placement", "none yet");
+#undef ROW
+    int aw = (int)strlen("ADDRESS");
+    for (size_t i = 0; i < c->n_tasks; i++) {
+        int n = (int)strlen(c->tasks[i]->address);
+        if (n > aw)
+            aw = n;
+    }
+    printf("\n%-10s %5s  %-*s  %-10s  %10s  %11s  %s\n", "ROLE", "INDEX", aw,
+           "ADDRESS", "STATE", "STEP", "EXAMPLES/S", "HEARTBEAT-AGE");
+    for (size_t i = 0; i < c->n_tasks; i++) {
+        const Ps__V1__TaskInfo *t = c->tasks[i];
+        bool heard = t->incarnation > 0 && t->last_heartbeat_age_seconds >= 0;
+        char step[32] = "-", rate[32] = "-", age[32] = "-";
+        if (heard) {
+            snprintf(step, sizeof step, "%" PRIu64, t->step);
+            snprintf(rate, sizeof rate, "%.1f", t->examples_per_second);
+            human_duration(t->last_heartbeat_age_seconds, age, sizeof age);
+        }
+        printf("%-10s %5u  %-*s  %-10s  %10s  %11s  %s\n",
+               role_label(t->role), t->index, aw,
+               t->address[0] != '\0' ? t->address : "-", task_state(t), step,
+               rate, age);
+    }
+    fflush(stdout);
+}
+
+/* --watch: prints each ClusterState as it comes; a blank line between
+ * blocks. */
+static int on_cluster_msg(void *ctx, const uint8_t *msg, size_t len)
+{
+    int *blocks = ctx;
+    Ps__V1__ClusterState *c = ps__v1__cluster_state__unpack(NULL, len, msg);
+    if (c == NULL) {
+        fprintf(stderr, "psctl: status: the coordinator sent %zu bytes that "
+                "are not a ClusterState\n", len);
+        return 1;
+    }
+    if ((*blocks)++ > 0)
+        printf("\n");
+    print_cluster(c, true);
+    ps__v1__cluster_state__free_unpacked(c, NULL);
+    return 0;
+}
+
+static int cmd_status(const struct command *self, int argc, char **argv)
+{
+    struct status_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int npos;
+    struct session s;
+    memset(&s, 0, sizeof s);
+    int rc = parse_command(self, status_opts, &cfg, argc, argv, "", 0, 0,
+                           NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    const char *env = getenv("PSCOORD_ADDR");
+    s.cmd = self;
+    s.peer = "pscoord";
+    s.target = cfg.coordinator != NULL ? cfg.coordinator
+               : env != NULL && env[0] != '\0' ? env
+                                               : DEFAULT_COORDINATOR;
+    s.timeout_ms = (int)(cfg.timeout_ms > 0 ? cfg.timeout_ms
+                                            : global.timeout_ms);
+    if (!target_ok(s.target)) {
+        fprintf(stderr, "psctl: status: --coordinator: '%s' is not HOST:PORT "
+                "(or [v6addr]:PORT) with a port in 1..65535\n", s.target);
+        rc = EXIT_USAGE;
+        goto out;
+    }
+    ps_rpc_client_opts o = {.deadline_ms = s.timeout_ms, .max_attempts = 1};
+    if ((rc = ps_rpc_client_create(s.target, &o, &s.client)) != 0) {
+        fprintf(stderr, "psctl: cannot reach pscoord at %s: %s\n", s.target,
+                ps_strerror(rc));
+        rc = EXIT_FAIL;
+        goto out;
+    }
+    if ((rc = session_probe(&s)) >= 0)
+        goto close;
+    Ps__V1__GetClusterRequest req = PS__V1__GET_CLUSTER_REQUEST__INIT;
+    if (!cfg.watch) {
+        void *resp;
+        rc = session_call(&s, COORD_METHOD("GetCluster"), &req,
+                          &ps__v1__cluster_state__descriptor, &resp);
+        if (rc == 0) {
+            print_cluster(resp, false);
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        goto close;
+    }
+    uint8_t buf[16];
+    size_t len = ps__v1__get_cluster_request__pack(&req, buf);
+    int blocks = 0;
+    ps_rpc_status st;
+    /* No deadline worth the name: a watch lasts until interrupted. */
+    if (ps_rpc_invoke_stream(s.client, COORD_METHOD("WatchCluster"), buf, len,
+                             INT32_MAX, on_cluster_msg, &blocks, &st) == 0) {
+        fprintf(stderr, "psctl: status: the coordinator ended the watch\n");
+    } else if (blocks == 0 && unreachable(&st)) {
+        report_unreachable(&s, &st);
+    } else if (strcmp(st.message, "stopped by the reader") != 0) {
+        report_status(&s, &st);
+    }
+    rc = EXIT_FAIL;
+close:
+    session_close(&s);
+out:
+    ps_conf_free(status_opts, &cfg);
+    return rc;
 }
 
 int main(int argc, char **argv)

@@ -478,7 +478,8 @@ static void session_close(struct session *s)
  * variables and pulls them once. */
 static int session_open(struct session *s, const struct wd_train_opts *o,
                         int in_h, int in_w, int in_c, int nclasses, int max_batch,
-                        int nrep, bool start_comm, char *err, size_t errlen)
+                        int nrep, bool start_comm, bool create, char *err,
+                        size_t errlen)
 {
     memset(s, 0, sizeof *s);
     s->o = o;
@@ -545,9 +546,12 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         sh->nitems++;
         sh->bytes += pt->count * sizeof(float);
     }
-    rc = create_variables(s, err, errlen);
-    if (rc != 0)
+    /* Workers create the variables; an evaluator only reads them, waiting
+     * (within the retry budget) for the workers to create them, so that it
+     * never fixes their spec. */
+    if (create && (rc = create_variables(s, err, errlen)) != 0)
         return rc;
+    int64_t wait_until = ps_now_ms() + (o->retry_budget_ms > 0 ? o->retry_budget_ms : 60000);
     /* The first pull, on this thread, so that a mismatch is reported here. */
     for (int k = 0; k < s->nshards; k++) {
         struct shard *sh = &s->shards[k];
@@ -556,6 +560,13 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         ps_rpc_status st = {0};
         rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
                             o->rpc_timeout_ms, &st);
+        while (!create && rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND &&
+               ps_now_ms() < wait_until && !wd_stop_requested) {
+            struct timespec ts = {0, 200 * 1000000L};
+            nanosleep(&ts, NULL);
+            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
+        }
         if (rc == PS_ESHAPE) {
             snprintf(err, errlen, "psd at %s: %s (model %s)", sh->address,
                      st.message, o->model);
@@ -682,7 +693,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
     }
     struct session s;
     int rc = session_open(&s, o, train->h, train->w, train->c, o->nclasses,
-                          o->batch, o->replicas, true, err, errlen);
+                          o->batch, o->replicas, true, true, err, errlen);
     if (rc != 0) {
         session_close(&s);
         return rc;
@@ -824,7 +835,7 @@ int wd_evaluate(const struct wd_train_opts *o, const struct ps_dataset *test,
     struct session s;
     int max_batch = 1000;
     int rc = session_open(&s, o, test->h, test->w, test->c, o->nclasses,
-                          max_batch, 1, false, err, errlen);
+                          max_batch, 1, false, o->evaluator_only == false, err, errlen);
     if (rc == 0) {
         rc = ps_model_evaluate(s.replicas[0], test->x, test->y, test->n, loss,
                                accuracy);

@@ -80,6 +80,7 @@ struct wd_train_opts {
     int64_t retry_budget_ms;   /* how long to keep retrying an absent psd */
     int progress_ms;           /* progress line period; 0 = none */
     bool quiet;
+    bool evaluator_only;       /* never create variables, only read them */
 };
 
 struct wd_train_result {

@@ -538,6 +538,7 @@ int main(int argc, char **argv)
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
     };
     if (evaluator) {
+        o.evaluator_only = true;
         status = run_evaluator(&o, &c, &test, coord);
         goto out;
     }

@@ -1,0 +1,172 @@
+/*
+ * coord.h - the coordinator's state machine: who is in the job, who is
+ * alive, where the variables live, which job checkpoints exist.
+ *
+ * Membership. With a cluster spec (STATIC) the tasks are the spec's; each is
+ * "never seen" until it registers. Without one (DYNAMIC) a task registers
+ * with its role and index -1 and is given the lowest free index of its role.
+ * Each registration of a task raises its incarnation; heartbeats carry the
+ * incarnation, and one the coordinator does not know (a task it forgot, or
+ * an older process of a re-registered task) is answered REREGISTER. A task
+ * not heard from for the heartbeat timeout is dead; a dead task's slot is
+ * free for the next registration. A live task's slot is refused to anyone
+ * else, except to a registration from the holder's own address (a restart).
+ *
+ * The epoch rises whenever membership (registered, dead, alive again),
+ * placement or the latest checkpoint changes; watchers wait on it.
+ *
+ * Sync worker count. The coordinator tells every live ps how many workers a
+ * SYNC step waits for: the live workers, plus those not yet heard from since
+ * a coordinator restart (within their grace), plus, in a static spec, those
+ * that have not registered yet within the registration window (so a sync job
+ * that is starting does not take its first steps with the first worker
+ * alone). At least 1; nothing is sent before the job has any worker.
+ *
+ * Persistence. <state-dir>/state.json (job id, tasks with incarnations and
+ * addresses, placement, checkpoints, last evaluation, restores) is rewritten
+ * atomically on every membership, placement or checkpoint change and loaded
+ * by coord_create; tasks loaded from it are "unknown" (not heard from since
+ * the restart) for one heartbeat timeout, then dead. The job checkpoints are
+ * the manifests <state-dir>/checkpoints/job-<step>.json, found by scanning
+ * that folder at start (a manifest is written last, so one that exists
+ * describes a complete checkpoint).
+ *
+ * Threads and lifetime: every function takes the coordinator's one mutex and
+ * may be called from any thread; none makes a remote call (the RPCs to ps
+ * shards are schedule.c's, which asks this module what to do and reports back).
+ * The ps_cluster passed in the options is borrowed and must outlive the
+ * coordinator. Messages returned by coord_snapshot and friends are deep
+ * copies owned by the caller.
+ */
+#ifndef COORD_COORD_H
+#define COORD_COORD_H
+
+#include "cluster.h"
+#include "ps.pb-c.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct coord coord;
+
+struct coord_opts {
+    const char *job_id;           /* required */
+    const char *state_dir;        /* required; created if missing */
+    const ps_cluster *cluster;    /* NULL: dynamic membership */
+    int heartbeat_interval_ms;    /* told to tasks */
+    int heartbeat_timeout_ms;     /* silence after which a task is dead */
+    int register_warn_ms;         /* static: warn about a task not registered */
+    uint64_t checkpoint_every_steps; /* 0 = off */
+    int64_t checkpoint_every_ms;     /* 0 = off */
+    int checkpoint_keep;          /* job manifests kept, >= 1 */
+    uint64_t split_threshold;     /* bytes */
+};
+
+/* A refused request: a gRPC status code (enum ps_rpc_code) and its message,
+ * which has also been logged. */
+struct coord_status {
+    int code;
+    char msg[512];
+};
+
+/* A ps to call: the checkpoint round's shards, a sync-count update, or a
+ * restore. */
+struct coord_ps_call {
+    uint32_t index;
+    uint64_t incarnation;
+    char address[256];
+    uint32_t workers; /* sync: the count to set */
+    uint64_t step;    /* restore: the checkpoint to load */
+};
+
+/* One shard's answer to Checkpoint. */
+struct coord_shard_result {
+    uint32_t index;
+    char address[256];
+    bool ok;
+    char path[1024];  /* ok: the shard's checkpoint directory */
+    uint64_t bytes;
+    char error[600];  /* !ok: "UNAVAILABLE: ..." */
+};
+
+/* Loads <state-dir>/state.json (if any) and the manifests, and checks that
+ * they belong to this job. Returns 0; PS_ECONFLICT when the state is another
+ * job's or its placement is for another shard count; PS_EPARSE /
+ * PS_ECORRUPT for a state file that does not parse; -errno when the state
+ * directory cannot be made. err holds one line. */
+int coord_create(const struct coord_opts *o, coord **out, char *err,
+                 size_t errlen);
+void coord_destroy(coord *c);
+
+/* The RPCs, each answering into a message the caller sends. On refusal they
+ * return nonzero with st filled (and logged at warn level). */
+int coord_register(coord *c, const Ps__V1__RegisterRequest *req,
+                   const char *peer, Ps__V1__RegisterResponse *resp,
+                   struct coord_ps_call *restore, bool *want_restore,
+                   struct coord_status *st);
+/* Fills kind (a Ps__V1__Directive__Kind) and epoch. */
+int coord_heartbeat(coord *c, const Ps__V1__HeartbeatRequest *req,
+                    int *directive, uint64_t *epoch, struct coord_status *st);
+int coord_report_metrics(coord *c, const Ps__V1__ReportMetricsRequest *req,
+                         struct coord_status *st);
+/* On success resp->placement is allocated; free with coord_place_free. */
+int coord_place(coord *c, const Ps__V1__PlaceRequest *req,
+                Ps__V1__PlaceResponse *resp, struct coord_status *st);
+void coord_place_free(Ps__V1__PlaceResponse *resp);
+/* Refuses a job id that is not "" and not this job's. */
+int coord_check_job(coord *c, const char *job_id, const char *what,
+                    struct coord_status *st);
+
+/* The cluster as clients see it; NULL when out of memory. */
+Ps__V1__ClusterState *coord_snapshot(coord *c);
+void coord_snapshot_free(Ps__V1__ClusterState *s);
+
+/* Epoch (membership, placement, checkpoints) and progress (steps, metrics)
+ * counters, for watchers. */
+void coord_versions(coord *c, uint64_t *epoch, uint64_t *progress);
+/* Waits until the epoch differs from seen, the coordinator stops, or
+ * timeout_ms passes. Returns the current epoch. */
+uint64_t coord_wait(coord *c, uint64_t seen, int timeout_ms);
+/* Wakes every coord_wait (e.g. for a thread that is stopping). */
+void coord_kick(coord *c);
+void coord_stop(coord *c);
+bool coord_stopping(coord *c);
+
+/* Liveness: marks silent tasks dead, warns once about static tasks that
+ * never registered. Called by the liveness thread every tick. */
+void coord_tick(coord *c);
+
+/* Sync counts: fills up to max live ps shards that have not been told the
+ * current count; returns how many. coord_sync_done records an answer:
+ * settled = told (or gave an answer that retrying would not change). */
+int coord_sync_pending(coord *c, struct coord_ps_call *out, int max);
+void coord_sync_done(coord *c, const struct coord_ps_call *call,
+                     bool settled);
+
+/* Checkpoint schedule: true when a round is due now, with its step and the
+ * shards to call (all ps of the job, each alive). A due round that cannot
+ * run yet (a shard dead, unknown, never seen or restoring) is logged and
+ * waits for the shards. */
+bool coord_checkpoint_due(coord *c, uint64_t *step, struct coord_ps_call *out,
+                          int max, int *n);
+/* Ends a round: all ok -> manifest, state, epoch, pruning; else logged and
+ * the previous checkpoint stays the latest. */
+void coord_checkpoint_done(coord *c, uint64_t step,
+                           const struct coord_shard_result *res, int n);
+
+/* Restores: true while the restore of call->index should go on (the same
+ * incarnation registered, not stopping). */
+bool coord_restore_wanted(coord *c, const struct coord_ps_call *call);
+void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
+                        uint64_t variables, const char *detail);
+
+/* Writes state.json now; writes summary.json (shutdown). Both log a
+ * failure and return its code. */
+int coord_save(coord *c);
+int coord_write_summary(coord *c);
+
+/* "worker", "ps"... for a protobuf role; NULL when not a role. */
+const char *coord_role_name_pb(int role);
+
+#endif

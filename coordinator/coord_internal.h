@@ -1,0 +1,120 @@
+/*
+ * coord_internal.h - the coordinator's state, shared by the files that
+ * implement coord.h: coord.c (membership, liveness, snapshots, placement
+ * requests), state.c (state.json, summary.json) and jobckpt.c (the
+ * checkpoint schedule, manifests, restores). Nothing else includes it.
+ *
+ * Every field below is guarded by coord.mu; functions named *_locked expect
+ * it held.
+ */
+#ifndef COORD_INTERNAL_H
+#define COORD_INTERNAL_H
+
+#include "coord.h"
+#include "place.h"
+
+#include <pthread.h>
+
+enum ctask_state {
+    CT_NEVER_SEEN, /* static spec: has not registered */
+    CT_UNKNOWN,    /* loaded from state.json: not heard from since restart */
+    CT_ALIVE,
+    CT_DEAD,
+};
+
+struct ctask {
+    enum ps_role role;
+    int index;
+    char *address;          /* "" when it serves nothing; never NULL */
+    uint64_t incarnation;   /* 0: never registered */
+    enum ctask_state state;
+    int64_t heard_ms;       /* last register or heartbeat; -1 = never here */
+    int64_t grace_until_ms; /* CT_UNKNOWN: dead after this */
+    uint64_t step;
+    double examples_per_second;
+    double loss;
+    bool restoring;         /* ps: a restore is under way */
+    uint32_t sync_told;     /* ps: the sync count it has (0 = not told) */
+    bool warned;            /* static: "has not registered" logged */
+};
+
+struct ckpt_rec {
+    uint64_t step;
+    char *path;           /* the manifest */
+    int64_t created_unix;
+    int nshards;
+};
+
+struct restore_rec {
+    uint32_t index;
+    uint64_t incarnation;
+    uint64_t step;
+    bool ok;
+    char *detail;
+    int64_t unix_time;
+};
+
+#define COORD_MAX_RESTORES 20
+
+struct coord {
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* broadcast on epoch change and stop */
+
+    char *job_id;
+    char *state_dir;
+    char *state_path;   /* <state-dir>/state.json */
+    char *summary_path; /* <state-dir>/summary.json */
+    char *ckpt_dir;     /* <state-dir>/checkpoints */
+    const ps_cluster *spec;
+    struct coord_opts o;
+
+    struct ctask *tasks; /* sorted by (role, index) */
+    int ntasks, cap;
+
+    uint64_t epoch;
+    uint64_t progress;
+    uint64_t kicks; /* coord_kick: wakes coord_wait without an epoch */
+    uint64_t global_step;
+    int64_t start_ms;
+    bool stopping;
+
+    bool placed;
+    struct coord_placement placement;
+
+    struct ckpt_rec *ckpts; /* ascending by step */
+    int nckpts;
+    bool ck_running;
+    uint64_t ck_last_step;  /* the last round's step (attempted) */
+    int64_t ck_last_ms;
+    char ck_skip_why[160];  /* why the due round waits, as last logged */
+    int64_t ck_skip_ms;
+
+    bool has_eval;
+    double eval_accuracy, eval_loss;
+    uint64_t eval_step;
+    int64_t eval_unix;
+
+    struct restore_rec restores[COORD_MAX_RESTORES]; /* oldest first */
+    int nrestores;
+
+    uint32_t sync_desired; /* 0: nothing to tell yet */
+};
+
+/* coord.c */
+struct ctask *coord_find_locked(coord *c, enum ps_role role, int index);
+struct ctask *coord_add_locked(coord *c, enum ps_role role, int index);
+void coord_bump_locked(coord *c);
+uint32_t coord_num_ps_locked(coord *c);
+const char *coord_state_name(enum ctask_state s);
+int64_t coord_unix_now(void);
+
+/* state.c */
+int coord_state_load_locked(coord *c, char *err, size_t errlen);
+int coord_state_save_locked(coord *c);
+int coord_summary_write_locked(coord *c);
+
+/* jobckpt.c */
+int coord_ckpt_scan_locked(coord *c, char *err, size_t errlen);
+void coord_ckpt_free_locked(coord *c);
+
+#endif

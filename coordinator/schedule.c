@@ -1,0 +1,420 @@
+#include "schedule.h"
+
+#include "errors.h"
+#include "log.h"
+#include "rpc.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PS_METHOD(m) "/ps.v1.ParameterServer/" m
+
+/* Shards one checkpoint round or sync pass handles. */
+#define MAX_SHARDS 1024
+
+struct restore_job {
+    coord_sched *s;
+    struct coord_ps_call call;
+    pthread_t th;
+    atomic_bool done;
+    struct restore_job *next;
+};
+
+struct coord_sched {
+    coord *c;
+    struct coord_sched_opts o;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool stopping;
+    bool stopped;
+    int nthreads;
+    pthread_t threads[3];
+    struct restore_job *restores; /* under mu */
+};
+
+/* Sleeps up to ms or until stopping. Returns false once stopping. */
+static bool nap(coord_sched *s, int ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping)
+        if (pthread_cond_timedwait(&s->cond, &s->mu, &until) == ETIMEDOUT)
+            break;
+    bool go = !s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return go;
+}
+
+/* One unary call to a ps, on a client of its own. Returns 0, or PS_ERPC
+ * with st filled (local failures as UNAVAILABLE). */
+static int ps_call(const char *addr, const char *method, const void *req,
+                   const ProtobufCMessageDescriptor *desc, void **resp,
+                   int deadline_ms, ps_rpc_status *st)
+{
+    ps_rpc_client *cl;
+    ps_rpc_client_opts o = {.deadline_ms = deadline_ms, .max_attempts = 1};
+    int rc = ps_rpc_client_create(addr, &o, &cl);
+    if (rc != 0) {
+        st->code = PS_RPC_UNAVAILABLE;
+        snprintf(st->message, sizeof st->message,
+                 "cannot make a client for '%s': %s", addr, ps_strerror(rc));
+        return PS_ERPC;
+    }
+    rc = ps_rpc_invoke_pb(cl, method, req, desc, resp, deadline_ms, st);
+    ps_rpc_client_destroy(cl);
+    return rc;
+}
+
+static bool retryable(int code)
+{
+    return code == PS_RPC_UNAVAILABLE || code == PS_RPC_DEADLINE_EXCEEDED;
+}
+
+/* ---- liveness ---------------------------------------------------------- */
+
+static void *liveness_main(void *arg)
+{
+    coord_sched *s = arg;
+    do
+        coord_tick(s->c);
+    while (nap(s, s->o.tick_ms));
+    return NULL;
+}
+
+/* ---- sync worker counts ------------------------------------------------ */
+
+static void *sync_main(void *arg)
+{
+    coord_sched *s = arg;
+    struct coord_ps_call *calls = calloc(MAX_SHARDS, sizeof *calls);
+    /* The last failure logged per ps index, so a shard that is down is
+     * reported once per count, not every pass. */
+    struct coord_ps_call *warned = calloc(MAX_SHARDS, sizeof *warned);
+    if (calls == NULL || warned == NULL) {
+        ps_log_error("sync-count thread: out of memory; ps shards will not "
+                     "be told the live worker count");
+        free(calls);
+        free(warned);
+        return NULL;
+    }
+    int pause = 100;
+    while (nap(s, pause)) {
+        int n = coord_sync_pending(s->c, calls, MAX_SHARDS);
+        pause = 100;
+        for (int i = 0; i < n; i++) {
+            struct coord_ps_call *k = &calls[i];
+            Ps__V1__SetSyncWorkersRequest req =
+                PS__V1__SET_SYNC_WORKERS_REQUEST__INIT;
+            req.workers = k->workers;
+            void *resp = NULL;
+            ps_rpc_status st;
+            if (ps_call(k->address, PS_METHOD("SetSyncWorkers"), &req,
+                        &ps__v1__set_sync_workers_response__descriptor, &resp,
+                        s->o.sync_deadline_ms, &st) == 0) {
+                Ps__V1__SetSyncWorkersResponse *r = resp;
+                ps_log_info("ps[%u] at %s: sync steps wait for %u worker%s "
+                            "(was %u)", k->index, k->address, k->workers,
+                            k->workers == 1 ? "" : "s", r->previous);
+                protobuf_c_message_free_unpacked(resp, NULL);
+                coord_sync_done(s->c, k, true);
+                continue;
+            }
+            struct coord_ps_call *w =
+                k->index < MAX_SHARDS ? &warned[k->index] : NULL;
+            bool again = w != NULL && w->incarnation == k->incarnation &&
+                         w->workers == k->workers;
+            if (!again)
+                ps_log_warn("ps[%u] at %s: SetSyncWorkers(%u) failed: %s: "
+                            "%s%s", k->index, k->address, k->workers,
+                            ps_rpc_code_name(st.code), st.message,
+                            retryable(st.code) ? "; retrying" : "");
+            if (w != NULL)
+                *w = *k;
+            if (retryable(st.code))
+                pause = 500;
+            coord_sync_done(s->c, k, !retryable(st.code));
+        }
+    }
+    free(calls);
+    free(warned);
+    return NULL;
+}
+
+/* ---- checkpoints ------------------------------------------------------- */
+
+struct shard_job {
+    const struct coord_ps_call *call;
+    struct coord_shard_result *res;
+    int deadline_ms;
+};
+
+static void *shard_checkpoint(void *arg)
+{
+    struct shard_job *j = arg;
+    const struct coord_ps_call *k = j->call;
+    struct coord_shard_result *r = j->res;
+    memset(r, 0, sizeof *r);
+    r->index = k->index;
+    snprintf(r->address, sizeof r->address, "%s", k->address);
+    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
+    req.step = k->step;
+    void *resp = NULL;
+    ps_rpc_status st;
+    if (ps_call(k->address, PS_METHOD("Checkpoint"), &req,
+                &ps__v1__checkpoint_response__descriptor, &resp,
+                j->deadline_ms, &st) != 0) {
+        snprintf(r->error, sizeof r->error, "%s: %s",
+                 ps_rpc_code_name(st.code), st.message);
+        return NULL;
+    }
+    Ps__V1__CheckpointResponse *cr = resp;
+    if (cr->step != k->step) {
+        snprintf(r->error, sizeof r->error, "it checkpointed step %" PRIu64
+                 ", not %" PRIu64, cr->step, k->step);
+    } else {
+        r->ok = true;
+        r->bytes = cr->bytes;
+        snprintf(r->path, sizeof r->path, "%s", cr->path);
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return NULL;
+}
+
+static void checkpoint_round(coord_sched *s, uint64_t step,
+                             const struct coord_ps_call *calls, int n)
+{
+    struct coord_shard_result *res = calloc((size_t)n, sizeof *res);
+    struct shard_job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    bool *started = calloc((size_t)n, sizeof *started);
+    if (res == NULL || jobs == NULL || th == NULL || started == NULL) {
+        ps_log_error("job checkpoint at step %" PRIu64 ": out of memory",
+                     step);
+        coord_checkpoint_done(s->c, step, NULL, 0);
+        goto out;
+    }
+    ps_log_info("job checkpoint at step %" PRIu64 ": asking %d ps shard%s",
+                step, n, n == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (struct shard_job){&calls[i], &res[i],
+                                     s->o.checkpoint_deadline_ms};
+        started[i] = pthread_create(&th[i], NULL, shard_checkpoint,
+                                    &jobs[i]) == 0;
+        if (!started[i])
+            shard_checkpoint(&jobs[i]);
+    }
+    for (int i = 0; i < n; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    coord_checkpoint_done(s->c, step, res, n);
+out:
+    free(res);
+    free(jobs);
+    free(th);
+    free(started);
+}
+
+static void *checkpoint_main(void *arg)
+{
+    coord_sched *s = arg;
+    struct coord_ps_call *calls = calloc(MAX_SHARDS, sizeof *calls);
+    if (calls == NULL) {
+        ps_log_error("checkpoint thread: out of memory; no job checkpoints "
+                     "will be taken");
+        return NULL;
+    }
+    while (nap(s, 100)) {
+        uint64_t step;
+        int n;
+        if (coord_checkpoint_due(s->c, &step, calls, MAX_SHARDS, &n))
+            checkpoint_round(s, step, calls, n);
+    }
+    free(calls);
+    return NULL;
+}
+
+/* ---- restores ---------------------------------------------------------- */
+
+static void *restore_main(void *arg)
+{
+    struct restore_job *j = arg;
+    coord_sched *s = j->s;
+    const struct coord_ps_call *k = &j->call;
+    int backoff = 200;
+    bool told = false;
+    while (coord_restore_wanted(s->c, k)) {
+        Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
+        req.step = k->step;
+        void *resp = NULL;
+        ps_rpc_status st;
+        if (ps_call(k->address, PS_METHOD("Restore"), &req,
+                    &ps__v1__restore_response__descriptor, &resp,
+                    s->o.restore_deadline_ms, &st) == 0) {
+            Ps__V1__RestoreResponse *r = resp;
+            char detail[128];
+            snprintf(detail, sizeof detail, "restored step %" PRIu64
+                     ", %" PRIu64 " variables", r->step, r->variables);
+            coord_restore_done(s->c, k, true, r->variables, detail);
+            protobuf_c_message_free_unpacked(resp, NULL);
+            goto out;
+        }
+        char detail[600];
+        snprintf(detail, sizeof detail, "%s: %s", ps_rpc_code_name(st.code),
+                 st.message);
+        if (!retryable(st.code)) {
+            coord_restore_done(s->c, k, false, 0, detail);
+            goto out;
+        }
+        if (!told)
+            ps_log_info("restore of ps[%u] at %s: no answer yet (%s); "
+                        "retrying", k->index, k->address, detail);
+        told = true;
+        if (!nap(s, backoff))
+            break;
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    ps_log_info("restore of ps[%u] at %s abandoned: %s", k->index,
+                k->address, coord_stopping(s->c) ? "the coordinator stops"
+                : "the task registered again");
+out:
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+/* Joins restore threads that have ended. Called with s->mu held. */
+static void reap_locked(coord_sched *s)
+{
+    for (struct restore_job **p = &s->restores; *p != NULL;) {
+        struct restore_job *j = *p;
+        if (!atomic_load(&j->done)) {
+            p = &j->next;
+            continue;
+        }
+        pthread_join(j->th, NULL);
+        *p = j->next;
+        free(j);
+    }
+}
+
+int coord_sched_restore(coord_sched *s, const struct coord_ps_call *call)
+{
+    struct restore_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        coord_restore_done(s->c, call, false, 0, "out of memory");
+        return -ENOMEM;
+    }
+    j->s = s;
+    j->call = *call;
+    atomic_init(&j->done, false);
+    pthread_mutex_lock(&s->mu);
+    reap_locked(s);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        free(j);
+        return PS_ESHUTDOWN;
+    }
+    int rc = pthread_create(&j->th, NULL, restore_main, j);
+    if (rc == 0) {
+        j->next = s->restores;
+        s->restores = j;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0) {
+        free(j);
+        coord_restore_done(s->c, call, false, 0,
+                           "cannot start a thread for it");
+        return -rc;
+    }
+    return 0;
+}
+
+/* ---- start, stop ------------------------------------------------------- */
+
+int coord_sched_start(coord *c, const struct coord_sched_opts *o,
+                      coord_sched **out)
+{
+    *out = NULL;
+    coord_sched *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    s->c = c;
+    s->o = *o;
+    if (s->o.tick_ms <= 0)
+        s->o.tick_ms = 100;
+    if (s->o.checkpoint_deadline_ms <= 0)
+        s->o.checkpoint_deadline_ms = 60000;
+    if (s->o.restore_deadline_ms <= 0)
+        s->o.restore_deadline_ms = 60000;
+    if (s->o.sync_deadline_ms <= 0)
+        s->o.sync_deadline_ms = 2000;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    void *(*mains[])(void *) = {liveness_main, sync_main, checkpoint_main};
+    for (int i = 0; i < 3; i++) {
+        int rc = pthread_create(&s->threads[i], NULL, mains[i], s);
+        if (rc != 0) {
+            coord_sched_stop(s);
+            coord_sched_destroy(s);
+            return -rc;
+        }
+        s->nthreads++;
+    }
+    *out = s;
+    return 0;
+}
+
+void coord_sched_stop(coord_sched *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopped) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->stopping = true;
+    s->stopped = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->threads[i], NULL);
+    s->nthreads = 0;
+    /* No restore starts once stopping, so the list only shrinks. */
+    pthread_mutex_lock(&s->mu);
+    struct restore_job *j = s->restores;
+    s->restores = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (j != NULL) {
+        struct restore_job *next = j->next;
+        pthread_join(j->th, NULL);
+        free(j);
+        j = next;
+    }
+}
+
+void coord_sched_destroy(coord_sched *s)
+{
+    if (s == NULL)
+        return;
+    coord_sched_stop(s);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,96 @@
+"""make demo: a local cluster on loopback trains the MLP 784-256-256-10 on
+Fashion-MNIST: pscoord, two psd shards, two workerd workers and one
+evaluator, with a live progress line and a closing summary. Ctrl-C stops
+every process.
+
+Usage: demo.py BUILD_DIR [--epochs N] [--keep DIR]
+"""
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from localcluster import LocalCluster  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--epochs", type=int, default=int(os.environ.get("DEMO_EPOCHS", "5")))
+    ap.add_argument("--keep", help="keep the cluster's files in this directory")
+    a = ap.parse_args()
+    root = a.keep or tempfile.mkdtemp(prefix="psd-demo-")
+    os.makedirs(root, exist_ok=True)
+    cluster = LocalCluster(a.build, root, num_ps=2, num_workers=2, evaluator=True,
+                           epochs=a.epochs, checkpoint_every="5s")
+    interrupted = False
+
+    def on_signal(sig, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    t0 = time.monotonic()
+    try:
+        print("demo: starting pscoord, 2 psd shards, 1 evaluator and 2 workerd "
+              "in %s" % root, flush=True)
+        cluster.start()
+        print("demo: coordinator at %s; training MLP 784-256-256-10 for %d epochs"
+              % (cluster.coord_addr, a.epochs), flush=True)
+        last = None
+        while any(t.alive() for t in cluster.workers()):
+            time.sleep(1.0)
+            try:
+                cs = cluster.cluster_state()
+            except Exception:  # the coordinator is busy or restarting
+                continue
+            ws = [t for t in cs.tasks if t.role == 2]
+            exps = sum(t.examples_per_second for t in ws if t.alive)
+            loss = [t.loss for t in ws if t.alive and t.loss > 0]
+            line = ("step %6d  workers %d/%d  %7.0f examples/s  loss %s  test accuracy %s"
+                    "  checkpoint %s" % (
+                        cs.global_step, sum(1 for t in ws if t.alive), len(ws), exps,
+                        "%.4f" % (sum(loss) / len(loss)) if loss else "  -   ",
+                        "%.4f" % cs.eval_accuracy if cs.eval_step else "  -   ",
+                        cs.last_checkpoint_step or "-"))
+            if line != last:
+                print(line, flush=True)
+                last = line
+        results = cluster.wait_workers()
+        wall = time.monotonic() - t0
+        # One more evaluation of the final parameters, then the state.
+        time.sleep(1.5)
+        cs = cluster.cluster_state()
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ndemo: interrupted; stopping every process", flush=True)
+        results, cs, wall = {}, None, time.monotonic() - t0
+    finally:
+        cluster.stop()
+    if interrupted:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        return 130
+    bad = [i for i, (rc, s) in results.items() if rc != 0 or s is None]
+    if bad:
+        print("demo: worker(s) %s failed; logs in %s" % (bad, os.path.join(root, "logs")))
+        return 1
+    ex = sum(s["examples"] for _, s in results.values())
+    acc = min(s["test_accuracy"] for _, s in results.values())
+    print("demo: done in %.1f s: %d examples (%.0f examples/s over 2 workers), "
+          "final test accuracy %.4f" % (wall, ex, ex / wall, acc))
+    if cs is not None and cs.last_checkpoint_step:
+        print("demo: last checkpoint at step %d: %s" % (cs.last_checkpoint_step,
+                                                       cs.last_checkpoint_path))
+    if not a.keep:
+        print("demo: (the cluster's files were in %s and are removed; pass --keep DIR "
+              "to keep them)" % root)
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if acc >= 0.85 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""A local cluster on loopback: pscoord, psd shards, workerd workers and an
+evaluator, each a real process, for `make demo` and the fault tests.
+
+    cluster = LocalCluster(build_dir, root_dir, num_ps=2, num_workers=2)
+    cluster.start()              # coordinator, shards, evaluator, workers
+    cluster.kill("worker", 1)    # SIGKILL one task
+    cluster.restart("worker", 1) # the same task again, same flags
+    cluster.wait_workers()       # until every worker exits
+    cluster.stop()               # SIGTERM everything, then SIGKILL stragglers
+
+Every process runs in its own process group and is killed by stop(), also
+when the caller is interrupted. Ports are 0 (each process prints PORT <n>),
+except psd's, which must keep its address across a restart: those are
+taken from the kernel once and reused.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Task:
+    def __init__(self, role, index, argv, log_path, wait_port):
+        self.role, self.index, self.argv = role, index, argv
+        self.log_path = log_path
+        self.wait_port = wait_port
+        self.proc = None
+        self.port = None
+        self.output = []
+
+    def start(self, timeout=60):
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log,
+                                     text=True, start_new_session=True)
+        log.close()
+        if self.wait_port:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError("%s[%d] exited at start; see %s"
+                                       % (self.role, self.index, self.log_path))
+                if line.startswith("PORT "):
+                    self.port = int(line.split()[1])
+                    return
+            raise RuntimeError("%s[%d] did not start" % (self.role, self.index))
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout=None):
+        out, _ = self.proc.communicate(timeout=timeout)
+        if out:
+            self.output.extend(out.splitlines())
+        return self.proc.returncode
+
+
+class LocalCluster:
+    def __init__(self, build, root, num_ps=2, num_workers=2, evaluator=True,
+                 model="mlp:784-256-256-10", epochs=3, batch=64, lr=0.1,
+                 consistency="async", seed=1, checkpoint_every_steps=0,
+                 checkpoint_every="0", heartbeat_timeout="2s", worker_args=(),
+                 job_id="demo"):
+        self.build, self.root = os.path.abspath(build), os.path.abspath(root)
+        self.num_ps, self.num_workers = num_ps, num_workers
+        self.evaluator = evaluator
+        self.model, self.epochs, self.batch, self.lr = model, epochs, batch, lr
+        self.consistency, self.seed = consistency, seed
+        self.ckpt_steps, self.ckpt_every = checkpoint_every_steps, checkpoint_every
+        self.heartbeat_timeout = heartbeat_timeout
+        self.worker_args = list(worker_args)
+        self.job_id = job_id
+        self.tasks = {}
+        self.coord_addr = None
+        self.ps_ports = [free_port() for _ in range(num_ps)]
+        os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+
+    def _bin(self, *p):
+        return os.path.join(self.build, *p)
+
+    def _log(self, role, index):
+        return os.path.join(self.root, "logs", "%s-%d.log" % (role, index))
+
+    def _argv(self, role, index):
+        if role == "coordinator":
+            spec = {"job_id": self.job_id, "cluster": {
+                "ps": ["127.0.0.1:%d" % p for p in self.ps_ports],
+                "worker": ["worker-%d" % i for i in range(self.num_workers)]}}
+            # Workers serve nothing; the spec still needs host:port entries,
+            # so give each a placeholder port that is never dialled.
+            spec["cluster"]["worker"] = ["127.0.0.1:%d" % (1 + i) for i in
+                                         range(self.num_workers)]
+            if self.evaluator:
+                spec["cluster"]["evaluator"] = ["127.0.0.1:%d" % (1 + self.num_workers)]
+            path = os.path.join(self.root, "cluster.json")
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            return [self._bin("coordinator", "pscoord"), "--cluster", path,
+                    "--listen", "127.0.0.1:%d" % (self.coord_port or 0),
+                    "--state-dir", os.path.join(self.root, "coord"),
+                    "--heartbeat-timeout", self.heartbeat_timeout,
+                    "--checkpoint-every-steps", str(self.ckpt_steps),
+                    "--checkpoint-every", str(self.ckpt_every),
+                    "--log-level", "info"]
+        if role == "ps":
+            return [self._bin("server", "psd"),
+                    "--data-dir", os.path.join(self.root, "ps%d" % index),
+                    "--checkpoint-root", os.path.join(self.root, "ckpt", "ps%d" % index),
+                    "--listen", "127.0.0.1:%d" % self.ps_ports[index],
+                    "--coordinator", self.coord_addr, "--job-id", self.job_id,
+                    "--task-index", str(index), "--log-level", "info"]
+        common = [self._bin("worker", "workerd"), "--coordinator", self.coord_addr,
+                  "--job-id", self.job_id, "--task-index", str(index),
+                  "--model", self.model, "--log-level", "info"]
+        if role == "evaluator":
+            return common + ["--role", "evaluator", "--eval-interval", "1s", "--json"]
+        return common + ["--epochs", str(self.epochs), "--batch", str(self.batch),
+                         "--lr", str(self.lr), "--consistency", self.consistency,
+                         "--seed", str(self.seed), "--json", "--progress", "0",
+                         "--retry-budget", "120s"] + self.worker_args
+
+    coord_port = None
+
+    def start_task(self, role, index):
+        t = Task(role, index, self._argv(role, index), self._log(role, index),
+                 wait_port=role in ("coordinator", "ps"))
+        t.start()
+        self.tasks[(role, index)] = t
+        if role == "coordinator":
+            self.coord_port = t.port
+            self.coord_addr = "127.0.0.1:%d" % t.port
+        return t
+
+    def start(self, workers=True):
+        self.start_task("coordinator", 0)
+        for i in range(self.num_ps):
+            self.start_task("ps", i)
+        if self.evaluator:
+            self.start_task("evaluator", 0)
+        if workers:
+            for i in range(self.num_workers):
+                self.start_task("worker", i)
+
+    def kill(self, role, index, sig=signal.SIGKILL):
+        t = self.tasks[(role, index)]
+        t.signal(sig)
+        try:
+            t.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            t.signal(signal.SIGKILL)
+            t.proc.wait()
+
+    def restart(self, role, index):
+        return self.start_task(role, index)
+
+    def workers(self):
+        return [t for (r, _), t in sorted(self.tasks.items()) if r == "worker"]
+
+    def wait_workers(self, timeout=600):
+        """Waits for every worker; returns their JSON summaries by index."""
+        deadline = time.monotonic() + timeout
+        out = {}
+        for t in self.workers():
+            rc = t.wait(timeout=max(1, deadline - time.monotonic()))
+            summary = None
+            for line in reversed(t.output):
+                if line.startswith("{"):
+                    summary = json.loads(line)
+                    break
+            out[t.index] = (rc, summary)
+        return out
+
+    def cluster_state(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "..", "tests", "interop"))
+        import pstest  # noqa: E402
+        pb, pbg, _, _ = pstest.generate_stubs()
+        ch = pstest.channel(self.coord_addr)
+        try:
+            return pbg.CoordinatorStub(ch).GetCluster(
+                pb.GetClusterRequest(job_id=self.job_id), timeout=5)
+        finally:
+            ch.close()
+
+    def stop(self):
+        for t in self.tasks.values():
+            t.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for t in self.tasks.values():
+            if t.proc is None:
+                continue
+            try:
+                t.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                t.signal(signal.SIGKILL)
+                t.proc.wait()
+        for t in self.tasks.values():
+            if t.proc is not None and t.proc.stdout:
+                t.proc.stdout.close()

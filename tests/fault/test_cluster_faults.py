@@ -1,0 +1,250 @@
+"""The job survives real failures: a local cluster (pscoord, two psd shards,
+two workerd) trains the MLP on Fashion-MNIST while one process is killed
+with SIGKILL and restarted:
+
+  worker   the other worker goes on (async) or the aggregation shrinks to
+           the live worker (sync); the restarted worker rejoins with its
+           task index and takes its data shard back;
+  psd      workers wait and retry; the restarted psd resumes from its own
+           LMDB state, or, with its data directory gone, from the latest
+           complete job checkpoint;
+  pscoord  training goes on; the restarted coordinator recovers the
+           cluster from its state directory.
+
+Each run must end with a test accuracy within 1 point of an unfailed run
+with the same seed, and the psd restored from a checkpoint must hold no
+version older than that checkpoint's. It prints the time each recovery took.
+Also: the whole job restores from its latest complete checkpoint.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "interop"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "deploy"))
+import pstest  # noqa: E402
+from localcluster import LocalCluster  # noqa: E402
+
+EPOCHS = int(os.environ.get("FAULT_EPOCHS", "3"))
+TOLERANCE = 0.01
+
+
+def accuracy(results):
+    accs = [s["test_accuracy"] for rc, s in results.values() if rc == 0 and s]
+    return min(accs) if len(accs) == len(results) else -1.0
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = pred()
+            if v:
+                return v
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("timed out waiting for %s" % what)
+
+
+def task(cs, role, index):
+    for t in cs.tasks:
+        if t.role == role and t.index == index:
+            return t
+    return None
+
+
+def pull_versions(pb, pbg, address):
+    ch = pstest.channel(address)
+    s = pbg.ParameterServerStub(ch)
+    lv = s.ListVariables(pb.ListVariablesRequest(), timeout=10)
+    ch.close()
+    return {v.spec.name: v.version for v in lv.variables}
+
+
+def new_cluster(build, name, **kw):
+    root = pstest.tmpdir("fault-%s-" % name)
+    kw.setdefault("epochs", EPOCHS)
+    kw.setdefault("evaluator", False)
+    return LocalCluster(build, root, num_ps=2, num_workers=2, **kw)
+
+
+def main():
+    pb, pbg, _, _ = pstest.generate_stubs()
+    r = pstest.Results("cluster-faults")
+    build = pstest.BUILD_ROOT
+    W, PS = pb.WORKER, pb.PS
+
+    def run(c, during=None):
+        c.start()
+        try:
+            if during is not None:
+                during(c)
+            return c.wait_workers(timeout=600)
+        finally:
+            c.stop()
+
+    base = {}
+    for mode in ("async", "sync"):
+        res = run(new_cluster(build, "base-" + mode, consistency=mode))
+        base[mode] = accuracy(res)
+        r.check(base[mode] > 0.80, "unfailed %s run: test accuracy %.4f" % (mode, base[mode]))
+
+    # --- a worker dies and comes back ---------------------------------------
+    for mode in ("async", "sync"):
+        times = {}
+
+        def kill_worker(c):
+            wait_for(lambda: c.cluster_state().global_step > 200, 120, "step 200")
+            c.kill("worker", 1)
+            t_kill = time.monotonic()
+            dead = wait_for(lambda: not task(c.cluster_state(), W, 1).alive, 30,
+                            "worker[1] declared dead")
+            times["detect"] = time.monotonic() - t_kill
+            s0 = task(c.cluster_state(), W, 0).step
+            wait_for(lambda: task(c.cluster_state(), W, 0).step > s0 + 20, 60,
+                     "worker[0] going on")
+            times["others_on"] = time.monotonic() - t_kill
+            c.restart("worker", 1)
+            t_re = time.monotonic()
+            wait_for(lambda: task(c.cluster_state(), W, 1).alive and
+                     task(c.cluster_state(), W, 1).step > 0, 120, "worker[1] back")
+            times["rejoin"] = time.monotonic() - t_re
+            return dead
+
+        res = run(new_cluster(build, "worker-" + mode, consistency=mode),
+                  during=kill_worker)
+        acc = accuracy(res)
+        r.check("rejoin" in times and times["others_on"] < 30,
+                "%s: worker[1] killed: dead after %.1f s, worker[0] went on within "
+                "%.1f s, worker[1] rejoined in %.1f s" % (
+                    mode, times.get("detect", -1), times.get("others_on", -1),
+                    times.get("rejoin", -1)))
+        r.check(abs(acc - base[mode]) <= TOLERANCE,
+                "%s: after a worker failure test accuracy %.4f vs unfailed %.4f"
+                % (mode, acc, base[mode]))
+
+    # --- a psd dies; it comes back with its data, then without it -----------
+    for wipe in (False, True):
+        times = {}
+        ck = {}
+
+        def kill_psd(c, wipe=wipe):
+            if wipe:
+                wait_for(lambda: c.cluster_state().last_checkpoint_step > 0, 120,
+                         "a job checkpoint")
+            else:
+                wait_for(lambda: c.cluster_state().global_step > 200, 120, "step 200")
+            c.kill("ps", 1)
+            t_kill = time.monotonic()
+            cs = c.cluster_state()
+            ck["step"], ck["path"] = cs.last_checkpoint_step, cs.last_checkpoint_path
+            if wipe:
+                shutil.rmtree(os.path.join(c.root, "ps1"))
+            time.sleep(1.0)
+            c.restart("ps", 1)
+            t_re = time.monotonic()
+            addr = "127.0.0.1:%d" % c.ps_ports[1]
+            if wipe:
+                # The coordinator restores the empty shard from the checkpoint.
+                wait_for(lambda: len(pull_versions(pb, pbg, addr)) > 0, 60,
+                         "the empty psd restored")
+                ck["restored"] = pull_versions(pb, pbg, addr)
+            wait_for(lambda: sum(pull_versions(pb, pbg, addr).values()) >
+                     sum(ck.get("restored", {}).values()) + 10, 120,
+                     "pushes reaching the restarted psd")
+            times["resume"] = time.monotonic() - t_re
+            times["down"] = t_re - t_kill
+
+        c = new_cluster(build, "psd-wipe" if wipe else "psd", checkpoint_every="1s")
+        res = run(c, during=kill_psd)
+        acc = accuracy(res)
+        what = "psd[1] killed and its data dir wiped" if wipe else "psd[1] killed"
+        r.check("resume" in times, "%s: down %.1f s, training resumed %.1f s after "
+                "its restart" % (what, times.get("down", -1), times.get("resume", -1)))
+        r.check(abs(acc - base["async"]) <= TOLERANCE,
+                "%s: test accuracy %.4f vs unfailed %.4f" % (what, acc, base["async"]))
+        if wipe and ck.get("path"):
+            manifest = json.load(open(ck["path"]))
+            shard = [s for s in manifest["shards"] if s["index"] == 1][0]
+            # Open the shard's checkpoint with a throwaway psd to read its
+            # versions: the restored shard must hold none older.
+            tmp = pstest.tmpdir()
+            shutil.copytree(shard["path"], os.path.join(tmp, "d"))
+            d = pstest.start_psd(os.path.join(tmp, "d"))
+            at_ckpt = pull_versions(pb, pbg, d.address)
+            d.stop()
+            restored = ck.get("restored", {})
+            r.check(at_ckpt and all(restored.get(n, -1) >= v for n, v in at_ckpt.items()),
+                    "nothing acknowledged before the checkpoint at step %d is lost "
+                    "(checkpoint %s, restored %s)" % (ck["step"], at_ckpt, restored))
+
+    # --- the coordinator dies and comes back --------------------------------
+    times = {}
+
+    def kill_coord(c):
+        wait_for(lambda: c.cluster_state().global_step > 200, 120, "step 200")
+        addr = "127.0.0.1:%d" % c.ps_ports[0]
+        before = sum(pull_versions(pb, pbg, addr).values())
+        c.kill("coordinator", 0)
+        t_kill = time.monotonic()
+        wait_for(lambda: sum(pull_versions(pb, pbg, addr).values()) > before + 50, 60,
+                 "training going on without the coordinator")
+        times["on"] = time.monotonic() - t_kill
+        c.restart("coordinator", 0)
+        t_re = time.monotonic()
+        wait_for(lambda: all(task(c.cluster_state(), W, i).alive for i in range(2)) and
+                 all(task(c.cluster_state(), PS, i).alive for i in range(2)), 60,
+                 "the cluster recovered")
+        times["recover"] = time.monotonic() - t_re
+
+    res = run(new_cluster(build, "coord"), during=kill_coord)
+    acc = accuracy(res)
+    r.check("recover" in times, "coordinator killed: training went on (%.1f s to "
+            "see progress), the restarted coordinator knew all 4 tasks alive in %.1f s"
+            % (times.get("on", -1), times.get("recover", -1)))
+    r.check(abs(acc - base["async"]) <= TOLERANCE,
+            "coordinator failure: test accuracy %.4f vs unfailed %.4f" % (acc, base["async"]))
+
+    # --- the whole job restores from its latest complete checkpoint --------
+    c = new_cluster(build, "restore", checkpoint_every="1s")
+    res = run(c)
+    cs_state = json.load(open(os.path.join(c.root, "coord", "state.json")))
+    manifests = sorted(f for f in os.listdir(os.path.join(c.root, "coord", "checkpoints"))
+                       if f.startswith("job-"))
+    r.check(len(manifests) >= 1, "job checkpoints written: %s" % manifests)
+    if manifests:
+        latest = json.load(open(os.path.join(c.root, "coord", "checkpoints", manifests[-1])))
+        c2 = LocalCluster(build, c.root, num_ps=2, num_workers=2, evaluator=False,
+                          epochs=EPOCHS)
+        c2.ps_ports = c.ps_ports
+        c2.start(workers=False)
+        try:
+            ok = True
+            for sh in latest["shards"]:
+                addr = "127.0.0.1:%d" % c.ps_ports[sh["index"]]
+                ch = pstest.channel(addr)
+                resp = pbg.ParameterServerStub(ch).Restore(
+                    pb.RestoreRequest(step=latest["step"]), timeout=30)
+                ch.close()
+                ok = ok and resp.step == latest["step"] and resp.variables > 0
+            ev = subprocess.run([os.path.join(build, "worker", "workerd"),
+                                 "--coordinator", c2.coord_addr, "--job-id", c2.job_id,
+                                 "--role", "evaluator", "--eval-count", "1", "--json"],
+                                capture_output=True, text=True, timeout=120)
+            line = [l for l in ev.stdout.splitlines() if l.startswith("{")]
+            acc = json.loads(line[-1])["test_accuracy"] if line else -1
+            r.check(ok and acc > 0.80, "every shard restores job checkpoint step %d; "
+                    "its parameters score %.4f" % (latest["step"], acc))
+        finally:
+            c2.stop()
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
