@@ -466,6 +466,13 @@ bad:
     return PS_EPARSE;
 }
 
+int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
+                          ps_client_item *items, size_t n, char *err, size_t errlen)
+{
+    struct pull_ctx pc = {items, n, err, errlen};
+    return decode_pieces(&pc, pieces, np);
+}
+
 int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {

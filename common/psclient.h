@@ -70,4 +70,8 @@ int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
 int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen);
 
+/* The same over a message received in pieces (as gRPC hands it over). */
+int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
+                          ps_client_item *items, size_t n, char *err, size_t errlen);
+
 #endif

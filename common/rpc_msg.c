@@ -187,9 +187,12 @@ int ps_rpc_bb_pieces(grpc_byte_buffer *bb, ps_rpc_pieces_fn fn, void *ctx)
     bool overflow = false;
     while (grpc_byte_buffer_reader_next(&reader, &s)) {
         if (n < MAXP && !overflow) {
+            /* Point into the stored copy: a small slice keeps its bytes
+             * inline, inside the grpc_slice value itself, so a pointer into
+             * `s` would dangle at the next iteration. */
             slices[n] = s;
-            pieces[n].data = GRPC_SLICE_START_PTR(s);
-            pieces[n].len = GRPC_SLICE_LENGTH(s);
+            pieces[n].data = GRPC_SLICE_START_PTR(slices[n]);
+            pieces[n].len = GRPC_SLICE_LENGTH(slices[n]);
             n++;
             continue;
         }

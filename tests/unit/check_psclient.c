@@ -113,6 +113,21 @@ START_TEST(test_pull_decode)
     items[1].n = 2;
     items[0].name = "b";
     ck_assert_int_eq(ps_pull_decode(msg, len, items, 2, err, sizeof err), PS_EPARSE);
+    /* The same message in pieces cut at every pair of places decodes the
+     * same. */
+    for (size_t cut1 = 0; cut1 < len; cut1 += 3) {
+        for (size_t cut2 = cut1; cut2 <= len; cut2 += 5) {
+            struct ps_piece p[3] = {{msg, cut1}, {msg + cut1, cut2 - cut1},
+                                    {msg + cut2, len - cut2}};
+            memset(ra, 0, sizeof ra);
+            memset(rb, 0, sizeof rb);
+            items[0].name = "a";
+            items[1].n = 2;
+            ck_assert_int_eq(ps_pull_decode_pieces(p, 3, items, 2, err, sizeof err), 0);
+            ck_assert_mem_eq(ra, a, sizeof a);
+            ck_assert_mem_eq(rb, b, sizeof b);
+        }
+    }
     /* Every truncation is refused without reading past the end. */
     items[0].name = "a";
     for (size_t cut = 0; cut < len; cut++) {
