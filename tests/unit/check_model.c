@@ -2,6 +2,7 @@
 
 #include "data.h"
 #include "errors.h"
+#include "gpu.h"
 
 #include <check.h>
 #include <errno.h>
@@ -57,7 +58,7 @@ START_TEST(test_gemm)
         for (int tb = 0; tb < 2; tb++) {
             memcpy(c, c0, sizeof c);
             /* op(a) is (M, K): stored (M, K) or, transposed, (K, M). */
-            be->gemm(ta, tb, M, N, K, 0.5f, a, ta ? M : K, b, tb ? K : N,
+            be->gemm(be, ta, tb, M, N, K, 0.5f, a, ta ? M : K, b, tb ? K : N,
                      2.0f, c, N);
             for (int i = 0; i < M; i++) {
                 for (int j = 0; j < N; j++) {
@@ -78,27 +79,27 @@ END_TEST
 START_TEST(test_bias_relu_axpy)
 {
     float y[6] = {1, -2, 3, -4, 5, -6}, b[3] = {10, 20, 30}, db[3];
-    be->bias_add(y, b, 2, 3);
+    be->bias_add(be, y, b, 2, 3);
     const float want[6] = {11, 18, 33, 6, 25, 24};
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(y[i], want[i]);
-    be->bias_grad(db, want, 2, 3);
+    be->bias_grad(be, db, want, 2, 3);
     ck_assert_float_eq(db[0], 17);
     ck_assert_float_eq(db[1], 43);
     ck_assert_float_eq(db[2], 57);
 
     float x[5] = {-1, 0, 2, -0.0f, 3}, r[5], dr[5];
     const float dy[5] = {1, 2, 3, 4, 5};
-    be->relu_forward(r, x, 5);
-    be->relu_backward(dr, dy, r, 5);
+    be->relu_forward(be, r, x, 5);
+    be->relu_backward(be, dr, dy, r, 5);
     const float rw[5] = {0, 0, 2, 0, 3}, drw[5] = {0, 0, 3, 0, 5};
     for (int i = 0; i < 5; i++) {
         ck_assert_float_eq(r[i], rw[i]);
         ck_assert_float_eq(dr[i], drw[i]);
     }
-    be->relu_forward(x, x, 5); /* in place */
+    be->relu_forward(be, x, x, 5); /* in place */
     ck_assert_float_eq(x[0], 0);
-    be->axpy(r, -2.0f, dy, 5);
+    be->axpy(be, r, -2.0f, dy, 5);
     ck_assert_float_eq(r[2], 2 - 6);
 }
 END_TEST
@@ -110,7 +111,7 @@ START_TEST(test_softmax_xent)
     const int32_t labels[2] = {1, 2};
     float losses[2], d[6];
     int32_t pred[2];
-    be->softmax_xent(logits, labels, 2, 3, losses, pred, d, 0.5f);
+    be->softmax_xent(be, logits, labels, 2, 3, losses, pred, d, 0.5f);
     ck_assert(isfinite(losses[0]));
     ck_assert_float_eq_tol(losses[0], 1000, 1e-3);
     double lse = log(exp(1.0) + exp(2.0) + exp(3.0));
@@ -126,7 +127,7 @@ START_TEST(test_softmax_xent)
         ck_assert_double_eq_tol(d[3 + j], 0.5 * (p - (j == 2)), 1e-6);
     }
     /* Without dlogits or pred only the losses are written. */
-    be->softmax_xent(logits, labels, 2, 3, losses, NULL, NULL, 0);
+    be->softmax_xent(be, logits, labels, 2, 3, losses, NULL, NULL, 0);
     ck_assert_double_eq_tol(losses[1], lse - 3, 1e-6);
 }
 END_TEST
@@ -142,15 +143,18 @@ static double dot(const float *a, const float *b, size_t n)
 START_TEST(test_im2col_col2im)
 {
     rng_state = 2;
-    /* Two geometries: 3x3 pad 1 stride 1 (the CNN's), and 3x2 pad 0
-     * stride 2 on an odd image. */
-    const struct ps_conv_geom geoms[2] = {
+    /* Three geometries: 3x3 pad 1 stride 1 (the CNN's), 3x2 pad 0 stride 2
+     * on an odd image, and 4x3 pad 2 stride 3, where whole kernel rows
+     * fall in the padding. */
+    const struct ps_conv_geom geoms[3] = {
         {.batch = 2, .h = 5, .w = 4, .c = 3, .kh = 3, .kw = 3, .pad = 1,
          .stride = 1, .oh = 5, .ow = 4},
         {.batch = 1, .h = 7, .w = 5, .c = 2, .kh = 3, .kw = 2, .pad = 0,
          .stride = 2, .oh = 3, .ow = 2},
+        {.batch = 2, .h = 9, .w = 8, .c = 3, .kh = 4, .kw = 3, .pad = 2,
+         .stride = 3, .oh = 4, .ow = 4},
     };
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
         const struct ps_conv_geom *g = &geoms[t];
         size_t nx = (size_t)g->batch * g->h * g->w * g->c;
         size_t taps = (size_t)g->kh * g->kw * g->c;
@@ -159,7 +163,7 @@ START_TEST(test_im2col_col2im)
         float *col = malloc(ncol * sizeof *col), *r = malloc(ncol * sizeof *r);
         fill(x, nx, -1, 1);
         fill(r, ncol, -1, 1);
-        be->im2col(g, x, col);
+        be->im2col(be, g, x, col);
         /* Every entry by the definition. */
         for (int n = 0; n < g->batch; n++)
             for (int oy = 0; oy < g->oh; oy++)
@@ -183,7 +187,7 @@ START_TEST(test_im2col_col2im)
                             }
         /* col2im is im2col's adjoint: <im2col(x), r> = <x, col2im(r)>. */
         fill(dx, nx, 5, 6); /* garbage that col2im must overwrite */
-        be->col2im(g, r, dx);
+        be->col2im(be, g, r, dx);
         double lhs = dot(col, r, ncol), rhs = dot(x, dx, nx);
         ck_assert_double_eq_tol(lhs, rhs, 1e-4 * (fabs(lhs) + 1));
         free(x);
@@ -203,7 +207,7 @@ START_TEST(test_maxpool)
         x[2 * i] = (float)((i * 7) % 25);
         x[2 * i + 1] = (float)-i;
     }
-    be->maxpool_forward(1, 5, 5, 2, x, y, am);
+    be->maxpool_forward(be, 1, 5, 5, 2, x, y, am);
     for (int oy = 0; oy < 2; oy++) {
         for (int ox = 0; ox < 2; ox++) {
             for (int ch = 0; ch < 2; ch++) {
@@ -224,7 +228,7 @@ START_TEST(test_maxpool)
     const float dy[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     for (int i = 0; i < 50; i++)
         dx[i] = 99;
-    be->maxpool_backward(1, 5, 5, 2, dy, am, dx);
+    be->maxpool_backward(be, 1, 5, 5, 2, dy, am, dx);
     double s = 0;
     for (int i = 0; i < 50; i++)
         s += dx[i];
@@ -234,8 +238,50 @@ START_TEST(test_maxpool)
     /* Ties go to the first element of the window. */
     float z[4] = {0, 0, 0, 0}, zy[1];
     int32_t zam[1];
-    be->maxpool_forward(1, 2, 2, 1, z, zy, zam);
+    be->maxpool_forward(be, 1, 2, 2, 1, z, zy, zam);
     ck_assert_int_eq(zam[0], 0);
+}
+END_TEST
+
+START_TEST(test_memory)
+{
+    /* Host memory, 64-byte aligned; copies and zeroing are memcpy and
+     * memset; sync has nothing to wait for. */
+    ck_assert(be->host_memory);
+    float src[37], back[37];
+    fill(src, 37, -1, 1);
+    float *p = be->alloc(be, sizeof src);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq((uintptr_t)p % 64, 0);
+    be->upload(be, p, src, sizeof src);
+    be->download(be, back, p, sizeof back);
+    ck_assert_mem_eq(back, src, sizeof src);
+    be->zero(be, p, 5 * sizeof *p);
+    be->download(be, back, p, sizeof back);
+    ck_assert_float_eq(back[4], 0);
+    ck_assert_float_eq(back[5], src[5]);
+    ck_assert_int_eq(be->sync(be, errbuf, sizeof errbuf), 0);
+    be->free(be, p);
+    be->free(be, NULL);
+}
+END_TEST
+
+START_TEST(test_backend_cuda)
+{
+    /* Without a device ps_backend_cuda fails with the probe's reason; with
+     * one, a device number past the last is refused by name. Either way it
+     * never hands out a backend that cannot run. */
+    int count;
+    char probe[256];
+    if (ps_gpu_probe(&count, probe, sizeof probe) != 0) {
+        ck_assert_ptr_null(ps_backend_cuda(0, errbuf, sizeof errbuf));
+        ck_assert_str_eq(errbuf, probe);
+        ck_assert_ptr_null(ps_backend_cuda(0, NULL, 0));
+        return;
+    }
+    ck_assert_ptr_null(ps_backend_cuda(count, errbuf, sizeof errbuf));
+    ck_assert_ptr_nonnull(strstr(errbuf, "does not exist"));
+    ck_assert_ptr_null(ps_backend_cuda(-1, errbuf, sizeof errbuf));
 }
 END_TEST
 
@@ -376,6 +422,60 @@ START_TEST(test_create_errors)
     ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 1 << 20, &m,
                                      errbuf, sizeof errbuf), PS_EINVAL_ARG);
     ck_assert_ptr_null(m);
+}
+END_TEST
+
+START_TEST(test_create_on)
+{
+    ps_model *m;
+    ck_assert_int_eq(ps_model_create_on(&ps_backend_cpu, "mlp:6-4-3", 1, 2, 3,
+                                        3, 5, &m, errbuf, sizeof errbuf), 0);
+    ck_assert_ptr_eq(ps_model_backend(m), &ps_backend_cpu);
+    ck_assert_uint_eq(ps_model_nparams(m), 6 * 4 + 4 + 4 * 3 + 3);
+    /* Parameters and gradients start at zero. */
+    for (size_t i = 0; i < ps_model_nparams(m); i++) {
+        ck_assert_float_eq(ps_model_params(m)[i], 0);
+        ck_assert_float_eq(ps_model_grads(m)[i], 0);
+    }
+    ps_model_destroy(m);
+    ck_assert_int_eq(ps_model_create("softmax", 1, 2, 3, 3, 5, &m, NULL, 0),
+                     0);
+    ck_assert_ptr_eq(ps_model_backend(m), &ps_backend_cpu);
+    ps_model_destroy(m);
+    ck_assert_int_eq(ps_model_create_on(NULL, "softmax", 1, 2, 3, 3, 5, &m,
+                                        errbuf, sizeof errbuf),
+                     PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(errbuf, "no backend"));
+}
+END_TEST
+
+START_TEST(test_block_copies)
+{
+    rng_state = 3;
+    ps_model *m;
+    ck_assert_int_eq(ps_model_create("mlp:6-4-3", 1, 1, 6, 3, 2, &m, NULL, 0),
+                     0);
+    size_t np = ps_model_nparams(m);
+    float in[64], out[64];
+    ck_assert_uint_le(np, 64);
+    fill(in, np, -1, 1);
+    ck_assert_int_eq(ps_model_params_from_host(m, in), 0);
+    ck_assert_mem_eq(ps_model_params(m), in, np * sizeof *in);
+    ck_assert_int_eq(ps_model_params_to_host(m, out), 0);
+    ck_assert_mem_eq(out, in, np * sizeof *in);
+    fill(in, np, -1, 1);
+    ck_assert_int_eq(ps_model_grads_from_host(m, in), 0);
+    ck_assert_mem_eq(ps_model_grads(m), in, np * sizeof *in);
+    ck_assert_int_eq(ps_model_grads_to_host(m, out), 0);
+    ck_assert_mem_eq(out, in, np * sizeof *in);
+    ck_assert_str_eq(ps_model_errmsg(m), "");
+    /* The SGD step reads the pushed gradients. */
+    float p0[64];
+    memcpy(p0, ps_model_params(m), np * sizeof *p0);
+    ps_model_sgd_step(m, 0.5f);
+    for (size_t i = 0; i < np; i++)
+        ck_assert_float_eq(ps_model_params(m)[i], p0[i] - 0.5f * in[i]);
+    ps_model_destroy(m);
 }
 END_TEST
 
@@ -910,10 +1010,16 @@ int main(void)
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_im2col_col2im);
     tcase_add_test(tc, test_maxpool);
+    tcase_add_test(tc, test_memory);
+    tc = tcase(s, "ps_backend_cuda");
+    tcase_add_test(tc, test_backend_cuda);
     tc = tcase(s, "ps_model_create");
     tcase_add_test(tc, test_create_softmax_mlp);
     tcase_add_test(tc, test_create_cnn);
     tcase_add_test(tc, test_create_errors);
+    tcase_add_test(tc, test_create_on);
+    tc = tcase(s, "ps_model_params_to_host");
+    tcase_add_test(tc, test_block_copies);
     tc = tcase(s, "ps_model_check_input");
     tcase_add_test(tc, test_check_input);
     tc = tcase(s, "ps_model_init_params");
