@@ -48,7 +48,7 @@ static int do_register(ps_coord *c, int index, ps_rpc_status *st)
     req.role = (Ps__V1__Role)c->o.role;
     req.index = index;
     req.address = c->address;
-    req.empty = c->o.empty;
+    req.empty = c->o.is_empty != NULL ? c->o.is_empty(c->o.ctx) : c->o.empty;
     void *resp = NULL;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/RegisterTask", &req,
                               &ps__v1__register_response__descriptor, &resp,

@@ -31,7 +31,9 @@ typedef struct ps_coord_opts {
     int role;                  /* ps.v1 Role */
     int index;                 /* -1: let the coordinator assign one */
     const char *address;       /* where this task serves ("" if nowhere) */
-    bool empty;                /* ps: holds no variables */
+    bool empty;                /* ps: holds no variables (at the first
+                                  registration; is_empty is asked later) */
+    bool (*is_empty)(void *ctx);/* ps: asked at each re-registration */
     int64_t register_budget_ms;/* keep retrying registration this long */
     ps_coord_directive_fn on_directive;
     void *ctx;

@@ -100,6 +100,14 @@ static const ps_opt psd_opts[] = {
     {0},
 };
 
+/* A re-registration tells the coordinator whether the shard holds state
+ * now, not when psd started: else a restarted coordinator would restore a
+ * shard that is training. */
+static bool shard_empty(void *ctx)
+{
+    return psd_shard_nvars(ctx) == 0;
+}
+
 int main(int argc, char **argv)
 {
     struct psd_conf c;
@@ -189,7 +197,7 @@ int main(int argc, char **argv)
         }
         ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
                             .role = PS__V1__ROLE__PS, .index = (int)c.task_index,
-                            .address = adv, .empty = psd_shard_nvars(shard) == 0,
+                            .address = adv, .is_empty = shard_empty, .ctx = shard,
                             .register_budget_ms = 60000};
         int idx;
         rc = ps_coord_join(&co, &coord, &idx, err, sizeof err);

@@ -36,6 +36,10 @@ struct shard {
     size_t bytes;
     pthread_t th;
     uint64_t done;              /* jobs finished */
+    uint64_t sync_step;         /* sync: the step this shard's variables
+                                   aggregate next; each shard keeps its own,
+                                   since a change in the live worker count can
+                                   reach the shards in different steps */
 };
 
 /* One server variable: a whole model tensor, or a row range of one when the
@@ -59,6 +63,8 @@ struct session {
     int nrep;
     size_t nparams;
     float *grads_send;          /* (nparams) the gradient being pushed */
+    float *grads_fill;          /* (nparams) the next one, being reduced into
+                                   while the push of grads_send may go on */
     float *params_pull;         /* (nparams) the values being pulled */
     struct shard shards[MAX_SHARDS];
     int nshards;
@@ -74,6 +80,8 @@ struct session {
     uint64_t min_version;       /* sync: pull waits for this */
 
     /* replicas */
+    const struct ps_backend **backends; /* (nrep) where each replica computes */
+    float *grads_tmp;           /* (nparams) a device replica's gradient, on the host */
     pthread_t *rep_th;
     pthread_barrier_t rep_start, rep_done;
     const float *rep_x;
@@ -170,14 +178,27 @@ static void *comm_main(void *arg)
         if (!pull_only && sh->nitems > 0) {
             /* A sync push waits for every worker's push of the step. */
             int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
-            rc = ps_client_push(sh->client, (uint32_t)o->task_index, step,
+            uint64_t push_step = o->consistency == 2 ? sh->sync_step : step;
+            rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
                                 sh->push_items, sh->nitems, dl, &st);
-            if (rc != 0) {
+            bool stale = rc == PS_ERPC && o->consistency == 2 &&
+                         st.code == PS_RPC_FAILED_PRECONDITION;
+            if (rc != 0 && !stale) {
                 comm_fail(s, sh, rc, &st, "Push");
                 continue;
             }
-            if (o->consistency == 2)
+            if (stale) {
+                /* A worker that rejoins a sync job (or fell behind while it
+                 * was counted out) drops this gradient and takes the step
+                 * the variables are at. */
+                ps_log_info("step %llu is not the one the variables aggregate "
+                            "(%s); rejoining at theirs", (unsigned long long)push_step,
+                            st.message);
+                minv = 0;
+                rc = 0;
+            } else if (o->consistency == 2) {
                 minv = sh->push_items[0].version;
+            }
         }
         for (size_t i = 0; i < sh->nitems; i++)
             sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
@@ -188,12 +209,27 @@ static void *comm_main(void *arg)
             comm_fail(s, sh, rc, &st, "Pull");
             continue;
         }
+        if (o->consistency == 2 && sh->nitems > 0)
+            sh->sync_step = sh->pull_items[0].version;
         pthread_mutex_lock(&s->mu);
         sh->done++;
         pthread_cond_broadcast(&s->cond);
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;
+}
+
+/* Makes the freshly reduced gradient the one to push (the previous push
+ * must be done): swaps the two gradient buffers under the push items. */
+static void swap_grads(struct session *s)
+{
+    float *old = s->grads_send;
+    s->grads_send = s->grads_fill;
+    s->grads_fill = old;
+    for (int k = 0; k < s->nshards; k++)
+        for (size_t i = 0; i < s->shards[k].nitems; i++)
+            s->shards[k].push_items[i].data =
+                s->grads_send + (s->shards[k].push_items[i].data - old);
 }
 
 /* Posts a job (push grads_send for step, then pull) to every shard. */
@@ -241,9 +277,7 @@ static int run_replica(struct session *s, int r)
     int lo, n;
     slice(s, r, &lo, &n);
     if (n == 0) {
-        memset(ps_model_grads(s->replicas[r]), 0,
-               s->nparams * sizeof(float));
-        s->rep_loss[r] = 0;
+        s->rep_loss[r] = 0; /* left out of the reduction */
         return 0;
     }
     size_t dim = ps_model_input_size(s->replicas[r]);
@@ -287,25 +321,35 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
         rc = s->rep_err;
     if (rc != 0)
         return rc;
-    /* All-reduce inside the host: each replica's gradient is the mean over
-     * its slice, so the batch's is their example-weighted sum. */
+    /* All-reduce inside the host, into the buffer the push sends: each
+     * replica's gradient is the mean over its slice, so the batch's is their
+     * example-weighted sum. Device replicas' gradients come down first. */
     double total = 0;
-    if (s->nrep > 1) {
-        float *g0 = ps_model_grads(s->replicas[0]);
-        int lo, n0;
-        slice(s, 0, &lo, &n0);
-        float w0 = (float)n0 / (float)n;
-        for (size_t i = 0; i < s->nparams; i++)
-            g0[i] *= w0;
-        for (int r = 1; r < s->nrep; r++) {
-            int nr;
-            slice(s, r, &lo, &nr);
-            if (nr == 0)
-                continue;
-            float wr = (float)nr / (float)n;
-            const float *gr = ps_model_grads(s->replicas[r]);
+    float *g = s->grads_fill;
+    bool first = true;
+    for (int r = 0; r < s->nrep; r++) {
+        int lo, nr;
+        slice(s, r, &lo, &nr);
+        if (nr == 0)
+            continue;
+        ps_model *m = s->replicas[r];
+        const float *gr = ps_model_grads(m);
+        if (!ps_model_backend(m)->host_memory) {
+            if ((rc = ps_model_grads_to_host(m, first ? g : s->grads_tmp)) != 0)
+                return rc;
+            gr = first ? g : s->grads_tmp;
+        }
+        float w = (float)nr / (float)n;
+        if (first) {
+            if (gr != g)
+                memcpy(g, gr, s->nparams * sizeof(float));
+            if (s->nrep > 1)
+                for (size_t i = 0; i < s->nparams; i++)
+                    g[i] *= w;
+            first = false;
+        } else {
             for (size_t i = 0; i < s->nparams; i++)
-                g0[i] += wr * gr[i];
+                g[i] += w * gr[i];
         }
     }
     for (int r = 0; r < s->nrep; r++) {
@@ -469,6 +513,9 @@ static void session_close(struct session *s)
     free(s->rep_loss);
     free(s->grads_send);
     free(s->params_pull);
+    free(s->grads_tmp);
+    free(s->grads_fill);
+    free(s->backends);
     free(s->parts);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
@@ -476,6 +523,33 @@ static void session_close(struct session *s)
 
 /* Builds replicas, clients, placement and comm threads; creates the
  * variables and pulls them once. */
+/* Where replica r computes: the CPU, or GPU N+r for --device cuda:N. */
+static int pick_backends(struct session *s, const struct wd_train_opts *o, int nrep,
+                         char *err, size_t errlen)
+{
+    s->backends = calloc((size_t)nrep, sizeof *s->backends);
+    if (s->backends == NULL)
+        return -ENOMEM;
+    int dev0 = 0;
+    bool cuda = strncmp(o->device, "cuda:", 5) == 0;
+    if (cuda)
+        dev0 = atoi(o->device + 5);
+    for (int r = 0; r < nrep; r++) {
+        if (!cuda) {
+            s->backends[r] = &ps_backend_cpu;
+            continue;
+        }
+        char why[256];
+        s->backends[r] = ps_backend_cuda(dev0 + r, why, sizeof why);
+        if (s->backends[r] == NULL) {
+            snprintf(err, errlen, "--device %s%s: %s", o->device,
+                     nrep > 1 ? " with --replicas" : "", why);
+            return PS_ENODEV;
+        }
+    }
+    return 0;
+}
+
 static int session_open(struct session *s, const struct wd_train_opts *o,
                         int in_h, int in_w, int in_c, int nclasses, int max_batch,
                         int nrep, bool start_comm, bool create, char *err,
@@ -494,9 +568,12 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     s->rep_loss = calloc((size_t)nrep, sizeof *s->rep_loss);
     if (s->replicas == NULL || s->rep_loss == NULL)
         return -ENOMEM;
+    int brc = pick_backends(s, o, nrep, err, errlen);
+    if (brc != 0)
+        return brc;
     for (int r = 0; r < nrep; r++) {
-        int rc = ps_model_create(o->model, in_h, in_w, in_c, nclasses, max_batch,
-                                 &s->replicas[r], err, errlen);
+        int rc = ps_model_create_on(s->backends[r], o->model, in_h, in_w, in_c,
+                                    nclasses, max_batch, &s->replicas[r], err, errlen);
         if (rc != 0)
             return rc;
     }
@@ -504,7 +581,10 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     s->nparams = ps_model_nparams(m);
     s->grads_send = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
     s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    if (s->grads_send == NULL || s->params_pull == NULL)
+    s->grads_tmp = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    s->grads_fill = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    if (s->grads_send == NULL || s->params_pull == NULL || s->grads_tmp == NULL ||
+        s->grads_fill == NULL)
         return -ENOMEM;
 
     s->nshards = o->nps;
@@ -567,6 +647,8 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
                                 o->rpc_timeout_ms, &st);
         }
+        if (rc == 0)
+            sh->sync_step = sh->pull_items[0].version;
         if (rc == PS_ESHAPE) {
             snprintf(err, errlen, "psd at %s: %s (model %s)", sh->address,
                      st.message, o->model);
@@ -579,8 +661,11 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         }
     }
     for (int r = 0; r < nrep; r++)
-        memcpy(ps_model_params(s->replicas[r]), s->params_pull,
-               s->nparams * sizeof(float));
+        if ((rc = ps_model_params_from_host(s->replicas[r], s->params_pull)) != 0) {
+            snprintf(err, errlen, "loading parameters: %s",
+                     ps_model_errmsg(s->replicas[r]));
+            return rc;
+        }
     if (start_comm) {
         for (int k = 0; k < s->nshards; k++)
             if (pthread_create(&s->shards[k].th, NULL, comm_main, &s->shards[k]) != 0)
@@ -673,17 +758,6 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
         ps_backend_cpu_set_threads(o->blas_threads);
         return train_local(o, train, res, err, errlen);
     }
-    if (strcmp(o->device, "cpu") != 0) {
-        int ndev = 0;
-        char why[256];
-        if (ps_gpu_probe(&ndev, why, sizeof why) != 0) {
-            snprintf(err, errlen, "--device %s: %s", o->device, why);
-            return PS_ENODEV;
-        }
-        snprintf(err, errlen, "--device %s: the CUDA training path is not wired "
-                 "into workerd yet; use --device cpu", o->device);
-        return PS_ENODEV;
-    }
     ps_backend_cpu_set_threads(o->blas_threads);
     int global = 0;
     if (ps_batch_global(o->batch, o->replicas, &global) != 0) {
@@ -759,10 +833,8 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
             waited += c2 - c1;
             if (pending)
                 for (int r = 0; r < s.nrep; r++)
-                    memcpy(ps_model_params(s.replicas[r]), s.params_pull,
-                           s.nparams * sizeof(float));
-            memcpy(s.grads_send, ps_model_grads(s.replicas[0]),
-                   s.nparams * sizeof(float));
+                    ps_model_params_from_host(s.replicas[r], s.params_pull);
+            swap_grads(&s);
             post_job(&s, step, false);
             pending = true;
             if (sync) {
@@ -770,10 +842,10 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
                 if ((rc = wait_job(&s)) != 0)
                     goto comm_failed;
                 for (int r = 0; r < s.nrep; r++)
-                    memcpy(ps_model_params(s.replicas[r]), s.params_pull,
-                           s.nparams * sizeof(float));
+                    ps_model_params_from_host(s.replicas[r], s.params_pull);
                 pending = false;
                 waited += now_s() - c2;
+
             }
             step++;
             steps++;
