@@ -51,8 +51,9 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 
 /* Defaults, each with why. */
 static const ps_opt psd_opts[] = {
-    {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), "0.0.0.0:7070",
-     "host:port to serve on; port 0 picks a free one (printed as PORT <n>)", 0, 0, NULL},
+    {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), NULL,
+     "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
+     "default: this ps task's port in TF_CONFIG, else 0.0.0.0:7070", 0, 0, NULL},
     {"data-dir", PS_OPT_STRING, offsetof(struct psd_conf, data_dir), NULL,
      "directory of the LMDB store and checkpoints/ (required)", 0, 0, NULL},
     {"checkpoint-root", PS_OPT_STRING, offsetof(struct psd_conf, checkpoint_root), NULL,
@@ -140,6 +141,47 @@ int main(int argc, char **argv)
         ps_conf_free(psd_opts, &c);
         return 2;
     }
+    /* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
+     * address, and take its index and the job id, unless flags say else. */
+    {
+        ps_cluster tf;
+        memset(&tf, 0, sizeof tf);
+        rc = ps_cluster_from_env(&tf, err, sizeof err);
+        if (rc != 0 && rc != PS_ENOTFOUND) {
+            fprintf(stderr, "psd: %s\n", err);
+            ps_conf_free(psd_opts, &c);
+            return 2;
+        }
+        if (rc == 0 && tf.has_task && tf.task_role != PS_ROLE_PS) {
+            fprintf(stderr, "psd: TF_CONFIG names this task %s[%d], not ps\n",
+                    ps_role_name(tf.task_role), tf.task_index);
+            ps_cluster_close(&tf);
+            ps_conf_free(psd_opts, &c);
+            return 2;
+        }
+        if (rc == 0 && tf.has_task) {
+            const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
+            char host[256];
+            int port = 0;
+            if (c.listen == NULL && ps_addr_split(addr, host, sizeof host, &port) == 0) {
+                char l[64];
+                snprintf(l, sizeof l, "0.0.0.0:%d", port);
+                c.listen = strdup(l);
+            }
+            if (c.advertise == NULL)
+                c.advertise = strdup(addr);
+            if (c.task_index < 0)
+                c.task_index = tf.task_index;
+            if (tf.job_id != NULL && strcmp(c.job_id, "job") == 0) {
+                free(c.job_id);
+                c.job_id = strdup(tf.job_id);
+            }
+        }
+        if (rc == 0)
+            ps_cluster_close(&tf);
+    }
+    if (c.listen == NULL)
+        c.listen = strdup("0.0.0.0:7070");
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
     ps_signals_block();
 

@@ -72,8 +72,9 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 #define FM "/usr/share/datasets/fashion-mnist"
 
 static const ps_opt wd_opts[] = {
-    {"ps", PS_OPT_STRING, offsetof(struct wd_conf, ps), "127.0.0.1:7070",
-     "psd addresses, comma-separated (variables are placed over them by size)", 0, 0, NULL},
+    {"ps", PS_OPT_STRING, offsetof(struct wd_conf, ps), NULL,
+     "psd addresses, comma-separated (variables are placed over them by size); "
+     "default: TF_CONFIG's ps tasks, else 127.0.0.1:7070", 0, 0, NULL},
     {"coordinator", PS_OPT_STRING, offsetof(struct wd_conf, coordinator), NULL,
      "pscoord host:port: register there, learn the ps shards and the placement "
      "from it, and report progress (--ps is then ignored)", 0, 0, NULL},
@@ -120,8 +121,9 @@ static const ps_opt wd_opts[] = {
      "momentum (with --optimizer momentum)", 0, 0.999999, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct wd_conf, consistency), "async",
      "async (apply each push) or sync (average every worker's step)", 0, 0, cons_choices},
-    {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "1",
-     "workers in the job (data sharding, sync aggregation)", 1, 65536, NULL},
+    {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
+     "workers in the job (data sharding, sync aggregation); 0: TF_CONFIG's "
+     "worker count, else 1", 0, 65536, NULL},
     {"task-index", PS_OPT_INT, offsetof(struct wd_conf, task_index), "-1",
      "this worker's index in [0, num-workers) (-1: 0, or assigned by the "
      "coordinator)", -1, 65535, NULL},
@@ -395,6 +397,64 @@ int main(int argc, char **argv)
         goto out;
     }
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
+    /* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this
+     * task's role and index, the worker count. Flags given explicitly win. */
+    ps_cluster tf;
+    memset(&tf, 0, sizeof tf);
+    char tferr[512];
+    rc = use_coord ? PS_ENOTFOUND : ps_cluster_from_env(&tf, tferr, sizeof tferr);
+    if (rc != 0 && rc != PS_ENOTFOUND) {
+        fprintf(stderr, "workerd: %s\n", tferr);
+        status = 2;
+        goto out;
+    }
+    if (rc == 0) {
+        if (tf.has_task && tf.task_role == PS_ROLE_CHIEF) {
+            fprintf(stderr, "workerd: TF_CONFIG names this task chief[%d]: the "
+                    "chief's duties are pscoord's; run workerd as a worker\n",
+                    tf.task_index);
+            ps_cluster_close(&tf);
+            status = 2;
+            goto out;
+        }
+        if (tf.has_task && tf.task_role == PS_ROLE_PS) {
+            fprintf(stderr, "workerd: TF_CONFIG names this task ps[%d]: run psd "
+                    "for it\n", tf.task_index);
+            ps_cluster_close(&tf);
+            status = 2;
+            goto out;
+        }
+        if (c.ps == NULL && tf.n[PS_ROLE_PS] > 0) {
+            size_t len = 0;
+            for (int i = 0; i < tf.n[PS_ROLE_PS]; i++)
+                len += strlen(tf.addrs[PS_ROLE_PS][i]) + 1;
+            c.ps = malloc(len);
+            c.ps[0] = '\0';
+            for (int i = 0; i < tf.n[PS_ROLE_PS]; i++) {
+                if (i)
+                    strcat(c.ps, ",");
+                strcat(c.ps, tf.addrs[PS_ROLE_PS][i]);
+            }
+        }
+        if (c.num_workers == 0)
+            c.num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
+        if (tf.has_task && c.task_index < 0)
+            c.task_index = tf.task_index;
+        if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR && !evaluator) {
+            free(c.role);
+            c.role = strdup("evaluator");
+            evaluator = true;
+        }
+        if (tf.job_id != NULL && strcmp(c.job_id, "job") == 0) {
+            free(c.job_id);
+            c.job_id = strdup(tf.job_id);
+        }
+        ps_cluster_close(&tf);
+    }
+    if (c.ps == NULL)
+        c.ps = strdup("127.0.0.1:7070");
+    if (c.num_workers == 0)
+        c.num_workers = 1;
     if (!use_coord && c.task_index < 0)
         c.task_index = 0;
     if (!use_coord && c.task_index >= c.num_workers) {

@@ -132,6 +132,33 @@ def main():
             "the evaluator reports version 200 at test accuracy %s"
             % (lines[-1]["test_accuracy"] if lines else p.stderr.strip()))
 
+    # Started from TF_CONFIG alone, as TensorFlow's tasks are.
+    port = free_port()
+    spec = {"cluster": {"ps": ["127.0.0.1:%d" % port],
+                        "worker": ["127.0.0.1:1", "127.0.0.1:2"]}}
+    env_ps = dict(os.environ, TF_CONFIG=json.dumps(dict(spec, task={"type": "ps", "index": 0})))
+    tfdata = pstest.tmpdir()
+    tfps = subprocess.Popen([pstest.psd_path(), "--data-dir", tfdata, "--log-level", "warn"],
+                            stdout=subprocess.PIPE, text=True, env=env_ps)
+    line = tfps.stdout.readline()
+    r.check(line.strip() == "PORT %d" % port, "psd from TF_CONFIG serves on its ps "
+            "task's port (%s)" % line.strip())
+    env_w = dict(os.environ, TF_CONFIG=json.dumps(dict(spec, task={"type": "worker", "index": 1})))
+    p = subprocess.run([WORKERD, "--steps", "30", "--epochs", "0", "--limit", "5000",
+                        "--json", "--evaluate=false"], capture_output=True, text=True,
+                       timeout=120, env=env_w)
+    out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    r.check(out.get("task_index") == 1 and out.get("steps") == 30,
+            "workerd from TF_CONFIG trains as worker[1] of 2 against its ps (%s)"
+            % (out or p.stderr.strip()))
+    env_c = dict(os.environ, TF_CONFIG=json.dumps(dict(spec, cluster=dict(
+        spec["cluster"], chief=["127.0.0.1:3"]), task={"type": "chief", "index": 0})))
+    p = subprocess.run([WORKERD], capture_output=True, text=True, timeout=60, env=env_c)
+    ok, line = one_line_error(r, p, 2, "chief", "pscoord")
+    r.check(ok, "workerd as TF_CONFIG's chief points at pscoord: %r" % line)
+    tfps.terminate()
+    tfps.wait(timeout=20)
+
     # Bad input: one line on stderr, non-zero exit, no hang.
     tmp = pstest.tmpdir()
     trunc = os.path.join(tmp, "trunc-images.gz")
