@@ -21,6 +21,7 @@
 #include "optim.h"
 #include "ps.pb-c.h"
 #include "store.h"
+#include "tensor.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -136,17 +137,6 @@ static float *alloc_floats(size_t n)
 {
     size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
     return aligned_alloc(64, bytes ? bytes : 64);
-}
-
-static void shape_str(const int64_t *shape, int ndim, char *buf, size_t len)
-{
-    size_t off = 0;
-    off += (size_t)snprintf(buf + off, len - off, "(");
-    for (int i = 0; i < ndim && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
-    if (off < len)
-        snprintf(buf + off, len - off, ndim == 1 ? ",)" : ")");
 }
 
 static const char *dtype_name(int d)
@@ -435,8 +425,8 @@ static void spec_diff(const Ps__V1__VariableSpec *a, const Ps__V1__VariableSpec 
     char sa[128], sb[128];
     if (a->n_shape != b->n_shape ||
         memcmp(a->shape, b->shape, a->n_shape * sizeof *a->shape) != 0) {
-        shape_str(a->shape, (int)a->n_shape, sa, sizeof sa);
-        shape_str(b->shape, (int)b->n_shape, sb, sizeof sb);
+        ps_tensor_shape_str(a->shape, (int)a->n_shape, sa, sizeof sa);
+        ps_tensor_shape_str(b->shape, (int)b->n_shape, sb, sizeof sb);
         snprintf(out, len, "shape %s, existing %s", sb, sa);
     } else if (a->optimizer->kind != b->optimizer->kind) {
         psd_opt oa, ob;
@@ -1066,7 +1056,7 @@ static void create_variable(ps_rpc_call *call, const uint8_t *req, size_t len,
         resp.created = true;
         ps_rpc_reply_pb(call, &resp);
         char shp[128];
-        shape_str(v->shape, v->ndim, shp, sizeof shp);
+        ps_tensor_shape_str(v->shape, v->ndim, shp, sizeof shp);
         ps_log_info("created variable '%s' %s %s %s", v->name, shp,
                     psd_opt_name(v->opt.kind), consistency_name(v->consistency));
     }
@@ -1360,8 +1350,8 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
                    (g->ndim != v->ndim ||
                     memcmp(g->shape, v->shape, (size_t)v->ndim * sizeof *v->shape) != 0)) {
             char a[128], b[128];
-            shape_str(g->shape, g->ndim < 0 ? 0 : g->ndim, a, sizeof a);
-            shape_str(v->shape, v->ndim, b, sizeof b);
+            ps_tensor_shape_str(g->shape, g->ndim < 0 ? 0 : g->ndim, a, sizeof a);
+            ps_tensor_shape_str(v->shape, v->ndim, b, sizeof b);
             code = PS_RPC_INVALID_ARGUMENT;
             snprintf(err, sizeof err, "variable '%s': gradient shape %s, variable "
                      "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
