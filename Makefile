@@ -14,21 +14,30 @@ SHELL := /bin/bash
 
 # Everything the build, the tests and the demo need, by Debian package name.
 DEB_PACKAGES := \
-	meson ninja-build pkg-config gcc g++ clang \
+	meson ninja-build pkg-config gcc g++ clang libclang-rt-14-dev \
 	libgrpc-dev protobuf-c-compiler libprotobuf-c-dev liblmdb-dev \
 	libuv1-dev libjansson-dev zlib1g-dev libopenblas-dev \
 	check libsubunit-dev valgrind lmdb-utils \
-	python3-grpcio python3-grpc-tools python3-numpy \
-	dataset-fashion-mnist iproute2 procps python3-torch
+	python3-grpcio python3-grpc-tools python3-numpy python3-yaml \
+	dataset-fashion-mnist iproute2 procps
+
+# Only the benchmarks compare against PyTorch; its install is large.
+BENCH_PACKAGES := python3-torch
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test test-unit test-valgrind demo bench clean
+.PHONY: all deps bench-deps install-packages build test demo bench clean
 
 all: build
 
 deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(DEB_PACKAGES)"
+
+bench-deps:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(BENCH_PACKAGES)"
+
+install-packages:
+	@missing=$$(for p in $(PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
@@ -64,7 +73,7 @@ test: build
 demo: build
 	bash deploy/demo.sh $(BUILD)
 
-bench: build
+bench: build bench-deps
 	bash bench/run.sh $(BUILD)
 
 clean:
