@@ -57,7 +57,7 @@ def workerd(build, args, env=None):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_ps(build, nworkers, batch, epochs, seed=1):
+def run_ps(build, nworkers, batch, epochs, seed=1, extra=()):
     with tempfile.TemporaryDirectory(prefix="bench-train-") as data:
         psd, addr = start_psd(build, data)
         try:
@@ -66,7 +66,7 @@ def run_ps(build, nworkers, batch, epochs, seed=1):
                 [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1",
                  "--ps", addr, "--batch", str(batch), "--epochs", str(epochs),
                  "--lr", "0.1", "--num-workers", str(nworkers), "--task-index", str(i),
-                 "--seed", str(seed), "--progress", "0"],
+                 "--seed", str(seed), "--progress", "0"] + list(extra),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in range(nworkers)]
             outs = [p.communicate(timeout=1800) for p in procs]
@@ -165,6 +165,7 @@ def main():
         local = workerd(build, ["--local", "--batch", str(batch), "--epochs", "1",
                                 "--progress", "0"], env1)
         a1 = run_ps(build, 1, batch, 1)
+        ac = run_ps(build, 1, batch, 1, extra=["--concurrent-pull"])
         a5 = run_ps(build, 1, batch, epochs) if epochs > 1 else a1
         b1 = run_ps(build, 2, batch, 1)
         try:
@@ -177,6 +178,8 @@ def main():
                "a_test_accuracy_1": a1["test_accuracy"],
                "a_test_accuracy_%d" % epochs: a5["test_accuracy"],
                "a_overlap_gap": 1 - a1["examples_per_second"] / local["examples_per_second"],
+               "a_concurrent_pull_examples_per_second": ac["examples_per_second"],
+               "a_concurrent_pull_test_accuracy_1": ac["test_accuracy"],
                "b_examples_per_second": b1["examples_per_second"],
                "b_test_accuracy_1": b1["test_accuracy"],
                "torch_examples_per_second": t_rate,
@@ -206,6 +209,10 @@ def main():
         print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(a) 1 workerd + 1 psd",
               r["a_examples_per_second"], vs(r["a_examples_per_second"]),
               r["a_test_accuracy_1"], r["a_test_accuracy_%d" % epochs]))
+        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... with --concurrent-pull",
+              r["a_concurrent_pull_examples_per_second"],
+              vs(r["a_concurrent_pull_examples_per_second"]),
+              r["a_concurrent_pull_test_accuracy_1"], "-"))
         print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(b) 2 workerd + 1 psd",
               r["b_examples_per_second"], vs(r["b_examples_per_second"]),
               r["b_test_accuracy_1"], "-"))

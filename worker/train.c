@@ -36,6 +36,12 @@ struct shard {
     size_t bytes;
     pthread_t th;
     uint64_t done;              /* jobs finished */
+    /* Async: the pull runs on its own thread and connection, at the same
+     * time as the push (upstream and downstream at once), so a job takes
+     * about one transfer's time, not two. */
+    ps_client *pull_client;
+    pthread_t pull_th;
+    uint64_t pull_done;
     uint64_t sync_step;         /* sync: the step this shard's variables
                                    aggregate next; each shard keeps its own,
                                    since a change in the live worker count can
@@ -202,7 +208,7 @@ static void *comm_main(void *arg)
         }
         for (size_t i = 0; i < sh->nitems; i++)
             sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
-        if (sh->nitems > 0)
+        if (sh->nitems > 0 && (o->consistency == 2 || !o->concurrent_pull || pull_only))
             rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
                                 o->rpc_timeout_ms, &st);
         if (rc != 0) {
@@ -213,6 +219,39 @@ static void *comm_main(void *arg)
             sh->sync_step = sh->pull_items[0].version;
         pthread_mutex_lock(&s->mu);
         sh->done++;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* Async only: each job's pull, beside the push on comm_main. */
+static void *pull_main(void *arg)
+{
+    struct shard *sh = arg;
+    struct session *s = sh->s;
+    const struct wd_train_opts *o = s->o;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->quit && sh->pull_done == s->posted)
+            pthread_cond_wait(&s->cond, &s->mu);
+        if (s->quit) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        bool pull_only = s->job_pull_only;
+        pthread_mutex_unlock(&s->mu);
+        ps_rpc_status st = {0};
+        int rc = 0;
+        if (sh->nitems > 0 && !pull_only)
+            rc = ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
+        if (rc != 0) {
+            comm_fail(s, sh, rc, &st, "Pull");
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        sh->pull_done++;
         pthread_cond_broadcast(&s->cond);
         pthread_mutex_unlock(&s->mu);
     }
@@ -252,7 +291,8 @@ static int wait_job(struct session *s)
             break;
         bool all = true;
         for (int k = 0; k < s->nshards; k++)
-            all = all && s->shards[k].done == s->posted;
+            all = all && s->shards[k].done == s->posted &&
+                  (s->shards[k].pull_th == 0 || s->shards[k].pull_done == s->posted);
         if (all)
             break;
         pthread_cond_wait(&s->cond, &s->mu);
@@ -503,7 +543,10 @@ static void session_close(struct session *s)
         struct shard *sh = &s->shards[k];
         if (sh->th)
             pthread_join(sh->th, NULL);
+        if (sh->pull_th)
+            pthread_join(sh->pull_th, NULL);
         ps_client_destroy(sh->client);
+        ps_client_destroy(sh->pull_client);
         free(sh->push_items);
         free(sh->pull_items);
     }
@@ -667,9 +710,24 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             return rc;
         }
     if (start_comm) {
-        for (int k = 0; k < s->nshards; k++)
-            if (pthread_create(&s->shards[k].th, NULL, comm_main, &s->shards[k]) != 0)
+        for (int k = 0; k < s->nshards; k++) {
+            struct shard *sh = &s->shards[k];
+            if (pthread_create(&sh->th, NULL, comm_main, sh) != 0)
                 return -EAGAIN;
+            if (o->consistency == 2 || !o->concurrent_pull || sh->nitems == 0)
+                continue;
+            /* A second channel: gRPC shares one connection between channels
+             * with equal arguments, so give it a distinct message limit. */
+            ps_rpc_client_opts pco = co;
+            pco.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE - 1;
+            if ((rc = ps_client_create(sh->address, &pco, &sh->pull_client)) != 0) {
+                snprintf(err, errlen, "psd address '%s': %s", sh->address,
+                         ps_strerror(rc));
+                return rc;
+            }
+            if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
+                return -EAGAIN;
+        }
         if (nrep > 1) {
             s->rep_th = calloc((size_t)nrep, sizeof *s->rep_th);
             pthread_barrier_init(&s->rep_start, NULL, (unsigned)nrep);

@@ -81,6 +81,8 @@ struct wd_train_opts {
     int progress_ms;           /* progress line period; 0 = none */
     bool quiet;
     bool evaluator_only;       /* never create variables, only read them */
+    bool concurrent_pull;      /* async: pull beside the push, not after it
+                                  (faster; one more step of staleness) */
 };
 
 struct wd_train_result {

@@ -61,6 +61,7 @@ struct wd_conf {
     int64_t eval_interval_ms;
     int eval_count;
     bool evaluate;
+    bool concurrent_pull;
     bool json;
     int log_level;
 };
@@ -144,6 +145,10 @@ static const ps_opt wd_opts[] = {
      "evaluator: stop after this many evaluations (0 = until SIGTERM)", 0, 1e9, NULL},
     {"evaluate", PS_OPT_BOOL, offsetof(struct wd_conf, evaluate), "true",
      "worker: evaluate the final parameters on the test set", 0, 0, NULL},
+    {"concurrent-pull", PS_OPT_BOOL, offsetof(struct wd_conf, concurrent_pull), "false",
+     "async: pull on a second connection at the same time as the push, not "
+     "after it: more throughput when communication dominates, one more step "
+     "of staleness", 0, 0, NULL},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
@@ -596,6 +601,7 @@ int main(int argc, char **argv)
         .rpc_timeout_ms = (int)c.rpc_timeout_ms,
         .retry_budget_ms = c.retry_budget_ms,
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
+        .concurrent_pull = c.concurrent_pull,
     };
     if (evaluator) {
         o.evaluator_only = true;
