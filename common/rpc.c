@@ -215,7 +215,7 @@ enum ps_rpc_code ps_rpc_code_from_err(int err)
 
 /* Thread buffers bigger than this are freed after their call, so that
  * one huge request does not pin its size per thread for ever. */
-#define KEEP_THREAD_BUF ((size_t)32 << 20)
+#define KEEP_THREAD_BUF ((size_t)16 << 20)
 
 struct fill_mem {
     const void *src;

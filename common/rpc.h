@@ -101,7 +101,7 @@ size_t ps_rpc_msg_cap(const ps_rpc_msg *m);
 void ps_rpc_msg_set_len(ps_rpc_msg *m, size_t len);
 size_t ps_rpc_msg_len(const ps_rpc_msg *m);
 void ps_rpc_msg_unref(ps_rpc_msg *m);
-/* Bytes of idle buffers the pool keeps (bounded at 64 MiB). */
+/* Bytes of idle buffers the pool keeps (bounded at 16 MiB). */
 size_t ps_rpc_pool_bytes(void);
 
 /* A received message as the pieces it arrived in, borrowed for the length

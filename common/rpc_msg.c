@@ -20,7 +20,7 @@
 #include <string.h>
 
 #define POOL_MIN_BYTES ((size_t)256 << 10)  /* smaller: a plain slice */
-#define POOL_KEEP_BYTES ((size_t)64 << 20)  /* idle buffers kept at most */
+#define POOL_KEEP_BYTES ((size_t)16 << 20)  /* idle buffers kept at most */
 #define POOL_GRAIN ((size_t)64 << 10)
 
 struct ps_rpc_msg {
