@@ -427,14 +427,21 @@ static void on_write_done(ps_rpc_call *c, bool ok)
         call_unref(c);
 }
 
-/* Marks the call ended with a status and sends it when the queue is empty. */
+/* Marks the call ended with a status and sends it when the queue is empty.
+ *
+ * Every function that starts a batch from outside the call's own
+ * completion-queue thread holds a reference of its own while it does: the
+ * batch may complete on that thread, and the call be freed, before this
+ * thread unlocks c->mu (a client that went away fails the send at once). */
 static void finish_call(ps_rpc_call *c, enum ps_rpc_code code, char *msg)
 {
+    atomic_fetch_add(&c->refs, 1);
     pthread_mutex_lock(&c->mu);
     if (c->ended) {
         pthread_mutex_unlock(&c->mu);
         ps_log_error("rpc: %s: answered twice (ignored)", c->path);
         free(msg);
+        call_unref(c);
         return;
     }
     c->ended = true;
@@ -455,6 +462,7 @@ static void finish_call(ps_rpc_call *c, enum ps_rpc_code code, char *msg)
     pthread_mutex_unlock(&c->mu);
     if (!sent)
         call_unref(c);
+    call_unref(c);
 }
 
 /* ---- answering -------------------------------------------------------- */
@@ -466,11 +474,13 @@ static int reply_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
                     "out of memory building the response");
         return -ENOMEM;
     }
+    atomic_fetch_add(&c->refs, 1); /* see finish_call */
     pthread_mutex_lock(&c->mu);
     if (c->ended) {
         pthread_mutex_unlock(&c->mu);
         grpc_byte_buffer_destroy(bb);
         ps_log_error("rpc: %s: answered twice (ignored)", c->path);
+        call_unref(c);
         return PS_ECONFLICT;
     }
     c->ended = true;
@@ -491,8 +501,10 @@ static int reply_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
     if (e != GRPC_CALL_OK) {
         ps_log_error("rpc: %s: sending reply failed (%d)", c->path, (int)e);
         call_unref(c);
+        call_unref(c);
         return PS_ERPC;
     }
+    call_unref(c);
     return 0;
 }
 
@@ -548,11 +560,13 @@ static int stream_write_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
     }
     o->bb = bb;
     o->next = NULL;
+    atomic_fetch_add(&c->refs, 1); /* see finish_call */
     pthread_mutex_lock(&c->mu);
     if (c->ended || atomic_load(&c->cancelled)) {
         pthread_mutex_unlock(&c->mu);
         grpc_byte_buffer_destroy(bb);
         free(o);
+        call_unref(c);
         return PS_ESHUTDOWN;
     }
     if (c->q_tail != NULL)
@@ -563,6 +577,7 @@ static int stream_write_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
     if (!c->write_in_flight)
         start_write_locked(c);
     pthread_mutex_unlock(&c->mu);
+    call_unref(c);
     return 0;
 }
 
