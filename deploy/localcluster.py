@@ -23,6 +23,27 @@ import time
 
 
 def free_port():
+    """A port that is free now, below Linux's ephemeral range (32768-60999 by
+    default) so that no outgoing connection takes it while its psd restarts."""
+    import random
+    lo, hi = 20000, 32000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+            if first > lo + 1000:
+                hi = min(hi, first)
+    except (OSError, ValueError):
+        pass
+    for _ in range(200):
+        port = random.randrange(lo, hi)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -91,6 +112,7 @@ class LocalCluster:
         self.tasks = {}
         self.coord_addr = None
         self.ps_ports = [free_port() for _ in range(num_ps)]
+        self.coord_port = free_port()
         os.makedirs(os.path.join(root, "logs"), exist_ok=True)
 
     def _bin(self, *p):
@@ -136,8 +158,6 @@ class LocalCluster:
                          "--lr", str(self.lr), "--consistency", self.consistency,
                          "--seed", str(self.seed), "--json", "--progress", "0",
                          "--retry-budget", "120s"] + self.worker_args
-
-    coord_port = None
 
     def start_task(self, role, index):
         t = Task(role, index, self._argv(role, index), self._log(role, index),

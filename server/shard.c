@@ -740,16 +740,15 @@ static void waiter_free(pull_waiter *w)
     free(w);
 }
 
-/* Returns the first item below its min_version, or n if none. */
+/* Returns the first item below its min_version, or n if none. Reads the
+ * versions without the variables' locks: the sweeper calls it holding
+ * wait_mu, which pushes take while holding a variable's lock, so taking the
+ * lock here could deadlock. Versions only rise, and are written atomically. */
 static size_t first_unmet(psd_var **vars, const uint64_t *minv, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        pthread_rwlock_rdlock(&vars[i]->lock);
-        bool met = vars[i]->version >= minv[i];
-        pthread_rwlock_unlock(&vars[i]->lock);
-        if (!met)
+    for (size_t i = 0; i < n; i++)
+        if (__atomic_load_n(&vars[i]->version, __ATOMIC_ACQUIRE) < minv[i])
             return i;
-    }
     return n;
 }
 
@@ -1230,7 +1229,7 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
         return NULL;
     psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
                   1.0f / (float)v->accum_count, v->version + 1);
-    v->version++;
+    __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
     uint64_t done_step = v->step;
     v->step++;
     v->accum_count = 0;
@@ -1416,8 +1415,19 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         if (v->consistency != PSD_SYNC) {
             psd_opt_apply(&v->opt, v->value, v->slots, g, v->n, 1.0f,
                           v->version + 1);
-            p->versions[i] = ++v->version;
+            p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
             atomic_fetch_add(&s->apply_seq, 1);
+            pthread_rwlock_unlock(&v->lock);
+            continue;
+        }
+        /* The step may have been applied since phase 1 checked it (this
+         * push was a retry the others completed): this part is then done
+         * already, and must not spill into the next step's aggregate. */
+        if (v->step != r->step) {
+            pthread_mutex_lock(&s->wait_mu);
+            p->versions[i] = v->version;
+            p->nleft--;
+            pthread_mutex_unlock(&s->wait_mu);
             pthread_rwlock_unlock(&v->lock);
             continue;
         }

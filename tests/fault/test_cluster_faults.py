@@ -55,11 +55,13 @@ def final_accuracy(c, build):
 
 
 def report_failures(c, results):
-    for i, (rc, s) in results.items():
-        if rc != 0 or s is None:
-            log = os.path.join(c.root, "logs", "worker-%d.log" % i)
-            tail = open(log).read().splitlines()[-5:] if os.path.exists(log) else []
-            print("worker[%d] exited %s:\n  %s" % (i, rc, "\n  ".join(tail)))
+    """Prints what every task said last, and how the daemons ended."""
+    for (role, i), t in sorted(c.tasks.items()):
+        rc = t.proc.poll() if t.proc else None
+        log = os.path.join(c.root, "logs", "%s-%d.log" % (role, i))
+        tail = open(log).read().splitlines()[-6:] if os.path.exists(log) else []
+        print("%s[%d] (%s):\n  %s" % (role, i, "running" if rc is None else
+                                      "exited %s" % rc, "\n  ".join(tail)))
 
 
 def wait_for(pred, timeout, what):
