@@ -221,17 +221,23 @@ class LocalCluster:
             ch.close()
 
     def stop(self):
-        for t in self.tasks.values():
-            t.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for t in self.tasks.values():
-            if t.proc is None:
-                continue
-            try:
-                t.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                t.signal(signal.SIGKILL)
-                t.proc.wait()
+        """SIGTERM in dependency order (workers and evaluator, then the
+        shards, then the coordinator), so that workers stop while the shards
+        still answer; SIGKILL whatever is left after its grace."""
+        order = [("worker", "evaluator"), ("ps",), ("coordinator",)]
+        for roles in order:
+            group = [t for (r, _), t in self.tasks.items() if r in roles]
+            for t in group:
+                t.signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for t in group:
+                if t.proc is None:
+                    continue
+                try:
+                    t.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    t.signal(signal.SIGKILL)
+                    t.proc.wait()
         for t in self.tasks.values():
             if t.proc is not None and t.proc.stdout:
                 t.proc.stdout.close()
