@@ -4,6 +4,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include "jsonutil.h"
+
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -145,28 +147,6 @@ int ps_addr_split(const char *addr, char *host, size_t hostlen, int *port)
     return addr_split(addr, host, hostlen, port, NULL, 0);
 }
 
-static const char *json_type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "a list";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "something else";
-}
-
 void ps_cluster_close(ps_cluster *c)
 {
     if (c == NULL)
@@ -199,7 +179,7 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
     if (!json_is_array(list))
         return fail(PS_EINVAL_ARG, err, errlen,
                     "cluster.%s must be a list of \"host:port\" strings, "
-                    "got %s", rname, json_type_name(list));
+                    "got %s", rname, ps_json_type_name(list));
     size_t n = json_array_size(list);
     if (n > 1000000)
         return fail(PS_EINVAL_ARG, err, errlen,
@@ -213,7 +193,7 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
         if (!json_is_string(v))
             return fail(PS_EINVAL_ARG, err, errlen,
                         "%s[%zu] must be a \"host:port\" string, got %s",
-                        rname, i, json_type_name(v));
+                        rname, i, ps_json_type_name(v));
         const char *addr = json_string_value(v);
         struct seen *s = &seen[*nseen];
         char why[384];
@@ -252,7 +232,7 @@ static int parse_cluster(const json_t *cl, ps_cluster *c, char *err,
     if (!json_is_object(cl))
         return fail(PS_EINVAL_ARG, err, errlen,
                     "'cluster' must be an object mapping roles to address "
-                    "lists, got %s", json_type_name(cl));
+                    "lists, got %s", ps_json_type_name(cl));
 
     /* Check every role name before reading any list, so that a typo in a
      * role is reported as such rather than as a later problem. */
@@ -299,7 +279,7 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
     if (!json_is_object(task))
         return fail(PS_EINVAL_ARG, err, errlen,
                     "'task' must be an object like {\"type\": \"worker\", "
-                    "\"index\": 0}, got %s", json_type_name(task));
+                    "\"index\": 0}, got %s", ps_json_type_name(task));
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)task, key, val) {
@@ -315,7 +295,7 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
     if (!json_is_string(type))
         return fail(PS_EINVAL_ARG, err, errlen,
                     "task.type must be a role name string, got %s",
-                    json_type_name(type));
+                    ps_json_type_name(type));
     enum ps_role role;
     if (ps_role_parse(json_string_value(type), &role) != 0)
         return fail(PS_EINVAL_ARG, err, errlen,
@@ -328,7 +308,7 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
         if (!json_is_integer(idx))
             return fail(PS_EINVAL_ARG, err, errlen,
                         "task.index must be an integer, got %s",
-                        json_type_name(idx));
+                        ps_json_type_name(idx));
         index = json_integer_value(idx);
     }
     if (index < 0)
@@ -351,7 +331,7 @@ static int parse_spec(const json_t *root, ps_cluster *c, char *err,
     if (!json_is_object(root))
         return fail(PS_EINVAL_ARG, err, errlen,
                     "the spec must be a JSON object, got %s",
-                    json_type_name(root));
+                    ps_json_type_name(root));
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)root, key, val) {
@@ -379,7 +359,7 @@ static int parse_spec(const json_t *root, ps_cluster *c, char *err,
         if (!json_is_string(job) || json_string_length(job) == 0)
             return fail(PS_EINVAL_ARG, err, errlen,
                         "job_id must be a non-empty string, got %s",
-                        json_is_string(job) ? "\"\"" : json_type_name(job));
+                        json_is_string(job) ? "\"\"" : ps_json_type_name(job));
         c->job_id = strdup(json_string_value(job));
         if (c->job_id == NULL)
             return -ENOMEM;

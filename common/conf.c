@@ -5,6 +5,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include "jsonutil.h"
+
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -353,28 +355,6 @@ static void set_zero(const ps_opt *o, void *cfg)
     }
 }
 
-static const char *json_type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "a list";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "something else";
-}
-
 /* Sets one option from a JSON value of the config file. */
 static int set_json(const ps_opt *o, void *cfg, const json_t *v,
                     const char *where, char *err, size_t errlen)
@@ -442,7 +422,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
         break;
     }
     return fail(PS_EINVAL_ARG, err, errlen, "%s: expected %s, got %s", where,
-                want != NULL ? want : "a value", json_type_name(v));
+                want != NULL ? want : "a value", ps_json_type_name(v));
 }
 
 static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
@@ -466,7 +446,7 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
     if (!json_is_object(root)) {
         rc = fail(PS_EINVAL_ARG, err, errlen,
                   "%s: expected a JSON object of options, got %s", path,
-                  json_type_name(root));
+                  ps_json_type_name(root));
         goto decref;
     }
     const char *key;

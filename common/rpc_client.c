@@ -313,15 +313,19 @@ struct plain_req {
     size_t len;
 };
 
+static void fill_plain(void *ctx, uint8_t *dst)
+{
+    struct plain_req *p = ctx;
+    if (p->len > 0)
+        memcpy(dst, p->req, p->len);
+}
+
+/* A copy of the caller's request, in a pooled buffer when it is big (as the
+ * server's replies are): no fresh pages per call. */
 static grpc_byte_buffer *plain_bb(void *ctx)
 {
     struct plain_req *p = ctx;
-    grpc_slice s = grpc_slice_malloc(p->len);
-    if (p->len > 0)
-        memcpy(GRPC_SLICE_START_PTR(s), p->req, p->len);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
+    return ps_rpc_bb_fill(p->len, fill_plain, p);
 }
 
 int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,

@@ -639,7 +639,12 @@ static int print_list(const Ps__V1__ListVariablesResponse *r)
     return EXIT_OK;
 }
 
-static int cmd_list(const struct command *self, int argc, char **argv)
+/* The commands that take no argument but the connection: make one call
+ * with an empty request and print the answer with `print`. */
+static int call_and_print(const struct command *self, int argc, char **argv,
+                          const char *method, const void *req,
+                          const ProtobufCMessageDescriptor *resp_desc,
+                          int (*print)(const void *resp))
 {
     struct conn_only_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -648,18 +653,29 @@ static int cmd_list(const struct command *self, int argc, char **argv)
                             0, 0, NULL, &s);
     if (rc >= 0)
         goto out;
-    Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
     void *resp;
-    rc = session_call(&s, PS_METHOD("ListVariables"), &req,
-                      &ps__v1__list_variables_response__descriptor, &resp);
+    rc = session_call(&s, method, req, resp_desc, &resp);
     if (rc == 0) {
-        rc = print_list(resp);
+        rc = print(resp);
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     session_close(&s);
 out:
     ps_conf_free(conn_opts, &cfg);
     return rc;
+}
+
+static int print_list_resp(const void *resp)
+{
+    return print_list(resp);
+}
+
+static int cmd_list(const struct command *self, int argc, char **argv)
+{
+    Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
+    return call_and_print(self, argc, argv, PS_METHOD("ListVariables"), &req,
+                          &ps__v1__list_variables_response__descriptor,
+                          print_list_resp);
 }
 
 /* ---- show, pull ------------------------------------------------------- */
@@ -1352,27 +1368,17 @@ static void print_stats(const Ps__V1__StatsResponse *r)
 #undef ROW
 }
 
+static int print_stats_resp(const void *resp)
+{
+    print_stats(resp);
+    return EXIT_OK;
+}
+
 static int cmd_stats(const struct command *self, int argc, char **argv)
 {
-    struct conn_only_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct session s;
-    int rc = server_command(self, conn_opts, &cfg, &cfg.conn, argc, argv, "",
-                            0, 0, NULL, &s);
-    if (rc >= 0)
-        goto out;
     Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
-    void *resp;
-    rc = session_call(&s, PS_METHOD("Stats"), &req,
-                      &ps__v1__stats_response__descriptor, &resp);
-    if (rc == 0) {
-        print_stats(resp);
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    session_close(&s);
-out:
-    ps_conf_free(conn_opts, &cfg);
-    return rc;
+    return call_and_print(self, argc, argv, PS_METHOD("Stats"), &req,
+                          &ps__v1__stats_response__descriptor, print_stats_resp);
 }
 
 struct health_cfg {
