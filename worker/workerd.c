@@ -387,6 +387,9 @@ int main(int argc, char **argv)
     int nps = 0;
     bool evaluator = false;
     struct ps_dataset train, test;
+    /* Before the first goto out: out frees them. */
+    ps_coord *coord = NULL;
+    struct wd_placement placement = {0};
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     if (first < argc) {
@@ -537,8 +540,6 @@ int main(int argc, char **argv)
         ps_model_destroy(probe);
     }
 
-    ps_coord *coord = NULL;
-    struct wd_placement placement = {0};
     char ps_store[64 * 300];
     if (use_coord && !c.local) {
         ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
