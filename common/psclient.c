@@ -1,12 +1,17 @@
 #include "psclient.h"
 
 #include "errors.h"
+#include "pbcur.h"
 #include "ps.pb-c.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A plain-memory gradient at least this big is not copied into a part of
+ * its own (fresh memory) but makes the request one pooled buffer. */
+#define PLAIN_COPY_MAX ((size_t)256 << 10)
 
 struct ps_client {
     ps_rpc_client *rpc;
@@ -147,10 +152,17 @@ static size_t push_len(uint32_t worker, uint64_t step,
     return total;
 }
 
-/* Writes the PushRequest at p (push_len bytes); returns its end. */
+/* Writes the PushRequest at p (push_len bytes); returns its end. With
+ * parts, the data of items that have a msg is not written but becomes an
+ * in-place part between the header parts written at p (at most 2n + 1
+ * parts, *nparts set). */
 static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
-                           const ps_client_item *items, size_t n)
+                           const ps_client_item *items, size_t n,
+                           ps_rpc_part *parts, int *nparts)
 {
+    uint8_t *part_start = p;
+    size_t skipped = 0; /* bytes left out of p, for the message offsets */
+    int np = 0;
     uint8_t *start = p;
     *p++ = (1 << 3) | 0;
     p = put_varint(p, worker);
@@ -159,7 +171,7 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
     for (size_t i = 0; i < n; i++) {
         const ps_client_item *it = &items[i];
         struct grad_layout L;
-        layout(it, (size_t)(p - start), &L);
+        layout(it, (size_t)(p - start) + skipped, &L);
         size_t nl = strlen(it->name);
         size_t bytes = it->n * sizeof(float);
         *p++ = (3 << 3) | 2;
@@ -188,8 +200,20 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         }
         *p++ = (3 << 3) | 2;
         p = put_varint(p, bytes);
+        if (parts != NULL && it->msg != NULL && bytes > 0) {
+            parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
+            parts[np++] = (ps_rpc_part){it->data, bytes, ps_rpc_msg_release, it->msg};
+            part_start = p;
+            skipped += bytes;
+            continue;
+        }
         memcpy(p, it->data, bytes);
         p += bytes;
+    }
+    if (parts != NULL) {
+        if (p > part_start)
+            parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
+        *nparts = np;
     }
     return p;
 }
@@ -200,7 +224,8 @@ int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
     int rc = ps_buf_reserve(b, push_len(worker, step, items, n));
     if (rc != 0)
         return rc;
-    b->len = (size_t)(push_write(b->data, worker, step, items, n) - b->data);
+    b->len = (size_t)(push_write(b->data, worker, step, items, n, NULL, NULL) -
+                      b->data);
     return 0;
 }
 
@@ -208,17 +233,43 @@ int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
                    ps_client_item *items, size_t n, int deadline_ms,
                    ps_rpc_status *st)
 {
-    /* Encoded straight into a pooled buffer that gRPC sends from. */
-    size_t len = push_len(worker, step, items, n);
-    ps_rpc_msg *m = ps_rpc_msg_new(len);
-    if (m == NULL)
-        return -ENOMEM;
-    uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n);
-    ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
+    /* Gradients in message buffers go out in place, between small header
+     * parts; a big one in plain memory makes the whole request one pooled
+     * buffer that gRPC sends from (one copy, into warm memory). */
+    size_t len = push_len(worker, step, items, n), in_place = 0;
+    bool big_plain = false;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = items[i].n * sizeof(float);
+        if (items[i].msg != NULL)
+            in_place += bytes;
+        else if (bytes >= PLAIN_COPY_MAX)
+            big_plain = true;
+    }
+    int rc;
     c->resp.len = 0;
-    int rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
+    if (in_place > 0 && !big_plain) {
+        ps_rpc_part *parts = malloc((2 * n + 1) * sizeof *parts);
+        rc = parts ? ps_buf_reserve(&c->req, len - in_place) : -ENOMEM;
+        if (rc != 0) {
+            free(parts);
+            return rc;
+        }
+        int np = 0;
+        push_write(c->req.data, worker, step, items, n, parts, &np);
+        rc = ps_rpc_invoke_parts(c->rpc, "/ps.v1.ParameterServer/Push", parts, np,
+                                 copy_pieces, &c->resp, deadline_ms, st);
+        free(parts);
+    } else {
+        ps_rpc_msg *m = ps_rpc_msg_new(len);
+        if (m == NULL)
+            return -ENOMEM;
+        uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n,
+                                  NULL, NULL);
+        ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
+        rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
                                copy_pieces, &c->resp, deadline_ms, st);
-    ps_rpc_msg_unref(m);
+        ps_rpc_msg_unref(m);
+    }
     if (rc != 0)
         return rc;
     Ps__V1__PushResponse *r =
@@ -275,95 +326,6 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
     return 0;
 }
 
-/* A cursor over a message that may arrive in several pieces. */
-struct cur {
-    const struct ps_piece *p;
-    int np;
-    int i;          /* current piece */
-    size_t off;     /* offset in it */
-    size_t left;    /* bytes left in this (sub)message */
-};
-
-static int get_byte(struct cur *c, uint8_t *b)
-{
-    if (c->left == 0)
-        return -1;
-    while (c->i < c->np && c->off == c->p[c->i].len) {
-        c->i++;
-        c->off = 0;
-    }
-    if (c->i >= c->np)
-        return -1;
-    *b = c->p[c->i].data[c->off++];
-    c->left--;
-    return 0;
-}
-
-static int get_varint(struct cur *c, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int s = 0; s < 64; s += 7) {
-        uint8_t b;
-        if (get_byte(c, &b) != 0)
-            return -1;
-        v |= (uint64_t)(b & 0x7f) << s;
-        if (!(b & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Copies n bytes to dst (NULL: skips them). */
-static int take(struct cur *c, uint8_t *dst, size_t n)
-{
-    if (n > c->left)
-        return -1;
-    c->left -= n;
-    while (n > 0) {
-        if (c->i >= c->np)
-            return -1;
-        size_t avail = c->p[c->i].len - c->off;
-        size_t k = avail < n ? avail : n;
-        if (dst != NULL && k > 0) {
-            memcpy(dst, c->p[c->i].data + c->off, k);
-            dst += k;
-        }
-        c->off += k;
-        n -= k;
-        if (c->off == c->p[c->i].len) {
-            c->i++;
-            c->off = 0;
-        }
-    }
-    return 0;
-}
-
-/* A sub-cursor over the next length-delimited field; the parent skips it. */
-static int get_sub(struct cur *c, struct cur *sub)
-{
-    uint64_t len;
-    if (get_varint(c, &len) != 0 || len > c->left)
-        return -1;
-    *sub = *c;
-    sub->left = (size_t)len;
-    return take(c, NULL, (size_t)len);
-}
-
-static int skip(struct cur *c, int wt)
-{
-    uint64_t v;
-    struct cur s;
-    switch (wt) {
-    case 0: return get_varint(c, &v);
-    case 1: return take(c, NULL, 8);
-    case 5: return take(c, NULL, 4);
-    case 2: return get_sub(c, &s);
-    default: return -1;
-    }
-}
-
 struct pull_ctx {
     ps_client_item *items;
     size_t n;
@@ -375,22 +337,21 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 {
     struct pull_ctx *pc = ctx;
     ps_client_item *items = pc->items;
-    size_t n = pc->n, total = 0;
-    for (int i = 0; i < np; i++)
-        total += pieces[i].len;
-    struct cur c = {pieces, np, 0, 0, total};
+    size_t n = pc->n;
+    ps_pbcur c;
+    ps_pbcur_init(&c, pieces, np);
     size_t k = 0;
     while (c.left > 0) {
         uint64_t key;
-        if (get_varint(&c, &key) != 0)
+        if (ps_pbcur_varint(&c, &key) != 0)
             goto bad;
         if (key != ((1 << 3) | 2)) {
-            if (skip(&c, (int)(key & 7)) != 0)
+            if (ps_pbcur_skip(&c, (int)(key & 7)) != 0)
                 goto bad;
             continue;
         }
-        struct cur vv;
-        if (get_sub(&c, &vv) != 0)
+        ps_pbcur vv;
+        if (ps_pbcur_sub(&c, &vv) != 0)
             goto bad;
         if (k >= n) {
             snprintf(pc->err, pc->errlen, "Pull: more values than requested");
@@ -402,28 +363,28 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
         bool have_data = false;
         uint64_t version = 0;
         while (vv.left > 0) {
-            if (get_varint(&vv, &key) != 0)
+            if (ps_pbcur_varint(&vv, &key) != 0)
                 goto bad;
             if (key == ((1 << 3) | 2)) {
-                struct cur s;
-                if (get_sub(&vv, &s) != 0 || s.left >= sizeof name)
+                ps_pbcur s;
+                if (ps_pbcur_sub(&vv, &s) != 0 || s.left >= sizeof name)
                     goto bad;
                 name_len = s.left;
-                if (take(&s, (uint8_t *)name, name_len) != 0)
+                if (ps_pbcur_take(&s, (uint8_t *)name, name_len) != 0)
                     goto bad;
             } else if (key == ((2 << 3) | 0)) {
-                if (get_varint(&vv, &version) != 0)
+                if (ps_pbcur_varint(&vv, &version) != 0)
                     goto bad;
             } else if (key == ((3 << 3) | 2)) {
-                struct cur t;
-                if (get_sub(&vv, &t) != 0)
+                ps_pbcur t;
+                if (ps_pbcur_sub(&vv, &t) != 0)
                     goto bad;
                 while (t.left > 0) {
-                    if (get_varint(&t, &key) != 0)
+                    if (ps_pbcur_varint(&t, &key) != 0)
                         goto bad;
                     if (key == ((3 << 3) | 2)) {
-                        struct cur d;
-                        if (get_sub(&t, &d) != 0)
+                        ps_pbcur d;
+                        if (ps_pbcur_sub(&t, &d) != 0)
                             goto bad;
                         if (d.left != it->n * sizeof(float)) {
                             snprintf(pc->err, pc->errlen, "variable '%s' has %zu "
@@ -432,14 +393,14 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
                             return PS_ESHAPE;
                         }
                         /* The one copy: straight into the caller's block. */
-                        if (take(&d, (uint8_t *)it->data, d.left) != 0)
+                        if (ps_pbcur_take(&d, (uint8_t *)it->data, d.left) != 0)
                             goto bad;
                         have_data = true;
-                    } else if (skip(&t, (int)(key & 7)) != 0) {
+                    } else if (ps_pbcur_skip(&t, (int)(key & 7)) != 0) {
                         goto bad;
                     }
                 }
-            } else if (skip(&vv, (int)(key & 7)) != 0) {
+            } else if (ps_pbcur_skip(&vv, (int)(key & 7)) != 0) {
                 goto bad;
             }
         }

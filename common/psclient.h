@@ -3,8 +3,9 @@
  * workerd, psctl and the benchmarks.
  *
  * The hot calls move tensors with as few copies as the wire allows: Push
- * encodes the gradients by hand into a request buffer the client keeps and
- * reuses (one copy of each gradient), and Pull parses the response in place
+ * encodes the gradients by hand, sending each from the caller's memory in
+ * place when it lies in a message buffer (ps_client_item.msg), else copying
+ * it into a pooled request buffer, and Pull parses the response in place
  * and copies each value straight into the caller's memory (one copy), so a
  * model whose parameters are one block with views is pulled into that block
  * directly. The other calls go through protobuf-c.
@@ -35,6 +36,11 @@ typedef struct ps_client_item {
     int ndim;
     uint64_t min_version;    /* pull: wait for it (0 = no wait) */
     uint64_t version;        /* out: the version pushed to / pulled */
+    /* push: optional; the message buffer data lies in. The gradient is then
+     * sent from it in place, with no copy: gRPC holds a reference until it
+     * has written the bytes, and the caller must not change them while
+     * ps_rpc_msg_shared(msg) (ps_rpc_msg_wait_unshared waits). */
+    ps_rpc_msg *msg;
 } ps_client_item;
 
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,

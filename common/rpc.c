@@ -50,6 +50,7 @@ struct method {
     char *service; /* "ps.v1.ParameterServer" */
     enum ps_rpc_kind kind;
     ps_rpc_handler fn;
+    ps_rpc_pieces_handler pfn; /* instead of fn: the request in pieces */
     void *ctx;
     void *handle; /* from grpc_server_register_method */
 };
@@ -518,6 +519,11 @@ int ps_rpc_reply(ps_rpc_call *c, const void *msg, size_t len)
     return reply_bb(c, make_bb(msg, len));
 }
 
+int ps_rpc_reply_parts(ps_rpc_call *c, const ps_rpc_part *parts, int n)
+{
+    return reply_bb(c, ps_rpc_bb_parts(parts, n));
+}
+
 int ps_rpc_reply_pb(ps_rpc_call *c, const void *msg)
 {
     if (c->m != NULL && c->m->kind == PS_RPC_SERVER_STREAM) {
@@ -755,6 +761,19 @@ void ps_rpc_server_set_serving(ps_rpc_server *srv, const char *service,
 
 /* ---- the completion-queue threads ------------------------------------- */
 
+struct pieces_call {
+    ps_rpc_call *call;
+    bool called;
+};
+
+static int pieces_call(void *ctx, const struct ps_piece *pieces, int np)
+{
+    struct pieces_call *pc = ctx;
+    pc->called = true;
+    pc->call->m->pfn(pc->call, pieces, np, pc->call->m->ctx);
+    return 0;
+}
+
 static void on_new_call(ps_rpc_call *c)
 {
     ps_rpc_server *srv = c->srv;
@@ -800,6 +819,18 @@ static void on_new_call(ps_rpc_call *c)
     if (c->payload == NULL) {
         ps_rpc_fail(c, PS_RPC_INVALID_ARGUMENT,
                     "%s: the call carried no request message", c->path);
+        return;
+    }
+    if (c->m->pfn != NULL) {
+        struct pieces_call pc = {c, false};
+        atomic_fetch_add(&srv->calls_total, 1);
+        int rc = ps_rpc_bb_pieces(c->payload, pieces_call, &pc);
+        grpc_byte_buffer_destroy(c->payload);
+        c->payload = NULL;
+        if (rc != 0 && !pc.called)
+            ps_rpc_fail(c, PS_RPC_RESOURCE_EXHAUSTED,
+                        "%s: cannot read the request: %s", c->path,
+                        ps_strerror(rc));
         return;
     }
     int rc = ps_rpc_bb_read(c->payload, &thr->buf);
@@ -914,12 +945,12 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
     return 0;
 }
 
-int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
-                             enum ps_rpc_kind kind, ps_rpc_handler fn,
-                             void *ctx)
+static int add_method(ps_rpc_server *srv, const char *path,
+                      enum ps_rpc_kind kind, ps_rpc_handler fn,
+                      ps_rpc_pieces_handler pfn, void *ctx)
 {
-    if (srv->started || path == NULL || path[0] != '/' || fn == NULL ||
-        strlen(path) >= 255)
+    if (srv->started || path == NULL || path[0] != '/' ||
+        (fn == NULL) == (pfn == NULL) || strlen(path) >= 255)
         return PS_EINVAL_ARG;
     const char *slash = strchr(path + 1, '/');
     if (slash == NULL || slash == path + 1 || slash[1] == '\0')
@@ -943,9 +974,24 @@ int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
     }
     m->kind = kind;
     m->fn = fn;
+    m->pfn = pfn;
     m->ctx = ctx;
     srv->nmethods++;
     return 0;
+}
+
+int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
+                             enum ps_rpc_kind kind, ps_rpc_handler fn,
+                             void *ctx)
+{
+    return fn == NULL ? PS_EINVAL_ARG : add_method(srv, path, kind, fn, NULL, ctx);
+}
+
+int ps_rpc_server_add_method_pieces(ps_rpc_server *srv, const char *path,
+                                    ps_rpc_pieces_handler fn, void *ctx)
+{
+    return fn == NULL ? PS_EINVAL_ARG
+                      : add_method(srv, path, PS_RPC_UNARY, NULL, fn, ctx);
 }
 
 int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)

@@ -101,6 +101,16 @@ size_t ps_rpc_msg_cap(const ps_rpc_msg *m);
 void ps_rpc_msg_set_len(ps_rpc_msg *m, size_t len);
 size_t ps_rpc_msg_len(const ps_rpc_msg *m);
 void ps_rpc_msg_unref(ps_rpc_msg *m);
+/* Takes one more reference (for a ps_rpc_part that sends m in place). */
+void ps_rpc_msg_ref(ps_rpc_msg *m);
+/* True when anyone but the caller holds a reference (gRPC still sending
+ * it): the caller must not write into it then. */
+bool ps_rpc_msg_shared(ps_rpc_msg *m);
+/* ps_rpc_msg_unref with the type a ps_rpc_part's release takes. */
+void ps_rpc_msg_release(void *m);
+/* Waits until nobody but the caller holds m (gRPC has written what it sent
+ * from it), so that the caller may write into it again. */
+void ps_rpc_msg_wait_unshared(ps_rpc_msg *m);
 /* Bytes of idle buffers the pool keeps (bounded at 16 MiB). */
 size_t ps_rpc_pool_bytes(void);
 
@@ -112,6 +122,18 @@ struct ps_piece {
 };
 typedef int (*ps_rpc_pieces_fn)(void *ctx, const struct ps_piece *pieces,
                                 int npieces);
+
+/* One part of a message sent as the concatenation of parts. A part with no
+ * release function is copied. A part with one is sent in place, with no
+ * copy: its bytes must stay unchanged until gRPC calls release(arg), which
+ * it does exactly once, from any thread, whether the send succeeds or not
+ * (also when building the message fails). */
+typedef struct ps_rpc_part {
+    const void *data;
+    size_t len;
+    void (*release)(void *arg);
+    void *arg;
+} ps_rpc_part;
 
 /* ---- Server ---------------------------------------------------------- */
 
@@ -125,6 +147,13 @@ enum ps_rpc_kind {
 
 typedef void (*ps_rpc_handler)(ps_rpc_call *call, const uint8_t *req,
                                size_t len, void *ctx);
+
+/* A unary handler that takes the request as the pieces gRPC received it in
+ * (borrowed until it returns), for decoders that read across pieces and so
+ * never join a big request into one buffer. */
+typedef void (*ps_rpc_pieces_handler)(ps_rpc_call *call,
+                                      const struct ps_piece *pieces, int np,
+                                      void *ctx);
 
 typedef struct ps_rpc_server_opts {
     const char *listen;       /* "127.0.0.1:0", "[::]:7000"; port 0 = any */
@@ -141,6 +170,10 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out);
 int ps_rpc_server_add_method(ps_rpc_server *srv, const char *path,
                              enum ps_rpc_kind kind, ps_rpc_handler fn,
                              void *ctx);
+
+/* Registers a unary method whose handler takes the request in pieces. */
+int ps_rpc_server_add_method_pieces(ps_rpc_server *srv, const char *path,
+                                    ps_rpc_pieces_handler fn, void *ctx);
 
 /* Binds, starts the threads and marks every registered service and "" as
  * SERVING. *port_out (may be NULL) receives the bound port. Returns 0,
@@ -172,6 +205,11 @@ int ps_rpc_reply(ps_rpc_call *call, const void *msg, size_t len);
  * copy of its bytes fields) and sends it with status OK. `msg` is a
  * const ProtobufCMessage *; it stays the caller's. */
 int ps_rpc_reply_pb(ps_rpc_call *call, const void *msg);
+
+/* Sends the concatenation of parts[0..n) as the response, the parts that
+ * have a release function in place (see ps_rpc_part). Unary calls only.
+ * Returns 0 or -ENOMEM (the call is then failed with RESOURCE_EXHAUSTED). */
+int ps_rpc_reply_parts(ps_rpc_call *call, const ps_rpc_part *parts, int n);
 
 /* Ends the call with a non-OK status and a message naming the problem.
  * Works for unary and streaming calls. Logs at debug level. */
@@ -238,6 +276,15 @@ int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,
 int ps_rpc_invoke_msg(ps_rpc_client *c, const char *method, ps_rpc_msg *req,
                       ps_rpc_pieces_fn on_resp, void *ctx, int deadline_ms,
                       ps_rpc_status *st);
+
+/* As ps_rpc_invoke_msg, sending the concatenation of parts: the parts with
+ * no release function are copied; the others must have release ==
+ * ps_rpc_msg_release and arg the ps_rpc_msg their bytes lie in, and are
+ * sent in place (each attempt takes its own reference; the caller keeps
+ * its own and must not write those bytes while ps_rpc_msg_shared). */
+int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
+                        const ps_rpc_part *parts, int n, ps_rpc_pieces_fn on_resp,
+                        void *ctx, int deadline_ms, ps_rpc_status *st);
 
 /* Packs a protobuf-c request, calls, and unpacks the response with
  * `resp_desc` (a const ProtobufCMessageDescriptor *) into *resp_out, which

@@ -349,6 +349,33 @@ int ps_rpc_invoke_msg(ps_rpc_client *c, const char *method, ps_rpc_msg *req,
     return invoke(c, method, msg_bb, req, &out, deadline_ms, st);
 }
 
+struct parts_req {
+    const ps_rpc_part *parts;
+    int n;
+};
+
+/* Each attempt's message holds its own references to the in-place parts. */
+static grpc_byte_buffer *parts_bb(void *ctx)
+{
+    struct parts_req *p = ctx;
+    for (int i = 0; i < p->n; i++)
+        if (p->parts[i].release != NULL)
+            ps_rpc_msg_ref(p->parts[i].arg);
+    return ps_rpc_bb_parts(p->parts, p->n);
+}
+
+int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
+                        const ps_rpc_part *parts, int n, ps_rpc_pieces_fn on_resp,
+                        void *ctx, int deadline_ms, ps_rpc_status *st)
+{
+    for (int i = 0; i < n; i++)
+        if (parts[i].release != NULL && parts[i].release != ps_rpc_msg_release)
+            return PS_EINVAL_ARG;
+    struct parts_req p = {parts, n};
+    struct sink out = {.fn = on_resp, .ctx = ctx};
+    return invoke(c, method, parts_bb, &p, &out, deadline_ms, st);
+}
+
 int ps_rpc_invoke_pb(ps_rpc_client *c, const char *method, const void *req_msg,
                    const void *resp_desc, void **resp_out, int deadline_ms,
                    ps_rpc_status *st)

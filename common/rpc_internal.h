@@ -19,6 +19,12 @@ grpc_byte_buffer *ps_rpc_msg_byte_buffer(ps_rpc_msg *msg);
 grpc_byte_buffer *ps_rpc_bb_fill(size_t len, void (*fill)(void *ctx, uint8_t *dst),
                                  void *ctx);
 
+/* A byte buffer of the concatenation of parts (see ps_rpc_part): copied
+ * parts are joined into slices of their own, in-place parts become slices
+ * that call release when gRPC drops them. NULL when out of memory (every
+ * release has then been called). */
+grpc_byte_buffer *ps_rpc_bb_parts(const ps_rpc_part *parts, int n);
+
 /* Copies a received byte buffer into b (reused). Returns 0, PS_EPARSE or
  * -ENOMEM. */
 int ps_rpc_bb_read(grpc_byte_buffer *bb, ps_buf *b);

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define POOL_MIN_BYTES ((size_t)256 << 10)  /* smaller: a plain slice */
 #define POOL_KEEP_BYTES ((size_t)16 << 20)  /* idle buffers kept at most */
@@ -109,6 +110,31 @@ void ps_rpc_msg_unref(ps_rpc_msg *m)
     }
 }
 
+void ps_rpc_msg_ref(ps_rpc_msg *m)
+{
+    atomic_fetch_add(&m->refs, 1);
+}
+
+bool ps_rpc_msg_shared(ps_rpc_msg *m)
+{
+    return atomic_load(&m->refs) > 1;
+}
+
+void ps_rpc_msg_release(void *m)
+{
+    ps_rpc_msg_unref(m);
+}
+
+void ps_rpc_msg_wait_unshared(ps_rpc_msg *m)
+{
+    /* gRPC drops its reference once the bytes are in the kernel, which is
+     * before the peer can answer: this almost never waits. */
+    for (int i = 0; atomic_load(&m->refs) > 1; i++) {
+        struct timespec ts = {0, i < 100 ? 10000L : 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 size_t ps_rpc_pool_bytes(void)
 {
     pthread_mutex_lock(&pool_mu);
@@ -151,6 +177,56 @@ grpc_byte_buffer *ps_rpc_bb_fill(size_t len, void (*fill)(void *ctx, uint8_t *ds
     return bb;
 }
 
+grpc_byte_buffer *ps_rpc_bb_parts(const ps_rpc_part *parts, int n)
+{
+    enum { STACKS = 16 };
+    grpc_slice slices_s[STACKS], *slices = slices_s;
+    if (n > STACKS / 2) {
+        /* At most one slice per in-place part and one per run of copied
+         * parts before it, plus a last run. */
+        slices = malloc(sizeof *slices * (size_t)(2 * n + 1));
+        if (slices == NULL)
+            goto fail;
+    }
+    int ns = 0;
+    for (int i = 0; i < n;) {
+        if (parts[i].release != NULL) {
+            /* A zero-length slice would not call release: call it here. */
+            if (parts[i].len == 0)
+                parts[i].release(parts[i].arg);
+            else
+                slices[ns++] = grpc_slice_new_with_user_data(
+                    (void *)parts[i].data, parts[i].len, parts[i].release,
+                    parts[i].arg);
+            i++;
+            continue;
+        }
+        int j = i;
+        size_t len = 0;
+        for (; j < n && parts[j].release == NULL; j++)
+            len += parts[j].len;
+        grpc_slice s = grpc_slice_malloc(len);
+        uint8_t *dst = GRPC_SLICE_START_PTR(s);
+        for (; i < j; i++) {
+            if (parts[i].len > 0)
+                memcpy(dst, parts[i].data, parts[i].len);
+            dst += parts[i].len;
+        }
+        slices[ns++] = s;
+    }
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, (size_t)ns);
+    for (int i = 0; i < ns; i++)
+        grpc_slice_unref(slices[i]);
+    if (slices != slices_s)
+        free(slices);
+    return bb;
+fail:
+    for (int i = 0; i < n; i++)
+        if (parts[i].release != NULL)
+            parts[i].release(parts[i].arg);
+    return NULL;
+}
+
 int ps_rpc_bb_read(grpc_byte_buffer *bb, ps_buf *b)
 {
     grpc_byte_buffer_reader reader;
@@ -177,56 +253,54 @@ int ps_rpc_bb_pieces(grpc_byte_buffer *bb, ps_rpc_pieces_fn fn, void *ctx)
     grpc_byte_buffer_reader reader;
     if (!grpc_byte_buffer_reader_init(&reader, bb))
         return PS_EPARSE;
-    /* A raw (uncompressed) buffer's slices are its pieces, borrowed. */
-    enum { MAXP = 64 };
-    struct ps_piece pieces[MAXP];
-    grpc_slice slices[MAXP];
-    int n = 0, rc = 0;
+    /* A raw (uncompressed) buffer's slices are its pieces, borrowed. The
+     * slices are kept (one reference each) and the pieces point into the
+     * kept copies: a small slice holds its bytes inline, inside the
+     * grpc_slice value itself, so a pointer into a loop variable would
+     * dangle. Up to 64 on the stack, more on the heap. */
+    enum { STACKP = 64 };
+    struct ps_piece pieces_s[STACKP], *pieces = pieces_s;
+    grpc_slice slices_s[STACKP], *slices = slices_s;
+    int n = 0, cap = STACKP, rc = 0;
     grpc_slice s;
-    ps_buf joined = {0};
-    bool overflow = false;
     while (grpc_byte_buffer_reader_next(&reader, &s)) {
-        if (n < MAXP && !overflow) {
-            /* Point into the stored copy: a small slice keeps its bytes
-             * inline, inside the grpc_slice value itself, so a pointer into
-             * `s` would dangle at the next iteration. */
-            slices[n] = s;
-            pieces[n].data = GRPC_SLICE_START_PTR(slices[n]);
-            pieces[n].len = GRPC_SLICE_LENGTH(slices[n]);
-            n++;
-            continue;
-        }
-        /* Too many pieces: fall back to one joined copy. */
-        if (!overflow) {
-            overflow = true;
-            for (int i = 0; i < n && rc == 0; i++) {
-                rc = ps_buf_reserve(&joined, joined.len + pieces[i].len);
-                if (rc == 0) {
-                    memcpy(joined.data + joined.len, pieces[i].data, pieces[i].len);
-                    joined.len += pieces[i].len;
+        if (n == cap && rc == 0) {
+            int ncap = cap * 4;
+            struct ps_piece *np = malloc(sizeof *np * (size_t)ncap);
+            grpc_slice *ns = malloc(sizeof *ns * (size_t)ncap);
+            if (np == NULL || ns == NULL) {
+                free(np);
+                free(ns);
+                rc = -ENOMEM;
+            } else {
+                memcpy(ns, slices, sizeof *ns * (size_t)n);
+                if (slices != slices_s) {
+                    free(slices);
+                    free(pieces);
                 }
+                slices = ns;
+                pieces = np;
+                cap = ncap;
             }
         }
-        size_t len = GRPC_SLICE_LENGTH(s);
-        if (rc == 0)
-            rc = ps_buf_reserve(&joined, joined.len + len);
-        if (rc == 0) {
-            memcpy(joined.data + joined.len, GRPC_SLICE_START_PTR(s), len);
-            joined.len += len;
+        if (rc != 0) {
+            grpc_slice_unref(s);
+            continue;
         }
-        grpc_slice_unref(s);
+        slices[n++] = s;
     }
     grpc_byte_buffer_reader_destroy(&reader);
-    if (rc == 0) {
-        if (overflow) {
-            struct ps_piece one = {joined.data, joined.len};
-            rc = fn(ctx, &one, 1);
-        } else {
-            rc = fn(ctx, pieces, n);
-        }
+    for (int i = 0; i < n; i++) {
+        pieces[i].data = GRPC_SLICE_START_PTR(slices[i]);
+        pieces[i].len = GRPC_SLICE_LENGTH(slices[i]);
     }
+    if (rc == 0)
+        rc = fn(ctx, pieces, n);
     for (int i = 0; i < n; i++)
         grpc_slice_unref(slices[i]);
-    ps_buf_free(&joined);
+    if (slices != slices_s) {
+        free(slices);
+        free(pieces);
+    }
     return rc;
 }

@@ -226,6 +226,14 @@ static float adam_lr_t(const psd_opt *o, uint64_t t)
 void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
                    const float *restrict g, size_t n, float scale, uint64_t t)
 {
+    psd_opt_apply_part(o, w, slots, n, g, n, scale, t);
+}
+
+void psd_opt_apply_part(const psd_opt *o, float *restrict w,
+                        float *restrict slots, size_t slot_stride,
+                        const float *restrict g, size_t n, float scale,
+                        uint64_t t)
+{
     switch (o->kind) {
     case PSD_OPT_SGD:
         apply_sgd(w, g, n, o->lr * scale);
@@ -240,7 +248,7 @@ void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
         apply_adagrad(w, slots, g, n, o->lr, o->epsilon, scale);
         break;
     case PSD_OPT_ADAM:
-        apply_adam(w, slots, slots + n, g, n, adam_lr_t(o, t), o->beta1,
+        apply_adam(w, slots, slots + slot_stride, g, n, adam_lr_t(o, t), o->beta1,
                    o->beta2, o->epsilon, scale);
         break;
     }

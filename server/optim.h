@@ -92,6 +92,15 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n);
 void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
                    const float *restrict g, size_t n, float scale, uint64_t t);
 
+/* The same for a part of a variable: w and slots point at the part's first
+ * element, slot k of element i is slots[k * slot_stride + i] (slot_stride is
+ * the whole variable's element count). Applying every part of a gradient
+ * gives the same bits as one psd_opt_apply. */
+void psd_opt_apply_part(const psd_opt *o, float *restrict w,
+                        float *restrict slots, size_t slot_stride,
+                        const float *restrict g, size_t n, float scale,
+                        uint64_t t);
+
 /* True when none of x[0..n) is NaN, +Inf or -Inf (denormals and -0 are
  * finite). True for n == 0. The server refuses a gradient for which this is
  * false with PS_ENONFINITE. */

@@ -36,6 +36,8 @@
 
 #define MAX_NAME 255
 #define SWEEP_MS 20
+/* Values at least this big are sent in place by Pull (see psd_var.vmsg). */
+#define VALUE_IN_PLACE_MIN ((size_t)64 << 10)
 
 typedef struct pending_push pending_push;
 
@@ -53,7 +55,12 @@ typedef struct psd_var {
     uint32_t num_workers;
 
     pthread_rwlock_t lock;
-    float *value; /* (n) */
+    float *value; /* (n); in vmsg when it is set */
+    /* A big value lives in a refcounted message buffer, so that a Pull's
+     * reply sends it in place; an update while a reply still holds it
+     * writes a copy (value_writable). Small values are plain memory, copied
+     * into replies. */
+    ps_rpc_msg *vmsg;
     float *slots; /* (nslots, n) */
     uint64_t version;
     uint64_t step;            /* sync: the step being aggregated */
@@ -216,7 +223,10 @@ static void var_free(psd_var *v)
     free(v->spec_blob);
     if (v->spec)
         ps__v1__variable_spec__free_unpacked(v->spec, NULL);
-    free(v->value);
+    if (v->vmsg != NULL)
+        ps_rpc_msg_unref(v->vmsg);
+    else
+        free(v->value);
     free(v->slots);
     free(v->accum);
     free(v->pushed);
@@ -480,7 +490,12 @@ static int var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     v->nslots = psd_opt_slot_count(&v->opt);
     v->consistency = (int)v->spec->consistency;
     v->num_workers = v->spec->num_workers;
-    v->value = alloc_floats(n);
+    if (n * sizeof(float) >= VALUE_IN_PLACE_MIN) {
+        v->vmsg = ps_rpc_msg_new(n * sizeof(float));
+        v->value = v->vmsg ? (float *)(void *)ps_rpc_msg_data(v->vmsg) : NULL;
+    } else {
+        v->value = alloc_floats(n);
+    }
     v->slots = v->nslots ? alloc_floats(n * (size_t)v->nslots) : NULL;
     if (v->value == NULL || (v->nslots && v->slots == NULL))
         goto nomem;
@@ -688,49 +703,109 @@ static void request_flush(psd_shard *s)
 
 /* ---- answering pulls -------------------------------------------------- */
 
-/* Sends the values of vars. Takes each variable's read lock while the
- * response is serialized straight from its memory. */
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* Room for one value's header: tags and lengths, a 255-byte name, eight
+ * dimensions. */
+#define VALUE_HDR_MAX 512
+
+/* Writes the PullResponse bytes of v up to its data (values[i] tag and
+ * length, name, version, value's tag and length, dtype, shape, data's tag
+ * and length) at p; returns the end. The encoding is protobuf-c's. */
+static uint8_t *value_header(uint8_t *p, const psd_var *v)
+{
+    size_t nbytes = v->n * sizeof(float), shape_len = 0;
+    for (int d = 0; d < v->ndim; d++)
+        shape_len += varint_len((uint64_t)v->shape[d]);
+    size_t tensor_len = 2 + (v->ndim ? 1 + varint_len(shape_len) + shape_len : 0) +
+                        (nbytes ? 1 + varint_len(nbytes) + nbytes : 0);
+    size_t name_len = strlen(v->name);
+    size_t vv_len = 1 + varint_len(name_len) + name_len +
+                    (v->version ? 1 + varint_len(v->version) : 0) +
+                    1 + varint_len(tensor_len) + tensor_len;
+    *p++ = (1 << 3) | 2; /* PullResponse.values */
+    p = put_varint(p, vv_len);
+    *p++ = (1 << 3) | 2; /* VariableValue.name */
+    p = put_varint(p, name_len);
+    memcpy(p, v->name, name_len);
+    p += name_len;
+    if (v->version) {
+        *p++ = (2 << 3) | 0; /* VariableValue.version */
+        p = put_varint(p, v->version);
+    }
+    *p++ = (3 << 3) | 2; /* VariableValue.value */
+    p = put_varint(p, tensor_len);
+    *p++ = (1 << 3) | 0; /* Tensor.dtype */
+    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+    if (v->ndim) {
+        *p++ = (2 << 3) | 2; /* Tensor.shape, packed */
+        p = put_varint(p, shape_len);
+        for (int d = 0; d < v->ndim; d++)
+            p = put_varint(p, (uint64_t)v->shape[d]);
+    }
+    if (nbytes) {
+        *p++ = (3 << 3) | 2; /* Tensor.data */
+        p = put_varint(p, nbytes);
+    }
+    return p;
+}
+
+/* Sends the values of vars: the headers copied, big values in place (the
+ * reply holds a reference to each, and an update meanwhile writes a copy),
+ * small ones copied. Takes each variable's read lock until the reply is
+ * built. */
 static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
                          size_t n)
 {
-    Ps__V1__PullResponse resp = PS__V1__PULL_RESPONSE__INIT;
-    Ps__V1__VariableValue *vals = calloc(n, sizeof *vals);
-    Ps__V1__VariableValue **pv = calloc(n, sizeof *pv);
-    Ps__V1__Tensor *ts = calloc(n, sizeof *ts);
-    if (vals == NULL || pv == NULL || ts == NULL) {
-        free(vals);
-        free(pv);
-        free(ts);
+    uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
+    ps_rpc_part *parts = calloc(2 * (n ? n : 1), sizeof *parts);
+    if (hdr == NULL || parts == NULL) {
+        free(hdr);
+        free(parts);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
         return;
     }
     uint64_t bytes = 0;
+    int np = 0;
     for (size_t i = 0; i < n; i++) {
         psd_var *v = vars[i];
         pthread_rwlock_rdlock(&v->lock);
-        ps__v1__variable_value__init(&vals[i]);
-        ps__v1__tensor__init(&ts[i]);
-        vals[i].name = v->name;
-        vals[i].version = v->version;
-        ts[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        ts[i].n_shape = (size_t)v->ndim;
-        ts[i].shape = v->shape;
-        ts[i].data.data = (uint8_t *)v->value;
-        ts[i].data.len = v->n * sizeof(float);
-        vals[i].value = &ts[i];
-        pv[i] = &vals[i];
-        bytes += ts[i].data.len;
+        uint8_t *h = hdr + i * VALUE_HDR_MAX;
+        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v) - h), NULL, NULL};
+        size_t nbytes = v->n * sizeof(float);
+        if (v->vmsg != NULL) {
+            ps_rpc_msg_ref(v->vmsg);
+            parts[np++] = (ps_rpc_part){v->value, nbytes, ps_rpc_msg_release, v->vmsg};
+        } else {
+            parts[np++] = (ps_rpc_part){v->value, nbytes, NULL, NULL};
+        }
+        bytes += nbytes;
     }
-    resp.n_values = n;
-    resp.values = pv;
-    ps_rpc_reply_pb(call, &resp);
+    ps_rpc_reply_parts(call, parts, np);
     for (size_t i = 0; i < n; i++)
         pthread_rwlock_unlock(&vars[i]->lock);
     atomic_fetch_add(&s->pulls, 1);
     atomic_fetch_add(&s->bytes_out, bytes);
-    free(vals);
-    free(pv);
-    free(ts);
+    free(hdr);
+    free(parts);
 }
 
 static void waiter_free(pull_waiter *w)
@@ -1148,13 +1223,15 @@ out:
 }
 
 /* What a push handler reuses from call to call on its thread: the decoded
- * request, and scratch for gradients whose bytes are not float-aligned in
- * the request (the optimizer's vector loops need aligned floats). Freed by
- * the thread-exit destructor of a pthread key. */
+ * request, and a bounce buffer for gradient bytes that are not
+ * float-aligned where they landed (the optimizer's vector loops want
+ * aligned floats); 16 KiB, so what passes through it stays in L1/L2. Freed
+ * by the thread-exit destructor of a pthread key. */
+#define BOUNCE_FLOATS 4096
+
 struct thread_bufs {
     psd_push_req req;
-    float *scratch;
-    size_t scratch_cap;
+    _Alignas(64) float bounce[BOUNCE_FLOATS];
 };
 
 static pthread_key_t bufs_key;
@@ -1164,7 +1241,6 @@ static void bufs_free(void *p)
 {
     struct thread_bufs *b = p;
     psd_push_req_free(&b->req);
-    free(b->scratch);
     free(b);
 }
 
@@ -1178,27 +1254,103 @@ static struct thread_bufs *thread_bufs(void)
     pthread_once(&bufs_once, bufs_key_make);
     struct thread_bufs *b = pthread_getspecific(bufs_key);
     if (b == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b != NULL)
+        b = aligned_alloc(64, sizeof *b);
+        if (b != NULL) {
+            memset(&b->req, 0, sizeof b->req);
             pthread_setspecific(bufs_key, b);
+        }
     }
     return b;
 }
 
-static const float *aligned_grad(struct thread_bufs *tb, const psd_wire_grad *g,
-                                 size_t n)
+/* Makes v's value safe to update: when a Pull's reply is still sending it
+ * in place, the value moves to a copy (pooled memory, warm) and the reply
+ * keeps the old bytes. Called with v->lock held for writing. */
+static void value_writable(psd_var *v)
 {
-    if (((uintptr_t)g->data & (sizeof(float) - 1)) == 0)
-        return (const float *)(const void *)g->data;
-    if (tb->scratch_cap < n) {
-        free(tb->scratch);
-        tb->scratch = alloc_floats(n);
-        tb->scratch_cap = tb->scratch ? n : 0;
-        if (tb->scratch == NULL)
-            return NULL;
+    if (v->vmsg == NULL || !ps_rpc_msg_shared(v->vmsg))
+        return;
+    size_t bytes = v->n * sizeof(float);
+    ps_rpc_msg *m = ps_rpc_msg_new(bytes);
+    /* Out of memory for the copy: wait for the reply to be sent instead
+     * (gRPC releases it without this variable's lock). */
+    for (int i = 0; m == NULL && ps_rpc_msg_shared(v->vmsg); i++) {
+        if (i % 1000 == 0)
+            ps_log_warn("variable '%s': no memory to copy the value a Pull is "
+                        "sending; the update waits for the send", v->name);
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        m = ps_rpc_msg_new(bytes);
     }
-    memcpy(tb->scratch, g->data, n * sizeof(float));
-    return tb->scratch;
+    if (m == NULL)
+        return;
+    memcpy(ps_rpc_msg_data(m), v->value, bytes);
+    ps_rpc_msg_unref(v->vmsg);
+    v->vmsg = m;
+    v->value = (float *)(void *)ps_rpc_msg_data(m);
+}
+
+/* The next floats of a gradient whose bytes the cursor c covers (a whole
+ * number of floats): read in place from the piece they arrived in when it
+ * is float-aligned, else copied through the bounce buffer. Returns how many
+ * floats *out holds; 0 at the end. */
+static size_t grad_next(ps_pbcur *c, float *bounce, const float **out)
+{
+    const uint8_t *p;
+    size_t k = ps_pbcur_peek(c, &p);
+    if (k == 0)
+        return 0;
+    size_t nf;
+    if (((uintptr_t)p & (sizeof(float) - 1)) == 0 && k >= sizeof(float)) {
+        nf = k / sizeof(float);
+        *out = (const float *)(const void *)p;
+        ps_pbcur_take(c, NULL, nf * sizeof(float));
+    } else {
+        nf = c->left / sizeof(float);
+        if (nf > BOUNCE_FLOATS)
+            nf = BOUNCE_FLOATS;
+        ps_pbcur_take(c, bounce, nf * sizeof(float));
+        *out = bounce;
+    }
+    return nf;
+}
+
+static bool grad_finite(ps_pbcur c, float *bounce)
+{
+    const float *g;
+    size_t k;
+    while ((k = grad_next(&c, bounce, &g)) > 0)
+        if (!psd_all_finite(g, k))
+            return false;
+    return true;
+}
+
+/* Applies the optimizer with gradient c to v, part by part as the gradient
+ * arrived. Called with v->lock held for writing. */
+static void grad_apply(psd_var *v, ps_pbcur c, float *bounce, uint64_t t)
+{
+    const float *g;
+    size_t k, off = 0;
+    value_writable(v);
+    while ((k = grad_next(&c, bounce, &g)) > 0) {
+        psd_opt_apply_part(&v->opt, v->value + off,
+                           v->slots ? v->slots + off : NULL, v->n, g, k, 1.0f, t);
+        off += k;
+    }
+}
+
+/* accum = g (first push of a step) or accum += g. */
+static void grad_accumulate(float *accum, bool first, ps_pbcur c, float *bounce)
+{
+    const float *g;
+    size_t k, off = 0;
+    while ((k = grad_next(&c, bounce, &g)) > 0) {
+        if (first)
+            memcpy(accum + off, g, k * sizeof(float));
+        else
+            psd_accumulate(accum + off, g, k);
+        off += k;
+    }
 }
 
 /* Adds a worker to the step's set; false if it was there already. Called
@@ -1227,6 +1379,7 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 {
     if (v->accum_count < v->num_workers)
         return NULL;
+    value_writable(v);
     psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
                   1.0f / (float)v->accum_count, v->version + 1);
     __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
@@ -1260,7 +1413,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     return ready;
 }
 
-static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
+                 void *ctx)
 {
     psd_shard *s = ctx;
     char err[512];
@@ -1270,7 +1424,7 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         return;
     }
     psd_push_req *r = &tb->req;
-    int rc = psd_push_decode(req, len, r, err, sizeof err);
+    int rc = psd_push_decode(pieces, npieces, r, err, sizeof err);
     if (rc != 0) {
         count_bad(s);
         ps_rpc_fail(call, rc == PS_EPARSE ? PS_RPC_INVALID_ARGUMENT
@@ -1309,7 +1463,8 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     enum ps_rpc_code code = PS_RPC_OK;
     for (size_t i = 0; i < r->ngrads && code == PS_RPC_OK; i++) {
         psd_wire_grad *g = &r->grads[i];
-        psd_var *v = find_var(s, g->name, g->name_len, NULL);
+        psd_var *v = g->name_len > PSD_WIRE_MAX_NAME
+                         ? NULL : find_var(s, g->name, g->name_len, NULL);
         if (v == NULL) {
             const char *np = name_problem(g->name, g->name_len);
             code = np ? PS_RPC_INVALID_ARGUMENT : PS_RPC_NOT_FOUND;
@@ -1354,11 +1509,7 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
             code = PS_RPC_INVALID_ARGUMENT;
             snprintf(err, sizeof err, "variable '%s': gradient shape %s, variable "
                      "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
-        } else if (aligned_grad(tb, g, v->n) == NULL) {
-            code = PS_RPC_RESOURCE_EXHAUSTED;
-            snprintf(err, sizeof err, "Push: out of memory");
-        } else if (!s->o.allow_nonfinite &&
-                   !psd_all_finite(aligned_grad(tb, g, v->n), v->n)) {
+        } else if (!s->o.allow_nonfinite && !grad_finite(g->data, tb->bounce)) {
             code = PS_RPC_INVALID_ARGUMENT;
             atomic_fetch_add(&s->nonfinite, 1);
             snprintf(err, sizeof err, "variable '%s': the gradient holds NaN or "
@@ -1409,12 +1560,11 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     uint64_t bytes = 0;
     for (size_t i = 0; i < r->ngrads; i++) {
         psd_var *v = p->vars[i];
-        const float *g = aligned_grad(tb, &r->grads[i], v->n);
+        const ps_pbcur g = r->grads[i].data;
         bytes += v->n * sizeof(float);
         pthread_rwlock_wrlock(&v->lock);
         if (v->consistency != PSD_SYNC) {
-            psd_opt_apply(&v->opt, v->value, v->slots, g, v->n, 1.0f,
-                          v->version + 1);
+            grad_apply(v, g, tb->bounce, v->version + 1);
             p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
             atomic_fetch_add(&s->apply_seq, 1);
             pthread_rwlock_unlock(&v->lock);
@@ -1436,10 +1586,7 @@ static void push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         if (mark_pushed(v, r->worker)) {
             if (v->accum == NULL)
                 v->accum = alloc_floats(v->n);
-            if (v->accum_count == 0)
-                memcpy(v->accum, g, v->n * sizeof(float));
-            else
-                psd_accumulate(v->accum, g, v->n);
+            grad_accumulate(v->accum, v->accum_count == 0, g, tb->bounce);
             v->accum_count++;
         }
         pending_push *ready = maybe_apply_step(s, v);
@@ -1840,13 +1987,17 @@ int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
     } m[] = {
         {"/ps.v1.ParameterServer/CreateVariable", create_variable},
         {"/ps.v1.ParameterServer/Pull", pull},
-        {"/ps.v1.ParameterServer/Push", push},
         {"/ps.v1.ParameterServer/ListVariables", list_variables},
         {"/ps.v1.ParameterServer/Stats", stats},
         {"/ps.v1.ParameterServer/Checkpoint", checkpoint},
         {"/ps.v1.ParameterServer/Restore", restore},
         {"/ps.v1.ParameterServer/SetSyncWorkers", set_sync_workers},
     };
+    /* Push reads its request in the pieces it arrived in (wire.h). */
+    int prc = ps_rpc_server_add_method_pieces(srv, "/ps.v1.ParameterServer/Push",
+                                              push, s);
+    if (prc != 0)
+        return prc;
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
         int rc = ps_rpc_server_add_method(srv, m[i].path, PS_RPC_UNARY, m[i].fn, s);
         if (rc != 0)

@@ -1,71 +1,12 @@
 #include "wire.h"
 
 #include "errors.h"
+#include "pbcur.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
-
-struct cursor {
-    const uint8_t *p, *end;
-};
-
-static int get_varint(struct cursor *c, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (c->p >= c->end)
-            return -1;
-        uint8_t b = *c->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Skips one field of wire type wt. */
-static int skip_field(struct cursor *c, int wt)
-{
-    uint64_t v;
-    switch (wt) {
-    case WT_VARINT:
-        return get_varint(c, &v);
-    case WT_I64:
-        if (c->end - c->p < 8)
-            return -1;
-        c->p += 8;
-        return 0;
-    case WT_I32:
-        if (c->end - c->p < 4)
-            return -1;
-        c->p += 4;
-        return 0;
-    case WT_LEN:
-        if (get_varint(c, &v) != 0 || v > (uint64_t)(c->end - c->p))
-            return -1;
-        c->p += v;
-        return 0;
-    default:
-        return -1; /* groups are not proto3 */
-    }
-}
-
-static int get_len(struct cursor *c, struct cursor *sub)
-{
-    uint64_t v;
-    if (get_varint(c, &v) != 0 || v > (uint64_t)(c->end - c->p))
-        return -1;
-    sub->p = c->p;
-    sub->end = c->p + v;
-    c->p += v;
-    return 0;
-}
 
 static int add_dim(psd_wire_grad *g, uint64_t d)
 {
@@ -79,62 +20,67 @@ static int add_dim(psd_wire_grad *g, uint64_t d)
     return 0;
 }
 
-static const char *decode_tensor(struct cursor *c, psd_wire_grad *g)
+static const char *decode_tensor(ps_pbcur *c, psd_wire_grad *g)
 {
-    while (c->p < c->end) {
+    while (c->left > 0) {
         uint64_t key;
-        if (get_varint(c, &key) != 0)
+        if (ps_pbcur_varint(c, &key) != 0)
             return "Tensor: truncated field key";
         int field = (int)(key >> 3), wt = (int)(key & 7);
-        if (field == 1 && wt == WT_VARINT) {
+        if (field == 1 && wt == PS_WT_VARINT) {
             uint64_t v;
-            if (get_varint(c, &v) != 0)
+            if (ps_pbcur_varint(c, &v) != 0)
                 return "Tensor.dtype: truncated varint";
             g->dtype = v > 1000 ? 1000 : (int)v;
-        } else if (field == 2 && wt == WT_LEN) { /* packed */
-            struct cursor s;
-            if (get_len(c, &s) != 0)
+        } else if (field == 2 && wt == PS_WT_LEN) { /* packed */
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
                 return "Tensor.shape: length past the end";
-            while (s.p < s.end) {
+            while (s.left > 0) {
                 uint64_t d;
-                if (get_varint(&s, &d) != 0)
+                if (ps_pbcur_varint(&s, &d) != 0)
                     return "Tensor.shape: truncated varint";
                 add_dim(g, d);
             }
-        } else if (field == 2 && wt == WT_VARINT) { /* unpacked */
+        } else if (field == 2 && wt == PS_WT_VARINT) { /* unpacked */
             uint64_t d;
-            if (get_varint(c, &d) != 0)
+            if (ps_pbcur_varint(c, &d) != 0)
                 return "Tensor.shape: truncated varint";
             add_dim(g, d);
-        } else if (field == 3 && wt == WT_LEN) {
-            struct cursor s;
-            if (get_len(c, &s) != 0)
+        } else if (field == 3 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
                 return "Tensor.data: length past the end";
-            g->data = s.p;
-            g->nbytes = (size_t)(s.end - s.p);
-        } else if (skip_field(c, wt) != 0) {
+            g->data = s;
+            g->nbytes = s.left;
+        } else if (ps_pbcur_skip(c, wt) != 0) {
             return "Tensor: malformed unknown field";
         }
     }
     return NULL;
 }
 
-static const char *decode_grad(struct cursor *c, psd_wire_grad *g)
+static const char *decode_grad(ps_pbcur *c, psd_wire_grad *g)
 {
-    while (c->p < c->end) {
+    while (c->left > 0) {
         uint64_t key;
-        if (get_varint(c, &key) != 0)
+        if (ps_pbcur_varint(c, &key) != 0)
             return "Gradient: truncated field key";
         int field = (int)(key >> 3), wt = (int)(key & 7);
-        if (field == 1 && wt == WT_LEN) {
-            struct cursor s;
-            if (get_len(c, &s) != 0)
+        if (field == 1 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
                 return "Gradient.name: length past the end";
-            g->name = (const char *)s.p;
-            g->name_len = (size_t)(s.end - s.p);
-        } else if (field == 2 && wt == WT_LEN) {
-            struct cursor s;
-            if (get_len(c, &s) != 0)
+            /* Up to 255 bytes are kept; name_len says how long it was, so
+             * the caller can refuse a longer one by name. */
+            g->name_len = s.left;
+            size_t keep = s.left < PSD_WIRE_MAX_NAME ? s.left : PSD_WIRE_MAX_NAME;
+            if (ps_pbcur_take(&s, g->name, keep) != 0)
+                return "Gradient.name: length past the end";
+            g->name[keep] = '\0';
+        } else if (field == 2 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
                 return "Gradient.grad: length past the end";
             /* A repeated embedded message merges; the last one wins here,
              * which matches for the fields we read. */
@@ -142,39 +88,41 @@ static const char *decode_grad(struct cursor *c, psd_wire_grad *g)
             const char *why = decode_tensor(&s, g);
             if (why != NULL)
                 return why;
-        } else if (skip_field(c, wt) != 0) {
+        } else if (ps_pbcur_skip(c, wt) != 0) {
             return "Gradient: malformed unknown field";
         }
     }
     return NULL;
 }
 
-int psd_push_decode(const uint8_t *buf, size_t len, psd_push_req *req,
+int psd_push_decode(const struct ps_piece *pieces, int np, psd_push_req *req,
                     char *err, size_t errlen)
 {
-    struct cursor c = {buf, buf + len};
+    ps_pbcur c;
+    ps_pbcur_init(&c, pieces, np);
+    size_t total = c.left;
     req->worker = 0;
     req->step = 0;
     req->ngrads = 0;
-    while (c.p < c.end) {
-        size_t at = (size_t)(c.p - buf);
+    while (c.left > 0) {
+        size_t at = total - c.left;
         uint64_t key, v;
-        if (get_varint(&c, &key) != 0) {
+        if (ps_pbcur_varint(&c, &key) != 0) {
             snprintf(err, errlen, "PushRequest: truncated field key at byte %zu", at);
             return PS_EPARSE;
         }
         int field = (int)(key >> 3), wt = (int)(key & 7);
-        if (field == 1 && wt == WT_VARINT) {
-            if (get_varint(&c, &v) != 0)
+        if (field == 1 && wt == PS_WT_VARINT) {
+            if (ps_pbcur_varint(&c, &v) != 0)
                 goto truncated;
             req->worker = (uint32_t)v;
-        } else if (field == 2 && wt == WT_VARINT) {
-            if (get_varint(&c, &v) != 0)
+        } else if (field == 2 && wt == PS_WT_VARINT) {
+            if (ps_pbcur_varint(&c, &v) != 0)
                 goto truncated;
             req->step = v;
-        } else if (field == 3 && wt == WT_LEN) {
-            struct cursor s;
-            if (get_len(&c, &s) != 0) {
+        } else if (field == 3 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(&c, &s) != 0) {
                 snprintf(err, errlen, "PushRequest.grads[%zu]: length past the end "
                          "of the message", req->ngrads);
                 return PS_EPARSE;
@@ -189,14 +137,13 @@ int psd_push_decode(const uint8_t *buf, size_t len, psd_push_req *req,
             }
             psd_wire_grad *g = &req->grads[req->ngrads];
             memset(g, 0, sizeof *g);
-            g->name = "";
             const char *why = decode_grad(&s, g);
             if (why != NULL) {
                 snprintf(err, errlen, "PushRequest.grads[%zu]: %s", req->ngrads, why);
                 return PS_EPARSE;
             }
             req->ngrads++;
-        } else if (field == 0 || skip_field(&c, wt) != 0) {
+        } else if (field == 0 || ps_pbcur_skip(&c, wt) != 0) {
             snprintf(err, errlen, "PushRequest: malformed field %d (wire type %d) "
                      "at byte %zu", field, wt, at);
             return PS_EPARSE;
@@ -207,6 +154,13 @@ int psd_push_decode(const uint8_t *buf, size_t len, psd_push_req *req,
         return PS_EPARSE;
     }
     return 0;
+}
+
+int psd_push_decode_buf(const uint8_t *buf, size_t len, psd_push_req *req,
+                        char *err, size_t errlen)
+{
+    req->one = (struct ps_piece){buf, len};
+    return psd_push_decode(&req->one, 1, req, err, errlen);
 }
 
 void psd_push_req_free(psd_push_req *req)

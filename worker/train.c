@@ -69,6 +69,8 @@ struct session {
     int nrep;
     size_t nparams;
     float *grads_send;          /* (nparams) the gradient being pushed */
+    ps_rpc_msg *send_msg, *fill_msg; /* the buffers grads_send and grads_fill
+                                   lie in: pushes send from them in place */
     float *grads_fill;          /* (nparams) the next one, being reduced into
                                    while the push of grads_send may go on */
     float *params_pull;         /* (nparams) the values being pulled */
@@ -263,12 +265,17 @@ static void *pull_main(void *arg)
 static void swap_grads(struct session *s)
 {
     float *old = s->grads_send;
+    ps_rpc_msg *old_msg = s->send_msg;
     s->grads_send = s->grads_fill;
+    s->send_msg = s->fill_msg;
     s->grads_fill = old;
+    s->fill_msg = old_msg;
     for (int k = 0; k < s->nshards; k++)
-        for (size_t i = 0; i < s->shards[k].nitems; i++)
-            s->shards[k].push_items[i].data =
-                s->grads_send + (s->shards[k].push_items[i].data - old);
+        for (size_t i = 0; i < s->shards[k].nitems; i++) {
+            ps_client_item *it = &s->shards[k].push_items[i];
+            it->data = s->grads_send + (it->data - old);
+            it->msg = s->send_msg;
+        }
 }
 
 /* Posts a job (push grads_send for step, then pull) to every shard. */
@@ -366,6 +373,10 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
      * example-weighted sum. Device replicas' gradients come down first. */
     double total = 0;
     float *g = s->grads_fill;
+    /* The push that last sent this buffer is answered, but gRPC may still
+     * hold it for a moment. */
+    if (s->fill_msg != NULL)
+        ps_rpc_msg_wait_unshared(s->fill_msg);
     bool first = true;
     for (int r = 0; r < s->nrep; r++) {
         int lo, nr;
@@ -554,10 +565,14 @@ static void session_close(struct session *s)
         ps_model_destroy(s->replicas[r]);
     free(s->replicas);
     free(s->rep_loss);
-    free(s->grads_send);
+    if (s->send_msg != NULL)
+        ps_rpc_msg_wait_unshared(s->send_msg);
+    if (s->fill_msg != NULL)
+        ps_rpc_msg_wait_unshared(s->fill_msg);
+    ps_rpc_msg_unref(s->send_msg);
+    ps_rpc_msg_unref(s->fill_msg);
     free(s->params_pull);
     free(s->grads_tmp);
-    free(s->grads_fill);
     free(s->backends);
     free(s->parts);
     pthread_mutex_destroy(&s->mu);
@@ -622,12 +637,17 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     }
     ps_model *m = s->replicas[0];
     s->nparams = ps_model_nparams(m);
-    s->grads_send = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    /* The two gradient buffers are message buffers, so that pushes send
+     * them in place (64-byte aligned, as the others). */
+    s->send_msg = ps_rpc_msg_new(s->nparams * 4);
+    s->fill_msg = ps_rpc_msg_new(s->nparams * 4);
+    if (s->send_msg == NULL || s->fill_msg == NULL)
+        return -ENOMEM;
+    s->grads_send = (float *)(void *)ps_rpc_msg_data(s->send_msg);
+    s->grads_fill = (float *)(void *)ps_rpc_msg_data(s->fill_msg);
     s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
     s->grads_tmp = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    s->grads_fill = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    if (s->grads_send == NULL || s->params_pull == NULL || s->grads_tmp == NULL ||
-        s->grads_fill == NULL)
+    if (s->params_pull == NULL || s->grads_tmp == NULL)
         return -ENOMEM;
 
     s->nshards = o->nps;
@@ -663,7 +683,9 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         ps_client_item it = {.name = pt->name, .n = pt->count,
                              .shape = pt->shape, .ndim = pt->ndim};
         it.data = s->grads_send + pt->offset;
+        it.msg = s->send_msg;
         sh->push_items[sh->nitems] = it;
+        it.msg = NULL;
         it.data = s->params_pull + pt->offset;
         sh->pull_items[sh->nitems] = it;
         sh->nitems++;

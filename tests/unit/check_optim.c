@@ -393,6 +393,45 @@ static void run_against_reference(psd_opt o, float scale)
     }
 }
 
+/* psd applies a gradient part by part, as it arrived in pieces: any split
+ * must give the same bits as one whole apply, slots included. */
+START_TEST(test_apply_parts_same_bits)
+{
+    enum { M = 10007 };
+    static const enum psd_opt_kind kinds[] = {PSD_OPT_SGD, PSD_OPT_MOMENTUM,
+                                              PSD_OPT_ADAGRAD, PSD_OPT_ADAM};
+    static float w1[M], w2[M], s1[2 * M], s2[2 * M], g[M];
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        psd_opt o = {.kind = kinds[k], .lr = 0.01f, .nesterov = k == 1};
+        psd_opt_defaults(&o);
+        rng_seed(1000 + k);
+        for (size_t i = 0; i < M; i++)
+            w1[i] = w2[i] = (float)(rng_unit() - 0.5);
+        psd_opt_init_slots(&o, s1, M);
+        psd_opt_init_slots(&o, s2, M);
+        for (int step = 1; step <= 3; step++) {
+            for (size_t i = 0; i < M; i++)
+                g[i] = (float)(rng_unit() - 0.5);
+            psd_opt_apply(&o, w1, s1, g, M, 0.5f, (uint64_t)step);
+            /* Parts of 1, 3, 7, ... elements: odd lengths and offsets. */
+            size_t off = 0, len = 1;
+            while (off < M) {
+                size_t n = len < M - off ? len : M - off;
+                psd_opt_apply_part(&o, w2 + off, s2 + off, M, g + off, n, 0.5f,
+                                   (uint64_t)step);
+                off += n;
+                len = len * 2 + 1;
+            }
+        }
+        int nslots = psd_opt_slot_count(&o);
+        ck_assert_msg(memcmp(w1, w2, sizeof w1) == 0, "%s: values differ",
+                      psd_opt_name(o.kind));
+        ck_assert_msg(memcmp(s1, s2, (size_t)nslots * M * sizeof(float)) == 0,
+                      "%s: slots differ", psd_opt_name(o.kind));
+    }
+}
+END_TEST
+
 START_TEST(test_apply_sgd)
 {
     psd_opt o = {.kind = PSD_OPT_SGD, .lr = 0.05f};
@@ -649,6 +688,7 @@ int main(void)
     tcase_add_test(tc, test_apply_adam_first_step);
     tcase_add_test(tc, test_apply_adam_large_t);
     tcase_add_test(tc, test_apply_empty_and_unknown);
+    tcase_add_test(tc, test_apply_parts_same_bits);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("psd_all_finite");

@@ -83,6 +83,27 @@ static void count(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     ps_rpc_stream_finish(call);
 }
 
+/* Replies "hdr" + the request + "end", the request sent in place from a
+ * message buffer the test then checks gRPC lets go of. */
+static ps_rpc_msg *parts_reply_msg;
+
+static void echo_parts(ps_rpc_call *call, const struct ps_piece *pieces, int np,
+                       void *ctx)
+{
+    size_t len = 0;
+    for (int i = 0; i < np; i++)
+        len += pieces[i].len;
+    ps_rpc_msg *m = ps_rpc_msg_new(len);
+    for (size_t i = 0, off = 0; i < (size_t)np; off += pieces[i].len, i++)
+        memcpy(ps_rpc_msg_data(m) + off, pieces[i].data, pieces[i].len);
+    parts_reply_msg = m; /* the test's reference */
+    ps_rpc_msg_ref(m);   /* the reply's */
+    ps_rpc_part parts[3] = {{"hdr", 3, NULL, NULL},
+                            {ps_rpc_msg_data(m), len, ps_rpc_msg_release, m},
+                            {"end", 3, NULL, NULL}};
+    ps_rpc_reply_parts(call, parts, 3);
+}
+
 static void start_server(size_t max_message)
 {
     ps_rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 2,
@@ -97,6 +118,8 @@ static void start_server(size_t max_message)
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Count",
                                               PS_RPC_SERVER_STREAM, count,
                                               NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method_pieces(srv, "/t.T/EchoParts",
+                                                     echo_parts, NULL), 0);
     ck_assert_int_eq(ps_rpc_server_start(srv, &port), 0);
     ck_assert_int_gt(port, 0);
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
@@ -197,6 +220,45 @@ START_TEST(test_pieces)
         ps_rpc_msg_unref(m);
     }
     free(want);
+    free(got.data);
+}
+END_TEST
+
+START_TEST(test_parts_in_place)
+{
+    /* A request of copied and in-place parts, answered by a handler that
+     * reads it in pieces and replies with copied and in-place parts: the
+     * bytes arrive in order, and both message buffers are let go of. */
+    size_t big = (size_t)1 << 20;
+    ps_rpc_msg *c = ps_rpc_msg_new(big);
+    for (size_t i = 0; i < big; i++)
+        ps_rpc_msg_data(c)[i] = (uint8_t)(i * 7 + 3);
+    ps_rpc_part parts[3] = {{"abc", 3, NULL, NULL},
+                            {ps_rpc_msg_data(c), big, ps_rpc_msg_release, c},
+                            {"xyz", 3, NULL, NULL}};
+    struct joined got = {malloc(big + 12), 0};
+    ps_rpc_status st;
+    for (int round = 0; round < 3; round++) {
+        got.len = 0;
+        ck_assert_int_eq(ps_rpc_invoke_parts(cli, "/t.T/EchoParts", parts, 3,
+                                             join_pieces, &got, 10000, &st), 0);
+        ck_assert_uint_eq(got.len, big + 12);
+        ck_assert(memcmp(got.data, "hdrabc", 6) == 0);
+        ck_assert(memcmp(got.data + 6, ps_rpc_msg_data(c), big) == 0);
+        ck_assert(memcmp(got.data + 6 + big, "xyzend", 6) == 0);
+        ps_rpc_msg_wait_unshared(c);
+        ck_assert(!ps_rpc_msg_shared(c));
+        ck_assert_ptr_nonnull(parts_reply_msg);
+        ps_rpc_msg_wait_unshared(parts_reply_msg);
+        ps_rpc_msg_unref(parts_reply_msg);
+        parts_reply_msg = NULL;
+    }
+    /* In-place parts must be message buffers: anything else is refused. */
+    ps_rpc_part bad = {"x", 1, free, NULL};
+    ck_assert_int_eq(ps_rpc_invoke_parts(cli, "/t.T/EchoParts", &bad, 1,
+                                         join_pieces, &got, 1000, &st),
+                     PS_EINVAL_ARG);
+    ps_rpc_msg_unref(c);
     free(got.data);
 }
 END_TEST
@@ -500,6 +562,7 @@ int main(void)
         {"large", test_large_message},
         {"pieces", test_pieces},
         {"pieces_inline", test_pieces_inline},
+        {"parts_in_place", test_parts_in_place},
         {"fail", test_error_status_message},
         {"unimplemented", test_unknown_method},
         {"deadline", test_deadline},
