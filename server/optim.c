@@ -151,7 +151,7 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n)
 #endif
 
 VECTOR_CLONES
-static void apply_sgd(float *restrict w, const float *restrict g, size_t n,
+static void apply_sgd(float *restrict w, const psd_ufloat *restrict g, size_t n,
                       float lr_scale)
 {
     for (size_t i = 0; i < n; i++)
@@ -160,7 +160,7 @@ static void apply_sgd(float *restrict w, const float *restrict g, size_t n,
 
 VECTOR_CLONES
 static void apply_momentum(float *restrict w, float *restrict v,
-                           const float *restrict g, size_t n, float lr,
+                           const psd_ufloat *restrict g, size_t n, float lr,
                            float mu, float scale)
 {
     for (size_t i = 0; i < n; i++) {
@@ -173,7 +173,7 @@ static void apply_momentum(float *restrict w, float *restrict v,
 
 VECTOR_CLONES
 static void apply_nesterov(float *restrict w, float *restrict v,
-                           const float *restrict g, size_t n, float lr,
+                           const psd_ufloat *restrict g, size_t n, float lr,
                            float mu, float scale)
 {
     for (size_t i = 0; i < n; i++) {
@@ -186,7 +186,7 @@ static void apply_nesterov(float *restrict w, float *restrict v,
 
 VECTOR_CLONES
 static void apply_adagrad(float *restrict w, float *restrict a,
-                          const float *restrict g, size_t n, float lr,
+                          const psd_ufloat *restrict g, size_t n, float lr,
                           float eps, float scale)
 {
     for (size_t i = 0; i < n; i++) {
@@ -199,7 +199,7 @@ static void apply_adagrad(float *restrict w, float *restrict a,
 
 VECTOR_CLONES
 static void apply_adam(float *restrict w, float *restrict m,
-                       float *restrict v, const float *restrict g, size_t n,
+                       float *restrict v, const psd_ufloat *restrict g, size_t n,
                        float lr_t, float b1, float b2, float eps, float scale)
 {
     float c1 = 1.0f - b1, c2 = 1.0f - b2;
@@ -224,14 +224,14 @@ static float adam_lr_t(const psd_opt *o, uint64_t t)
 }
 
 void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
-                   const float *restrict g, size_t n, float scale, uint64_t t)
+                   const psd_ufloat *restrict g, size_t n, float scale, uint64_t t)
 {
     psd_opt_apply_part(o, w, slots, n, g, n, scale, t);
 }
 
 void psd_opt_apply_part(const psd_opt *o, float *restrict w,
                         float *restrict slots, size_t slot_stride,
-                        const float *restrict g, size_t n, float scale,
+                        const psd_ufloat *restrict g, size_t n, float scale,
                         uint64_t t)
 {
     switch (o->kind) {
@@ -261,7 +261,7 @@ void psd_opt_apply_part(const psd_opt *o, float *restrict w,
 #define EXP_MASK 0x7f800000u
 
 VECTOR_CLONES
-bool psd_all_finite(const float *x, size_t n)
+bool psd_all_finite(const psd_ufloat *x, size_t n)
 {
     size_t i = 0;
     while (i < n) {
@@ -300,7 +300,7 @@ double psd_l2_norm(const float *x, size_t n)
 }
 
 VECTOR_CLONES
-void psd_accumulate(float *restrict acc, const float *restrict g, size_t n)
+void psd_accumulate(float *restrict acc, const psd_ufloat *restrict g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         acc[i] += g[i];

@@ -41,6 +41,10 @@ enum psd_opt_kind {
     PSD_OPT_ADAM = 3,
 };
 
+/* A float at any address: gradients are read where gRPC received them,
+ * which need not be 4-byte aligned. The vector loops load them unaligned. */
+typedef float psd_ufloat __attribute__((aligned(1)));
+
 /* The proto's Optimizer message, in C. */
 typedef struct psd_opt {
     enum psd_opt_kind kind;
@@ -95,16 +99,16 @@ void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
 /* The same for a part of a variable: w and slots point at the part's first
  * element, slot k of element i is slots[k * slot_stride + i] (slot_stride is
  * the whole variable's element count). Applying every part of a gradient
- * gives the same bits as one psd_opt_apply. */
+ * gives the same bits as one psd_opt_apply. g may be at any address. */
 void psd_opt_apply_part(const psd_opt *o, float *restrict w,
                         float *restrict slots, size_t slot_stride,
-                        const float *restrict g, size_t n, float scale,
+                        const psd_ufloat *restrict g, size_t n, float scale,
                         uint64_t t);
 
 /* True when none of x[0..n) is NaN, +Inf or -Inf (denormals and -0 are
  * finite). True for n == 0. The server refuses a gradient for which this is
  * false with PS_ENONFINITE. */
-bool psd_all_finite(const float *x, size_t n);
+bool psd_all_finite(const psd_ufloat *x, size_t n);
 
 /* sqrt(sum of x[i]^2), accumulated in double in a fixed order, so the result
  * is the same on every run. NaN or Inf if an element is. */
@@ -112,6 +116,6 @@ double psd_l2_norm(const float *x, size_t n);
 
 /* acc[i] += g[i] for i < n: sums the pushes of one sync step. acc and g must
  * not overlap. */
-void psd_accumulate(float *restrict acc, const float *restrict g, size_t n);
+void psd_accumulate(float *restrict acc, const psd_ufloat *restrict g, size_t n);
 
 #endif

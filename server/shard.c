@@ -14,6 +14,7 @@
  */
 #include "shard.h"
 
+#include "assist.h"
 #include "checkpoint.h"
 #include "errors.h"
 #include "init.h"
@@ -25,6 +26,7 @@
 #include "wire.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -125,6 +127,7 @@ struct psd_shard {
         nonfinite, commits, last_ckpt;
     uint64_t fixed_overhead;
     int64_t started_ms;
+    psd_assist *assist;  /* takes half of a big push (assist.h) */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -671,9 +674,30 @@ int psd_shard_flush(psd_shard *s)
     return rc;
 }
 
+/* Hands back to the kernel the memory malloc keeps after a burst of big
+ * messages: gRPC reads each request into fresh slices, and once freed
+ * glibc keeps them in its arenas (its mmap threshold rises to the biggest
+ * freed block), so resident memory would stay at the burst's peak. At most
+ * once a second, and only after traffic; the next burst pays a page fault
+ * per 4 KiB again, a few ms a second at most. */
+#define TRIM_EVERY_MS 1000
+
+static void maybe_trim(psd_shard *s, int64_t *last_ms, uint64_t *last_bytes)
+{
+    int64_t now = ps_now_ms();
+    uint64_t bytes = atomic_load(&s->bytes_in) + atomic_load(&s->bytes_out);
+    if (now - *last_ms < TRIM_EVERY_MS || bytes == *last_bytes)
+        return;
+    malloc_trim(0);
+    *last_ms = now;
+    *last_bytes = bytes;
+}
+
 static void *flusher_main(void *arg)
 {
     psd_shard *s = arg;
+    int64_t trimmed_ms = ps_now_ms();
+    uint64_t trimmed_bytes = 0;
     pthread_mutex_lock(&s->flush_mu);
     while (!s->closing) {
         struct timespec until;
@@ -688,6 +712,7 @@ static void *flusher_main(void *arg)
         s->flush_requested = false;
         if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
             flush_locked(s);
+        maybe_trim(s, &trimmed_ms, &trimmed_bytes);
     }
     pthread_mutex_unlock(&s->flush_mu);
     return NULL;
@@ -1223,15 +1248,10 @@ out:
 }
 
 /* What a push handler reuses from call to call on its thread: the decoded
- * request, and a bounce buffer for gradient bytes that are not
- * float-aligned where they landed (the optimizer's vector loops want
- * aligned floats); 16 KiB, so what passes through it stays in L1/L2. Freed
- * by the thread-exit destructor of a pthread key. */
-#define BOUNCE_FLOATS 4096
-
+ * request. Freed by the thread-exit destructor of a pthread key. */
 struct thread_bufs {
     psd_push_req req;
-    _Alignas(64) float bounce[BOUNCE_FLOATS];
+    float straddle; /* a float split between two pieces, joined */
 };
 
 static pthread_key_t bufs_key;
@@ -1254,13 +1274,32 @@ static struct thread_bufs *thread_bufs(void)
     pthread_once(&bufs_once, bufs_key_make);
     struct thread_bufs *b = pthread_getspecific(bufs_key);
     if (b == NULL) {
-        b = aligned_alloc(64, sizeof *b);
-        if (b != NULL) {
-            memset(&b->req, 0, sizeof b->req);
+        b = calloc(1, sizeof *b);
+        if (b != NULL)
             pthread_setspecific(bufs_key, b);
-        }
     }
     return b;
+}
+
+/* The next floats of a gradient whose bytes the cursor c covers (a whole
+ * number of floats), read in place from the piece they arrived in, at
+ * whatever alignment; a float split between two pieces is joined in
+ * *straddle. Returns how many floats *out holds; 0 at the end. */
+static size_t grad_next(ps_pbcur *c, float *straddle, const psd_ufloat **out)
+{
+    const uint8_t *p;
+    size_t k = ps_pbcur_peek(c, &p);
+    if (k == 0)
+        return 0;
+    if (k < sizeof(float)) {
+        ps_pbcur_take(c, straddle, sizeof(float));
+        *out = straddle;
+        return 1;
+    }
+    size_t nf = k / sizeof(float);
+    *out = (const psd_ufloat *)(const void *)p;
+    ps_pbcur_take(c, NULL, nf * sizeof(float));
+    return nf;
 }
 
 /* Makes v's value safe to update: when a Pull's reply is still sending it
@@ -1290,61 +1329,109 @@ static void value_writable(psd_var *v)
     v->value = (float *)(void *)ps_rpc_msg_data(m);
 }
 
-/* The next floats of a gradient whose bytes the cursor c covers (a whole
- * number of floats): read in place from the piece they arrived in when it
- * is float-aligned, else copied through the bounce buffer. Returns how many
- * floats *out holds; 0 at the end. */
-static size_t grad_next(ps_pbcur *c, float *bounce, const float **out)
+static bool grad_finite(ps_pbcur c, float *straddle)
 {
-    const uint8_t *p;
-    size_t k = ps_pbcur_peek(c, &p);
-    if (k == 0)
-        return 0;
-    size_t nf;
-    if (((uintptr_t)p & (sizeof(float) - 1)) == 0 && k >= sizeof(float)) {
-        nf = k / sizeof(float);
-        *out = (const float *)(const void *)p;
-        ps_pbcur_take(c, NULL, nf * sizeof(float));
-    } else {
-        nf = c->left / sizeof(float);
-        if (nf > BOUNCE_FLOATS)
-            nf = BOUNCE_FLOATS;
-        ps_pbcur_take(c, bounce, nf * sizeof(float));
-        *out = bounce;
-    }
-    return nf;
-}
-
-static bool grad_finite(ps_pbcur c, float *bounce)
-{
-    const float *g;
+    const psd_ufloat *g;
     size_t k;
-    while ((k = grad_next(&c, bounce, &g)) > 0)
+    while ((k = grad_next(&c, straddle, &g)) > 0)
         if (!psd_all_finite(g, k))
             return false;
     return true;
 }
 
-/* Applies the optimizer with gradient c to v, part by part as the gradient
- * arrived. Called with v->lock held for writing. */
-static void grad_apply(psd_var *v, ps_pbcur c, float *bounce, uint64_t t)
+/* Applies the optimizer with gradient c to v's elements from off on, part
+ * by part as the gradient arrived. Called with v->lock held for writing
+ * (by this thread or the one that handed the job over). */
+static void grad_apply_at(psd_var *v, ps_pbcur c, size_t off, float *straddle,
+                          uint64_t t)
 {
-    const float *g;
-    size_t k, off = 0;
-    value_writable(v);
-    while ((k = grad_next(&c, bounce, &g)) > 0) {
+    const psd_ufloat *g;
+    size_t k;
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
         psd_opt_apply_part(&v->opt, v->value + off,
                            v->slots ? v->slots + off : NULL, v->n, g, k, 1.0f, t);
         off += k;
     }
 }
 
-/* accum = g (first push of a step) or accum += g. */
-static void grad_accumulate(float *accum, bool first, ps_pbcur c, float *bounce)
+/* A gradient at least this big is checked and applied in two halves, one
+ * on the helper thread when it is idle (assist.h). */
+#define SPLIT_MIN_BYTES ((size_t)1 << 20)
+
+struct half {
+    psd_var *v;
+    ps_pbcur c;
+    size_t off; /* its first element */
+    uint64_t t;
+    bool ok;    /* half_check: every float finite */
+    float straddle;
+};
+
+static void half_check(void *p)
 {
-    const float *g;
+    struct half *h = p;
+    h->ok = grad_finite(h->c, &h->straddle);
+}
+
+static void half_apply(void *p)
+{
+    struct half *h = p;
+    grad_apply_at(h->v, h->c, h->off, &h->straddle, h->t);
+}
+
+/* Splits gradient c of n floats at a cache-line boundary near its middle:
+ * lo covers the elements before the returned index, hi the rest. */
+static size_t split_grad(ps_pbcur c, size_t n, ps_pbcur *lo, ps_pbcur *hi)
+{
+    size_t mid = (n / 2) & ~(size_t)15;
+    *lo = c;
+    lo->left = mid * sizeof(float);
+    *hi = c;
+    ps_pbcur_take(hi, NULL, mid * sizeof(float));
+    return mid;
+}
+
+static bool grad_finite_split(psd_shard *s, ps_pbcur c, size_t n, float *straddle)
+{
+    struct half h = {0};
+    ps_pbcur lo;
+    if (n * sizeof(float) < SPLIT_MIN_BYTES)
+        return grad_finite(c, straddle);
+    split_grad(c, n, &lo, &h.c);
+    if (!psd_assist_try(s->assist, half_check, &h))
+        return grad_finite(c, straddle);
+    bool ok = grad_finite(lo, straddle);
+    psd_assist_join(s->assist);
+    return ok && h.ok;
+}
+
+/* Applies gradient c to v (the whole value). Called with v->lock held for
+ * writing. Either way each element gets the same bits. */
+static void grad_apply(psd_shard *s, psd_var *v, ps_pbcur c, float *straddle,
+                       uint64_t t)
+{
+    struct half h = {.v = v, .t = t};
+    ps_pbcur lo;
+    value_writable(v);
+    if (v->n * sizeof(float) < SPLIT_MIN_BYTES) {
+        grad_apply_at(v, c, 0, straddle, t);
+        return;
+    }
+    h.off = split_grad(c, v->n, &lo, &h.c);
+    if (!psd_assist_try(s->assist, half_apply, &h)) {
+        grad_apply_at(v, c, 0, straddle, t);
+        return;
+    }
+    grad_apply_at(v, lo, 0, straddle, t);
+    psd_assist_join(s->assist);
+}
+
+/* accum = g (first push of a step) or accum += g. */
+static void grad_accumulate(float *accum, bool first, ps_pbcur c, float *straddle)
+{
+    const psd_ufloat *g;
     size_t k, off = 0;
-    while ((k = grad_next(&c, bounce, &g)) > 0) {
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
         if (first)
             memcpy(accum + off, g, k * sizeof(float));
         else
@@ -1509,7 +1596,7 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
             code = PS_RPC_INVALID_ARGUMENT;
             snprintf(err, sizeof err, "variable '%s': gradient shape %s, variable "
                      "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
-        } else if (!s->o.allow_nonfinite && !grad_finite(g->data, tb->bounce)) {
+        } else if (!s->o.allow_nonfinite && !grad_finite_split(s, g->data, v->n, &tb->straddle)) {
             code = PS_RPC_INVALID_ARGUMENT;
             atomic_fetch_add(&s->nonfinite, 1);
             snprintf(err, sizeof err, "variable '%s': the gradient holds NaN or "
@@ -1564,7 +1651,7 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
         bytes += v->n * sizeof(float);
         pthread_rwlock_wrlock(&v->lock);
         if (v->consistency != PSD_SYNC) {
-            grad_apply(v, g, tb->bounce, v->version + 1);
+            grad_apply(s, v, g, &tb->straddle, v->version + 1);
             p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
             atomic_fetch_add(&s->apply_seq, 1);
             pthread_rwlock_unlock(&v->lock);
@@ -1586,7 +1673,7 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
         if (mark_pushed(v, r->worker)) {
             if (v->accum == NULL)
                 v->accum = alloc_floats(v->n);
-            grad_accumulate(v->accum, v->accum_count == 0, g, tb->bounce);
+            grad_accumulate(v->accum, v->accum_count == 0, g, &tb->straddle);
             v->accum_count++;
         }
         pending_push *ready = maybe_apply_step(s, v);
@@ -1952,7 +2039,8 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     uint64_t last = 0;
     if (psd_ckpt_latest(s->ckpt_root, &last) == 0)
         atomic_store(&s->last_ckpt, last);
-    if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0 ||
+    if (psd_assist_start(&s->assist) != 0 ||
+        pthread_create(&s->flusher, NULL, flusher_main, s) != 0 ||
         pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
         rc = -EAGAIN;
         goto fail; /* (a started flusher is stopped by close) */
@@ -2045,6 +2133,7 @@ int psd_shard_close(psd_shard *s)
         rc = psd_shard_flush(s);
         fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
     }
+    psd_assist_stop(s->assist);
     psd_store_close(s->store);
     for (size_t i = 0; i < s->nvars; i++)
         var_free(s->vars[i]);

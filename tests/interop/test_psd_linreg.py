@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 
+import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,42 @@ def main():
     st = stub.Stats(pb.StatsRequest(), timeout=10)
     r.check(st.pushes == 300 and st.variables == 2,
             "Stats counts 300 pushes over 2 variables (%d, %d)" % (st.pushes, st.variables))
+
+    # Big tensors take psd's zero-copy paths: the push is applied where gRPC
+    # received it (in two halves, on two threads) and the pull is sent from
+    # the value in place. The bits must be numpy's float32 SGD, exactly,
+    # and a NaN anywhere (here in the second half) must change nothing.
+    shape = (3, 350001)  # 4.2 MB, an odd element count
+    lr = np.float32(0.125)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "big/w", shape, lr=float(lr),
+        init=pb.Initializer(kind=pb.Initializer.NORMAL, seed=3))), timeout=10)
+    start = pstest.value(stub.Pull(pb.PullRequest(items=[pb.PullItem(name="big/w")]),
+                                   timeout=10).values[0])
+    want = start.copy()
+    for k in range(3):
+        g = rng.normal(size=shape).astype(np.float32)
+        stub.Push(pb.PushRequest(worker=0, step=k, grads=[pstest.grad(pb, "big/w", g)]),
+                  timeout=30)
+        want = want - lr * g
+    bad = rng.normal(size=shape).astype(np.float32)
+    bad[2, 350000] = np.nan
+    try:
+        stub.Push(pb.PushRequest(worker=0, step=3, grads=[pstest.grad(pb, "big/w", bad)]),
+                  timeout=30)
+        r.check(False, "a NaN at a big gradient's end is refused")
+    except grpc.RpcError as e:
+        r.check(e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                "a NaN at a big gradient's end is refused (%s)" % e.code())
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="big/w")]), timeout=30)
+    v = got.values[0]
+    r.check(v.version == 3 and tuple(v.value.shape) == shape,
+            "big variable at version 3, shape %s (%d, %s)" % (shape, v.version,
+                                                             tuple(v.value.shape)))
+    r.check(np.array_equal(pstest.value(v), want),
+            "big variable: 3 pushes give numpy's float32 SGD bit for bit "
+            "(%d of %d elements differ)" % (int(np.sum(pstest.value(v) != want)),
+                                            want.size))
     ch.close()
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
     r.finish()
