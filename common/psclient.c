@@ -17,7 +17,6 @@ struct ps_client {
     ps_rpc_client *rpc;
     char *address;
     ps_buf req;   /* encoded requests, reused */
-    ps_buf resp;  /* responses, reused */
 };
 
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
@@ -43,7 +42,6 @@ void ps_client_destroy(ps_client *c)
         return;
     ps_rpc_client_destroy(c->rpc);
     ps_buf_free(&c->req);
-    ps_buf_free(&c->resp);
     free(c->address);
     free(c);
 }
@@ -71,21 +69,6 @@ int ps_client_create_variable(ps_client *c, const void *spec, int *created,
     if (version)
         *version = r->version;
     ps__v1__create_variable_response__free_unpacked(r, NULL);
-    return 0;
-}
-
-/* Joins a small response's pieces into b. */
-static int copy_pieces(void *ctx, const struct ps_piece *p, int np)
-{
-    ps_buf *b = ctx;
-    b->len = 0;
-    for (int i = 0; i < np; i++) {
-        int rc = ps_buf_reserve(b, b->len + p[i].len);
-        if (rc != 0)
-            return rc;
-        memcpy(b->data + b->len, p[i].data, p[i].len);
-        b->len += p[i].len;
-    }
     return 0;
 }
 
@@ -140,8 +123,10 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
     }
 }
 
+/* With return_values, its field (two bytes) goes last, so that the
+ * gradients' offsets do not depend on it. */
 static size_t push_len(uint32_t worker, uint64_t step,
-                       const ps_client_item *items, size_t n)
+                       const ps_client_item *items, size_t n, bool return_values)
 {
     size_t total = 1 + varint_len(worker) + 1 + varint_len(step);
     for (size_t i = 0; i < n; i++) {
@@ -149,7 +134,7 @@ static size_t push_len(uint32_t worker, uint64_t step,
         layout(&items[i], total, &L);
         total += L.total;
     }
-    return total;
+    return total + (return_values ? 2 : 0);
 }
 
 /* Writes the PushRequest at p (push_len bytes); returns its end. With
@@ -158,7 +143,7 @@ static size_t push_len(uint32_t worker, uint64_t step,
  * parts, *nparts set). */
 static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
                            const ps_client_item *items, size_t n,
-                           ps_rpc_part *parts, int *nparts)
+                           bool return_values, ps_rpc_part *parts, int *nparts)
 {
     uint8_t *part_start = p;
     size_t skipped = 0; /* bytes left out of p, for the message offsets */
@@ -210,6 +195,10 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         memcpy(p, it->data, bytes);
         p += bytes;
     }
+    if (return_values) {
+        *p++ = (4 << 3) | 0;
+        *p++ = 1;
+    }
     if (parts != NULL) {
         if (p > part_start)
             parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
@@ -221,22 +210,40 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
 int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
                    const ps_client_item *items, size_t n)
 {
-    int rc = ps_buf_reserve(b, push_len(worker, step, items, n));
+    int rc = ps_buf_reserve(b, push_len(worker, step, items, n, false));
     if (rc != 0)
         return rc;
-    b->len = (size_t)(push_write(b->data, worker, step, items, n, NULL, NULL) -
-                      b->data);
+    b->len = (size_t)(push_write(b->data, worker, step, items, n, false, NULL,
+                                 NULL) - b->data);
     return 0;
 }
 
-int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
-                   ps_client_item *items, size_t n, int deadline_ms,
-                   ps_rpc_status *st)
+/* What decode_pieces expects: n values in field `field` (PullResponse 1,
+ * PushResponse 2) copied into items, and for a PushResponse nversions
+ * versions in field 1. */
+struct pull_ctx {
+    ps_client_item *items;
+    size_t n;
+    int field;
+    uint64_t *versions;
+    size_t nversions;
+    char *err;
+    size_t errlen;
+};
+
+static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np);
+
+/* A Push, and with pulls != NULL the values it asks back (see
+ * ps_client_push_pull). */
+static int push_common(ps_client *c, uint32_t worker, uint64_t step,
+                       ps_client_item *items, ps_client_item *pulls, size_t n,
+                       int deadline_ms, ps_rpc_status *st)
 {
+    bool rv = pulls != NULL;
     /* Gradients in message buffers go out in place, between small header
      * parts; a big one in plain memory makes the whole request one pooled
      * buffer that gRPC sends from (one copy, into warm memory). */
-    size_t len = push_len(worker, step, items, n), in_place = 0;
+    size_t len = push_len(worker, step, items, n, rv), in_place = 0;
     bool big_plain = false;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = items[i].n * sizeof(float);
@@ -245,49 +252,58 @@ int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
         else if (bytes >= PLAIN_COPY_MAX)
             big_plain = true;
     }
+    uint64_t *versions = calloc(n ? n : 1, sizeof *versions);
+    if (versions == NULL)
+        return -ENOMEM;
+    char err[256] = "";
+    struct pull_ctx pc = {pulls, rv ? n : 0, 2, versions, n, err, sizeof err};
     int rc;
-    c->resp.len = 0;
     if (in_place > 0 && !big_plain) {
         ps_rpc_part *parts = malloc((2 * n + 1) * sizeof *parts);
         rc = parts ? ps_buf_reserve(&c->req, len - in_place) : -ENOMEM;
-        if (rc != 0) {
-            free(parts);
-            return rc;
+        if (rc == 0) {
+            int np = 0;
+            push_write(c->req.data, worker, step, items, n, rv, parts, &np);
+            rc = ps_rpc_invoke_parts(c->rpc, "/ps.v1.ParameterServer/Push", parts,
+                                     np, decode_pieces, &pc, deadline_ms, st);
         }
-        int np = 0;
-        push_write(c->req.data, worker, step, items, n, parts, &np);
-        rc = ps_rpc_invoke_parts(c->rpc, "/ps.v1.ParameterServer/Push", parts, np,
-                                 copy_pieces, &c->resp, deadline_ms, st);
         free(parts);
     } else {
         ps_rpc_msg *m = ps_rpc_msg_new(len);
-        if (m == NULL)
-            return -ENOMEM;
-        uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n,
-                                  NULL, NULL);
-        ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
-        rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
-                               copy_pieces, &c->resp, deadline_ms, st);
-        ps_rpc_msg_unref(m);
-    }
-    if (rc != 0)
-        return rc;
-    Ps__V1__PushResponse *r =
-        ps__v1__push_response__unpack(NULL, c->resp.len, c->resp.data);
-    if (r == NULL || r->n_versions != n) {
-        if (r)
-            ps__v1__push_response__free_unpacked(r, NULL);
-        if (st) {
-            st->code = PS_RPC_INTERNAL;
-            snprintf(st->message, sizeof st->message,
-                     "Push: the response does not parse or lacks versions");
+        if (m == NULL) {
+            rc = -ENOMEM;
+        } else {
+            uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n,
+                                      rv, NULL, NULL);
+            ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
+            rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
+                                   decode_pieces, &pc, deadline_ms, st);
+            ps_rpc_msg_unref(m);
         }
-        return PS_EPARSE;
     }
-    for (size_t i = 0; i < n; i++)
-        items[i].version = r->versions[i];
-    ps__v1__push_response__free_unpacked(r, NULL);
-    return 0;
+    if (rc == 0)
+        for (size_t i = 0; i < n; i++)
+            items[i].version = versions[i];
+    free(versions);
+    if (rc != 0 && rc != PS_ERPC && rc != -ENOMEM && st != NULL) {
+        st->code = rc == PS_ESHAPE ? PS_RPC_FAILED_PRECONDITION : PS_RPC_INTERNAL;
+        snprintf(st->message, sizeof st->message, "%s", err);
+    }
+    return rc;
+}
+
+int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
+                   ps_client_item *items, size_t n, int deadline_ms,
+                   ps_rpc_status *st)
+{
+    return push_common(c, worker, step, items, NULL, n, deadline_ms, st);
+}
+
+int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
+                        ps_client_item *pushes, ps_client_item *pulls, size_t n,
+                        int deadline_ms, ps_rpc_status *st)
+{
+    return push_common(c, worker, step, pushes, pulls, n, deadline_ms, st);
 }
 
 /* ---- Pull ------------------------------------------------------------- */
@@ -326,13 +342,6 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
     return 0;
 }
 
-struct pull_ctx {
-    ps_client_item *items;
-    size_t n;
-    char *err;
-    size_t errlen;
-};
-
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 {
     struct pull_ctx *pc = ctx;
@@ -340,12 +349,32 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
     size_t n = pc->n;
     ps_pbcur c;
     ps_pbcur_init(&c, pieces, np);
-    size_t k = 0;
+    size_t k = 0, kv = 0;
+    const char *what = pc->versions ? "Push" : "Pull";
     while (c.left > 0) {
         uint64_t key;
         if (ps_pbcur_varint(&c, &key) != 0)
             goto bad;
-        if (key != ((1 << 3) | 2)) {
+        if (pc->versions != NULL && key == ((1 << 3) | 2)) { /* packed */
+            ps_pbcur vs;
+            if (ps_pbcur_sub(&c, &vs) != 0)
+                goto bad;
+            uint64_t v;
+            while (vs.left > 0) {
+                if (ps_pbcur_varint(&vs, &v) != 0 || kv >= pc->nversions)
+                    goto bad;
+                pc->versions[kv++] = v;
+            }
+            continue;
+        }
+        if (pc->versions != NULL && key == ((1 << 3) | 0)) {
+            uint64_t v;
+            if (ps_pbcur_varint(&c, &v) != 0 || kv >= pc->nversions)
+                goto bad;
+            pc->versions[kv++] = v;
+            continue;
+        }
+        if (key != (uint64_t)((pc->field << 3) | 2)) {
             if (ps_pbcur_skip(&c, (int)(key & 7)) != 0)
                 goto bad;
             continue;
@@ -354,7 +383,7 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
         if (ps_pbcur_sub(&c, &vv) != 0)
             goto bad;
         if (k >= n) {
-            snprintf(pc->err, pc->errlen, "Pull: more values than requested");
+            snprintf(pc->err, pc->errlen, "%s: more values than requested", what);
             return PS_EPARSE;
         }
         ps_client_item *it = &items[k];
@@ -405,8 +434,8 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
             }
         }
         if (name_len != strlen(it->name) || memcmp(name, it->name, name_len) != 0) {
-            snprintf(pc->err, pc->errlen, "Pull: value %zu is '%.*s', expected '%s'",
-                     k, (int)name_len, name, it->name);
+            snprintf(pc->err, pc->errlen, "%s: value %zu is '%.*s', expected '%s'",
+                     what, k, (int)name_len, name, it->name);
             return PS_EPARSE;
         }
         if (!have_data && it->n != 0) {
@@ -418,19 +447,24 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
         k++;
     }
     if (k != n) {
-        snprintf(pc->err, pc->errlen, "Pull: %zu values for %zu items", k, n);
+        snprintf(pc->err, pc->errlen, "%s: %zu values for %zu items", what, k, n);
+        return PS_EPARSE;
+    }
+    if (pc->versions != NULL && kv != pc->nversions) {
+        snprintf(pc->err, pc->errlen, "Push: %zu versions for %zu gradients", kv,
+                 pc->nversions);
         return PS_EPARSE;
     }
     return 0;
 bad:
-    snprintf(pc->err, pc->errlen, "Pull: the response does not parse");
+    snprintf(pc->err, pc->errlen, "%s: the response does not parse", what);
     return PS_EPARSE;
 }
 
 int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
                           ps_client_item *items, size_t n, char *err, size_t errlen)
 {
-    struct pull_ctx pc = {items, n, err, errlen};
+    struct pull_ctx pc = {items, n, 1, NULL, 0, err, errlen};
     return decode_pieces(&pc, pieces, np);
 }
 
@@ -438,7 +472,7 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {
     struct ps_piece one = {buf, len};
-    struct pull_ctx pc = {items, n, err, errlen};
+    struct pull_ctx pc = {items, n, 1, NULL, 0, err, errlen};
     return decode_pieces(&pc, &one, 1);
 }
 
@@ -449,7 +483,7 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
     if (rc != 0)
         return rc;
     char err[256] = "";
-    struct pull_ctx pc = {items, n, err, sizeof err};
+    struct pull_ctx pc = {items, n, 1, NULL, 0, err, sizeof err};
     ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
     if (m == NULL)
         return -ENOMEM;

@@ -60,6 +60,15 @@ int ps_client_push(ps_client *c, uint32_t worker, uint64_t step,
                    ps_client_item *items, size_t n, int deadline_ms,
                    ps_rpc_status *st);
 
+/* A push that also brings the values back, in one round trip: pushes the
+ * gradients of pushes[0..n) (PushRequest.return_values) and copies each
+ * variable's value, once the push is applied, into pulls[i].data (same
+ * variable, same order; pulls[i].version is set to the value's version,
+ * pushes[i].version to the version this push produced). */
+int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
+                        ps_client_item *pushes, ps_client_item *pulls, size_t n,
+                        int deadline_ms, ps_rpc_status *st);
+
 /* Pulls items[0..n) in one PullRequest, copying each value into its data
  * (which must hold exactly n elements) and setting its version. */
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,

@@ -181,10 +181,9 @@ grpc_byte_buffer *ps_rpc_bb_parts(const ps_rpc_part *parts, int n)
 {
     enum { STACKS = 16 };
     grpc_slice slices_s[STACKS], *slices = slices_s;
-    if (n > STACKS / 2) {
-        /* At most one slice per in-place part and one per run of copied
-         * parts before it, plus a last run. */
-        slices = malloc(sizeof *slices * (size_t)(2 * n + 1));
+    if (n > STACKS) {
+        /* At most one slice per part: a run of copied parts is one. */
+        slices = malloc(sizeof *slices * (size_t)n);
         if (slices == NULL)
             goto fail;
     }

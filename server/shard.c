@@ -86,6 +86,7 @@ struct pending_push {
     uint64_t *versions;       /* (nitems) */
     uint64_t step;
     uint64_t seq;             /* durable: the apply sequence to commit */
+    bool return_values;       /* answer with the values too */
     bool armed;               /* its handler is done with it (under wait_mu) */
 };
 
@@ -755,7 +756,7 @@ static size_t varint_len(uint64_t v)
 /* Writes the PullResponse bytes of v up to its data (values[i] tag and
  * length, name, version, value's tag and length, dtype, shape, data's tag
  * and length) at p; returns the end. The encoding is protobuf-c's. */
-static uint8_t *value_header(uint8_t *p, const psd_var *v)
+static uint8_t *value_header(uint8_t *p, const psd_var *v, int field)
 {
     size_t nbytes = v->n * sizeof(float), shape_len = 0;
     for (int d = 0; d < v->ndim; d++)
@@ -766,7 +767,7 @@ static uint8_t *value_header(uint8_t *p, const psd_var *v)
     size_t vv_len = 1 + varint_len(name_len) + name_len +
                     (v->version ? 1 + varint_len(v->version) : 0) +
                     1 + varint_len(tensor_len) + tensor_len;
-    *p++ = (1 << 3) | 2; /* PullResponse.values */
+    *p++ = (uint8_t)((field << 3) | 2); /* PullResponse or PushResponse .values */
     p = put_varint(p, vv_len);
     *p++ = (1 << 3) | 2; /* VariableValue.name */
     p = put_varint(p, name_len);
@@ -793,28 +794,34 @@ static uint8_t *value_header(uint8_t *p, const psd_var *v)
     return p;
 }
 
-/* Sends the values of vars: the headers copied, big values in place (the
- * reply holds a reference to each, and an update meanwhile writes a copy),
- * small ones copied. Takes each variable's read lock until the reply is
- * built. */
-static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
-                         size_t n)
+/* Answers with prefix (copied) followed by the values of vars as repeated
+ * field `field` of the response: the headers copied, big values in place
+ * (the reply holds a reference to each, and an update meanwhile writes a
+ * copy), small ones copied. Takes each variable's read lock until the reply
+ * is built. Returns the value bytes sent. */
+static uint64_t reply_with_values(ps_rpc_call *call, const uint8_t *prefix,
+                                  size_t prefix_len, int field, psd_var **vars,
+                                  size_t n)
 {
     uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
-    ps_rpc_part *parts = calloc(2 * (n ? n : 1), sizeof *parts);
+    ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
     if (hdr == NULL || parts == NULL) {
         free(hdr);
         free(parts);
-        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
-        return;
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory building "
+                    "the response");
+        return 0;
     }
     uint64_t bytes = 0;
     int np = 0;
+    if (prefix_len > 0)
+        parts[np++] = (ps_rpc_part){prefix, prefix_len, NULL, NULL};
     for (size_t i = 0; i < n; i++) {
         psd_var *v = vars[i];
         pthread_rwlock_rdlock(&v->lock);
         uint8_t *h = hdr + i * VALUE_HDR_MAX;
-        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v) - h), NULL, NULL};
+        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field) - h),
+                                    NULL, NULL};
         size_t nbytes = v->n * sizeof(float);
         if (v->vmsg != NULL) {
             ps_rpc_msg_ref(v->vmsg);
@@ -827,10 +834,18 @@ static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
     ps_rpc_reply_parts(call, parts, np);
     for (size_t i = 0; i < n; i++)
         pthread_rwlock_unlock(&vars[i]->lock);
-    atomic_fetch_add(&s->pulls, 1);
-    atomic_fetch_add(&s->bytes_out, bytes);
     free(hdr);
     free(parts);
+    return bytes;
+}
+
+/* Answers a Pull with the values of vars. */
+static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                         size_t n)
+{
+    uint64_t bytes = reply_with_values(call, NULL, 0, 1, vars, n);
+    atomic_fetch_add(&s->pulls, 1);
+    atomic_fetch_add(&s->bytes_out, bytes);
 }
 
 static void waiter_free(pull_waiter *w)
@@ -969,13 +984,35 @@ static void pending_free(pending_push *p)
     free(p);
 }
 
-static void reply_push(psd_shard *s, ps_rpc_call *call, const uint64_t *versions,
-                       size_t n)
+/* Answers a push with its versions, and with the values when it asked.
+ * The caller keeps the variables alive: it holds table_lock, or flush_mu
+ * (Restore takes both before it frees any). */
+static void reply_push(psd_shard *s, pending_push *p)
 {
-    Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
-    resp.n_versions = n;
-    resp.versions = (uint64_t *)versions;
-    ps_rpc_reply_pb(call, &resp);
+    if (!p->return_values) {
+        Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
+        resp.n_versions = p->nitems;
+        resp.versions = p->versions;
+        ps_rpc_reply_pb(p->call, &resp);
+    } else {
+        /* PushResponse.versions, packed, then .values. */
+        size_t vlen = 0;
+        for (size_t i = 0; i < p->nitems; i++)
+            vlen += varint_len(p->versions[i]);
+        uint8_t *pre = malloc(1 + 10 + vlen), *q = pre;
+        if (pre == NULL) {
+            ps_rpc_fail(p->call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        } else {
+            *q++ = (1 << 3) | 2;
+            q = put_varint(q, vlen);
+            for (size_t i = 0; i < p->nitems; i++)
+                q = put_varint(q, p->versions[i]);
+            uint64_t bytes = reply_with_values(p->call, pre, (size_t)(q - pre), 2,
+                                               p->vars, p->nitems);
+            atomic_fetch_add(&s->bytes_out, bytes);
+            free(pre);
+        }
+    }
     atomic_fetch_add(&s->pushes, 1);
 }
 
@@ -998,7 +1035,7 @@ static void answer_durable(psd_shard *s, uint64_t upto)
     while (done != NULL) {
         pending_push *p = done;
         done = p->next;
-        reply_push(s, p->call, p->versions, p->nitems);
+        reply_push(s, p);
         pending_free(p);
     }
 }
@@ -1015,7 +1052,7 @@ static void push_complete(psd_shard *s, pending_push *p)
         request_flush(s);
         return;
     }
-    reply_push(s, p->call, p->versions, p->nitems);
+    reply_push(s, p);
     pending_free(p);
 }
 
@@ -1537,6 +1574,7 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     p->call = call;
     p->nitems = r->ngrads;
     p->step = r->step;
+    p->return_values = r->return_values;
     p->vars = calloc(r->ngrads, sizeof *p->vars);
     p->versions = calloc(r->ngrads, sizeof *p->versions);
     if (p->vars == NULL || p->versions == NULL) {
@@ -1698,11 +1736,13 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
         }
         pthread_mutex_unlock(&s->wait_mu);
     }
+    /* Answered before table_lock is let go: a reply with values reads the
+     * variables, which only a Restore (holding it for writing) frees. */
+    if (done)
+        push_complete(s, p);
     pthread_rwlock_unlock(&s->table_lock);
     atomic_fetch_add(&s->bytes_in, bytes);
     wake_waiters(s);
-    if (done)
-        push_complete(s, p);
 }
 
 /* The coordinator's word on how many workers are alive: every SYNC
@@ -1896,7 +1936,17 @@ static void fail_all_waits(psd_shard *s, enum ps_rpc_code code, const char *msg)
     s->waiters = NULL;
     pending_push *p = s->pending;
     s->pending = NULL;
+    /* Pushes waiting for their commit: their updates are gone with the
+     * variables they changed. */
+    pending_push *d = s->durable;
+    s->durable = NULL;
     pthread_mutex_unlock(&s->wait_mu);
+    while (d != NULL) {
+        pending_push *next = d->next;
+        ps_rpc_fail(d->call, code, "%s", msg);
+        pending_free(d);
+        d = next;
+    }
     while (w != NULL) {
         pull_waiter *next = w->next;
         ps_rpc_fail(w->call, code, "%s", msg);

@@ -103,6 +103,7 @@ int psd_push_decode(const struct ps_piece *pieces, int np, psd_push_req *req,
     size_t total = c.left;
     req->worker = 0;
     req->step = 0;
+    req->return_values = 0;
     req->ngrads = 0;
     while (c.left > 0) {
         size_t at = total - c.left;
@@ -120,6 +121,10 @@ int psd_push_decode(const struct ps_piece *pieces, int np, psd_push_req *req,
             if (ps_pbcur_varint(&c, &v) != 0)
                 goto truncated;
             req->step = v;
+        } else if (field == 4 && wt == PS_WT_VARINT) {
+            if (ps_pbcur_varint(&c, &v) != 0)
+                goto truncated;
+            req->return_values = v != 0;
         } else if (field == 3 && wt == PS_WT_LEN) {
             ps_pbcur s;
             if (ps_pbcur_sub(&c, &s) != 0) {

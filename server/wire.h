@@ -38,6 +38,7 @@ typedef struct psd_wire_grad {
 typedef struct psd_push_req {
     uint32_t worker;
     uint64_t step;
+    int return_values;     /* answer with the values too */
     psd_wire_grad *grads;  /* ngrads entries; reused across decodes */
     size_t ngrads;
     size_t cap;

@@ -183,12 +183,21 @@ static void *comm_main(void *arg)
 
         ps_rpc_status st = {0};
         int rc = 0;
+        bool together = false; /* the push brought the values */
         if (!pull_only && sh->nitems > 0) {
             /* A sync push waits for every worker's push of the step. */
             int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
             uint64_t push_step = o->consistency == 2 ? sh->sync_step : step;
-            rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
-                                sh->push_items, sh->nitems, dl, &st);
+            /* The push brings the values back in the same round trip,
+             * unless a concurrent pull fetches them (async). */
+            together = o->consistency == 2 || !o->concurrent_pull;
+            if (together)
+                rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
+                                         push_step, sh->push_items, sh->pull_items,
+                                         sh->nitems, dl, &st);
+            else
+                rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
+                                    sh->push_items, sh->nitems, dl, &st);
             bool stale = rc == PS_ERPC && o->consistency == 2 &&
                          st.code == PS_RPC_FAILED_PRECONDITION;
             if (rc != 0 && !stale) {
@@ -204,13 +213,15 @@ static void *comm_main(void *arg)
                             st.message);
                 minv = 0;
                 rc = 0;
+                together = false;
             } else if (o->consistency == 2) {
                 minv = sh->push_items[0].version;
             }
         }
         for (size_t i = 0; i < sh->nitems; i++)
             sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
-        if (sh->nitems > 0 && (o->consistency == 2 || !o->concurrent_pull || pull_only))
+        if (sh->nitems > 0 && !together &&
+            (o->consistency == 2 || !o->concurrent_pull || pull_only))
             rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
                                 o->rpc_timeout_ms, &st);
         if (rc != 0) {

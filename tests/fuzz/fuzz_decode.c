@@ -100,6 +100,7 @@ static void check_push(const uint8_t *data, size_t size)
         return;
     CHECK(pb->worker == push.worker);
     CHECK(pb->step == push.step);
+    CHECK(pb->return_values == (protobuf_c_boolean)push.return_values);
     CHECK(pb->n_grads == push.ngrads);
     for (size_t i = 0; i < push.ngrads; i++) {
         const psd_wire_grad *g = &push.grads[i];

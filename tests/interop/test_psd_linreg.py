@@ -92,9 +92,17 @@ def main():
     want = start.copy()
     for k in range(3):
         g = rng.normal(size=shape).astype(np.float32)
-        stub.Push(pb.PushRequest(worker=0, step=k, grads=[pstest.grad(pb, "big/w", g)]),
-                  timeout=30)
+        # The last push asks for the value back (return_values): one round
+        # trip for a worker's push and its next pull.
+        resp = stub.Push(pb.PushRequest(worker=0, step=k, return_values=k == 2,
+                                        grads=[pstest.grad(pb, "big/w", g)]),
+                         timeout=30)
         want = want - lr * g
+    r.check(list(resp.versions) == [3] and len(resp.values) == 1 and
+            resp.values[0].name == "big/w" and resp.values[0].version == 3 and
+            np.array_equal(pstest.value(resp.values[0]), want),
+            "Push with return_values answers the value it produced (version %s, "
+            "%d values)" % (list(resp.versions), len(resp.values)))
     bad = rng.normal(size=shape).astype(np.float32)
     bad[2, 350000] = np.nan
     try:
