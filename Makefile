@@ -5,6 +5,8 @@
 #   make test    every test suite (unit, integration, interop, fault), then
 #                the unit suite again under valgrind
 #   make bench   the benchmarks under bench/
+#   make bench-tf-venv  tensorflow-cpu from PyPI in .venv-tf (about 1.6 GB),
+#                for bench/train.py --tensorflow, case (d); not part of bench
 #
 # BUILD selects the build directory; MESON_ARGS passes options to meson.
 
@@ -26,7 +28,7 @@ BENCH_PACKAGES := python3-torch
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps bench-deps install-packages build test demo bench clean
+.PHONY: all deps bench-deps install-packages build test demo bench bench-tf-venv clean
 
 all: build
 
@@ -75,6 +77,20 @@ demo: build
 
 bench: build bench-deps
 	bash bench/run.sh $(BUILD)
+
+# TensorFlow's ParameterServerStrategy for bench/train.py --tensorflow.
+TF_VENV ?= .venv-tf
+TF_VERSION ?= 2.21.0
+
+bench-tf-venv:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="python3-venv"
+	@if $(TF_VENV)/bin/python -c 'import sys, tensorflow as tf; sys.exit(tf.__version__ != "$(TF_VERSION)")' 2>/dev/null; then \
+		echo "make: $(TF_VENV) has tensorflow-cpu $(TF_VERSION)"; \
+	else \
+		/usr/bin/python3 -m venv $(TF_VENV) && \
+		$(TF_VENV)/bin/pip install -q --disable-pip-version-check "tensorflow-cpu==$(TF_VERSION)" && \
+		echo "make: $(TF_VENV) has tensorflow-cpu $(TF_VERSION)"; \
+	fi
 
 clean:
 	rm -rf $(BUILD)

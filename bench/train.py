@@ -8,13 +8,15 @@ compute thread everywhere:
   (a)    one workerd against one psd on this host
   (b)    one psd and two workerd (each half of the data)
   (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
-  (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow
-         (needs tensorflow-cpu from PyPI in the virtualenv named by
-         --tf-python; not installed by make)
+  (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow:
+         one ps and one worker task and the coordinator on this host
+         (bench/tf_ps.py, run by the python of the virtualenv named by
+         --tf-python, tensorflow-cpu from PyPI: make bench-tf-venv)
 Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
 accuracy after 1 and 5 epochs; --json prints one object per measurement.
 
 Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
+                                       [--tensorflow [--only-tf]]
 """
 import argparse
 import gzip
@@ -143,6 +145,19 @@ def run_torch(batch, epochs):
     return rate, acc1, accuracy()
 
 
+def run_tf(tf_python, batch, epochs, env):
+    """(d): bench/tf_ps.py under the TensorFlow virtualenv; its JSON object."""
+    r = subprocess.run([tf_python, os.path.join(HERE, "tf_ps.py"), "--batch", str(batch),
+                        "--epochs", str(epochs), "--data", FM, "--timeout", "1700"],
+                       capture_output=True, text=True, timeout=1800, env=env)
+    if r.returncode != 0 or not r.stdout.strip():
+        err = [l for l in r.stderr.splitlines()
+               if l.strip() and not l.startswith(("I0000 ", "WARNING: All log"))]
+        raise RuntimeError("bench/tf_ps.py --batch %d failed (rc %d): %s"
+                           % (batch, r.returncode, "\n".join(err[-15:])))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -154,17 +169,35 @@ def main():
                          "against one psd and report its test accuracy")
     ap.add_argument("--tensorflow", action="store_true",
                     help="also run TensorFlow's ParameterServerStrategy (d)")
-    ap.add_argument("--tf-python", default=os.path.join(HERE, "..", ".venv-tf", "bin", "python"))
+    ap.add_argument("--tf-python", default=os.path.join(HERE, "..", ".venv-tf", "bin", "python"),
+                    help="python of the virtualenv with tensorflow-cpu (default .venv-tf, "
+                         "made by make bench-tf-venv)")
+    ap.add_argument("--only-tf", action="store_true",
+                    help="with --tensorflow: run (d) alone, none of local/(a)/(b)/(c)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
         print("bench/train: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
+        return 1
+    if a.only_tf and not a.tensorflow:
+        ap.error("--only-tf needs --tensorflow")
+    if a.tensorflow and not os.access(a.tf_python, os.X_OK):
+        print("bench/train: --tensorflow needs tensorflow-cpu in a virtualenv, and %s is "
+              "missing: run `make bench-tf-venv` (or pass --tf-python)"
+              % os.path.normpath(a.tf_python))
         return 1
     epochs = 1 if a.quick else a.epochs
     batches = [64] if a.quick else [64, 256]
     env1 = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     rows = []
     for batch in batches:
+        if a.only_tf:
+            row = {"batch": batch}
+            add_tf(row, run_tf(a.tf_python, batch, epochs, env1), epochs)
+            rows.append(row)
+            if a.json:
+                print(json.dumps(row), flush=True)
+            continue
         local = workerd(build, ["--local", "--batch", str(batch), "--epochs", "1",
                                 "--progress", "0"], env1)
         a1 = run_ps(build, 1, batch, 1)
@@ -191,6 +224,8 @@ def main():
         if t_rate:
             row["a_vs_torch"] = a1["examples_per_second"] / t_rate
             row["b_vs_torch"] = b1["examples_per_second"] / t_rate
+        if a.tensorflow:
+            add_tf(row, run_tf(a.tf_python, batch, epochs, env1), epochs)
         rows.append(row)
         if a.json:
             print(json.dumps(row), flush=True)
@@ -207,19 +242,23 @@ def main():
               "lr 0.001, batch 64, 5 epochs against one psd: %.0f examples/s, test "
               "accuracy %.4f (target >= 0.90)" % (cnn["examples_per_second"],
                                                    cnn["test_accuracy"]), flush=True)
-    if a.tensorflow:
-        print("bench/train: (d) TensorFlow ParameterServerStrategy: not implemented "
-              "in this benchmark yet", flush=True)
     if a.json:
         return 0
     print("bench/train: MLP 784-256-256-10, SGD lr 0.1, one compute thread, "
           "Fashion-MNIST (60000 train, 10000 test)")
+    if a.tensorflow and rows:
+        print("(d): TensorFlow %s, one ps and one worker task and the coordinator on "
+              "127.0.0.1; its examples/s over all %d epoch(s) less the first step"
+              % (rows[0]["d_tensorflow_version"], epochs))
     print("%-6s %-34s %12s %10s %9s %9s" % ("batch", "configuration", "examples/s",
                                            "vs torch", "acc@1", "acc@%d" % epochs))
     for r in rows:
-        t = r["torch_examples_per_second"]
+        t = r.get("torch_examples_per_second")
         def vs(v):
             return "%.2fx" % (v / t) if t else "-"
+        if a.only_tf:
+            print_tf(r, epochs, vs)
+            continue
         print("%-6d %-34s %12.0f %10s %9s %9s" % (r["batch"], "workerd --local (no psd)",
               r["local_examples_per_second"], vs(r["local_examples_per_second"]), "-", "-"))
         print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(a) 1 workerd + 1 psd",
@@ -237,9 +276,33 @@ def main():
                   "1.00x", r["torch_test_accuracy_1"], r["torch_test_accuracy_%d" % epochs]))
         else:
             print("%-6d %-34s %12s" % (r["batch"], "(c) PyTorch", "not installed"))
+        if a.tensorflow:
+            print_tf(r, epochs, vs)
         print("%-6s overlap gap of (a) to local: %.1f%% (target < 15%%)"
               % ("", 100 * r["a_overlap_gap"]))
+        if a.tensorflow:
+            print("%-6s (a) ahead of (d): %.2fx (examples/s of (a) over (d))"
+                  % ("", r["a_vs_d"]))
     return 0
+
+
+def add_tf(row, d, epochs):
+    row["d_examples_per_second"] = d["examples_per_second"]
+    row["d_first_epoch_examples_per_second"] = d["first_epoch_examples_per_second"]
+    row["d_test_accuracy_1"] = d["test_accuracy_1"]
+    row["d_test_accuracy_%d" % epochs] = d["test_accuracy_%d" % epochs]
+    row["d_tensorflow_version"] = d["tensorflow"]
+    if row.get("a_examples_per_second"):
+        row["a_vs_d"] = row["a_examples_per_second"] / d["examples_per_second"]
+    if row.get("torch_examples_per_second"):
+        row["d_vs_torch"] = d["examples_per_second"] / row["torch_examples_per_second"]
+
+
+def print_tf(r, epochs, vs):
+    print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (
+        r["batch"], "(d) TF ParameterServerStrategy", r["d_examples_per_second"],
+        vs(r["d_examples_per_second"]), r["d_test_accuracy_1"],
+        r["d_test_accuracy_%d" % epochs]))
 
 
 if __name__ == "__main__":
