@@ -112,6 +112,7 @@ struct ps_rpc_call {
 struct ps_rpc_server {
     ps_rpc_server_opts opts;
     char *listen;
+    char *listen_also; /* NULL: none */
     grpc_server *server;
     struct method *methods;
     int nmethods;
@@ -919,11 +920,15 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
     if (srv->opts.max_message_bytes == 0)
         srv->opts.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
     srv->listen = strdup(opts->listen);
-    if (srv->listen == NULL) {
+    srv->listen_also = opts->listen_also ? strdup(opts->listen_also) : NULL;
+    if (srv->listen == NULL || (opts->listen_also && srv->listen_also == NULL)) {
+        free(srv->listen);
+        free(srv->listen_also);
         free(srv);
         return -ENOMEM;
     }
     srv->opts.listen = srv->listen;
+    srv->opts.listen_also = srv->listen_also;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cond, NULL);
     atomic_init(&srv->shutting_down, false);
@@ -1050,11 +1055,30 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
 
     grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
     int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
+    const char *bad = port == 0 ? srv->listen : NULL;
+    if (port != 0 && srv->listen_also != NULL &&
+        grpc_server_add_http2_port(srv->server, srv->listen_also, creds) == 0) {
+        bad = srv->listen_also;
+        port = 0;
+    }
     grpc_server_credentials_release(creds);
     if (port == 0) {
         ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
-                     "host:port)", srv->listen);
-        /* Nothing was started: the queues can go at once. */
+                     "host:port or unix:PATH)", bad);
+        if (bad == srv->listen_also) {
+            /* The first address is bound: gRPC only lets go of a server
+             * with a listener once started and shut down. */
+            int done_tag;
+            grpc_server_start(srv->server);
+            grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
+                                            &done_tag);
+            grpc_server_cancel_all_calls(srv->server);
+            while (grpc_completion_queue_next(srv->threads[0].cq,
+                                              gpr_inf_future(GPR_CLOCK_REALTIME),
+                                              NULL).tag != &done_tag)
+                ;
+        }
+        /* Nothing runs on the queues: they can go at once. */
         for (int i = 0; i < srv->nthreads; i++) {
             grpc_completion_queue_shutdown(srv->threads[i].cq);
             while (grpc_completion_queue_next(srv->threads[i].cq,
@@ -1177,6 +1201,7 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
     free(srv->health);
     free(srv->threads);
     free(srv->listen);
+    free(srv->listen_also);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cond);
     free(srv);

@@ -157,6 +157,8 @@ typedef void (*ps_rpc_pieces_handler)(ps_rpc_call *call,
 
 typedef struct ps_rpc_server_opts {
     const char *listen;       /* "127.0.0.1:0", "[::]:7000"; port 0 = any */
+    const char *listen_also;  /* a second address, e.g. "unix:/run/psd.sock"
+                                 for clients on this host; NULL = none */
     int threads;              /* completion-queue threads; 0 = 2 */
     size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
 } ps_rpc_server_opts;

@@ -24,9 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 
 struct psd_conf {
     char *listen;
+    char *local_socket;
     char *data_dir;
     char *checkpoint_root;
     char *coordinator;
@@ -53,7 +55,13 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 static const ps_opt psd_opts[] = {
     {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), NULL,
      "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
-     "default: this ps task's port in TF_CONFIG, else 0.0.0.0:7070", 0, 0, NULL},
+     "or unix:PATH, a unix socket for workers on this host (no TCP stack; "
+     "PORT 0); default: this ps task's port in TF_CONFIG, else 0.0.0.0:7070",
+     0, 0, NULL},
+    {"local-socket", PS_OPT_STRING, offsetof(struct psd_conf, local_socket), NULL,
+     "also serve on this unix socket path, for workers on this host "
+     "(workerd --ps unix:PATH): no TCP stack on their data path; default: none",
+     0, 0, NULL},
     {"data-dir", PS_OPT_STRING, offsetof(struct psd_conf, data_dir), NULL,
      "directory of the LMDB store and checkpoints/ (required)", 0, 0, NULL},
     {"checkpoint-root", PS_OPT_STRING, offsetof(struct psd_conf, checkpoint_root), NULL,
@@ -207,14 +215,29 @@ int main(int argc, char **argv)
         ps_conf_free(psd_opts, &c);
         return 1;
     }
+    char also[300] = "";
+    if (c.local_socket != NULL && c.local_socket[0] != '\0') {
+        if (strlen(c.local_socket) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            fprintf(stderr, "psd: --local-socket: '%s' is longer than a unix "
+                    "socket path may be (%zu bytes)\n", c.local_socket,
+                    sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+            psd_shard_close(shard);
+            ps_conf_free(psd_opts, &c);
+            return 2;
+        }
+        snprintf(also, sizeof also, "unix:%s", c.local_socket);
+    }
     ps_rpc_server_opts ro = {.listen = c.listen, .threads = (int)c.threads,
-                             .max_message_bytes = (size_t)c.max_message};
+                             .max_message_bytes = (size_t)c.max_message,
+                             .listen_also = also[0] ? also : NULL};
     int port = 0;
     if ((rc = ps_rpc_server_create(&ro, &srv)) != 0 ||
         (rc = psd_shard_register(shard, srv)) != 0 ||
         (rc = ps_rpc_server_start(srv, &port)) != 0) {
-        fprintf(stderr, "psd: cannot serve on %s: %s\n", c.listen,
-                rc == -EADDRINUSE ? "address in use or not host:port"
+        fprintf(stderr, "psd: cannot serve on %s%s%s: %s\n", c.listen,
+                also[0] ? " and " : "", also,
+                rc == -EADDRINUSE ? "an address is in use, or not host:port or "
+                                    "a unix socket path in an existing directory"
                                   : ps_strerror(rc));
         ps_rpc_server_destroy(srv);
         psd_shard_close(shard);
@@ -252,10 +275,13 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    printf("PORT %d\n", port);
+    /* A unix socket has no port: PORT 0 still says psd serves. */
+    bool unix_socket = strncmp(c.listen, "unix:", 5) == 0;
+    printf("PORT %d\n", unix_socket ? 0 : port);
     fflush(stdout);
-    ps_log_info("psd %s serving on %s (port %d), data in %s, %s commits every "
-                "%lld ms", PS_VERSION, c.listen, port, c.data_dir,
+    ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
+                "%lld ms", PS_VERSION, c.listen, unix_socket ? 0 : port,
+                also[0] ? " and " : "", also, c.data_dir,
                 c.durable ? "durable" : "write-behind",
                 (long long)c.commit_interval_ms);
 

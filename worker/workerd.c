@@ -486,8 +486,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < nps; i++) {
         char host[256];
         int port;
-        if (ps_addr_split(ps[i], host, sizeof host, &port) != 0) {
-            fprintf(stderr, "workerd: --ps: '%s' is not host:port\n", ps[i]);
+        /* A psd on this host may also be reached on its unix socket
+         * (psd --listen unix:/path), which skips the TCP stack. */
+        bool unix_path = strncmp(ps[i], "unix:", 5) == 0 && ps[i][5] != '\0';
+        if (!unix_path && ps_addr_split(ps[i], host, sizeof host, &port) != 0) {
+            fprintf(stderr, "workerd: --ps: '%s' is not host:port or unix:PATH\n",
+                    ps[i]);
             status = 2;
             goto out;
         }

@@ -54,6 +54,35 @@ def main():
                                    out.get("examples_per_second", -1)))
     d.stop()
 
+    # psd also on a unix socket (--local-socket): one worker there and one
+    # over TCP train the same variables together.
+    tmp = pstest.tmpdir()
+    sock = os.path.join(tmp, "psd.sock")
+    d = pstest.start_psd(tmp, "--local-socket", sock)
+    procs = [subprocess.Popen([WORKERD, "--ps", addr, "--epochs", "1", "--json",
+                               "--num-workers", "2", "--task-index", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, addr in enumerate(["unix:" + sock, d.address])]
+    outs = [p.communicate(timeout=240) for p in procs]
+    ok = all(p.returncode == 0 for p in procs)
+    res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs] if ok else []
+    r.check(ok and min(x["test_accuracy"] for x in res) > 0.78 and
+            max(x["version"] for x in res) == sum(x["steps"] for x in res),
+            "a worker on psd's unix socket and one over TCP train together: "
+            "accuracy %s, versions %s, steps %s" % (
+                [x["test_accuracy"] for x in res], [x["version"] for x in res],
+                [x["steps"] for x in res]))
+    d.stop()
+    r.check(not os.path.exists(sock), "psd removes its unix socket when it stops")
+    bad = subprocess.run([pstest.psd_path(), "--data-dir", pstest.tmpdir(), "--listen",
+                          "127.0.0.1:0", "--local-socket", "/nonexistent/dir/psd.sock"],
+                         capture_output=True, text=True, timeout=30)
+    lines = [l for l in bad.stderr.splitlines() if l.startswith("psd: ")]
+    r.check(bad.returncode == 1 and len(lines) == 1 and
+            "/nonexistent/dir/psd.sock" in lines[0],
+            "psd --local-socket in a missing directory: exit %d, %r" %
+            (bad.returncode, lines))
+
     d = pstest.start_psd(pstest.tmpdir())
     procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--epochs", "1",
                                "--num-workers", "2",
@@ -181,6 +210,7 @@ def main():
         ("a bad flag", ["--batch", "0"], 2, ["--batch"]),
         ("an unknown flag", ["--batchsize", "3"], 2, ["--batchsize"]),
         ("a bad --ps", ["--ps", "localhost"], 2, ["--ps", "localhost"]),
+        ("an empty unix socket --ps", ["--ps", "unix:"], 2, ["--ps", "unix:"]),
         ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
          ["--task-index"]),
         ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
