@@ -5,7 +5,9 @@ Model MLP 784-256-256-10, SGD, learning rate 0.1, batch 64 and 256, one
 compute thread everywhere:
   local  workerd --local: the same model and batches with no psd (the
          compute-only ceiling that communication overlap is judged by)
-  (a)    one workerd against one psd on this host
+  (a)    one workerd against one psd on this host, over loopback TCP, and
+         again over psd's unix socket (psd --listen unix:PATH, workerd
+         --ps unix:PATH: what a worker on the psd's host can use)
   (b)    one psd and two workerd (each half of the data)
   (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
   (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow:
@@ -31,15 +33,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FM = "/usr/share/datasets/fashion-mnist"
 
 
-def start_psd(build, data):
+def start_psd(build, data, unix=False):
+    """psd on 127.0.0.1 port 0, or with unix=True on a unix socket in data
+    (what a worker on the same host can use: no TCP stack)."""
+    listen = "unix:%s/psd.sock" % data if unix else "127.0.0.1:0"
     p = subprocess.Popen([os.path.join(build, "server", "psd"), "--data-dir", data,
-                          "--listen", "127.0.0.1:0", "--log-level", "warn"],
+                          "--listen", listen, "--log-level", "warn"],
                          stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     if not line.startswith("PORT "):
         p.kill()
         raise RuntimeError("psd did not start")
-    return p, "127.0.0.1:%s" % line.split()[1]
+    return p, listen if unix else "127.0.0.1:%s" % line.split()[1]
 
 
 def stop(p):
@@ -59,9 +64,9 @@ def workerd(build, args, env=None):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_ps(build, nworkers, batch, epochs, seed=1, extra=()):
+def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
     with tempfile.TemporaryDirectory(prefix="bench-train-") as data:
-        psd, addr = start_psd(build, data)
+        psd, addr = start_psd(build, data, unix)
         try:
             t0 = time.monotonic()
             procs = [subprocess.Popen(
@@ -201,6 +206,7 @@ def main():
         local = workerd(build, ["--local", "--batch", str(batch), "--epochs", "1",
                                 "--progress", "0"], env1)
         a1 = run_ps(build, 1, batch, 1)
+        au = run_ps(build, 1, batch, 1, unix=True)
         ac = run_ps(build, 1, batch, 1, extra=["--concurrent-pull"])
         a5 = run_ps(build, 1, batch, epochs) if epochs > 1 else a1
         b1 = run_ps(build, 2, batch, 1)
@@ -214,6 +220,9 @@ def main():
                "a_test_accuracy_1": a1["test_accuracy"],
                "a_test_accuracy_%d" % epochs: a5["test_accuracy"],
                "a_overlap_gap": 1 - a1["examples_per_second"] / local["examples_per_second"],
+               "a_unix_examples_per_second": au["examples_per_second"],
+               "a_unix_test_accuracy_1": au["test_accuracy"],
+               "a_unix_overlap_gap": 1 - au["examples_per_second"] / local["examples_per_second"],
                "a_concurrent_pull_examples_per_second": ac["examples_per_second"],
                "a_concurrent_pull_test_accuracy_1": ac["test_accuracy"],
                "b_examples_per_second": b1["examples_per_second"],
@@ -223,6 +232,7 @@ def main():
                "torch_test_accuracy_%d" % epochs: t_acc5}
         if t_rate:
             row["a_vs_torch"] = a1["examples_per_second"] / t_rate
+            row["a_unix_vs_torch"] = au["examples_per_second"] / t_rate
             row["b_vs_torch"] = b1["examples_per_second"] / t_rate
         if a.tensorflow:
             add_tf(row, run_tf(a.tf_python, batch, epochs, env1), epochs)
@@ -264,6 +274,9 @@ def main():
         print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(a) 1 workerd + 1 psd",
               r["a_examples_per_second"], vs(r["a_examples_per_second"]),
               r["a_test_accuracy_1"], r["a_test_accuracy_%d" % epochs]))
+        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... over psd's unix socket",
+              r["a_unix_examples_per_second"], vs(r["a_unix_examples_per_second"]),
+              r["a_unix_test_accuracy_1"], "-"))
         print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... with --concurrent-pull",
               r["a_concurrent_pull_examples_per_second"],
               vs(r["a_concurrent_pull_examples_per_second"]),
@@ -278,8 +291,9 @@ def main():
             print("%-6d %-34s %12s" % (r["batch"], "(c) PyTorch", "not installed"))
         if a.tensorflow:
             print_tf(r, epochs, vs)
-        print("%-6s overlap gap of (a) to local: %.1f%% (target < 15%%)"
-              % ("", 100 * r["a_overlap_gap"]))
+        print("%-6s overlap gap of (a) to local: %.1f%% over TCP, %.1f%% over the unix "
+              "socket (target < 15%%)" % ("", 100 * r["a_overlap_gap"],
+                                         100 * r["a_unix_overlap_gap"]))
         if a.tensorflow:
             print("%-6s (a) ahead of (d): %.2fx (examples/s of (a) over (d))"
                   % ("", r["a_vs_d"]))

@@ -394,6 +394,8 @@ struct ps_model {
     size_t nparams;
     float *params; /* (nparams) every tensor, in info order */
     float *grads;  /* (nparams) same layout */
+    float *own_params, *own_grads; /* the blocks allocated here (params and
+                                      grads may point elsewhere: use_blocks) */
 
     /* Backend memory. */
     float *acts;     /* one block for every layer's out/dout/col and below */
@@ -671,8 +673,8 @@ static int alloc_buffers(ps_model *m, char *err, size_t errlen)
     }
     m->acts = be->alloc(be, nfloat * sizeof *m->acts);
     m->ints = be->alloc(be, nint * sizeof *m->ints);
-    m->params = be->alloc(be, m->nparams * sizeof *m->params);
-    m->grads = be->alloc(be, m->nparams * sizeof *m->grads);
+    m->params = m->own_params = be->alloc(be, m->nparams * sizeof *m->params);
+    m->grads = m->own_grads = be->alloc(be, m->nparams * sizeof *m->grads);
     if (device)
         m->host = malloc((m->nparams + 2 * mb) * sizeof(float));
     if (m->acts == NULL || m->ints == NULL || m->params == NULL ||
@@ -783,8 +785,8 @@ void ps_model_destroy(ps_model *m)
     if (m == NULL)
         return;
     const struct ps_backend *be = m->be;
-    be->free(be, m->grads);
-    be->free(be, m->params);
+    be->free(be, m->own_grads);
+    be->free(be, m->own_params);
     be->free(be, m->ints);
     be->free(be, m->acts);
     free(m->host);
@@ -882,6 +884,22 @@ static int copy_block(ps_model *m, void *dst, const void *src, bool up)
     else
         m->be->download(m->be, dst, src, bytes);
     return sync_backend(m);
+}
+
+int ps_model_use_params(ps_model *m, float *block)
+{
+    if (!m->be->host_memory)
+        return PS_EINVAL_ARG;
+    m->params = block != NULL ? block : m->own_params;
+    return 0;
+}
+
+int ps_model_use_grads(ps_model *m, float *block)
+{
+    if (!m->be->host_memory)
+        return PS_EINVAL_ARG;
+    m->grads = block != NULL ? block : m->own_grads;
+    return 0;
 }
 
 int ps_model_params_to_host(ps_model *m, float *dst)

@@ -247,6 +247,18 @@ int ps_model_params_from_host(ps_model *m, const float *src);
 int ps_model_grads_to_host(ps_model *m, float *dst);
 int ps_model_grads_from_host(ps_model *m, const float *src);
 
+/*
+ * Host backends only (PS_EINVAL_ARG otherwise): the model reads its
+ * parameters from, or writes its gradients into, the caller's block of
+ * nparams floats (64-byte aligned) instead of its own, until called again
+ * (NULL: its own block). The block stays the caller's, who keeps it alive
+ * while the model uses it. The training loop uses them to take a pulled
+ * block and to write the gradient straight into the buffer a push sends,
+ * with no copy of either.
+ */
+int ps_model_use_params(ps_model *m, float *block);
+int ps_model_use_grads(ps_model *m, float *block);
+
 /* The parameter tensors, in block order; NULL when i is out of range. */
 int ps_model_param_count(const ps_model *m);
 const struct ps_param_info *ps_model_param_info(const ps_model *m, int i);

@@ -74,6 +74,9 @@ struct session {
     float *grads_fill;          /* (nparams) the next one, being reduced into
                                    while the push of grads_send may go on */
     float *params_pull;         /* (nparams) the values being pulled */
+    float *params_live;         /* (nparams) the values replica 0 computes
+                                   with, when its backend reads host memory
+                                   (take_pulled swaps the two) */
     struct shard shards[MAX_SHARDS];
     int nshards;
 
@@ -289,6 +292,31 @@ static void swap_grads(struct session *s)
         }
 }
 
+/* Makes the values the last pull brought the model's. Replica 0 on a host
+ * backend reads the pulled block itself and the next pull lands in the one
+ * it read before, with no copy; other replicas copy. Called while no job
+ * runs (the comm threads read pull_items). */
+static int take_pulled(struct session *s)
+{
+    float *pulled = s->params_pull;
+    bool direct = ps_model_use_params(s->replicas[0], pulled) == 0;
+    for (int r = direct ? 1 : 0; r < s->nrep; r++) {
+        int rc = ps_model_params_from_host(s->replicas[r], pulled);
+        if (rc != 0)
+            return rc;
+    }
+    if (direct) {
+        s->params_pull = s->params_live;
+        s->params_live = pulled;
+        for (int k = 0; k < s->nshards; k++)
+            for (size_t i = 0; i < s->shards[k].nitems; i++) {
+                ps_client_item *it = &s->shards[k].pull_items[i];
+                it->data = s->params_pull + (it->data - pulled);
+            }
+    }
+    return 0;
+}
+
 /* Posts a job (push grads_send for step, then pull) to every shard. */
 static void post_job(struct session *s, uint64_t step, bool pull_only)
 {
@@ -370,6 +398,12 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
     s->rep_y = y;
     s->rep_n = n;
     s->rep_err = 0;
+    /* Replica 0 on a host backend writes its gradient straight into the
+     * buffer the next push sends, once gRPC has let go of it (the push that
+     * last sent it is answered, but gRPC may hold it a moment more). */
+    if (s->fill_msg != NULL)
+        ps_rpc_msg_wait_unshared(s->fill_msg);
+    ps_model_use_grads(s->replicas[0], s->grads_fill);
     if (s->nrep > 1)
         pthread_barrier_wait(&s->rep_start);
     int rc = run_replica(s, 0);
@@ -384,10 +418,6 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
      * example-weighted sum. Device replicas' gradients come down first. */
     double total = 0;
     float *g = s->grads_fill;
-    /* The push that last sent this buffer is answered, but gRPC may still
-     * hold it for a moment. */
-    if (s->fill_msg != NULL)
-        ps_rpc_msg_wait_unshared(s->fill_msg);
     bool first = true;
     for (int r = 0; r < s->nrep; r++) {
         int lo, nr;
@@ -583,6 +613,7 @@ static void session_close(struct session *s)
     ps_rpc_msg_unref(s->send_msg);
     ps_rpc_msg_unref(s->fill_msg);
     free(s->params_pull);
+    free(s->params_live);
     free(s->grads_tmp);
     free(s->backends);
     free(s->parts);
@@ -657,8 +688,9 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     s->grads_send = (float *)(void *)ps_rpc_msg_data(s->send_msg);
     s->grads_fill = (float *)(void *)ps_rpc_msg_data(s->fill_msg);
     s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    s->params_live = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
     s->grads_tmp = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    if (s->params_pull == NULL || s->grads_tmp == NULL)
+    if (s->params_pull == NULL || s->params_live == NULL || s->grads_tmp == NULL)
         return -ENOMEM;
 
     s->nshards = o->nps;
@@ -736,12 +768,10 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             return rc;
         }
     }
-    for (int r = 0; r < nrep; r++)
-        if ((rc = ps_model_params_from_host(s->replicas[r], s->params_pull)) != 0) {
-            snprintf(err, errlen, "loading parameters: %s",
-                     ps_model_errmsg(s->replicas[r]));
-            return rc;
-        }
+    if ((rc = take_pulled(s)) != 0) {
+        snprintf(err, errlen, "loading parameters: %s", ps_model_errmsg(s->replicas[0]));
+        return rc;
+    }
     if (start_comm) {
         for (int k = 0; k < s->nshards; k++) {
             struct shard *sh = &s->shards[k];
@@ -923,8 +953,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
             double c2 = now_s();
             waited += c2 - c1;
             if (pending)
-                for (int r = 0; r < s.nrep; r++)
-                    ps_model_params_from_host(s.replicas[r], s.params_pull);
+                take_pulled(&s);
             swap_grads(&s);
             post_job(&s, step, false);
             pending = true;
@@ -932,8 +961,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
                 /* The next step needs this step's update. */
                 if ((rc = wait_job(&s)) != 0)
                     goto comm_failed;
-                for (int r = 0; r < s.nrep; r++)
-                    ps_model_params_from_host(s.replicas[r], s.params_pull);
+                take_pulled(&s);
                 pending = false;
                 waited += now_s() - c2;
 
