@@ -929,7 +929,9 @@ static int pull_resp_decode(const uint8_t *buf, size_t len, uint64_t *version,
 
 /* ---- one case: streams x size ------------------------------------------- */
 
-enum phase { PH_WARM, PH_PUSH, PH_PULL, PH_BOTH, PH_COUNT };
+/* PH_ONE: a push that brings the value back (PushRequest.return_values),
+ * the one round trip workerd makes per step; psclient streams only. */
+enum phase { PH_WARM, PH_PUSH, PH_PULL, PH_BOTH, PH_ONE, PH_COUNT };
 
 struct bench_case;
 
@@ -953,6 +955,7 @@ struct stream {
     size_t iters[PH_COUNT];
     double elapsed[PH_COUNT];
     struct samples rtt, push_lat, pull_lat; /* PH_BOTH, per iteration */
+    struct samples one;                     /* PH_ONE, per iteration */
     double enc_s, dec_s;                    /* PH_BOTH, summed */
     int rc;
     char err[600];
@@ -1113,6 +1116,20 @@ static int check_pull(struct stream *s)
     return 0;
 }
 
+static int do_push_pull(struct stream *s)
+{
+    ps_rpc_status st;
+    ps_rpc_msg_wait_unshared(s->grad_msg);
+    s->step++;
+    s->grad[s->step % s->push_item.n] = 1e-3f * (float)((s->step % 13) + 1);
+    int rc = ps_client_push_pull(s->pc, (uint32_t)s->idx, s->step, &s->push_item,
+                                 &s->pull_item, 1, 0, &st);
+    if (rc != 0)
+        return fail(s, rc, "Push with return_values", &st);
+    s->sink += s->dest[s->pull_item.n - 1];
+    return 0;
+}
+
 static void run_phase(struct stream *s, enum phase ph)
 {
     struct bench_case *bc = s->bc;
@@ -1122,6 +1139,12 @@ static void run_phase(struct stream *s, enum phase ph)
         if (i >= bc->min_iters[ph] && (ph == PH_WARM || now_s() >= until))
             break;
         double a = now_s();
+        if (ph == PH_ONE) {
+            if (s->pc == NULL || do_push_pull(s) != 0)
+                break;
+            samples_add(&s->one, now_s() - a);
+            continue;
+        }
         if (ph != PH_PULL) {
             push_msg_update(s);
             double b = now_s();
@@ -1173,6 +1196,7 @@ struct case_result {
     double rtt_med, rtt_p90;         /* seconds */
     double push_med, pull_med;       /* seconds, within the push+pull phase */
     double gbps, ratio;
+    double one_med, one_gbps, one_ratio; /* one Push with return_values */
     double encdec_share;             /* our encode + decode / RTT */
     double copy_share_est;           /* the client's payload copies, at memcpy speed */
     size_t iters;                    /* push+pull iterations, all streams */
@@ -1227,10 +1251,12 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
     bc.phase_s[PH_PUSH] = T * 0.25;
     bc.phase_s[PH_PULL] = T * 0.25;
     bc.phase_s[PH_BOTH] = T * 0.5;
+    bc.phase_s[PH_ONE] = o->raw ? 0 : T * 0.5;
     /* Fewer iterations for big variables: a 64 MiB round trip takes hundreds of
      * milliseconds, and the timed phases still take at least 3. */
     bc.min_iters[PH_WARM] = bytes >= ((size_t)64 << 20) ? 1 : bytes >= (1 << 20) ? 3 : 50;
     bc.min_iters[PH_PUSH] = bc.min_iters[PH_PULL] = bc.min_iters[PH_BOTH] = 3;
+    bc.min_iters[PH_ONE] = o->raw ? 0 : 3;
     bc.st = calloc((size_t)nstreams, sizeof *bc.st);
     pthread_t *th = calloc((size_t)nstreams, sizeof *th);
     int rc = 0;
@@ -1261,7 +1287,7 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
     proc_usage(psd_pid, &psd1);
     self_usage(&cli1);
 
-    struct samples rtt = {0}, pushl = {0}, pulll = {0};
+    struct samples rtt = {0}, pushl = {0}, pulll = {0}, one = {0};
     double enc = 0, rtt_sum = 0, calls = 0;
     memset(r, 0, sizeof *r);
     r->bytes = bytes;
@@ -1278,7 +1304,7 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
             r->pull_rate += (double)s->iters[PH_PULL] / s->elapsed[PH_PULL];
         r->iters += s->rtt.n;
         calls += 2 * (s->iters[PH_WARM] + s->iters[PH_BOTH]) + s->iters[PH_PUSH] +
-                 s->iters[PH_PULL];
+                 s->iters[PH_PULL] + s->iters[PH_ONE];
         enc += s->enc_s + s->dec_s;
         for (size_t k = 0; k < s->rtt.n; k++) {
             samples_add(&rtt, s->rtt.v[k]);
@@ -1288,6 +1314,8 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
             samples_add(&pushl, s->push_lat.v[k]);
         for (size_t k = 0; k < s->pull_lat.n; k++)
             samples_add(&pulll, s->pull_lat.v[k]);
+        for (size_t k = 0; k < s->one.n; k++)
+            samples_add(&one, s->one.v[k]);
     }
     if (rc == 0 && rtt.n > 0) {
         r->rtt_med = quantile(rtt.v, rtt.n, 0.5);
@@ -1296,6 +1324,11 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         r->pull_med = quantile(pulll.v, pulll.n, 0.5);
         r->gbps = (double)nstreams * 2.0 * (double)bytes / r->rtt_med / 1e9;
         r->ratio = lim->tcp_gbps > 0 ? r->gbps / lim->tcp_gbps : 0;
+        if (one.n > 0) {
+            r->one_med = quantile(one.v, one.n, 0.5);
+            r->one_gbps = (double)nstreams * 2.0 * (double)bytes / r->one_med / 1e9;
+            r->one_ratio = lim->tcp_gbps > 0 ? r->one_gbps / lim->tcp_gbps : 0;
+        }
         r->encdec_share = rtt_sum > 0 ? enc / rtt_sum : 0;
         /* psclient: the pull's copy into the destination (the push goes
          * out in place); raw: ps_rpc_invoke copies request and response. */
@@ -1308,6 +1341,7 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
     free(rtt.v);
     free(pushl.v);
     free(pulll.v);
+    free(one.v);
     for (int i = 0; i < nstreams; i++) {
         struct stream *s = &bc.st[i];
         ps_rpc_client_destroy(s->cli);
@@ -1321,6 +1355,7 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         free(s->rtt.v);
         free(s->push_lat.v);
         free(s->pull_lat.v);
+        free(s->one.v);
     }
     pthread_barrier_destroy(&bc.bar);
     free(bc.st);
@@ -1349,9 +1384,9 @@ static void print_ceilings(const struct opts *o, const struct ceilings *c)
                c->tcp_runs[1], c->tcp_runs[2]);
         printf("  memcpy        %6.2f GB/s  (median of 5 x 64 MiB, warm)\n\n",
                c->memcpy_gbps);
-        printf("%-8s %3s %9s %9s %9s %9s %9s %9s %7s %6s %6s\n", "size", "str",
-               "pushes/s", "pulls/s", "RTT med", "RTT p90", "push med", "pull med",
-               "GB/s", "xTCP", "enc/dec");
+        printf("%-8s %3s %9s %9s %9s %9s %9s %9s %7s %6s %9s %6s %6s\n", "size",
+               "str", "pushes/s", "pulls/s", "RTT med", "RTT p90", "push med",
+               "pull med", "GB/s", "xTCP", "1-RPC med", "xTCP", "enc/dec");
     }
     fflush(stdout);
 }
@@ -1375,25 +1410,30 @@ static void print_case(const struct opts *o, const struct case_result *r)
                "\"enc_dec_share\":%.5f,\"client_copy_share_est\":%.4f,"
                "\"aligned\":%s,\"psd_cpu_ms_per_call\":%.4f,"
                "\"psd_faults_per_call\":%.1f,\"client_cpu_ms_per_call\":%.4f,"
-               "\"client_faults_per_call\":%.1f",
+               "\"client_faults_per_call\":%.1f,\"one_rpc_median_ms\":%.4f,"
+               "\"one_rpc_gbps\":%.4f,\"one_rpc_ratio_tcp\":%.4f",
                r->bytes, r->streams, r->push_rate, r->pull_rate, r->rtt_med * 1e3,
                r->rtt_p90 * 1e3, r->push_med * 1e3, r->pull_med * 1e3, r->gbps,
                r->ratio, r->iters, r->encdec_share, r->copy_share_est,
                o->misalign ? "false" : "true", r->psd_cpu_ms, r->psd_faults,
-               r->cli_cpu_ms, r->cli_faults);
+               r->cli_cpu_ms, r->cli_faults, r->one_med * 1e3, r->one_gbps,
+               r->one_ratio);
         if (target_case)
             printf(",\"target_ratio\":%.2f,\"meets_target\":%s", TARGET_RATIO,
                    r->ratio >= TARGET_RATIO ? "true" : "false");
         printf("}\n");
     } else {
-        char sz[32], a[32], b[32], c[32], d[32];
+        char sz[32], a[32], b[32], c[32], d[32], e[32] = "-";
         fmt_ms(r->rtt_med, a, sizeof a);
         fmt_ms(r->rtt_p90, b, sizeof b);
         fmt_ms(r->push_med, c, sizeof c);
         fmt_ms(r->pull_med, d, sizeof d);
-        printf("%-8s %3d %9.0f %9.0f %9s %9s %9s %9s %7.3f %6.3f %5.2f%%\n",
+        if (r->one_med > 0)
+            fmt_ms(r->one_med, e, sizeof e);
+        printf("%-8s %3d %9.0f %9.0f %9s %9s %9s %9s %7.3f %6.3f %9s %6.3f %5.2f%%\n",
                size_str(r->bytes, sz, sizeof sz), r->streams, r->push_rate,
-               r->pull_rate, a, b, c, d, r->gbps, r->ratio, r->encdec_share * 100);
+               r->pull_rate, a, b, c, d, r->gbps, r->ratio, e, r->one_ratio,
+               r->encdec_share * 100);
     }
     fflush(stdout);
 }
@@ -1409,6 +1449,10 @@ static void print_target(const struct opts *o, const struct case_result *r,
     printf("  RTT median %.3f ms (push %.3f + pull %.3f); the issue's ps-lite "
            "reference: 4.84 ms\n", r->rtt_med * 1e3, r->push_med * 1e3,
            r->pull_med * 1e3);
+    if (r->one_med > 0)
+        printf("  as one Push that brings the value back (return_values, what "
+               "workerd does per step): %.3f ms, %.3f GB/s = %.3f of raw TCP\n",
+               r->one_med * 1e3, r->one_gbps, r->one_ratio);
     printf("  client: hand encode+decode %.2f%% of RTT; its payload copies "
            "(%s) ~%.1f%% (at %.1f GB/s memcpy)\n", r->encdec_share * 100,
            o->raw ? "request and response in ps_rpc_invoke" : "the pulled value "
