@@ -29,6 +29,7 @@
  * their client, buffers and samples until main has summarized them.
  */
 #include "errors.h"
+#include "pbcur.h"
 #include "ps.pb-c.h"
 #include "psclient.h"
 #include "rpc.h"
@@ -719,26 +720,6 @@ static int psd_stop(struct psd_proc *p)
 
 /* ---- hand-written wire format ------------------------------------------- */
 
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
 /* A varint padded to exactly `width` bytes (continuation bits on the
  * leading zero groups), which every protobuf parser accepts. Lets the step
  * change without moving the gradient, and lets us place the gradient on a
@@ -776,12 +757,12 @@ static int push_msg_build(struct push_msg *m, uint32_t worker, const char *name,
 {
     size_t nbytes = n * sizeof(float);
     size_t namelen = strlen(name);
-    size_t shape_len = varint_len(n);
-    size_t tensor_len = 2 + 1 + varint_len(shape_len) + shape_len + 1 +
-                        varint_len(nbytes) + nbytes;
-    size_t grad_len = 1 + varint_len(namelen) + namelen + 1 +
-                      varint_len(tensor_len) + tensor_len;
-    size_t head_wo_step = 1 + varint_len(worker) + 1 + 1 + varint_len(grad_len) +
+    size_t shape_len = ps_pb_varint_len(n);
+    size_t tensor_len = 2 + 1 + ps_pb_varint_len(shape_len) + shape_len + 1 +
+                        ps_pb_varint_len(nbytes) + nbytes;
+    size_t grad_len = 1 + ps_pb_varint_len(namelen) + namelen + 1 +
+                      ps_pb_varint_len(tensor_len) + tensor_len;
+    size_t head_wo_step = 1 + ps_pb_varint_len(worker) + 1 + 1 + ps_pb_varint_len(grad_len) +
                           (grad_len - nbytes);
     int width = 5;
     while ((head_wo_step + (size_t)width) % 4 != (misalign ? 2u : 0u))
@@ -792,27 +773,27 @@ static int push_msg_build(struct push_msg *m, uint32_t worker, const char *name,
         return -ENOMEM;
     uint8_t *p = m->buf;
     *p++ = 0x08; /* worker, varint */
-    p = put_varint(p, worker);
+    p = ps_pb_put_varint(p, worker);
     *p++ = 0x10; /* step, varint */
     m->step_at = p;
     m->step_width = width;
     put_varint_fixed(p, 0, width);
     p += width;
     *p++ = 0x1a; /* grads, length-delimited */
-    p = put_varint(p, grad_len);
+    p = ps_pb_put_varint(p, grad_len);
     *p++ = 0x0a; /* Gradient.name */
-    p = put_varint(p, namelen);
+    p = ps_pb_put_varint(p, namelen);
     memcpy(p, name, namelen);
     p += namelen;
     *p++ = 0x12; /* Gradient.grad */
-    p = put_varint(p, tensor_len);
+    p = ps_pb_put_varint(p, tensor_len);
     *p++ = 0x08; /* Tensor.dtype = FLOAT32 */
     *p++ = 0x01;
     *p++ = 0x12; /* Tensor.shape, packed */
-    p = put_varint(p, shape_len);
-    p = put_varint(p, n);
+    p = ps_pb_put_varint(p, shape_len);
+    p = ps_pb_put_varint(p, n);
     *p++ = 0x1a; /* Tensor.data */
-    p = put_varint(p, nbytes);
+    p = ps_pb_put_varint(p, nbytes);
     if ((size_t)(p - m->buf) + nbytes != m->len) {
         free(m->buf);
         m->buf = NULL;
@@ -834,9 +815,9 @@ static size_t pull_req_build(uint8_t *buf, const char *name)
     size_t namelen = strlen(name);
     uint8_t *p = buf;
     *p++ = 0x0a;
-    p = put_varint(p, 1 + varint_len(namelen) + namelen);
+    p = ps_pb_put_varint(p, 1 + ps_pb_varint_len(namelen) + namelen);
     *p++ = 0x0a;
-    p = put_varint(p, namelen);
+    p = ps_pb_put_varint(p, namelen);
     memcpy(p, name, namelen);
     return (size_t)(p + namelen - buf);
 }

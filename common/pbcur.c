@@ -89,3 +89,23 @@ size_t ps_pbcur_peek(ps_pbcur *c, const uint8_t **p)
     *p = c->p[c->i].data + c->off;
     return avail < c->left ? avail : c->left;
 }
+
+uint8_t *ps_pb_put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+size_t ps_pb_varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}

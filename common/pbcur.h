@@ -1,5 +1,6 @@
 /*
- * pbcur.h - a cursor over protobuf wire format that arrived in pieces.
+ * pbcur.h - a cursor over protobuf wire format that arrived in pieces, and
+ * the two helpers the hand-written encoders share.
  *
  * gRPC hands a received message over as the slices it arrived in; the hot
  * messages (PushRequest on the server, PullResponse on the client) are
@@ -44,6 +45,10 @@ int ps_pbcur_sub(ps_pbcur *c, ps_pbcur *sub);
 
 /* Skips the value of one field of wire type wt (groups are refused). */
 int ps_pbcur_skip(ps_pbcur *c, int wt);
+
+/* Writing by hand: a varint at p, returning its end; a varint's length. */
+uint8_t *ps_pb_put_varint(uint8_t *p, uint64_t v);
+size_t ps_pb_varint_len(uint64_t v);
 
 /* The contiguous bytes at the cursor, without moving it: *p and the count
  * (at most c->left); 0 when no bytes are left. */

@@ -74,26 +74,6 @@ int ps_client_create_variable(ps_client *c, const void *spec, int *created,
 
 /* ---- protobuf wire format, by hand ------------------------------------ */
 
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
 /* The layout of one Gradient field. psd's optimizer wants each gradient's
  * floats 4-byte aligned in the request; the dtype varint is padded with
  * overlong (still valid) encodings of its value so that they are, given the
@@ -110,14 +90,14 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
     size_t nl = strlen(it->name), bytes = it->n * sizeof(float);
     size_t sl = 0;
     for (int d = 0; d < it->ndim; d++)
-        sl += varint_len((uint64_t)it->shape[d]);
-    size_t shape_part = it->ndim > 0 ? 1 + varint_len(sl) + sl : 0;
+        sl += ps_pb_varint_len((uint64_t)it->shape[d]);
+    size_t shape_part = it->ndim > 0 ? 1 + ps_pb_varint_len(sl) + sl : 0;
     for (size_t pad = 0; pad < 8; pad++) {
-        size_t tl = 1 + (1 + pad) + shape_part + 1 + varint_len(bytes) + bytes;
-        size_t gl = 1 + varint_len(nl) + nl + 1 + varint_len(tl) + tl;
-        size_t data_off = off + 1 + varint_len(gl) + 1 + varint_len(nl) + nl + 1 +
-                          varint_len(tl) + tl - bytes;
-        *L = (struct grad_layout){pad, sl, tl, gl, 1 + varint_len(gl) + gl};
+        size_t tl = 1 + (1 + pad) + shape_part + 1 + ps_pb_varint_len(bytes) + bytes;
+        size_t gl = 1 + ps_pb_varint_len(nl) + nl + 1 + ps_pb_varint_len(tl) + tl;
+        size_t data_off = off + 1 + ps_pb_varint_len(gl) + 1 + ps_pb_varint_len(nl) + nl + 1 +
+                          ps_pb_varint_len(tl) + tl - bytes;
+        *L = (struct grad_layout){pad, sl, tl, gl, 1 + ps_pb_varint_len(gl) + gl};
         if (data_off % 4 == 0)
             return;
     }
@@ -128,7 +108,7 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
 static size_t push_len(uint32_t worker, uint64_t step,
                        const ps_client_item *items, size_t n, bool return_values)
 {
-    size_t total = 1 + varint_len(worker) + 1 + varint_len(step);
+    size_t total = 1 + ps_pb_varint_len(worker) + 1 + ps_pb_varint_len(step);
     for (size_t i = 0; i < n; i++) {
         struct grad_layout L;
         layout(&items[i], total, &L);
@@ -150,9 +130,9 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
     int np = 0;
     uint8_t *start = p;
     *p++ = (1 << 3) | 0;
-    p = put_varint(p, worker);
+    p = ps_pb_put_varint(p, worker);
     *p++ = (2 << 3) | 0;
-    p = put_varint(p, step);
+    p = ps_pb_put_varint(p, step);
     for (size_t i = 0; i < n; i++) {
         const ps_client_item *it = &items[i];
         struct grad_layout L;
@@ -160,13 +140,13 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         size_t nl = strlen(it->name);
         size_t bytes = it->n * sizeof(float);
         *p++ = (3 << 3) | 2;
-        p = put_varint(p, L.gl);
+        p = ps_pb_put_varint(p, L.gl);
         *p++ = (1 << 3) | 2;
-        p = put_varint(p, nl);
+        p = ps_pb_put_varint(p, nl);
         memcpy(p, it->name, nl);
         p += nl;
         *p++ = (2 << 3) | 2;
-        p = put_varint(p, L.tl);
+        p = ps_pb_put_varint(p, L.tl);
         *p++ = (1 << 3) | 0;
         /* DTYPE_FLOAT32 (1), overlong by L.pad bytes: 0x81 0x80.. 0x00. */
         if (L.pad == 0) {
@@ -179,12 +159,12 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         }
         if (it->ndim > 0) {
             *p++ = (2 << 3) | 2;
-            p = put_varint(p, L.shape_len);
+            p = ps_pb_put_varint(p, L.shape_len);
             for (int d = 0; d < it->ndim; d++)
-                p = put_varint(p, (uint64_t)it->shape[d]);
+                p = ps_pb_put_varint(p, (uint64_t)it->shape[d]);
         }
         *p++ = (3 << 3) | 2;
-        p = put_varint(p, bytes);
+        p = ps_pb_put_varint(p, bytes);
         if (parts != NULL && it->msg != NULL && bytes > 0) {
             parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
             parts[np++] = (ps_rpc_part){it->data, bytes, ps_rpc_msg_release, it->msg};
@@ -313,10 +293,10 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         size_t nl = strlen(items[i].name);
-        size_t il = 1 + varint_len(nl) + nl;
+        size_t il = 1 + ps_pb_varint_len(nl) + nl;
         if (items[i].min_version)
-            il += 1 + varint_len(items[i].min_version);
-        total += 1 + varint_len(il) + il;
+            il += 1 + ps_pb_varint_len(items[i].min_version);
+        total += 1 + ps_pb_varint_len(il) + il;
     }
     int rc = ps_buf_reserve(b, total ? total : 1);
     if (rc != 0)
@@ -324,18 +304,18 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
     uint8_t *p = b->data;
     for (size_t i = 0; i < n; i++) {
         size_t nl = strlen(items[i].name);
-        size_t il = 1 + varint_len(nl) + nl;
+        size_t il = 1 + ps_pb_varint_len(nl) + nl;
         if (items[i].min_version)
-            il += 1 + varint_len(items[i].min_version);
+            il += 1 + ps_pb_varint_len(items[i].min_version);
         *p++ = (1 << 3) | 2;
-        p = put_varint(p, il);
+        p = ps_pb_put_varint(p, il);
         *p++ = (1 << 3) | 2;
-        p = put_varint(p, nl);
+        p = ps_pb_put_varint(p, nl);
         memcpy(p, items[i].name, nl);
         p += nl;
         if (items[i].min_version) {
             *p++ = (2 << 3) | 0;
-            p = put_varint(p, items[i].min_version);
+            p = ps_pb_put_varint(p, items[i].min_version);
         }
     }
     b->len = (size_t)(p - b->data);

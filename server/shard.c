@@ -20,6 +20,7 @@
 #include "init.h"
 #include "log.h"
 #include "optim.h"
+#include "pbcur.h"
 #include "ps.pb-c.h"
 #include "store.h"
 #include "tensor.h"
@@ -729,26 +730,6 @@ static void request_flush(psd_shard *s)
 
 /* ---- answering pulls -------------------------------------------------- */
 
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
 /* Room for one value's header: tags and lengths, a 255-byte name, eight
  * dimensions. */
 #define VALUE_HDR_MAX 512
@@ -760,36 +741,36 @@ static uint8_t *value_header(uint8_t *p, const psd_var *v, int field)
 {
     size_t nbytes = v->n * sizeof(float), shape_len = 0;
     for (int d = 0; d < v->ndim; d++)
-        shape_len += varint_len((uint64_t)v->shape[d]);
-    size_t tensor_len = 2 + (v->ndim ? 1 + varint_len(shape_len) + shape_len : 0) +
-                        (nbytes ? 1 + varint_len(nbytes) + nbytes : 0);
+        shape_len += ps_pb_varint_len((uint64_t)v->shape[d]);
+    size_t tensor_len = 2 + (v->ndim ? 1 + ps_pb_varint_len(shape_len) + shape_len : 0) +
+                        (nbytes ? 1 + ps_pb_varint_len(nbytes) + nbytes : 0);
     size_t name_len = strlen(v->name);
-    size_t vv_len = 1 + varint_len(name_len) + name_len +
-                    (v->version ? 1 + varint_len(v->version) : 0) +
-                    1 + varint_len(tensor_len) + tensor_len;
+    size_t vv_len = 1 + ps_pb_varint_len(name_len) + name_len +
+                    (v->version ? 1 + ps_pb_varint_len(v->version) : 0) +
+                    1 + ps_pb_varint_len(tensor_len) + tensor_len;
     *p++ = (uint8_t)((field << 3) | 2); /* PullResponse or PushResponse .values */
-    p = put_varint(p, vv_len);
+    p = ps_pb_put_varint(p, vv_len);
     *p++ = (1 << 3) | 2; /* VariableValue.name */
-    p = put_varint(p, name_len);
+    p = ps_pb_put_varint(p, name_len);
     memcpy(p, v->name, name_len);
     p += name_len;
     if (v->version) {
         *p++ = (2 << 3) | 0; /* VariableValue.version */
-        p = put_varint(p, v->version);
+        p = ps_pb_put_varint(p, v->version);
     }
     *p++ = (3 << 3) | 2; /* VariableValue.value */
-    p = put_varint(p, tensor_len);
+    p = ps_pb_put_varint(p, tensor_len);
     *p++ = (1 << 3) | 0; /* Tensor.dtype */
     *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
     if (v->ndim) {
         *p++ = (2 << 3) | 2; /* Tensor.shape, packed */
-        p = put_varint(p, shape_len);
+        p = ps_pb_put_varint(p, shape_len);
         for (int d = 0; d < v->ndim; d++)
-            p = put_varint(p, (uint64_t)v->shape[d]);
+            p = ps_pb_put_varint(p, (uint64_t)v->shape[d]);
     }
     if (nbytes) {
         *p++ = (3 << 3) | 2; /* Tensor.data */
-        p = put_varint(p, nbytes);
+        p = ps_pb_put_varint(p, nbytes);
     }
     return p;
 }
@@ -998,15 +979,15 @@ static void reply_push(psd_shard *s, pending_push *p)
         /* PushResponse.versions, packed, then .values. */
         size_t vlen = 0;
         for (size_t i = 0; i < p->nitems; i++)
-            vlen += varint_len(p->versions[i]);
+            vlen += ps_pb_varint_len(p->versions[i]);
         uint8_t *pre = malloc(1 + 10 + vlen), *q = pre;
         if (pre == NULL) {
             ps_rpc_fail(p->call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         } else {
             *q++ = (1 << 3) | 2;
-            q = put_varint(q, vlen);
+            q = ps_pb_put_varint(q, vlen);
             for (size_t i = 0; i < p->nitems; i++)
-                q = put_varint(q, p->versions[i]);
+                q = ps_pb_put_varint(q, p->versions[i]);
             uint64_t bytes = reply_with_values(p->call, pre, (size_t)(q - pre), 2,
                                                p->vars, p->nitems);
             atomic_fetch_add(&s->bytes_out, bytes);
