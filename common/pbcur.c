@@ -37,6 +37,23 @@ int ps_pbcur_varint(ps_pbcur *c, uint64_t *out)
     return -1;
 }
 
+int ps_pbcur_bool(ps_pbcur *c, int *out)
+{
+    int any = 0;
+    for (int i = 0; i < 10; i++) {
+        if (c->left == 0 || !settle(c))
+            return -1;
+        uint8_t b = c->p[c->i].data[c->off++];
+        c->left--;
+        any |= (b & 0x7f) != 0;
+        if (!(b & 0x80)) {
+            *out = any;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 int ps_pbcur_take(ps_pbcur *c, void *dst, size_t n)
 {
     if (n > c->left)

@@ -36,6 +36,10 @@ void ps_pbcur_init(ps_pbcur *c, const struct ps_piece *pieces, int np);
 
 int ps_pbcur_varint(ps_pbcur *c, uint64_t *out);
 
+/* A bool: true when any payload bit of the varint is set (a varint longer
+ * than 64 bits reads as protobuf-c reads it, not truncated to zero). */
+int ps_pbcur_bool(ps_pbcur *c, int *out);
+
 /* Copies the next n bytes to dst, or skips them when dst is NULL. */
 int ps_pbcur_take(ps_pbcur *c, void *dst, size_t n);
 

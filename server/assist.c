@@ -19,6 +19,7 @@ struct psd_assist {
 static void *assist_main(void *p)
 {
     psd_assist *a = p;
+    pthread_setname_np(pthread_self(), "psd-assist");
     pthread_mutex_lock(&a->mu);
     for (;;) {
         while (!a->quit && a->state != POSTED)

@@ -698,6 +698,7 @@ static void maybe_trim(psd_shard *s, int64_t *last_ms, uint64_t *last_bytes)
 static void *flusher_main(void *arg)
 {
     psd_shard *s = arg;
+    pthread_setname_np(pthread_self(), "psd-flush");
     int64_t trimmed_ms = ps_now_ms();
     uint64_t trimmed_bytes = 0;
     pthread_mutex_lock(&s->flush_mu);
@@ -873,6 +874,7 @@ static void wake_waiters(psd_shard *s)
 static void *sweeper_main(void *arg)
 {
     psd_shard *s = arg;
+    pthread_setname_np(pthread_self(), "psd-sweep");
     pthread_mutex_lock(&s->wait_mu);
     while (!s->closing) {
         struct timespec until;

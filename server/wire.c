@@ -122,9 +122,8 @@ int psd_push_decode(const struct ps_piece *pieces, int np, psd_push_req *req,
                 goto truncated;
             req->step = v;
         } else if (field == 4 && wt == PS_WT_VARINT) {
-            if (ps_pbcur_varint(&c, &v) != 0)
+            if (ps_pbcur_bool(&c, &req->return_values) != 0)
                 goto truncated;
-            req->return_values = v != 0;
         } else if (field == 3 && wt == PS_WT_LEN) {
             ps_pbcur s;
             if (ps_pbcur_sub(&c, &s) != 0) {

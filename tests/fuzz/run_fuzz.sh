@@ -17,7 +17,10 @@ mkdir -p "$artifacts"
 "$seeder" "$kind" "$work"
 
 rc=0
-"$fuzzer" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@" "$work" || rc=$?
+# libFuzzer exits 77 on a crash by default, which meson reads as SKIP: a
+# crash must fail the test.
+"$fuzzer" -artifact_prefix="$artifacts/" -print_final_stats=1 -error_exitcode=1 \
+    -timeout_exitcode=1 "$@" "$work" || rc=$?
 if [ "$rc" -ne 0 ]; then
     echo "run_fuzz.sh: $(basename "$fuzzer") failed (exit $rc); inputs kept in $artifacts:" >&2
     ls -l "$artifacts" >&2 || true
