@@ -1327,8 +1327,6 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         struct stream *s = &bc.st[i];
         ps_rpc_client_destroy(s->cli);
         ps_client_destroy(s->pc);
-        if (s->grad_msg != NULL)
-            ps_rpc_msg_wait_unshared(s->grad_msg);
         ps_rpc_msg_unref(s->grad_msg);
         free(s->dest);
         free(s->pm.buf);

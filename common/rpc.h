@@ -111,6 +111,11 @@ void ps_rpc_msg_release(void *m);
 /* Waits until nobody but the caller holds m (gRPC has written what it sent
  * from it), so that the caller may write into it again. */
 void ps_rpc_msg_wait_unshared(ps_rpc_msg *m);
+/* The same for at most timeout_ms; false if gRPC still holds it then (a
+ * send stuck on a dead connection holds it until the connection is torn
+ * down, which can take minutes: a caller that cannot wait takes a fresh
+ * buffer instead). */
+bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms);
 /* Bytes of idle buffers the pool keeps (bounded at 16 MiB). */
 size_t ps_rpc_pool_bytes(void);
 

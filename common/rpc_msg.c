@@ -135,6 +135,21 @@ void ps_rpc_msg_wait_unshared(ps_rpc_msg *m)
     }
 }
 
+bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms)
+{
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; atomic_load(&m->refs) > 1; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long ms = (now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L;
+        if (ms >= timeout_ms)
+            return false;
+        struct timespec ts = {0, i < 100 ? 10000L : 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
 size_t ps_rpc_pool_bytes(void)
 {
     pthread_mutex_lock(&pool_mu);

@@ -400,9 +400,18 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
     s->rep_err = 0;
     /* Replica 0 on a host backend writes its gradient straight into the
      * buffer the next push sends, once gRPC has let go of it (the push that
-     * last sent it is answered, but gRPC may hold it a moment more). */
-    if (s->fill_msg != NULL)
-        ps_rpc_msg_wait_unshared(s->fill_msg);
+     * last sent it is answered, but gRPC may hold it a moment more). An
+     * attempt that timed out on a dead connection may hold it for minutes:
+     * then the gradient goes to a fresh buffer and gRPC keeps the old one
+     * until it lets go. */
+    if (!ps_rpc_msg_wait_unshared_for(s->fill_msg, 20)) {
+        ps_rpc_msg *fresh = ps_rpc_msg_new(s->nparams * sizeof(float));
+        if (fresh == NULL)
+            return -ENOMEM;
+        ps_rpc_msg_unref(s->fill_msg);
+        s->fill_msg = fresh;
+        s->grads_fill = (float *)(void *)ps_rpc_msg_data(fresh);
+    }
     ps_model_use_grads(s->replicas[0], s->grads_fill);
     if (s->nrep > 1)
         pthread_barrier_wait(&s->rep_start);
@@ -606,10 +615,7 @@ static void session_close(struct session *s)
         ps_model_destroy(s->replicas[r]);
     free(s->replicas);
     free(s->rep_loss);
-    if (s->send_msg != NULL)
-        ps_rpc_msg_wait_unshared(s->send_msg);
-    if (s->fill_msg != NULL)
-        ps_rpc_msg_wait_unshared(s->fill_msg);
+    /* gRPC may still hold them: the last reference frees them. */
     ps_rpc_msg_unref(s->send_msg);
     ps_rpc_msg_unref(s->fill_msg);
     free(s->params_pull);

@@ -253,6 +253,14 @@ START_TEST(test_parts_in_place)
         ps_rpc_msg_unref(parts_reply_msg);
         parts_reply_msg = NULL;
     }
+    /* A buffer someone still holds: the bounded wait gives up in time. */
+    ps_rpc_msg_ref(c);
+    int64_t t0 = ps_now_ms();
+    ck_assert(!ps_rpc_msg_wait_unshared_for(c, 30));
+    int64_t waited = ps_now_ms() - t0;
+    ck_assert_msg(waited >= 29 && waited < 1000, "waited %lld ms", (long long)waited);
+    ps_rpc_msg_unref(c);
+    ck_assert(ps_rpc_msg_wait_unshared_for(c, 30));
     /* In-place parts must be message buffers: anything else is refused. */
     ps_rpc_part bad = {"x", 1, free, NULL};
     ck_assert_int_eq(ps_rpc_invoke_parts(cli, "/t.T/EchoParts", &bad, 1,
