@@ -220,7 +220,8 @@ static const char *latest_text(const coord *c, char *buf, size_t len)
 }
 
 /* Deletes the oldest manifests beyond --checkpoint-keep. The shards' own
- * checkpoint directories are the psd's to prune (its --checkpoint-keep). */
+ * checkpoint directories are the psd's to prune; each Checkpoint call asks
+ * it to keep at least as many (CheckpointRequest.keep_at_least). */
 static void prune_locked(coord *c)
 {
     int drop = c->nckpts - c->o.checkpoint_keep;

@@ -224,7 +224,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "pscoord: %s\n", err);
         goto close_spec;
     }
-    struct coord_sched_opts so = {0};
+    struct coord_sched_opts so = {.checkpoint_keep = c.checkpoint_keep};
     if ((rc = coord_sched_start(co, &so, &sched)) != 0) {
         fprintf(stderr, "pscoord: cannot start its threads: %s\n",
                 ps_strerror(rc));

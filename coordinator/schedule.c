@@ -159,6 +159,7 @@ struct shard_job {
     const struct coord_ps_call *call;
     struct coord_shard_result *res;
     int deadline_ms;
+    int keep;
 };
 
 static void *shard_checkpoint(void *arg)
@@ -171,6 +172,7 @@ static void *shard_checkpoint(void *arg)
     snprintf(r->address, sizeof r->address, "%s", k->address);
     Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
     req.step = k->step;
+    req.keep_at_least = j->keep > 0 ? (uint32_t)j->keep : 0;
     void *resp = NULL;
     ps_rpc_status st;
     if (ps_call(k->address, PS_METHOD("Checkpoint"), &req,
@@ -210,7 +212,8 @@ static void checkpoint_round(coord_sched *s, uint64_t step,
                 step, n, n == 1 ? "" : "s");
     for (int i = 0; i < n; i++) {
         jobs[i] = (struct shard_job){&calls[i], &res[i],
-                                     s->o.checkpoint_deadline_ms};
+                                     s->o.checkpoint_deadline_ms,
+                                     s->o.checkpoint_keep};
         started[i] = pthread_create(&th[i], NULL, shard_checkpoint,
                                     &jobs[i]) == 0;
         if (!started[i])

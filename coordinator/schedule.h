@@ -28,6 +28,8 @@ struct coord_sched_opts {
     int checkpoint_deadline_ms; /* per shard; 0 = 60000 */
     int restore_deadline_ms; /* per attempt; 0 = 60000 */
     int sync_deadline_ms;    /* 0 = 2000 */
+    int checkpoint_keep;     /* job checkpoints kept: each shard is asked to
+                                keep at least as many of its own */
 };
 
 /* Returns 0, or -errno when a thread cannot be started (none is left

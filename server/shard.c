@@ -1869,6 +1869,7 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         return;
     }
     uint64_t step = r->step;
+    size_t keep_at_least = r->keep_at_least;
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
     /* Everything acknowledged so far goes into the store, then the copy is
      * taken from one read transaction while pushes go on. */
@@ -1901,7 +1902,8 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     }
     atomic_store(&s->last_ckpt, step);
     if (s->o.checkpoint_keep > 0)
-        psd_ckpt_prune(s->ckpt_root, s->o.checkpoint_keep);
+        psd_ckpt_prune(s->ckpt_root, s->o.checkpoint_keep > keep_at_least
+                                         ? s->o.checkpoint_keep : keep_at_least);
     ps_log_info("checkpoint at step %llu: %s (%llu bytes)",
                 (unsigned long long)step, path, (unsigned long long)bytes);
     Ps__V1__CheckpointResponse resp = PS__V1__CHECKPOINT_RESPONSE__INIT;

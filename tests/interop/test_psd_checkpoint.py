@@ -95,6 +95,29 @@ def main():
         r.check(False, "restoring a missing checkpoint is refused")
     except grpc.RpcError as e:
         r.check(e.code() == grpc.StatusCode.NOT_FOUND, "a missing checkpoint is NOT_FOUND")
+    # A caller that keeps more job checkpoints (pscoord --checkpoint-keep 5)
+    # asks psd to keep as many of its own, beyond its --checkpoint-keep 3.
+    def complete():
+        """The checkpoints psd counts: a manifest that parses."""
+        out = []
+        for x in os.listdir(ck):
+            try:
+                json.load(open(os.path.join(ck, x, "MANIFEST.json")))
+                out.append(int(x))
+            except (OSError, ValueError):
+                pass
+        return sorted(out)
+    kept_before = complete()
+    more = [max(kept_before) + 1000 + k for k in range(3)]
+    for st in more:
+        stub.Checkpoint(pb.CheckpointRequest(step=st, keep_at_least=5), timeout=30)
+    kept5 = complete()
+    r.check(kept5 == sorted(set(kept_before + more))[-5:], "keep_at_least 5 keeps "
+            "the last five, beyond --checkpoint-keep 3 (%s)" % kept5)
+    stub.Checkpoint(pb.CheckpointRequest(step=more[-1] + 1), timeout=30)
+    kept3 = complete()
+    r.check(kept3 == (more + [more[-1] + 1])[-3:], "without it psd prunes to its own 3 "
+            "again (%s)" % kept3)
     ch.close()
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
 
