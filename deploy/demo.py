@@ -50,9 +50,11 @@ def main():
             ws = [t for t in cs.tasks if t.role == 2]
             exps = sum(t.examples_per_second for t in ws if t.alive)
             loss = [t.loss for t in ws if t.alive and t.loss > 0]
-            line = ("step %6d  workers %d/%d  %7.0f examples/s  loss %s  test accuracy %s"
+            # A worker reports its rate once its first window has passed.
+            line = ("step %6d  workers %d/%d  %7s examples/s  loss %s  test accuracy %s"
                     "  checkpoint %s" % (
-                        cs.global_step, sum(1 for t in ws if t.alive), len(ws), exps,
+                        cs.global_step, sum(1 for t in ws if t.alive), len(ws),
+                        "%.0f" % exps if exps > 0 else "-",
                         "%.4f" % (sum(loss) / len(loss)) if loss else "  -   ",
                         "%.4f" % cs.eval_accuracy if cs.eval_step else "  -   ",
                         cs.last_checkpoint_step or "-"))
