@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "gpu.h"
 #include "log.h"
+#include "place.h"
 #include "ps.pb-c.h"
 #include "psclient.h"
 #include "rpc.h"
@@ -64,6 +65,7 @@ struct part {
 struct session {
     const struct wd_train_opts *o;
     struct part *parts;
+    struct wd_placement local_pl; /* without a coordinator: local_placement */
     int nparts;
     ps_model **replicas;
     int nrep;
@@ -110,40 +112,62 @@ static double now_s(void)
 
 /* ---- placement -------------------------------------------------------- */
 
-struct placed {
-    int param;
-    size_t count;
-};
-
-static int cmp_placed(const void *a, const void *b)
-{
-    const struct placed *x = a, *y = b;
-    if (x->count != y->count)
-        return x->count < y->count ? 1 : -1;
-    return x->param - y->param;
-}
-
-/* Largest first onto the least loaded shard; ties by index, so every
- * worker computes the same placement. */
-static void place(const ps_model *m, int nshards, int *shard_of)
+/* Without a coordinator, the placement one would make (common/place.h), so
+ * that the model's variables are the same either way. */
+static int local_placement(const ps_model *m, int nshards, struct wd_placement *pl,
+                           char *err, size_t errlen)
 {
     int np = ps_model_param_count(m);
-    struct placed *p = calloc((size_t)np, sizeof *p);
-    size_t load[MAX_SHARDS] = {0};
+    struct coord_var *vars = calloc((size_t)np, sizeof *vars);
+    struct coord_placement cp = {0};
+    if (vars == NULL)
+        return -ENOMEM;
     for (int i = 0; i < np; i++) {
-        p[i].param = i;
-        p[i].count = ps_model_param_info(m, i)->count;
+        const struct ps_param_info *pi = ps_model_param_info(m, i);
+        vars[i].name = (char *)pi->name;
+        vars[i].ndims = pi->ndim;
+        memcpy(vars[i].shape, pi->shape, (size_t)pi->ndim * sizeof *pi->shape);
     }
-    qsort(p, (size_t)np, sizeof *p, cmp_placed);
-    for (int i = 0; i < np; i++) {
-        int best = 0;
-        for (int k = 1; k < nshards; k++)
-            if (load[k] < load[best])
-                best = k;
-        shard_of[p[i].param] = best;
-        load[best] += p[i].count;
+    char why[256];
+    int rc = coord_place_check(vars, np, why, sizeof why);
+    if (rc != 0)
+        snprintf(err, errlen, "placing the model: %s", why);
+    else
+        rc = coord_place_compute(vars, np, (uint32_t)nshards, COORD_SPLIT_DEFAULT, &cp);
+    free(vars);
+    if (rc != 0)
+        return rc;
+    pl->n = cp.nvars;
+    pl->vars = calloc((size_t)cp.nvars, sizeof *pl->vars);
+    for (int i = 0; pl->vars != NULL && i < cp.nvars; i++) {
+        struct wd_var_place *v = &pl->vars[i];
+        snprintf(v->name, sizeof v->name, "%s", cp.vars[i].name);
+        v->nparts = cp.vars[i].nparts;
+        v->parts = calloc((size_t)v->nparts, sizeof *v->parts);
+        if (v->parts == NULL) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (int k = 0; k < v->nparts; k++) {
+            const struct coord_part *cpp = &cp.vars[i].parts[k];
+            snprintf(v->parts[k].name, sizeof v->parts[k].name, "%s", cpp->name);
+            v->parts[k].shard = (int)cpp->shard;
+            v->parts[k].row_begin = cpp->row_begin;
+            v->parts[k].row_end = cpp->row_end;
+        }
     }
-    free(p);
+    if (pl->vars == NULL)
+        rc = -ENOMEM;
+    coord_placement_free(&cp);
+    return rc;
+}
+
+static void local_placement_free(struct wd_placement *pl)
+{
+    for (int i = 0; pl->vars != NULL && i < pl->n; i++)
+        free(pl->vars[i].parts);
+    free(pl->vars);
+    memset(pl, 0, sizeof *pl);
 }
 
 /* ---- comm threads ----------------------------------------------------- */
@@ -513,43 +537,39 @@ static int create_variables(struct session *s, char *err, size_t errlen)
     return 0;
 }
 
-/* The parts: from the coordinator's placement when there is one, else one
- * part per tensor placed by the local rule. */
+/* The parts: from the coordinator's placement, or without one from the same
+ * rule applied here. */
 static int make_parts(struct session *s, char *err, size_t errlen)
 {
     const struct wd_train_opts *o = s->o;
     ps_model *m = s->replicas[0];
     int np = ps_model_param_count(m);
+    const struct wd_placement *pl = o->placement;
+    if (pl == NULL) {
+        int rc = local_placement(m, s->nshards, &s->local_pl, err, errlen);
+        if (rc != 0)
+            return rc;
+        pl = &s->local_pl;
+    }
     int cap = np;
-    if (o->placement != NULL)
-        for (int i = 0; i < o->placement->n; i++)
-            cap += o->placement->vars[i].nparts;
+    for (int i = 0; i < pl->n; i++)
+        cap += pl->vars[i].nparts;
     s->parts = calloc((size_t)cap, sizeof *s->parts);
     if (s->parts == NULL)
         return -ENOMEM;
-    int shard_of[256];
-    if (np > 256) {
-        snprintf(err, errlen, "model has %d tensors, at most 256", np);
-        return PS_EINVAL_ARG;
-    }
-    if (o->placement == NULL)
-        place(m, s->nshards, shard_of);
     for (int i = 0; i < np; i++) {
         const struct ps_param_info *pi = ps_model_param_info(m, i);
         size_t row = pi->ndim > 0 && pi->shape[0] > 0 ? pi->count / (size_t)pi->shape[0]
                                                       : pi->count;
         const struct wd_var_place *vp = NULL;
-        if (o->placement != NULL) {
-            for (int k = 0; k < o->placement->n; k++)
-                if (strcmp(o->placement->vars[k].name, pi->name) == 0)
-                    vp = &o->placement->vars[k];
-            if (vp == NULL) {
-                snprintf(err, errlen, "the coordinator's placement has no '%s'",
-                         pi->name);
-                return PS_ESHAPE;
-            }
+        for (int k = 0; k < pl->n; k++)
+            if (strcmp(pl->vars[k].name, pi->name) == 0)
+                vp = &pl->vars[k];
+        if (vp == NULL) {
+            snprintf(err, errlen, "the coordinator's placement has no '%s'", pi->name);
+            return PS_ESHAPE;
         }
-        int nparts = vp ? vp->nparts : 1;
+        int nparts = vp->nparts;
         for (int k = 0; k < nparts; k++) {
             struct part *pt = &s->parts[s->nparts++];
             pt->param = i;
@@ -557,13 +577,6 @@ static int make_parts(struct session *s, char *err, size_t errlen)
             memcpy(pt->shape, pi->shape, sizeof pt->shape);
             pt->fan_in = pi->fan_in;
             pt->fan_out = pi->fan_out;
-            if (vp == NULL) {
-                snprintf(pt->name, sizeof pt->name, "%s", pi->name);
-                pt->offset = pi->offset;
-                pt->count = pi->count;
-                pt->shard = shard_of[i];
-                continue;
-            }
             const struct wd_part_place *pp = &vp->parts[k];
             if (pp->shard < 0 || pp->shard >= s->nshards ||
                 pp->row_begin < 0 || pp->row_end <= pp->row_begin ||
@@ -623,6 +636,7 @@ static void session_close(struct session *s)
     free(s->grads_tmp);
     free(s->backends);
     free(s->parts);
+    local_placement_free(&s->local_pl);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
 }

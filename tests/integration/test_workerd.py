@@ -54,6 +54,28 @@ def main():
                                    out.get("examples_per_second", -1)))
     d.stop()
 
+    # Two shards and no coordinator: the worker places the model by the
+    # coordinator's rule (common/place.c), so a tensor over 512 KiB is split
+    # by rows over both shards and the rest go to the least loaded.
+    pb, pbg, _, _ = pstest.generate_stubs()
+    d1, d2 = pstest.start_psd(pstest.tmpdir()), pstest.start_psd(pstest.tmpdir())
+    p = workerd("--ps", "%s,%s" % (d1.address, d2.address), "--epochs", "1",
+                "--limit", "6400", "--json")
+    names = []
+    for dd in (d1, d2):
+        ch = pstest.channel(dd.address)
+        lv = pbg.ParameterServerStub(ch).ListVariables(pb.ListVariablesRequest(),
+                                                       timeout=10)
+        names.append(sorted(v.spec.name for v in lv.variables))
+        ch.close()
+    r.check(p.returncode == 0 and "dense0/kernel/part0" in names[0] and
+            "dense0/kernel/part1" in names[1] and
+            len(names[0]) + len(names[1]) == 7,
+            "without a coordinator, two shards get the coordinator's placement: %s"
+            % names)
+    d1.stop()
+    d2.stop()
+
     # psd also on a unix socket (--local-socket): one worker there and one
     # over TCP train the same variables together.
     tmp = pstest.tmpdir()

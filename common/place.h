@@ -1,6 +1,8 @@
 /*
- * place.h - where a model's variables live: the coordinator's placement of
- * float32 variables over the job's ps shards.
+ * place.h - where a model's variables live: the placement of float32
+ * variables over a job's ps shards. pscoord applies it once per job; a
+ * workerd given --ps and no coordinator applies the same rule itself, so a
+ * model's variables are the same with or without one.
  *
  * The rule, applied once per job (the coordinator keeps the result):
  *   - variables are taken largest first (ties by name, so the proposal's
@@ -24,6 +26,8 @@
 #include <stdint.h>
 
 #define COORD_MAX_DIMS 8
+/* pscoord's --split-threshold default, and what a worker without one uses. */
+#define COORD_SPLIT_DEFAULT ((uint64_t)512 << 10)
 
 struct coord_part {
     char *name;        /* the name on its shard */
