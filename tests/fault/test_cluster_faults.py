@@ -11,7 +11,7 @@ with SIGKILL and restarted:
   pscoord  training goes on; the restarted coordinator recovers the
            cluster from its state directory.
 
-Each run must end with a test accuracy within 1 point of an unfailed run
+Each run must end with a test accuracy no more than 1 point below an unfailed run
 with the same seed, and the psd restored from a checkpoint must hold no
 version older than that checkpoint's. It prints the time each recovery took.
 Also: the whole job restores from its latest complete checkpoint.
@@ -38,7 +38,14 @@ EPOCHS = int(os.environ.get("FAULT_EPOCHS", "8"))
 # by about a point from one step to the next, which would drown the
 # comparison with the unfailed run.
 LR = 0.05
+# A failure may cost at most a point of test accuracy. One-sided: async
+# training is not deterministic, and two unfailed runs with the same seed
+# end up to half a point apart, so a run that ends higher has lost nothing.
 TOLERANCE = 0.01
+
+
+def no_worse(acc, base):
+    return acc >= base - TOLERANCE
 
 
 def final_accuracy(c, build):
@@ -161,7 +168,7 @@ def main():
                 "%.1f s, worker[1] rejoined in %.1f s" % (
                     mode, times.get("detect", -1), times.get("others_on", -1),
                     times.get("rejoin", -1)))
-        r.check(abs(acc - base[mode]) <= TOLERANCE,
+        r.check(no_worse(acc, base[mode]),
                 "%s: after a worker failure test accuracy %.4f vs unfailed %.4f"
                 % (mode, acc, base[mode]))
 
@@ -209,7 +216,7 @@ def main():
         what = "psd[1] killed and its data dir wiped" if wipe else "psd[1] killed"
         r.check("resume" in times, "%s: down %.1f s, training resumed %.1f s after "
                 "its restart" % (what, times.get("down", -1), times.get("resume", -1)))
-        r.check(abs(acc - base["async"]) <= TOLERANCE,
+        r.check(no_worse(acc, base["async"]),
                 "%s: test accuracy %.4f vs unfailed %.4f" % (what, acc, base["async"]))
         if wipe and ck.get("copy"):
             # Open the shard's checkpoint with a throwaway psd to read its
@@ -245,7 +252,7 @@ def main():
     r.check("recover" in times, "coordinator killed: training went on (%.1f s to "
             "see progress), the restarted coordinator knew all 4 tasks alive in %.1f s"
             % (times.get("on", -1), times.get("recover", -1)))
-    r.check(abs(acc - base["async"]) <= TOLERANCE,
+    r.check(no_worse(acc, base["async"]),
             "coordinator failure: test accuracy %.4f vs unfailed %.4f" % (acc, base["async"]))
 
     # --- the whole job restores from its latest complete checkpoint --------
