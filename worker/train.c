@@ -936,6 +936,10 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
      * worker joins the step the others are on. */
     uint64_t step = o->consistency == 2 ? s.shards[0].pull_items[0].version : 0;
     bool sync = o->consistency == 2;
+    /* Only where the copy is exact: SGD, one replica that reads the pulled
+     * block itself (workerd refuses the flag otherwise). */
+    bool self_update = o->self_update && !sync && o->optimizer == 0 && s.nrep == 1 &&
+                       ps_model_backend(s.replicas[0])->host_memory;
     double t0 = now_s(), last_report = t0, compute = 0, waited = 0;
     double window_loss = 0, rate = 0;
     int64_t window_n = 0, window_ex = 0, steps = 0, examples = 0;
@@ -977,6 +981,16 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
             swap_grads(&s);
             post_job(&s, step, false);
             pending = true;
+            /* The next step computes on values that lack the update just
+             * pushed (one step of staleness); with --self-update it is
+             * applied here too, as psd applies it (SGD), and the next pull
+             * replaces the copy with psd's values. */
+            if (self_update) {
+                float *w = s.params_live;
+                const float *g = s.grads_send, lr = o->lr;
+                for (size_t i = 0; i < s.nparams; i++)
+                    w[i] -= lr * g[i];
+            }
             if (sync) {
                 /* The next step needs this step's update. */
                 if ((rc = wait_job(&s)) != 0)

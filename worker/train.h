@@ -83,6 +83,8 @@ struct wd_train_opts {
     bool evaluator_only;       /* never create variables, only read them */
     bool concurrent_pull;      /* async: pull beside the push, not after it
                                   (faster; one more step of staleness) */
+    bool self_update;          /* async SGD: apply this worker's own step to
+                                  its copy while the push is in flight */
 };
 
 struct wd_train_result {

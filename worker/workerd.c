@@ -62,6 +62,7 @@ struct wd_conf {
     int eval_count;
     bool evaluate;
     bool concurrent_pull;
+    bool self_update;
     bool json;
     int log_level;
 };
@@ -149,6 +150,11 @@ static const ps_opt wd_opts[] = {
      "async: pull on a second connection at the same time as the push, not "
      "after it: more throughput when communication dominates, one more step "
      "of staleness", 0, 0, NULL},
+    {"self-update", PS_OPT_BOOL, offsetof(struct wd_conf, self_update), "false",
+     "async SGD, one CPU replica: apply this worker's own update to its copy "
+     "of the parameters while the push is in flight, so that its next step "
+     "does not compute without it (one step of staleness less; one pass over "
+     "the parameters per step)", 0, 0, NULL},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
@@ -472,6 +478,15 @@ int main(int argc, char **argv)
         status = 2;
         goto out;
     }
+    if (c.self_update && (c.optimizer != 0 || c.consistency == 1 ||
+                          c.replicas > 1 || strcmp(c.device, "cpu") != 0)) {
+        fprintf(stderr, "workerd: --self-update needs async SGD on one CPU replica "
+                "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)\n",
+                opt_choices[c.optimizer], c.consistency == 1 ? "sync" : "async",
+                (long long)c.replicas, c.device);
+        status = 2;
+        goto out;
+    }
     if (strcmp(c.device, "cpu") != 0 && strncmp(c.device, "cuda:", 5) != 0) {
         fprintf(stderr, "workerd: --device: '%s' is not cpu or cuda:N\n", c.device);
         status = 2;
@@ -607,6 +622,7 @@ int main(int argc, char **argv)
         .retry_budget_ms = c.retry_budget_ms,
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
         .concurrent_pull = c.concurrent_pull,
+        .self_update = c.self_update,
     };
     if (evaluator) {
         o.evaluator_only = true;

@@ -54,6 +54,21 @@ def main():
                                    out.get("examples_per_second", -1)))
     d.stop()
 
+    # --self-update: one async worker that applies its own SGD step to its
+    # copy while the push is in flight trains as a sync worker does (no
+    # step of staleness): the same accuracy, to rounding.
+    accs = {}
+    for mode, extra in (("sync", ["--consistency", "sync"]), ("self", ["--self-update"])):
+        dd = pstest.start_psd(pstest.tmpdir())
+        p = workerd("--ps", dd.address, "--batch", "256", "--epochs", "1", "--json",
+                    "--seed", "4", *extra)
+        accs[mode] = json.loads(p.stdout.strip().splitlines()[-1])["test_accuracy"] \
+            if p.returncode == 0 else -1
+        dd.stop()
+    r.check(accs["sync"] > 0.7 and abs(accs["self"] - accs["sync"]) <= 0.003,
+            "async with --self-update trains as sync does: accuracy %.4f vs %.4f"
+            % (accs["self"], accs["sync"]))
+
     # Two shards and no coordinator: the worker places the model by the
     # coordinator's rule (common/place.c), so a tensor over 512 KiB is split
     # by rows over both shards and the rest go to the least loaded.
@@ -236,6 +251,8 @@ def main():
         ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
          ["--task-index"]),
         ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
+        ("--self-update with Adam", ["--ps", d.address, "--self-update",
+                                     "--optimizer", "adam"], 2, ["--self-update", "adam"]),
     ]
     for what, args, code, words in cases:
         t0 = time.monotonic()
