@@ -44,6 +44,13 @@
 
 typedef struct pending_push pending_push;
 
+struct ckpt_job {
+    struct ckpt_job *next;
+    ps_rpc_call *call;
+    uint64_t step;
+    size_t keep_at_least;
+};
+
 typedef struct psd_var {
     char *name;
     uint8_t *spec_blob; /* packed, normalized VariableSpec */
@@ -120,7 +127,14 @@ struct psd_shard {
     pthread_mutex_t flush_mu; /* one flush at a time */
     pthread_cond_t flush_cond;
     bool flush_requested;
-    pthread_t flusher, sweeper;
+    pthread_t flusher, sweeper, ckpt_thread;
+    /* Checkpoints run on their own thread (a copy of a big store takes
+     * seconds, and the completion-queue thread must go on serving). */
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cond;
+    struct ckpt_job *ckpt_jobs, **ckpt_tail;
+    bool ckpt_quit;
+    bool ckpt_started;
     bool threads_started;
 
     atomic_uint_fast64_t apply_seq;   /* updates applied, ever */
@@ -1868,9 +1882,25 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
                     "Checkpoint: %zu bytes that are not a CheckpointRequest", len);
         return;
     }
-    uint64_t step = r->step;
-    size_t keep_at_least = r->keep_at_least;
+    struct ckpt_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        ps__v1__checkpoint_request__free_unpacked(r, NULL);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Checkpoint: out of memory");
+        return;
+    }
+    *j = (struct ckpt_job){NULL, call, r->step, r->keep_at_least};
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
+    pthread_mutex_lock(&s->ckpt_mu);
+    *s->ckpt_tail = j;
+    s->ckpt_tail = &j->next;
+    pthread_cond_signal(&s->ckpt_cond);
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
+/* Takes one checkpoint and answers its call. On the checkpoint thread. */
+static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
+                           size_t keep_at_least)
+{
     /* Everything acknowledged so far goes into the store, then the copy is
      * taken from one read transaction while pushes go on. */
     pthread_mutex_lock(&s->flush_mu);
@@ -1911,6 +1941,33 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     resp.step = step;
     resp.bytes = bytes;
     ps_rpc_reply_pb(call, &resp);
+}
+
+static void *ckpt_main(void *arg)
+{
+    psd_shard *s = arg;
+    pthread_setname_np(pthread_self(), "psd-ckpt");
+    pthread_mutex_lock(&s->ckpt_mu);
+    for (;;) {
+        while (!s->ckpt_quit && s->ckpt_jobs == NULL)
+            pthread_cond_wait(&s->ckpt_cond, &s->ckpt_mu);
+        struct ckpt_job *j = s->ckpt_jobs;
+        if (j == NULL)
+            break; /* quit, nothing left */
+        s->ckpt_jobs = j->next;
+        if (s->ckpt_jobs == NULL)
+            s->ckpt_tail = &s->ckpt_jobs;
+        bool quit = s->ckpt_quit;
+        pthread_mutex_unlock(&s->ckpt_mu);
+        if (quit)
+            ps_rpc_fail(j->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        else
+            checkpoint_run(s, j->call, j->step, j->keep_at_least);
+        free(j);
+        pthread_mutex_lock(&s->ckpt_mu);
+    }
+    pthread_mutex_unlock(&s->ckpt_mu);
+    return NULL;
 }
 
 /* Fails every waiting call: Restore replaces the variables they point to. */
@@ -2056,6 +2113,9 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
+    pthread_mutex_init(&s->ckpt_mu, NULL);
+    pthread_cond_init(&s->ckpt_cond, NULL);
+    s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
     int rc = psd_store_open(s->data_dir, opts->map_size, 0, &s->store);
     if (rc != 0) {
@@ -2074,7 +2134,9 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     uint64_t last = 0;
     if (psd_ckpt_latest(s->ckpt_root, &last) == 0)
         atomic_store(&s->last_ckpt, last);
-    if (psd_assist_start(&s->assist) != 0 ||
+    if (pthread_create(&s->ckpt_thread, NULL, ckpt_main, s) == 0)
+        s->ckpt_started = true;
+    if (!s->ckpt_started || psd_assist_start(&s->assist) != 0 ||
         pthread_create(&s->flusher, NULL, flusher_main, s) != 0 ||
         pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
         rc = -EAGAIN;
@@ -2168,6 +2230,16 @@ int psd_shard_close(psd_shard *s)
         rc = psd_shard_flush(s);
         fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
     }
+    if (s->ckpt_started) {
+        /* A checkpoint under way finishes; queued ones are refused. */
+        pthread_mutex_lock(&s->ckpt_mu);
+        s->ckpt_quit = true;
+        pthread_cond_signal(&s->ckpt_cond);
+        pthread_mutex_unlock(&s->ckpt_mu);
+        pthread_join(s->ckpt_thread, NULL);
+    }
+    pthread_mutex_destroy(&s->ckpt_mu);
+    pthread_cond_destroy(&s->ckpt_cond);
     psd_assist_stop(s->assist);
     psd_store_close(s->store);
     for (size_t i = 0; i < s->nvars; i++)

@@ -95,6 +95,32 @@ def main():
         r.check(False, "restoring a missing checkpoint is refused")
     except grpc.RpcError as e:
         r.check(e.code() == grpc.StatusCode.NOT_FOUND, "a missing checkpoint is NOT_FOUND")
+    # A checkpoint runs on its own thread: pulls are answered while a big
+    # one is written (psd serves calls on one thread by default).
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "big", (4096, 8192), init=pb.Initializer(kind=pb.Initializer.NORMAL,
+                                                      seed=1))), timeout=60)
+    span = {}
+    def take():
+        span["t0"] = time.monotonic()
+        stub.Checkpoint(pb.CheckpointRequest(step=0), timeout=120)
+        span["t1"] = time.monotonic()
+    th = threading.Thread(target=take)
+    th.start()
+    pulls = []
+    while th.is_alive():
+        a0 = time.monotonic()
+        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+        pulls.append((a0, time.monotonic()))
+    th.join()
+    # Pulls that started after the checkpoint call and were answered well
+    # before it: none if the checkpoint held the only serving thread.
+    during = sum(1 for a0, a1 in pulls
+                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+    r.check(during > 0, "pulls are answered while a %.0f ms checkpoint of a 128 MiB "
+            "variable is written (%d of them)" % ((span["t1"] - span["t0"]) * 1e3,
+                                                  during))
+
     # A caller that keeps more job checkpoints (pscoord --checkpoint-keep 5)
     # asks psd to keep as many of its own, beyond its --checkpoint-keep 3.
     def complete():
