@@ -68,11 +68,7 @@ static void *heartbeat_main(void *arg)
     ps_coord *c = arg;
     pthread_mutex_lock(&c->mu);
     while (!c->stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        long ns = until.tv_nsec + (long)c->interval_ms * 1000000L;
-        until.tv_sec += ns / 1000000000L;
-        until.tv_nsec = ns % 1000000000L;
+        struct timespec until = ps_time_after_ms(CLOCK_REALTIME, c->interval_ms);
         pthread_cond_timedwait(&c->cond, &c->mu, &until);
         if (c->stop)
             break;

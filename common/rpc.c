@@ -153,6 +153,16 @@ int64_t ps_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+struct timespec ps_time_after_ms(clockid_t clock, int64_t ms)
+{
+    struct timespec t;
+    clock_gettime(clock, &t);
+    int64_t ns = t.tv_nsec + (ms % 1000) * 1000000L;
+    t.tv_sec += (time_t)(ms / 1000 + ns / 1000000000L);
+    t.tv_nsec = (long)(ns % 1000000000L);
+    return t;
+}
+
 int ps_buf_reserve(ps_buf *b, size_t cap)
 {
     if (cap <= b->cap)
@@ -1147,14 +1157,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms)
 
     grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
                                     &srv->t_shutdown);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += grace_ms / 1000;
-    until.tv_nsec += (long)(grace_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = ps_time_after_ms(CLOCK_REALTIME, grace_ms);
     pthread_mutex_lock(&srv->mu);
     while (!srv->shutdown_done) {
         if (pthread_cond_timedwait(&srv->cond, &srv->mu, &until) == ETIMEDOUT)

@@ -39,6 +39,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* gRPC status codes, with the same values as grpc_status_code. */
 enum ps_rpc_code {
@@ -321,6 +322,10 @@ void ps_rpc_init_logging(void);
 
 /* Milliseconds on CLOCK_MONOTONIC. */
 int64_t ps_now_ms(void);
+/* The time ms from now on `clock`, for pthread_cond_timedwait (whose
+ * condition variables here use the default CLOCK_REALTIME, unless made
+ * otherwise). */
+struct timespec ps_time_after_ms(clockid_t clock, int64_t ms);
 
 /* Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (call it in main
  * before starting any thread, so every thread inherits the mask) and ignores

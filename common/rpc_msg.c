@@ -13,6 +13,7 @@
 #include "errors.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <grpc/byte_buffer_reader.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -125,29 +126,23 @@ void ps_rpc_msg_release(void *m)
     ps_rpc_msg_unref(m);
 }
 
-void ps_rpc_msg_wait_unshared(ps_rpc_msg *m)
+bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms)
 {
     /* gRPC drops its reference once the bytes are in the kernel, which is
      * before the peer can answer: this almost never waits. */
+    int64_t until = ps_now_ms() + timeout_ms;
     for (int i = 0; atomic_load(&m->refs) > 1; i++) {
-        struct timespec ts = {0, i < 100 ? 10000L : 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
-
-bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms)
-{
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; atomic_load(&m->refs) > 1; i++) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        long ms = (now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L;
-        if (ms >= timeout_ms)
+        if (ps_now_ms() >= until)
             return false;
         struct timespec ts = {0, i < 100 ? 10000L : 1000000L};
         nanosleep(&ts, NULL);
     }
     return true;
+}
+
+void ps_rpc_msg_wait_unshared(ps_rpc_msg *m)
+{
+    ps_rpc_msg_wait_unshared_for(m, INT_MAX);
 }
 
 size_t ps_rpc_pool_bytes(void)

@@ -929,14 +929,7 @@ void coord_versions(coord *c, uint64_t *epoch, uint64_t *progress)
 
 uint64_t coord_wait(coord *c, uint64_t seen, int timeout_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = ps_time_after_ms(CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&c->mu);
     uint64_t kicks = c->kicks;
     while (!c->stopping && c->epoch == seen && c->kicks == kicks)

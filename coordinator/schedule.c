@@ -41,14 +41,7 @@ struct coord_sched {
 /* Sleeps up to ms or until stopping. Returns false once stopping. */
 static bool nap(coord_sched *s, int ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = ps_time_after_ms(CLOCK_MONOTONIC, ms);
     pthread_mutex_lock(&s->mu);
     while (!s->stopping)
         if (pthread_cond_timedwait(&s->cond, &s->mu, &until) == ETIMEDOUT)

@@ -717,11 +717,8 @@ static void *flusher_main(void *arg)
     uint64_t trimmed_bytes = 0;
     pthread_mutex_lock(&s->flush_mu);
     while (!s->closing) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        long ns = until.tv_nsec + (long)s->o.commit_interval_ms * 1000000L;
-        until.tv_sec += ns / 1000000000L;
-        until.tv_nsec = ns % 1000000000L;
+        struct timespec until = ps_time_after_ms(CLOCK_REALTIME,
+                                                 s->o.commit_interval_ms);
         while (!s->closing && !s->flush_requested)
             if (pthread_cond_timedwait(&s->flush_cond, &s->flush_mu, &until) ==
                 ETIMEDOUT)
@@ -891,11 +888,7 @@ static void *sweeper_main(void *arg)
     pthread_setname_np(pthread_self(), "psd-sweep");
     pthread_mutex_lock(&s->wait_mu);
     while (!s->closing) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        long ns = until.tv_nsec + SWEEP_MS * 1000000L;
-        until.tv_sec += ns / 1000000000L;
-        until.tv_nsec = ns % 1000000000L;
+        struct timespec until = ps_time_after_ms(CLOCK_REALTIME, SWEEP_MS);
         pthread_cond_timedwait(&s->wait_cond, &s->wait_mu, &until);
         if (s->closing)
             break;
