@@ -1,6 +1,7 @@
 #include "jsonfile.h"
 
 #include "errors.h"
+#include "fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -113,21 +114,11 @@ int coord_json_read(const char *path, json_t **out, char *err, size_t errlen)
 
 int coord_mkdirs(const char *path)
 {
-    char buf[4096];
-    if ((size_t)snprintf(buf, sizeof buf, "%s", path) >= sizeof buf)
-        return -ENAMETOOLONG;
-    for (char *p = buf + 1; *p != '\0'; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return -errno;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return -errno;
+    int rc = ps_mkdirs(path);
+    if (rc != 0)
+        return rc;
     struct stat st;
-    if (stat(buf, &st) != 0)
+    if (stat(path, &st) != 0)
         return -errno;
     return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }

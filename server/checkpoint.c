@@ -5,6 +5,7 @@
 #include "checkpoint.h"
 
 #include "errors.h"
+#include "fsutil.h"
 #include "log.h"
 
 #include <dirent.h>
@@ -52,26 +53,6 @@ static int pathf(char *out, size_t len, const char *fmt, ...)
     int n = vsnprintf(out, len, fmt, ap);
     va_end(ap);
     return (n < 0 || (size_t)n >= len) ? -ENAMETOOLONG : 0;
-}
-
-static int mkdir_p(const char *dir)
-{
-    char buf[PATH_MAX];
-    size_t len = strlen(dir);
-    if (len >= sizeof buf)
-        return -ENAMETOOLONG;
-    memcpy(buf, dir, len + 1);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return io_rc(errno);
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return io_rc(errno);
-    return 0;
 }
 
 static int fsync_path(const char *path, int oflags)
@@ -405,7 +386,9 @@ int psd_ckpt_write(psd_store *s, const char *data_dir, uint64_t step, uint64_t n
     if (path_out && strlen(final) >= pathlen)
         return PS_EINVAL_ARG;
 
-    rc = mkdir_p(ckdir);
+    rc = ps_mkdirs(ckdir);
+    if (rc < 0)
+        rc = io_rc(-rc);
     if (rc == 0)
         rc = fsync_path(data_dir, O_DIRECTORY); /* checkpoints/ may be new */
     if (rc != 0) {

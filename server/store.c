@@ -5,6 +5,7 @@
 #include "store.h"
 
 #include "errors.h"
+#include "fsutil.h"
 #include "log.h"
 
 #include <errno.h>
@@ -114,26 +115,6 @@ static int map_rc(int mrc, bool errno_ok)
             return -mrc;
         return PS_ESTORE;
     }
-}
-
-static int mkdir_p(const char *dir)
-{
-    char buf[PATH_MAX];
-    size_t len = strlen(dir);
-    if (len >= sizeof buf)
-        return -ENAMETOOLONG;
-    memcpy(buf, dir, len + 1);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return -errno;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return -errno;
-    return 0;
 }
 
 /* Begins a transaction. Another process may have grown the map since we
@@ -334,7 +315,7 @@ int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store
 
     int rc;
     if (!rdonly) {
-        rc = mkdir_p(dir);
+        rc = ps_mkdirs(dir);
         if (rc != 0) {
             ps_log_err(rc, "store %s: creating the directory", dir);
             return rc;
