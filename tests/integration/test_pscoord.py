@@ -30,7 +30,6 @@ Prints ok/FAIL per check and "pscoord: N passed, N failed".
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -50,12 +49,7 @@ pb = pbg = None
 r = None
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+free_port = pstest.free_port
 
 
 class Coord:

@@ -5,7 +5,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,7 @@ def workerd(*args, timeout=240):
                           timeout=timeout)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+free_port = pstest.free_port
 
 
 def one_line_error(r, proc, code, *words):

@@ -115,6 +115,16 @@ def start_psd(data_dir, *args, wrapper=None):
     return Daemon((wrapper or []) + argv)
 
 
+def free_port():
+    """A port free on 127.0.0.1 now (for a daemon told its port up front)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def tmpdir(prefix="psd-test-"):
     d = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, d, True)
