@@ -62,7 +62,7 @@ struct wd_conf {
     int eval_count;
     bool evaluate;
     bool concurrent_pull;
-    bool self_update;
+    int self_update;            /* 0 auto, 1 on, 2 off */
     bool json;
     int log_level;
 };
@@ -70,6 +70,7 @@ struct wd_conf {
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
 static const char *const cons_choices[] = {"async", "sync", NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
+static const char *const self_choices[] = {"auto", "on", "off", NULL};
 
 #define FM "/usr/share/datasets/fashion-mnist"
 
@@ -150,11 +151,12 @@ static const ps_opt wd_opts[] = {
      "async: pull on a second connection at the same time as the push, not "
      "after it: more throughput when communication dominates, one more step "
      "of staleness", 0, 0, NULL},
-    {"self-update", PS_OPT_BOOL, offsetof(struct wd_conf, self_update), "false",
+    {"self-update", PS_OPT_ENUM, offsetof(struct wd_conf, self_update), "auto",
      "async SGD, one CPU replica: apply this worker's own update to its copy "
      "of the parameters while the push is in flight, so that its next step "
      "does not compute without it (one step of staleness less; one pass over "
-     "the parameters per step)", 0, 0, NULL},
+     "the parameters per step); auto = wherever that copy is exact", 0, 0,
+     self_choices},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
@@ -478,9 +480,9 @@ int main(int argc, char **argv)
         status = 2;
         goto out;
     }
-    if (c.self_update && (c.optimizer != 0 || c.consistency == 1 ||
+    if (c.self_update == 1 && (c.optimizer != 0 || c.consistency == 1 ||
                           c.replicas > 1 || strcmp(c.device, "cpu") != 0)) {
-        fprintf(stderr, "workerd: --self-update needs async SGD on one CPU replica "
+        fprintf(stderr, "workerd: --self-update on needs async SGD on one CPU replica "
                 "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)\n",
                 opt_choices[c.optimizer], c.consistency == 1 ? "sync" : "async",
                 (long long)c.replicas, c.device);
@@ -622,7 +624,7 @@ int main(int argc, char **argv)
         .retry_budget_ms = c.retry_budget_ms,
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
         .concurrent_pull = c.concurrent_pull,
-        .self_update = c.self_update,
+        .self_update = c.self_update != 2,
     };
     if (evaluator) {
         o.evaluator_only = true;

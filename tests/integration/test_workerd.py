@@ -50,18 +50,26 @@ def main():
 
     # --self-update: one async worker that applies its own SGD step to its
     # copy while the push is in flight trains as a sync worker does (no
-    # step of staleness): the same accuracy, to rounding.
+    # step of staleness): the same accuracy, to rounding. auto (the default)
+    # turns it on for async SGD; off leaves the step of staleness, which
+    # changes the result (one worker's run is deterministic for a seed).
     accs = {}
-    for mode, extra in (("sync", ["--consistency", "sync"]), ("self", ["--self-update"])):
+    for mode, extra in (("sync", ["--consistency", "sync"]),
+                        ("on", ["--self-update", "on"]), ("auto", []),
+                        ("off", ["--self-update", "off"])):
         dd = pstest.start_psd(pstest.tmpdir())
         p = workerd("--ps", dd.address, "--batch", "256", "--epochs", "1", "--json",
-                    "--seed", "4", *extra)
+                    "--seed", "1", *extra)
         accs[mode] = json.loads(p.stdout.strip().splitlines()[-1])["test_accuracy"] \
             if p.returncode == 0 else -1
         dd.stop()
-    r.check(accs["sync"] > 0.7 and abs(accs["self"] - accs["sync"]) <= 0.003,
-            "async with --self-update trains as sync does: accuracy %.4f vs %.4f"
-            % (accs["self"], accs["sync"]))
+    r.check(accs["sync"] > 0.7 and abs(accs["on"] - accs["sync"]) <= 0.003,
+            "async with --self-update on trains as sync does: accuracy %.4f vs %.4f"
+            % (accs["on"], accs["sync"]))
+    r.check(accs["auto"] == accs["on"] and accs["off"] > 0.7 and
+            accs["off"] != accs["on"],
+            "--self-update auto is on for async SGD (%.4f = %.4f), off is not (%.4f)"
+            % (accs["auto"], accs["on"], accs["off"]))
 
     # Two shards and no coordinator: the worker places the model by the
     # coordinator's rule (common/place.c), so a tensor over 512 KiB is split
@@ -245,8 +253,10 @@ def main():
         ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
          ["--task-index"]),
         ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
-        ("--self-update with Adam", ["--ps", d.address, "--self-update",
-                                     "--optimizer", "adam"], 2, ["--self-update", "adam"]),
+        ("--self-update on with Adam", ["--ps", d.address, "--self-update", "on",
+                                        "--optimizer", "adam"], 2, ["--self-update", "adam"]),
+        ("a bad --self-update", ["--ps", d.address, "--self-update", "maybe"], 2,
+         ["--self-update", "maybe"]),
     ]
     for what, args, code, words in cases:
         t0 = time.monotonic()
