@@ -2,9 +2,12 @@
 
 #include "errors.h"
 #include "pbcur.h"
+#include "log.h"
 #include "ps.pb-c.h"
+#include "shm.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +20,62 @@ struct ps_client {
     ps_rpc_client *rpc;
     char *address;
     ps_buf req;   /* encoded requests, reused */
+    const ps_shm *shm; /* tensors in it go by reference (ps_client_set_shm) */
+    bool shm_off;      /* psd could not map it: inline from then on */
 };
+
+void ps_client_set_shm(ps_client *c, const ps_shm *shm)
+{
+    c->shm = shm;
+    c->shm_off = false;
+}
+
+bool ps_client_shm_active(const ps_client *c)
+{
+    return c->shm != NULL && !c->shm_off;
+}
+
+/* Whether n floats at p go by reference; *off is then their offset. */
+static bool by_ref(const ps_client *c, const float *p, size_t n, uint64_t *off)
+{
+    return ps_client_shm_active(c) && n > 0 &&
+           ps_shm_contains(c->shm, p, n * sizeof(float), off);
+}
+
+/* A call that failed because psd cannot map the shared memory: the client
+ * goes on without it (the call changed nothing; the caller repeats it). */
+static bool shm_refused(ps_client *c, int rc, const ps_rpc_status *st)
+{
+    if (rc != PS_ERPC || st == NULL || st->code != PS_RPC_FAILED_PRECONDITION ||
+        strstr(st->message, "shared memory") == NULL)
+        return false;
+    /* Said once per process (each session and connection finds out). */
+    static atomic_bool said;
+    if (!atomic_exchange(&said, true))
+        ps_log_warn("psd at %s cannot use this process's shared memory; sending "
+                    "tensors inline (%s)", c->address, st->message);
+    else
+        ps_log_info("psd at %s cannot use this process's shared memory: %s",
+                    c->address, st->message);
+    c->shm_off = true;
+    return true;
+}
+
+static size_t shmref_len(const ps_shm *m, uint64_t off, uint64_t len)
+{
+    return ps_shm_ref_len(ps_shm_name(m), off, len);
+}
+
+static uint8_t *put_shmref(uint8_t *p, int field, const ps_shm *m, uint64_t off,
+                           uint64_t len)
+{
+    return ps_shm_ref_put(p, field, ps_shm_name(m), off, len);
+}
+
+static size_t field_len(size_t len)
+{
+    return 1 + ps_pb_varint_len(len) + len;
+}
 
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
                      ps_client **out)
@@ -202,6 +260,7 @@ int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
  * PushResponse 2) copied into items, and for a PushResponse nversions
  * versions in field 1. */
 struct pull_ctx {
+    const ps_client *c;      /* for values written into its shared memory */
     ps_client_item *items;
     size_t n;
     int field;
@@ -212,6 +271,101 @@ struct pull_ctx {
 };
 
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np);
+
+/* The Tensor of a pushed item: inline bytes, or a reference. */
+static size_t shm_tensor_len(const ps_client *c, const ps_client_item *it)
+{
+    uint64_t off;
+    size_t sl = 0, bytes = it->n * sizeof(float);
+    for (int d = 0; d < it->ndim; d++)
+        sl += ps_pb_varint_len((uint64_t)it->shape[d]);
+    size_t tl = 2 + (it->ndim > 0 ? field_len(sl) : 0);
+    if (by_ref(c, it->data, it->n, &off))
+        return tl + field_len(shmref_len(c->shm, off, bytes));
+    return tl + field_len(bytes);
+}
+
+static size_t shm_grad_len(const ps_client *c, const ps_client_item *it,
+                           const ps_client_item *pull)
+{
+    uint64_t off;
+    size_t gl = field_len(strlen(it->name)) + field_len(shm_tensor_len(c, it));
+    if (pull != NULL && by_ref(c, pull->data, pull->n, &off))
+        gl += field_len(shmref_len(c->shm, off, pull->n * sizeof(float)));
+    return gl;
+}
+
+/* A PushRequest whose tensors in shared memory go by reference (and, with
+ * pulls, whose values are asked into it): a few hundred bytes. */
+static int push_encode_shm(ps_client *c, uint32_t worker, uint64_t step,
+                           const ps_client_item *items, const ps_client_item *pulls,
+                           size_t n, ps_rpc_msg **out)
+{
+    size_t total = 1 + ps_pb_varint_len(worker) + 1 + ps_pb_varint_len(step) +
+                   (pulls ? 2 : 0);
+    for (size_t i = 0; i < n; i++)
+        total += field_len(shm_grad_len(c, &items[i], pulls ? &pulls[i] : NULL));
+    ps_rpc_msg *m = ps_rpc_msg_new(total);
+    if (m == NULL)
+        return -ENOMEM;
+    uint8_t *p = ps_rpc_msg_data(m);
+    *p++ = (1 << 3) | 0;
+    p = ps_pb_put_varint(p, worker);
+    *p++ = (2 << 3) | 0;
+    p = ps_pb_put_varint(p, step);
+    for (size_t i = 0; i < n; i++) {
+        const ps_client_item *it = &items[i];
+        size_t nl = strlen(it->name), bytes = it->n * sizeof(float), sl = 0;
+        uint64_t off;
+        *p++ = (3 << 3) | 2;
+        p = ps_pb_put_varint(p, shm_grad_len(c, it, pulls ? &pulls[i] : NULL));
+        *p++ = (1 << 3) | 2;
+        p = ps_pb_put_varint(p, nl);
+        memcpy(p, it->name, nl);
+        p += nl;
+        *p++ = (2 << 3) | 2;
+        p = ps_pb_put_varint(p, shm_tensor_len(c, it));
+        *p++ = (1 << 3) | 0;
+        *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+        for (int d = 0; d < it->ndim; d++)
+            sl += ps_pb_varint_len((uint64_t)it->shape[d]);
+        if (it->ndim > 0) {
+            *p++ = (2 << 3) | 2;
+            p = ps_pb_put_varint(p, sl);
+            for (int d = 0; d < it->ndim; d++)
+                p = ps_pb_put_varint(p, (uint64_t)it->shape[d]);
+        }
+        if (by_ref(c, it->data, it->n, &off)) {
+            p = put_shmref(p, 4, c->shm, off, bytes);
+        } else {
+            *p++ = (3 << 3) | 2;
+            p = ps_pb_put_varint(p, bytes);
+            memcpy(p, it->data, bytes);
+            p += bytes;
+        }
+        if (pulls != NULL && by_ref(c, pulls[i].data, pulls[i].n, &off))
+            p = put_shmref(p, 3, c->shm, off, pulls[i].n * sizeof(float));
+    }
+    if (pulls != NULL) {
+        *p++ = (4 << 3) | 0;
+        *p++ = 1;
+    }
+    ps_rpc_msg_set_len(m, (size_t)(p - ps_rpc_msg_data(m)));
+    *out = m;
+    return 0;
+}
+
+/* Whether any of the push's tensors goes through shared memory. */
+static bool push_uses_shm(const ps_client *c, const ps_client_item *items,
+                          const ps_client_item *pulls, size_t n)
+{
+    uint64_t off;
+    for (size_t i = 0; i < n; i++)
+        if (by_ref(c, items[i].data, items[i].n, &off) ||
+            (pulls != NULL && by_ref(c, pulls[i].data, pulls[i].n, &off)))
+            return true;
+    return false;
+}
 
 /* A Push, and with pulls != NULL the values it asks back (see
  * ps_client_push_pull). */
@@ -236,9 +390,20 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     if (versions == NULL)
         return -ENOMEM;
     char err[256] = "";
-    struct pull_ctx pc = {pulls, rv ? n : 0, 2, versions, n, err, sizeof err};
+    struct pull_ctx pc = {c, pulls, rv ? n : 0, 2, versions, n, err, sizeof err};
     int rc;
-    if (in_place > 0 && !big_plain) {
+again:
+    if (push_uses_shm(c, items, pulls, n)) {
+        ps_rpc_msg *m = NULL;
+        rc = push_encode_shm(c, worker, step, items, pulls, n, &m);
+        if (rc == 0) {
+            rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
+                                   decode_pieces, &pc, deadline_ms, st);
+            ps_rpc_msg_unref(m);
+            if (shm_refused(c, rc, st))
+                goto again;
+        }
+    } else if (in_place > 0 && !big_plain) {
         ps_rpc_part *parts = malloc((2 * n + 1) * sizeof *parts);
         rc = parts ? ps_buf_reserve(&c->req, len - in_place) : -ENOMEM;
         if (rc == 0) {
@@ -288,27 +453,32 @@ int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
 
 /* ---- Pull ------------------------------------------------------------- */
 
-static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
+static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
+{
+    uint64_t off;
+    size_t il = field_len(strlen(it->name));
+    if (it->min_version)
+        il += 1 + ps_pb_varint_len(it->min_version);
+    if (c != NULL && by_ref(c, it->data, it->n, &off))
+        il += field_len(shmref_len(c->shm, off, it->n * sizeof(float)));
+    return il;
+}
+
+static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *items,
+                       size_t n)
 {
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t nl = strlen(items[i].name);
-        size_t il = 1 + ps_pb_varint_len(nl) + nl;
-        if (items[i].min_version)
-            il += 1 + ps_pb_varint_len(items[i].min_version);
-        total += 1 + ps_pb_varint_len(il) + il;
-    }
+    for (size_t i = 0; i < n; i++)
+        total += field_len(pull_item_len(c, &items[i]));
     int rc = ps_buf_reserve(b, total ? total : 1);
     if (rc != 0)
         return rc;
     uint8_t *p = b->data;
     for (size_t i = 0; i < n; i++) {
         size_t nl = strlen(items[i].name);
-        size_t il = 1 + ps_pb_varint_len(nl) + nl;
-        if (items[i].min_version)
-            il += 1 + ps_pb_varint_len(items[i].min_version);
+        uint64_t off;
         *p++ = (1 << 3) | 2;
-        p = ps_pb_put_varint(p, il);
+        p = ps_pb_put_varint(p, pull_item_len(c, &items[i]));
         *p++ = (1 << 3) | 2;
         p = ps_pb_put_varint(p, nl);
         memcpy(p, items[i].name, nl);
@@ -317,6 +487,8 @@ static int encode_pull(ps_buf *b, const ps_client_item *items, size_t n)
             *p++ = (2 << 3) | 0;
             p = ps_pb_put_varint(p, items[i].min_version);
         }
+        if (c != NULL && by_ref(c, items[i].data, items[i].n, &off))
+            p = put_shmref(p, 3, c->shm, off, items[i].n * sizeof(float));
     }
     b->len = (size_t)(p - b->data);
     return 0;
@@ -405,6 +577,27 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
                         if (ps_pbcur_take(&d, (uint8_t *)it->data, d.left) != 0)
                             goto bad;
                         have_data = true;
+                    } else if (key == ((4 << 3) | 2)) {
+                        /* psd wrote the value into our shared memory: it
+                         * must say where we asked. */
+                        ps_pbcur r;
+                        char rn[PS_SHM_NAME_MAX];
+                        size_t rnl;
+                        uint64_t roff, rlen, want;
+                        if (ps_pbcur_sub(&t, &r) != 0 ||
+                            ps_shm_ref_decode(&r, rn, sizeof rn, &rnl, &roff, &rlen) != NULL)
+                            goto bad;
+                        if (pc->c == NULL || pc->c->shm == NULL ||
+                            !ps_shm_contains(pc->c->shm, it->data, it->n * sizeof(float),
+                                             &want) ||
+                            strcmp(rn, ps_shm_name(pc->c->shm)) != 0 || roff != want ||
+                            rlen != it->n * sizeof(float)) {
+                            snprintf(pc->err, pc->errlen, "variable '%s': psd wrote "
+                                     "the value into shared memory not asked for",
+                                     it->name);
+                            return PS_EPARSE;
+                        }
+                        have_data = true;
                     } else if (ps_pbcur_skip(&t, (int)(key & 7)) != 0) {
                         goto bad;
                     }
@@ -444,7 +637,7 @@ bad:
 int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
                           ps_client_item *items, size_t n, char *err, size_t errlen)
 {
-    struct pull_ctx pc = {items, n, 1, NULL, 0, err, errlen};
+    struct pull_ctx pc = {NULL, items, n, 1, NULL, 0, err, errlen};
     return decode_pieces(&pc, pieces, np);
 }
 
@@ -452,18 +645,20 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {
     struct ps_piece one = {buf, len};
-    struct pull_ctx pc = {items, n, 1, NULL, 0, err, errlen};
+    struct pull_ctx pc = {NULL, items, n, 1, NULL, 0, err, errlen};
     return decode_pieces(&pc, &one, 1);
 }
 
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
                    int deadline_ms, ps_rpc_status *st)
 {
-    int rc = encode_pull(&c->req, items, n);
+    int rc;
+again:
+    rc = encode_pull(c, &c->req, items, n);
     if (rc != 0)
         return rc;
     char err[256] = "";
-    struct pull_ctx pc = {items, n, 1, NULL, 0, err, sizeof err};
+    struct pull_ctx pc = {c, items, n, 1, NULL, 0, err, sizeof err};
     ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
     if (m == NULL)
         return -ENOMEM;
@@ -472,6 +667,8 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
     rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Pull", m,
                            decode_pieces, &pc, deadline_ms, st);
     ps_rpc_msg_unref(m);
+    if (shm_refused(c, rc, st))
+        goto again;
     if (rc == PS_ERPC || rc == -ENOMEM)
         return rc;
     if (rc != 0 && st != NULL) {

@@ -22,6 +22,7 @@
 
 #include "rpc.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,19 @@ typedef struct ps_client_item {
 
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
                      ps_client **out);
+
+/* Shared memory with a psd on this host (shm.h): from now on a gradient
+ * whose data lies in shm goes by reference, and a value pulled into memory
+ * in shm is written there by psd, with no bytes of either through the
+ * socket. The caller must not change a gradient until its push returns.
+ * If psd answers that it cannot map shm, the client logs it once and sends
+ * everything inline from then on. shm must outlive the client's use of it;
+ * NULL turns it off. */
+struct ps_shm;
+void ps_client_set_shm(ps_client *c, const struct ps_shm *shm);
+/* Whether tensors in the shared memory go by reference (set, and psd has
+ * not refused it). */
+bool ps_client_shm_active(const ps_client *c);
 void ps_client_destroy(ps_client *c);
 const char *ps_client_address(const ps_client *c);
 

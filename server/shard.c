@@ -43,6 +43,12 @@
 #define VALUE_IN_PLACE_MIN ((size_t)64 << 10)
 
 typedef struct pending_push pending_push;
+static void pending_free(pending_push *p);
+
+/* Shared memory unused this long is unmapped (shmmap.h); checked every
+ * SHM_SWEEP_MS. */
+#define SHM_IDLE_MS 60000
+#define SHM_SWEEP_MS 5000
 
 struct ckpt_job {
     struct ckpt_job *next;
@@ -95,6 +101,7 @@ struct pending_push {
     uint64_t step;
     uint64_t seq;             /* durable: the apply sequence to commit */
     bool return_values;       /* answer with the values too */
+    psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     bool armed;               /* its handler is done with it (under wait_mu) */
 };
 
@@ -104,6 +111,7 @@ typedef struct pull_waiter {
     size_t nitems;
     psd_var **vars;
     uint64_t *min_versions;
+    psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
 } pull_waiter;
 
 struct psd_shard {
@@ -140,10 +148,11 @@ struct psd_shard {
     atomic_uint_fast64_t apply_seq;   /* updates applied, ever */
     atomic_uint_fast64_t committed_seq;
     atomic_uint_fast64_t pushes, pulls, bytes_in, bytes_out, stale, bad,
-        nonfinite, commits, last_ckpt;
+        nonfinite, commits, last_ckpt, shm_bytes;
     uint64_t fixed_overhead;
     int64_t started_ms;
     psd_assist *assist;  /* takes half of a big push (assist.h) */
+    psd_shmmap *shm;     /* co-located clients' shared memory (shmmap.h) */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -749,13 +758,16 @@ static void request_flush(psd_shard *s)
 /* Writes the PullResponse bytes of v up to its data (values[i] tag and
  * length, name, version, value's tag and length, dtype, shape, data's tag
  * and length) at p; returns the end. The encoding is protobuf-c's. */
-static uint8_t *value_header(uint8_t *p, const psd_var *v, int field)
+static uint8_t *value_header(uint8_t *p, const psd_var *v, int field,
+                             const psd_shm_ref *into)
 {
     size_t nbytes = v->n * sizeof(float), shape_len = 0;
     for (int d = 0; d < v->ndim; d++)
         shape_len += ps_pb_varint_len((uint64_t)v->shape[d]);
+    size_t into_len = into ? ps_shm_ref_len(into->name, into->offset, into->length) : 0;
     size_t tensor_len = 2 + (v->ndim ? 1 + ps_pb_varint_len(shape_len) + shape_len : 0) +
-                        (nbytes ? 1 + ps_pb_varint_len(nbytes) + nbytes : 0);
+                        (into ? 1 + ps_pb_varint_len(into_len) + into_len
+                              : nbytes ? 1 + ps_pb_varint_len(nbytes) + nbytes : 0);
     size_t name_len = strlen(v->name);
     size_t vv_len = 1 + ps_pb_varint_len(name_len) + name_len +
                     (v->version ? 1 + ps_pb_varint_len(v->version) : 0) +
@@ -780,11 +792,42 @@ static uint8_t *value_header(uint8_t *p, const psd_var *v, int field)
         for (int d = 0; d < v->ndim; d++)
             p = ps_pb_put_varint(p, (uint64_t)v->shape[d]);
     }
-    if (nbytes) {
+    if (into != NULL) {
+        /* Tensor.shm: where the bytes went. */
+        p = ps_shm_ref_put(p, 4, into->name, into->offset, into->length);
+    } else if (nbytes) {
         *p++ = (3 << 3) | 2; /* Tensor.data */
         p = ps_pb_put_varint(p, nbytes);
     }
     return p;
+}
+
+/* Resolves the references of into[0..n) (NULL: none) that are set, into
+ * dst; fails call and returns false when one does not resolve or does not
+ * fit its variable. Called between psd_shmmap_enter and _leave. */
+static bool resolve_into(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                         const psd_shm_ref *into, size_t n, void **dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = NULL;
+        if (into == NULL || !into[i].set)
+            continue;
+        char err[400];
+        int code = psd_shmmap_get(s->shm, &into[i], &dst[i], err, sizeof err);
+        if (code == 0 && into[i].length != vars[i]->n * sizeof(float)) {
+            snprintf(err, sizeof err, "variable '%s': shared memory for its value "
+                     "has %llu bytes, the value %zu", vars[i]->name,
+                     (unsigned long long)into[i].length, vars[i]->n * sizeof(float));
+            code = PS_RPC_INVALID_ARGUMENT;
+        }
+        if (code != 0) {
+            if (code == PS_RPC_INVALID_ARGUMENT)
+                atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, code, "%s", err);
+            return false;
+        }
+    }
+    return true;
 }
 
 /* Answers with prefix (copied) followed by the values of vars as repeated
@@ -792,18 +835,31 @@ static uint8_t *value_header(uint8_t *p, const psd_var *v, int field)
  * (the reply holds a reference to each, and an update meanwhile writes a
  * copy), small ones copied. Takes each variable's read lock until the reply
  * is built. Returns the value bytes sent. */
-static uint64_t reply_with_values(ps_rpc_call *call, const uint8_t *prefix,
-                                  size_t prefix_len, int field, psd_var **vars,
-                                  size_t n)
+static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
+                                  const uint8_t *prefix, size_t prefix_len,
+                                  int field, psd_var **vars, size_t n,
+                                  const psd_shm_ref *into)
 {
     uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
     ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
-    if (hdr == NULL || parts == NULL) {
+    void **dst = calloc(n ? n : 1, sizeof *dst);
+    if (hdr == NULL || parts == NULL || dst == NULL) {
         free(hdr);
         free(parts);
+        free(dst);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory building "
                     "the response");
         return 0;
+    }
+    if (into != NULL) {
+        psd_shmmap_enter(s->shm);
+        if (!resolve_into(s, call, vars, into, n, dst)) {
+            psd_shmmap_leave(s->shm);
+            free(hdr);
+            free(parts);
+            free(dst);
+            return 0;
+        }
     }
     uint64_t bytes = 0;
     int np = 0;
@@ -813,10 +869,15 @@ static uint64_t reply_with_values(ps_rpc_call *call, const uint8_t *prefix,
         psd_var *v = vars[i];
         pthread_rwlock_rdlock(&v->lock);
         uint8_t *h = hdr + i * VALUE_HDR_MAX;
-        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field) - h),
+        const psd_shm_ref *to = dst[i] != NULL ? &into[i] : NULL;
+        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field, to) - h),
                                     NULL, NULL};
         size_t nbytes = v->n * sizeof(float);
-        if (v->vmsg != NULL) {
+        if (to != NULL) {
+            /* The one copy, under the read lock, straight to the client. */
+            memcpy(dst[i], v->value, nbytes);
+            atomic_fetch_add(&s->shm_bytes, nbytes);
+        } else if (v->vmsg != NULL) {
             ps_rpc_msg_ref(v->vmsg);
             parts[np++] = (ps_rpc_part){v->value, nbytes, ps_rpc_msg_release, v->vmsg};
         } else {
@@ -827,16 +888,19 @@ static uint64_t reply_with_values(ps_rpc_call *call, const uint8_t *prefix,
     ps_rpc_reply_parts(call, parts, np);
     for (size_t i = 0; i < n; i++)
         pthread_rwlock_unlock(&vars[i]->lock);
+    if (into != NULL)
+        psd_shmmap_leave(s->shm);
     free(hdr);
     free(parts);
+    free(dst);
     return bytes;
 }
 
 /* Answers a Pull with the values of vars. */
 static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
-                         size_t n)
+                         size_t n, const psd_shm_ref *into)
 {
-    uint64_t bytes = reply_with_values(call, NULL, 0, 1, vars, n);
+    uint64_t bytes = reply_with_values(s, call, NULL, 0, 1, vars, n, into);
     atomic_fetch_add(&s->pulls, 1);
     atomic_fetch_add(&s->bytes_out, bytes);
 }
@@ -845,6 +909,7 @@ static void waiter_free(pull_waiter *w)
 {
     free(w->vars);
     free(w->min_versions);
+    free(w->into);
     free(w);
 }
 
@@ -886,6 +951,7 @@ static void *sweeper_main(void *arg)
 {
     psd_shard *s = arg;
     pthread_setname_np(pthread_self(), "psd-sweep");
+    int64_t last_shm_sweep = ps_now_ms();
     pthread_mutex_lock(&s->wait_mu);
     while (!s->closing) {
         struct timespec until = ps_time_after_ms(CLOCK_REALTIME, SWEEP_MS);
@@ -925,7 +991,7 @@ static void *sweeper_main(void *arg)
         while (ready != NULL) {
             pull_waiter *w = ready;
             ready = w->next;
-            reply_values(s, w->call, w->vars, w->nitems);
+            reply_values(s, w->call, w->vars, w->nitems, w->into);
             waiter_free(w);
         }
         while (expired != NULL) {
@@ -938,11 +1004,15 @@ static void *sweeper_main(void *arg)
                 if (i < w->nitems)
                     fail_unmet(w->call, w->vars[i], w->min_versions[i]);
                 else
-                    reply_values(s, w->call, w->vars, w->nitems);
+                    reply_values(s, w->call, w->vars, w->nitems, w->into);
             }
             waiter_free(w);
         }
         pthread_rwlock_unlock(&s->table_lock);
+        if (ps_now_ms() - last_shm_sweep >= SHM_SWEEP_MS) {
+            psd_shmmap_sweep(s->shm, SHM_IDLE_MS);
+            last_shm_sweep = ps_now_ms();
+        }
         while (gone != NULL) {
             pending_push *p = gone;
             gone = p->next;
@@ -955,9 +1025,7 @@ static void *sweeper_main(void *arg)
                             "same step again to wait again)",
                             (unsigned long long)p->step);
             /* Off every list: nothing else can reach it. */
-            free(p->vars);
-            free(p->versions);
-            free(p);
+            pending_free(p);
         }
         pthread_mutex_lock(&s->wait_mu);
     }
@@ -971,6 +1039,7 @@ static void pending_free(pending_push *p)
 {
     free(p->vars);
     free(p->versions);
+    free(p->into);
     free(p);
 }
 
@@ -997,8 +1066,8 @@ static void reply_push(psd_shard *s, pending_push *p)
             q = ps_pb_put_varint(q, vlen);
             for (size_t i = 0; i < p->nitems; i++)
                 q = ps_pb_put_varint(q, p->versions[i]);
-            uint64_t bytes = reply_with_values(p->call, pre, (size_t)(q - pre), 2,
-                                               p->vars, p->nitems);
+            uint64_t bytes = reply_with_values(s, p->call, pre, (size_t)(q - pre),
+                                               2, p->vars, p->nitems, p->into);
             atomic_fetch_add(&s->bytes_out, bytes);
             free(pre);
         }
@@ -1209,12 +1278,34 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     }
     psd_var **vars = calloc(n, sizeof *vars);
     uint64_t *minv = calloc(n, sizeof *minv);
+    psd_shm_ref *into = NULL;
+    void **dst = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (r->items[i]->into != NULL && into == NULL) {
+            into = calloc(n, sizeof *into);
+            dst = calloc(n, sizeof *dst);
+            if (into == NULL || dst == NULL)
+                goto oom;
+        }
     if (vars == NULL || minv == NULL) {
+    oom:
         free(vars);
         free(minv);
+        free(into);
+        free(dst);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
         ps__v1__pull_request__free_unpacked(r, NULL);
         return;
+    }
+    for (size_t i = 0; into != NULL && i < n; i++) {
+        const Ps__V1__ShmRef *ref = r->items[i]->into;
+        if (ref == NULL)
+            continue;
+        into[i].set = 1;
+        into[i].name_len = strlen(ref->name);
+        snprintf(into[i].name, sizeof into[i].name, "%s", ref->name);
+        into[i].offset = ref->offset;
+        into[i].length = ref->length;
     }
     pthread_rwlock_rdlock(&s->table_lock);
     for (size_t i = 0; i < n; i++) {
@@ -1241,9 +1332,17 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
             }
         }
     }
+    /* Shared memory that will not do fails the call now, not after a wait. */
+    if (into != NULL) {
+        psd_shmmap_enter(s->shm);
+        bool ok = resolve_into(s, call, vars, into, n, dst);
+        psd_shmmap_leave(s->shm);
+        if (!ok)
+            goto out;
+    }
     size_t unmet = first_unmet(vars, minv, n);
     if (unmet == n) {
-        reply_values(s, call, vars, n);
+        reply_values(s, call, vars, n, into);
     } else if (s->stopping) {
         ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
     } else if (ps_rpc_call_cancelled(call)) {
@@ -1258,8 +1357,10 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         w->nitems = n;
         w->vars = vars;
         w->min_versions = minv;
+        w->into = into;
         vars = NULL;
         minv = NULL;
+        into = NULL;
         pthread_mutex_lock(&s->wait_mu);
         w->next = s->waiters;
         s->waiters = w;
@@ -1271,6 +1372,8 @@ out:
     pthread_rwlock_unlock(&s->table_lock);
     free(vars);
     free(minv);
+    free(into);
+    free(dst);
     ps__v1__pull_request__free_unpacked(r, NULL);
 }
 
@@ -1527,10 +1630,71 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     return ready;
 }
 
+/* Makes the gradients that lie in shared memory cursors over it, and keeps
+ * the push's value_into references in p. Called between psd_shmmap_enter
+ * and _leave; returns false with call failed. */
+static bool push_shm(psd_shard *s, ps_rpc_call *call, psd_push_req *r,
+                     pending_push *p, uint64_t *shm_in_out)
+{
+    char err[400];
+    uint64_t shm_in = 0;
+    for (size_t i = 0; i < r->ngrads; i++) {
+        psd_wire_grad *g = &r->grads[i];
+        if (g->value_into.set) {
+            if (!r->return_values) {
+                atomic_fetch_add(&s->bad, 1);
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: "
+                            "value_into without return_values", i);
+                return false;
+            }
+            if (p->into == NULL && (p->into = calloc(r->ngrads, sizeof *p->into)) == NULL) {
+                ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+                return false;
+            }
+            p->into[i] = g->value_into;
+        }
+        if (!g->shm.set)
+            continue;
+        if (g->has_data && g->nbytes > 0) {
+            atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: the "
+                        "gradient has both data and shm; send one", i);
+            return false;
+        }
+        void *at;
+        int code = psd_shmmap_get(s->shm, &g->shm, &at, err, sizeof err);
+        if (code != 0) {
+            if (code == PS_RPC_INVALID_ARGUMENT)
+                atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, code, "Push: grads[%zu]: %s", i, err);
+            return false;
+        }
+        g->shm_piece = (struct ps_piece){at, g->shm.length};
+        ps_pbcur_init(&g->data, &g->shm_piece, 1);
+        g->nbytes = g->shm.length;
+        shm_in += g->shm.length;
+    }
+    *shm_in_out = shm_in;
+    return true;
+}
+
+static void push_locked(psd_shard *s, ps_rpc_call *call,
+                        const struct ps_piece *pieces, int npieces);
+
+/* Push holds the shared-memory map for its whole run: its gradients may be
+ * read from it, its values written into it. */
 static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
                  void *ctx)
 {
     psd_shard *s = ctx;
+    psd_shmmap_enter(s->shm);
+    push_locked(s, call, pieces, npieces);
+    psd_shmmap_leave(s->shm);
+}
+
+static void push_locked(psd_shard *s, ps_rpc_call *call,
+                        const struct ps_piece *pieces, int npieces)
+{
     char err[512];
     struct thread_bufs *tb = thread_bufs();
     if (tb == NULL) {
@@ -1570,6 +1734,11 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     if (p->vars == NULL || p->versions == NULL) {
         pending_free(p);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return;
+    }
+    uint64_t shm_in = 0;
+    if (!push_shm(s, call, r, p, &shm_in)) {
+        pending_free(p);
         return;
     }
 
@@ -1656,6 +1825,20 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
         pending_free(p);
         return;
     }
+    if (p->into != NULL) {
+        /* Values that cannot be written where asked fail the push before
+         * it changes anything. */
+        void **dst = calloc(p->nitems, sizeof *dst);
+        bool ok = dst != NULL && resolve_into(s, call, p->vars, p->into, p->nitems, dst);
+        if (dst == NULL)
+            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        free(dst);
+        if (!ok) {
+            pthread_rwlock_unlock(&s->table_lock);
+            pending_free(p);
+            return;
+        }
+    }
 
     /* Phase 2: apply. Async parts now; sync parts join their step. The
      * pending push is listed before any part joins, with every sync part
@@ -1732,6 +1915,7 @@ static void push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
         push_complete(s, p);
     pthread_rwlock_unlock(&s->table_lock);
     atomic_fetch_add(&s->bytes_in, bytes);
+    atomic_fetch_add(&s->shm_bytes, shm_in);
     wake_waiters(s);
 }
 
@@ -1857,6 +2041,8 @@ static void stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.stale_pushes_refused = atomic_load(&s->stale);
     resp.bad_requests = atomic_load(&s->bad);
     resp.nonfinite_refused = atomic_load(&s->nonfinite);
+    resp.shm_bytes = atomic_load(&s->shm_bytes);
+    resp.shm_regions = psd_shmmap_count(s->shm);
     resp.commits = psd_store_commits(s->store);
     resp.resident_bytes = psd_rss_bytes();
     resp.fixed_overhead_bytes = s->fixed_overhead;
@@ -2110,7 +2296,10 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->ckpt_cond, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
-    int rc = psd_store_open(s->data_dir, opts->map_size, 0, &s->store);
+    int rc = psd_shmmap_create(&s->shm);
+    if (rc != 0)
+        goto fail;
+    rc = psd_store_open(s->data_dir, opts->map_size, 0, &s->store);
     if (rc != 0) {
         ps_log_err(rc, "cannot open the store in %s", s->data_dir);
         goto fail;
@@ -2234,6 +2423,7 @@ int psd_shard_close(psd_shard *s)
     pthread_mutex_destroy(&s->ckpt_mu);
     pthread_cond_destroy(&s->ckpt_cond);
     psd_assist_stop(s->assist);
+    psd_shmmap_destroy(s->shm);
     psd_store_close(s->store);
     for (size_t i = 0; i < s->nvars; i++)
         var_free(s->vars[i]);

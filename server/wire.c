@@ -20,6 +20,15 @@ static int add_dim(psd_wire_grad *g, uint64_t d)
     return 0;
 }
 
+/* A ShmRef; a name too long for ref keeps its wire length in name_len. */
+static const char *decode_shm_ref(ps_pbcur *c, psd_shm_ref *ref)
+{
+    memset(ref, 0, sizeof *ref);
+    ref->set = 1;
+    return ps_shm_ref_decode(c, ref->name, sizeof ref->name, &ref->name_len,
+                             &ref->offset, &ref->length);
+}
+
 static const char *decode_tensor(ps_pbcur *c, psd_wire_grad *g)
 {
     while (c->left > 0) {
@@ -53,6 +62,14 @@ static const char *decode_tensor(ps_pbcur *c, psd_wire_grad *g)
                 return "Tensor.data: length past the end";
             g->data = s;
             g->nbytes = s.left;
+            g->has_data = 1;
+        } else if (field == 4 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
+                return "Tensor.shm: length past the end";
+            const char *why = decode_shm_ref(&s, &g->shm);
+            if (why != NULL)
+                return why;
         } else if (ps_pbcur_skip(c, wt) != 0) {
             return "Tensor: malformed unknown field";
         }
@@ -86,6 +103,13 @@ static const char *decode_grad(ps_pbcur *c, psd_wire_grad *g)
              * which matches for the fields we read. */
             g->has_tensor = 1;
             const char *why = decode_tensor(&s, g);
+            if (why != NULL)
+                return why;
+        } else if (field == 3 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
+                return "Gradient.value_into: length past the end";
+            const char *why = decode_shm_ref(&s, &g->value_into);
             if (why != NULL)
                 return why;
         } else if (ps_pbcur_skip(c, wt) != 0) {

@@ -17,6 +17,7 @@
 #define PSD_WIRE_H
 
 #include "pbcur.h"
+#include "shmmap.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -33,6 +34,10 @@ typedef struct psd_wire_grad {
     ps_pbcur data;         /* the tensor's bytes, in pieces (any alignment) */
     size_t nbytes;
     int has_tensor;        /* the grad field was present */
+    int has_data;          /* Tensor.data was present */
+    psd_shm_ref shm;       /* Tensor.shm: the bytes are in shared memory */
+    psd_shm_ref value_into;/* Gradient.value_into */
+    struct ps_piece shm_piece; /* the caller's: data over shared memory */
 } psd_wire_grad;
 
 typedef struct psd_push_req {

@@ -1348,6 +1348,8 @@ static void print_stats(const Ps__V1__StatsResponse *r)
     ROW("bytes sent", "%s", human_bytes(r->bytes_sent, a, sizeof a));
     ROW("stale pushes refused", "%" PRIu64, r->stale_pushes_refused);
     ROW("nonfinite refused", "%" PRIu64, r->nonfinite_refused);
+    ROW("via shared memory", "%s", human_bytes(r->shm_bytes, a, sizeof a));
+    ROW("shared-memory maps", "%" PRIu64, r->shm_regions);
     ROW("bad requests", "%" PRIu64, r->bad_requests);
     ROW("commits", "%" PRIu64, r->commits);
     ROW("resident", "%s", human_bytes(r->resident_bytes, a, sizeof a));

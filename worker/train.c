@@ -12,6 +12,7 @@
 #include "ps.pb-c.h"
 #include "psclient.h"
 #include "rpc.h"
+#include "shm.h"
 
 #include <errno.h>
 #include <math.h>
@@ -79,6 +80,8 @@ struct session {
     float *params_live;         /* (nparams) the values replica 0 computes
                                    with, when its backend reads host memory
                                    (take_pulled swaps the two) */
+    ps_shm *shm;                /* when set, the four blocks above lie in it
+                                   and go to and from psd by reference */
     struct shard shards[MAX_SHARDS];
     int nshards;
 
@@ -428,7 +431,7 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
      * attempt that timed out on a dead connection may hold it for minutes:
      * then the gradient goes to a fresh buffer and gRPC keeps the old one
      * until it lets go. */
-    if (!ps_rpc_msg_wait_unshared_for(s->fill_msg, 20)) {
+    if (s->fill_msg != NULL && !ps_rpc_msg_wait_unshared_for(s->fill_msg, 20)) {
         ps_rpc_msg *fresh = ps_rpc_msg_new(s->nparams * sizeof(float));
         if (fresh == NULL)
             return -ENOMEM;
@@ -631,8 +634,11 @@ static void session_close(struct session *s)
     /* gRPC may still hold them: the last reference frees them. */
     ps_rpc_msg_unref(s->send_msg);
     ps_rpc_msg_unref(s->fill_msg);
-    free(s->params_pull);
-    free(s->params_live);
+    if (s->shm == NULL) {
+        free(s->params_pull);
+        free(s->params_live);
+    }
+    ps_shm_destroy(s->shm);
     free(s->grads_tmp);
     free(s->backends);
     free(s->parts);
@@ -670,6 +676,24 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
     return 0;
 }
 
+/* A psd address on this host for sure: a unix socket or loopback. */
+static bool local_address(const char *a)
+{
+    return strncmp(a, "unix:", 5) == 0 || strncmp(a, "127.", 4) == 0 ||
+           strncmp(a, "localhost:", 10) == 0 || strncmp(a, "[::1]:", 6) == 0 ||
+           strncmp(a, "ipv4:127.", 9) == 0 || strncmp(a, "ipv6:[::1]:", 11) == 0;
+}
+
+static bool want_shm(const struct wd_train_opts *o)
+{
+    if (o->shm == 2)
+        return false;
+    for (int k = 0; k < o->nps; k++)
+        if (o->shm == 1 || local_address(o->ps[k]))
+            return true;
+    return false;
+}
+
 static int session_open(struct session *s, const struct wd_train_opts *o,
                         int in_h, int in_w, int in_c, int nclasses, int max_batch,
                         int nrep, bool start_comm, bool create, char *err,
@@ -699,18 +723,32 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     }
     ps_model *m = s->replicas[0];
     s->nparams = ps_model_nparams(m);
-    /* The two gradient buffers are message buffers, so that pushes send
-     * them in place (64-byte aligned, as the others). */
-    s->send_msg = ps_rpc_msg_new(s->nparams * 4);
-    s->fill_msg = ps_rpc_msg_new(s->nparams * 4);
-    if (s->send_msg == NULL || s->fill_msg == NULL)
-        return -ENOMEM;
-    s->grads_send = (float *)(void *)ps_rpc_msg_data(s->send_msg);
-    s->grads_fill = (float *)(void *)ps_rpc_msg_data(s->fill_msg);
-    s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    s->params_live = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+    size_t block = (s->nparams * 4 + 4095) / 4096 * 4096;
+    if (want_shm(o) && ps_shm_create(4 * block, &s->shm) == 0) {
+        /* The two gradient and two value blocks in memory shared with psd:
+         * psd reads the gradients where the model wrote them and writes
+         * the values where the model reads them. */
+        uint8_t *base = ps_shm_base(s->shm);
+        s->grads_send = (float *)(void *)base;
+        s->grads_fill = (float *)(void *)(base + block);
+        s->params_pull = (float *)(void *)(base + 2 * block);
+        s->params_live = (float *)(void *)(base + 3 * block);
+    } else {
+        /* The two gradient buffers are message buffers, so that pushes send
+         * them in place (64-byte aligned, as the others). */
+        s->send_msg = ps_rpc_msg_new(s->nparams * 4);
+        s->fill_msg = ps_rpc_msg_new(s->nparams * 4);
+        if (s->send_msg == NULL || s->fill_msg == NULL)
+            return -ENOMEM;
+        s->grads_send = (float *)(void *)ps_rpc_msg_data(s->send_msg);
+        s->grads_fill = (float *)(void *)ps_rpc_msg_data(s->fill_msg);
+        s->params_pull = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+        s->params_live = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
+        if (s->params_pull == NULL || s->params_live == NULL)
+            return -ENOMEM;
+    }
     s->grads_tmp = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    if (s->params_pull == NULL || s->params_live == NULL || s->grads_tmp == NULL)
+    if (s->grads_tmp == NULL)
         return -ENOMEM;
 
     s->nshards = o->nps;
@@ -735,6 +773,8 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
             return rc;
         }
+        if (s->shm != NULL && (o->shm == 1 || local_address(sh->address)))
+            ps_client_set_shm(sh->client, s->shm);
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);
         if (sh->push_items == NULL || sh->pull_items == NULL)
@@ -808,6 +848,8 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
                          ps_strerror(rc));
                 return rc;
             }
+            if (ps_client_shm_active(sh->client))
+                ps_client_set_shm(sh->pull_client, s->shm);
             if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
                 return -EAGAIN;
         }
@@ -1040,6 +1082,8 @@ done:
     res->compute_seconds = compute;
     res->wait_seconds = waited;
     res->version = s.shards[0].pull_items[0].version;
+    for (int k = 0; k < s.nshards; k++)
+        res->shm_shards += ps_client_shm_active(s.shards[k].client);
     goto out;
 comm_failed:
     pthread_mutex_lock(&s.mu);

@@ -85,6 +85,9 @@ struct wd_train_opts {
                                   (faster; one more step of staleness) */
     bool self_update;          /* async SGD: apply this worker's own step to
                                   its copy while the push is in flight */
+    int shm;                   /* shared memory with psd (common/shm.h):
+                                  0 auto (psd on unix: or loopback), 1 on
+                                  (any address), 2 off */
 };
 
 struct wd_train_result {
@@ -96,6 +99,8 @@ struct wd_train_result {
     double compute_seconds;    /* time inside forward/backward */
     double wait_seconds;       /* time the compute waited for comm */
     uint64_t version;          /* of the first variable at the end */
+    int shm_shards;            /* shards whose tensors went through shared
+                                  memory to the end */
 };
 
 /* Trains on `train` and fills *res. Returns 0, or a project error with one

@@ -63,6 +63,7 @@ struct wd_conf {
     bool evaluate;
     bool concurrent_pull;
     int self_update;            /* 0 auto, 1 on, 2 off */
+    int shm;                    /* 0 auto, 1 on, 2 off */
     bool json;
     int log_level;
 };
@@ -71,6 +72,7 @@ static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", 
 static const char *const cons_choices[] = {"async", "sync", NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
+static const char *const shm_choices[] = {"auto", "on", "off", NULL};
 
 #define FM "/usr/share/datasets/fashion-mnist"
 
@@ -157,6 +159,11 @@ static const ps_opt wd_opts[] = {
      "does not compute without it (one step of staleness less; one pass over "
      "the parameters per step); auto = wherever that copy is exact", 0, 0,
      self_choices},
+    {"shm", PS_OPT_ENUM, offsetof(struct wd_conf, shm), "auto",
+     "move gradients and values through memory shared with psd, not its "
+     "socket: auto = with a psd on a unix socket or a loopback address, on = "
+     "with every psd (one that cannot map it says so, and the worker sends "
+     "inline), off = never", 0, 0, shm_choices},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
@@ -625,6 +632,7 @@ int main(int argc, char **argv)
         .progress_ms = c.json ? 0 : (int)c.progress_ms,
         .concurrent_pull = c.concurrent_pull,
         .self_update = c.self_update != 2,
+        .shm = c.shm,
     };
     if (evaluator) {
         o.evaluator_only = true;
@@ -654,13 +662,14 @@ int main(int argc, char **argv)
                "\"batch\":%lld,\"replicas\":%lld,\"steps\":%lld,\"examples\":%lld,"
                "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
                "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
-               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu}\n",
+               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu,"
+               "\"shm_shards\":%d}\n",
                (long long)c.task_index, c.model, (long long)c.batch,
                (long long)c.replicas, (long long)res.steps, (long long)res.examples,
                res.seconds, res.examples_per_second, res.final_loss,
                res.compute_seconds, res.wait_seconds,
                c.evaluate ? loss : -1.0, c.evaluate ? acc : -1.0,
-               (unsigned long long)version);
+               (unsigned long long)version, res.shm_shards);
     } else {
         printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
                "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",

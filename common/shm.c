@@ -1,0 +1,193 @@
+#include "shm.h"
+
+#include "pbcur.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+struct ps_shm {
+    int fd;
+    void *base;
+    size_t size;
+    char name[PS_SHM_NAME_MAX];
+};
+
+int ps_shm_create(size_t bytes, ps_shm **out)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    size_t size = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    if (size == 0)
+        size = (size_t)page;
+    uint64_t tag;
+    if (getrandom(&tag, sizeof tag, 0) != (ssize_t)sizeof tag)
+        return errno ? -errno : -EIO;
+    ps_shm *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    char mname[32];
+    snprintf(mname, sizeof mname, "ps-%016llx", (unsigned long long)tag);
+    s->fd = memfd_create(mname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int rc = 0;
+    if (s->fd < 0 || ftruncate(s->fd, (off_t)size) != 0 ||
+        fcntl(s->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        rc = -errno;
+    if (rc == 0) {
+        s->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+        if (s->base == MAP_FAILED) {
+            rc = -errno;
+            s->base = NULL;
+        }
+    }
+    if (rc != 0) {
+        if (s->fd >= 0)
+            close(s->fd);
+        free(s);
+        return rc;
+    }
+    s->size = size;
+    snprintf(s->name, sizeof s->name, "memfd:%d:%d:%s", (int)getpid(), s->fd, mname);
+    *out = s;
+    return 0;
+}
+
+void ps_shm_destroy(ps_shm *s)
+{
+    if (s == NULL)
+        return;
+    munmap(s->base, s->size);
+    close(s->fd);
+    free(s);
+}
+
+void *ps_shm_base(const ps_shm *s)
+{
+    return s->base;
+}
+
+size_t ps_shm_size(const ps_shm *s)
+{
+    return s->size;
+}
+
+const char *ps_shm_name(const ps_shm *s)
+{
+    return s->name;
+}
+
+bool ps_shm_contains(const ps_shm *s, const void *p, size_t len, uint64_t *off)
+{
+    if (s == NULL || p == NULL)
+        return false;
+    uintptr_t b = (uintptr_t)s->base, q = (uintptr_t)p;
+    if (q < b || q - b > s->size || len > s->size - (q - b))
+        return false;
+    *off = q - b;
+    return true;
+}
+
+/* Digits only, no sign, no leading zero (bar "0"), below 2^31. */
+static int parse_int(const char *p, size_t n, int *out)
+{
+    if (n == 0 || n > 10 || (n > 1 && p[0] == '0'))
+        return -1;
+    long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -1;
+        v = v * 10 + (p[i] - '0');
+    }
+    if (v > 0x7fffffff)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int ps_shm_parse_name(const char *name, char *path, size_t pathlen,
+                      char *memfd_name, size_t memfd_len, int *pid)
+{
+    if (strncmp(name, "memfd:", 6) != 0)
+        return -EINVAL;
+    const char *p = name + 6, *c1 = strchr(p, ':');
+    const char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    int fd;
+    if (c2 == NULL || parse_int(p, (size_t)(c1 - p), pid) != 0 ||
+        parse_int(c1 + 1, (size_t)(c2 - c1 - 1), &fd) != 0 || *pid == 0)
+        return -EINVAL;
+    const char *tag = c2 + 1;
+    if (strncmp(tag, "ps-", 3) != 0 || strlen(tag) != 19)
+        return -EINVAL;
+    for (int i = 3; i < 19; i++)
+        if (!((tag[i] >= '0' && tag[i] <= '9') || (tag[i] >= 'a' && tag[i] <= 'f')))
+            return -EINVAL;
+    snprintf(path, pathlen, "/proc/%d/fd/%d", *pid, fd);
+    snprintf(memfd_name, memfd_len, "/memfd:%s", tag);
+    return 0;
+}
+
+size_t ps_shm_ref_len(const char *name, uint64_t offset, uint64_t length)
+{
+    size_t nl = strlen(name);
+    return 1 + ps_pb_varint_len(nl) + nl +
+           (offset ? 1 + ps_pb_varint_len(offset) : 0) +
+           (length ? 1 + ps_pb_varint_len(length) : 0);
+}
+
+uint8_t *ps_shm_ref_put(uint8_t *p, int field, const char *name, uint64_t offset,
+                        uint64_t length)
+{
+    size_t nl = strlen(name);
+    *p++ = (uint8_t)((field << 3) | 2);
+    p = ps_pb_put_varint(p, ps_shm_ref_len(name, offset, length));
+    *p++ = (1 << 3) | 2;
+    p = ps_pb_put_varint(p, nl);
+    memcpy(p, name, nl);
+    p += nl;
+    if (offset) {
+        *p++ = (2 << 3) | 0;
+        p = ps_pb_put_varint(p, offset);
+    }
+    if (length) {
+        *p++ = (3 << 3) | 0;
+        p = ps_pb_put_varint(p, length);
+    }
+    return p;
+}
+
+const char *ps_shm_ref_decode(ps_pbcur *c, char *name, size_t namecap,
+                              size_t *name_len, uint64_t *offset, uint64_t *length)
+{
+    name[0] = '\0';
+    *name_len = 0;
+    *offset = *length = 0;
+    while (c->left > 0) {
+        uint64_t key;
+        if (ps_pbcur_varint(c, &key) != 0)
+            return "ShmRef: truncated field key";
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == PS_WT_LEN) {
+            ps_pbcur s;
+            if (ps_pbcur_sub(c, &s) != 0)
+                return "ShmRef.name: length past the end";
+            *name_len = s.left;
+            size_t keep = s.left < namecap - 1 ? s.left : namecap - 1;
+            if (ps_pbcur_take(&s, name, keep) != 0)
+                return "ShmRef.name: length past the end";
+            name[keep] = '\0';
+        } else if (field == 2 && wt == PS_WT_VARINT) {
+            if (ps_pbcur_varint(c, offset) != 0)
+                return "ShmRef.offset: truncated varint";
+        } else if (field == 3 && wt == PS_WT_VARINT) {
+            if (ps_pbcur_varint(c, length) != 0)
+                return "ShmRef.length: truncated varint";
+        } else if (ps_pbcur_skip(c, wt) != 0) {
+            return "ShmRef: malformed unknown field";
+        }
+    }
+    return NULL;
+}
