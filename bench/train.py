@@ -5,9 +5,11 @@ Model MLP 784-256-256-10, SGD, learning rate 0.1, batch 64 and 256, one
 compute thread everywhere:
   local  workerd --local: the same model and batches with no psd (the
          compute-only ceiling that communication overlap is judged by)
-  (a)    one workerd against one psd on this host, over loopback TCP, and
-         again over psd's unix socket (psd --listen unix:PATH, workerd
-         --ps unix:PATH: what a worker on the psd's host can use)
+  (a)    one workerd against one psd on this host at 127.0.0.1, as a user
+         runs it: the tensors go through shared memory (workerd --shm
+         auto), the calls over loopback TCP; again with --shm off over
+         TCP, and with --shm off over psd's unix socket (psd --listen
+         unix:PATH, workerd --ps unix:PATH)
   (b)    one psd and two workerd (each half of the data)
   (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
   (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow:
@@ -89,7 +91,8 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
     return {"examples_per_second": ex / train_s, "wall_seconds": wall,
             "test_accuracy": min(r["test_accuracy"] for r in res),
             "comm_wait_seconds": sum(r["comm_wait_seconds"] for r in res),
-            "compute_seconds": sum(r["compute_seconds"] for r in res)}
+            "compute_seconds": sum(r["compute_seconds"] for r in res),
+            "shm": all(r.get("shm_shards", 0) > 0 for r in res)}
 
 
 def load_idx(path):
@@ -206,7 +209,8 @@ def main():
         local = workerd(build, ["--local", "--batch", str(batch), "--epochs", "1",
                                 "--progress", "0"], env1)
         a1 = run_ps(build, 1, batch, 1)
-        au = run_ps(build, 1, batch, 1, unix=True)
+        at = run_ps(build, 1, batch, 1, extra=["--shm", "off"])
+        au = run_ps(build, 1, batch, 1, unix=True, extra=["--shm", "off"])
         ac = run_ps(build, 1, batch, 1, extra=["--concurrent-pull"])
         asu = run_ps(build, 1, batch, 1, extra=["--self-update", "off"])
         a5 = run_ps(build, 1, batch, epochs) if epochs > 1 else a1
@@ -221,6 +225,10 @@ def main():
                "a_test_accuracy_1": a1["test_accuracy"],
                "a_test_accuracy_%d" % epochs: a5["test_accuracy"],
                "a_overlap_gap": 1 - a1["examples_per_second"] / local["examples_per_second"],
+               "a_shared_memory": a1["shm"],
+               "a_tcp_examples_per_second": at["examples_per_second"],
+               "a_tcp_test_accuracy_1": at["test_accuracy"],
+               "a_tcp_overlap_gap": 1 - at["examples_per_second"] / local["examples_per_second"],
                "a_unix_examples_per_second": au["examples_per_second"],
                "a_unix_test_accuracy_1": au["test_accuracy"],
                "a_unix_overlap_gap": 1 - au["examples_per_second"] / local["examples_per_second"],
@@ -236,6 +244,7 @@ def main():
         if t_rate:
             row["a_vs_torch"] = a1["examples_per_second"] / t_rate
             row["a_unix_vs_torch"] = au["examples_per_second"] / t_rate
+            row["a_tcp_vs_torch"] = at["examples_per_second"] / t_rate
             row["b_vs_torch"] = b1["examples_per_second"] / t_rate
         if a.tensorflow:
             add_tf(row, run_tf(a.tf_python, batch, epochs, env1), epochs)
@@ -274,10 +283,15 @@ def main():
             continue
         print("%-6d %-34s %12.0f %10s %9s %9s" % (r["batch"], "workerd --local (no psd)",
               r["local_examples_per_second"], vs(r["local_examples_per_second"]), "-", "-"))
-        print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (r["batch"], "(a) 1 workerd + 1 psd",
+        print("%-6d %-34s %12.0f %10s %9.4f %9.4f" % (
+              r["batch"], "(a) 1 workerd + 1 psd" +
+              (" (shared mem)" if r["a_shared_memory"] else " (NO shm!)"),
               r["a_examples_per_second"], vs(r["a_examples_per_second"]),
               r["a_test_accuracy_1"], r["a_test_accuracy_%d" % epochs]))
-        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... over psd's unix socket",
+        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... --shm off: loopback TCP",
+              r["a_tcp_examples_per_second"], vs(r["a_tcp_examples_per_second"]),
+              r["a_tcp_test_accuracy_1"], "-"))
+        print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... --shm off: unix socket",
               r["a_unix_examples_per_second"], vs(r["a_unix_examples_per_second"]),
               r["a_unix_test_accuracy_1"], "-"))
         print("%-6d %-34s %12.0f %10s %9.4f %9s" % (r["batch"], "(a) ... --self-update off",
@@ -298,9 +312,10 @@ def main():
             print("%-6d %-34s %12s" % (r["batch"], "(c) PyTorch", "not installed"))
         if a.tensorflow:
             print_tf(r, epochs, vs)
-        print("%-6s overlap gap of (a) to local: %.1f%% over TCP, %.1f%% over the unix "
-              "socket (target < 15%%)" % ("", 100 * r["a_overlap_gap"],
-                                         100 * r["a_unix_overlap_gap"]))
+        print("%-6s overlap gap of (a) to local: %.1f%% (target < 15%%); with --shm off "
+              "%.1f%% over TCP, %.1f%% over the unix socket"
+              % ("", 100 * r["a_overlap_gap"], 100 * r["a_tcp_overlap_gap"],
+                 100 * r["a_unix_overlap_gap"]))
         if a.tensorflow:
             print("%-6s (a) ahead of (d): %.2fx (examples/s of (a) over (d))"
                   % ("", r["a_vs_d"]))

@@ -1028,10 +1028,10 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
              * applied here too, as psd applies it (SGD), and the next pull
              * replaces the copy with psd's values. */
             if (self_update) {
-                float *w = s.params_live;
-                const float *g = s.grads_send, lr = o->lr;
-                for (size_t i = 0; i < s.nparams; i++)
-                    w[i] -= lr * g[i];
+                /* The backend's vectorized axpy: a scalar loop here (-O2)
+                 * cost 8% of a batch-64 step. */
+                const struct ps_backend *be = ps_model_backend(s.replicas[0]);
+                be->axpy(be, s.params_live, -o->lr, s.grads_send, s.nparams);
             }
             if (sync) {
                 /* The next step needs this step's update. */
