@@ -33,6 +33,7 @@
 #include "ps.pb-c.h"
 #include "psclient.h"
 #include "rpc.h"
+#include "shm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -83,6 +84,8 @@ struct opts {
     bool json;
     bool misalign;            /* put the gradient bytes off a float boundary */
     bool raw;                 /* hand-built request reused as is, not psclient */
+    bool shm;                 /* tensors through shared memory (workerd's way
+                                 with a psd on its host) */
     const char *psd_args[MAX_PSD_ARGS];
     int npsd_args;
     size_t tcp_bytes;
@@ -102,7 +105,9 @@ static void usage(FILE *f)
         "                    --psd-arg=--commit-interval=1s\n"
         "  --misalign        place the gradient off a 4-byte boundary in the\n"
         "                    request (what an unaware encoder may do)\n"
-        "  --tcp-bytes N     bytes per loopback TCP ceiling run (default 1G)\n");
+        "  --tcp-bytes N     bytes per loopback TCP ceiling run (default 1G)\n"
+        "  --shm             gradients and values through shared memory with\n"
+        "                    psd (ShmRef), as workerd moves them on one host\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -220,6 +225,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->raw = true;
         } else if (strcmp(argv[i], "--raw") == 0) {
             o->raw = true;
+        } else if (strcmp(argv[i], "--shm") == 0) {
+            o->shm = true;
         } else if ((v = opt_value(argc, argv, &i, "--psd")) != NULL) {
             o->psd = v;
         } else if ((v = opt_value(argc, argv, &i, "--sizes")) != NULL) {
@@ -922,7 +929,8 @@ struct stream {
     ps_rpc_client *cli;
     ps_client *pc;            /* the library workerd uses (default mode) */
     float *grad, *dest;       /* (n) */
-    ps_rpc_msg *grad_msg;     /* grad lies in it */
+    ps_rpc_msg *grad_msg;     /* grad lies in it (or in shm) */
+    ps_shm *shm;              /* --shm: grad and dest lie in it */
     int64_t shape[1];
     ps_client_item push_item, pull_item;
     char name[96];
@@ -1020,10 +1028,20 @@ static int stream_setup(struct stream *s)
     if (!bc->o->raw) {
         if ((rc = ps_client_create(target, &co, &s->pc)) != 0)
             return fail(s, rc, "psclient", NULL);
-        /* In a message buffer, as workerd's gradients are: sent in place. */
-        s->grad_msg = ps_rpc_msg_new(n * sizeof(float));
-        s->grad = s->grad_msg ? (float *)(void *)ps_rpc_msg_data(s->grad_msg) : NULL;
-        s->dest = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        size_t block = (n * sizeof(float) + 4095) / 4096 * 4096;
+        if (bc->o->shm) {
+            /* Both in shared memory: by reference, as workerd's are. */
+            if ((rc = ps_shm_create(2 * block, &s->shm)) != 0)
+                return fail(s, rc, "shared memory", NULL);
+            s->grad = ps_shm_base(s->shm);
+            s->dest = (float *)(void *)((uint8_t *)ps_shm_base(s->shm) + block);
+            ps_client_set_shm(s->pc, s->shm);
+        } else {
+            /* In a message buffer, as workerd's gradients are: sent in place. */
+            s->grad_msg = ps_rpc_msg_new(n * sizeof(float));
+            s->grad = s->grad_msg ? (float *)(void *)ps_rpc_msg_data(s->grad_msg) : NULL;
+            s->dest = aligned_alloc(64, block);
+        }
         if (s->grad == NULL || s->dest == NULL)
             return fail(s, -ENOMEM, "gradient buffers", NULL);
         for (size_t k = 0; k < n; k++)
@@ -1313,7 +1331,7 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         r->encdec_share = rtt_sum > 0 ? enc / rtt_sum : 0;
         /* psclient: the pull's copy into the destination (the push goes
          * out in place); raw: ps_rpc_invoke copies request and response. */
-        r->copy_share_est = (o->raw ? 2.0 : 1.0) * (double)bytes / (lim->memcpy_gbps * 1e9) / r->rtt_med;
+        r->copy_share_est = (o->raw ? 2.0 : o->shm ? 0.0 : 1.0) * (double)bytes / (lim->memcpy_gbps * 1e9) / r->rtt_med;
         r->psd_cpu_ms = (psd1.cpu_s - psd0.cpu_s) * 1e3 / calls;
         r->psd_faults = (psd1.minflt - psd0.minflt) / calls;
         r->cli_cpu_ms = (cli1.cpu_s - cli0.cpu_s) * 1e3 / calls;
@@ -1328,7 +1346,14 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         ps_rpc_client_destroy(s->cli);
         ps_client_destroy(s->pc);
         ps_rpc_msg_unref(s->grad_msg);
-        free(s->dest);
+        if (s->shm != NULL) {
+            if (!ps_client_shm_active(s->pc))
+                fprintf(stderr, "pushpull: psd refused the shared memory; the "
+                        "case ran inline\n");
+            ps_shm_destroy(s->shm);
+        } else {
+            free(s->dest);
+        }
         free(s->pm.buf);
         ps_buf_free(&s->resp);
         free(s->rtt.v);
@@ -1390,13 +1415,13 @@ static void print_case(const struct opts *o, const struct case_result *r)
                "\"aligned\":%s,\"psd_cpu_ms_per_call\":%.4f,"
                "\"psd_faults_per_call\":%.1f,\"client_cpu_ms_per_call\":%.4f,"
                "\"client_faults_per_call\":%.1f,\"one_rpc_median_ms\":%.4f,"
-               "\"one_rpc_gbps\":%.4f,\"one_rpc_ratio_tcp\":%.4f",
+               "\"one_rpc_gbps\":%.4f,\"one_rpc_ratio_tcp\":%.4f,\"shm\":%s",
                r->bytes, r->streams, r->push_rate, r->pull_rate, r->rtt_med * 1e3,
                r->rtt_p90 * 1e3, r->push_med * 1e3, r->pull_med * 1e3, r->gbps,
                r->ratio, r->iters, r->encdec_share, r->copy_share_est,
                o->misalign ? "false" : "true", r->psd_cpu_ms, r->psd_faults,
                r->cli_cpu_ms, r->cli_faults, r->one_med * 1e3, r->one_gbps,
-               r->one_ratio);
+               r->one_ratio, o->shm ? "true" : "false");
         if (target_case)
             printf(",\"target_ratio\":%.2f,\"meets_target\":%s", TARGET_RATIO,
                    r->ratio >= TARGET_RATIO ? "true" : "false");
@@ -1434,8 +1459,10 @@ static void print_target(const struct opts *o, const struct case_result *r,
                r->one_med * 1e3, r->one_gbps, r->one_ratio);
     printf("  client: hand encode+decode %.2f%% of RTT; its payload copies "
            "(%s) ~%.1f%% (at %.1f GB/s memcpy)\n", r->encdec_share * 100,
-           o->raw ? "request and response in ps_rpc_invoke" : "the pulled value "
-           "into its destination; the push is sent in place",
+           o->raw ? "request and response in ps_rpc_invoke"
+           : o->shm ? "none: psd reads the gradient and writes the value in "
+                      "shared memory"
+           : "the pulled value into its destination; the push is sent in place",
            r->copy_share_est * 100, c->memcpy_gbps);
     printf("  per call (push or pull): psd %.2f ms CPU, %.0f page faults; client "
            "%.2f ms CPU, %.0f page faults (the payload spans %zu pages)\n",

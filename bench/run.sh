@@ -46,6 +46,14 @@ section_pushpull() {
     run "$BUILD/bench/pushpull" --psd "$BUILD/server/psd" ${PUSHPULL_ARGS:-}
 }
 
+# the same through shared memory (ShmRef: how workerd moves tensors with a
+# psd on its host); the ratios are still to raw TCP, memcpy is the bound.
+section_pushpull_shm() {
+    # shellcheck disable=SC2086
+    run "$BUILD/bench/pushpull" --psd "$BUILD/server/psd" --shm \
+        --sizes 1M,4M,64M --streams 1,2 ${PUSHPULL_ARGS:-}
+}
+
 # training throughput and accuracy: workerd against psd beside PyTorch at one
 # thread, batch 64 and 256 (TRAIN_ARGS="--json" or "--quick" pass through).
 section_train() {
@@ -53,7 +61,7 @@ section_train() {
     run /usr/bin/python3 "$(dirname "$0")/train.py" "$BUILD" ${TRAIN_ARGS:-}
 }
 
-ALL_SECTIONS=(pushpull train)
+ALL_SECTIONS=(pushpull pushpull_shm train)
 
 SECTIONS=("${ALL_SECTIONS[@]}")
 if [ $# -gt 0 ]; then

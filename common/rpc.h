@@ -110,7 +110,7 @@ bool ps_rpc_msg_shared(ps_rpc_msg *m);
 /* ps_rpc_msg_unref with the type a ps_rpc_part's release takes. */
 void ps_rpc_msg_release(void *m);
 /* Waits until nobody but the caller holds m (gRPC has written what it sent
- * from it), so that the caller may write into it again. */
+ * from it), so that the caller may write into it again. NULL: at once. */
 void ps_rpc_msg_wait_unshared(ps_rpc_msg *m);
 /* The same for at most timeout_ms; false if gRPC still holds it then (a
  * send stuck on a dead connection holds it until the connection is torn

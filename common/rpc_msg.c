@@ -130,6 +130,8 @@ bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms)
 {
     /* gRPC drops its reference once the bytes are in the kernel, which is
      * before the peer can answer: this almost never waits. */
+    if (m == NULL)
+        return true;
     int64_t until = ps_now_ms() + timeout_ms;
     for (int i = 0; atomic_load(&m->refs) > 1; i++) {
         if (ps_now_ms() >= until)

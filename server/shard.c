@@ -159,13 +159,21 @@ struct psd_shard {
 
 uint64_t psd_rss_bytes(void)
 {
-    FILE *f = fopen("/proc/self/statm", "r");
+    /* Less RssShmem: the pages of co-located clients' shared memory that
+     * psd maps are theirs (psd itself makes no shared memory). */
+    FILE *f = fopen("/proc/self/status", "r");
     if (f == NULL)
         return 0;
-    unsigned long size = 0, rss = 0;
-    int k = fscanf(f, "%lu %lu", &size, &rss);
+    char line[256];
+    unsigned long long rss = 0, shmem = 0, v;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "VmRSS: %llu kB", &v) == 1)
+            rss = v;
+        else if (sscanf(line, "RssShmem: %llu kB", &v) == 1)
+            shmem = v;
+    }
     fclose(f);
-    return k == 2 ? (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+    return (rss > shmem ? rss - shmem : 0) * 1024ull;
 }
 
 static float *alloc_floats(size_t n)

@@ -431,7 +431,7 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
      * attempt that timed out on a dead connection may hold it for minutes:
      * then the gradient goes to a fresh buffer and gRPC keeps the old one
      * until it lets go. */
-    if (s->fill_msg != NULL && !ps_rpc_msg_wait_unshared_for(s->fill_msg, 20)) {
+    if (!ps_rpc_msg_wait_unshared_for(s->fill_msg, 20)) {
         ps_rpc_msg *fresh = ps_rpc_msg_new(s->nparams * sizeof(float));
         if (fresh == NULL)
             return -ENOMEM;
