@@ -1,0 +1,191 @@
+/* Shared memory between a client and psd: the region (common/shm.c), its
+ * reference on the wire, and psd's map of regions (server/shmmap.c), here
+ * within one process (psd maps this process's own memfd by its name). */
+#include "pbcur.h"
+#include "rpc.h"
+#include "shm.h"
+#include "shmmap.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+START_TEST(test_create_contains)
+{
+    ps_shm *s;
+    ck_assert_int_eq(ps_shm_create(10000, &s), 0);
+    ck_assert_uint_ge(ps_shm_size(s), 10000);
+    ck_assert_uint_eq(ps_shm_size(s) % (size_t)sysconf(_SC_PAGESIZE), 0);
+    uint8_t *b = ps_shm_base(s);
+    ck_assert_int_eq(b[0] | b[9999], 0); /* zero-filled */
+    uint64_t off = 99;
+    ck_assert(ps_shm_contains(s, b + 40, 100, &off));
+    ck_assert_uint_eq(off, 40);
+    ck_assert(ps_shm_contains(s, b, ps_shm_size(s), &off));
+    ck_assert(!ps_shm_contains(s, b + 1, ps_shm_size(s), &off));
+    ck_assert(!ps_shm_contains(s, b - 4, 8, &off));
+    ck_assert(!ps_shm_contains(s, &off, 8, &off));
+    ck_assert(!ps_shm_contains(NULL, b, 8, &off));
+    /* Its name parses back to this process's fd of it. */
+    char path[64], want[64];
+    int pid;
+    ck_assert_int_eq(ps_shm_parse_name(ps_shm_name(s), path, sizeof path, want,
+                                       sizeof want, &pid), 0);
+    ck_assert_int_eq(pid, (int)getpid());
+    ck_assert_ptr_nonnull(strstr(ps_shm_name(s), want + strlen("/memfd:")));
+    ck_assert(strncmp(path, "/proc/", 6) == 0);
+    ps_shm_destroy(s);
+}
+END_TEST
+
+START_TEST(test_parse_name)
+{
+    char path[64], want[64];
+    int pid;
+    ck_assert_int_eq(ps_shm_parse_name("memfd:12:3:ps-0123456789abcdef", path,
+                                       sizeof path, want, sizeof want, &pid), 0);
+    ck_assert_str_eq(path, "/proc/12/fd/3");
+    ck_assert_str_eq(want, "/memfd:ps-0123456789abcdef");
+    ck_assert_int_eq(pid, 12);
+    static const char *const bad[] = {
+        "", "memfd:", "/dev/shm/ps-0123456789abcdef",
+        "memfd:12:3:ps-0123456789abcde",      /* 15 digits */
+        "memfd:12:3:ps-0123456789abcdef0",    /* 17 */
+        "memfd:12:3:ps-0123456789ABCDEF",     /* upper case */
+        "memfd:12:3:xx-0123456789abcdef",
+        "memfd:012:3:ps-0123456789abcdef",    /* leading zero */
+        "memfd:0:3:ps-0123456789abcdef",      /* no pid 0 */
+        "memfd:-1:3:ps-0123456789abcdef",
+        "memfd:12:-3:ps-0123456789abcdef",
+        "memfd:3000000000:3:ps-0123456789abcdef", /* past int */
+        "memfd:12:3:../ps-0123456789abcdef",
+        "memfd:12::ps-0123456789abcdef",
+        "memfd:12:3",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(ps_shm_parse_name(bad[i], path, sizeof path, want, sizeof want,
+                                        &pid) == -EINVAL, "accepted '%s'", bad[i]);
+}
+END_TEST
+
+static const char *decode_one(const uint8_t *buf, size_t len, char *name, size_t cap,
+                              size_t *nl, uint64_t *off, uint64_t *ln)
+{
+    struct ps_piece pc = {buf, len};
+    ps_pbcur c, sub;
+    uint64_t key;
+    ps_pbcur_init(&c, &pc, 1);
+    if (ps_pbcur_varint(&c, &key) != 0 || key != ((7 << 3) | 2) ||
+        ps_pbcur_sub(&c, &sub) != 0)
+        return "no field 7";
+    return ps_shm_ref_decode(&sub, name, cap, nl, off, ln);
+}
+
+START_TEST(test_ref_roundtrip)
+{
+    uint8_t buf[256];
+    char name[PS_SHM_NAME_MAX];
+    size_t nl;
+    uint64_t off, ln;
+    const char *n = "memfd:1:2:ps-0000000000000001";
+    uint8_t *end = ps_shm_ref_put(buf, 7, n, 1ull << 40, 4096);
+    ck_assert_uint_eq((size_t)(end - buf),
+                      2 + ps_shm_ref_len(n, 1ull << 40, 4096));
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, sizeof name, &nl,
+                                  &off, &ln));
+    ck_assert_str_eq(name, n);
+    ck_assert_uint_eq(nl, strlen(n));
+    ck_assert_uint_eq(off, 1ull << 40);
+    ck_assert_uint_eq(ln, 4096);
+    /* Zeros are left out, as protobuf does, and read back as zeros. */
+    end = ps_shm_ref_put(buf, 7, n, 0, 0);
+    ck_assert_uint_eq(ps_shm_ref_len(n, 0, 0), 2 + strlen(n));
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, sizeof name, &nl,
+                                  &off, &ln));
+    ck_assert_uint_eq(off + ln, 0);
+    /* A name longer than the room is cut, and its length kept. */
+    char longname[200];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    end = ps_shm_ref_put(buf, 7, longname, 8, 8);
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, 16, &nl, &off, &ln));
+    ck_assert_uint_eq(strlen(name), 15);
+    ck_assert_uint_eq(nl, 199);
+    /* Truncated bytes are an error, not a crash. */
+    ck_assert_ptr_nonnull(decode_one(buf, 10, name, sizeof name, &nl, &off, &ln));
+}
+END_TEST
+
+static psd_shm_ref ref_of(const ps_shm *s, uint64_t off, uint64_t len)
+{
+    psd_shm_ref r = {.offset = off, .length = len, .set = 1};
+    snprintf(r.name, sizeof r.name, "%s", ps_shm_name(s));
+    r.name_len = strlen(r.name);
+    return r;
+}
+
+START_TEST(test_map_own_region)
+{
+    ps_shm *s;
+    ck_assert_int_eq(ps_shm_create(1 << 20, &s), 0);
+    psd_shmmap *m;
+    ck_assert_int_eq(psd_shmmap_create(&m), 0);
+    char err[400];
+    void *p = NULL;
+    psd_shm_ref r = ref_of(s, 4096, 64);
+    psd_shmmap_enter(m);
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &p, err, sizeof err), 0);
+    /* The same memory through psd's mapping: a write shows on the other side. */
+    ((float *)p)[3] = 2.5f;
+    ck_assert(((float *)((uint8_t *)ps_shm_base(s) + 4096))[3] == 2.5f);
+    ck_assert_ptr_ne(p, (uint8_t *)ps_shm_base(s) + 4096);
+    /* Mapped once, found again by name. */
+    void *q = NULL;
+    r.offset = 0;
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), 0);
+    ck_assert_ptr_eq((uint8_t *)q + 4096, p);
+    ck_assert_uint_eq(psd_shmmap_count(m), 1);
+    /* Ranges and names that will not do. */
+    r.offset = ps_shm_size(s) - 60;
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(err, "past its end"));
+    r.offset = 6;
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(err, "multiple of 4"));
+    r = ref_of(s, 0, 4);
+    r.name[strlen(r.name) - 1] ^= 1; /* another tag: not that memfd */
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err),
+                     PS_RPC_FAILED_PRECONDITION);
+    ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
+    r.name_len = PS_SHM_NAME_MAX;
+    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    /* No unmapping while a caller is inside; after, an idle region goes. */
+    ck_assert_uint_eq(psd_shmmap_sweep(m, 0), 1);
+    psd_shmmap_leave(m);
+    ck_assert_uint_eq(psd_shmmap_sweep(m, 60000), 1);
+    ck_assert_uint_eq(psd_shmmap_sweep(m, 0), 0);
+    /* The client's memory is untouched by psd's unmapping. */
+    ck_assert(((float *)((uint8_t *)ps_shm_base(s) + 4096))[3] == 2.5f);
+    psd_shmmap_destroy(m);
+    ps_shm_destroy(s);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_create_contains);
+    tcase_add_test(tc, test_parse_name);
+    tcase_add_test(tc, test_ref_roundtrip);
+    tcase_add_test(tc, test_map_own_region);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
