@@ -161,8 +161,12 @@ static void check_push(const uint8_t *data, size_t size)
                                                            : PSD_WIRE_MAX_NAME;
         CHECK(memcmp(pg->name, g->name, kept) == 0);
         CHECK((pg->grad != NULL) == (g->has_tensor != 0));
+        /* Shared-memory references: present on both sides or neither (a
+         * ref sent twice merges differently, so values are not compared). */
+        CHECK((pg->value_into != NULL) == (g->value_into.set != 0));
         if (pg->grad == NULL)
             continue;
+        CHECK((pg->grad->shm != NULL) == (g->shm.set != 0));
         const Ps__V1__Tensor *t = pg->grad;
         if (t->n_shape <= PSD_MAX_DIMS) {
             CHECK(g->ndim == (int)t->n_shape);

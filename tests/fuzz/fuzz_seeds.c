@@ -88,6 +88,13 @@ static void seed_pulls(void)
     items[0].min_version = 3;
     req.n_items = 1;
     write_seed(FUZZ_PULL, &req.base);
+    /* Into shared memory (see seed_pushes). */
+    Ps__V1__ShmRef into = PS__V1__SHM_REF__INIT;
+    into.name = (char *)"memfd:2147483646:3:ps-0123456789abcdef";
+    into.length = 16;
+    items[0].min_version = 0;
+    items[0].into = &into;
+    write_seed(FUZZ_PULL, &req.base);
 }
 
 static void seed_pushes(void)
@@ -134,6 +141,22 @@ static void seed_pushes(void)
         ts[i].n_shape = 0;
     req.grads = pgs;
     req.n_grads = FUZZ_NVARS;
+    write_seed(FUZZ_PUSH, &req.base);
+    /* By shared-memory reference (ShmRef), with the values asked into it:
+     * a well-formed name of a process that does not exist, so that psd's
+     * map is driven to its refusals. */
+    Ps__V1__ShmRef ref = PS__V1__SHM_REF__INIT, into = PS__V1__SHM_REF__INIT;
+    ref.name = (char *)"memfd:2147483646:3:ps-0123456789abcdef";
+    ref.offset = 4096;
+    ref.length = ts[0].data.len;
+    into = ref;
+    into.offset = 8192;
+    ts[0].data.len = 0;
+    ts[0].shm = &ref;
+    gs[0].value_into = &into;
+    req.grads = pgs;
+    req.n_grads = 1;
+    req.return_values = 1;
     write_seed(FUZZ_PUSH, &req.base);
 }
 
