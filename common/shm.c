@@ -2,8 +2,12 @@
 
 #include "pbcur.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,4 +194,72 @@ const char *ps_shm_ref_decode(ps_pbcur *c, char *name, size_t namecap,
         }
     }
     return NULL;
+}
+
+/* a is a loopback address, or the same address as one of the interfaces'. */
+static bool addr_is_local(const struct sockaddr *a, const struct ifaddrs *ifs)
+{
+    if (a->sa_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const void *)a;
+        if ((ntohl(v4->sin_addr.s_addr) >> 24) == 127)
+            return true;
+    } else if (a->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const void *)a;
+        if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr))
+            return true;
+    } else {
+        return false;
+    }
+    for (const struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {
+        const struct sockaddr *b = i->ifa_addr;
+        if (b == NULL || b->sa_family != a->sa_family)
+            continue;
+        if (a->sa_family == AF_INET &&
+            ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+                ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr)
+            return true;
+        if (a->sa_family == AF_INET6 &&
+            memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                   &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr,
+                   sizeof(struct in6_addr)) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool ps_shm_target_is_local(const char *target)
+{
+    if (strncmp(target, "unix:", 5) == 0)
+        return true;
+    const char *t = target;
+    if (strncmp(t, "ipv4:", 5) == 0 || strncmp(t, "ipv6:", 5) == 0)
+        t += 5;
+    else if (strncmp(t, "dns:///", 7) == 0)
+        t += 7;
+    else if (strncmp(t, "dns:", 4) == 0)
+        t += 4;
+    char host[256];
+    const char *end;
+    if (*t == '[') {
+        t++;
+        end = strchr(t, ']');
+    } else {
+        end = strrchr(t, ':');
+    }
+    if (end == NULL || end == t || (size_t)(end - t) >= sizeof host)
+        return false;
+    memcpy(host, t, (size_t)(end - t));
+    host[end - t] = '\0';
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        ifs = NULL;
+    bool local = false;
+    for (struct addrinfo *r = res; r != NULL && !local; r = r->ai_next)
+        local = addr_is_local(r->ai_addr, ifs);
+    freeifaddrs(ifs);
+    freeaddrinfo(res);
+    return local;
 }

@@ -47,6 +47,12 @@ bool ps_shm_contains(const ps_shm *s, const void *p, size_t len, uint64_t *off);
 int ps_shm_parse_name(const char *name, char *path, size_t pathlen,
                       char *memfd_name, size_t memfd_len, int *pid);
 
+/* Whether a gRPC target is a server on this host: a unix socket, a
+ * loopback address, or a name or address of one of this host's interfaces
+ * ("10.0.0.5:7070" on the host that has 10.0.0.5). Resolves names (may
+ * block on DNS). Where it is, a client may try shared memory with it. */
+bool ps_shm_target_is_local(const char *target);
+
 /* ps.v1.ShmRef on the wire, for the hand-written codecs of both sides: its
  * encoded length, and the field `field` holding it written at p (returns
  * the end). */

@@ -676,20 +676,12 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
     return 0;
 }
 
-/* A psd address on this host for sure: a unix socket or loopback. */
-static bool local_address(const char *a)
-{
-    return strncmp(a, "unix:", 5) == 0 || strncmp(a, "127.", 4) == 0 ||
-           strncmp(a, "localhost:", 10) == 0 || strncmp(a, "[::1]:", 6) == 0 ||
-           strncmp(a, "ipv4:127.", 9) == 0 || strncmp(a, "ipv6:[::1]:", 11) == 0;
-}
-
 static bool want_shm(const struct wd_train_opts *o)
 {
     if (o->shm == 2)
         return false;
     for (int k = 0; k < o->nps; k++)
-        if (o->shm == 1 || local_address(o->ps[k]))
+        if (o->shm == 1 || ps_shm_target_is_local(o->ps[k]))
             return true;
     return false;
 }
@@ -773,7 +765,7 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
             return rc;
         }
-        if (s->shm != NULL && (o->shm == 1 || local_address(sh->address)))
+        if (s->shm != NULL && (o->shm == 1 || ps_shm_target_is_local(sh->address)))
             ps_client_set_shm(sh->client, s->shm);
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);

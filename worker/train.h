@@ -86,7 +86,8 @@ struct wd_train_opts {
     bool self_update;          /* async SGD: apply this worker's own step to
                                   its copy while the push is in flight */
     int shm;                   /* shared memory with psd (common/shm.h):
-                                  0 auto (psd on unix: or loopback), 1 on
+                                  0 auto (a psd on this host: unix:,
+                                  loopback, or this host's address), 1 on
                                   (any address), 2 off */
 };
 

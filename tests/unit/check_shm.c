@@ -6,8 +6,11 @@
 #include "shm.h"
 #include "shmmap.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +177,46 @@ START_TEST(test_map_own_region)
 }
 END_TEST
 
+START_TEST(test_target_is_local)
+{
+    ck_assert(ps_shm_target_is_local("unix:/run/psd.sock"));
+    ck_assert(ps_shm_target_is_local("127.0.0.1:7070"));
+    ck_assert(ps_shm_target_is_local("127.3.4.5:1"));
+    ck_assert(ps_shm_target_is_local("ipv4:127.0.0.1:7070"));
+    ck_assert(ps_shm_target_is_local("[::1]:7070"));
+    ck_assert(ps_shm_target_is_local("ipv6:[::1]:7070"));
+    ck_assert(ps_shm_target_is_local("localhost:7070"));
+    ck_assert(ps_shm_target_is_local("dns:///localhost:7070"));
+    /* TEST-NET-2 and -3 are nobody's; a name that does not resolve. */
+    ck_assert(!ps_shm_target_is_local("198.51.100.7:7070"));
+    ck_assert(!ps_shm_target_is_local("[2001:db8::7]:7070"));
+    ck_assert(!ps_shm_target_is_local("no-such-host.invalid:7070"));
+    ck_assert(!ps_shm_target_is_local("127.0.0.1"));
+    ck_assert(!ps_shm_target_is_local(":7070"));
+    ck_assert(!ps_shm_target_is_local(""));
+    /* An address of one of this host's interfaces, not loopback. */
+    struct ifaddrs *ifs = NULL, *i;
+    ck_assert_int_eq(getifaddrs(&ifs), 0);
+    int tried = 0;
+    for (i = ifs; i != NULL; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        const struct sockaddr_in *a = (const void *)i->ifa_addr;
+        if ((ntohl(a->sin_addr.s_addr) >> 24) == 127)
+            continue;
+        char ip[INET_ADDRSTRLEN], target[64];
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        snprintf(target, sizeof target, "%s:7070", ip);
+        ck_assert_msg(ps_shm_target_is_local(target), "%s is this host's", target);
+        tried++;
+    }
+    freeifaddrs(ifs);
+    if (tried == 0)
+        fprintf(stderr, "check_shm: no non-loopback IPv4 interface; that case "
+                "did not run\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shm");
@@ -182,6 +225,7 @@ int main(void)
     tcase_add_test(tc, test_parse_name);
     tcase_add_test(tc, test_ref_roundtrip);
     tcase_add_test(tc, test_map_own_region);
+    tcase_add_test(tc, test_target_is_local);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
