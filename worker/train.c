@@ -716,7 +716,9 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     ps_model *m = s->replicas[0];
     s->nparams = ps_model_nparams(m);
     size_t block = (s->nparams * 4 + 4095) / 4096 * 4096;
-    if (want_shm(o) && ps_shm_create(4 * block, &s->shm) == 0) {
+    /* Training sessions only: an evaluation pulls once, and a region per
+     * evaluation would stay mapped in psd until its idle sweep. */
+    if (start_comm && want_shm(o) && ps_shm_create(4 * block, &s->shm) == 0) {
         /* The two gradient and two value blocks in memory shared with psd:
          * psd reads the gradients where the model wrote them and writes
          * the values where the model reads them. */
