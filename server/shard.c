@@ -851,7 +851,9 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
     uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
     ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
     void **dst = calloc(n ? n : 1, sizeof *dst);
-    if (hdr == NULL || parts == NULL || dst == NULL) {
+    bool *unlocked = calloc(n ? n : 1, sizeof *unlocked);
+    if (hdr == NULL || parts == NULL || dst == NULL || unlocked == NULL) {
+        free(unlocked);
         free(hdr);
         free(parts);
         free(dst);
@@ -866,6 +868,7 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
             free(hdr);
             free(parts);
             free(dst);
+            free(unlocked);
             return 0;
         }
     }
@@ -881,9 +884,20 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
         parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field, to) - h),
                                     NULL, NULL};
         size_t nbytes = v->n * sizeof(float);
-        if (to != NULL) {
-            /* The one copy, under the read lock, straight to the client. */
-            memcpy(dst[i], v->value, nbytes);
+        if (to != NULL && v->vmsg != NULL) {
+            /* The one copy, straight to the client, from the value held by
+             * a reference and not the lock: an update meanwhile writes a
+             * copy (value_writable), so a big copy does not stall pushes. */
+            ps_rpc_msg *m = v->vmsg;
+            const float *src = v->value;
+            ps_rpc_msg_ref(m);
+            pthread_rwlock_unlock(&v->lock);
+            unlocked[i] = true;
+            memcpy(dst[i], src, nbytes);
+            ps_rpc_msg_unref(m);
+            atomic_fetch_add(&s->shm_bytes, nbytes);
+        } else if (to != NULL) {
+            memcpy(dst[i], v->value, nbytes); /* small: under the lock */
             atomic_fetch_add(&s->shm_bytes, nbytes);
         } else if (v->vmsg != NULL) {
             ps_rpc_msg_ref(v->vmsg);
@@ -895,12 +909,14 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
     }
     ps_rpc_reply_parts(call, parts, np);
     for (size_t i = 0; i < n; i++)
-        pthread_rwlock_unlock(&vars[i]->lock);
+        if (!unlocked[i])
+            pthread_rwlock_unlock(&vars[i]->lock);
     if (into != NULL)
         psd_shmmap_leave(s->shm);
     free(hdr);
     free(parts);
     free(dst);
+    free(unlocked);
     return bytes;
 }
 

@@ -148,6 +148,51 @@ def main():
            pb.PullRequest(items=[pb.PullItem(name="a", into=unsealed.ref(pb, 0, N))]),
            C.FAILED_PRECONDITION, "shared memory", "F_SEAL_SHRINK", pull=True)
 
+    # A big value pulled into shared memory while pushes update it, on a
+    # psd serving on several threads (so that they run at once): each pull
+    # is one consistent snapshot, the value of the version it reports (the
+    # value is the number of pushes: 0, then +1 per push of -1s).
+    import threading
+    d4 = pstest.start_psd(pstest.tmpdir(), "--threads", "4")
+    stub4 = pbg.ParameterServerStub(pstest.channel(d4.address))
+    # The pushes on a connection of their own, as another worker's would be.
+    push4 = pbg.ParameterServerStub(grpc.insecure_channel(
+        d4.address, options=pstest.CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]))
+    BIG = 16 << 20  # floats: 64 MiB
+    stub4.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "big", (BIG,), lr=1.0)), timeout=30)
+    gbig = Region(BIG * 4)
+    gbig.f[:] = -1.0
+    vbig = Region(BIG * 4)
+    stop = threading.Event()
+    pushed = []
+
+    def pusher():
+        while not stop.is_set():
+            rr = push4.Push(pb.PushRequest(grads=[pb.Gradient(name="big", grad=pb.Tensor(
+                dtype=pb.DTYPE_FLOAT32, shm=gbig.ref(pb, 0, BIG)))]), timeout=30)
+            pushed.append(rr.versions[0])
+
+    th = threading.Thread(target=pusher)
+    th.start()
+    bad, pulls = [], 0
+    try:
+        for _ in range(12):
+            got = stub4.Pull(pb.PullRequest(items=[pb.PullItem(
+                name="big", into=vbig.ref(pb, 0, BIG))]), timeout=30)
+            ver = got.values[0].version
+            lo, hi = float(vbig.f.min()), float(vbig.f.max())
+            pulls += 1
+            if lo != hi or lo != float(ver):
+                bad.append((ver, lo, hi))
+    finally:
+        stop.set()
+        th.join(60)
+    r.check(not bad and pulls == 12 and len(pushed) >= 2,
+            "64 MiB pulled into shared memory during %d pushes: each of %d pulls "
+            "is the value of its version (%s)" % (len(pushed), pulls, bad[:3] or "all"))
+    d4.stop()
+
     # The inline path still works beside it, and psd stops cleanly.
     stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "a", np.zeros(N))]), timeout=10)
     r.check(d.stop() == 0, "psd stops cleanly with a region mapped")
