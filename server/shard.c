@@ -55,6 +55,7 @@ struct ckpt_job {
     ps_rpc_call *call;
     uint64_t step;
     size_t keep_at_least;
+    bool restore;        /* a Restore, not a Checkpoint */
 };
 
 typedef struct psd_var {
@@ -142,6 +143,7 @@ struct psd_shard {
     pthread_cond_t ckpt_cond;
     struct ckpt_job *ckpt_jobs, **ckpt_tail;
     bool ckpt_quit;
+    bool restoring;      /* a Restore writes the live store (table_lock) */
     bool ckpt_started;
     bool threads_started;
 
@@ -1247,6 +1249,16 @@ static void create_variable(ps_rpc_call *call, const uint8_t *req, size_t len,
         ps__v1__create_variable_request__free_unpacked(r, NULL);
         return;
     }
+    /* A Restore is rewriting the store: a variable created now would be in
+     * it but not among the restored ones. */
+    if (s->restoring) {
+        pthread_rwlock_unlock(&s->table_lock);
+        var_free(v);
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "variable '%s': psd is restoring a "
+                    "checkpoint; create it again once that is done", ns.spec.name);
+        ps__v1__create_variable_request__free_unpacked(r, NULL);
+        return;
+    }
     /* New: durable before it is acknowledged. */
     psd_store_txn *t;
     rc = psd_store_begin(s->store, &t);
@@ -2091,7 +2103,7 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Checkpoint: out of memory");
         return;
     }
-    *j = (struct ckpt_job){NULL, call, r->step, r->keep_at_least};
+    *j = (struct ckpt_job){NULL, call, r->step, r->keep_at_least, false};
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
     pthread_mutex_lock(&s->ckpt_mu);
     *s->ckpt_tail = j;
@@ -2146,6 +2158,8 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     ps_rpc_reply_pb(call, &resp);
 }
 
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step);
+
 static void *ckpt_main(void *arg)
 {
     psd_shard *s = arg;
@@ -2164,6 +2178,8 @@ static void *ckpt_main(void *arg)
         pthread_mutex_unlock(&s->ckpt_mu);
         if (quit)
             ps_rpc_fail(j->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        else if (j->restore)
+            restore_run(s, j->call, j->step);
         else
             checkpoint_run(s, j->call, j->step, j->keep_at_least);
         free(j);
@@ -2206,6 +2222,10 @@ static void fail_all_waits(psd_shard *s, enum ps_rpc_code code, const char *msg)
     }
 }
 
+/* Restore runs on the checkpoint thread (after any checkpoint before it):
+ * loading a big checkpoint and writing it into the live store take
+ * seconds, during which the serving thread goes on answering with the
+ * variables as they are; only the swap holds every call. */
 static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
@@ -2216,8 +2236,23 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
                     "Restore: %zu bytes that are not a RestoreRequest", len);
         return;
     }
-    uint64_t step = r->step;
+    struct ckpt_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        ps__v1__restore_request__free_unpacked(r, NULL);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Restore: out of memory");
+        return;
+    }
+    *j = (struct ckpt_job){NULL, call, r->step, 0, true};
     ps__v1__restore_request__free_unpacked(r, NULL);
+    pthread_mutex_lock(&s->ckpt_mu);
+    *s->ckpt_tail = j;
+    s->ckpt_tail = &j->next;
+    pthread_cond_signal(&s->ckpt_cond);
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
+{
     int rc = 0;
     if (step == 0 && (rc = psd_ckpt_latest(s->ckpt_root, &step)) != 0) {
         ps_rpc_fail(call, PS_RPC_NOT_FOUND,
@@ -2247,11 +2282,15 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
                     "load: %s", path, ps_strerror(rc));
         return;
     }
+    /* The live store first, with the flusher held off (flush_mu) but calls
+     * going on: updates from now to the swap are lost with the variables
+     * they change, as a restore means. */
     pthread_mutex_lock(&s->flush_mu);
+    /* CreateVariable checks this under table_lock, held through its own
+     * store write: one done before is cleared below, one after refused. */
     pthread_rwlock_wrlock(&s->table_lock);
-    /* No handler runs now, so every waiting call is listed and armed. */
-    fail_all_waits(s, PS_RPC_ABORTED, "the variables were restored from a "
-                   "checkpoint while this call waited; pull again");
+    s->restoring = true;
+    pthread_rwlock_unlock(&s->table_lock);
     psd_store_txn *t;
     rc = psd_store_begin(s->store, &t);
     if (rc == 0)
@@ -2266,6 +2305,11 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
     else if (t != NULL)
         psd_store_abort(t);
     if (rc == 0) {
+        /* The swap: no handler runs now, so every waiting call is listed
+         * and armed. */
+        pthread_rwlock_wrlock(&s->table_lock);
+        fail_all_waits(s, PS_RPC_ABORTED, "the variables were restored from a "
+                       "checkpoint while this call waited; pull again");
         for (size_t i = 0; i < s->nvars; i++)
             var_free(s->vars[i]);
         free(s->vars);
@@ -2273,8 +2317,15 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
         s->nvars = s->cap = lc.n;
         qsort(s->vars, s->nvars, sizeof *s->vars, cmp_vars);
         atomic_store(&s->committed_seq, atomic_load(&s->apply_seq));
+        s->restoring = false;
+        pthread_rwlock_unlock(&s->table_lock);
+    } else {
+        /* Not committed: LMDB kept the store as it was, the live
+         * variables'. */
+        pthread_rwlock_wrlock(&s->table_lock);
+        s->restoring = false;
+        pthread_rwlock_unlock(&s->table_lock);
     }
-    pthread_rwlock_unlock(&s->table_lock);
     pthread_mutex_unlock(&s->flush_mu);
     if (rc != 0) {
         for (size_t i = 0; i < lc.n; i++)

@@ -103,7 +103,7 @@ def main():
     span = {}
     def take():
         span["t0"] = time.monotonic()
-        stub.Checkpoint(pb.CheckpointRequest(step=0), timeout=120)
+        span["ck"] = stub.Checkpoint(pb.CheckpointRequest(step=0), timeout=120).step
         span["t1"] = time.monotonic()
     th = threading.Thread(target=take)
     th.start()
@@ -120,6 +120,33 @@ def main():
     r.check(during > 0, "pulls are answered while a %.0f ms checkpoint of a 128 MiB "
             "variable is written (%d of them)" % ((span["t1"] - span["t0"]) * 1e3,
                                                   during))
+
+    # So does a Restore (on the same thread, after any checkpoint queued
+    # before it): pulls are answered while it loads the 128 MiB checkpoint
+    # and writes it into the live store; only the swap holds them.
+    before_a = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+    big_step = span["ck"]
+    span = {}
+    def restore_big():
+        span["t0"] = time.monotonic()
+        span["resp"] = stub.Restore(pb.RestoreRequest(step=big_step), timeout=120)
+        span["t1"] = time.monotonic()
+    th = threading.Thread(target=restore_big)
+    th.start()
+    pulls = []
+    while th.is_alive():
+        a0 = time.monotonic()
+        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+        pulls.append((a0, time.monotonic()))
+    th.join()
+    during = sum(1 for a0, a1 in pulls
+                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+    after_a = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+    r.check(during > 0 and span.get("resp") is not None and
+            span["resp"].variables >= 2 and
+            after_a.values[0].value.data == before_a.values[0].value.data,
+            "pulls are answered while a %.0f ms Restore of a 128 MiB checkpoint runs "
+            "(%d of them), and it restores" % ((span["t1"] - span["t0"]) * 1e3, during))
 
     # A caller that keeps more job checkpoints (pscoord --checkpoint-keep 5)
     # asks psd to keep as many of its own, beyond its --checkpoint-keep 3.
