@@ -2087,6 +2087,16 @@ static void stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     ps_rpc_reply_pb(call, &resp);
 }
 
+/* Hands a Checkpoint or Restore to the checkpoint thread, in order. */
+static void ckpt_enqueue(psd_shard *s, struct ckpt_job *j)
+{
+    pthread_mutex_lock(&s->ckpt_mu);
+    *s->ckpt_tail = j;
+    s->ckpt_tail = &j->next;
+    pthread_cond_signal(&s->ckpt_cond);
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
 static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
@@ -2105,11 +2115,7 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     }
     *j = (struct ckpt_job){NULL, call, r->step, r->keep_at_least, false};
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
-    pthread_mutex_lock(&s->ckpt_mu);
-    *s->ckpt_tail = j;
-    s->ckpt_tail = &j->next;
-    pthread_cond_signal(&s->ckpt_cond);
-    pthread_mutex_unlock(&s->ckpt_mu);
+    ckpt_enqueue(s, j);
 }
 
 /* Takes one checkpoint and answers its call. On the checkpoint thread. */
@@ -2244,11 +2250,7 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
     }
     *j = (struct ckpt_job){NULL, call, r->step, 0, true};
     ps__v1__restore_request__free_unpacked(r, NULL);
-    pthread_mutex_lock(&s->ckpt_mu);
-    *s->ckpt_tail = j;
-    s->ckpt_tail = &j->next;
-    pthread_cond_signal(&s->ckpt_cond);
-    pthread_mutex_unlock(&s->ckpt_mu);
+    ckpt_enqueue(s, j);
 }
 
 static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
