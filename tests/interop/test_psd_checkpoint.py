@@ -97,9 +97,31 @@ def main():
         r.check(e.code() == grpc.StatusCode.NOT_FOUND, "a missing checkpoint is NOT_FOUND")
     # A checkpoint runs on its own thread: pulls are answered while a big
     # one is written (psd serves calls on one thread by default).
-    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
-        pb, "big", (4096, 8192), init=pb.Initializer(kind=pb.Initializer.NORMAL,
-                                                      seed=1))), timeout=60)
+    # So does a big CreateVariable (drawing 128 MiB of normal values).
+    span = {}
+    def create_big():
+        span["t0"] = time.monotonic()
+        span["created"] = stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+            pb, "big", (4096, 8192), init=pb.Initializer(kind=pb.Initializer.NORMAL,
+                                                          seed=1))), timeout=60).created
+        span["t1"] = time.monotonic()
+    th = threading.Thread(target=create_big)
+    th.start()
+    pulls = []
+    while th.is_alive():
+        a0 = time.monotonic()
+        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+        pulls.append((a0, time.monotonic()))
+    th.join()
+    during = sum(1 for a0, a1 in pulls
+                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+    got = stub.ListVariables(pb.ListVariablesRequest(), timeout=30)
+    big = [v for v in got.variables if v.spec.name == "big"]
+    r.check(during > 0 and span.get("created") is True and len(big) == 1 and
+            list(big[0].spec.shape) == [4096, 8192],
+            "pulls are answered while a %.0f ms CreateVariable draws 128 MiB of "
+            "initial values (%d of them), and it is created"
+            % ((span["t1"] - span["t0"]) * 1e3, during))
     span = {}
     def take():
         span["t0"] = time.monotonic()
