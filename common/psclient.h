@@ -8,7 +8,9 @@
  * it into a pooled request buffer, and Pull parses the response in place
  * and copies each value straight into the caller's memory (one copy), so a
  * model whose parameters are one block with views is pulled into that block
- * directly. The other calls go through protobuf-c.
+ * directly. With shared memory (ps_client_set_shm) a psd on the same host
+ * reads the gradients and writes the values there itself, and the call
+ * carries only references. The other calls go through protobuf-c.
  *
  * Threads and lifetime: one ps_client is used by one thread at a time (it
  * owns the reused buffers); give each thread its own, as each holds its own
