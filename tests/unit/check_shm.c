@@ -159,7 +159,9 @@ START_TEST(test_map_own_region)
     ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(err, "multiple of 4"));
     r = ref_of(s, 0, 4);
-    r.name[strlen(r.name) - 1] ^= 1; /* another tag: not that memfd */
+    /* Another tag (still hex digits): not that memfd. */
+    char *last = &r.name[strlen(r.name) - 1];
+    *last = *last == '0' ? '1' : '0';
     ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err),
                      PS_RPC_FAILED_PRECONDITION);
     ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
