@@ -71,7 +71,15 @@ static int map_region(const char *name, struct region *out, char *err, size_t er
                  "memfd:PID:FD:ps-<16 hex digits>", name);
         return PS_RPC_INVALID_ARGUMENT;
     }
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    /* Only a regular file (a memfd is one) is opened: the path names any
+     * fd of a process psd may read, and opening a device or a FIFO can have
+     * effects of its own. O_NONBLOCK | O_NOCTTY for one swapped in between. */
+    struct stat pre;
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode)) {
+        snprintf(err, errlen, "shared memory '%s': %s is not a memfd", name, path);
+        return PS_RPC_FAILED_PRECONDITION;
+    }
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "shared memory '%s': cannot open %s: %s (is the "
                  "client on another host, in another pid namespace, or another "
@@ -93,7 +101,7 @@ static int map_region(const char *name, struct region *out, char *err, size_t er
     } else if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
         snprintf(err, errlen, "shared memory '%s': its size is not sealed against "
                  "shrinking (F_SEAL_SHRINK)", name);
-    } else if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
         snprintf(err, errlen, "shared memory '%s': empty", name);
     } else {
         void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,

@@ -165,6 +165,29 @@ START_TEST(test_map_own_region)
     ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err),
                      PS_RPC_FAILED_PRECONDITION);
     ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
+    /* An fd that is a pipe is not even opened; a plain file is not a memfd. */
+    int pp[2];
+    ck_assert_int_eq(pipe(pp), 0);
+    psd_shm_ref bad = r;
+    snprintf(bad.name, sizeof bad.name, "memfd:%d:%d:ps-0123456789abcdef",
+             (int)getpid(), pp[0]);
+    bad.name_len = strlen(bad.name);
+    ck_assert_int_eq(psd_shmmap_get(m, &bad, &q, err, sizeof err),
+                     PS_RPC_FAILED_PRECONDITION);
+    ck_assert_ptr_nonnull(strstr(err, "is not a memfd"));
+    FILE *tf = tmpfile();
+    ck_assert_ptr_nonnull(tf);
+    ck_assert_int_eq(ftruncate(fileno(tf), 4096), 0);
+    snprintf(bad.name, sizeof bad.name, "memfd:%d:%d:ps-0123456789abcdef",
+             (int)getpid(), fileno(tf));
+    bad.name_len = strlen(bad.name);
+    ck_assert_int_eq(psd_shmmap_get(m, &bad, &q, err, sizeof err),
+                     PS_RPC_FAILED_PRECONDITION);
+    ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
+    fclose(tf);
+    close(pp[0]);
+    close(pp[1]);
+    ck_assert_uint_eq(psd_shmmap_count(m), 1);
     r.name_len = PS_SHM_NAME_MAX;
     ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
     /* No unmapping while a caller is inside; after, an idle region goes. */
