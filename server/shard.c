@@ -847,6 +847,23 @@ static bool resolve_into(psd_shard *s, ps_rpc_call *call, psd_var **vars,
     return true;
 }
 
+/* Whether every set reference of into resolves and fits (resolve_into),
+ * before a call changes or waits for anything; fails call if not. */
+static bool into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                    const psd_shm_ref *into, size_t n)
+{
+    void **dst = calloc(n ? n : 1, sizeof *dst);
+    if (dst == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    psd_shmmap_enter(s->shm);
+    bool ok = resolve_into(s, call, vars, into, n, dst);
+    psd_shmmap_leave(s->shm);
+    free(dst);
+    return ok;
+}
+
 /* Answers with prefix (copied) followed by the values of vars as repeated
  * field `field` of the response: the headers copied, big values in place
  * (the reply holds a reference to each, and an update meanwhile writes a
@@ -859,10 +876,13 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
 {
     uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
     ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
-    void **dst = calloc(n ? n : 1, sizeof *dst);
-    bool *unlocked = calloc(n ? n : 1, sizeof *unlocked);
-    if (hdr == NULL || parts == NULL || dst == NULL || unlocked == NULL) {
-        free(unlocked);
+    /* With shared memory: each value's destination, and whether its lock
+     * was let go early (one allocation; none for an inline reply). */
+    void **dst = NULL;
+    bool *unlocked = NULL;
+    if (into != NULL && (dst = calloc(n ? n : 1, sizeof *dst + sizeof *unlocked)) != NULL)
+        unlocked = (bool *)(void *)(dst + n);
+    if (hdr == NULL || parts == NULL || (into != NULL && dst == NULL)) {
         free(hdr);
         free(parts);
         free(dst);
@@ -877,7 +897,6 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
             free(hdr);
             free(parts);
             free(dst);
-            free(unlocked);
             return 0;
         }
     }
@@ -889,7 +908,7 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
         psd_var *v = vars[i];
         pthread_rwlock_rdlock(&v->lock);
         uint8_t *h = hdr + i * VALUE_HDR_MAX;
-        const psd_shm_ref *to = dst[i] != NULL ? &into[i] : NULL;
+        const psd_shm_ref *to = dst != NULL && dst[i] != NULL ? &into[i] : NULL;
         parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field, to) - h),
                                     NULL, NULL};
         size_t nbytes = v->n * sizeof(float);
@@ -918,14 +937,13 @@ static uint64_t reply_with_values(psd_shard *s, ps_rpc_call *call,
     }
     ps_rpc_reply_parts(call, parts, np);
     for (size_t i = 0; i < n; i++)
-        if (!unlocked[i])
+        if (unlocked == NULL || !unlocked[i])
             pthread_rwlock_unlock(&vars[i]->lock);
     if (into != NULL)
         psd_shmmap_leave(s->shm);
     free(hdr);
     free(parts);
     free(dst);
-    free(unlocked);
     return bytes;
 }
 
@@ -1353,21 +1371,14 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     }
     psd_var **vars = calloc(n, sizeof *vars);
     uint64_t *minv = calloc(n, sizeof *minv);
-    psd_shm_ref *into = NULL;
-    void **dst = NULL;
+    bool any_into = false;
     for (size_t i = 0; i < n; i++)
-        if (r->items[i]->into != NULL && into == NULL) {
-            into = calloc(n, sizeof *into);
-            dst = calloc(n, sizeof *dst);
-            if (into == NULL || dst == NULL)
-                goto oom;
-        }
-    if (vars == NULL || minv == NULL) {
-    oom:
+        any_into = any_into || r->items[i]->into != NULL;
+    psd_shm_ref *into = any_into ? calloc(n, sizeof *into) : NULL;
+    if (vars == NULL || minv == NULL || (any_into && into == NULL)) {
         free(vars);
         free(minv);
         free(into);
-        free(dst);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
         ps__v1__pull_request__free_unpacked(r, NULL);
         return;
@@ -1407,14 +1418,6 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
             }
         }
     }
-    /* Shared memory that will not do fails the call now, not after a wait. */
-    if (into != NULL) {
-        psd_shmmap_enter(s->shm);
-        bool ok = resolve_into(s, call, vars, into, n, dst);
-        psd_shmmap_leave(s->shm);
-        if (!ok)
-            goto out;
-    }
     size_t unmet = first_unmet(vars, minv, n);
     if (unmet == n) {
         reply_values(s, call, vars, n, into);
@@ -1422,7 +1425,9 @@ static void pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
     } else if (ps_rpc_call_cancelled(call)) {
         fail_unmet(call, vars[unmet], minv[unmet]);
-    } else {
+    } else if (into == NULL || into_ok(s, call, vars, into, n)) {
+        /* (Shared memory that will not do fails the call now, not after
+         * the wait; an answer at once checks it as it writes.) */
         pull_waiter *w = calloc(1, sizeof *w);
         if (w == NULL) {
             ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
@@ -1448,7 +1453,6 @@ out:
     free(vars);
     free(minv);
     free(into);
-    free(dst);
     ps__v1__pull_request__free_unpacked(r, NULL);
 }
 
@@ -1900,19 +1904,12 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
         pending_free(p);
         return;
     }
-    if (p->into != NULL) {
-        /* Values that cannot be written where asked fail the push before
-         * it changes anything. */
-        void **dst = calloc(p->nitems, sizeof *dst);
-        bool ok = dst != NULL && resolve_into(s, call, p->vars, p->into, p->nitems, dst);
-        if (dst == NULL)
-            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
-        free(dst);
-        if (!ok) {
-            pthread_rwlock_unlock(&s->table_lock);
-            pending_free(p);
-            return;
-        }
+    /* Values that cannot be written where asked fail the push before it
+     * changes anything. */
+    if (p->into != NULL && !into_ok(s, call, p->vars, p->into, p->nitems)) {
+        pthread_rwlock_unlock(&s->table_lock);
+        pending_free(p);
+        return;
     }
 
     /* Phase 2: apply. Async parts now; sync parts join their step. The

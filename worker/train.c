@@ -676,14 +676,16 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
     return 0;
 }
 
-static bool want_shm(const struct wd_train_opts *o)
+/* Marks the shards to share memory with (--shm; auto: those on this host,
+ * which takes a name lookup each); whether there is any. */
+static bool want_shm(const struct wd_train_opts *o, bool *with)
 {
-    if (o->shm == 2)
-        return false;
-    for (int k = 0; k < o->nps; k++)
-        if (o->shm == 1 || ps_shm_target_is_local(o->ps[k]))
-            return true;
-    return false;
+    bool any = false;
+    for (int k = 0; k < o->nps; k++) {
+        with[k] = o->shm == 1 || (o->shm == 0 && ps_shm_target_is_local(o->ps[k]));
+        any = any || with[k];
+    }
+    return any;
 }
 
 static int session_open(struct session *s, const struct wd_train_opts *o,
@@ -718,7 +720,8 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     size_t block = (s->nparams * 4 + 4095) / 4096 * 4096;
     /* Training sessions only: an evaluation pulls once, and a region per
      * evaluation would stay mapped in psd until its idle sweep. */
-    if (start_comm && want_shm(o) && ps_shm_create(4 * block, &s->shm) == 0) {
+    bool shm_with[MAX_SHARDS] = {false};
+    if (start_comm && want_shm(o, shm_with) && ps_shm_create(4 * block, &s->shm) == 0) {
         /* The two gradient and two value blocks in memory shared with psd:
          * psd reads the gradients where the model wrote them and writes
          * the values where the model reads them. */
@@ -767,7 +770,7 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
             return rc;
         }
-        if (s->shm != NULL && (o->shm == 1 || ps_shm_target_is_local(sh->address)))
+        if (s->shm != NULL && shm_with[k])
             ps_client_set_shm(sh->client, s->shm);
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);

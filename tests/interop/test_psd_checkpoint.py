@@ -96,79 +96,58 @@ def main():
     except grpc.RpcError as e:
         r.check(e.code() == grpc.StatusCode.NOT_FOUND, "a missing checkpoint is NOT_FOUND")
     # A checkpoint runs on its own thread: pulls are answered while a big
-    # one is written (psd serves calls on one thread by default).
-    # So does a big CreateVariable (drawing 128 MiB of normal values).
-    span = {}
-    def create_big():
-        span["t0"] = time.monotonic()
-        span["created"] = stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+    # one is written (psd serves calls on one thread by default). So does a
+    # big CreateVariable (drawing 128 MiB of normal values), and a Restore.
+    def pulls_during(call):
+        """Runs call() on a thread while this one pulls 'a'; returns call's
+        result, its duration in ms, and the pulls that started after it and
+        were answered well before it ended (none if it held the only
+        serving thread)."""
+        span = {}
+        def run():
+            span["t0"] = time.monotonic()
+            span["out"] = call()
+            span["t1"] = time.monotonic()
+        th = threading.Thread(target=run)
+        th.start()
+        pulls = []
+        while th.is_alive():
+            a0 = time.monotonic()
+            stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
+            pulls.append((a0, time.monotonic()))
+        th.join()
+        if "t1" not in span:
+            return None, 0.0, 0
+        during = sum(1 for a0, a1 in pulls
+                     if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+        return span["out"], (span["t1"] - span["t0"]) * 1e3, during
+
+    created, ms, during = pulls_during(lambda: stub.CreateVariable(
+        pb.CreateVariableRequest(spec=pstest.spec(
             pb, "big", (4096, 8192), init=pb.Initializer(kind=pb.Initializer.NORMAL,
-                                                          seed=1))), timeout=60).created
-        span["t1"] = time.monotonic()
-    th = threading.Thread(target=create_big)
-    th.start()
-    pulls = []
-    while th.is_alive():
-        a0 = time.monotonic()
-        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
-        pulls.append((a0, time.monotonic()))
-    th.join()
-    during = sum(1 for a0, a1 in pulls
-                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+                                                          seed=1))), timeout=60).created)
     got = stub.ListVariables(pb.ListVariablesRequest(), timeout=30)
     big = [v for v in got.variables if v.spec.name == "big"]
-    r.check(during > 0 and span.get("created") is True and len(big) == 1 and
+    r.check(during > 0 and created is True and len(big) == 1 and
             list(big[0].spec.shape) == [4096, 8192],
             "pulls are answered while a %.0f ms CreateVariable draws 128 MiB of "
-            "initial values (%d of them), and it is created"
-            % ((span["t1"] - span["t0"]) * 1e3, during))
-    span = {}
-    def take():
-        span["t0"] = time.monotonic()
-        span["ck"] = stub.Checkpoint(pb.CheckpointRequest(step=0), timeout=120).step
-        span["t1"] = time.monotonic()
-    th = threading.Thread(target=take)
-    th.start()
-    pulls = []
-    while th.is_alive():
-        a0 = time.monotonic()
-        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
-        pulls.append((a0, time.monotonic()))
-    th.join()
-    # Pulls that started after the checkpoint call and were answered well
-    # before it: none if the checkpoint held the only serving thread.
-    during = sum(1 for a0, a1 in pulls
-                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+            "initial values (%d of them), and it is created" % (ms, during))
+    big_step, ms, during = pulls_during(lambda: stub.Checkpoint(
+        pb.CheckpointRequest(step=0), timeout=120).step)
     r.check(during > 0, "pulls are answered while a %.0f ms checkpoint of a 128 MiB "
-            "variable is written (%d of them)" % ((span["t1"] - span["t0"]) * 1e3,
-                                                  during))
+            "variable is written (%d of them)" % (ms, during))
 
-    # So does a Restore (on the same thread, after any checkpoint queued
-    # before it): pulls are answered while it loads the 128 MiB checkpoint
-    # and writes it into the live store; only the swap holds them.
+    # The Restore runs on the same thread, after any checkpoint queued before
+    # it, and loads the 128 MiB checkpoint and writes it into the live store
+    # while pulls are answered; only the swap holds them.
     before_a = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
-    big_step = span["ck"]
-    span = {}
-    def restore_big():
-        span["t0"] = time.monotonic()
-        span["resp"] = stub.Restore(pb.RestoreRequest(step=big_step), timeout=120)
-        span["t1"] = time.monotonic()
-    th = threading.Thread(target=restore_big)
-    th.start()
-    pulls = []
-    while th.is_alive():
-        a0 = time.monotonic()
-        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
-        pulls.append((a0, time.monotonic()))
-    th.join()
-    during = sum(1 for a0, a1 in pulls
-                 if a0 > span["t0"] and a1 < span["t1"] - 0.05)
+    resp, ms, during = pulls_during(lambda: stub.Restore(
+        pb.RestoreRequest(step=big_step), timeout=120))
     after_a = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="a")]), timeout=30)
-    r.check(during > 0 and span.get("resp") is not None and
-            span["resp"].variables >= 2 and
+    r.check(during > 0 and resp is not None and resp.variables >= 2 and
             after_a.values[0].value.data == before_a.values[0].value.data,
             "pulls are answered while a %.0f ms Restore of a 128 MiB checkpoint runs "
-            "(%d of them), and it restores" % ((span["t1"] - span["t0"]) * 1e3, during))
+            "(%d of them), and it restores" % (ms, during))
 
     # A caller that keeps more job checkpoints (pscoord --checkpoint-keep 5)
     # asks psd to keep as many of its own, beyond its --checkpoint-keep 3.
