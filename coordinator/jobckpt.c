@@ -349,14 +349,6 @@ void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
     struct ctask *t = coord_find_locked(c, PS_ROLE_PS, (int)call->index);
     if (t != NULL && t->incarnation == call->incarnation)
         t->restoring = false;
-    if (ok)
-        ps_log_info("restored ps[%u] at %s from job checkpoint %" PRIu64
-                    ": %" PRIu64 " variable%s", call->index, call->address,
-                    call->step, variables, variables == 1 ? "" : "s");
-    else
-        ps_log_error("restore of ps[%u] at %s from job checkpoint %" PRIu64
-                     " failed: %s", call->index, call->address, call->step,
-                     detail);
     if (c->nrestores == COORD_MAX_RESTORES) {
         free(c->restores[0].detail);
         memmove(c->restores, c->restores + 1,
@@ -374,5 +366,15 @@ void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
         c->nrestores++;
     coord_bump_locked(c);
     coord_state_save_locked(c);
+    /* Logged once the record is in state.json: whoever reads the line may
+     * read the record. */
+    if (ok)
+        ps_log_info("restored ps[%u] at %s from job checkpoint %" PRIu64
+                    ": %" PRIu64 " variable%s", call->index, call->address,
+                    call->step, variables, variables == 1 ? "" : "s");
+    else
+        ps_log_error("restore of ps[%u] at %s from job checkpoint %" PRIu64
+                     " failed: %s", call->index, call->address, call->step,
+                     detail);
     pthread_mutex_unlock(&c->mu);
 }
