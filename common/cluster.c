@@ -7,7 +7,6 @@
 #include "jsonutil.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,19 +46,6 @@ int ps_role_parse(const char *s, enum ps_role *out)
     return PS_EINVAL_ARG;
 }
 
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* Characters a host may hold: a DNS name or IPv4 address without brackets,
  * an IPv6 address (with an optional %zone) within them. */
 static bool host_chars_ok(const char *h, size_t len, bool bracketed)
@@ -89,49 +75,49 @@ static int addr_split(const char *addr, char *host, size_t hostlen, int *port,
     if (bracketed) {
         const char *close = strchr(addr, ']');
         if (close == NULL)
-            return fail(PS_EINVAL_ARG, why, whylen,
+            return ps_errf(PS_EINVAL_ARG, why, whylen,
                         "address '%s' has an unclosed '['", addr);
         h = addr + 1;
         hlen = (size_t)(close - h);
         if (close[1] != ':')
-            return fail(PS_EINVAL_ARG, why, whylen,
+            return ps_errf(PS_EINVAL_ARG, why, whylen,
                         "address '%s' has no port (expected [v6addr]:port)",
                         addr);
         p = close + 2;
     } else {
         const char *colon = strrchr(addr, ':');
         if (colon == NULL)
-            return fail(PS_EINVAL_ARG, why, whylen,
+            return ps_errf(PS_EINVAL_ARG, why, whylen,
                         "address '%s' has no port (expected host:port)", addr);
         hlen = (size_t)(colon - addr);
         if (memchr(addr, ':', hlen) != NULL)
-            return fail(PS_EINVAL_ARG, why, whylen,
+            return ps_errf(PS_EINVAL_ARG, why, whylen,
                         "address '%s' looks like IPv6 without brackets "
                         "(write [v6addr]:port)", addr);
         p = colon + 1;
     }
     if (hlen == 0)
-        return fail(PS_EINVAL_ARG, why, whylen, "address '%s' has no host",
+        return ps_errf(PS_EINVAL_ARG, why, whylen, "address '%s' has no host",
                     addr);
     if (!host_chars_ok(h, hlen, bracketed))
-        return fail(PS_EINVAL_ARG, why, whylen,
+        return ps_errf(PS_EINVAL_ARG, why, whylen,
                     "address '%s' has a character not allowed in a host",
                     addr);
     if (*p == '\0')
-        return fail(PS_EINVAL_ARG, why, whylen,
+        return ps_errf(PS_EINVAL_ARG, why, whylen,
                     "address '%s' has no port (expected host:port)", addr);
     size_t plen = strlen(p);
     for (size_t i = 0; i < plen; i++) {
         if (!isdigit((unsigned char)p[i]))
-            return fail(PS_EINVAL_ARG, why, whylen,
+            return ps_errf(PS_EINVAL_ARG, why, whylen,
                         "port '%s' in '%s' is not a number", p, addr);
     }
     long v = plen > 6 ? 999999 : strtol(p, NULL, 10);
     if (v < 1 || v > 65535)
-        return fail(PS_EINVAL_ARG, why, whylen,
+        return ps_errf(PS_EINVAL_ARG, why, whylen,
                     "port %s in '%s' is out of range 1..65535", p, addr);
     if (hlen >= hostlen)
-        return fail(PS_EINVAL_ARG, why, whylen,
+        return ps_errf(PS_EINVAL_ARG, why, whylen,
                     "host in '%s' is longer than %zu bytes", addr,
                     hostlen > 0 ? hostlen - 1 : 0);
     memcpy(host, h, hlen);
@@ -177,12 +163,12 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
 {
     const char *rname = role_names[role];
     if (!json_is_array(list))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "cluster.%s must be a list of \"host:port\" strings, "
                     "got %s", rname, ps_json_type_name(list));
     size_t n = json_array_size(list);
     if (n > 1000000)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "cluster.%s lists %zu tasks; that is too many", rname, n);
     c->addrs[role] = calloc(n > 0 ? n : 1, sizeof(char *));
     if (c->addrs[role] == NULL)
@@ -191,7 +177,7 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(list, i);
         if (!json_is_string(v))
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s[%zu] must be a \"host:port\" string, got %s",
                         rname, i, ps_json_type_name(v));
         const char *addr = json_string_value(v);
@@ -199,7 +185,7 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
         char why[384];
         if (addr_split(addr, s->host, sizeof s->host, &s->port, why,
                        sizeof why) != 0)
-            return fail(PS_EINVAL_ARG, err, errlen, "%s[%zu]: %s", rname, i,
+            return ps_errf(PS_EINVAL_ARG, err, errlen, "%s[%zu]: %s", rname, i,
                         why);
         for (char *h = s->host; *h != '\0'; h++)
             *h = (char)tolower((unsigned char)*h);
@@ -208,7 +194,7 @@ static int parse_role(enum ps_role role, const json_t *list, ps_cluster *c,
         for (size_t j = 0; j < *nseen; j++) {
             if (seen[j].port == s->port &&
                 strcmp(seen[j].host, s->host) == 0)
-                return fail(PS_EINVAL_ARG, err, errlen,
+                return ps_errf(PS_EINVAL_ARG, err, errlen,
                             "%s[%d] and %s[%zu] both use '%s'",
                             role_names[seen[j].role], seen[j].index, rname, i,
                             addr);
@@ -226,11 +212,11 @@ static int parse_cluster(const json_t *cl, ps_cluster *c, char *err,
                          size_t errlen)
 {
     if (cl == NULL)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "key 'cluster' is missing; expected {\"cluster\": "
                     "{\"worker\": [\"host:port\", ...], ...}}");
     if (!json_is_object(cl))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "'cluster' must be an object mapping roles to address "
                     "lists, got %s", ps_json_type_name(cl));
 
@@ -242,7 +228,7 @@ static int parse_cluster(const json_t *cl, ps_cluster *c, char *err,
     json_object_foreach((json_t *)cl, key, val) {
         enum ps_role role;
         if (ps_role_parse(key, &role) != 0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "cluster has unknown role '%s'; valid roles are "
                         VALID_ROLES, key);
         if (json_is_array(val))
@@ -265,9 +251,9 @@ static int parse_cluster(const json_t *cl, ps_cluster *c, char *err,
         return rc;
 
     if (total == 0)
-        return fail(PS_EINVAL_ARG, err, errlen, "cluster lists no tasks");
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "cluster lists no tasks");
     if (c->n[PS_ROLE_CHIEF] > 1)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "cluster has %d chiefs; at most one is allowed",
                     c->n[PS_ROLE_CHIEF]);
     return 0;
@@ -277,28 +263,28 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
                       size_t errlen)
 {
     if (!json_is_object(task))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "'task' must be an object like {\"type\": \"worker\", "
                     "\"index\": 0}, got %s", ps_json_type_name(task));
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)task, key, val) {
         if (strcmp(key, "type") != 0 && strcmp(key, "index") != 0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "task has unknown key '%s'; expected type, index",
                         key);
     }
 
     const json_t *type = json_object_get(task, "type");
     if (type == NULL)
-        return fail(PS_EINVAL_ARG, err, errlen, "task.type is missing");
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "task.type is missing");
     if (!json_is_string(type))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task.type must be a role name string, got %s",
                     ps_json_type_name(type));
     enum ps_role role;
     if (ps_role_parse(json_string_value(type), &role) != 0)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task type '%s' is not a role; valid roles are "
                     VALID_ROLES, json_string_value(type));
 
@@ -306,16 +292,16 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
     const json_t *idx = json_object_get(task, "index");
     if (idx != NULL) {
         if (!json_is_integer(idx))
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "task.index must be an integer, got %s",
                         ps_json_type_name(idx));
         index = json_integer_value(idx);
     }
     if (index < 0)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task index %" JSON_INTEGER_FORMAT " is negative", index);
     if (index >= c->n[role])
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task %s[%" JSON_INTEGER_FORMAT "] but the cluster has "
                     "%d %s", role_names[role], index, c->n[role],
                     c->n[role] == 1 ? role_names[role] : role_plurals[role]);
@@ -329,7 +315,7 @@ static int parse_spec(const json_t *root, ps_cluster *c, char *err,
                       size_t errlen)
 {
     if (!json_is_object(root))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "the spec must be a JSON object, got %s",
                     ps_json_type_name(root));
     const char *key;
@@ -338,7 +324,7 @@ static int parse_spec(const json_t *root, ps_cluster *c, char *err,
         if (strcmp(key, "cluster") != 0 && strcmp(key, "task") != 0 &&
             strcmp(key, "job_id") != 0 && strcmp(key, "rpc_layer") != 0 &&
             strcmp(key, "environment") != 0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "unknown key '%s'; expected cluster, task, job_id",
                         key);
     }
@@ -357,7 +343,7 @@ static int parse_spec(const json_t *root, ps_cluster *c, char *err,
     const json_t *job = json_object_get(root, "job_id");
     if (job != NULL) {
         if (!json_is_string(job) || json_string_length(job) == 0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "job_id must be a non-empty string, got %s",
                         json_is_string(job) ? "\"\"" : ps_json_type_name(job));
         c->job_id = strdup(json_string_value(job));
@@ -372,17 +358,17 @@ int ps_cluster_parse(const char *json, ps_cluster *out, char *err,
 {
     memset(out, 0, sizeof *out);
     if (json == NULL)
-        return fail(PS_EINVAL_ARG, err, errlen, "no spec given");
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "no spec given");
     json_error_t jerr;
     json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
-        return fail(PS_EPARSE, err, errlen,
+        return ps_errf(PS_EPARSE, err, errlen,
                     "not valid JSON at line %d, column %d: %s", jerr.line,
                     jerr.column, jerr.text);
     int rc = parse_spec(root, out, err, errlen);
     json_decref(root);
     if (rc == -ENOMEM)
-        fail(rc, err, errlen, "out of memory");
+        ps_errf(rc, err, errlen, "out of memory");
     if (rc != 0)
         ps_cluster_close(out);
     return rc;
@@ -395,7 +381,7 @@ static int parse_with_prefix(const char *prefix, const char *json,
     char msg[512];
     int rc = ps_cluster_parse(json, out, msg, sizeof msg);
     if (rc != 0)
-        fail(rc, err, errlen, "%s: %s", prefix, msg);
+        ps_errf(rc, err, errlen, "%s: %s", prefix, msg);
     return rc;
 }
 
@@ -406,7 +392,7 @@ int ps_cluster_load_file(const char *path, ps_cluster *out, char *err,
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         int rc = -errno;
-        return fail(rc, err, errlen, "%s: %s", path, strerror(-rc));
+        return ps_errf(rc, err, errlen, "%s: %s", path, strerror(-rc));
     }
     /* Specs are small; a multi-megabyte one is a mistake, not a cluster. */
     enum { max_spec = 64 << 20 };
@@ -414,19 +400,19 @@ int ps_cluster_load_file(const char *path, ps_cluster *out, char *err,
     char *buf = malloc(cap);
     int rc = 0;
     if (buf == NULL) {
-        rc = fail(-ENOMEM, err, errlen, "%s: out of memory", path);
+        rc = ps_errf(-ENOMEM, err, errlen, "%s: out of memory", path);
         goto close_file;
     }
     for (;;) {
         if (len + 1 >= cap) {
             if (cap >= max_spec) {
-                rc = fail(PS_EINVAL_ARG, err, errlen,
+                rc = ps_errf(PS_EINVAL_ARG, err, errlen,
                           "%s: larger than %d bytes", path, (int)max_spec);
                 goto free_buf;
             }
             char *bigger = realloc(buf, cap * 2);
             if (bigger == NULL) {
-                rc = fail(-ENOMEM, err, errlen, "%s: out of memory", path);
+                rc = ps_errf(-ENOMEM, err, errlen, "%s: out of memory", path);
                 goto free_buf;
             }
             buf = bigger;
@@ -438,12 +424,12 @@ int ps_cluster_load_file(const char *path, ps_cluster *out, char *err,
             break;
     }
     if (ferror(f)) {
-        rc = fail(-EIO, err, errlen, "%s: read error", path);
+        rc = ps_errf(-EIO, err, errlen, "%s: read error", path);
         goto free_buf;
     }
     buf[len] = '\0';
     if (memchr(buf, '\0', len) != NULL) {
-        rc = fail(PS_EPARSE, err, errlen, "%s: not valid JSON (contains a "
+        rc = ps_errf(PS_EPARSE, err, errlen, "%s: not valid JSON (contains a "
                   "NUL byte)", path);
         goto free_buf;
     }
@@ -461,7 +447,7 @@ int ps_cluster_from_env(ps_cluster *out, char *err, size_t errlen)
     memset(out, 0, sizeof *out);
     const char *tf = getenv("TF_CONFIG");
     if (tf == NULL || tf[0] == '\0')
-        return fail(PS_ENOTFOUND, err, errlen, "TF_CONFIG is not set");
+        return ps_errf(PS_ENOTFOUND, err, errlen, "TF_CONFIG is not set");
     return parse_with_prefix("TF_CONFIG", tf, out, err, errlen);
 }
 

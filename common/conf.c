@@ -10,25 +10,11 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 static void *field(const ps_opt *o, void *cfg)
 {
@@ -67,7 +53,7 @@ static int check_range(const ps_opt *o, double v, const char *shown,
     char lo[32], hi[32];
     fmt_num(o->min, lo, sizeof lo);
     fmt_num(o->max, hi, sizeof hi);
-    return fail(PS_EINVAL_ARG, err, errlen, "%s: %s is out of range [%s, %s]",
+    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: %s is out of range [%s, %s]",
                 where, shown, lo, hi);
 }
 
@@ -173,7 +159,7 @@ static int set_int64(const ps_opt *o, void *cfg, int64_t v, const char *shown,
     if (rc != 0)
         return rc;
     if (v < INT_MIN || v > INT_MAX)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "%s: %s is out of range [%d, %d]", where, shown, INT_MIN,
                     INT_MAX);
     *(int *)field(o, cfg) = (int)v;
@@ -195,7 +181,7 @@ static int set_double(const ps_opt *o, void *cfg, double v, const char *shown,
                       const char *where, char *err, size_t errlen)
 {
     if (!isfinite(v))
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "%s: %s is not a finite number", where, shown);
     int rc = check_range(o, v, shown, where, err, errlen);
     if (rc != 0)
@@ -209,7 +195,7 @@ static int set_duration(const ps_opt *o, void *cfg, uint64_t ms,
                         size_t errlen)
 {
     if (ms > INT64_MAX)
-        return fail(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
                     where, shown);
     int rc = check_range(o, (double)ms, shown, where, err, errlen);
     if (rc != 0)
@@ -228,7 +214,7 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
     switch (o->type) {
     case PS_OPT_STRING:
         if (set_string(o, cfg, s) != 0)
-            return fail(-ENOMEM, err, errlen, "%s: out of memory", where);
+            return ps_errf(-ENOMEM, err, errlen, "%s: out of memory", where);
         return 0;
 
     case PS_OPT_INT: {
@@ -236,7 +222,7 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s || *end != '\0' || isspace((unsigned char)*s))
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not an integer", where, shown);
         /* On overflow v is clamped to LLONG_MIN or LLONG_MAX, which both
          * range checks below refuse. */
@@ -248,11 +234,11 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         const char *end;
         bool overflow;
         if (!read_u64(s, &v, &end, &overflow) || *end != '\0')
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not a non-negative integer", where,
                         shown);
         if (overflow)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: %s is too large for 64 bits", where, shown);
         return set_uint64(o, cfg, v, shown, where, err, errlen);
     }
@@ -262,10 +248,10 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         errno = 0;
         double v = strtod(s, &end);
         if (end == s || *end != '\0' || isspace((unsigned char)*s))
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not a number", where, shown);
         if (errno == ERANGE && fabs(v) > 1.0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: %s is not a finite number", where, shown);
         return set_double(o, cfg, v, shown, where, err, errlen);
     }
@@ -273,7 +259,7 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
     case PS_OPT_BOOL: {
         bool b;
         if (parse_bool(s, &b) != 0)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not a boolean (true or false)", where,
                         shown);
         *(bool *)field(o, cfg) = b;
@@ -284,11 +270,11 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         uint64_t v;
         int bad = parse_with_unit(s, size_units, &v);
         if (bad == 1)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not a size (bytes, or a number with "
                         "K, M, G or T)", where, shown);
         if (bad == 2)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is too large", where, shown);
         return set_uint64(o, cfg, v, shown, where, err, errlen);
     }
@@ -297,11 +283,11 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         uint64_t v;
         int bad = parse_with_unit(s, duration_units, &v);
         if (bad == 1)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "%s: '%s' is not a duration (a number with ms, s, m "
                         "or h; plain numbers are ms)", where, shown);
         if (bad == 2)
-            return fail(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
+            return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
                         where, shown);
         return set_duration(o, cfg, v, shown, where, err, errlen);
     }
@@ -320,11 +306,11 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
                 used += k > 0 ? (size_t)k : 0;
             }
         }
-        return fail(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not one of %s",
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not one of %s",
                     where, shown, list);
     }
     }
-    return fail(PS_EINVAL_ARG, err, errlen, "%s: option has an unknown type",
+    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: option has an unknown type",
                 where);
 }
 
@@ -377,7 +363,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
             if (o->type == PS_OPT_INT)
                 return set_int64(o, cfg, n, shown, where, err, errlen);
             if (n < 0)
-                return fail(PS_EINVAL_ARG, err, errlen,
+                return ps_errf(PS_EINVAL_ARG, err, errlen,
                             "%s: %s is negative", where, shown);
             return set_uint64(o, cfg, (uint64_t)n, shown, where, err, errlen);
         }
@@ -409,7 +395,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
             json_int_t n = json_integer_value(v);
             snprintf(shown, sizeof shown, "%" JSON_INTEGER_FORMAT, n);
             if (n < 0)
-                return fail(PS_EINVAL_ARG, err, errlen,
+                return ps_errf(PS_EINVAL_ARG, err, errlen,
                             "%s: %s is negative", where, shown);
             if (o->type == PS_OPT_SIZE)
                 return set_uint64(o, cfg, (uint64_t)n, shown, where, err,
@@ -421,7 +407,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
                                       : "a duration like \"2s\" or an integer";
         break;
     }
-    return fail(PS_EINVAL_ARG, err, errlen, "%s: expected %s, got %s", where,
+    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: expected %s, got %s", where,
                 want != NULL ? want : "a value", ps_json_type_name(v));
 }
 
@@ -431,20 +417,20 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         int rc = -errno;
-        return fail(rc, err, errlen, "--config: cannot open '%s': %s", path,
+        return ps_errf(rc, err, errlen, "--config: cannot open '%s': %s", path,
                     strerror(-rc));
     }
     json_error_t jerr;
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
     if (root == NULL)
-        return fail(PS_EPARSE, err, errlen,
+        return ps_errf(PS_EPARSE, err, errlen,
                     "%s: not valid JSON at line %d, column %d: %s", path,
                     jerr.line, jerr.column, jerr.text);
 
     int rc = 0;
     if (!json_is_object(root)) {
-        rc = fail(PS_EINVAL_ARG, err, errlen,
+        rc = ps_errf(PS_EINVAL_ARG, err, errlen,
                   "%s: expected a JSON object of options, got %s", path,
                   ps_json_type_name(root));
         goto decref;
@@ -454,7 +440,7 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
     json_object_foreach(root, key, val) {
         const ps_opt *o = find_opt(opts, key, strlen(key));
         if (o == NULL) {
-            rc = fail(PS_EINVAL_ARG, err, errlen, "%s: unknown key '%s'",
+            rc = ps_errf(PS_EINVAL_ARG, err, errlen, "%s: unknown key '%s'",
                       path, key);
             goto decref;
         }
@@ -501,14 +487,14 @@ static int unknown_option(const ps_opt *opts, const char *arg, char *err,
 {
     int n = (int)strcspn(arg, "=");
     if (arg[0] != '-' || arg[1] != '-')
-        return fail(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n,
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n,
                     arg);
     const char *name = arg + 2;
     size_t len = strcspn(name, "=");
     if (len > 3 && strncmp(name, "no-", 3) == 0) {
         const ps_opt *o = find_opt(opts, name + 3, len - 3);
         if (o != NULL)
-            return fail(PS_EINVAL_ARG, err, errlen,
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
                         "unknown option '%.*s' (--%s is not a boolean)", n,
                         arg, o->name);
     }
@@ -524,10 +510,10 @@ static int unknown_option(const ps_opt *opts, const char *arg, char *err,
         }
     }
     if (best != NULL)
-        return fail(PS_EINVAL_ARG, err, errlen,
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "unknown option '%.*s' (did you mean --%s?)", n, arg,
                     best->name);
-    return fail(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n, arg);
+    return ps_errf(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n, arg);
 }
 
 enum tok_kind { TOK_END, TOK_OPT, TOK_CONFIG, TOK_HELP, TOK_VERSION };
@@ -588,7 +574,7 @@ static int scan(const ps_opt *opts, int argc, char **argv, int i,
             const ps_opt *o = find_opt(opts, name + 3, len - 3);
             if (o != NULL && o->type == PS_OPT_BOOL) {
                 if (eq != NULL)
-                    return fail(PS_EINVAL_ARG, err, errlen,
+                    return ps_errf(PS_EINVAL_ARG, err, errlen,
                                 "--%.*s: takes no value", (int)len, name);
                 t->opt = o;
                 t->negated = true;
@@ -611,8 +597,8 @@ static int scan(const ps_opt *opts, int argc, char **argv, int i,
     /* "--port --threads 4" is a forgotten value, not the port "--threads". */
     if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
         if (flag != NULL)
-            return fail(PS_EINVAL_ARG, err, errlen, "%s: missing value", flag);
-        return fail(PS_EINVAL_ARG, err, errlen, "--%s: missing value",
+            return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: missing value", flag);
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "--%s: missing value",
                     t->opt->name);
     }
     t->value = argv[i + 1];
@@ -655,10 +641,10 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
             return PS_CONF_VERSION;
         if (t.kind == TOK_CONFIG) {
             if (config != NULL)
-                return fail(PS_EINVAL_ARG, err, errlen,
+                return ps_errf(PS_EINVAL_ARG, err, errlen,
                             "--config: given more than once");
             if (t.value[0] == '\0')
-                return fail(PS_EINVAL_ARG, err, errlen,
+                return ps_errf(PS_EINVAL_ARG, err, errlen,
                             "--config: empty file name");
             config = t.value;
         }
@@ -666,7 +652,7 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
     }
     int positional = t.next;
     if (first_positional == NULL && positional < argc)
-        return fail(PS_EINVAL_ARG, err, errlen, "unexpected argument '%s'",
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "unexpected argument '%s'",
                     argv[positional]);
 
     for (const ps_opt *o = opts; o->name != NULL; o++) {

@@ -1,6 +1,7 @@
 #include "errors.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 const char *ps_strerror(int err)
@@ -38,4 +39,20 @@ const char *ps_errname(int err)
             return n;
     }
     return "UNKNOWN";
+}
+
+int ps_verrf(int rc, char *err, size_t errlen, const char *fmt, va_list ap)
+{
+    if (err != NULL && errlen > 0)
+        vsnprintf(err, errlen, fmt, ap);
+    return rc;
+}
+
+int ps_errf(int rc, char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ps_verrf(rc, err, errlen, fmt, ap);
+    va_end(ap);
+    return rc;
 }

@@ -7,11 +7,17 @@
  * reserved band far below any errno so that the two never collide (the same
  * trick as LMDB's MDB_KEYEXIST band).
  *
+ * Functions that can say more than a code take a caller's buffer (char
+ * *err, size_t errlen) for one line of explanation; ps_errf fills it.
+ *
  * Threads and lifetime: everything here is reentrant; ps_strerror returns
  * static strings that live forever.
  */
 #ifndef PS_ERRORS_H
 #define PS_ERRORS_H
+
+#include <stdarg.h>
+#include <stddef.h>
 
 /* X(name, value, text). Keep the values stable: they appear in logs. */
 #define PS_ERRNO_MAP(X)                                                   \
@@ -47,5 +53,13 @@ const char *ps_strerror(int err);
 /* The code's symbolic name ("PS_ENOTFOUND", "ENOENT"), for logs and tests.
  * Never NULL. */
 const char *ps_errname(int err);
+
+/* Writes the message into err (truncated to errlen; nothing when err is
+ * NULL or errlen 0) and returns rc, so that a failure is one statement:
+ * `return ps_errf(PS_EPARSE, err, errlen, "line %d: ...", n);`. */
+int ps_errf(int rc, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int ps_verrf(int rc, char *err, size_t errlen, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 #endif

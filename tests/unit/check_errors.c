@@ -38,6 +38,22 @@ START_TEST(test_codes_distinct_from_errno)
 }
 END_TEST
 
+START_TEST(test_errf)
+{
+    char err[8];
+    ck_assert_int_eq(ps_errf(PS_EPARSE, err, sizeof err, "line %d", 12), PS_EPARSE);
+    ck_assert_str_eq(err, "line 12");
+    /* Truncated to the buffer, still terminated. */
+    ck_assert_int_eq(ps_errf(-ENOMEM, err, sizeof err, "%s", "much too long"), -ENOMEM);
+    ck_assert_str_eq(err, "much to");
+    /* No buffer: only the code. */
+    ck_assert_int_eq(ps_errf(PS_EINVAL_ARG, NULL, 0, "x"), PS_EINVAL_ARG);
+    err[0] = 'k';
+    ck_assert_int_eq(ps_errf(PS_EINVAL_ARG, err, 0, "x"), PS_EINVAL_ARG);
+    ck_assert_int_eq(err[0], 'k');
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("errors");
@@ -47,6 +63,9 @@ int main(void)
     tcase_add_test(tc, test_strerror_unknown);
     tcase_add_test(tc, test_codes_distinct_from_errno);
     suite_add_tcase(s, tc);
+    TCase *tf = tcase_create("ps_errf");
+    tcase_add_test(tf, test_errf);
+    suite_add_tcase(s, tf);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
