@@ -28,6 +28,7 @@
  * signal thread removes both if we are interrupted. Each case's threads own
  * their client, buffers and samples until main has summarized them.
  */
+#include "buf.h"
 #include "errors.h"
 #include "pbcur.h"
 #include "ps.pb-c.h"

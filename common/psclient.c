@@ -1,5 +1,6 @@
 #include "psclient.h"
 
+#include "buf.h"
 #include "errors.h"
 #include "pbcur.h"
 #include "log.h"

@@ -22,6 +22,7 @@
 #ifndef PS_PSCLIENT_H
 #define PS_PSCLIENT_H
 
+#include "buf.h"
 #include "rpc.h"
 
 #include <stdbool.h>

@@ -4,7 +4,10 @@
  * standard grpc.health.v1 service answered by every server.
  *
  * Messages cross this interface as serialized protobuf bytes, so nothing
- * outside rpc.c and rpc_client.c includes a gRPC header.
+ * outside rpc_server.c, rpc_client.c and rpc_slice.c includes a gRPC
+ * header. Status codes are in rpc_code.h, pooled messages and the pieces
+ * and parts messages travel in are in rpc_msg.h, the health service's state
+ * is health.c's.
  *
  * Server model. Each method is registered with a path ("/ps.v1.
  * ParameterServer/Push") and a handler. The server runs `threads`
@@ -35,111 +38,19 @@
 #ifndef PS_RPC_H
 #define PS_RPC_H
 
+#include "buf.h"
+#include "rpc_code.h"
+#include "rpc_msg.h"
+
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
-
-/* gRPC status codes, with the same values as grpc_status_code. */
-enum ps_rpc_code {
-    PS_RPC_OK = 0,
-    PS_RPC_CANCELLED = 1,
-    PS_RPC_UNKNOWN = 2,
-    PS_RPC_INVALID_ARGUMENT = 3,
-    PS_RPC_DEADLINE_EXCEEDED = 4,
-    PS_RPC_NOT_FOUND = 5,
-    PS_RPC_ALREADY_EXISTS = 6,
-    PS_RPC_PERMISSION_DENIED = 7,
-    PS_RPC_RESOURCE_EXHAUSTED = 8,
-    PS_RPC_FAILED_PRECONDITION = 9,
-    PS_RPC_ABORTED = 10,
-    PS_RPC_OUT_OF_RANGE = 11,
-    PS_RPC_UNIMPLEMENTED = 12,
-    PS_RPC_INTERNAL = 13,
-    PS_RPC_UNAVAILABLE = 14,
-    PS_RPC_DATA_LOSS = 15,
-    PS_RPC_UNAUTHENTICATED = 16,
-};
-
-/* "INVALID_ARGUMENT" etc.; "UNKNOWN_CODE" for values outside the table. */
-const char *ps_rpc_code_name(int code);
-/* The status code that best reports a project error code (PS_ENOTFOUND ->
- * NOT_FOUND, PS_ESHAPE -> INVALID_ARGUMENT, PS_EFULL -> RESOURCE_EXHAUSTED...). */
-enum ps_rpc_code ps_rpc_code_from_err(int err);
-
-/* A growable byte buffer that calls reuse, so a steady stream of responses
- * costs no allocation. Zero-initialize it; ps_buf_free releases it. */
-typedef struct ps_buf {
-    uint8_t *data;
-    size_t len;
-    size_t cap;
-} ps_buf;
-
-/* Makes room for `cap` bytes (contents up to len kept). 0 or -ENOMEM. */
-int ps_buf_reserve(ps_buf *b, size_t cap);
-void ps_buf_free(ps_buf *b);
 
 /* Default message-size limit for both directions: 1 GiB, so that no tensor
  * meets gRPC's 4 MiB default. The hard ceiling is INT32_MAX (gRPC's own). */
 #define PS_RPC_DEFAULT_MAX_MESSAGE ((size_t)1 << 30)
 #define PS_RPC_MAX_MESSAGE_CEILING ((size_t)INT32_MAX)
-
-/* ---- Pooled messages ---------------------------------------------------- */
-
-/* A big outgoing message built in place: take a buffer from the pool, write
- * the message into it, set its length, and send it. gRPC sends straight from
- * it and gives it back to the pool, warm, when done; a steady stream of big
- * messages then costs no allocation and no page fault. Refcounted: the
- * creator drops its reference with ps_rpc_msg_unref (after sending). */
-typedef struct ps_rpc_msg ps_rpc_msg;
-
-/* A buffer of at least cap bytes (contents undefined); NULL when out of
- * memory. */
-ps_rpc_msg *ps_rpc_msg_new(size_t cap);
-uint8_t *ps_rpc_msg_data(ps_rpc_msg *m);
-size_t ps_rpc_msg_cap(const ps_rpc_msg *m);
-void ps_rpc_msg_set_len(ps_rpc_msg *m, size_t len);
-size_t ps_rpc_msg_len(const ps_rpc_msg *m);
-void ps_rpc_msg_unref(ps_rpc_msg *m);
-/* Takes one more reference (for a ps_rpc_part that sends m in place). */
-void ps_rpc_msg_ref(ps_rpc_msg *m);
-/* True when anyone but the caller holds a reference (gRPC still sending
- * it): the caller must not write into it then. */
-bool ps_rpc_msg_shared(ps_rpc_msg *m);
-/* ps_rpc_msg_unref with the type a ps_rpc_part's release takes. */
-void ps_rpc_msg_release(void *m);
-/* Waits until nobody but the caller holds m (gRPC has written what it sent
- * from it), so that the caller may write into it again. NULL: at once. */
-void ps_rpc_msg_wait_unshared(ps_rpc_msg *m);
-/* The same for at most timeout_ms; false if gRPC still holds it then (a
- * send stuck on a dead connection holds it until the connection is torn
- * down, which can take minutes: a caller that cannot wait takes a fresh
- * buffer instead). */
-bool ps_rpc_msg_wait_unshared_for(ps_rpc_msg *m, int timeout_ms);
-/* Bytes of idle buffers the pool keeps (bounded at 16 MiB). */
-size_t ps_rpc_pool_bytes(void);
-
-/* A received message as the pieces it arrived in, borrowed for the length
- * of a callback: decoders that can work across pieces avoid a copy. */
-struct ps_piece {
-    const uint8_t *data;
-    size_t len;
-};
-typedef int (*ps_rpc_pieces_fn)(void *ctx, const struct ps_piece *pieces,
-                                int npieces);
-
-/* One part of a message sent as the concatenation of parts. A part with no
- * release function is copied. A part with one is sent in place, with no
- * copy: its bytes must stay unchanged until gRPC calls release(arg), which
- * it does exactly once, from any thread, whether the send succeeds or not
- * (also when building the message fails). */
-typedef struct ps_rpc_part {
-    const void *data;
-    size_t len;
-    void (*release)(void *arg);
-    void *arg;
-} ps_rpc_part;
 
 /* ---- Server ---------------------------------------------------------- */
 
@@ -233,7 +144,7 @@ int ps_rpc_stream_write_pb(ps_rpc_call *call, const void *msg);
 /* Ends a stream with OK once every queued message is sent. */
 void ps_rpc_stream_finish(ps_rpc_call *call);
 
-/* The call's deadline in ms on CLOCK_MONOTONIC (ps_now_ms), INT64_MAX if the
+/* The call's deadline in ms on CLOCK_MONOTONIC (ps_now_ms, clock.h), INT64_MAX if the
  * client set none. */
 int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *call);
 /* True once the client cancelled or the deadline passed. */
@@ -314,25 +225,10 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
 int ps_rpc_health_check(ps_rpc_client *c, const char *service,
                         int deadline_ms, bool *serving, ps_rpc_status *st);
 
-/* ---- Process helpers --------------------------------------------------- */
+/* ---- Logging ----------------------------------------------------------- */
 
 /* Sends gRPC's own log output through ps_log at debug level. Called by the
  * server and client constructors; idempotent. */
 void ps_rpc_init_logging(void);
-
-/* Milliseconds on CLOCK_MONOTONIC. */
-int64_t ps_now_ms(void);
-/* The time ms from now on `clock`, for pthread_cond_timedwait (whose
- * condition variables here use the default CLOCK_REALTIME, unless made
- * otherwise). */
-struct timespec ps_time_after_ms(clockid_t clock, int64_t ms);
-
-/* Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (call it in main
- * before starting any thread, so every thread inherits the mask) and ignores
- * SIGPIPE. */
-void ps_signals_block(void);
-/* Waits up to timeout_ms (-1 = forever) for one of those signals. Returns
- * the signal number, or 0 on timeout. */
-int ps_signals_wait(int timeout_ms);
 
 #endif

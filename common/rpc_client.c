@@ -8,10 +8,11 @@
  */
 #include "rpc.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "health.pb-c.h"
 #include "log.h"
-#include "rpc_internal.h"
+#include "rpc_slice.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>

@@ -1,6 +1,7 @@
 /*
- * rpc.c - the gRPC-core server: completion-queue threads, one struct per
- * call, the health service, graceful shutdown. See rpc.h for the model.
+ * rpc_server.c - the gRPC-core server: completion-queue threads, one struct
+ * per call, graceful shutdown, and the calls of the health service (whose
+ * table is health.c's). See rpc.h for the model.
  *
  * A call's life: a ps_rpc_call is allocated and requested from gRPC (tag
  * t_new). When a client's call arrives on it, a fresh one is requested for
@@ -12,10 +13,13 @@
  */
 #include "rpc.h"
 
+#include "clock.h"
 #include "errors.h"
-#include "rpc_internal.h"
-#include "health.pb-c.h"
+#include "health.h"
 #include "log.h"
+#include "rpc_slice.h"
+
+#include <protobuf-c/protobuf-c.h>
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>
@@ -26,7 +30,6 @@
 #include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,11 +71,6 @@ struct outmsg {
     grpc_byte_buffer *bb;
 };
 
-struct health_entry {
-    char *service;
-    bool serving;
-};
-
 struct ps_rpc_call {
     struct tag t_new, t_send, t_close, t_write;
     ps_rpc_server *srv;
@@ -104,9 +102,7 @@ struct ps_rpc_call {
     struct outmsg *q_head, *q_tail;
     grpc_byte_buffer *write_bb;
 
-    bool is_health_watcher;
-    struct ps_rpc_call *next_watcher;
-    char *watch_service;
+    bool is_health_watcher; /* a Watch call: health.c may list it */
 };
 
 struct ps_rpc_server {
@@ -123,13 +119,11 @@ struct ps_rpc_server {
     bool shutdown_done;
     bool destroyed_server;
     struct tag t_shutdown;
-    pthread_mutex_t mu; /* shutdown state, in-flight count, health */
+    pthread_mutex_t mu; /* shutdown state, in-flight count */
     pthread_cond_t cond;
     int in_flight;
     atomic_uint_fast64_t calls_total;
-    struct health_entry *health;
-    int nhealth;
-    struct ps_rpc_call *watchers;
+    ps_health *health;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -144,85 +138,6 @@ static void grpc_log_to_ps(gpr_log_func_args *args)
 void ps_rpc_init_logging(void)
 {
     gpr_set_log_function(grpc_log_to_ps);
-}
-
-int64_t ps_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-struct timespec ps_time_after_ms(clockid_t clock, int64_t ms)
-{
-    struct timespec t;
-    clock_gettime(clock, &t);
-    int64_t ns = t.tv_nsec + (ms % 1000) * 1000000L;
-    t.tv_sec += (time_t)(ms / 1000 + ns / 1000000000L);
-    t.tv_nsec = (long)(ns % 1000000000L);
-    return t;
-}
-
-int ps_buf_reserve(ps_buf *b, size_t cap)
-{
-    if (cap <= b->cap)
-        return 0;
-    size_t ncap = b->cap ? b->cap : 4096;
-    while (ncap < cap)
-        ncap = ncap * 2 > ncap ? ncap * 2 : cap;
-    uint8_t *p = realloc(b->data, ncap);
-    if (p == NULL)
-        return -ENOMEM;
-    b->data = p;
-    b->cap = ncap;
-    return 0;
-}
-
-void ps_buf_free(ps_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
-static const char *const code_names[] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
-    "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
-};
-
-const char *ps_rpc_code_name(int code)
-{
-    if (code < 0 || code > 16)
-        return "UNKNOWN_CODE";
-    return code_names[code];
-}
-
-enum ps_rpc_code ps_rpc_code_from_err(int err)
-{
-    switch (err) {
-    case 0: return PS_RPC_OK;
-    case PS_EINVAL_ARG:
-    case PS_EPARSE:
-    case PS_ESHAPE:
-    case PS_EDTYPE:
-    case PS_ENONFINITE:
-    case -EINVAL: return PS_RPC_INVALID_ARGUMENT;
-    case PS_ENOTFOUND:
-    case -ENOENT: return PS_RPC_NOT_FOUND;
-    case PS_EEXIST: return PS_RPC_ALREADY_EXISTS;
-    case PS_ESTALE:
-    case PS_ECONFLICT: return PS_RPC_FAILED_PRECONDITION;
-    case PS_ETIMEDOUT: return PS_RPC_DEADLINE_EXCEEDED;
-    case PS_EUNAVAIL:
-    case PS_ESHUTDOWN: return PS_RPC_UNAVAILABLE;
-    case PS_EFULL:
-    case -ENOSPC:
-    case -ENOMEM: return PS_RPC_RESOURCE_EXHAUSTED;
-    case PS_ECORRUPT: return PS_RPC_DATA_LOSS;
-    default: return PS_RPC_INTERNAL;
-    }
 }
 
 /* Thread buffers bigger than this are freed after their call, so that
@@ -307,7 +222,6 @@ static void call_free(ps_rpc_call *c)
     if (c->peer != NULL)
         gpr_free(c->peer);
     free(c->finish_msg);
-    free(c->watch_service);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -640,134 +554,48 @@ const char *ps_rpc_call_peer(ps_rpc_call *c)
 
 /* ---- health ----------------------------------------------------------- */
 
-static struct health_entry *health_find(ps_rpc_server *srv, const char *svc)
-{
-    for (int i = 0; i < srv->nhealth; i++)
-        if (strcmp(srv->health[i].service, svc) == 0)
-            return &srv->health[i];
-    return NULL;
-}
+/* health.c decides what grpc.health.v1 answers; these answer the calls. */
 
-static int health_add(ps_rpc_server *srv, const char *svc)
+static void health_send(void *watcher, const uint8_t *msg, size_t len)
 {
-    if (health_find(srv, svc) != NULL)
-        return 0;
-    struct health_entry *h =
-        realloc(srv->health, sizeof *h * (size_t)(srv->nhealth + 1));
-    if (h == NULL)
-        return -ENOMEM;
-    srv->health = h;
-    h[srv->nhealth].service = strdup(svc);
-    h[srv->nhealth].serving = false;
-    if (h[srv->nhealth].service == NULL)
-        return -ENOMEM;
-    srv->nhealth++;
-    return 0;
-}
-
-static Grpc__Health__V1__HealthCheckResponse__ServingStatus
-health_status_locked(ps_rpc_server *srv, const char *svc, bool watch)
-{
-    struct health_entry *h = health_find(srv, svc);
-    if (h == NULL)
-        return watch ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
-                     : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__UNKNOWN;
-    return h->serving && !atomic_load(&srv->shutting_down)
-               ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-}
-
-static void health_send(ps_rpc_call *c,
-                        Grpc__Health__V1__HealthCheckResponse__ServingStatus st)
-{
-    Grpc__Health__V1__HealthCheckResponse resp =
-        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    resp.status = st;
-    ps_rpc_stream_write_pb(c, &resp);
+    ps_rpc_stream_write(watcher, msg, len);
 }
 
 static void health_check(ps_rpc_call *call, const uint8_t *req, size_t len,
                          void *ctx)
 {
     ps_rpc_server *srv = ctx;
-    Grpc__Health__V1__HealthCheckRequest *r =
-        grpc__health__v1__health_check_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "HealthCheckRequest: %zu bytes that do not parse", len);
-        return;
-    }
-    pthread_mutex_lock(&srv->mu);
-    bool known = health_find(srv, r->service) != NULL;
-    Grpc__Health__V1__HealthCheckResponse resp =
-        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    resp.status = health_status_locked(srv, r->service, false);
-    pthread_mutex_unlock(&srv->mu);
-    if (known)
-        ps_rpc_reply_pb(call, &resp);
+    uint8_t out[PS_HEALTH_RESPONSE_MAX];
+    size_t n = 0;
+    char err[1024];
+    int rc = ps_health_check(srv->health, req, len, out, &n, err, sizeof err);
+    if (rc == 0)
+        ps_rpc_reply(call, out, n);
     else
-        ps_rpc_fail(call, PS_RPC_NOT_FOUND, "unknown service '%s'",
-                    r->service);
-    grpc__health__v1__health_check_request__free_unpacked(r, NULL);
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc), "%s", err);
 }
 
 static void health_watch(ps_rpc_call *call, const uint8_t *req, size_t len,
                          void *ctx)
 {
     ps_rpc_server *srv = ctx;
-    Grpc__Health__V1__HealthCheckRequest *r =
-        grpc__health__v1__health_check_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "HealthCheckRequest: %zu bytes that do not parse", len);
-        return;
-    }
-    call->watch_service = strdup(r->service);
-    grpc__health__v1__health_check_request__free_unpacked(r, NULL);
-    if (call->watch_service == NULL) {
-        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    pthread_mutex_lock(&srv->mu);
-    health_send(call, health_status_locked(srv, call->watch_service, true));
-    if (atomic_load(&srv->shutting_down)) {
-        pthread_mutex_unlock(&srv->mu);
-        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "server is shutting down");
-        return;
-    }
+    char err[1024];
+    /* Marked first: the watch may end (on_close) as soon as it is listed. */
     call->is_health_watcher = true;
-    call->next_watcher = srv->watchers;
-    srv->watchers = call;
-    pthread_mutex_unlock(&srv->mu);
+    int rc = ps_health_watch(srv->health, call, req, len, err, sizeof err);
+    if (rc != 0)
+        ps_rpc_fail(call, ps_rpc_code_from_err(rc), "%s", err);
 }
 
-/* Removes a watcher that went away; returns true if it was still listed
- * (and so still needs ending). Called with srv->mu held. */
-static bool watcher_remove_locked(ps_rpc_server *srv, ps_rpc_call *c)
+static void health_end(void *watcher, void *ctx)
 {
-    for (ps_rpc_call **p = &srv->watchers; *p != NULL; p = &(*p)->next_watcher) {
-        if (*p == c) {
-            *p = c->next_watcher;
-            return true;
-        }
-    }
-    return false;
+    ps_rpc_fail(watcher, PS_RPC_UNAVAILABLE, "server is shutting down");
 }
 
 void ps_rpc_server_set_serving(ps_rpc_server *srv, const char *service,
                                bool serving)
 {
-    pthread_mutex_lock(&srv->mu);
-    struct health_entry *h = health_find(srv, service);
-    if (h == NULL && health_add(srv, service) == 0)
-        h = health_find(srv, service);
-    if (h != NULL && h->serving != serving) {
-        h->serving = serving;
-        for (ps_rpc_call *w = srv->watchers; w != NULL; w = w->next_watcher)
-            if (strcmp(w->watch_service, service) == 0)
-                health_send(w, health_status_locked(srv, service, true));
-    }
-    pthread_mutex_unlock(&srv->mu);
+    ps_health_set(srv->health, service, serving);
 }
 
 /* ---- the completion-queue threads ------------------------------------- */
@@ -863,14 +691,8 @@ static void on_close(ps_rpc_call *c)
 {
     if (c->close_cancelled)
         atomic_store(&c->cancelled, true);
-    if (c->is_health_watcher) {
-        ps_rpc_server *srv = c->srv;
-        pthread_mutex_lock(&srv->mu);
-        bool listed = watcher_remove_locked(srv, c);
-        pthread_mutex_unlock(&srv->mu);
-        if (listed)
-            ps_rpc_fail(c, PS_RPC_CANCELLED, "watch ended by the client");
-    }
+    if (c->is_health_watcher && ps_health_unwatch(c->srv->health, c))
+        ps_rpc_fail(c, PS_RPC_CANCELLED, "watch ended by the client");
     call_unref(c);
 }
 
@@ -947,7 +769,9 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
     ps_rpc_init_logging();
     grpc_init();
 
-    int rc = ps_rpc_server_add_method(srv, "/grpc.health.v1.Health/Check",
+    int rc = ps_health_create(health_send, &srv->health);
+    if (rc == 0)
+        rc = ps_rpc_server_add_method(srv, "/grpc.health.v1.Health/Check",
                                       PS_RPC_UNARY, health_check, srv);
     if (rc == 0)
         rc = ps_rpc_server_add_method(srv, "/grpc.health.v1.Health/Watch",
@@ -1045,10 +869,10 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
             GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
         if (srv->methods[i].handle == NULL)
             return PS_EINVAL_ARG;
-        if ((rc = health_add(srv, srv->methods[i].service)) != 0)
+        if ((rc = ps_health_add(srv->health, srv->methods[i].service)) != 0)
             return rc;
     }
-    if ((rc = health_add(srv, "")) != 0)
+    if ((rc = ps_health_add(srv->health, "")) != 0)
         return rc;
 
     srv->nthreads = srv->opts.threads;
@@ -1127,10 +951,7 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
             return -EAGAIN;
         }
     }
-    pthread_mutex_lock(&srv->mu);
-    for (int i = 0; i < srv->nhealth; i++)
-        srv->health[i].serving = true;
-    pthread_mutex_unlock(&srv->mu);
+    ps_health_set_all(srv->health, true);
     if (port_out != NULL)
         *port_out = port;
     return 0;
@@ -1143,17 +964,7 @@ void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms)
 
     /* Watchers are told NOT_SERVING and ended, or they would hold the
      * drain open forever. */
-    pthread_mutex_lock(&srv->mu);
-    ps_rpc_call *w = srv->watchers;
-    srv->watchers = NULL;
-    for (ps_rpc_call *x = w; x != NULL; x = x->next_watcher)
-        health_send(x, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
-    pthread_mutex_unlock(&srv->mu);
-    while (w != NULL) {
-        ps_rpc_call *next = w->next_watcher;
-        ps_rpc_fail(w, PS_RPC_UNAVAILABLE, "server is shutting down");
-        w = next;
-    }
+    ps_health_shutdown(srv->health, health_end, NULL);
 
     grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
                                     &srv->t_shutdown);
@@ -1199,9 +1010,7 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
         free(srv->methods[i].service);
     }
     free(srv->methods);
-    for (int i = 0; i < srv->nhealth; i++)
-        free(srv->health[i].service);
-    free(srv->health);
+    ps_health_destroy(srv->health);
     free(srv->threads);
     free(srv->listen);
     free(srv->listen_also);
@@ -1223,44 +1032,4 @@ int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv)
     int n = s->in_flight;
     pthread_mutex_unlock(&s->mu);
     return n;
-}
-
-/* ---- signals ---------------------------------------------------------- */
-
-static void fill_sigset(sigset_t *set)
-{
-    sigemptyset(set);
-    sigaddset(set, SIGTERM);
-    sigaddset(set, SIGINT);
-    sigaddset(set, SIGHUP);
-}
-
-void ps_signals_block(void)
-{
-    sigset_t set;
-    fill_sigset(&set);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
-
-int ps_signals_wait(int timeout_ms)
-{
-    sigset_t set;
-    fill_sigset(&set);
-    for (;;) {
-        int sig;
-        if (timeout_ms < 0) {
-            if (sigwait(&set, &sig) == 0)
-                return sig;
-            continue;
-        }
-        struct timespec ts = {timeout_ms / 1000,
-                              (long)(timeout_ms % 1000) * 1000000L};
-        sig = sigtimedwait(&set, NULL, &ts);
-        if (sig > 0)
-            return sig;
-        if (errno == EAGAIN)
-            return 0;
-        /* EINTR: try again. */
-    }
 }

@@ -3,6 +3,7 @@
  * coord.h for the rules. state.c persists what this file changes and
  * jobckpt.c keeps the checkpoints.
  */
+#include "clock.h"
 #include "coord_internal.h"
 
 #include "errors.h"

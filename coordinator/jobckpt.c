@@ -15,6 +15,7 @@
  * temporary file, fsync and rename, so a manifest that exists names a
  * complete checkpoint and a failed round leaves the previous one the latest.
  */
+#include "clock.h"
 #include "coord_internal.h"
 
 #include "errors.h"

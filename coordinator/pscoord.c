@@ -23,6 +23,7 @@
 #include "coord.h"
 #include "errors.h"
 #include "log.h"
+#include "proc.h"
 #include "ps_config.h"
 #include "rpc.h"
 #include "schedule.h"
@@ -118,171 +119,197 @@ static const ps_opt pscoord_opts[] = {
     {0},
 };
 
-/* Loads the spec from --cluster or $TF_CONFIG into *spec. Returns 1 when
- * one was loaded, 0 when there is none (dynamic), -1 after an error line. */
-static int load_cluster(const struct pscoord_conf *c, ps_cluster *spec)
+/* Everything main holds, so that each step takes one pointer and the
+ * way out undoes what is there. */
+struct pscoord {
+    struct pscoord_conf c;
+    ps_proc_cmd cmd;
+    ps_cluster spec;
+    bool have_spec;
+    const char *job_id; /* borrowed from c or spec */
+    ps_proc_loop *loop;
+    coord *co;
+    coord_sched *sched;
+    coord_service *svc;
+    ps_rpc_server *srv;
+    int port;
+};
+
+/* Loads the spec from --cluster or $TF_CONFIG into p->spec, when there is
+ * one (else membership is dynamic). Returns 0, or -1 after an error line. */
+static int load_cluster(struct pscoord *p)
 {
+    const struct pscoord_conf *c = &p->c;
     char err[1024];
     int rc;
     if (c->cluster != NULL && c->cluster[0] != '\0') {
-        rc = ps_cluster_load_file(c->cluster, spec, err, sizeof err);
+        rc = ps_cluster_load_file(c->cluster, &p->spec, err, sizeof err);
     } else {
         const char *env = getenv("TF_CONFIG");
         if (env == NULL || env[0] == '\0')
             return 0;
-        rc = ps_cluster_from_env(spec, err, sizeof err);
+        rc = ps_cluster_from_env(&p->spec, err, sizeof err);
     }
     if (rc != 0) {
         fprintf(stderr, "pscoord: %s\n", err);
         return -1;
     }
-    return 1;
+    p->have_spec = true;
+    return 0;
 }
 
-int main(int argc, char **argv)
+/* The checks the options table cannot make, the cluster spec and the job
+ * id. Returns PS_PROC_RUN, or 2 after the error line (configuration and
+ * spec freed). */
+static int check_conf(struct pscoord *p)
 {
-    struct pscoord_conf c;
-    memset(&c, 0, sizeof c);
+    const struct pscoord_conf *c = &p->c;
+    if (c->state_dir == NULL || c->state_dir[0] == '\0')
+        return ps_proc_quit(&p->cmd, 2, "--state-dir is required");
+    if (c->heartbeat_timeout_ms <= c->heartbeat_interval_ms)
+        return ps_proc_quit(&p->cmd, 2, "--heartbeat-timeout (%" PRId64 " ms) "
+                            "must exceed --heartbeat-interval (%" PRId64 " ms)",
+                            c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
+    if (load_cluster(p) != 0) {
+        ps_conf_free(pscoord_opts, &p->c);
+        return 2;
+    }
+    const char *spec_job = p->have_spec ? p->spec.job_id : NULL;
+    p->job_id = spec_job != NULL ? spec_job : "job";
+    if (c->job_id != NULL && c->job_id[0] != '\0') {
+        if (spec_job != NULL && strcmp(spec_job, c->job_id) != 0) {
+            ps_cluster_close(&p->spec);
+            return ps_proc_quit(&p->cmd, 2, "--job-id '%s' differs from the "
+                                "cluster spec's job_id '%s'", c->job_id, spec_job);
+        }
+        p->job_id = c->job_id;
+    }
+    return PS_PROC_RUN;
+}
+
+/* The coordinator's core and its scheduling threads. Returns 0, or 1
+ * after the error line (what was made is undone by main's way out). */
+static int start_core(struct pscoord *p)
+{
+    const struct pscoord_conf *c = &p->c;
     char err[1024];
-    int first = argc;
-    int rc = ps_conf_load(pscoord_opts, &c, argc, argv, &first, err,
-                          sizeof err);
-    if (rc == PS_CONF_HELP) {
-        ps_conf_usage(pscoord_opts, "pscoord", "--state-dir DIR [options]",
-                      stdout);
-        ps_conf_free(pscoord_opts, &c);
-        return 0;
-    }
-    if (rc == PS_CONF_VERSION) {
-        printf("pscoord %s\n", PS_VERSION);
-        ps_conf_free(pscoord_opts, &c);
-        return 0;
-    }
+    struct coord_opts co_opts = {
+        .job_id = p->job_id,
+        .state_dir = c->state_dir,
+        .cluster = p->have_spec ? &p->spec : NULL,
+        .heartbeat_interval_ms = (int)c->heartbeat_interval_ms,
+        .heartbeat_timeout_ms = (int)c->heartbeat_timeout_ms,
+        .register_warn_ms = (int)c->register_warn_ms,
+        .checkpoint_every_steps = c->checkpoint_every_steps,
+        .checkpoint_every_ms = c->checkpoint_every_ms,
+        .checkpoint_keep = c->checkpoint_keep,
+        .split_threshold = c->split_threshold,
+    };
+    int rc = coord_create(&co_opts, &p->co, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "pscoord: %s\n", err);
-        ps_conf_free(pscoord_opts, &c);
-        return 2;
+        return 1;
     }
-    if (first < argc) {
-        fprintf(stderr, "pscoord: unexpected argument '%s'\n", argv[first]);
-        ps_conf_free(pscoord_opts, &c);
-        return 2;
-    }
-    if (c.state_dir == NULL || c.state_dir[0] == '\0') {
-        fprintf(stderr, "pscoord: --state-dir is required\n");
-        ps_conf_free(pscoord_opts, &c);
-        return 2;
-    }
-    if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
-        fprintf(stderr, "pscoord: --heartbeat-timeout (%" PRId64 " ms) must "
-                "exceed --heartbeat-interval (%" PRId64 " ms)\n",
-                c.heartbeat_timeout_ms, c.heartbeat_interval_ms);
-        ps_conf_free(pscoord_opts, &c);
-        return 2;
-    }
-    ps_cluster spec;
-    memset(&spec, 0, sizeof spec);
-    int have_spec = load_cluster(&c, &spec);
-    if (have_spec < 0) {
-        ps_conf_free(pscoord_opts, &c);
-        return 2;
-    }
-    const char *job_id = "job";
-    if (have_spec && spec.job_id != NULL)
-        job_id = spec.job_id;
-    if (c.job_id != NULL && c.job_id[0] != '\0') {
-        if (have_spec && spec.job_id != NULL &&
-            strcmp(spec.job_id, c.job_id) != 0) {
-            fprintf(stderr, "pscoord: --job-id '%s' differs from the cluster "
-                    "spec's job_id '%s'\n", c.job_id, spec.job_id);
-            ps_cluster_close(&spec);
-            ps_conf_free(pscoord_opts, &c);
-            return 2;
-        }
-        job_id = c.job_id;
-    }
-    ps_log_init(argv[0], (enum ps_log_level)c.log_level);
-    ps_signals_block();
-
-    coord *co = NULL;
-    coord_sched *sched = NULL;
-    coord_service *svc = NULL;
-    ps_rpc_server *srv = NULL;
-    int status = 1;
-    struct coord_opts co_opts = {
-        .job_id = job_id,
-        .state_dir = c.state_dir,
-        .cluster = have_spec ? &spec : NULL,
-        .heartbeat_interval_ms = (int)c.heartbeat_interval_ms,
-        .heartbeat_timeout_ms = (int)c.heartbeat_timeout_ms,
-        .register_warn_ms = (int)c.register_warn_ms,
-        .checkpoint_every_steps = c.checkpoint_every_steps,
-        .checkpoint_every_ms = c.checkpoint_every_ms,
-        .checkpoint_keep = c.checkpoint_keep,
-        .split_threshold = c.split_threshold,
-    };
-    if ((rc = coord_create(&co_opts, &co, err, sizeof err)) != 0) {
-        fprintf(stderr, "pscoord: %s\n", err);
-        goto close_spec;
-    }
-    struct coord_sched_opts so = {.checkpoint_keep = c.checkpoint_keep};
-    if ((rc = coord_sched_start(co, &so, &sched)) != 0) {
+    struct coord_sched_opts so = {.checkpoint_keep = c->checkpoint_keep};
+    if ((rc = coord_sched_start(p->co, &so, &p->sched)) != 0) {
         fprintf(stderr, "pscoord: cannot start its threads: %s\n",
                 ps_strerror(rc));
-        goto destroy_coord;
+        return 1;
     }
-    if ((rc = coord_service_create(co, sched,
-                                   (int)c.heartbeat_interval_ms, &svc)) != 0) {
+    return 0;
+}
+
+/* The Coordinator service on a gRPC server, then its watch thread, then
+ * "PORT <n>". Returns 0, or 1 after the error line. */
+static int serve(struct pscoord *p)
+{
+    const struct pscoord_conf *c = &p->c;
+    int rc = coord_service_create(p->co, p->sched, (int)c->heartbeat_interval_ms,
+                                  &p->svc);
+    if (rc != 0) {
         fprintf(stderr, "pscoord: out of memory\n");
-        goto stop_sched;
+        return 1;
     }
-    ps_rpc_server_opts ro = {.listen = c.listen, .threads = c.threads};
-    int port = 0;
-    if ((rc = ps_rpc_server_create(&ro, &srv)) != 0 ||
-        (rc = coord_service_register(svc, srv)) != 0 ||
-        (rc = ps_rpc_server_start(srv, &port)) != 0) {
-        fprintf(stderr, "pscoord: cannot serve on %s: %s\n", c.listen,
+    ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads};
+    if ((rc = ps_rpc_server_create(&ro, &p->srv)) != 0 ||
+        (rc = coord_service_register(p->svc, p->srv)) != 0 ||
+        (rc = ps_rpc_server_start(p->srv, &p->port)) != 0) {
+        fprintf(stderr, "pscoord: cannot serve on %s: %s\n", c->listen,
                 rc == -EADDRINUSE ? "address in use or not host:port"
                                   : ps_strerror(rc));
-        goto destroy_server;
+        return 1;
     }
-    if ((rc = coord_service_start(svc)) != 0) {
+    if ((rc = coord_service_start(p->svc)) != 0) {
         fprintf(stderr, "pscoord: cannot start the watch thread: %s\n",
                 ps_strerror(rc));
-        goto destroy_server;
+        return 1;
     }
-    printf("PORT %d\n", port);
+    printf("PORT %d\n", p->port);
     fflush(stdout);
     ps_log_info("pscoord %s serving job '%s' on %s (port %d), %s membership"
-                "%s, state in %s", PS_VERSION, job_id, c.listen, port,
-                have_spec ? "static" : "dynamic",
-                have_spec ? (c.cluster != NULL ? " from --cluster"
-                                               : " from TF_CONFIG") : "",
-                c.state_dir);
+                "%s, state in %s", PS_VERSION, p->job_id, c->listen, p->port,
+                p->have_spec ? "static" : "dynamic",
+                p->have_spec ? (c->cluster != NULL ? " from --cluster"
+                                                   : " from TF_CONFIG") : "",
+                c->state_dir);
+    return 0;
+}
 
-    int sig = ps_signals_wait(-1);
-    ps_log_info("signal %d: ending watches, draining calls, saving state",
-                sig);
-    status = 0;
-    coord_service_stop(svc);
-    ps_rpc_server_shutdown(srv, (int)c.shutdown_grace_ms);
-destroy_server:
-    coord_service_stop(svc);
-    ps_rpc_server_destroy(srv);
-    coord_service_destroy(svc);
-stop_sched:
-    coord_stop(co);
-    coord_sched_destroy(sched);
-    if (status == 0) {
-        if (coord_save(co) != 0 || coord_write_summary(co) != 0)
+/* Undoes whatever start_core and serve made, in reverse. After a signal
+ * (clean) the watch streams end and the calls in flight drain within the
+ * grace period first, and the state and summary are written last. Returns
+ * the exit status. */
+static int stop(struct pscoord *p, bool clean)
+{
+    int status = clean ? 0 : 1;
+    if (clean) {
+        coord_service_stop(p->svc);
+        ps_rpc_server_shutdown(p->srv, (int)p->c.shutdown_grace_ms);
+    }
+    coord_service_stop(p->svc);
+    ps_rpc_server_destroy(p->srv);
+    coord_service_destroy(p->svc);
+    if (p->sched != NULL) {
+        coord_stop(p->co);
+        coord_sched_destroy(p->sched);
+    }
+    if (clean) {
+        if (coord_save(p->co) != 0 || coord_write_summary(p->co) != 0)
             status = 1;
         else
             ps_log_info("stopped cleanly");
     }
-destroy_coord:
-    coord_destroy(co);
-close_spec:
-    ps_cluster_close(&spec);
-    ps_conf_free(pscoord_opts, &c);
+    coord_destroy(p->co);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    struct pscoord p;
+    memset(&p, 0, sizeof p);
+    p.cmd = (ps_proc_cmd){.name = "pscoord", .usage = "--state-dir DIR [options]",
+                          .opts = pscoord_opts, .conf = &p.c,
+                          .log_level = &p.c.log_level};
+    int status = ps_proc_prologue(&p.cmd, argc, argv);
+    if (status != PS_PROC_RUN)
+        return status;
+    if ((status = check_conf(&p)) != PS_PROC_RUN)
+        return status;
+
+    bool clean = false;
+    int rc = ps_proc_loop_create(&p.loop);
+    if (rc != 0)
+        fprintf(stderr, "pscoord: cannot set up signal handling: %s\n",
+                ps_strerror(rc));
+    else if (start_core(&p) == 0 && serve(&p) == 0) {
+        int sig = ps_proc_loop_run(p.loop);
+        ps_log_info("signal %d: ending watches, draining calls, saving state",
+                    sig);
+        clean = true;
+    }
+    status = stop(&p, clean);
+    ps_proc_loop_destroy(p.loop);
+    ps_cluster_close(&p.spec);
+    ps_conf_free(pscoord_opts, &p.c);
     return status;
 }

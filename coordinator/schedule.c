@@ -1,5 +1,6 @@
 #include "schedule.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
 #include "rpc.h"

@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
 #include "ps.pb-c.h"

@@ -21,6 +21,7 @@
  * written for people and tools; at start the manifests themselves are the
  * truth (jobckpt.c scans them).
  */
+#include "clock.h"
 #include "coord_internal.h"
 
 #include "errors.h"

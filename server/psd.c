@@ -13,6 +13,7 @@
 #include "ps.pb-c.h"
 #include "errors.h"
 #include "log.h"
+#include "proc.h"
 #include "ps_config.h"
 #include "rpc.h"
 #include "shard.h"
@@ -123,185 +124,235 @@ static bool shard_empty(void *ctx)
     return psd_shard_nvars(ctx) == 0;
 }
 
-int main(int argc, char **argv)
-{
+/* Everything main holds, so that each step takes one pointer and the
+ * way out undoes what is there. */
+struct psd {
     struct psd_conf c;
-    memset(&c, 0, sizeof c);
-    char err[512];
-    int first = argc;
-    int rc = ps_conf_load(psd_opts, &c, argc, argv, &first, err, sizeof err);
-    if (rc == PS_CONF_HELP) {
-        ps_conf_usage(psd_opts, "psd", "--data-dir DIR [options]", stdout);
-        ps_conf_free(psd_opts, &c);
-        return 0;
-    }
-    if (rc == PS_CONF_VERSION) {
-        printf("psd %s\n", PS_VERSION);
-        ps_conf_free(psd_opts, &c);
-        return 0;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        ps_conf_free(psd_opts, &c);
-        return 2;
-    }
-    if (first < argc) {
-        fprintf(stderr, "psd: unexpected argument '%s'\n", argv[first]);
-        ps_conf_free(psd_opts, &c);
-        return 2;
-    }
-    if (c.data_dir == NULL || c.data_dir[0] == '\0') {
-        fprintf(stderr, "psd: --data-dir is required\n");
-        ps_conf_free(psd_opts, &c);
-        return 2;
-    }
-    /* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
-     * address, and take its index and the job id, unless flags say else. */
-    {
-        ps_cluster tf;
-        memset(&tf, 0, sizeof tf);
-        rc = ps_cluster_from_env(&tf, err, sizeof err);
-        if (rc != 0 && rc != PS_ENOTFOUND) {
-            fprintf(stderr, "psd: %s\n", err);
-            ps_conf_free(psd_opts, &c);
-            return 2;
-        }
-        if (rc == 0 && tf.has_task && tf.task_role != PS_ROLE_PS) {
-            fprintf(stderr, "psd: TF_CONFIG names this task %s[%d], not ps\n",
-                    ps_role_name(tf.task_role), tf.task_index);
-            ps_cluster_close(&tf);
-            ps_conf_free(psd_opts, &c);
-            return 2;
-        }
-        if (rc == 0 && tf.has_task) {
-            const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
-            char host[256];
-            int port = 0;
-            if (c.listen == NULL && ps_addr_split(addr, host, sizeof host, &port) == 0) {
-                char l[64];
-                snprintf(l, sizeof l, "0.0.0.0:%d", port);
-                c.listen = strdup(l);
-            }
-            if (c.advertise == NULL)
-                c.advertise = strdup(addr);
-            if (c.task_index < 0)
-                c.task_index = tf.task_index;
-            if (tf.job_id != NULL && strcmp(c.job_id, "job") == 0) {
-                free(c.job_id);
-                c.job_id = strdup(tf.job_id);
-            }
-        }
-        if (rc == 0)
-            ps_cluster_close(&tf);
-    }
-    if (c.listen == NULL)
-        c.listen = strdup("0.0.0.0:7070");
-    ps_log_init(argv[0], (enum ps_log_level)c.log_level);
-    ps_signals_block();
+    ps_proc_cmd cmd;
+    ps_proc_loop *loop;
+    psd_shard *shard;
+    ps_rpc_server *srv;
+    ps_coord *coord;
+    char also[300]; /* "unix:PATH" of --local-socket, or "" */
+    int port;
+};
 
-    ps_rpc_server *srv = NULL;
-    psd_shard *shard = NULL;
+/* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
+ * address, and take its index and the job id, unless flags say else.
+ * Returns PS_PROC_RUN, or 2 after the error line. */
+static int tf_config_defaults(struct psd *d)
+{
+    struct psd_conf *c = &d->c;
+    char err[512];
+    ps_cluster tf;
+    memset(&tf, 0, sizeof tf);
+    int rc = ps_cluster_from_env(&tf, err, sizeof err);
+    if (rc == PS_ENOTFOUND)
+        return PS_PROC_RUN;
+    if (rc != 0)
+        return ps_proc_quit(&d->cmd, 2, "%s", err);
+    if (tf.has_task && tf.task_role != PS_ROLE_PS) {
+        ps_cluster_close(&tf);
+        return ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
+                            ps_role_name(tf.task_role), tf.task_index);
+    }
+    if (tf.has_task) {
+        const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
+        char host[256];
+        int port = 0;
+        if (c->listen == NULL && ps_addr_split(addr, host, sizeof host, &port) == 0) {
+            char l[64];
+            snprintf(l, sizeof l, "0.0.0.0:%d", port);
+            c->listen = strdup(l);
+        }
+        if (c->advertise == NULL)
+            c->advertise = strdup(addr);
+        if (c->task_index < 0)
+            c->task_index = tf.task_index;
+        if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
+            free(c->job_id);
+            c->job_id = strdup(tf.job_id);
+        }
+    }
+    ps_cluster_close(&tf);
+    return PS_PROC_RUN;
+}
+
+/* Opens the store (and starts the shard's threads). Returns 0, or 1 after
+ * the error line. */
+static int open_shard(struct psd *d, uint64_t *base_rss)
+{
+    const struct psd_conf *c = &d->c;
     psd_shard_opts so = {
-        .data_dir = c.data_dir,
-        .checkpoint_root = c.checkpoint_root,
-        .map_size = c.map_size,
-        .consistency = c.consistency == 1 ? PSD_SYNC : PSD_ASYNC,
-        .workers = (uint32_t)c.workers,
-        .commit_interval_ms = (int)c.commit_interval_ms,
-        .durable = c.durable,
-        .allow_nonfinite = c.allow_nonfinite,
-        .max_message_bytes = (size_t)c.max_message,
-        .checkpoint_keep = (size_t)c.checkpoint_keep,
+        .data_dir = c->data_dir,
+        .checkpoint_root = c->checkpoint_root,
+        .map_size = c->map_size,
+        .consistency = c->consistency == 1 ? PSD_SYNC : PSD_ASYNC,
+        .workers = (uint32_t)c->workers,
+        .commit_interval_ms = (int)c->commit_interval_ms,
+        .durable = c->durable,
+        .allow_nonfinite = c->allow_nonfinite,
+        .max_message_bytes = (size_t)c->max_message,
+        .checkpoint_keep = (size_t)c->checkpoint_keep,
     };
-    uint64_t base_rss = psd_rss_bytes();
-    rc = psd_shard_open(&so, &shard);
+    *base_rss = psd_rss_bytes();
+    int rc = psd_shard_open(&so, &d->shard);
     if (rc != 0) {
         fprintf(stderr, "psd: cannot open the data directory %s: %s\n",
-                c.data_dir, ps_strerror(rc));
-        ps_conf_free(psd_opts, &c);
+                c->data_dir, ps_strerror(rc));
         return 1;
     }
-    char also[300] = "";
-    if (c.local_socket != NULL && c.local_socket[0] != '\0') {
-        if (strlen(c.local_socket) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-            fprintf(stderr, "psd: --local-socket: '%s' is longer than a unix "
-                    "socket path may be (%zu bytes)\n", c.local_socket,
-                    sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-            psd_shard_close(shard);
-            ps_conf_free(psd_opts, &c);
-            return 2;
-        }
-        snprintf(also, sizeof also, "unix:%s", c.local_socket);
+    return 0;
+}
+
+/* --local-socket as a second listen address in d->also. Returns 0, or 2
+ * after the error line. */
+static int local_socket(struct psd *d)
+{
+    const char *path = d->c.local_socket;
+    size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
+    if (path == NULL || path[0] == '\0')
+        return 0;
+    if (strlen(path) >= max) {
+        fprintf(stderr, "psd: --local-socket: '%s' is longer than a unix "
+                "socket path may be (%zu bytes)\n", path, max - 1);
+        return 2;
     }
-    ps_rpc_server_opts ro = {.listen = c.listen, .threads = (int)c.threads,
-                             .max_message_bytes = (size_t)c.max_message,
-                             .listen_also = also[0] ? also : NULL};
-    int port = 0;
-    if ((rc = ps_rpc_server_create(&ro, &srv)) != 0 ||
-        (rc = psd_shard_register(shard, srv)) != 0 ||
-        (rc = ps_rpc_server_start(srv, &port)) != 0) {
-        fprintf(stderr, "psd: cannot serve on %s%s%s: %s\n", c.listen,
-                also[0] ? " and " : "", also,
+    snprintf(d->also, sizeof d->also, "unix:%s", path);
+    return 0;
+}
+
+/* Starts the gRPC server with the shard's methods. Returns 0, or 1 after
+ * the error line. */
+static int serve(struct psd *d)
+{
+    const struct psd_conf *c = &d->c;
+    ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
+                             .max_message_bytes = (size_t)c->max_message,
+                             .listen_also = d->also[0] ? d->also : NULL};
+    int rc;
+    if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
+        (rc = psd_shard_register(d->shard, d->srv)) != 0 ||
+        (rc = ps_rpc_server_start(d->srv, &d->port)) != 0) {
+        fprintf(stderr, "psd: cannot serve on %s%s%s: %s\n", c->listen,
+                d->also[0] ? " and " : "", d->also,
                 rc == -EADDRINUSE ? "an address is in use, or not host:port or "
                                     "a unix socket path in an existing directory"
                                   : ps_strerror(rc));
-        ps_rpc_server_destroy(srv);
-        psd_shard_close(shard);
-        ps_conf_free(psd_opts, &c);
         return 1;
     }
+    return 0;
+}
+
+/* Registers with pscoord, when there is one, under the address others
+ * reach this shard at. Returns 0, or 1 after the error line. */
+static int join_coordinator(struct psd *d)
+{
+    const struct psd_conf *c = &d->c;
+    if (c->coordinator == NULL || c->coordinator[0] == '\0')
+        return 0;
+    char adv[300], host[256], err[512];
+    int lport;
+    if (c->advertise != NULL && c->advertise[0] != '\0') {
+        snprintf(adv, sizeof adv, "%s", c->advertise);
+    } else if (ps_addr_split(c->listen, host, sizeof host, &lport) == 0) {
+        bool any = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ||
+                   host[0] == '\0';
+        snprintf(adv, sizeof adv, "%s:%d", any ? "127.0.0.1" : host, d->port);
+    } else {
+        snprintf(adv, sizeof adv, "127.0.0.1:%d", d->port);
+    }
+    ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
+                        .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
+                        .address = adv, .is_empty = shard_empty, .ctx = d->shard,
+                        .register_budget_ms = 60000};
+    int idx;
+    if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* From nothing to serving: the control loop (before any thread starts, so
+ * that every thread inherits the blocked signals), the shard, the server,
+ * the coordinator, then "PORT <n>". Returns 0, or the exit status after
+ * the error line, with what was started undone. */
+static int start(struct psd *d)
+{
+    int rc = ps_proc_loop_create(&d->loop);
+    if (rc != 0) {
+        fprintf(stderr, "psd: cannot set up signal handling: %s\n",
+                ps_strerror(rc));
+        return 1;
+    }
+    uint64_t base_rss;
+    if ((rc = open_shard(d, &base_rss)) != 0)
+        return rc;
+    if ((rc = local_socket(d)) != 0 || (rc = serve(d)) != 0)
+        goto close_shard;
     /* What a psd with no variables costs: the overhead Stats reports. */
     uint64_t rss = psd_rss_bytes();
-    psd_shard_set_fixed_overhead(shard, rss > base_rss ? rss : base_rss);
-    ps_coord *coord = NULL;
-    if (c.coordinator != NULL && c.coordinator[0] != '\0') {
-        char adv[300], host[256];
-        int lport;
-        if (c.advertise != NULL && c.advertise[0] != '\0') {
-            snprintf(adv, sizeof adv, "%s", c.advertise);
-        } else if (ps_addr_split(c.listen, host, sizeof host, &lport) == 0) {
-            bool any = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ||
-                       host[0] == '\0';
-            snprintf(adv, sizeof adv, "%s:%d", any ? "127.0.0.1" : host, port);
-        } else {
-            snprintf(adv, sizeof adv, "127.0.0.1:%d", port);
-        }
-        ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
-                            .role = PS__V1__ROLE__PS, .index = (int)c.task_index,
-                            .address = adv, .is_empty = shard_empty, .ctx = shard,
-                            .register_budget_ms = 60000};
-        int idx;
-        rc = ps_coord_join(&co, &coord, &idx, err, sizeof err);
-        if (rc != 0) {
-            fprintf(stderr, "psd: %s\n", err);
-            ps_rpc_server_shutdown(srv, 0);
-            ps_rpc_server_destroy(srv);
-            psd_shard_close(shard);
-            ps_conf_free(psd_opts, &c);
-            return 1;
-        }
-    }
+    psd_shard_set_fixed_overhead(d->shard, rss > base_rss ? rss : base_rss);
+    if ((rc = join_coordinator(d)) != 0)
+        goto close_shard;
     /* A unix socket has no port: PORT 0 still says psd serves. */
-    bool unix_socket = strncmp(c.listen, "unix:", 5) == 0;
-    printf("PORT %d\n", unix_socket ? 0 : port);
+    const struct psd_conf *c = &d->c;
+    int port = strncmp(c->listen, "unix:", 5) == 0 ? 0 : d->port;
+    printf("PORT %d\n", port);
     fflush(stdout);
     ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
-                "%lld ms", PS_VERSION, c.listen, unix_socket ? 0 : port,
-                also[0] ? " and " : "", also, c.data_dir,
-                c.durable ? "durable" : "write-behind",
-                (long long)c.commit_interval_ms);
+                "%lld ms", PS_VERSION, c->listen, port, d->also[0] ? " and " : "",
+                d->also, c->data_dir, c->durable ? "durable" : "write-behind",
+                (long long)c->commit_interval_ms);
+    return 0;
+close_shard:
+    ps_rpc_server_destroy(d->srv);
+    psd_shard_close(d->shard);
+    return rc;
+}
 
-    int sig = ps_signals_wait(-1);
-    ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
-    ps_coord_leave(coord);
-    psd_shard_stop(shard);
-    ps_rpc_server_shutdown(srv, (int)c.shutdown_grace_ms);
-    ps_rpc_server_destroy(srv);
-    rc = psd_shard_close(shard);
+/* SIGTERM's shutdown: leave the job, answer the waiting calls, drain the
+ * rest within the grace period, then flush to LMDB. Returns the exit
+ * status. */
+static int drain(struct psd *d)
+{
+    ps_coord_leave(d->coord);
+    psd_shard_stop(d->shard);
+    ps_rpc_server_shutdown(d->srv, (int)d->c.shutdown_grace_ms);
+    ps_rpc_server_destroy(d->srv);
+    int rc = psd_shard_close(d->shard);
     if (rc != 0)
         ps_log_err(rc, "the final flush failed");
     else
         ps_log_info("stopped cleanly");
-    ps_conf_free(psd_opts, &c);
     return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct psd d;
+    memset(&d, 0, sizeof d);
+    d.cmd = (ps_proc_cmd){.name = "psd", .usage = "--data-dir DIR [options]",
+                          .opts = psd_opts, .conf = &d.c,
+                          .log_level = &d.c.log_level};
+    int status = ps_proc_prologue(&d.cmd, argc, argv);
+    if (status != PS_PROC_RUN)
+        return status;
+    if (d.c.data_dir == NULL || d.c.data_dir[0] == '\0')
+        return ps_proc_quit(&d.cmd, 2, "--data-dir is required");
+    if ((status = tf_config_defaults(&d)) != PS_PROC_RUN)
+        return status;
+    if (d.c.listen == NULL)
+        d.c.listen = strdup("0.0.0.0:7070");
+
+    status = start(&d);
+    if (status == 0) {
+        int sig = ps_proc_loop_run(d.loop);
+        ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
+        status = drain(&d);
+    }
+    ps_proc_loop_destroy(d.loop);
+    ps_conf_free(psd_opts, &d.c);
+    return status;
 }

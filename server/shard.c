@@ -16,6 +16,7 @@
 
 #include "assist.h"
 #include "checkpoint.h"
+#include "clock.h"
 #include "errors.h"
 #include "init.h"
 #include "log.h"

@@ -1,5 +1,6 @@
 #include "shmmap.h"
 
+#include "clock.h"
 #include "rpc.h"
 
 #include <errno.h>

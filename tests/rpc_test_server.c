@@ -9,8 +9,10 @@
  * plus grpc.health.v1.Health. It prints "PORT <n>" on stdout once serving
  * and exits 0 after a graceful drain on SIGTERM or SIGINT.
  */
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
+#include "proc.h"
 #include "rpc.h"
 
 #include <pthread.h>
@@ -85,13 +87,17 @@ static void count(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 int main(int argc, char **argv)
 {
     ps_log_init(argv[0], getenv("PS_DEBUG") ? PS_LOG_DEBUG : PS_LOG_INFO);
-    ps_signals_block();
+    ps_proc_loop *loop;
+    if (ps_proc_loop_create(&loop) != 0)
+        return 1;
     ps_rpc_server_opts o = {.listen = argc > 1 ? argv[1] : "127.0.0.1:0",
                             .threads = 2};
     ps_rpc_server *srv;
     int port = 0;
-    if (ps_rpc_server_create(&o, &srv) != 0)
+    if (ps_rpc_server_create(&o, &srv) != 0) {
+        ps_proc_loop_destroy(loop);
         return 1;
+    }
     ps_rpc_server_add_method(srv, "/ps.test.Test/Echo", PS_RPC_UNARY, echo, NULL);
     ps_rpc_server_add_method(srv, "/ps.test.Test/Sleep", PS_RPC_UNARY,
                              sleep_handler, NULL);
@@ -102,13 +108,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "rpc_test_server: cannot listen on %s: %s\n", o.listen,
                 ps_strerror(rc));
         ps_rpc_server_destroy(srv);
+        ps_proc_loop_destroy(loop);
         return 1;
     }
     printf("PORT %d\n", port);
     fflush(stdout);
-    int sig = ps_signals_wait(-1);
+    int sig = ps_proc_loop_run(loop);
     ps_log_info("signal %d: draining", sig);
     ps_rpc_server_shutdown(srv, 5000);
     ps_rpc_server_destroy(srv);
+    ps_proc_loop_destroy(loop);
     return 0;
 }

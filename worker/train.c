@@ -5,6 +5,7 @@
  */
 #include "train.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "gpu.h"
 #include "log.h"

@@ -7,6 +7,7 @@
  * variables, a psd unreachable past the retry budget, no usable device);
  * 2 a bad flag.
  */
+#include "clock.h"
 #include "cluster.h"
 #include "conf.h"
 #include "coordclient.h"
@@ -14,6 +15,7 @@
 #include "errors.h"
 #include "log.h"
 #include "model.h"
+#include "proc.h"
 #include "ps.pb-c.h"
 #include "ps_config.h"
 #include "rpc.h"
@@ -380,24 +382,12 @@ int main(int argc, char **argv)
 {
     struct wd_conf c;
     memset(&c, 0, sizeof c);
+    ps_proc_cmd cmd = {.name = "workerd", .usage = "[options]",
+                       .opts = wd_opts, .conf = &c};
+    int rc = ps_proc_prologue(&cmd, argc, argv);
+    if (rc != PS_PROC_RUN)
+        return rc;
     char err[1024];
-    int first = argc;
-    int rc = ps_conf_load(wd_opts, &c, argc, argv, &first, err, sizeof err);
-    if (rc == PS_CONF_HELP) {
-        ps_conf_usage(wd_opts, "workerd", "[options]", stdout);
-        ps_conf_free(wd_opts, &c);
-        return 0;
-    }
-    if (rc == PS_CONF_VERSION) {
-        printf("workerd %s\n", PS_VERSION);
-        ps_conf_free(wd_opts, &c);
-        return 0;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "workerd: %s\n", err);
-        ps_conf_free(wd_opts, &c);
-        return 2;
-    }
     int status = 0;
     const char *ps[64];
     int nps = 0;
@@ -408,11 +398,6 @@ int main(int argc, char **argv)
     struct wd_placement placement = {0};
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
-    if (first < argc) {
-        fprintf(stderr, "workerd: unexpected argument '%s'\n", argv[first]);
-        status = 2;
-        goto out;
-    }
     if (strcmp(c.role, "evaluator") == 0) {
         evaluator = true;
     } else if (strcmp(c.role, "worker") != 0) {

@@ -29,6 +29,7 @@
  * FUZZ_LOG_LEVEL (error, warn, info, debug; default error) sets psd's log
  * level: at debug every refused request is logged.
  */
+#include "buf.h"
 #include "errors.h"
 #include "fuzz_common.h"
 #include "log.h"

@@ -1,5 +1,6 @@
 /* check_psclient - the hand-written Push encoder and Pull decoder agree
  * with protobuf-c on the same messages. */
+#include "buf.h"
 #include "errors.h"
 #include "ps.pb-c.h"
 #include "psclient.h"

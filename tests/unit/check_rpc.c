@@ -2,10 +2,11 @@
  * check_rpc - the gRPC plumbing against itself: a real server on
  * 127.0.0.1 port 0 in this process, called through the real client.
  */
+#include "clock.h"
 #include "errors.h"
 #include "health.pb-c.h"
 #include "rpc.h"
-#include "rpc_internal.h"
+#include "rpc_slice.h"
 
 #include <grpc/grpc.h>
 

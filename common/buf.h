@@ -1,0 +1,27 @@
+/*
+ * buf.h - a growable byte buffer that calls reuse, so a steady stream of
+ * requests or responses costs no allocation.
+ *
+ * Threads and lifetime: a ps_buf belongs to whoever holds it and is not
+ * locked; zero-initialize it, and ps_buf_free releases its memory (it may
+ * be reused afterwards). Growing it moves data, so pointers into it are
+ * valid only until the next ps_buf_reserve.
+ */
+#ifndef PS_BUF_H
+#define PS_BUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ps_buf {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+} ps_buf;
+
+/* Makes room for `cap` bytes (contents up to len kept). 0 or -ENOMEM. */
+int ps_buf_reserve(ps_buf *b, size_t cap);
+/* Frees the memory and leaves b empty (and zeroed). */
+void ps_buf_free(ps_buf *b);
+
+#endif

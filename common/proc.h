@@ -1,0 +1,81 @@
+/*
+ * proc.h - what each daemon's main does around its real work: the
+ * command-line prologue that psd, workerd and pscoord share, and the
+ * control loop that psd and pscoord run on the main thread while their
+ * other threads serve.
+ *
+ * The prologue loads the options (ps_conf_load), answers --help and
+ * --version, refuses a bad option or an extra argument with one line
+ * "NAME: ..." on stderr and exit status 2, and starts logging.
+ *
+ * The control loop is a libuv loop (the only user of libuv: nothing else
+ * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
+ * every thread and taken only while ps_proc_loop_run runs, by uv_signal
+ * handlers that stop the loop. Periodic work that belongs to the process
+ * rather than to a module (keep-alives, metrics) hangs on it as timers.
+ *
+ * Threads and lifetime: the prologue runs first in main. The loop is
+ * created in main before any other thread starts (so that they inherit the
+ * blocked signals), and run, given timers and destroyed only on that
+ * thread; its libuv handles live inside it and are freed in their close
+ * callbacks by ps_proc_loop_destroy.
+ */
+#ifndef PS_PROC_H
+#define PS_PROC_H
+
+#include "conf.h"
+
+#include <stdint.h>
+
+/* A daemon's command line: what the prologue needs to know about it. */
+typedef struct ps_proc_cmd {
+    const char *name;     /* "psd": prefix of error lines, --version */
+    const char *usage;    /* after the name in --help: "--data-dir DIR [options]" */
+    const ps_opt *opts;   /* the options table ... */
+    void *conf;           /* ... and the zeroed struct it fills */
+    const int *log_level; /* in conf: logging starts at this level once the
+                             options are loaded; NULL: the caller starts it */
+} ps_proc_cmd;
+
+/* ps_proc_prologue's result when main should go on. */
+#define PS_PROC_RUN (-1)
+
+/* Loads argv (and the config file it names) into cmd->conf. Returns
+ * PS_PROC_RUN when the process goes on (logging started, with argv[0] as
+ * its name, if cmd->log_level is set); otherwise the exit status main
+ * returns, with the configuration already freed: 0 after printing --help or
+ * --version on stdout, 2 after one line "NAME: what was wrong" on stderr
+ * (a bad option or value, or an argument that is not an option). */
+int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv);
+
+/* For a later refusal: prints one line "NAME: <fmt...>" on stderr, frees
+ * the configuration and returns status, so that main can
+ * `return ps_proc_quit(&cmd, 2, "--data-dir is required");`. */
+int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- The control loop ------------------------------------------------- */
+
+typedef struct ps_proc_loop ps_proc_loop;
+
+/* Creates the loop and its handlers for SIGINT, SIGTERM and SIGHUP, blocks
+ * those in the calling thread (and so in every thread started afterwards:
+ * a signal that comes early waits for ps_proc_loop_run) and ignores
+ * SIGPIPE. Returns 0, -ENOMEM, or a negated errno from libuv. */
+int ps_proc_loop_create(ps_proc_loop **out);
+
+/* Runs fn(ctx) on the loop's thread every period_ms (the first time
+ * period_ms after ps_proc_loop_run starts) while the loop runs. Returns 0,
+ * PS_EINVAL_ARG for a period below 1 ms, -ENOMEM. */
+int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
+                       void (*fn)(void *ctx), void *ctx);
+
+/* Runs the loop (its timers) until one of the signals arrives, and returns
+ * its number; the signals are blocked again when it returns, so a second
+ * one during the shutdown that follows is not taken. */
+int ps_proc_loop_run(ps_proc_loop *l);
+
+/* Stops the timers, closes every handle and frees the loop. NULL: no-op. */
+void ps_proc_loop_destroy(ps_proc_loop *l);
+
+#endif
