@@ -314,19 +314,12 @@ struct plain_req {
     size_t len;
 };
 
-static void fill_plain(void *ctx, uint8_t *dst)
-{
-    struct plain_req *p = ctx;
-    if (p->len > 0)
-        memcpy(dst, p->req, p->len);
-}
-
 /* A copy of the caller's request, in a pooled buffer when it is big (as the
  * server's replies are): no fresh pages per call. */
 static grpc_byte_buffer *plain_bb(void *ctx)
 {
     struct plain_req *p = ctx;
-    return ps_rpc_bb_fill(p->len, fill_plain, p);
+    return ps_rpc_bb_copy(p->req, p->len);
 }
 
 int ps_rpc_invoke(ps_rpc_client *c, const char *method, const void *req,

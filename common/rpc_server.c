@@ -144,28 +144,9 @@ void ps_rpc_init_logging(void)
  * one huge request does not pin its size per thread for ever. */
 #define KEEP_THREAD_BUF ((size_t)16 << 20)
 
-struct fill_mem {
-    const void *src;
-    size_t len;
-};
-
-static void fill_mem(void *ctx, uint8_t *dst)
-{
-    struct fill_mem *f = ctx;
-    if (f->len > 0)
-        memcpy(dst, f->src, f->len);
-}
-
 static void fill_pb(void *ctx, uint8_t *dst)
 {
     protobuf_c_message_pack(ctx, dst);
-}
-
-/* A byte buffer holding a copy of msg; gRPC consumes it when it is sent. */
-static grpc_byte_buffer *make_bb(const void *msg, size_t len)
-{
-    struct fill_mem f = {msg, len};
-    return ps_rpc_bb_fill(len, fill_mem, &f);
 }
 
 /* Packs straight into the outgoing buffer: the message's bytes fields are
@@ -199,6 +180,17 @@ static ps_rpc_call *call_new(ps_rpc_server *srv, struct method *m,
     return c;
 }
 
+/* Drops the stream messages not sent yet. */
+static void drop_queue(ps_rpc_call *c)
+{
+    for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
+        next = o->next;
+        grpc_byte_buffer_destroy(o->bb);
+        free(o);
+    }
+    c->q_head = c->q_tail = NULL;
+}
+
 /* Frees everything of a call; the last reference's holder calls it. */
 static void call_free(ps_rpc_call *c)
 {
@@ -214,11 +206,7 @@ static void call_free(ps_rpc_call *c)
         grpc_byte_buffer_destroy(c->write_bb);
     if (c->have_details)
         grpc_slice_unref(c->status_details);
-    for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
-        next = o->next;
-        grpc_byte_buffer_destroy(o->bb);
-        free(o);
-    }
+    drop_queue(c);
     if (c->peer != NULL)
         gpr_free(c->peer);
     free(c->finish_msg);
@@ -335,12 +323,7 @@ static void on_write_done(ps_rpc_call *c, bool ok)
     c->write_in_flight = false;
     if (!ok) {
         /* The stream is gone: drop what is queued. */
-        for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
-            next = o->next;
-            grpc_byte_buffer_destroy(o->bb);
-            free(o);
-        }
-        c->q_head = c->q_tail = NULL;
+        drop_queue(c);
         atomic_store(&c->cancelled, true);
     }
     bool sent = true;
@@ -375,12 +358,7 @@ static void finish_call(ps_rpc_call *c, enum ps_rpc_code code, char *msg)
     c->finish_msg = msg;
     if (code != PS_RPC_OK) {
         /* An error ends a stream at once; queued messages are dropped. */
-        for (struct outmsg *o = c->q_head, *next; o != NULL; o = next) {
-            next = o->next;
-            grpc_byte_buffer_destroy(o->bb);
-            free(o);
-        }
-        c->q_head = c->q_tail = NULL;
+        drop_queue(c);
     }
     bool sent = true;
     if (!c->write_in_flight && c->q_head == NULL)
@@ -441,7 +419,7 @@ int ps_rpc_reply(ps_rpc_call *c, const void *msg, size_t len)
         ps_rpc_stream_finish(c);
         return rc;
     }
-    return reply_bb(c, make_bb(msg, len));
+    return reply_bb(c, ps_rpc_bb_copy(msg, len));
 }
 
 int ps_rpc_reply_parts(ps_rpc_call *c, const ps_rpc_part *parts, int n)
@@ -514,7 +492,7 @@ static int stream_write_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
 
 int ps_rpc_stream_write(ps_rpc_call *c, const void *msg, size_t len)
 {
-    return stream_write_bb(c, make_bb(msg, len));
+    return stream_write_bb(c, ps_rpc_bb_copy(msg, len));
 }
 
 int ps_rpc_stream_write_pb(ps_rpc_call *c, const void *msg)
@@ -833,36 +811,38 @@ int ps_rpc_server_add_method_pieces(ps_rpc_server *srv, const char *path,
                       : add_method(srv, path, PS_RPC_UNARY, NULL, fn, ctx);
 }
 
-int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
+/* Shuts down a completion queue nothing runs on, drains and destroys it. */
+static void cq_discard(grpc_completion_queue *cq)
 {
-    if (srv->started)
-        return PS_EINVAL_ARG;
-    int rc = 0;
-    /* SO_REUSEPORT off: a second psd on a taken port must fail loudly,
-     * not silently share the port with the first. */
-    grpc_arg args[5];
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
-    args[2].value.integer = 0;
-    /* Big tensors: bigger HTTP/2 frames and a stream window that does not
-     * make a 4 MiB message wait for window updates. */
-    args[3].type = GRPC_ARG_INTEGER;
-    args[3].key = (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
-    args[3].value.integer = 4 << 20;
-    args[4].type = GRPC_ARG_INTEGER;
-    args[4].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
-    args[4].value.integer = 16 << 20;
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)srv->opts.max_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = (int)srv->opts.max_message_bytes;
-    grpc_channel_args cargs = {5, args};
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                      NULL).type != GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+/* The gRPC server with our channel arguments, its methods registered and
+ * each method's service (and "") listed for health. */
+static int server_make(ps_rpc_server *srv)
+{
+    int max = (int)srv->opts.max_message_bytes;
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = max}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = max}},
+        /* SO_REUSEPORT off: a second psd on a taken port must fail
+         * loudly, not silently share the port with the first. */
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_ALLOW_REUSEPORT, {.integer = 0}},
+        /* Big tensors: bigger HTTP/2 frames and a stream window that does
+         * not make a 4 MiB message wait for window updates. */
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+         {.integer = 16 << 20}},
+    };
+    grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
     srv->server = grpc_server_create(&cargs, NULL);
     if (srv->server == NULL)
         return -ENOMEM;
-
+    int rc;
     for (int i = 0; i < srv->nmethods; i++) {
         srv->methods[i].handle = grpc_server_register_method(
             srv->server, srv->methods[i].path, NULL,
@@ -872,9 +852,79 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
         if ((rc = ps_health_add(srv->health, srv->methods[i].service)) != 0)
             return rc;
     }
-    if ((rc = ps_health_add(srv->health, "")) != 0)
-        return rc;
+    return ps_health_add(srv->health, "");
+}
 
+/* Binds the listen address(es). Returns the bound port, or 0 after undoing
+ * the server and its queues (gRPC only lets go of a server with a listener
+ * once it was started and shut down). */
+static int server_bind(ps_rpc_server *srv)
+{
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
+    const char *bad = port == 0 ? srv->listen : NULL;
+    if (port != 0 && srv->listen_also != NULL &&
+        grpc_server_add_http2_port(srv->server, srv->listen_also, creds) == 0) {
+        bad = srv->listen_also;
+        port = 0;
+    }
+    grpc_server_credentials_release(creds);
+    if (port != 0)
+        return port;
+    ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
+                 "host:port or unix:PATH)", bad);
+    if (bad == srv->listen_also) {
+        /* The first address is bound. */
+        int done_tag;
+        grpc_server_start(srv->server);
+        grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
+                                        &done_tag);
+        grpc_server_cancel_all_calls(srv->server);
+        while (grpc_completion_queue_next(srv->threads[0].cq,
+                                          gpr_inf_future(GPR_CLOCK_REALTIME),
+                                          NULL).tag != &done_tag)
+            ;
+    }
+    /* Nothing runs on the queues: they can go at once. */
+    for (int i = 0; i < srv->nthreads; i++) {
+        cq_discard(srv->threads[i].cq);
+        srv->threads[i].cq = NULL;
+    }
+    grpc_server_destroy(srv->server);
+    srv->server = NULL;
+    free(srv->threads);
+    srv->threads = NULL;
+    srv->nthreads = 0;
+    return 0;
+}
+
+/* Requests the first calls on each queue and starts its thread. */
+static int threads_start(ps_rpc_server *srv)
+{
+    for (int i = 0; i < srv->nthreads; i++) {
+        struct cq_thread *thr = &srv->threads[i];
+        for (int k = 0; k < srv->nmethods; k++)
+            for (int r = 0; r < REQUESTS_PER_METHOD; r++)
+                request_call(srv, &srv->methods[k], thr);
+        request_call(srv, NULL, thr);
+        if (pthread_create(&thr->th, NULL, cq_thread_main, thr) != 0) {
+            ps_log_error("rpc: cannot start thread %d", i);
+            /* Threads already running are stopped by shutdown. */
+            srv->nthreads = i;
+            cq_discard(thr->cq);
+            return -EAGAIN;
+        }
+    }
+    return 0;
+}
+
+int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
+{
+    if (srv->started)
+        return PS_EINVAL_ARG;
+    int rc = server_make(srv);
+    if (rc != 0)
+        return rc;
     srv->nthreads = srv->opts.threads;
     srv->threads = calloc((size_t)srv->nthreads, sizeof *srv->threads);
     if (srv->threads == NULL)
@@ -886,71 +936,13 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
         grpc_server_register_completion_queue(srv->server,
                                               srv->threads[i].cq, NULL);
     }
-
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
-    const char *bad = port == 0 ? srv->listen : NULL;
-    if (port != 0 && srv->listen_also != NULL &&
-        grpc_server_add_http2_port(srv->server, srv->listen_also, creds) == 0) {
-        bad = srv->listen_also;
-        port = 0;
-    }
-    grpc_server_credentials_release(creds);
-    if (port == 0) {
-        ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
-                     "host:port or unix:PATH)", bad);
-        if (bad == srv->listen_also) {
-            /* The first address is bound: gRPC only lets go of a server
-             * with a listener once started and shut down. */
-            int done_tag;
-            grpc_server_start(srv->server);
-            grpc_server_shutdown_and_notify(srv->server, srv->threads[0].cq,
-                                            &done_tag);
-            grpc_server_cancel_all_calls(srv->server);
-            while (grpc_completion_queue_next(srv->threads[0].cq,
-                                              gpr_inf_future(GPR_CLOCK_REALTIME),
-                                              NULL).tag != &done_tag)
-                ;
-        }
-        /* Nothing runs on the queues: they can go at once. */
-        for (int i = 0; i < srv->nthreads; i++) {
-            grpc_completion_queue_shutdown(srv->threads[i].cq);
-            while (grpc_completion_queue_next(srv->threads[i].cq,
-                                              gpr_inf_future(GPR_CLOCK_REALTIME),
-                                              NULL).type != GRPC_QUEUE_SHUTDOWN)
-                ;
-            grpc_completion_queue_destroy(srv->threads[i].cq);
-            srv->threads[i].cq = NULL;
-        }
-        grpc_server_destroy(srv->server);
-        srv->server = NULL;
-        free(srv->threads);
-        srv->threads = NULL;
-        srv->nthreads = 0;
+    int port = server_bind(srv);
+    if (port == 0)
         return -EADDRINUSE;
-    }
     grpc_server_start(srv->server);
     srv->started = true;
-
-    for (int i = 0; i < srv->nthreads; i++) {
-        struct cq_thread *thr = &srv->threads[i];
-        for (int k = 0; k < srv->nmethods; k++)
-            for (int r = 0; r < REQUESTS_PER_METHOD; r++)
-                request_call(srv, &srv->methods[k], thr);
-        request_call(srv, NULL, thr);
-        if (pthread_create(&thr->th, NULL, cq_thread_main, thr) != 0) {
-            ps_log_error("rpc: cannot start thread %d", i);
-            /* Threads already running are stopped by shutdown. */
-            srv->nthreads = i;
-            grpc_completion_queue_shutdown(thr->cq);
-            while (grpc_completion_queue_next(thr->cq,
-                                              gpr_inf_future(GPR_CLOCK_REALTIME),
-                                              NULL).type != GRPC_QUEUE_SHUTDOWN)
-                ;
-            grpc_completion_queue_destroy(thr->cq);
-            return -EAGAIN;
-        }
-    }
+    if ((rc = threads_start(srv)) != 0)
+        return rc;
     ps_health_set_all(srv->health, true);
     if (port_out != NULL)
         *port_out = port;

@@ -50,6 +50,24 @@ grpc_byte_buffer *ps_rpc_bb_fill(size_t len, void (*fill)(void *ctx, uint8_t *ds
     return bb;
 }
 
+struct copy {
+    const void *src;
+    size_t len;
+};
+
+static void fill_copy(void *ctx, uint8_t *dst)
+{
+    struct copy *c = ctx;
+    if (c->len > 0)
+        memcpy(dst, c->src, c->len);
+}
+
+grpc_byte_buffer *ps_rpc_bb_copy(const void *data, size_t len)
+{
+    struct copy c = {data, len};
+    return ps_rpc_bb_fill(len, fill_copy, &c);
+}
+
 grpc_byte_buffer *ps_rpc_bb_parts(const ps_rpc_part *parts, int n)
 {
     enum { STACKS = 16 };

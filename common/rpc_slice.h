@@ -27,6 +27,10 @@ grpc_byte_buffer *ps_rpc_msg_byte_buffer(ps_rpc_msg *msg);
 grpc_byte_buffer *ps_rpc_bb_fill(size_t len, void (*fill)(void *ctx, uint8_t *dst),
                                  void *ctx);
 
+/* A byte buffer holding a copy of data[0..len), pooled when big (so that a
+ * steady stream of big messages costs no fresh pages). */
+grpc_byte_buffer *ps_rpc_bb_copy(const void *data, size_t len);
+
 /* A byte buffer of the concatenation of parts (see ps_rpc_part): copied
  * parts are joined into slices of their own, in-place parts become slices
  * that call release when gRPC drops them. NULL when out of memory (every
