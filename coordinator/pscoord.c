@@ -178,9 +178,10 @@ static int check_conf(struct pscoord *p)
     p->job_id = spec_job != NULL ? spec_job : "job";
     if (c->job_id != NULL && c->job_id[0] != '\0') {
         if (spec_job != NULL && strcmp(spec_job, c->job_id) != 0) {
+            int st = ps_proc_quit(&p->cmd, 2, "--job-id '%s' differs from the "
+                                  "cluster spec's job_id '%s'", c->job_id, spec_job);
             ps_cluster_close(&p->spec);
-            return ps_proc_quit(&p->cmd, 2, "--job-id '%s' differs from the "
-                                "cluster spec's job_id '%s'", c->job_id, spec_job);
+            return st;
         }
         p->job_id = c->job_id;
     }

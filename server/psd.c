@@ -152,9 +152,10 @@ static int tf_config_defaults(struct psd *d)
     if (rc != 0)
         return ps_proc_quit(&d->cmd, 2, "%s", err);
     if (tf.has_task && tf.task_role != PS_ROLE_PS) {
+        rc = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
+                          ps_role_name(tf.task_role), tf.task_index);
         ps_cluster_close(&tf);
-        return ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
-                            ps_role_name(tf.task_role), tf.task_index);
+        return rc;
     }
     if (tf.has_task) {
         const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
