@@ -1,6 +1,7 @@
 #include "optim.h"
 
 #include "errors.h"
+#include "simd.h" /* VECTOR_CLONES */
 
 #include <math.h>
 #include <stdio.h>
@@ -139,17 +140,6 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n)
  * Only "avx2", not "fma", so no multiply-add is fused and both clones give
  * the same bits.
  */
-#if defined(__x86_64__) && defined(__has_attribute)
-/* GCC only: clang 14 emits just the .ifunc symbol for a cloned public
- * function, which then fails to link. */
-#if __has_attribute(target_clones) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef VECTOR_CLONES
-#define VECTOR_CLONES
-#endif
-
 VECTOR_CLONES
 static void apply_sgd(float *restrict w, const psd_ufloat *restrict g, size_t n,
                       float lr_scale)

@@ -1,6 +1,7 @@
 /*
- * backend_cuda.cu - the CUDA backend: the CPU backend's table (model.h)
- * filled with cuBLAS GEMMs and small kernels of the same names.
+ * backend_cuda.cu - the CUDA backend: the CPU backend's table (backend.h)
+ * filled with cuBLAS GEMMs and small kernels, cuda_<slot> beside
+ * backend_cpu.c's cpu_<slot>, in the same order.
  *
  * One backend per device, created on first use and kept until the process
  * exits. It owns one stream, one cuBLAS handle bound to it, and a vector of
@@ -14,7 +15,7 @@
  * threads, and keeps the reference's order of operations where that is
  * cheap (pooling's comparisons, col2im's summation order, softmax in
  * double), so the gpu test suite can hold most kernels to exact equality.
- * CUDA headers stay in this file; the rest of the code sees model.h.
+ * CUDA headers stay in this file; the rest of the code sees backend.h.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -23,9 +24,9 @@
 #include <stdio.h>
 
 extern "C" {
+#include "backend.h"
 #include "errors.h"
 #include "gpu.h"
-#include "model.h"
 }
 
 #define MAX_DEVICES 16

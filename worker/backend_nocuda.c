@@ -1,6 +1,6 @@
 /* backend_nocuda.c - ps_backend_cuda in a build without CUDA: no backend,
  * and the probe's reason (which says so). */
-#include "model.h"
+#include "backend.h"
 
 #include "gpu.h"
 

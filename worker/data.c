@@ -398,6 +398,69 @@ struct csr_builder {
     size_t ycap, pcap, icap, vcap;
 };
 
+/* Parses one idx:val token of a data line (toklen bytes at tok) into the
+ * builder: *prev is the line's index before it, *next gets where the token
+ * ends. Returns 0 or a code with err set naming the line. */
+static int parse_feature(struct csr_builder *b, const char *path, int64_t lineno,
+                         char *tok, size_t toklen, long long *prev, char **next,
+                         char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long long idx = strtoll(tok, &end, 10);
+    if (end == tok || *end != ':' || tok[0] == '+' || tok[0] == '-' ||
+        errno == ERANGE) {
+        if (end != tok && *end == ':' && (idx < 1 || tok[0] == '-' ||
+                                          errno == ERANGE))
+            return bad_index(path, lineno, tok, toklen, err, errlen);
+        seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
+               path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
+               tok);
+        return PS_EPARSE;
+    }
+    if (idx < 1 || idx > INT32_MAX)
+        return bad_index(path, lineno, tok, toklen, err, errlen);
+    if (idx <= *prev) {
+        seterr(err, errlen,
+               "%s:%lld: feature index %lld after %lld: indices must be "
+               "strictly ascending",
+               path, (long long)lineno, idx, *prev);
+        return PS_EPARSE;
+    }
+    char *vs = end + 1;
+    errno = 0;
+    float v = strtof(vs, &end);
+    if (end == vs || !(*end == '\0' || is_space(*end))) {
+        seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
+               path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
+               tok);
+        return PS_EPARSE;
+    }
+    if (!isfinite(v)) {
+        seterr(err, errlen, "%s:%lld: value of feature %lld is not finite",
+               path, (long long)lineno, idx);
+        return PS_ENONFINITE;
+    }
+    size_t k = (size_t)b->ds.nnz;
+    int rc = grow((void **)&b->ds.indices, &b->icap, k + 1,
+                  sizeof *b->ds.indices);
+    if (rc == 0)
+        rc = grow((void **)&b->ds.values, &b->vcap, k + 1,
+                  sizeof *b->ds.values);
+    if (rc != 0) {
+        seterr(err, errlen, "%s:%lld: out of memory", path, (long long)lineno);
+        return -ENOMEM;
+    }
+    b->ds.indices[k] = (int32_t)(idx - 1);
+    b->ds.values[k] = v;
+    b->ds.nnz++;
+    if (idx > b->ds.dim)
+        b->ds.dim = idx;
+    *prev = idx;
+    *next = end;
+    return 0;
+}
+
 /* Parses one data line into the builder. Returns 0 or a code with err set
  * naming the line. */
 static int parse_libsvm_line(struct csr_builder *b, const char *path,
@@ -442,56 +505,10 @@ static int parse_libsvm_line(struct csr_builder *b, const char *path,
             p = tok + toklen;
             continue;
         }
-        errno = 0;
-        long long idx = strtoll(tok, &end, 10);
-        if (end == tok || *end != ':' || tok[0] == '+' || tok[0] == '-' ||
-            errno == ERANGE) {
-            if (end != tok && *end == ':' && (idx < 1 || tok[0] == '-' ||
-                                              errno == ERANGE))
-                return bad_index(path, lineno, tok, toklen, err, errlen);
-            seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
-                   path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
-                   tok);
-            return PS_EPARSE;
-        }
-        if (idx < 1 || idx > INT32_MAX)
-            return bad_index(path, lineno, tok, toklen, err, errlen);
-        if (idx <= prev) {
-            seterr(err, errlen,
-                   "%s:%lld: feature index %lld after %lld: indices must be "
-                   "strictly ascending",
-                   path, (long long)lineno, idx, prev);
-            return PS_EPARSE;
-        }
-        char *vs = end + 1;
-        errno = 0;
-        float v = strtof(vs, &end);
-        if (end == vs || !(*end == '\0' || is_space(*end))) {
-            seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
-                   path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
-                   tok);
-            return PS_EPARSE;
-        }
-        if (!isfinite(v)) {
-            seterr(err, errlen, "%s:%lld: value of feature %lld is not finite",
-                   path, (long long)lineno, idx);
-            return PS_ENONFINITE;
-        }
-        size_t k = (size_t)b->ds.nnz;
-        rc = grow((void **)&b->ds.indices, &b->icap, k + 1,
-                  sizeof *b->ds.indices);
-        if (rc == 0)
-            rc = grow((void **)&b->ds.values, &b->vcap, k + 1,
-                      sizeof *b->ds.values);
+        rc = parse_feature(b, path, lineno, tok, toklen, &prev, &p, err,
+                           errlen);
         if (rc != 0)
-            goto nomem;
-        b->ds.indices[k] = (int32_t)(idx - 1);
-        b->ds.values[k] = v;
-        b->ds.nnz++;
-        if (idx > b->ds.dim)
-            b->ds.dim = idx;
-        prev = idx;
-        p = end;
+            return rc;
     }
     b->ds.n++;
     b->ds.indptr[b->ds.n] = b->ds.nnz;

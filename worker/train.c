@@ -3,7 +3,7 @@
  * comm thread per psd shard, overlap of communication and computation. See
  * train.h for the picture.
  */
-#include "train.h"
+#include "train_internal.h"
 
 #include "clock.h"
 #include "errors.h"
@@ -24,90 +24,6 @@
 #include <time.h>
 
 volatile int wd_stop_requested;
-
-#define MAX_SHARDS 64
-
-/* One psd shard: its client, the tensors placed on it, its comm thread. */
-struct shard {
-    struct session *s;
-    int index;
-    const char *address;
-    ps_client *client;
-    ps_client_item *push_items; /* views of s->grads_send */
-    ps_client_item *pull_items; /* views of s->params_pull */
-    size_t nitems;
-    size_t bytes;
-    pthread_t th;
-    uint64_t done;              /* jobs finished */
-    /* Async: the pull runs on its own thread and connection, at the same
-     * time as the push (upstream and downstream at once), so a job takes
-     * about one transfer's time, not two. */
-    ps_client *pull_client;
-    pthread_t pull_th;
-    uint64_t pull_done;
-    uint64_t sync_step;         /* sync: the step this shard's variables
-                                   aggregate next; each shard keeps its own,
-                                   since a change in the live worker count can
-                                   reach the shards in different steps */
-};
-
-/* One server variable: a whole model tensor, or a row range of one when the
- * coordinator split it over shards. Its floats are contiguous in the
- * parameter and gradient blocks (row-major). */
-struct part {
-    char name[300];
-    int param;              /* model tensor */
-    size_t offset, count;   /* in floats, in the blocks */
-    int64_t shape[PS_PARAM_MAXDIM];
-    int ndim;
-    int shard;
-    int64_t fan_in, fan_out;/* a split part keeps the whole tensor's fans */
-};
-
-struct session {
-    const struct wd_train_opts *o;
-    struct part *parts;
-    struct wd_placement local_pl; /* without a coordinator: local_placement */
-    int nparts;
-    ps_model **replicas;
-    int nrep;
-    size_t nparams;
-    float *grads_send;          /* (nparams) the gradient being pushed */
-    ps_rpc_msg *send_msg, *fill_msg; /* the buffers grads_send and grads_fill
-                                   lie in: pushes send from them in place */
-    float *grads_fill;          /* (nparams) the next one, being reduced into
-                                   while the push of grads_send may go on */
-    float *params_pull;         /* (nparams) the values being pulled */
-    float *params_live;         /* (nparams) the values replica 0 computes
-                                   with, when its backend reads host memory
-                                   (take_pulled swaps the two) */
-    ps_shm *shm;                /* when set, the four blocks above lie in it
-                                   and go to and from psd by reference */
-    struct shard shards[MAX_SHARDS];
-    int nshards;
-
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    uint64_t posted;            /* jobs posted */
-    uint64_t job_step;
-    bool job_pull_only;
-    bool quit;
-    int failed;                 /* first comm error */
-    char fail_msg[1024];
-    uint64_t min_version;       /* sync: pull waits for this */
-
-    /* replicas */
-    const struct ps_backend **backends; /* (nrep) where each replica computes */
-    float *grads_tmp;           /* (nparams) a device replica's gradient, on the host */
-    pthread_t *rep_th;
-    pthread_barrier_t rep_start, rep_done;
-    const float *rep_x;
-    const int32_t *rep_y;
-    int rep_n;                  /* examples this step */
-    float *rep_loss;
-    int rep_err;
-    bool rep_quit;
-};
 
 static double now_s(void)
 {
@@ -172,208 +88,6 @@ static void local_placement_free(struct wd_placement *pl)
         free(pl->vars[i].parts);
     free(pl->vars);
     memset(pl, 0, sizeof *pl);
-}
-
-/* ---- comm threads ----------------------------------------------------- */
-
-static void comm_fail(struct session *s, struct shard *sh, int rc,
-                      const ps_rpc_status *st, const char *what)
-{
-    pthread_mutex_lock(&s->mu);
-    if (s->failed == 0) {
-        s->failed = rc ? rc : PS_ERPC;
-        if (rc == PS_ERPC)
-            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s: %s",
-                     sh->address, what, ps_rpc_code_name(st->code), st->message);
-        else
-            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s%s%s",
-                     sh->address, what, ps_strerror(rc), st->message[0] ? ": " : "",
-                     st->message);
-    }
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void *comm_main(void *arg)
-{
-    struct shard *sh = arg;
-    struct session *s = sh->s;
-    const struct wd_train_opts *o = s->o;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->quit && sh->done == s->posted)
-            pthread_cond_wait(&s->cond, &s->mu);
-        if (s->quit) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        uint64_t step = s->job_step;
-        bool pull_only = s->job_pull_only;
-        uint64_t minv = s->min_version;
-        pthread_mutex_unlock(&s->mu);
-
-        ps_rpc_status st = {0};
-        int rc = 0;
-        bool together = false; /* the push brought the values */
-        if (!pull_only && sh->nitems > 0) {
-            /* A sync push waits for every worker's push of the step. */
-            int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
-            uint64_t push_step = o->consistency == 2 ? sh->sync_step : step;
-            /* The push brings the values back in the same round trip,
-             * unless a concurrent pull fetches them (async). */
-            together = o->consistency == 2 || !o->concurrent_pull;
-            if (together)
-                rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
-                                         push_step, sh->push_items, sh->pull_items,
-                                         sh->nitems, dl, &st);
-            else
-                rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
-                                    sh->push_items, sh->nitems, dl, &st);
-            bool stale = rc == PS_ERPC && o->consistency == 2 &&
-                         st.code == PS_RPC_FAILED_PRECONDITION;
-            if (rc != 0 && !stale) {
-                comm_fail(s, sh, rc, &st, "Push");
-                continue;
-            }
-            if (stale) {
-                /* A worker that rejoins a sync job (or fell behind while it
-                 * was counted out) drops this gradient and takes the step
-                 * the variables are at. */
-                ps_log_info("step %llu is not the one the variables aggregate "
-                            "(%s); rejoining at theirs", (unsigned long long)push_step,
-                            st.message);
-                minv = 0;
-                rc = 0;
-                together = false;
-            } else if (o->consistency == 2) {
-                minv = sh->push_items[0].version;
-            }
-        }
-        for (size_t i = 0; i < sh->nitems; i++)
-            sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
-        if (sh->nitems > 0 && !together &&
-            (o->consistency == 2 || !o->concurrent_pull || pull_only))
-            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
-                                o->rpc_timeout_ms, &st);
-        if (rc != 0) {
-            comm_fail(s, sh, rc, &st, "Pull");
-            continue;
-        }
-        if (o->consistency == 2 && sh->nitems > 0)
-            sh->sync_step = sh->pull_items[0].version;
-        pthread_mutex_lock(&s->mu);
-        sh->done++;
-        pthread_cond_broadcast(&s->cond);
-        pthread_mutex_unlock(&s->mu);
-    }
-    return NULL;
-}
-
-/* Async only: each job's pull, beside the push on comm_main. */
-static void *pull_main(void *arg)
-{
-    struct shard *sh = arg;
-    struct session *s = sh->s;
-    const struct wd_train_opts *o = s->o;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->quit && sh->pull_done == s->posted)
-            pthread_cond_wait(&s->cond, &s->mu);
-        if (s->quit) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        bool pull_only = s->job_pull_only;
-        pthread_mutex_unlock(&s->mu);
-        ps_rpc_status st = {0};
-        int rc = 0;
-        if (sh->nitems > 0 && !pull_only)
-            rc = ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
-                                o->rpc_timeout_ms, &st);
-        if (rc != 0) {
-            comm_fail(s, sh, rc, &st, "Pull");
-            continue;
-        }
-        pthread_mutex_lock(&s->mu);
-        sh->pull_done++;
-        pthread_cond_broadcast(&s->cond);
-        pthread_mutex_unlock(&s->mu);
-    }
-    return NULL;
-}
-
-/* Makes the freshly reduced gradient the one to push (the previous push
- * must be done): swaps the two gradient buffers under the push items. */
-static void swap_grads(struct session *s)
-{
-    float *old = s->grads_send;
-    ps_rpc_msg *old_msg = s->send_msg;
-    s->grads_send = s->grads_fill;
-    s->send_msg = s->fill_msg;
-    s->grads_fill = old;
-    s->fill_msg = old_msg;
-    for (int k = 0; k < s->nshards; k++)
-        for (size_t i = 0; i < s->shards[k].nitems; i++) {
-            ps_client_item *it = &s->shards[k].push_items[i];
-            it->data = s->grads_send + (it->data - old);
-            it->msg = s->send_msg;
-        }
-}
-
-/* Makes the values the last pull brought the model's. Replica 0 on a host
- * backend reads the pulled block itself and the next pull lands in the one
- * it read before, with no copy; other replicas copy. Called while no job
- * runs (the comm threads read pull_items). */
-static int take_pulled(struct session *s)
-{
-    float *pulled = s->params_pull;
-    bool direct = ps_model_use_params(s->replicas[0], pulled) == 0;
-    for (int r = direct ? 1 : 0; r < s->nrep; r++) {
-        int rc = ps_model_params_from_host(s->replicas[r], pulled);
-        if (rc != 0)
-            return rc;
-    }
-    if (direct) {
-        s->params_pull = s->params_live;
-        s->params_live = pulled;
-        for (int k = 0; k < s->nshards; k++)
-            for (size_t i = 0; i < s->shards[k].nitems; i++) {
-                ps_client_item *it = &s->shards[k].pull_items[i];
-                it->data = s->params_pull + (it->data - pulled);
-            }
-    }
-    return 0;
-}
-
-/* Posts a job (push grads_send for step, then pull) to every shard. */
-static void post_job(struct session *s, uint64_t step, bool pull_only)
-{
-    pthread_mutex_lock(&s->mu);
-    s->job_step = step;
-    s->job_pull_only = pull_only;
-    s->posted++;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* Waits for the last job on every shard; returns the comm error if any. */
-static int wait_job(struct session *s)
-{
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        if (s->failed)
-            break;
-        bool all = true;
-        for (int k = 0; k < s->nshards; k++)
-            all = all && s->shards[k].done == s->posted &&
-                  (s->shards[k].pull_th == 0 || s->shards[k].pull_done == s->posted);
-        if (all)
-            break;
-        pthread_cond_wait(&s->cond, &s->mu);
-    }
-    int rc = s->failed;
-    pthread_mutex_unlock(&s->mu);
-    return rc;
 }
 
 /* ---- replicas --------------------------------------------------------- */
@@ -613,16 +327,9 @@ static void session_close(struct session *s)
         pthread_barrier_destroy(&s->rep_start);
         pthread_barrier_destroy(&s->rep_done);
     }
-    pthread_mutex_lock(&s->mu);
-    s->quit = true;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->mu);
+    wd_comm_stop(s);
     for (int k = 0; k < s->nshards; k++) {
         struct shard *sh = &s->shards[k];
-        if (sh->th)
-            pthread_join(sh->th, NULL);
-        if (sh->pull_th)
-            pthread_join(sh->pull_th, NULL);
         ps_client_destroy(sh->client);
         ps_client_destroy(sh->pull_client);
         free(sh->push_items);
@@ -648,8 +355,6 @@ static void session_close(struct session *s)
     pthread_cond_destroy(&s->cond);
 }
 
-/* Builds replicas, clients, placement and comm threads; creates the
- * variables and pulls them once. */
 /* Where replica r computes: the CPU, or GPU N+r for --device cuda:N. */
 static int pick_backends(struct session *s, const struct wd_train_opts *o, int nrep,
                          char *err, size_t errlen)
@@ -677,6 +382,30 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
     return 0;
 }
 
+/* The replicas, each on its backend. */
+static int make_replicas(struct session *s, int in_h, int in_w, int in_c,
+                         int nclasses, int max_batch, int nrep, char *err,
+                         size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
+    s->nrep = nrep;
+    s->replicas = calloc((size_t)nrep, sizeof *s->replicas);
+    s->rep_loss = calloc((size_t)nrep, sizeof *s->rep_loss);
+    if (s->replicas == NULL || s->rep_loss == NULL)
+        return -ENOMEM;
+    int rc = pick_backends(s, o, nrep, err, errlen);
+    if (rc != 0)
+        return rc;
+    for (int r = 0; r < nrep; r++) {
+        rc = ps_model_create_on(s->backends[r], o->model, in_h, in_w, in_c,
+                                nclasses, max_batch, &s->replicas[r], err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    s->nparams = ps_model_nparams(s->replicas[0]);
+    return 0;
+}
+
 /* Marks the shards to share memory with (--shm; auto: those on this host,
  * which takes a name lookup each); whether there is any. */
 static bool want_shm(const struct wd_train_opts *o, bool *with)
@@ -689,42 +418,14 @@ static bool want_shm(const struct wd_train_opts *o, bool *with)
     return any;
 }
 
-static int session_open(struct session *s, const struct wd_train_opts *o,
-                        int in_h, int in_w, int in_c, int nclasses, int max_batch,
-                        int nrep, bool start_comm, bool create, char *err,
-                        size_t errlen)
+/* The two gradient and two value blocks: in memory shared with psd when
+ * shm, else gradients in message buffers and values on the heap; and the
+ * staging block of device replicas. */
+static int alloc_blocks(struct session *s, bool shm)
 {
-    memset(s, 0, sizeof *s);
-    s->o = o;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cond, NULL);
-    if (o->nps < 1 || o->nps > MAX_SHARDS) {
-        snprintf(err, errlen, "need 1 to %d psd addresses, got %d", MAX_SHARDS, o->nps);
-        return PS_EINVAL_ARG;
-    }
-    s->nrep = nrep;
-    s->replicas = calloc((size_t)nrep, sizeof *s->replicas);
-    s->rep_loss = calloc((size_t)nrep, sizeof *s->rep_loss);
-    if (s->replicas == NULL || s->rep_loss == NULL)
-        return -ENOMEM;
-    int brc = pick_backends(s, o, nrep, err, errlen);
-    if (brc != 0)
-        return brc;
-    for (int r = 0; r < nrep; r++) {
-        int rc = ps_model_create_on(s->backends[r], o->model, in_h, in_w, in_c,
-                                    nclasses, max_batch, &s->replicas[r], err, errlen);
-        if (rc != 0)
-            return rc;
-    }
-    ps_model *m = s->replicas[0];
-    s->nparams = ps_model_nparams(m);
     size_t block = (s->nparams * 4 + 4095) / 4096 * 4096;
-    /* Training sessions only: an evaluation pulls once, and a region per
-     * evaluation would stay mapped in psd until its idle sweep. */
-    bool shm_with[MAX_SHARDS] = {false};
-    if (start_comm && want_shm(o, shm_with) && ps_shm_create(4 * block, &s->shm) == 0) {
-        /* The two gradient and two value blocks in memory shared with psd:
-         * psd reads the gradients where the model wrote them and writes
+    if (shm && ps_shm_create(4 * block, &s->shm) == 0) {
+        /* psd reads the gradients where the model wrote them and writes
          * the values where the model reads them. */
         uint8_t *base = ps_shm_base(s->shm);
         s->grads_send = (float *)(void *)base;
@@ -746,27 +447,22 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             return -ENOMEM;
     }
     s->grads_tmp = aligned_alloc(64, ((s->nparams * 4 + 63) / 64) * 64);
-    if (s->grads_tmp == NULL)
-        return -ENOMEM;
+    return s->grads_tmp == NULL ? -ENOMEM : 0;
+}
 
-    s->nshards = o->nps;
-    int rc = make_parts(s, err, errlen);
-    if (rc != 0)
-        return rc;
+/* A client per shard, and each part as a push item over grads_send and a
+ * pull item over params_pull on its shard. */
+static int connect_shards(struct session *s, const ps_rpc_client_opts *co,
+                          const bool *shm_with, char *err, size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
     int np = s->nparts;
-    ps_rpc_client_opts co = {
-        .deadline_ms = o->rpc_timeout_ms,
-        .max_attempts = 1000000,
-        .backoff_initial_ms = 100,
-        .backoff_max_ms = 2000,
-        .retry_budget_ms = o->retry_budget_ms,
-    };
     for (int k = 0; k < s->nshards; k++) {
         struct shard *sh = &s->shards[k];
         sh->s = s;
         sh->index = k;
         sh->address = o->ps[k];
-        rc = ps_client_create(sh->address, &co, &sh->client);
+        int rc = ps_client_create(sh->address, co, &sh->client);
         if (rc != 0) {
             snprintf(err, errlen, "psd address '%s': %s", sh->address, ps_strerror(rc));
             return rc;
@@ -792,20 +488,23 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         sh->nitems++;
         sh->bytes += pt->count * sizeof(float);
     }
-    /* Workers create the variables; an evaluator only reads them, waiting
-     * (within the retry budget) for the workers to create them, so that it
-     * never fixes their spec. */
-    if (create && (rc = create_variables(s, err, errlen)) != 0)
-        return rc;
+    return 0;
+}
+
+/* The first pull, on this thread, so that a mismatch is reported here. An
+ * evaluator (create false) waits, within the retry budget, for the workers
+ * to create the variables. */
+static int first_pull(struct session *s, bool create, char *err, size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
     int64_t wait_until = ps_now_ms() + (o->retry_budget_ms > 0 ? o->retry_budget_ms : 60000);
-    /* The first pull, on this thread, so that a mismatch is reported here. */
     for (int k = 0; k < s->nshards; k++) {
         struct shard *sh = &s->shards[k];
         if (sh->nitems == 0)
             continue;
         ps_rpc_status st = {0};
-        rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
-                            o->rpc_timeout_ms, &st);
+        int rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
         while (!create && rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND &&
                ps_now_ms() < wait_until && !wd_stop_requested) {
             struct timespec ts = {0, 200 * 1000000L};
@@ -826,45 +525,79 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
             return rc;
         }
     }
-    if ((rc = take_pulled(s)) != 0) {
+    int rc = wd_take_pulled(s);
+    if (rc != 0)
         snprintf(err, errlen, "loading parameters: %s", ps_model_errmsg(s->replicas[0]));
-        return rc;
+    return rc;
+}
+
+/* The threads of replicas 1 and up; replica 0 runs on the caller's. */
+static void start_replicas(struct session *s)
+{
+    s->rep_th = calloc((size_t)s->nrep, sizeof *s->rep_th);
+    pthread_barrier_init(&s->rep_start, NULL, (unsigned)s->nrep);
+    pthread_barrier_init(&s->rep_done, NULL, (unsigned)s->nrep);
+    for (int r = 1; r < s->nrep; r++) {
+        void **arg = malloc(2 * sizeof *arg);
+        arg[0] = s;
+        arg[1] = (void *)(intptr_t)r;
+        pthread_create(&s->rep_th[r], NULL, replica_main, arg);
     }
+}
+
+/* Builds replicas, buffers, placement and clients; creates the variables
+ * (create) and pulls them once; with start_comm (training, not an
+ * evaluation) starts the comm and replica threads. On failure the caller
+ * still calls session_close. */
+static int session_open(struct session *s, const struct wd_train_opts *o,
+                        int in_h, int in_w, int in_c, int nclasses, int max_batch,
+                        int nrep, bool start_comm, bool create, char *err,
+                        size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->o = o;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    if (o->nps < 1 || o->nps > MAX_SHARDS) {
+        snprintf(err, errlen, "need 1 to %d psd addresses, got %d", MAX_SHARDS, o->nps);
+        return PS_EINVAL_ARG;
+    }
+    int rc = make_replicas(s, in_h, in_w, in_c, nclasses, max_batch, nrep, err,
+                           errlen);
+    if (rc != 0)
+        return rc;
+    /* Training sessions only: an evaluation pulls once, and a region per
+     * evaluation would stay mapped in psd until its idle sweep. */
+    bool shm_with[MAX_SHARDS] = {false};
+    if ((rc = alloc_blocks(s, start_comm && want_shm(o, shm_with))) != 0)
+        return rc;
+    s->nshards = o->nps;
+    if ((rc = make_parts(s, err, errlen)) != 0)
+        return rc;
+    ps_rpc_client_opts co = {
+        .deadline_ms = o->rpc_timeout_ms,
+        .max_attempts = 1000000,
+        .backoff_initial_ms = 100,
+        .backoff_max_ms = 2000,
+        .retry_budget_ms = o->retry_budget_ms,
+    };
+    if ((rc = connect_shards(s, &co, shm_with, err, errlen)) != 0)
+        return rc;
+    /* Workers create the variables; an evaluator only reads them, so that
+     * it never fixes their spec. */
+    if (create && (rc = create_variables(s, err, errlen)) != 0)
+        return rc;
+    if ((rc = first_pull(s, create, err, errlen)) != 0)
+        return rc;
     if (start_comm) {
-        for (int k = 0; k < s->nshards; k++) {
-            struct shard *sh = &s->shards[k];
-            if (pthread_create(&sh->th, NULL, comm_main, sh) != 0)
-                return -EAGAIN;
-            if (o->consistency == 2 || !o->concurrent_pull || sh->nitems == 0)
-                continue;
-            /* A second channel: gRPC shares one connection between channels
-             * with equal arguments, so give it a distinct message limit. */
-            ps_rpc_client_opts pco = co;
-            pco.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE - 1;
-            if ((rc = ps_client_create(sh->address, &pco, &sh->pull_client)) != 0) {
-                snprintf(err, errlen, "psd address '%s': %s", sh->address,
-                         ps_strerror(rc));
-                return rc;
-            }
-            if (ps_client_shm_active(sh->client))
-                ps_client_set_shm(sh->pull_client, s->shm);
-            if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
-                return -EAGAIN;
-        }
-        if (nrep > 1) {
-            s->rep_th = calloc((size_t)nrep, sizeof *s->rep_th);
-            pthread_barrier_init(&s->rep_start, NULL, (unsigned)nrep);
-            pthread_barrier_init(&s->rep_done, NULL, (unsigned)nrep);
-            for (int r = 1; r < nrep; r++) {
-                void **arg = malloc(2 * sizeof *arg);
-                arg[0] = s;
-                arg[1] = (void *)(intptr_t)r;
-                pthread_create(&s->rep_th[r], NULL, replica_main, arg);
-            }
-        }
+        if ((rc = wd_comm_start(s, &co, err, errlen)) != 0)
+            return rc;
+        if (nrep > 1)
+            start_replicas(s);
     }
     ps_log_info("model %s: %zu parameters in %d server variables over %d psd "
-                "shard(s), %d replica(s)", o->model, s->nparams, np, s->nshards, nrep);
+                "shard(s), %d replica(s)", o->model, s->nparams, s->nparts,
+                s->nshards, nrep);
     return 0;
 }
 
@@ -931,6 +664,182 @@ out:
     return rc;
 }
 
+/* The state of wd_train's loop: the session, the batches, the timings and
+ * the progress window. */
+struct run {
+    const struct wd_train_opts *o;
+    struct session s;
+    struct ps_batcher b;
+    float *xb;          /* (global, dim) this step's examples */
+    int32_t *yb;        /* (global) their labels */
+    uint64_t step;      /* the step the next push is for */
+    bool sync;
+    bool self_update;
+    bool pending;       /* a job is posted and not waited for */
+    double t0, last_report, compute, waited;
+    double window_loss, rate;
+    int64_t window_n, window_ex, steps, examples;
+};
+
+/* Copies the comm threads' error text to err; returns rc. */
+static int comm_error(struct run *r, int rc, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&r->s.mu);
+    snprintf(err, errlen, "%s", r->s.fail_msg);
+    pthread_mutex_unlock(&r->s.mu);
+    return rc;
+}
+
+/* Opens the session and the batcher and sizes the batch buffers. */
+static int run_open(struct run *r, const struct wd_train_opts *o,
+                    const struct ps_dataset *train, int global, char *err,
+                    size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    r->o = o;
+    int rc = session_open(&r->s, o, train->h, train->w, train->c, o->nclasses,
+                          o->batch, o->replicas, true, true, err, errlen);
+    if (rc != 0)
+        return rc;
+    rc = ps_batcher_init(&r->b, train->n, o->task_index, o->num_workers, global,
+                         PS_BATCH_SHUFFLE | PS_BATCH_DROP_REMAINDER, o->seed);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot shard %lld examples for worker %d of %d",
+                 (long long)train->n, o->task_index, o->num_workers);
+        return rc;
+    }
+    r->xb = malloc((size_t)global * (size_t)train->dim * sizeof(float));
+    r->yb = malloc((size_t)global * sizeof(int32_t));
+    if (r->xb == NULL || r->yb == NULL)
+        return -ENOMEM;
+    /* Sync: the job's step is the variables' step count, so a restarted
+     * worker joins the step the others are on. */
+    r->sync = o->consistency == 2;
+    r->step = r->sync ? r->s.shards[0].pull_items[0].version : 0;
+    /* Only where the copy is exact: SGD, one replica that reads the pulled
+     * block itself (workerd refuses the flag otherwise). */
+    r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
+                     r->s.nrep == 1 &&
+                     ps_model_backend(r->s.replicas[0])->host_memory;
+    if (ps_batcher_steps(&r->b) == 0) {
+        snprintf(err, errlen, "worker %d of %d has no full batch of %d in %lld "
+                 "examples", o->task_index, o->num_workers, global,
+                 (long long)train->n);
+        return PS_EINVAL_ARG;
+    }
+    return 0;
+}
+
+/* run_open's undo; safe on a partly opened run. */
+static void run_close(struct run *r)
+{
+    free(r->xb);
+    free(r->yb);
+    ps_batcher_close(&r->b);
+    session_close(&r->s);
+}
+
+/*
+ * One step on the batch in xb/yb: compute the gradient, hand it over once
+ * the previous push is done, take the values that job pulled, post the
+ * next job. Returns 0, the model's error or the comm error, with err set.
+ */
+static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
+{
+    struct session *s = &r->s;
+    double c0 = now_s();
+    int rc = compute_step(s, r->xb, r->yb, n, loss);
+    double c1 = now_s();
+    r->compute += c1 - c0;
+    if (rc != 0) {
+        snprintf(err, errlen, "step %lld: %s", (long long)r->steps,
+                 ps_model_errmsg(s->replicas[0]));
+        return rc;
+    }
+    if (r->pending && (rc = wd_wait_job(s)) != 0)
+        return comm_error(r, rc, err, errlen);
+    double c2 = now_s();
+    r->waited += c2 - c1;
+    if (r->pending)
+        wd_take_pulled(s);
+    wd_swap_grads(s);
+    wd_post_job(s, r->step, false);
+    r->pending = true;
+    /* The next step computes on values that lack the update just pushed
+     * (one step of staleness); with --self-update it is applied here too,
+     * as psd applies it (SGD), and the next pull replaces the copy with
+     * psd's values. */
+    if (r->self_update) {
+        /* The backend's vectorized axpy: a scalar loop here (-O2) cost 8%
+         * of a batch-64 step. */
+        const struct ps_backend *be = ps_model_backend(s->replicas[0]);
+        be->axpy(be, s->params_live, -r->o->lr, s->grads_send, s->nparams);
+    }
+    if (r->sync) {
+        /* The next step needs this step's update. */
+        if ((rc = wd_wait_job(s)) != 0)
+            return comm_error(r, rc, err, errlen);
+        wd_take_pulled(s);
+        r->pending = false;
+        r->waited += now_s() - c2;
+    }
+    r->step++;
+    r->steps++;
+    r->examples += n;
+    return 0;
+}
+
+/* Counts a finished step into the progress window; reports to the
+ * coordinator every step and prints a line every --progress. */
+static void run_progress(struct run *r, int epoch, int n, float loss,
+                         struct wd_train_result *res)
+{
+    const struct wd_train_opts *o = r->o;
+    r->window_loss += loss;
+    r->window_n++;
+    r->window_ex += n;
+    double t = now_s();
+    if (o->on_progress != NULL)
+        o->on_progress(o->progress_ctx, r->step, r->rate, loss);
+    if ((t - r->last_report) * 1000 >= (o->progress_ms > 0 ? o->progress_ms : 2000)) {
+        r->rate = (double)r->window_ex / (t - r->last_report);
+    }
+    if (o->progress_ms > 0 && (t - r->last_report) * 1000 >= o->progress_ms) {
+        res->final_loss = r->window_loss / (double)r->window_n;
+        if (!o->quiet)
+            fprintf(stdout, "worker %d: epoch %d step %lld  %.0f examples/s  "
+                    "loss %.4f\n", o->task_index, epoch, (long long)r->steps,
+                    (double)r->window_ex / (t - r->last_report), res->final_loss);
+        fflush(stdout);
+        r->last_report = t;
+        r->window_loss = 0;
+        r->window_n = 0;
+        r->window_ex = 0;
+    }
+}
+
+/* Waits for the last job and fills res. */
+static int run_finish(struct run *r, struct wd_train_result *res, char *err,
+                      size_t errlen)
+{
+    int rc;
+    if (r->pending && (rc = wd_wait_job(&r->s)) != 0)
+        return comm_error(r, rc, err, errlen);
+    r->pending = false;
+    res->steps = r->steps;
+    res->examples = r->examples;
+    res->seconds = now_s() - r->t0;
+    res->examples_per_second = res->seconds > 0 ? (double)r->examples / res->seconds : 0;
+    if (r->window_n > 0)
+        res->final_loss = r->window_loss / (double)r->window_n;
+    res->compute_seconds = r->compute;
+    res->wait_seconds = r->waited;
+    res->version = r->s.shards[0].pull_items[0].version;
+    for (int k = 0; k < r->s.nshards; k++)
+        res->shm_shards += ps_client_shm_active(r->s.shards[k].client);
+    return 0;
+}
+
 int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
              struct wd_train_result *res, char *err, size_t errlen)
 {
@@ -946,152 +855,32 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
                  "batch", o->batch, o->replicas);
         return PS_EINVAL_ARG;
     }
-    struct session s;
-    int rc = session_open(&s, o, train->h, train->w, train->c, o->nclasses,
-                          o->batch, o->replicas, true, true, err, errlen);
-    if (rc != 0) {
-        session_close(&s);
-        return rc;
-    }
-    struct ps_batcher b;
-    rc = ps_batcher_init(&b, train->n, o->task_index, o->num_workers, global,
-                         PS_BATCH_SHUFFLE | PS_BATCH_DROP_REMAINDER, o->seed);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot shard %lld examples for worker %d of %d",
-                 (long long)train->n, o->task_index, o->num_workers);
-        session_close(&s);
-        return rc;
-    }
-    float *xb = malloc((size_t)global * (size_t)train->dim * sizeof(float));
-    int32_t *yb = malloc((size_t)global * sizeof(int32_t));
-    if (xb == NULL || yb == NULL) {
-        free(xb);
-        free(yb);
-        ps_batcher_close(&b);
-        session_close(&s);
+    struct run *r = malloc(sizeof *r);
+    if (r == NULL)
         return -ENOMEM;
-    }
-
-    /* Sync: the job's step is the variables' step count, so a restarted
-     * worker joins the step the others are on. */
-    uint64_t step = o->consistency == 2 ? s.shards[0].pull_items[0].version : 0;
-    bool sync = o->consistency == 2;
-    /* Only where the copy is exact: SGD, one replica that reads the pulled
-     * block itself (workerd refuses the flag otherwise). */
-    bool self_update = o->self_update && !sync && o->optimizer == 0 && s.nrep == 1 &&
-                       ps_model_backend(s.replicas[0])->host_memory;
-    double t0 = now_s(), last_report = t0, compute = 0, waited = 0;
-    double window_loss = 0, rate = 0;
-    int64_t window_n = 0, window_ex = 0, steps = 0, examples = 0;
-    bool pending = false;
-    int64_t steps_per_epoch = ps_batcher_steps(&b);
-    if (steps_per_epoch == 0) {
-        snprintf(err, errlen, "worker %d of %d has no full batch of %d in %lld "
-                 "examples", o->task_index, o->num_workers, global,
-                 (long long)train->n);
-        rc = PS_EINVAL_ARG;
+    int rc = run_open(r, o, train, global, err, errlen);
+    if (rc != 0)
         goto out;
-    }
+    r->t0 = r->last_report = now_s();
     for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
-        ps_batcher_start_epoch(&b, (uint64_t)epoch);
+        ps_batcher_start_epoch(&r->b, (uint64_t)epoch);
         const int64_t *idx;
         int n;
-        while ((n = ps_batcher_next(&b, &idx)) > 0) {
-            if (wd_stop_requested || (o->max_steps && steps >= o->max_steps))
+        while ((n = ps_batcher_next(&r->b, &idx)) > 0) {
+            if (wd_stop_requested || (o->max_steps && r->steps >= o->max_steps))
                 goto done;
-            ps_dataset_gather(train, idx, n, xb, yb);
-            double c0 = now_s();
+            ps_dataset_gather(train, idx, n, r->xb, r->yb);
             float loss = 0;
-            rc = compute_step(&s, xb, yb, n, &loss);
-            double c1 = now_s();
-            compute += c1 - c0;
-            if (rc != 0) {
-                snprintf(err, errlen, "step %lld: %s", (long long)steps,
-                         ps_model_errmsg(s.replicas[0]));
+            if ((rc = run_step(r, n, &loss, err, errlen)) != 0)
                 goto out;
-            }
-            /* Hand the gradient over once the previous push is done, and
-             * take the values that job pulled. */
-            if (pending && (rc = wait_job(&s)) != 0)
-                goto comm_failed;
-            double c2 = now_s();
-            waited += c2 - c1;
-            if (pending)
-                take_pulled(&s);
-            swap_grads(&s);
-            post_job(&s, step, false);
-            pending = true;
-            /* The next step computes on values that lack the update just
-             * pushed (one step of staleness); with --self-update it is
-             * applied here too, as psd applies it (SGD), and the next pull
-             * replaces the copy with psd's values. */
-            if (self_update) {
-                /* The backend's vectorized axpy: a scalar loop here (-O2)
-                 * cost 8% of a batch-64 step. */
-                const struct ps_backend *be = ps_model_backend(s.replicas[0]);
-                be->axpy(be, s.params_live, -o->lr, s.grads_send, s.nparams);
-            }
-            if (sync) {
-                /* The next step needs this step's update. */
-                if ((rc = wait_job(&s)) != 0)
-                    goto comm_failed;
-                take_pulled(&s);
-                pending = false;
-                waited += now_s() - c2;
-
-            }
-            step++;
-            steps++;
-            examples += n;
-            window_loss += loss;
-            window_n++;
-            window_ex += n;
-            double t = now_s();
-            if (o->on_progress != NULL)
-                o->on_progress(o->progress_ctx, step, rate, loss);
-            if ((t - last_report) * 1000 >= (o->progress_ms > 0 ? o->progress_ms : 2000)) {
-                rate = (double)window_ex / (t - last_report);
-            }
-            if (o->progress_ms > 0 && (t - last_report) * 1000 >= o->progress_ms) {
-                res->final_loss = window_loss / (double)window_n;
-                if (!o->quiet)
-                    fprintf(stdout, "worker %d: epoch %d step %lld  %.0f examples/s  "
-                            "loss %.4f\n", o->task_index, epoch, (long long)steps,
-                            (double)window_ex / (t - last_report), res->final_loss);
-                fflush(stdout);
-                last_report = t;
-                window_loss = 0;
-                window_n = 0;
-                window_ex = 0;
-            }
+            run_progress(r, epoch, n, loss, res);
         }
     }
 done:
-    if (pending && (rc = wait_job(&s)) != 0)
-        goto comm_failed;
-    pending = false;
-    rc = 0;
-    res->steps = steps;
-    res->examples = examples;
-    res->seconds = now_s() - t0;
-    res->examples_per_second = res->seconds > 0 ? (double)examples / res->seconds : 0;
-    if (window_n > 0)
-        res->final_loss = window_loss / (double)window_n;
-    res->compute_seconds = compute;
-    res->wait_seconds = waited;
-    res->version = s.shards[0].pull_items[0].version;
-    for (int k = 0; k < s.nshards; k++)
-        res->shm_shards += ps_client_shm_active(s.shards[k].client);
-    goto out;
-comm_failed:
-    pthread_mutex_lock(&s.mu);
-    snprintf(err, errlen, "%s", s.fail_msg);
-    pthread_mutex_unlock(&s.mu);
+    rc = run_finish(r, res, err, errlen);
 out:
-    free(xb);
-    free(yb);
-    ps_batcher_close(&b);
-    session_close(&s);
+    run_close(r);
+    free(r);
     return rc;
 }
 

@@ -378,6 +378,178 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
     return 0;
 }
 
+/* The training set (workers) and the test set (the evaluator, and workers
+ * that evaluate at the end). Returns the exit status: 0, or 1 with the
+ * reason on stderr. */
+static int load_data(const struct wd_conf *c, bool evaluator,
+                     struct ps_dataset *train, struct ps_dataset *test)
+{
+    char img[1024], lbl[1024], err[1024];
+    int rc;
+    if (!evaluator) {
+        data_path(c->data, "train-images-idx3-ubyte", img, sizeof img);
+        data_path(c->data, "train-labels-idx1-ubyte", lbl, sizeof lbl);
+        rc = ps_dataset_load_idx(c->train_images ? c->train_images : img,
+                                 c->train_labels ? c->train_labels : lbl, c->limit,
+                                 train, err, sizeof err);
+        if (rc != 0)
+            return fail("%s", err);
+        if (train->nclasses > c->classes)
+            return fail("the training labels have %d classes, the model "
+                        "predicts --classes %lld", train->nclasses,
+                        (long long)c->classes);
+    }
+    if (evaluator || c->evaluate) {
+        data_path(c->data, "t10k-images-idx3-ubyte", img, sizeof img);
+        data_path(c->data, "t10k-labels-idx1-ubyte", lbl, sizeof lbl);
+        rc = ps_dataset_load_idx(c->test_images ? c->test_images : img,
+                                 c->test_labels ? c->test_labels : lbl, 0, test,
+                                 err, sizeof err);
+        if (rc != 0)
+            return fail("%s", err);
+    }
+    return 0;
+}
+
+/* The model must fit the data before any server is touched. */
+static int check_model(const struct wd_conf *c, const struct ps_dataset *d)
+{
+    char err[1024];
+    ps_model *probe;
+    int rc = ps_model_create(c->model, d->h, d->w, d->c, (int)c->classes, 1,
+                             &probe, err, sizeof err);
+    if (rc != 0)
+        return fail("--model %s: %s", c->model, err);
+    ps_model_destroy(probe);
+    return 0;
+}
+
+/* --coordinator: registers, then learns the ps addresses (into ps, pointing
+ * into store), the worker count, this task's index and the placement of d's
+ * model. Returns the exit status; *coord is set once joined. */
+static int join_coordinator(struct wd_conf *c, bool evaluator,
+                            const struct ps_dataset *d, ps_coord **coord,
+                            const char **ps, int *nps, char *store,
+                            size_t storelen, struct wd_placement *placement)
+{
+    char err[1024];
+    ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
+                        .role = evaluator ? PS__V1__ROLE__EVALUATOR
+                                          : PS__V1__ROLE__WORKER,
+                        .index = (int)c->task_index, .address = "",
+                        .register_budget_ms = 60000,
+                        .on_directive = on_directive};
+    int idx = 0;
+    int rc = ps_coord_join(&co, coord, &idx, err, sizeof err);
+    if (rc != 0)
+        return fail("%s", err);
+    c->task_index = idx;
+    int nw = 1;
+    rc = learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err);
+    if (rc != 0)
+        return fail("%s", err);
+    c->num_workers = nw;
+    if (c->task_index >= c->num_workers && !evaluator)
+        return fail("the coordinator made this worker %lld of %lld",
+                    (long long)c->task_index, (long long)c->num_workers);
+    rc = learn_placement(*coord, c->model, d->h, d->w, d->c, (int)c->classes,
+                         placement, err, sizeof err);
+    if (rc != 0)
+        return fail("%s", err);
+    return 0;
+}
+
+/* The training loop's options from the flags (and the coordinator). */
+static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
+                                       const struct wd_placement *placement,
+                                       const char **ps, int nps)
+{
+    return (struct wd_train_opts){
+        .placement = coord != NULL ? placement : NULL,
+        .on_progress = coord != NULL ? report_progress : NULL,
+        .progress_ctx = coord,
+        .ps = ps,
+        .nps = c->local ? 0 : nps,
+        .model = c->model,
+        .nclasses = (int)c->classes,
+        .batch = (int)c->batch,
+        .replicas = (int)c->replicas,
+        .device = c->device,
+        .blas_threads = (int)c->threads,
+        .epochs = (int)c->epochs,
+        .max_steps = c->steps,
+        .lr = (float)c->lr,
+        .optimizer = c->optimizer,
+        .momentum = (float)c->momentum,
+        .consistency = c->consistency == 1 ? 2 : 1,
+        .num_workers = (int)c->num_workers,
+        .task_index = (int)c->task_index,
+        .seed = c->seed,
+        .init_seed = c->init_seed,
+        .rpc_timeout_ms = (int)c->rpc_timeout_ms,
+        .retry_budget_ms = c->retry_budget_ms,
+        .progress_ms = c->json ? 0 : (int)c->progress_ms,
+        .concurrent_pull = c->concurrent_pull,
+        .self_update = c->self_update != 2,
+        .shm = c->shm,
+    };
+}
+
+/* The worker's last line: JSON or text; the test figures only when
+ * evaluated. */
+static void print_summary(const struct wd_conf *c, const struct wd_train_result *res,
+                          bool evaluated, float loss, float acc, uint64_t version)
+{
+    if (c->json) {
+        printf("{\"role\":\"worker\",\"task_index\":%lld,\"model\":\"%s\","
+               "\"batch\":%lld,\"replicas\":%lld,\"steps\":%lld,\"examples\":%lld,"
+               "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
+               "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
+               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu,"
+               "\"shm_shards\":%d}\n",
+               (long long)c->task_index, c->model, (long long)c->batch,
+               (long long)c->replicas, (long long)res->steps, (long long)res->examples,
+               res->seconds, res->examples_per_second, res->final_loss,
+               res->compute_seconds, res->wait_seconds,
+               evaluated ? loss : -1.0, evaluated ? acc : -1.0,
+               (unsigned long long)version, res->shm_shards);
+    } else {
+        printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
+               "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",
+               (long long)c->task_index, (long long)res->steps, (long long)res->examples,
+               res->seconds, res->examples_per_second, res->compute_seconds,
+               res->wait_seconds, res->final_loss);
+        if (evaluated)
+            printf(", test loss %.4f, test accuracy %.4f", loss, acc);
+        printf("\n");
+    }
+}
+
+/* A worker's run: train, evaluate the final parameters unless --local (the
+ * local model is gone; its loss is reported) or --evaluate false, print
+ * the summary. Returns the exit status. */
+static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
+                      const struct ps_dataset *train, const struct ps_dataset *test)
+{
+    char err[1024];
+    struct wd_train_result res;
+    int rc = wd_train(o, train, &res, err, sizeof err);
+    if (rc != 0)
+        return fail("%s", err);
+    float loss = NAN, acc = NAN;
+    uint64_t version = 0;
+    bool evaluate = c->evaluate && !c->local;
+    if (evaluate) {
+        rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        if (rc != 0)
+            return fail("%s", err);
+    }
+    print_summary(c, &res, evaluate, loss, acc, version);
+    if (wd_stop_requested)
+        ps_log_warn("stopped by a signal after %lld steps", (long long)res.steps);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct wd_conf c;
@@ -511,163 +683,23 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
 
-    char img[1024], lbl[1024];
-    if (!evaluator) {
-        data_path(c.data, "train-images-idx3-ubyte", img, sizeof img);
-        data_path(c.data, "train-labels-idx1-ubyte", lbl, sizeof lbl);
-        rc = ps_dataset_load_idx(c.train_images ? c.train_images : img,
-                                 c.train_labels ? c.train_labels : lbl, c.limit,
-                                 &train, err, sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-        if (train.nclasses > c.classes) {
-            status = fail("the training labels have %d classes, the model "
-                          "predicts --classes %lld", train.nclasses,
-                          (long long)c.classes);
-            goto out;
-        }
-    }
-    bool want_test = evaluator || c.evaluate;
-    if (want_test) {
-        data_path(c.data, "t10k-images-idx3-ubyte", img, sizeof img);
-        data_path(c.data, "t10k-labels-idx1-ubyte", lbl, sizeof lbl);
-        rc = ps_dataset_load_idx(c.test_images ? c.test_images : img,
-                                 c.test_labels ? c.test_labels : lbl, 0, &test,
-                                 err, sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-    }
-    /* The model must fit the data before any server is touched. */
-    {
-        const struct ps_dataset *d = evaluator ? &test : &train;
-        ps_model *probe;
-        rc = ps_model_create(c.model, d->h, d->w, d->c, (int)c.classes, 1, &probe,
-                             err, sizeof err);
-        if (rc != 0) {
-            status = fail("--model %s: %s", c.model, err);
-            goto out;
-        }
-        ps_model_destroy(probe);
-    }
-
+    status = load_data(&c, evaluator, &train, &test);
+    const struct ps_dataset *d = evaluator ? &test : &train;
+    if (status == 0)
+        status = check_model(&c, d);
     char ps_store[64 * 300];
-    if (use_coord && !c.local) {
-        ps_coord_opts co = {.coordinator = c.coordinator, .job_id = c.job_id,
-                            .role = evaluator ? PS__V1__ROLE__EVALUATOR
-                                              : PS__V1__ROLE__WORKER,
-                            .index = (int)c.task_index, .address = "",
-                            .register_budget_ms = 60000,
-                            .on_directive = on_directive};
-        int idx = 0;
-        rc = ps_coord_join(&co, &coord, &idx, err, sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-        c.task_index = idx;
-        int nw = 1;
-        rc = learn_cluster(coord, ps_store, sizeof ps_store, ps, &nps, &nw, err,
-                           sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-        c.num_workers = nw;
-        if (c.task_index >= c.num_workers && !evaluator) {
-            status = fail("the coordinator made this worker %lld of %lld",
-                          (long long)c.task_index, (long long)c.num_workers);
-            goto out;
-        }
-        const struct ps_dataset *d = evaluator ? &test : &train;
-        rc = learn_placement(coord, c.model, d->h, d->w, d->c, (int)c.classes,
-                             &placement, err, sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-    }
-
-    struct wd_train_opts o = {
-        .placement = coord != NULL ? &placement : NULL,
-        .on_progress = coord != NULL ? report_progress : NULL,
-        .progress_ctx = coord,
-        .ps = ps,
-        .nps = c.local ? 0 : nps,
-        .model = c.model,
-        .nclasses = (int)c.classes,
-        .batch = (int)c.batch,
-        .replicas = (int)c.replicas,
-        .device = c.device,
-        .blas_threads = (int)c.threads,
-        .epochs = (int)c.epochs,
-        .max_steps = c.steps,
-        .lr = (float)c.lr,
-        .optimizer = c.optimizer,
-        .momentum = (float)c.momentum,
-        .consistency = c.consistency == 1 ? 2 : 1,
-        .num_workers = (int)c.num_workers,
-        .task_index = (int)c.task_index,
-        .seed = c.seed,
-        .init_seed = c.init_seed,
-        .rpc_timeout_ms = (int)c.rpc_timeout_ms,
-        .retry_budget_ms = c.retry_budget_ms,
-        .progress_ms = c.json ? 0 : (int)c.progress_ms,
-        .concurrent_pull = c.concurrent_pull,
-        .self_update = c.self_update != 2,
-        .shm = c.shm,
-    };
+    if (status == 0 && use_coord && !c.local)
+        status = join_coordinator(&c, evaluator, d, &coord, ps, &nps, ps_store,
+                                  sizeof ps_store, &placement);
+    if (status != 0)
+        goto out;
+    struct wd_train_opts o = train_opts(&c, coord, &placement, ps, nps);
     if (evaluator) {
         o.evaluator_only = true;
         status = run_evaluator(&o, &c, &test, coord);
-        goto out;
-    }
-    struct wd_train_result res;
-    rc = wd_train(&o, &train, &res, err, sizeof err);
-    if (rc != 0) {
-        status = fail("%s", err);
-        goto out;
-    }
-    float loss = NAN, acc = NAN;
-    uint64_t version = 0;
-    if (c.evaluate && c.local) {
-        c.evaluate = false; /* the local model is gone; its loss is reported */
-    }
-    if (c.evaluate) {
-        rc = wd_evaluate(&o, &test, &loss, &acc, &version, err, sizeof err);
-        if (rc != 0) {
-            status = fail("%s", err);
-            goto out;
-        }
-    }
-    if (c.json) {
-        printf("{\"role\":\"worker\",\"task_index\":%lld,\"model\":\"%s\","
-               "\"batch\":%lld,\"replicas\":%lld,\"steps\":%lld,\"examples\":%lld,"
-               "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
-               "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
-               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu,"
-               "\"shm_shards\":%d}\n",
-               (long long)c.task_index, c.model, (long long)c.batch,
-               (long long)c.replicas, (long long)res.steps, (long long)res.examples,
-               res.seconds, res.examples_per_second, res.final_loss,
-               res.compute_seconds, res.wait_seconds,
-               c.evaluate ? loss : -1.0, c.evaluate ? acc : -1.0,
-               (unsigned long long)version, res.shm_shards);
     } else {
-        printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
-               "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",
-               (long long)c.task_index, (long long)res.steps, (long long)res.examples,
-               res.seconds, res.examples_per_second, res.compute_seconds,
-               res.wait_seconds, res.final_loss);
-        if (c.evaluate)
-            printf(", test loss %.4f, test accuracy %.4f", loss, acc);
-        printf("\n");
+        status = run_worker(&o, &c, &train, &test);
     }
-    if (wd_stop_requested)
-        ps_log_warn("stopped by a signal after %lld steps", (long long)res.steps);
 out:
     ps_coord_leave(coord);
     placement_free(&placement);

@@ -1,0 +1,278 @@
+/*
+ * comm.c - the training session's comm threads: one per psd shard that
+ * pushes the handed-over gradient and pulls fresh values, and in async mode
+ * with --concurrent-pull one more per shard that pulls at the same time as
+ * the push. train_internal.h has the interface, train.h the picture.
+ */
+#include "train_internal.h"
+
+#include "errors.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+/* The job the loop posted last, as a comm thread reads it under s->mu. */
+struct job {
+    uint64_t step;
+    bool pull_only;
+    uint64_t min_version;
+};
+
+/* Records the first comm error of the session and wakes the loop. */
+static void comm_fail(struct session *s, struct shard *sh, int rc,
+                      const ps_rpc_status *st, const char *what)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->failed == 0) {
+        s->failed = rc ? rc : PS_ERPC;
+        if (rc == PS_ERPC)
+            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s: %s",
+                     sh->address, what, ps_rpc_code_name(st->code), st->message);
+        else
+            snprintf(s->fail_msg, sizeof s->fail_msg, "psd at %s: %s: %s%s%s",
+                     sh->address, what, ps_strerror(rc), st->message[0] ? ": " : "",
+                     st->message);
+    }
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits until a job is posted that this thread (which has finished *done
+ * jobs) has not run, and copies it to *j; false when the session quits. */
+static bool next_job(struct session *s, const uint64_t *done, struct job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    while (!s->quit && *done == s->posted)
+        pthread_cond_wait(&s->cond, &s->mu);
+    bool go = !s->quit;
+    j->step = s->job_step;
+    j->pull_only = s->job_pull_only;
+    j->min_version = s->min_version;
+    pthread_mutex_unlock(&s->mu);
+    return go;
+}
+
+/* Counts a job this thread finished and wakes the loop. */
+static void job_done(struct session *s, uint64_t *done)
+{
+    pthread_mutex_lock(&s->mu);
+    (*done)++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * The push of one job. Sets *together when the push brought the values
+ * back in the same round trip, and *minv to the version the pull must
+ * reach (sync). A stale sync push (the variables aggregate another step)
+ * is not an error: the worker rejoins at their step.
+ */
+static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
+                    bool *together, uint64_t *minv)
+{
+    const struct wd_train_opts *o = sh->s->o;
+    /* A sync push waits for every worker's push of the step. */
+    int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
+    uint64_t push_step = o->consistency == 2 ? sh->sync_step : j->step;
+    int rc;
+    /* The push brings the values back in the same round trip, unless a
+     * concurrent pull fetches them (async). */
+    *together = o->consistency == 2 || !o->concurrent_pull;
+    if (*together)
+        rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
+                                 push_step, sh->push_items, sh->pull_items,
+                                 sh->nitems, dl, st);
+    else
+        rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
+                            sh->push_items, sh->nitems, dl, st);
+    bool stale = rc == PS_ERPC && o->consistency == 2 &&
+                 st->code == PS_RPC_FAILED_PRECONDITION;
+    if (rc != 0 && !stale)
+        return rc;
+    if (stale) {
+        /* A worker that rejoins a sync job (or fell behind while it was
+         * counted out) drops this gradient and takes the step the
+         * variables are at. */
+        ps_log_info("step %llu is not the one the variables aggregate "
+                    "(%s); rejoining at theirs", (unsigned long long)push_step,
+                    st->message);
+        *minv = 0;
+        *together = false;
+    } else if (o->consistency == 2) {
+        *minv = sh->push_items[0].version;
+    }
+    return 0;
+}
+
+static void *comm_main(void *arg)
+{
+    struct shard *sh = arg;
+    struct session *s = sh->s;
+    const struct wd_train_opts *o = s->o;
+    struct job j;
+    while (next_job(s, &sh->done, &j)) {
+        ps_rpc_status st = {0};
+        int rc = 0;
+        uint64_t minv = j.min_version;
+        bool together = false; /* the push brought the values */
+        if (!j.pull_only && sh->nitems > 0 &&
+            (rc = push_job(sh, &j, &st, &together, &minv)) != 0) {
+            comm_fail(s, sh, rc, &st, "Push");
+            continue;
+        }
+        for (size_t i = 0; i < sh->nitems; i++)
+            sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
+        if (sh->nitems > 0 && !together &&
+            (o->consistency == 2 || !o->concurrent_pull || j.pull_only))
+            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
+        if (rc != 0) {
+            comm_fail(s, sh, rc, &st, "Pull");
+            continue;
+        }
+        if (o->consistency == 2 && sh->nitems > 0)
+            sh->sync_step = sh->pull_items[0].version;
+        job_done(s, &sh->done);
+    }
+    return NULL;
+}
+
+/* Async only: each job's pull, beside the push on comm_main. */
+static void *pull_main(void *arg)
+{
+    struct shard *sh = arg;
+    struct session *s = sh->s;
+    const struct wd_train_opts *o = s->o;
+    struct job j;
+    while (next_job(s, &sh->pull_done, &j)) {
+        ps_rpc_status st = {0};
+        int rc = 0;
+        if (sh->nitems > 0 && !j.pull_only)
+            rc = ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, &st);
+        if (rc != 0) {
+            comm_fail(s, sh, rc, &st, "Pull");
+            continue;
+        }
+        job_done(s, &sh->pull_done);
+    }
+    return NULL;
+}
+
+int wd_comm_start(struct session *s, const ps_rpc_client_opts *co, char *err,
+                  size_t errlen)
+{
+    const struct wd_train_opts *o = s->o;
+    for (int k = 0; k < s->nshards; k++) {
+        struct shard *sh = &s->shards[k];
+        if (pthread_create(&sh->th, NULL, comm_main, sh) != 0)
+            return -EAGAIN;
+        if (o->consistency == 2 || !o->concurrent_pull || sh->nitems == 0)
+            continue;
+        /* A second channel: gRPC shares one connection between channels
+         * with equal arguments, so give it a distinct message limit. */
+        ps_rpc_client_opts pco = *co;
+        pco.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE - 1;
+        int rc = ps_client_create(sh->address, &pco, &sh->pull_client);
+        if (rc != 0) {
+            snprintf(err, errlen, "psd address '%s': %s", sh->address,
+                     ps_strerror(rc));
+            return rc;
+        }
+        if (ps_client_shm_active(sh->client))
+            ps_client_set_shm(sh->pull_client, s->shm);
+        if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
+            return -EAGAIN;
+    }
+    return 0;
+}
+
+void wd_comm_stop(struct session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->quit = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < s->nshards; k++) {
+        struct shard *sh = &s->shards[k];
+        if (sh->th)
+            pthread_join(sh->th, NULL);
+        if (sh->pull_th)
+            pthread_join(sh->pull_th, NULL);
+    }
+}
+
+/* Makes the freshly reduced gradient the one to push (the previous push
+ * must be done): swaps the two gradient buffers under the push items. */
+void wd_swap_grads(struct session *s)
+{
+    float *old = s->grads_send;
+    ps_rpc_msg *old_msg = s->send_msg;
+    s->grads_send = s->grads_fill;
+    s->send_msg = s->fill_msg;
+    s->grads_fill = old;
+    s->fill_msg = old_msg;
+    for (int k = 0; k < s->nshards; k++)
+        for (size_t i = 0; i < s->shards[k].nitems; i++) {
+            ps_client_item *it = &s->shards[k].push_items[i];
+            it->data = s->grads_send + (it->data - old);
+            it->msg = s->send_msg;
+        }
+}
+
+/* Makes the values the last pull brought the model's. Replica 0 on a host
+ * backend reads the pulled block itself and the next pull lands in the one
+ * it read before, with no copy; other replicas copy. Called while no job
+ * runs (the comm threads read pull_items). */
+int wd_take_pulled(struct session *s)
+{
+    float *pulled = s->params_pull;
+    bool direct = ps_model_use_params(s->replicas[0], pulled) == 0;
+    for (int r = direct ? 1 : 0; r < s->nrep; r++) {
+        int rc = ps_model_params_from_host(s->replicas[r], pulled);
+        if (rc != 0)
+            return rc;
+    }
+    if (direct) {
+        s->params_pull = s->params_live;
+        s->params_live = pulled;
+        for (int k = 0; k < s->nshards; k++)
+            for (size_t i = 0; i < s->shards[k].nitems; i++) {
+                ps_client_item *it = &s->shards[k].pull_items[i];
+                it->data = s->params_pull + (it->data - pulled);
+            }
+    }
+    return 0;
+}
+
+/* Posts a job (push grads_send for step, then pull) to every shard. */
+void wd_post_job(struct session *s, uint64_t step, bool pull_only)
+{
+    pthread_mutex_lock(&s->mu);
+    s->job_step = step;
+    s->job_pull_only = pull_only;
+    s->posted++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits for the last job on every shard; returns the comm error if any. */
+int wd_wait_job(struct session *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->failed)
+            break;
+        bool all = true;
+        for (int k = 0; k < s->nshards; k++)
+            all = all && s->shards[k].done == s->posted &&
+                  (s->shards[k].pull_th == 0 || s->shards[k].pull_done == s->posted);
+        if (all)
+            break;
+        pthread_cond_wait(&s->cond, &s->mu);
+    }
+    int rc = s->failed;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
