@@ -292,7 +292,7 @@ void coord_destroy(coord *c)
     for (int i = 0; i < c->ntasks; i++)
         free(c->tasks[i].address);
     free(c->tasks);
-    coord_placement_free(&c->placement);
+    ps_placement_free(&c->placement);
     coord_ckpt_free_locked(c);
     for (int i = 0; i < c->nrestores; i++)
         free(c->restores[i].detail);
@@ -315,7 +315,7 @@ static char *dup_or_empty(const char *s)
 
 /* Builds the protobuf form of a placement; the array and everything in it
  * are malloc'd, as protobuf_c_message_free_unpacked expects. */
-static int placement_pb(const struct coord_placement *p,
+static int placement_pb(const struct ps_placement *p,
                         Ps__V1__VariablePlacement ***out, size_t *nout)
 {
     *out = NULL;
@@ -327,7 +327,7 @@ static int placement_pb(const struct coord_placement *p,
         return -ENOMEM;
     *out = arr;
     for (int i = 0; i < p->nvars; i++) {
-        const struct coord_var *v = &p->vars[i];
+        const struct ps_place_var *v = &p->vars[i];
         Ps__V1__VariablePlacement *vp = malloc(sizeof *vp);
         if (vp == NULL)
             return -ENOMEM;
@@ -849,7 +849,7 @@ int coord_place(coord *c, const Ps__V1__PlaceRequest *req,
     if (rc != 0)
         return rc;
     size_t n = req->n_variables;
-    struct coord_var *vars = calloc(n > 0 ? n : 1, sizeof *vars);
+    struct ps_place_var *vars = calloc(n > 0 ? n : 1, sizeof *vars);
     if (vars == NULL)
         return refuse(st, PS_RPC_RESOURCE_EXHAUSTED, "Place",
                       "out of memory");
@@ -857,22 +857,22 @@ int coord_place(coord *c, const Ps__V1__PlaceRequest *req,
     for (size_t i = 0; i < n; i++) {
         const Ps__V1__VariablePlacement *v = req->variables[i];
         vars[i].name = v->name;
-        if (v->n_shape > COORD_MAX_DIMS) {
+        if (v->n_shape > PS_PLACE_MAX_DIMS) {
             rc = refuse(st, PS_RPC_INVALID_ARGUMENT, "Place",
                         "variable '%s': %zu dimensions, at most %d", v->name,
-                        v->n_shape, COORD_MAX_DIMS);
+                        v->n_shape, PS_PLACE_MAX_DIMS);
             goto out;
         }
         vars[i].ndims = (int)v->n_shape;
         memcpy(vars[i].shape, v->shape, sizeof *v->shape * v->n_shape);
     }
-    if (coord_place_check(vars, (int)n, why, sizeof why) != 0) {
+    if (ps_place_check(vars, (int)n, why, sizeof why) != 0) {
         rc = refuse(st, PS_RPC_INVALID_ARGUMENT, "Place", "%s", why);
         goto out;
     }
     pthread_mutex_lock(&c->mu);
     if (c->placed) {
-        if (coord_place_same(&c->placement, vars, (int)n, why, sizeof why)
+        if (ps_place_same(&c->placement, vars, (int)n, why, sizeof why)
             != 0)
             rc = refuse(st, PS_RPC_FAILED_PRECONDITION, "Place",
                         "this job's model is placed already and the proposal "
@@ -881,7 +881,7 @@ int coord_place(coord *c, const Ps__V1__PlaceRequest *req,
         uint32_t num_ps = 0;
         rc = place_shards_locked(c, &num_ps, st);
         if (rc == 0 &&
-            coord_place_compute(vars, (int)n, num_ps, c->o.split_threshold,
+            ps_place_compute(vars, (int)n, num_ps, c->o.split_threshold,
                                 &c->placement) != 0)
             rc = refuse(st, PS_RPC_RESOURCE_EXHAUSTED, "Place",
                         "out of memory");

@@ -79,7 +79,7 @@ struct coord {
     bool stopping;
 
     bool placed;
-    struct coord_placement placement;
+    struct ps_placement placement;
 
     struct ckpt_rec *ckpts; /* ascending by step */
     int nckpts;
