@@ -34,6 +34,7 @@
 #include "ps_config.h"
 #include "rpc.h"
 #include "tensor.h"
+#include "tensor_pb.h"
 
 #include <ctype.h>
 #include <errno.h>
