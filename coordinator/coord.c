@@ -386,21 +386,20 @@ int coord_check_job(coord *c, const char *job_id, const char *what,
 /* The checks a heartbeat and a metrics report share: the job, the role, and
  * two numbers that must be finite (named in finite_names). Fills what
  * ("Heartbeat of ps[1]"). */
-static int check_task_report(coord *c, const char *verb, const char *job_id,
-                             int role, int role_sent, uint32_t index,
-                             double a, double b, const char *finite_names,
-                             char *what, size_t whatlen,
-                             struct coord_status *st)
+static int check_task_report(coord *c, const char *verb,
+                             const struct coord_task_ref *from, double a,
+                             double b, const char *finite_names, char *what,
+                             size_t whatlen, struct coord_status *st)
 {
-    snprintf(what, whatlen, "%s of %s[%u]", verb, coord_role_label(role),
-             index);
-    int rc = coord_check_job(c, job_id, what, st);
+    snprintf(what, whatlen, "%s of %s[%u]", verb,
+             coord_role_label(from->role), from->index);
+    int rc = coord_check_job(c, from->job_id, what, st);
     if (rc != 0)
         return rc;
-    if (role < 0 || role >= PS_ROLE_COUNT)
+    if (from->role < 0 || from->role >= PS_ROLE_COUNT)
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
                             "role %d is not CHIEF, WORKER, PS or EVALUATOR",
-                            role_sent);
+                            from->role_sent);
     if (!isfinite(a) || !isfinite(b))
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
                             "%s must be finite", finite_names);
@@ -416,11 +415,11 @@ static void heard_locked(coord *c, struct ctask *t,
     if (t->state != CT_ALIVE) {
         if (t->state == CT_DEAD)
             ps_log_info("%s[%u] at %s is alive again after %.1f s of "
-                        "silence", rn, req->index,
+                        "silence", rn, req->from.index,
                         coord_addr_or_none(t->address), coord_age_s(t, now));
         else
             ps_log_info("%s[%u] at %s heard from again after the "
-                        "coordinator's restart", rn, req->index,
+                        "coordinator's restart", rn, req->from.index,
                         coord_addr_or_none(t->address));
         t->state = CT_ALIVE;
         coord_bump_locked(c);
@@ -444,16 +443,15 @@ int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
 {
     *directive = COORD_DIRECTIVE_NONE;
     char what[96];
-    int rc = check_task_report(c, "Heartbeat", req->job_id, req->role,
-                               req->role_sent, req->index,
+    int rc = check_task_report(c, "Heartbeat", &req->from,
                                req->examples_per_second, req->loss,
                                "examples_per_second and loss", what,
                                sizeof what, st);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&c->mu);
-    struct ctask *t =
-        coord_find_locked(c, (enum ps_role)req->role, (int)req->index);
+    struct ctask *t = coord_find_locked(c, (enum ps_role)req->from.role,
+                                        (int)req->from.index);
     if (t == NULL || t->incarnation == 0 ||
         t->incarnation != req->incarnation) {
         ps_log_info("%s: incarnation %" PRIu64 " is not the registered one "
@@ -472,15 +470,14 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
                          struct coord_status *st)
 {
     char what[96];
-    int rc = check_task_report(c, "ReportMetrics", req->job_id, req->role,
-                               req->role_sent, req->index, req->loss,
+    int rc = check_task_report(c, "ReportMetrics", &req->from, req->loss,
                                req->accuracy, "loss and accuracy", what,
                                sizeof what, st);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&c->mu);
-    enum ps_role role = (enum ps_role)req->role;
-    struct ctask *t = coord_find_locked(c, role, (int)req->index);
+    enum ps_role role = (enum ps_role)req->from.role;
+    struct ctask *t = coord_find_locked(c, role, (int)req->from.index);
     if (t != NULL)
         t->loss = req->loss;
     if (role == PS_ROLE_EVALUATOR) {
@@ -491,7 +488,7 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
         c->eval_unix = coord_unix_now();
         ps_log_info("evaluation at step %" PRIu64 ": accuracy %.4f, loss %.4f "
                     "(evaluator[%u])", req->step, req->accuracy, req->loss,
-                    req->index);
+                    req->from.index);
         coord_state_save_locked(c);
     }
     c->progress++;

@@ -155,11 +155,16 @@ struct coord_register_resp {
     struct coord_cluster *cluster;
 };
 
-struct coord_heartbeat_req {
+/* Who a heartbeat or a metrics report comes from. */
+struct coord_task_ref {
     const char *job_id;
     int role;             /* enum ps_role or COORD_ROLE_BAD */
-    int role_sent;
+    int role_sent;        /* the role's number as sent, for a refusal */
     uint32_t index;
+};
+
+struct coord_heartbeat_req {
+    struct coord_task_ref from;
     uint64_t incarnation;
     uint64_t step;
     double examples_per_second;
@@ -174,10 +179,7 @@ enum coord_directive {
 };
 
 struct coord_metrics_req {
-    const char *job_id;
-    int role;             /* enum ps_role or COORD_ROLE_BAD */
-    int role_sent;
-    uint32_t index;
+    struct coord_task_ref from;
     uint64_t step;
     double loss;
     double accuracy;      /* evaluator: test accuracy */

@@ -46,6 +46,14 @@ static void role_in(Ps__V1__Role pb, int *role, int *sent)
         *role = COORD_ROLE_BAD;
 }
 
+static struct coord_task_ref task_ref_in(const char *job_id, Ps__V1__Role role,
+                                         uint32_t index)
+{
+    struct coord_task_ref ref = {.job_id = job_id, .index = index};
+    role_in(role, &ref.role, &ref.role_sent);
+    return ref;
+}
+
 static Ps__V1__Role role_out(enum ps_role r)
 {
     return (Ps__V1__Role)((int)r + 1);
@@ -268,10 +276,9 @@ static void on_heartbeat(ps_rpc_call *call, const uint8_t *req, size_t len,
     UNPACK(Ps__V1__HeartbeatRequest, ps__v1__heartbeat_request__unpack, call,
            req, len);
     struct coord_heartbeat_req in = {
-        .job_id = r->job_id, .index = r->index,
+        .from = task_ref_in(r->job_id, r->role, r->index),
         .incarnation = r->incarnation, .step = r->step,
         .examples_per_second = r->examples_per_second, .loss = r->loss};
-    role_in(r->role, &in.role, &in.role_sent);
     Ps__V1__HeartbeatResponse resp = PS__V1__HEARTBEAT_RESPONSE__INIT;
     Ps__V1__Directive d = PS__V1__DIRECTIVE__INIT;
     Ps__V1__Directive *dp = &d;
@@ -384,10 +391,9 @@ static void on_report_metrics(ps_rpc_call *call, const uint8_t *req,
     coord_service *s = ctx;
     UNPACK(Ps__V1__ReportMetricsRequest,
            ps__v1__report_metrics_request__unpack, call, req, len);
-    struct coord_metrics_req in = {.job_id = r->job_id, .index = r->index,
-                                   .step = r->step, .loss = r->loss,
-                                   .accuracy = r->accuracy};
-    role_in(r->role, &in.role, &in.role_sent);
+    struct coord_metrics_req in = {
+        .from = task_ref_in(r->job_id, r->role, r->index), .step = r->step,
+        .loss = r->loss, .accuracy = r->accuracy};
     struct coord_status st;
     if (coord_report_metrics(s->c, &in, &st) != 0) {
         refused(call, &st);
