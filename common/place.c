@@ -12,7 +12,7 @@
 /* 2^40 float32 elements: 4 TiB, far beyond any shard, far below overflow. */
 #define MAX_ELEMENTS ((uint64_t)1 << 40)
 
-static uint64_t elements(const struct coord_var *v)
+static uint64_t elements(const struct ps_place_var *v)
 {
     uint64_t n = 1;
     for (int d = 0; d < v->ndims; d++)
@@ -20,13 +20,13 @@ static uint64_t elements(const struct coord_var *v)
     return n;
 }
 
-uint64_t coord_var_bytes(const struct coord_var *v)
+uint64_t ps_place_var_bytes(const struct ps_place_var *v)
 {
     return elements(v) * 4;
 }
 
-const char *coord_shape_str(const int64_t *shape, int ndims, char *buf,
-                            size_t len)
+const char *ps_place_shape_str(const int64_t *shape, int ndims, char *buf,
+                               size_t len)
 {
     size_t used = 0;
     int k = snprintf(buf, len, "[");
@@ -41,8 +41,8 @@ const char *coord_shape_str(const int64_t *shape, int ndims, char *buf,
     return buf;
 }
 
-int coord_place_check(const struct coord_var *vars, int n, char *why,
-                      size_t whylen)
+int ps_place_check(const struct ps_place_var *vars, int n, char *why,
+                   size_t whylen)
 {
     if (n <= 0) {
         snprintf(why, whylen, "the proposal holds no variables; give each "
@@ -50,16 +50,16 @@ int coord_place_check(const struct coord_var *vars, int n, char *why,
         return PS_EINVAL_ARG;
     }
     for (int i = 0; i < n; i++) {
-        const struct coord_var *v = &vars[i];
+        const struct ps_place_var *v = &vars[i];
         size_t len = v->name != NULL ? strlen(v->name) : 0;
         if (len == 0 || len > 255) {
             snprintf(why, whylen, "variable #%d: a name must be 1 to 255 "
                      "bytes, got %zu", i, len);
             return PS_EINVAL_ARG;
         }
-        if (v->ndims < 0 || v->ndims > COORD_MAX_DIMS) {
+        if (v->ndims < 0 || v->ndims > PS_PLACE_MAX_DIMS) {
             snprintf(why, whylen, "variable '%s': %d dimensions, at most %d",
-                     v->name, v->ndims, COORD_MAX_DIMS);
+                     v->name, v->ndims, PS_PLACE_MAX_DIMS);
             return PS_EINVAL_ARG;
         }
         uint64_t e = 1;
@@ -104,7 +104,7 @@ static int order_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static void var_free(struct coord_var *v)
+static void var_free(struct ps_place_var *v)
 {
     for (int k = 0; k < v->nparts; k++)
         free(v->parts[k].name);
@@ -113,7 +113,7 @@ static void var_free(struct coord_var *v)
     memset(v, 0, sizeof *v);
 }
 
-void coord_placement_free(struct coord_placement *p)
+void ps_placement_free(struct ps_placement *p)
 {
     if (p == NULL)
         return;
@@ -125,7 +125,7 @@ void coord_placement_free(struct coord_placement *p)
 
 /* Gives v (name and shape already set) its parts: one whole part on `shard`,
  * or, when split, nparts row ranges on shards 0..nparts-1. */
-static int set_parts(struct coord_var *v, int nparts, uint32_t shard)
+static int set_parts(struct ps_place_var *v, int nparts, uint32_t shard)
 {
     v->parts = calloc((size_t)nparts, sizeof *v->parts);
     if (v->parts == NULL)
@@ -142,7 +142,7 @@ static int set_parts(struct coord_var *v, int nparts, uint32_t shard)
     int64_t base = rows / nparts, extra = rows % nparts, at = 0;
     for (int k = 0; k < nparts; k++) {
         int64_t take = base + (k < extra ? 1 : 0);
-        struct coord_part *p = &v->parts[k];
+        struct ps_place_part *p = &v->parts[k];
         if (asprintf(&p->name, "%s/part%d", v->name, k) < 0) {
             p->name = NULL;
             return -ENOMEM;
@@ -155,8 +155,8 @@ static int set_parts(struct coord_var *v, int nparts, uint32_t shard)
     return 0;
 }
 
-int coord_place_compute(const struct coord_var *vars, int n, uint32_t num_ps,
-                        uint64_t split_threshold, struct coord_placement *out)
+int ps_place_compute(const struct ps_place_var *vars, int n, uint32_t num_ps,
+                     uint64_t split_threshold, struct ps_placement *out)
 {
     memset(out, 0, sizeof *out);
     if (num_ps == 0 || n <= 0)
@@ -170,18 +170,18 @@ int coord_place_compute(const struct coord_var *vars, int n, uint32_t num_ps,
     out->nvars = n;
     out->num_ps = num_ps;
     for (int i = 0; i < n; i++) {
-        struct coord_var *v = &out->vars[i];
+        struct ps_place_var *v = &out->vars[i];
         v->name = strdup(vars[i].name);
         if (v->name == NULL)
             goto fail;
         v->ndims = vars[i].ndims;
         memcpy(v->shape, vars[i].shape, sizeof v->shape);
-        ord[i] = (struct order){i, coord_var_bytes(v), v->name};
+        ord[i] = (struct order){i, ps_place_var_bytes(v), v->name};
     }
     qsort(ord, (size_t)n, sizeof *ord, order_cmp);
 
     for (int j = 0; j < n; j++) {
-        struct coord_var *v = &out->vars[ord[j].i];
+        struct ps_place_var *v = &out->vars[ord[j].i];
         int64_t rows = v->ndims > 0 ? v->shape[0] : 1;
         if (num_ps > 1 && ord[j].bytes > split_threshold && rows > 1) {
             int nparts = rows < (int64_t)num_ps ? (int)rows : (int)num_ps;
@@ -207,11 +207,12 @@ int coord_place_compute(const struct coord_var *vars, int n, uint32_t num_ps,
 fail:
     free(ord);
     free(load);
-    coord_placement_free(out);
+    ps_placement_free(out);
     return rc;
 }
 
-static bool same_shape(const struct coord_var *a, const struct coord_var *b)
+static bool same_shape(const struct ps_place_var *a,
+                       const struct ps_place_var *b)
 {
     if (a->ndims != b->ndims)
         return false;
@@ -221,13 +222,13 @@ static bool same_shape(const struct coord_var *a, const struct coord_var *b)
     return true;
 }
 
-int coord_place_same(const struct coord_placement *p,
-                     const struct coord_var *vars, int n, char *why,
-                     size_t whylen)
+int ps_place_same(const struct ps_placement *p,
+                  const struct ps_place_var *vars, int n, char *why,
+                  size_t whylen)
 {
     char s1[128], s2[128];
     for (int i = 0; i < n; i++) {
-        const struct coord_var *placed = NULL;
+        const struct ps_place_var *placed = NULL;
         for (int j = 0; j < p->nvars && placed == NULL; j++)
             if (strcmp(p->vars[j].name, vars[i].name) == 0)
                 placed = &p->vars[j];
@@ -239,9 +240,9 @@ int coord_place_same(const struct coord_placement *p,
         if (!same_shape(placed, &vars[i])) {
             snprintf(why, whylen, "variable '%s' has shape %s, the placed "
                      "model's has %s", vars[i].name,
-                     coord_shape_str(vars[i].shape, vars[i].ndims, s1,
+                     ps_place_shape_str(vars[i].shape, vars[i].ndims, s1,
                                      sizeof s1),
-                     coord_shape_str(placed->shape, placed->ndims, s2,
+                     ps_place_shape_str(placed->shape, placed->ndims, s2,
                                      sizeof s2));
             return PS_ECONFLICT;
         }
@@ -260,8 +261,8 @@ int coord_place_same(const struct coord_placement *p,
     return 0;
 }
 
-int coord_placement_copy(const struct coord_placement *src,
-                         struct coord_placement *dst)
+int ps_placement_copy(const struct ps_placement *src,
+                      struct ps_placement *dst)
 {
     memset(dst, 0, sizeof *dst);
     if (src->nvars == 0)
@@ -272,8 +273,8 @@ int coord_placement_copy(const struct coord_placement *src,
     dst->nvars = src->nvars;
     dst->num_ps = src->num_ps;
     for (int i = 0; i < src->nvars; i++) {
-        const struct coord_var *s = &src->vars[i];
-        struct coord_var *d = &dst->vars[i];
+        const struct ps_place_var *s = &src->vars[i];
+        struct ps_place_var *d = &dst->vars[i];
         d->name = strdup(s->name);
         d->ndims = s->ndims;
         memcpy(d->shape, s->shape, sizeof d->shape);
@@ -291,6 +292,6 @@ int coord_placement_copy(const struct coord_placement *src,
     }
     return 0;
 fail:
-    coord_placement_free(dst);
+    ps_placement_free(dst);
     return -ENOMEM;
 }

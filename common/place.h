@@ -16,72 +16,72 @@
  *     shard never splits.
  *
  * Threads and lifetime: pure functions over caller-owned data. A
- * coord_placement owns all its strings and arrays; coord_placement_free
+ * ps_placement owns all its strings and arrays; ps_placement_free
  * releases them and leaves it empty.
  */
-#ifndef COORD_PLACE_H
-#define COORD_PLACE_H
+#ifndef PS_PLACE_H
+#define PS_PLACE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define COORD_MAX_DIMS 8
+#define PS_PLACE_MAX_DIMS 8
 /* pscoord's --split-threshold default, and what a worker without one uses. */
-#define COORD_SPLIT_DEFAULT ((uint64_t)512 << 10)
+#define PS_PLACE_SPLIT_DEFAULT ((uint64_t)512 << 10)
 
-struct coord_part {
+struct ps_place_part {
     char *name;        /* the name on its shard */
     uint32_t shard;
     int64_t row_begin; /* rows [row_begin, row_end) of dimension 0 */
     int64_t row_end;
 };
 
-struct coord_var {
+struct ps_place_var {
     char *name;
-    int64_t shape[COORD_MAX_DIMS];
+    int64_t shape[PS_PLACE_MAX_DIMS];
     int ndims;                /* 0 = scalar */
-    struct coord_part *parts; /* empty in a proposal */
+    struct ps_place_part *parts; /* empty in a proposal */
     int nparts;
 };
 
-struct coord_placement {
-    struct coord_var *vars; /* in the order the first proposal gave them */
+struct ps_placement {
+    struct ps_place_var *vars; /* in the order the first proposal gave them */
     int nvars;
     uint32_t num_ps;        /* the shard count it was made for */
 };
 
 /* Bytes of a float32 variable of that shape (a scalar is 4). */
-uint64_t coord_var_bytes(const struct coord_var *v);
+uint64_t ps_place_var_bytes(const struct ps_place_var *v);
 
 /* Checks a proposal: at least one variable; names of 1 to 255 bytes, no
- * NUL, each once; at most COORD_MAX_DIMS dimensions, each >= 1; at most
+ * NUL, each once; at most PS_PLACE_MAX_DIMS dimensions, each >= 1; at most
  * 2^40 elements per variable. Returns 0, or PS_EINVAL_ARG with one line in
  * why naming the variable and the problem. */
-int coord_place_check(const struct coord_var *vars, int n, char *why,
-                      size_t whylen);
+int ps_place_check(const struct ps_place_var *vars, int n, char *why,
+                   size_t whylen);
 
 /* Places a checked proposal over num_ps >= 1 shards into *out (which the
- * caller frees with coord_placement_free). Returns 0, PS_EINVAL_ARG when
+ * caller frees with ps_placement_free). Returns 0, PS_EINVAL_ARG when
  * num_ps is 0, -ENOMEM. */
-int coord_place_compute(const struct coord_var *vars, int n, uint32_t num_ps,
-                        uint64_t split_threshold, struct coord_placement *out);
+int ps_place_compute(const struct ps_place_var *vars, int n, uint32_t num_ps,
+                     uint64_t split_threshold, struct ps_placement *out);
 
 /* Compares a proposal with a kept placement, by names and shapes (in any
  * order). Returns 0 when they are the same model, else PS_ECONFLICT with the
  * first difference in why, e.g. "variable 'w1' has shape [784, 64], the
  * placed model's has [784, 128]". */
-int coord_place_same(const struct coord_placement *p,
-                     const struct coord_var *vars, int n, char *why,
-                     size_t whylen);
+int ps_place_same(const struct ps_placement *p,
+                  const struct ps_place_var *vars, int n, char *why,
+                  size_t whylen);
 
 /* Copies src into *dst (deep). Returns 0 or -ENOMEM (dst then empty). */
-int coord_placement_copy(const struct coord_placement *src,
-                         struct coord_placement *dst);
+int ps_placement_copy(const struct ps_placement *src,
+                      struct ps_placement *dst);
 
-void coord_placement_free(struct coord_placement *p);
+void ps_placement_free(struct ps_placement *p);
 
 /* "[784, 128]", "[]" for a scalar. */
-const char *coord_shape_str(const int64_t *shape, int ndims, char *buf,
-                            size_t len);
+const char *ps_place_shape_str(const int64_t *shape, int ndims, char *buf,
+                               size_t len);
 
 #endif

@@ -8,17 +8,15 @@
  * a float *; the other dtypes exist so that their names and sizes can be
  * reported when a client sends them.
  *
- * Tensors arrive from the wire as Ps__V1__Tensor messages (raw little-endian
- * bytes + dtype + shape). ps_tensor_view_pb checks such a message and points
- * a ps_tensor at its bytes without copying: that is the hot path for pushes.
- * ps_tensor_from_pb makes an owned copy for when the message will not live
- * long enough.
+ * Tensors arrive from the wire as ps.v1.Tensor messages; tensor_pb.h, the
+ * RPC edge, checks them and turns them into ps_tensors (views without a copy
+ * on the hot path). This header knows nothing of protobuf.
  *
  * Threads and lifetime: no function keeps state; a tensor may be read from
  * any number of threads, and written from one. A tensor from
- * ps_tensor_create or ps_tensor_from_pb owns its data and is freed with
- * ps_tensor_destroy. A view from ps_tensor_view_pb owns nothing and is valid
- * only while the message it came from is alive and unchanged.
+ * ps_tensor_create (or tensor_pb.h's ps_tensor_from_pb) owns its data and is
+ * freed with ps_tensor_destroy. A view (owns false) owns nothing: its data
+ * belongs to whatever it points into.
  */
 #ifndef PS_TENSOR_H
 #define PS_TENSOR_H
@@ -26,8 +24,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "ps.pb-c.h"
 
 #define PS_TENSOR_MAX_DIMS 8
 
@@ -74,32 +70,9 @@ char *ps_tensor_shape_str(const int64_t *shape, int ndim, char *buf,
 int ps_tensor_create(enum ps_dtype dtype, int ndim, const int64_t *shape,
                      ps_tensor **out);
 
-/* Frees a tensor from ps_tensor_create or ps_tensor_from_pb, and its data if
- * it owns it. NULL does nothing. */
+/* Frees a tensor from ps_tensor_create or ps_tensor_from_pb (tensor_pb.h),
+ * and its data if it owns it. NULL does nothing. */
 void ps_tensor_destroy(ps_tensor *t);
-
-/* Checks a wire tensor and fills *view to point at its bytes without copying
- * (view->owns is false). The checks: the message is present; the dtype is
- * float32 (PS_EDTYPE, naming the dtype, otherwise); the shape has at most
- * PS_TENSOR_MAX_DIMS dimensions, each >= 1, and its element count fits in
- * memory; the byte length is exactly numel * 4; the bytes are 4-byte aligned
- * (protobuf-c's unpack always allocates them so). Returns 0, PS_EDTYPE or
- * PS_EINVAL_ARG with one line in err, e.g. "tensor has 4000 bytes, shape
- * (1000, 2) float32 needs 8000". err may be NULL when errlen is 0. The view is
- * valid while pb is alive and unchanged. */
-int ps_tensor_view_pb(const Ps__V1__Tensor *pb, ps_tensor *view, char *err,
-                      size_t errlen);
-
-/* The same checks as ps_tensor_view_pb, then an owned copy in *out. Returns
- * 0, PS_EDTYPE, PS_EINVAL_ARG (with err) or -ENOMEM. */
-int ps_tensor_from_pb(const Ps__V1__Tensor *pb, ps_tensor **out, char *err,
-                      size_t errlen);
-
-/* Fills *pb (initialised by the caller with PS__V1__TENSOR__INIT) to describe
- * t without copying: pb->shape and pb->data point into t, so pb is valid
- * only while t is alive and must not be freed with
- * ps__v1__tensor__free_unpacked. */
-void ps_tensor_to_pb(ps_tensor *t, Ps__V1__Tensor *pb);
 
 /* Writes a NumPy .npy file, format version 1.0, dtype '<f4', C order, header
  * padded with spaces to a multiple of 64 bytes as numpy does. The file is

@@ -35,14 +35,18 @@
  * may be called from any thread; none makes a remote call (the RPCs to ps
  * shards are schedule.c's, which asks this module what to do and reports back).
  * The ps_cluster passed in the options is borrowed and must outlive the
- * coordinator. Messages returned by coord_snapshot and friends are deep
- * copies owned by the caller.
+ * coordinator. Snapshots and placements it returns are deep copies owned by
+ * the caller.
+ *
+ * Plain C throughout: the requests and answers below are this module's own
+ * structs. service.c, the gRPC edge, converts them from and to ps.v1
+ * messages; nothing here includes the generated protobuf header.
  */
 #ifndef COORD_COORD_H
 #define COORD_COORD_H
 
 #include "cluster.h"
-#include "ps.pb-c.h"
+#include "place.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -99,28 +103,116 @@ int coord_create(const struct coord_opts *o, coord **out, char *err,
                  size_t errlen);
 void coord_destroy(coord *c);
 
-/* The RPCs, each answering into a message the caller sends. On refusal they
- * return nonzero with st filled (and logged at warn level). */
-int coord_register(coord *c, const Ps__V1__RegisterRequest *req,
-                   const char *peer, Ps__V1__RegisterResponse *resp,
+/* A role as a request names it: an enum ps_role, or one of these. */
+#define COORD_ROLE_ANY (-1) /* RegisterTask: unspecified, the coordinator
+                               picks */
+#define COORD_ROLE_BAD (-2) /* none of the roles; role_sent names it */
+
+struct coord_register_req {
+    const char *job_id;
+    int role;             /* enum ps_role, COORD_ROLE_ANY or _BAD */
+    int role_sent;        /* the role's number as sent, for a refusal */
+    int index;            /* -1: the coordinator picks */
+    const char *address;  /* host:port it serves on; "" = none */
+    bool empty;           /* a ps that holds no variables (restore it) */
+};
+
+/* A task as clients see it. */
+struct coord_task_info {
+    enum ps_role role;
+    uint32_t index;
+    char *address;        /* "" when it serves nothing */
+    bool alive;
+    uint64_t incarnation;
+    uint64_t step;
+    double examples_per_second;
+    double loss;
+    double last_heartbeat_age_seconds; /* -1: never heard */
+};
+
+/* The cluster as clients see it (GetCluster, WatchCluster). */
+struct coord_cluster {
+    char *job_id;
+    struct coord_task_info *tasks; /* by (role, index) */
+    int ntasks;
+    uint64_t last_checkpoint_step; /* 0: none yet */
+    char *last_checkpoint_path;    /* "" when none */
+    double eval_accuracy, eval_loss; /* 0 until an evaluator reports */
+    uint64_t eval_step;
+    uint64_t epoch;
+    struct ps_placement placement; /* empty until placed */
+    uint32_t num_ps, num_workers, live_workers;
+    uint64_t global_step;
+};
+
+struct coord_register_resp {
+    enum ps_role role;
+    int index;
+    uint64_t incarnation;
+    uint32_t heartbeat_interval_ms;
+    /* NULL when out of memory (registered all the same: the task fetches
+     * the cluster later); free with coord_cluster_free. */
+    struct coord_cluster *cluster;
+};
+
+/* Who a heartbeat or a metrics report comes from. */
+struct coord_task_ref {
+    const char *job_id;
+    int role;             /* enum ps_role or COORD_ROLE_BAD */
+    int role_sent;        /* the role's number as sent, for a refusal */
+    uint32_t index;
+};
+
+struct coord_heartbeat_req {
+    struct coord_task_ref from;
+    uint64_t incarnation;
+    uint64_t step;
+    double examples_per_second;
+    double loss;
+};
+
+/* What a heartbeat's answer tells the task to do. */
+enum coord_directive {
+    COORD_DIRECTIVE_NONE,
+    COORD_DIRECTIVE_REREGISTER, /* the coordinator does not know this
+                                   incarnation */
+};
+
+struct coord_metrics_req {
+    struct coord_task_ref from;
+    uint64_t step;
+    double loss;
+    double accuracy;      /* evaluator: test accuracy */
+};
+
+/* The RPCs. On refusal they return nonzero with st filled (and logged at
+ * warn level). */
+int coord_register(coord *c, const struct coord_register_req *req,
+                   const char *peer, struct coord_register_resp *resp,
                    struct coord_ps_call *restore, bool *want_restore,
                    struct coord_status *st);
-/* Fills kind (a Ps__V1__Directive__Kind) and epoch. */
-int coord_heartbeat(coord *c, const Ps__V1__HeartbeatRequest *req,
-                    int *directive, uint64_t *epoch, struct coord_status *st);
-int coord_report_metrics(coord *c, const Ps__V1__ReportMetricsRequest *req,
+int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
+                    enum coord_directive *directive, uint64_t *epoch,
+                    struct coord_status *st);
+int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
                          struct coord_status *st);
-/* On success resp->placement is allocated; free with coord_place_free. */
-int coord_place(coord *c, const Ps__V1__PlaceRequest *req,
-                Ps__V1__PlaceResponse *resp, struct coord_status *st);
-void coord_place_free(Ps__V1__PlaceResponse *resp);
+/* Places a proposal (the first one made fixes the job's placement; later
+ * ones must name the same model). The caller has checked the job id with
+ * coord_check_job. On success *out holds the job's placement, which the
+ * caller frees with ps_placement_free. */
+int coord_place(coord *c, const struct ps_place_var *vars, int n,
+                struct ps_placement *out, struct coord_status *st);
 /* Refuses a job id that is not "" and not this job's. */
 int coord_check_job(coord *c, const char *job_id, const char *what,
                     struct coord_status *st);
+/* A refusal the edge makes itself (a request it cannot convert): fills st,
+ * logs "<what> refused: ..." as the core does, returns code (nonzero). */
+int coord_refuse(struct coord_status *st, int code, const char *what,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* The cluster as clients see it; NULL when out of memory. */
-Ps__V1__ClusterState *coord_snapshot(coord *c);
-void coord_snapshot_free(Ps__V1__ClusterState *s);
+struct coord_cluster *coord_snapshot(coord *c);
+void coord_cluster_free(struct coord_cluster *s);
 
 /* Epoch (membership, placement, checkpoints) and progress (steps, metrics)
  * counters, for watchers. */
@@ -165,8 +257,5 @@ void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
  * failure and return its code. */
 int coord_save(coord *c);
 int coord_write_summary(coord *c);
-
-/* "worker", "ps"... for a protobuf role; NULL when not a role. */
-const char *coord_role_name_pb(int role);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * coord_internal.h - the coordinator's state, shared by the files that
- * implement coord.h: coord.c (membership, liveness, snapshots, placement
- * requests), state.c (state.json, summary.json) and jobckpt.c (the
- * checkpoint schedule, manifests, restores). Nothing else includes it.
+ * implement coord.h: coord.c (the task table, heartbeats, liveness,
+ * snapshots, placement requests), register.c (RegisterTask), state.c
+ * (state.json, summary.json) and jobckpt.c (the checkpoint schedule,
+ * manifests, restores). Nothing else includes it.
  *
  * Every field below is guarded by coord.mu; functions named *_locked expect
  * it held.
@@ -11,7 +12,6 @@
 #define COORD_INTERNAL_H
 
 #include "coord.h"
-#include "place.h"
 
 #include <pthread.h>
 
@@ -79,7 +79,7 @@ struct coord {
     bool stopping;
 
     bool placed;
-    struct coord_placement placement;
+    struct ps_placement placement;
 
     struct ckpt_rec *ckpts; /* ascending by step */
     int nckpts;
@@ -103,9 +103,20 @@ struct coord {
 /* coord.c */
 struct ctask *coord_find_locked(coord *c, enum ps_role role, int index);
 struct ctask *coord_add_locked(coord *c, enum ps_role role, int index);
+/* Records a task's address (a copy). Returns 0 or -ENOMEM. */
+int coord_set_address(struct ctask *t, const char *addr);
 void coord_bump_locked(coord *c);
+/* Recounts the workers SYNC steps wait for (see coord.h). */
+void coord_recompute_sync_locked(coord *c);
 uint32_t coord_num_ps_locked(coord *c);
+struct coord_cluster *coord_snapshot_locked(coord *c);
 const char *coord_state_name(enum ctask_state s);
+/* "worker", "ps"... for an enum ps_role; "?" for anything else. */
+const char *coord_role_label(int role);
+/* The address, or "(no address)" for NULL or "". */
+const char *coord_addr_or_none(const char *a);
+/* Seconds since the task was heard from; -1 when never. */
+double coord_age_s(const struct ctask *t, int64_t now);
 int64_t coord_unix_now(void);
 
 /* state.c */

@@ -98,7 +98,7 @@ static const ps_opt pscoord_opts[] = {
      "job checkpoint manifests kept", 1, 1000000, NULL},
     /* 512 KiB: a part per shard pays off once a variable is big enough that
      * one shard's bandwidth, not the call overhead, bounds a pull. It is
-     * COORD_SPLIT_DEFAULT, which a worker without a coordinator uses. */
+     * PS_PLACE_SPLIT_DEFAULT, which a worker without a coordinator uses. */
     {"split-threshold", PS_OPT_SIZE,
      offsetof(struct pscoord_conf, split_threshold), "512K",
      "a variable of more bytes (and more than one row) is split by rows "

@@ -4,6 +4,7 @@
 #include "errors.h"
 #include "log.h"
 #include "rpc.h"
+#include "shardcall.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define PS_METHOD(m) "/ps.v1.ParameterServer/" m
 
 /* Shards one checkpoint round or sync pass handles. */
 #define MAX_SHARDS 1024
@@ -50,26 +49,6 @@ static bool nap(coord_sched *s, int ms)
     bool go = !s->stopping;
     pthread_mutex_unlock(&s->mu);
     return go;
-}
-
-/* One unary call to a ps, on a client of its own. Returns 0, or PS_ERPC
- * with st filled (local failures as UNAVAILABLE). */
-static int ps_call(const char *addr, const char *method, const void *req,
-                   const ProtobufCMessageDescriptor *desc, void **resp,
-                   int deadline_ms, ps_rpc_status *st)
-{
-    ps_rpc_client *cl;
-    ps_rpc_client_opts o = {.deadline_ms = deadline_ms, .max_attempts = 1};
-    int rc = ps_rpc_client_create(addr, &o, &cl);
-    if (rc != 0) {
-        st->code = PS_RPC_UNAVAILABLE;
-        snprintf(st->message, sizeof st->message,
-                 "cannot make a client for '%s': %s", addr, ps_strerror(rc));
-        return PS_ERPC;
-    }
-    rc = ps_rpc_invoke_pb(cl, method, req, desc, resp, deadline_ms, st);
-    ps_rpc_client_destroy(cl);
-    return rc;
 }
 
 static bool retryable(int code)
@@ -110,19 +89,14 @@ static void *sync_main(void *arg)
         pause = 100;
         for (int i = 0; i < n; i++) {
             struct coord_ps_call *k = &calls[i];
-            Ps__V1__SetSyncWorkersRequest req =
-                PS__V1__SET_SYNC_WORKERS_REQUEST__INIT;
-            req.workers = k->workers;
-            void *resp = NULL;
+            uint32_t previous = 0;
             ps_rpc_status st;
-            if (ps_call(k->address, PS_METHOD("SetSyncWorkers"), &req,
-                        &ps__v1__set_sync_workers_response__descriptor, &resp,
-                        s->o.sync_deadline_ms, &st) == 0) {
-                Ps__V1__SetSyncWorkersResponse *r = resp;
+            if (coord_call_set_sync(k->address, k->workers,
+                                    s->o.sync_deadline_ms, &previous,
+                                    &st) == 0) {
                 ps_log_info("ps[%u] at %s: sync steps wait for %u worker%s "
                             "(was %u)", k->index, k->address, k->workers,
-                            k->workers == 1 ? "" : "s", r->previous);
-                protobuf_c_message_free_unpacked(resp, NULL);
+                            k->workers == 1 ? "" : "s", previous);
                 coord_sync_done(s->c, k, true);
                 continue;
             }
@@ -154,6 +128,7 @@ struct shard_job {
     struct coord_shard_result *res;
     int deadline_ms;
     int keep;
+    struct coord_ckpt_answer answer;
 };
 
 static void *shard_checkpoint(void *arg)
@@ -164,28 +139,23 @@ static void *shard_checkpoint(void *arg)
     memset(r, 0, sizeof *r);
     r->index = k->index;
     snprintf(r->address, sizeof r->address, "%s", k->address);
-    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
-    req.step = k->step;
-    req.keep_at_least = j->keep > 0 ? (uint32_t)j->keep : 0;
-    void *resp = NULL;
+    struct coord_ckpt_answer *a = &j->answer;
     ps_rpc_status st;
-    if (ps_call(k->address, PS_METHOD("Checkpoint"), &req,
-                &ps__v1__checkpoint_response__descriptor, &resp,
-                j->deadline_ms, &st) != 0) {
+    if (coord_call_checkpoint(k->address, k->step,
+                              j->keep > 0 ? (uint32_t)j->keep : 0,
+                              j->deadline_ms, a, &st) != 0) {
         snprintf(r->error, sizeof r->error, "%s: %s",
                  ps_rpc_code_name(st.code), st.message);
         return NULL;
     }
-    Ps__V1__CheckpointResponse *cr = resp;
-    if (cr->step != k->step) {
+    if (a->step != k->step) {
         snprintf(r->error, sizeof r->error, "it checkpointed step %" PRIu64
-                 ", not %" PRIu64, cr->step, k->step);
+                 ", not %" PRIu64, a->step, k->step);
     } else {
         r->ok = true;
-        r->bytes = cr->bytes;
-        snprintf(r->path, sizeof r->path, "%s", cr->path);
+        r->bytes = a->bytes;
+        snprintf(r->path, sizeof r->path, "%s", a->path);
     }
-    protobuf_c_message_free_unpacked(resp, NULL);
     return NULL;
 }
 
@@ -205,9 +175,10 @@ static void checkpoint_round(coord_sched *s, uint64_t step,
     ps_log_info("job checkpoint at step %" PRIu64 ": asking %d ps shard%s",
                 step, n, n == 1 ? "" : "s");
     for (int i = 0; i < n; i++) {
-        jobs[i] = (struct shard_job){&calls[i], &res[i],
-                                     s->o.checkpoint_deadline_ms,
-                                     s->o.checkpoint_keep};
+        jobs[i] = (struct shard_job){.call = &calls[i], .res = &res[i],
+                                     .deadline_ms =
+                                         s->o.checkpoint_deadline_ms,
+                                     .keep = s->o.checkpoint_keep};
         started[i] = pthread_create(&th[i], NULL, shard_checkpoint,
                                     &jobs[i]) == 0;
         if (!started[i])
@@ -253,19 +224,14 @@ static void *restore_main(void *arg)
     int backoff = 200;
     bool told = false;
     while (coord_restore_wanted(s->c, k)) {
-        Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
-        req.step = k->step;
-        void *resp = NULL;
+        uint64_t restored = 0, variables = 0;
         ps_rpc_status st;
-        if (ps_call(k->address, PS_METHOD("Restore"), &req,
-                    &ps__v1__restore_response__descriptor, &resp,
-                    s->o.restore_deadline_ms, &st) == 0) {
-            Ps__V1__RestoreResponse *r = resp;
+        if (coord_call_restore(k->address, k->step, s->o.restore_deadline_ms,
+                               &restored, &variables, &st) == 0) {
             char detail[128];
             snprintf(detail, sizeof detail, "restored step %" PRIu64
-                     ", %" PRIu64 " variables", r->step, r->variables);
-            coord_restore_done(s->c, k, true, r->variables, detail);
-            protobuf_c_message_free_unpacked(resp, NULL);
+                     ", %" PRIu64 " variables", restored, variables);
+            coord_restore_done(s->c, k, true, variables, detail);
             goto out;
         }
         char detail[600];

@@ -33,6 +33,192 @@ struct coord_service {
     pthread_t th;
 };
 
+/* ---- ps.v1 messages <-> coord.h's structs ------------------------------ */
+
+/* The wire's Role values are ps_role + 1; 0 is "unspecified". */
+static void role_in(Ps__V1__Role pb, int *role, int *sent)
+{
+    *sent = (int)pb;
+    if (pb == PS__V1__ROLE__ROLE_UNSPECIFIED)
+        *role = COORD_ROLE_ANY;
+    else if (pb >= PS__V1__ROLE__CHIEF && pb <= PS__V1__ROLE__EVALUATOR)
+        *role = (int)pb - 1;
+    else
+        *role = COORD_ROLE_BAD;
+}
+
+static struct coord_task_ref task_ref_in(const char *job_id, Ps__V1__Role role,
+                                         uint32_t index)
+{
+    struct coord_task_ref ref = {.job_id = job_id, .index = index};
+    role_in(role, &ref.role, &ref.role_sent);
+    return ref;
+}
+
+static Ps__V1__Role role_out(enum ps_role r)
+{
+    return (Ps__V1__Role)((int)r + 1);
+}
+
+/* Builds the protobuf form of a placement; the array and everything in it
+ * are malloc'd, as protobuf_c_message_free_unpacked expects. On failure
+ * what was built is left in *out and *nout for placement_pb_free. */
+static int placement_pb(const struct ps_placement *p,
+                        Ps__V1__VariablePlacement ***out, size_t *nout)
+{
+    *out = NULL;
+    *nout = 0;
+    if (p->nvars == 0)
+        return 0;
+    Ps__V1__VariablePlacement **arr = calloc((size_t)p->nvars, sizeof *arr);
+    if (arr == NULL)
+        return -ENOMEM;
+    *out = arr;
+    for (int i = 0; i < p->nvars; i++) {
+        const struct ps_place_var *v = &p->vars[i];
+        Ps__V1__VariablePlacement *vp = malloc(sizeof *vp);
+        if (vp == NULL)
+            return -ENOMEM;
+        ps__v1__variable_placement__init(vp);
+        arr[i] = vp;
+        (*nout)++;
+        vp->name = strdup(v->name);
+        if (vp->name == NULL)
+            return -ENOMEM;
+        if (v->ndims > 0) {
+            vp->shape = malloc(sizeof *vp->shape * (size_t)v->ndims);
+            if (vp->shape == NULL)
+                return -ENOMEM;
+            memcpy(vp->shape, v->shape, sizeof *vp->shape * (size_t)v->ndims);
+            vp->n_shape = (size_t)v->ndims;
+        }
+        vp->parts = calloc((size_t)v->nparts, sizeof *vp->parts);
+        if (vp->parts == NULL)
+            return -ENOMEM;
+        for (int k = 0; k < v->nparts; k++) {
+            Ps__V1__VariablePart *part = malloc(sizeof *part);
+            if (part == NULL)
+                return -ENOMEM;
+            ps__v1__variable_part__init(part);
+            vp->parts[k] = part;
+            vp->n_parts++;
+            part->name = strdup(v->parts[k].name);
+            if (part->name == NULL)
+                return -ENOMEM;
+            part->shard = v->parts[k].shard;
+            part->row_begin = v->parts[k].row_begin;
+            part->row_end = v->parts[k].row_end;
+        }
+    }
+    return 0;
+}
+
+static void placement_pb_free(Ps__V1__VariablePlacement **arr, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        protobuf_c_message_free_unpacked(&arr[i]->base, NULL);
+    free(arr);
+}
+
+static Ps__V1__TaskInfo *task_pb(const struct coord_task_info *t)
+{
+    Ps__V1__TaskInfo *ti = malloc(sizeof *ti);
+    if (ti == NULL)
+        return NULL;
+    ps__v1__task_info__init(ti);
+    ti->address = strdup(t->address);
+    if (ti->address == NULL) {
+        free(ti);
+        return NULL;
+    }
+    ti->role = role_out(t->role);
+    ti->index = t->index;
+    ti->alive = t->alive;
+    ti->incarnation = t->incarnation;
+    ti->step = t->step;
+    ti->examples_per_second = t->examples_per_second;
+    ti->loss = t->loss;
+    ti->last_heartbeat_age_seconds = t->last_heartbeat_age_seconds;
+    return ti;
+}
+
+/* The ClusterState message of a snapshot, malloc'd throughout; free with
+ * protobuf_c_message_free_unpacked. NULL when out of memory. */
+static Ps__V1__ClusterState *cluster_pb(const struct coord_cluster *c)
+{
+    Ps__V1__ClusterState *s = malloc(sizeof *s);
+    if (s == NULL)
+        return NULL;
+    ps__v1__cluster_state__init(s);
+    s->job_id = strdup(c->job_id);
+    s->last_checkpoint_path = strdup(c->last_checkpoint_path);
+    s->tasks = calloc((size_t)(c->ntasks > 0 ? c->ntasks : 1),
+                      sizeof *s->tasks);
+    if (s->job_id == NULL || s->last_checkpoint_path == NULL ||
+        s->tasks == NULL)
+        goto fail;
+    for (int i = 0; i < c->ntasks; i++) {
+        Ps__V1__TaskInfo *ti = task_pb(&c->tasks[i]);
+        if (ti == NULL)
+            goto fail;
+        s->tasks[s->n_tasks++] = ti;
+    }
+    s->last_checkpoint_step = c->last_checkpoint_step;
+    s->eval_accuracy = c->eval_accuracy;
+    s->eval_loss = c->eval_loss;
+    s->eval_step = c->eval_step;
+    s->epoch = c->epoch;
+    if (placement_pb(&c->placement, &s->placement, &s->n_placement) != 0)
+        goto fail;
+    s->num_ps = c->num_ps;
+    s->num_workers = c->num_workers;
+    s->live_workers = c->live_workers;
+    s->global_step = c->global_step;
+    return s;
+fail:
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    return NULL;
+}
+
+/* The coordinator's snapshot as a message; NULL when out of memory. */
+static Ps__V1__ClusterState *snapshot_pb(coord *c)
+{
+    struct coord_cluster *snap = coord_snapshot(c);
+    if (snap == NULL)
+        return NULL;
+    Ps__V1__ClusterState *s = cluster_pb(snap);
+    coord_cluster_free(snap);
+    return s;
+}
+
+/* A Place proposal as variables (names borrowed from req). Refuses, as the
+ * core does, one with too many dimensions. */
+static int proposal_in(const Ps__V1__PlaceRequest *req,
+                       struct ps_place_var **out, struct coord_status *st)
+{
+    size_t n = req->n_variables;
+    struct ps_place_var *vars = calloc(n > 0 ? n : 1, sizeof *vars);
+    if (vars == NULL)
+        return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, "Place",
+                            "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const Ps__V1__VariablePlacement *v = req->variables[i];
+        vars[i].name = v->name;
+        if (v->n_shape > PS_PLACE_MAX_DIMS) {
+            free(vars);
+            return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, "Place",
+                                "variable '%s': %zu dimensions, at most %d",
+                                v->name, v->n_shape, PS_PLACE_MAX_DIMS);
+        }
+        vars[i].ndims = (int)v->n_shape;
+        memcpy(vars[i].shape, v->shape, sizeof *v->shape * v->n_shape);
+    }
+    *out = vars;
+    return 0;
+}
+
+/* ---- the handlers ------------------------------------------------------ */
+
 /* A request that does not parse is the client's mistake, said plainly. */
 #define UNPACK(type, fn, call, req, len)                                    \
     type *r = fn(NULL, len, req);                                           \
@@ -42,22 +228,42 @@ struct coord_service {
         return;                                                             \
     }
 
+static void refused(ps_rpc_call *call, const struct coord_status *st)
+{
+    ps_rpc_fail(call, (enum ps_rpc_code)st->code, "%s", st->msg);
+}
+
 static void on_register(ps_rpc_call *call, const uint8_t *req, size_t len,
                         void *ctx)
 {
     coord_service *s = ctx;
     UNPACK(Ps__V1__RegisterRequest, ps__v1__register_request__unpack, call,
            req, len);
-    Ps__V1__RegisterResponse resp = PS__V1__REGISTER_RESPONSE__INIT;
+    struct coord_register_req in = {.job_id = r->job_id,
+                                    .index = r->index,
+                                    .address = r->address,
+                                    .empty = r->empty};
+    role_in(r->role, &in.role, &in.role_sent);
+    struct coord_register_resp out;
     struct coord_ps_call restore;
     struct coord_status st;
     bool want_restore = false;
-    if (coord_register(s->c, r, ps_rpc_call_peer(call), &resp, &restore,
+    if (coord_register(s->c, &in, ps_rpc_call_peer(call), &out, &restore,
                        &want_restore, &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+        refused(call, &st);
     } else {
+        Ps__V1__RegisterResponse resp = PS__V1__REGISTER_RESPONSE__INIT;
+        resp.role = role_out(out.role);
+        resp.index = (uint32_t)out.index;
+        resp.incarnation = out.incarnation;
+        resp.heartbeat_interval_ms = out.heartbeat_interval_ms;
+        /* NULL when out of memory: registered all the same; the task
+         * fetches the cluster later. */
+        resp.cluster = out.cluster != NULL ? cluster_pb(out.cluster) : NULL;
         ps_rpc_reply_pb(call, &resp);
-        coord_snapshot_free(resp.cluster);
+        if (resp.cluster != NULL)
+            protobuf_c_message_free_unpacked(&resp.cluster->base, NULL);
+        coord_cluster_free(out.cluster);
         if (want_restore)
             coord_sched_restore(s->sched, &restore);
     }
@@ -70,16 +276,20 @@ static void on_heartbeat(ps_rpc_call *call, const uint8_t *req, size_t len,
     coord_service *s = ctx;
     UNPACK(Ps__V1__HeartbeatRequest, ps__v1__heartbeat_request__unpack, call,
            req, len);
+    struct coord_heartbeat_req in = {
+        .from = task_ref_in(r->job_id, r->role, r->index),
+        .incarnation = r->incarnation, .step = r->step,
+        .examples_per_second = r->examples_per_second, .loss = r->loss};
     Ps__V1__HeartbeatResponse resp = PS__V1__HEARTBEAT_RESPONSE__INIT;
     Ps__V1__Directive d = PS__V1__DIRECTIVE__INIT;
     Ps__V1__Directive *dp = &d;
     struct coord_status st;
-    int kind;
-    if (coord_heartbeat(s->c, r, &kind, &resp.epoch, &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+    enum coord_directive kind;
+    if (coord_heartbeat(s->c, &in, &kind, &resp.epoch, &st) != 0) {
+        refused(call, &st);
     } else {
-        if (kind != PS__V1__DIRECTIVE__KIND__NONE) {
-            d.kind = (Ps__V1__Directive__Kind)kind;
+        if (kind == COORD_DIRECTIVE_REREGISTER) {
+            d.kind = PS__V1__DIRECTIVE__KIND__REREGISTER;
             resp.directives = &dp;
             resp.n_directives = 1;
         }
@@ -96,15 +306,15 @@ static void on_get_cluster(ps_rpc_call *call, const uint8_t *req, size_t len,
            call, req, len);
     struct coord_status st;
     if (coord_check_job(s->c, r->job_id, "GetCluster", &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+        refused(call, &st);
     } else {
-        Ps__V1__ClusterState *snap = coord_snapshot(s->c);
+        Ps__V1__ClusterState *snap = snapshot_pb(s->c);
         if (snap == NULL) {
             ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
                         "out of memory building the cluster state");
         } else {
             ps_rpc_reply_pb(call, snap);
-            coord_snapshot_free(snap);
+            protobuf_c_message_free_unpacked(&snap->base, NULL);
         }
     }
     ps__v1__get_cluster_request__free_unpacked(r, NULL);
@@ -114,7 +324,7 @@ static void on_get_cluster(ps_rpc_call *call, const uint8_t *req, size_t len,
  * epoch and length) or NULL when out of memory. */
 static uint8_t *pack_state(coord *c, size_t *len, uint64_t *epoch)
 {
-    Ps__V1__ClusterState *snap = coord_snapshot(c);
+    Ps__V1__ClusterState *snap = snapshot_pb(c);
     if (snap == NULL)
         return NULL;
     *len = protobuf_c_message_get_packed_size(&snap->base);
@@ -122,7 +332,7 @@ static uint8_t *pack_state(coord *c, size_t *len, uint64_t *epoch)
     if (buf != NULL)
         protobuf_c_message_pack(&snap->base, buf);
     *epoch = snap->epoch;
-    coord_snapshot_free(snap);
+    protobuf_c_message_free_unpacked(&snap->base, NULL);
     return buf;
 }
 
@@ -136,7 +346,7 @@ static void on_watch_cluster(ps_rpc_call *call, const uint8_t *req,
     int rc = coord_check_job(s->c, r->job_id, "WatchCluster", &st);
     ps__v1__get_cluster_request__free_unpacked(r, NULL);
     if (rc != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+        refused(call, &st);
         return;
     }
     struct watcher *w = calloc(1, sizeof *w);
@@ -182,15 +392,44 @@ static void on_report_metrics(ps_rpc_call *call, const uint8_t *req,
     coord_service *s = ctx;
     UNPACK(Ps__V1__ReportMetricsRequest,
            ps__v1__report_metrics_request__unpack, call, req, len);
+    struct coord_metrics_req in = {
+        .from = task_ref_in(r->job_id, r->role, r->index), .step = r->step,
+        .loss = r->loss, .accuracy = r->accuracy};
     struct coord_status st;
-    if (coord_report_metrics(s->c, r, &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+    if (coord_report_metrics(s->c, &in, &st) != 0) {
+        refused(call, &st);
     } else {
         Ps__V1__ReportMetricsResponse resp =
             PS__V1__REPORT_METRICS_RESPONSE__INIT;
         ps_rpc_reply_pb(call, &resp);
     }
     ps__v1__report_metrics_request__free_unpacked(r, NULL);
+}
+
+/* Answers a Place request: the job check first, then the proposal's own
+ * shape, then the core. */
+static int place(coord *c, const Ps__V1__PlaceRequest *req,
+                 Ps__V1__PlaceResponse *resp, struct coord_status *st)
+{
+    struct ps_place_var *vars = NULL;
+    struct ps_placement placed;
+    int rc = coord_check_job(c, req->job_id, "Place", st);
+    if (rc == 0)
+        rc = proposal_in(req, &vars, st);
+    if (rc == 0)
+        rc = coord_place(c, vars, (int)req->n_variables, &placed, st);
+    free(vars);
+    if (rc != 0)
+        return rc;
+    if (placement_pb(&placed, &resp->placement, &resp->n_placement) != 0) {
+        placement_pb_free(resp->placement, resp->n_placement);
+        resp->placement = NULL;
+        resp->n_placement = 0;
+        rc = coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, "Place",
+                          "out of memory");
+    }
+    ps_placement_free(&placed);
+    return rc;
 }
 
 static void on_place(ps_rpc_call *call, const uint8_t *req, size_t len,
@@ -201,11 +440,11 @@ static void on_place(ps_rpc_call *call, const uint8_t *req, size_t len,
            len);
     Ps__V1__PlaceResponse resp = PS__V1__PLACE_RESPONSE__INIT;
     struct coord_status st;
-    if (coord_place(s->c, r, &resp, &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+    if (place(s->c, r, &resp, &st) != 0) {
+        refused(call, &st);
     } else {
         ps_rpc_reply_pb(call, &resp);
-        coord_place_free(&resp);
+        placement_pb_free(resp.placement, resp.n_placement);
     }
     ps__v1__place_request__free_unpacked(r, NULL);
 }

@@ -1,8 +1,11 @@
 /*
  * service.h - ps.v1.Coordinator over gRPC: RegisterTask, Heartbeat,
  * GetCluster, WatchCluster, ReportMetrics, Place. Each handler decodes its
- * request, asks coord.c, and answers at once; refusals carry coord's status
- * and message.
+ * request, converts it to coord.h's plain structs, asks coord.c, and
+ * converts the answer back; refusals carry coord's status and message.
+ * service.c is the coordinator's server edge: the only file on that side
+ * that includes the generated protobuf header (shardcall.c is the client
+ * edge).
  *
  * WatchCluster streams stay open: each is kept in a list served by one
  * thread, which sends the cluster state when the epoch changes, and at most

@@ -37,11 +37,11 @@
 
 #define STATE_FORMAT 1
 
-static json_t *placement_json(const struct coord_placement *p)
+static json_t *placement_json(const struct ps_placement *p)
 {
     json_t *vars = json_array();
     for (int i = 0; i < p->nvars; i++) {
-        const struct coord_var *v = &p->vars[i];
+        const struct ps_place_var *v = &p->vars[i];
         json_t *shape = json_array(), *parts = json_array();
         for (int d = 0; d < v->ndims; d++)
             json_array_append_new(shape, json_integer(v->shape[d]));
@@ -193,7 +193,7 @@ static int load_placement(coord *c, json_t *pj, char *err, size_t errlen)
         !json_is_array(vars) || json_array_size(vars) == 0)
         return bad(err, errlen, c->state_path,
                    "\"placement\" needs num_ps >= 1 and variables");
-    struct coord_placement *p = &c->placement;
+    struct ps_placement *p = &c->placement;
     size_t n = json_array_size(vars);
     p->vars = calloc(n, sizeof *p->vars);
     if (p->vars == NULL)
@@ -205,9 +205,9 @@ static int load_placement(coord *c, json_t *pj, char *err, size_t errlen)
         json_t *name = json_object_get(vj, "name");
         json_t *shape = json_object_get(vj, "shape");
         json_t *parts = json_object_get(vj, "parts");
-        struct coord_var *v = &p->vars[i];
+        struct ps_place_var *v = &p->vars[i];
         if (!json_is_string(name) || !json_is_array(shape) ||
-            json_array_size(shape) > COORD_MAX_DIMS || !json_is_array(parts)
+            json_array_size(shape) > PS_PLACE_MAX_DIMS || !json_is_array(parts)
             || json_array_size(parts) == 0)
             return bad(err, errlen, c->state_path,
                        "a placed variable needs name, shape and parts");
@@ -238,7 +238,7 @@ static int load_placement(coord *c, json_t *pj, char *err, size_t errlen)
         }
     }
     char why[400];
-    if (coord_place_check(p->vars, p->nvars, why, sizeof why) != 0)
+    if (ps_place_check(p->vars, p->nvars, why, sizeof why) != 0)
         return bad(err, errlen, c->state_path, why);
     c->placed = true;
     return 0;
@@ -379,7 +379,7 @@ out:
     if (rc == -ENOMEM)
         snprintf(err, errlen, "%s: out of memory", c->state_path);
     if (rc != 0) {
-        coord_placement_free(&c->placement);
+        ps_placement_free(&c->placement);
         c->placed = false;
     }
     json_decref(root);

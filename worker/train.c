@@ -38,8 +38,8 @@ static int local_placement(const ps_model *m, int nshards, struct wd_placement *
                            char *err, size_t errlen)
 {
     int np = ps_model_param_count(m);
-    struct coord_var *vars = calloc((size_t)np, sizeof *vars);
-    struct coord_placement cp = {0};
+    struct ps_place_var *vars = calloc((size_t)np, sizeof *vars);
+    struct ps_placement cp = {0};
     if (vars == NULL)
         return -ENOMEM;
     for (int i = 0; i < np; i++) {
@@ -49,11 +49,11 @@ static int local_placement(const ps_model *m, int nshards, struct wd_placement *
         memcpy(vars[i].shape, pi->shape, (size_t)pi->ndim * sizeof *pi->shape);
     }
     char why[256];
-    int rc = coord_place_check(vars, np, why, sizeof why);
+    int rc = ps_place_check(vars, np, why, sizeof why);
     if (rc != 0)
         snprintf(err, errlen, "placing the model: %s", why);
     else
-        rc = coord_place_compute(vars, np, (uint32_t)nshards, COORD_SPLIT_DEFAULT, &cp);
+        rc = ps_place_compute(vars, np, (uint32_t)nshards, PS_PLACE_SPLIT_DEFAULT, &cp);
     free(vars);
     if (rc != 0)
         return rc;
@@ -69,7 +69,7 @@ static int local_placement(const ps_model *m, int nshards, struct wd_placement *
             break;
         }
         for (int k = 0; k < v->nparts; k++) {
-            const struct coord_part *cpp = &cp.vars[i].parts[k];
+            const struct ps_place_part *cpp = &cp.vars[i].parts[k];
             snprintf(v->parts[k].name, sizeof v->parts[k].name, "%s", cpp->name);
             v->parts[k].shard = (int)cpp->shard;
             v->parts[k].row_begin = cpp->row_begin;
@@ -78,7 +78,7 @@ static int local_placement(const ps_model *m, int nshards, struct wd_placement *
     }
     if (pl->vars == NULL)
         rc = -ENOMEM;
-    coord_placement_free(&cp);
+    ps_placement_free(&cp);
     return rc;
 }
 

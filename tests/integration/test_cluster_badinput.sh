@@ -11,36 +11,14 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/cluster-badinput.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 unset TF_CONFIG
 
-passed=0
-failed=0
-
-fail() {
-    echo "FAIL $1: $2"
-    failed=$((failed + 1))
-}
+. "$(dirname "$0")/psctl_checks.sh"
 
 # bad NAME KEYWORD JSON: the spec in a file must be refused with one stderr
 # line "psctl: ..." containing KEYWORD.
 bad() {
     local name=$1 keyword=$2 json=$3
     printf '%s' "$json" >"$tmp/$name.json"
-    "$psctl" cluster validate "$tmp/$name.json" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    local lines
-    lines=$(wc -l <"$tmp/err")
-    if [ "$rc" -ne 1 ]; then
-        fail "$name" "exit status $rc, want 1"
-    elif [ "$lines" -ne 1 ]; then
-        fail "$name" "$lines stderr lines, want 1: $(cat "$tmp/err")"
-    elif ! grep -q '^psctl: ' "$tmp/err"; then
-        fail "$name" "stderr does not start with 'psctl: ': $(cat "$tmp/err")"
-    elif ! grep -qF -- "$keyword" "$tmp/err"; then
-        fail "$name" "stderr lacks '$keyword': $(cat "$tmp/err")"
-    elif [ -s "$tmp/out" ]; then
-        fail "$name" "wrote to stdout on failure: $(cat "$tmp/out")"
-    else
-        passed=$((passed + 1))
-    fi
+    expect_err "$name" 1 "$keyword" "$psctl" cluster validate "$tmp/$name.json"
 }
 
 # expect NAME STATUS KEYWORD CMD...: CMD exits STATUS and its output (stdout
@@ -48,8 +26,7 @@ bad() {
 expect() {
     local name=$1 want=$2 keyword=$3
     shift 3
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
+    run "$@"
     local stream="$tmp/out"
     [ "$want" -ne 0 ] && stream="$tmp/err"
     if [ "$rc" -ne "$want" ]; then
@@ -59,7 +36,7 @@ expect() {
     elif ! grep -qF -- "$keyword" "$stream"; then
         fail "$name" "output lacks '$keyword': $(cat "$stream")"
     else
-        passed=$((passed + 1))
+        ok "$name"
     fi
 }
 

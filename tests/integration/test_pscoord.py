@@ -52,7 +52,7 @@ r = None
 free_port = pstest.free_port
 
 
-class Coord:
+class Coord(pstest.Daemon):
     """A real pscoord on 127.0.0.1:0, its stderr kept in a file to read."""
 
     def __init__(self, state_dir, *args, env=None):
@@ -62,24 +62,12 @@ class Coord:
         self.log = open(self.log_path, "w")
         argv = [PSCOORD, "--state-dir", state_dir, "--listen", "127.0.0.1:0",
                 "--log-level", "info"] + self.args
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, text=True)
-        self.port = None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("PORT "):
-                self.port = int(line.split()[1])
-                break
-        if self.port is None:
-            self.kill()
-            raise RuntimeError("pscoord did not report its port: %s"
-                               % self.stderr())
-        self.address = "127.0.0.1:%d" % self.port
+        super().__init__(argv, env=env, stderr=self.log)
         self.channel = pstest.channel(self.address)
         self.stub = pbg.CoordinatorStub(self.channel)
+
+    def port_error(self, argv):
+        return "pscoord did not report its port: %s" % self.stderr()
 
     def stderr(self):
         with open(self.log_path) as f:
@@ -108,11 +96,6 @@ class Coord:
         finally:
             self.channel.close()
             self.log.close()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 LIVE = []  # every Coord and psd started, killed at exit

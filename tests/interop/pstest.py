@@ -48,9 +48,9 @@ def channel(address):
 class Daemon:
     """A real process that prints "PORT <n>" on stdout once serving."""
 
-    def __init__(self, argv, env=None, timeout=20.0):
+    def __init__(self, argv, env=None, timeout=20.0, stderr=None):
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                     stderr=None, env=env, text=True)
+                                     stderr=stderr, env=env, text=True)
         atexit.register(self.kill)
         deadline = time.monotonic() + timeout
         self.port = None
@@ -63,8 +63,12 @@ class Daemon:
                 break
         if self.port is None:
             self.kill()
-            raise RuntimeError("%s did not report its port" % argv[0])
+            raise RuntimeError(self.port_error(argv))
         self.address = "127.0.0.1:%d" % self.port
+
+    def port_error(self, argv):
+        """The message when the daemon never printed its port."""
+        return "%s did not report its port" % argv[0]
 
     def stop(self, sig=signal.SIGTERM, timeout=20.0):
         """Sends sig and waits; returns the exit status."""

@@ -1,0 +1,84 @@
+#include "shardcall.h"
+
+#include "errors.h"
+#include "ps.pb-c.h"
+
+#include <stdio.h>
+
+#define PS_METHOD(m) "/ps.v1.ParameterServer/" m
+
+/* One unary call to a ps, on a client of its own. Returns 0, or PS_ERPC
+ * with st filled (local failures as UNAVAILABLE). */
+static int ps_call(const char *addr, const char *method, const void *req,
+                   const ProtobufCMessageDescriptor *desc, void **resp,
+                   int deadline_ms, ps_rpc_status *st)
+{
+    ps_rpc_client *cl;
+    ps_rpc_client_opts o = {.deadline_ms = deadline_ms, .max_attempts = 1};
+    int rc = ps_rpc_client_create(addr, &o, &cl);
+    if (rc != 0) {
+        st->code = PS_RPC_UNAVAILABLE;
+        snprintf(st->message, sizeof st->message,
+                 "cannot make a client for '%s': %s", addr, ps_strerror(rc));
+        return PS_ERPC;
+    }
+    rc = ps_rpc_invoke_pb(cl, method, req, desc, resp, deadline_ms, st);
+    ps_rpc_client_destroy(cl);
+    return rc;
+}
+
+int coord_call_set_sync(const char *addr, uint32_t workers, int deadline_ms,
+                        uint32_t *previous, ps_rpc_status *st)
+{
+    Ps__V1__SetSyncWorkersRequest req = PS__V1__SET_SYNC_WORKERS_REQUEST__INIT;
+    req.workers = workers;
+    void *resp = NULL;
+    int rc = ps_call(addr, PS_METHOD("SetSyncWorkers"), &req,
+                     &ps__v1__set_sync_workers_response__descriptor, &resp,
+                     deadline_ms, st);
+    if (rc != 0)
+        return rc;
+    *previous = ((Ps__V1__SetSyncWorkersResponse *)resp)->previous;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}
+
+int coord_call_checkpoint(const char *addr, uint64_t step,
+                          uint32_t keep_at_least, int deadline_ms,
+                          struct coord_ckpt_answer *out, ps_rpc_status *st)
+{
+    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
+    req.step = step;
+    req.keep_at_least = keep_at_least;
+    void *resp = NULL;
+    int rc = ps_call(addr, PS_METHOD("Checkpoint"), &req,
+                     &ps__v1__checkpoint_response__descriptor, &resp,
+                     deadline_ms, st);
+    if (rc != 0)
+        return rc;
+    const Ps__V1__CheckpointResponse *cr = resp;
+    out->step = cr->step;
+    out->bytes = cr->bytes;
+    snprintf(out->path, sizeof out->path, "%s", cr->path);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}
+
+int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
+                       uint64_t *restored, uint64_t *variables,
+                       ps_rpc_status *st)
+{
+    Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
+    req.step = step;
+    void *resp = NULL;
+    int rc = ps_call(addr, PS_METHOD("Restore"), &req,
+                     &ps__v1__restore_response__descriptor, &resp,
+                     deadline_ms, st);
+    if (rc != 0)
+        return rc;
+    const Ps__V1__RestoreResponse *r = resp;
+    *restored = r->step;
+    *variables = r->variables;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}

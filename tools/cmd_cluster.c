@@ -1,0 +1,265 @@
+/*
+ * cmd_cluster.c - the commands about the job: cluster validate (a cluster
+ * spec, offline) and status (what the coordinator knows). See psctl.h.
+ */
+#include "psctl.h"
+
+#include "cluster.h"
+#include "errors.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- cluster validate ------------------------------------------------- */
+
+/* Prints "worker    2  h1:2222, h2:2222", eliding past four addresses. */
+static void print_role(const ps_cluster *c, enum ps_role r)
+{
+    printf("  %-10s %d", ps_role_name(r), c->n[r]);
+    for (int i = 0; i < c->n[r] && i < 4; i++)
+        printf("%s%s", i == 0 ? "  " : ", ", c->addrs[r][i]);
+    if (c->n[r] > 4)
+        printf(", ... (%d more)", c->n[r] - 4);
+    printf("\n");
+}
+
+int cmd_cluster_validate(const struct command *self, int argc, char **argv)
+{
+    int first;
+    int rc = command_options(self, no_opts, NULL, argc, argv, &first);
+    if (rc >= 0)
+        return rc;
+    if (argc - first > 1) {
+        fprintf(stderr, "psctl: cluster validate takes at most one FILE, "
+                        "got %d arguments\n", argc - first);
+        return EXIT_USAGE;
+    }
+
+    ps_cluster c;
+    char err[1024];
+    const char *source;
+    if (first < argc) {
+        source = argv[first];
+        rc = ps_cluster_load_file(source, &c, err, sizeof err);
+    } else {
+        source = "TF_CONFIG";
+        rc = ps_cluster_from_env(&c, err, sizeof err);
+        if (rc == PS_ENOTFOUND)
+            snprintf(err, sizeof err, "no FILE given and TF_CONFIG is not set");
+    }
+    if (rc != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return EXIT_FAIL;
+    }
+
+    int total = 0;
+    for (int r = 0; r < PS_ROLE_COUNT; r++)
+        total += c.n[r];
+    printf("%s: valid cluster spec, %d task%s\n", source, total,
+           total == 1 ? "" : "s");
+    for (int r = 0; r < PS_ROLE_COUNT; r++)
+        print_role(&c, (enum ps_role)r);
+    if (c.has_task)
+        printf("  task       %s[%d] at %s\n", ps_role_name(c.task_role),
+               c.task_index,
+               ps_cluster_task_address(&c, c.task_role, c.task_index));
+    else
+        printf("  task       (none)\n");
+    if (c.job_id != NULL)
+        printf("  job_id     %s\n", c.job_id);
+    ps_cluster_close(&c);
+    return EXIT_OK;
+}
+
+/* ---- status (the coordinator) ----------------------------------------- */
+
+struct status_cfg {
+    char *coordinator;
+    int64_t timeout_ms;
+    bool watch;
+};
+
+static const ps_opt status_opts[] = {
+    {"coordinator", PS_OPT_STRING, offsetof(struct status_cfg, coordinator),
+     NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
+     DEFAULT_COORDINATOR ")", 0, 0, NULL},
+    {"timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
+     NULL, "deadline of the call (default: 10s); --watch waits forever",
+     1, 3600000, NULL},
+    {"watch", PS_OPT_BOOL, offsetof(struct status_cfg, watch), "false",
+     "print a new block each time the coordinator sends one, until "
+     "interrupted", 0, 0, NULL},
+    {0},
+};
+
+static const char *task_state(const Ps__V1__TaskInfo *t)
+{
+    if (t->alive)
+        return "alive";
+    if (t->incarnation == 0)
+        return "never seen";
+    /* Registered before the coordinator restarted, not heard from since. */
+    if (t->last_heartbeat_age_seconds < 0)
+        return "unknown";
+    return "dead";
+}
+
+static const char *role_label(Ps__V1__Role r)
+{
+    switch (r) {
+    case PS__V1__ROLE__CHIEF:
+        return "chief";
+    case PS__V1__ROLE__WORKER:
+        return "worker";
+    case PS__V1__ROLE__PS:
+        return "ps";
+    case PS__V1__ROLE__EVALUATOR:
+        return "evaluator";
+    default:
+        return "unknown";
+    }
+}
+
+/* One block: the job's lines, then one row per task. */
+static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
+{
+#define ROW(label, ...)                                                     \
+    do {                                                                    \
+        printf("%-16s ", label);                                            \
+        printf(__VA_ARGS__);                                                \
+        printf("\n");                                                       \
+    } while (0)
+    if (stamp) {
+        char when[32];
+        time_t now = time(NULL);
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S",
+                 localtime_r(&now, &tm));
+        ROW("time", "%s", when);
+    }
+    ROW("job", "%s", c->job_id);
+    ROW("epoch", "%" PRIu64, c->epoch);
+    ROW("global step", "%" PRIu64, c->global_step);
+    ROW("workers", "%u/%u live", c->live_workers, c->num_workers);
+    ROW("ps shards", "%u", c->num_ps);
+    if (c->last_checkpoint_path != NULL && c->last_checkpoint_path[0] != '\0')
+        ROW("last checkpoint", "step %" PRIu64 ": %s", c->last_checkpoint_step,
+            c->last_checkpoint_path);
+    else
+        ROW("last checkpoint", "none");
+    if (c->eval_step > 0 || c->eval_accuracy != 0 || c->eval_loss != 0)
+        ROW("evaluation", "accuracy %.4f, loss %.4f at step %" PRIu64,
+            c->eval_accuracy, c->eval_loss, c->eval_step);
+    else
+        ROW("evaluation", "none");
+    size_t split = 0;
+    for (size_t i = 0; i < c->n_placement; i++)
+        split += c->placement[i]->n_parts > 1;
+    if (c->n_placement > 0)
+        ROW("placement", "%zu variable%s over %u ps shards, %zu split",
+            c->n_placement, c->n_placement == 1 ? "" : "s", c->num_ps, split);
+    else
+        ROW("placement", "none yet");
+#undef ROW
+    int aw = (int)strlen("ADDRESS");
+    for (size_t i = 0; i < c->n_tasks; i++) {
+        int n = (int)strlen(c->tasks[i]->address);
+        if (n > aw)
+            aw = n;
+    }
+    printf("\n%-10s %5s  %-*s  %-10s  %10s  %11s  %s\n", "ROLE", "INDEX", aw,
+           "ADDRESS", "STATE", "STEP", "EXAMPLES/S", "HEARTBEAT-AGE");
+    for (size_t i = 0; i < c->n_tasks; i++) {
+        const Ps__V1__TaskInfo *t = c->tasks[i];
+        bool heard = t->incarnation > 0 && t->last_heartbeat_age_seconds >= 0;
+        char step[32] = "-", rate[32] = "-", age[32] = "-";
+        if (heard) {
+            snprintf(step, sizeof step, "%" PRIu64, t->step);
+            snprintf(rate, sizeof rate, "%.1f", t->examples_per_second);
+            human_duration(t->last_heartbeat_age_seconds, age, sizeof age);
+        }
+        printf("%-10s %5u  %-*s  %-10s  %10s  %11s  %s\n",
+               role_label(t->role), t->index, aw,
+               t->address[0] != '\0' ? t->address : "-", task_state(t), step,
+               rate, age);
+    }
+    fflush(stdout);
+}
+
+/* --watch: prints each ClusterState as it comes; a blank line between
+ * blocks. */
+static int on_cluster_msg(void *ctx, const uint8_t *msg, size_t len)
+{
+    int *blocks = ctx;
+    Ps__V1__ClusterState *c = ps__v1__cluster_state__unpack(NULL, len, msg);
+    if (c == NULL) {
+        fprintf(stderr, "psctl: status: the coordinator sent %zu bytes that "
+                "are not a ClusterState\n", len);
+        return 1;
+    }
+    if ((*blocks)++ > 0)
+        printf("\n");
+    print_cluster(c, true);
+    ps__v1__cluster_state__free_unpacked(c, NULL);
+    return 0;
+}
+
+int cmd_status(const struct command *self, int argc, char **argv)
+{
+    struct status_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int npos;
+    struct session s;
+    memset(&s, 0, sizeof s);
+    int rc = parse_command(self, status_opts, &cfg, argc, argv, "", 0, 0,
+                           NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    const char *env = getenv("PSCOORD_ADDR");
+    rc = session_open_at(
+        &s, self, "pscoord", "--coordinator",
+        cfg.coordinator != NULL ? cfg.coordinator
+        : env != NULL && env[0] != '\0' ? env
+                                         : DEFAULT_COORDINATOR,
+        (int)(cfg.timeout_ms > 0 ? cfg.timeout_ms : psctl_global.timeout_ms));
+    if (rc >= 0)
+        goto out;
+    if ((rc = session_probe(&s)) >= 0)
+        goto close;
+    Ps__V1__GetClusterRequest req = PS__V1__GET_CLUSTER_REQUEST__INIT;
+    if (!cfg.watch) {
+        void *resp;
+        rc = session_call(&s, COORD_METHOD("GetCluster"), &req,
+                          &ps__v1__cluster_state__descriptor, &resp);
+        if (rc == 0) {
+            print_cluster(resp, false);
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        goto close;
+    }
+    uint8_t buf[16];
+    size_t len = ps__v1__get_cluster_request__pack(&req, buf);
+    int blocks = 0;
+    ps_rpc_status st;
+    /* No deadline worth the name: a watch lasts until interrupted. */
+    if (ps_rpc_invoke_stream(s.client, COORD_METHOD("WatchCluster"), buf, len,
+                             INT32_MAX, on_cluster_msg, &blocks, &st) == 0) {
+        fprintf(stderr, "psctl: status: the coordinator ended the watch\n");
+    } else if (blocks == 0 && unreachable(&st)) {
+        report_unreachable(&s, &st);
+    } else if (strcmp(st.message, "stopped by the reader") != 0) {
+        report_status(&s, &st);
+    }
+    rc = EXIT_FAIL;
+close:
+    session_close(&s);
+out:
+    ps_conf_free(status_opts, &cfg);
+    return rc;
+}

@@ -1,0 +1,182 @@
+/*
+ * cmd_server.c - the commands about a psd as a whole: checkpoint, restore,
+ * stats, health. See psctl.h.
+ */
+#include "psctl.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- checkpoint, restore ---------------------------------------------- */
+
+struct step_cfg {
+    struct conn_cfg conn;
+    uint64_t step; /* 0: the server chooses */
+};
+
+static const ps_opt checkpoint_opts[] = {
+    {"step", PS_OPT_UINT64, offsetof(struct step_cfg, step), NULL,
+     "global step the checkpoint is named by (default: the highest variable "
+     "version on the server)", 0, 0, NULL},
+    CONN_OPTS(struct step_cfg),
+    {0},
+};
+
+static const ps_opt restore_opts[] = {
+    {"step", PS_OPT_UINT64, offsetof(struct step_cfg, step), NULL,
+     "checkpoint to load (default: the latest complete one)", 0, 0, NULL},
+    CONN_OPTS(struct step_cfg),
+    {0},
+};
+
+static int print_checkpoint(const void *resp)
+{
+    const Ps__V1__CheckpointResponse *r = resp;
+    char human[32];
+    printf("checkpoint step %" PRIu64 ": %s (%s, %" PRIu64 " bytes)\n",
+           r->step, r->path, human_bytes(r->bytes, human, sizeof human),
+           r->bytes);
+    return EXIT_OK;
+}
+
+static int checkpoint_call(struct session *s, const void *cfg)
+{
+    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
+    req.step = ((const struct step_cfg *)cfg)->step;
+    return session_call_print(s, PS_METHOD("Checkpoint"), &req,
+                              &ps__v1__checkpoint_response__descriptor,
+                              print_checkpoint);
+}
+
+int cmd_checkpoint(const struct command *self, int argc, char **argv)
+{
+    return run_server_command(self, argc, argv, checkpoint_opts,
+                              sizeof(struct step_cfg), checkpoint_call);
+}
+
+static int print_restore(const void *resp)
+{
+    const Ps__V1__RestoreResponse *r = resp;
+    printf("restored step %" PRIu64 ": %" PRIu64 " variable%s\n", r->step,
+           r->variables, r->variables == 1 ? "" : "s");
+    return EXIT_OK;
+}
+
+static int restore_call(struct session *s, const void *cfg)
+{
+    Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
+    req.step = ((const struct step_cfg *)cfg)->step;
+    return session_call_print(s, PS_METHOD("Restore"), &req,
+                              &ps__v1__restore_response__descriptor,
+                              print_restore);
+}
+
+int cmd_restore(const struct command *self, int argc, char **argv)
+{
+    return run_server_command(self, argc, argv, restore_opts,
+                              sizeof(struct step_cfg), restore_call);
+}
+
+/* ---- stats, health ---------------------------------------------------- */
+
+static void print_stats(const Ps__V1__StatsResponse *r)
+{
+    char a[32];
+#define ROW(label, fmt, ...) printf("%-22s " fmt "\n", label, __VA_ARGS__)
+    ROW("variables", "%" PRIu64, r->variables);
+    ROW("value bytes", "%s", human_bytes(r->value_bytes, a, sizeof a));
+    ROW("slot bytes", "%s", human_bytes(r->slot_bytes, a, sizeof a));
+    ROW("pushes", "%" PRIu64, r->pushes);
+    ROW("pulls", "%" PRIu64, r->pulls);
+    ROW("bytes received", "%s", human_bytes(r->bytes_received, a, sizeof a));
+    ROW("bytes sent", "%s", human_bytes(r->bytes_sent, a, sizeof a));
+    ROW("stale pushes refused", "%" PRIu64, r->stale_pushes_refused);
+    ROW("nonfinite refused", "%" PRIu64, r->nonfinite_refused);
+    ROW("via shared memory", "%s", human_bytes(r->shm_bytes, a, sizeof a));
+    ROW("shared-memory maps", "%" PRIu64, r->shm_regions);
+    ROW("bad requests", "%" PRIu64, r->bad_requests);
+    ROW("commits", "%" PRIu64, r->commits);
+    ROW("resident", "%s", human_bytes(r->resident_bytes, a, sizeof a));
+    ROW("fixed overhead", "%s",
+        human_bytes(r->fixed_overhead_bytes, a, sizeof a));
+    uint64_t held = r->value_bytes + r->slot_bytes;
+    if (r->variables > 0 && held > 0)
+        ROW("memory ratio", "%.2f (resident - fixed overhead) / (value + "
+            "slot bytes)",
+            ((double)r->resident_bytes - (double)r->fixed_overhead_bytes) /
+                (double)held);
+    ROW("uptime", "%s", human_duration(r->uptime_seconds, a, sizeof a));
+    /* The proto's 0 means "none", but a checkpoint may be at step 0. */
+    if (r->last_checkpoint_step > 0)
+        ROW("last checkpoint step", "%" PRIu64, r->last_checkpoint_step);
+    else
+        ROW("last checkpoint step", "%s", "0 (none, or at step 0)");
+#undef ROW
+}
+
+static int print_stats_resp(const void *resp)
+{
+    print_stats(resp);
+    return EXIT_OK;
+}
+
+static int stats_call(struct session *s, const void *cfg)
+{
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    return session_call_print(s, PS_METHOD("Stats"), &req,
+                              &ps__v1__stats_response__descriptor,
+                              print_stats_resp);
+}
+
+int cmd_stats(const struct command *self, int argc, char **argv)
+{
+    return run_server_command(self, argc, argv, conn_opts,
+                              sizeof(struct conn_only_cfg), stats_call);
+}
+
+struct health_cfg {
+    struct conn_cfg conn;
+    char *service;
+};
+
+static const ps_opt health_opts[] = {
+    {"service", PS_OPT_STRING, offsetof(struct health_cfg, service), NULL,
+     "service to ask about, e.g. ps.v1.ParameterServer (default: the whole "
+     "server)", 0, 0, NULL},
+    CONN_OPTS(struct health_cfg),
+    {0},
+};
+
+int cmd_health(const struct command *self, int argc, char **argv)
+{
+    struct health_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    struct session s;
+    int npos;
+    int rc = parse_command(self, health_opts, &cfg, argc, argv, "", 0, 0,
+                           NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    if ((rc = session_open(&s, self, &cfg.conn)) >= 0)
+        goto out;
+    ps_rpc_status st;
+    bool serving = false;
+    if (ps_rpc_health_check(s.client, cfg.service, probe_ms(&s), &serving,
+                            &st) == 0) {
+        printf("%s\n", serving ? "SERVING" : "NOT_SERVING");
+        rc = serving ? EXIT_OK : EXIT_FAIL;
+    } else {
+        if (unreachable(&st))
+            report_unreachable(&s, &st);
+        else
+            report_status(&s, &st);
+        rc = EXIT_FAIL;
+    }
+    session_close(&s);
+out:
+    ps_conf_free(health_opts, &cfg);
+    return rc;
+}

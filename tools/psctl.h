@@ -1,0 +1,185 @@
+/*
+ * psctl.h - what psctl's files share: the command table's row, the exit
+ * statuses, psctl's own options, the parsing of a command's options and
+ * positionals, the session with the server a command talks to, and the
+ * formatting of numbers.
+ *
+ *   psctl.c        the command table, usage, argument parsing, main
+ *   session.c      connecting to psd or pscoord, the first probe, calls and
+ *                  how their failures are reported
+ *   format.c       bytes, durations, shapes, optimizer and consistency labels
+ *   cmd_var.c      list, show, pull, create (one variable or all of them)
+ *   cmd_server.c   checkpoint, restore, stats, health (the server as a whole)
+ *   cmd_cluster.c  cluster validate, status (the job)
+ *
+ * Threads and lifetime: one thread. psctl_global is set once by main before
+ * a command runs; commands only read it. A session is opened and closed by
+ * the command that uses it.
+ */
+#ifndef PSCTL_H
+#define PSCTL_H
+
+#include "conf.h"
+#include "ps.pb-c.h"
+#include "rpc.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+/* Where psctl looks for psd when neither --server nor $PSD_ADDR says. */
+#define DEFAULT_SERVER "127.0.0.1:7070"
+/* Where status looks for pscoord when neither --coordinator nor
+ * $PSCOORD_ADDR says. */
+#define DEFAULT_COORDINATOR "127.0.0.1:7071"
+/* The first contact's deadline (or --timeout, if shorter): long enough for
+ * a loaded server, or one under valgrind, to answer a health check; short
+ * enough that a mistyped address is reported while the operator waits. */
+#define PROBE_MS 3000
+
+#define PS_METHOD(m) "/ps.v1.ParameterServer/" m
+#define COORD_METHOD(m) "/ps.v1.Coordinator/" m
+
+struct command {
+    const char *words; /* the command, space-separated: "cluster validate" */
+    const char *args;  /* what follows it, for the usage line */
+    const char *help;
+    int (*run)(const struct command *self, int argc, char **argv);
+};
+
+/* The commands, each in the file of its subject. */
+int cmd_list(const struct command *self, int argc, char **argv);
+int cmd_show(const struct command *self, int argc, char **argv);
+int cmd_pull(const struct command *self, int argc, char **argv);
+int cmd_create(const struct command *self, int argc, char **argv);
+int cmd_checkpoint(const struct command *self, int argc, char **argv);
+int cmd_restore(const struct command *self, int argc, char **argv);
+int cmd_stats(const struct command *self, int argc, char **argv);
+int cmd_health(const struct command *self, int argc, char **argv);
+int cmd_cluster_validate(const struct command *self, int argc, char **argv);
+int cmd_status(const struct command *self, int argc, char **argv);
+
+/* Options that come before the command. */
+struct global_cfg {
+    int log_level;      /* an enum ps_log_level */
+    char *server;       /* NULL until main resolves $PSD_ADDR or the default */
+    int64_t timeout_ms; /* each call's deadline */
+};
+
+extern struct global_cfg psctl_global;
+
+/* The connection options every server command also takes after its name;
+ * zero values mean "as psctl's own --server and --timeout say". */
+struct conn_cfg {
+    char *server;
+    int64_t timeout_ms;
+};
+
+#define CONN_OPTS(type)                                                     \
+    {"server", PS_OPT_STRING, offsetof(type, conn.server), NULL,            \
+     "psd to talk to, HOST:PORT (default: $PSD_ADDR, else " DEFAULT_SERVER  \
+     ")", 0, 0, NULL},                                                      \
+    {"timeout", PS_OPT_DURATION_MS, offsetof(type, conn.timeout_ms), NULL,  \
+     "deadline of each call to psd (default: 10s)", 1, 3600000, NULL}
+
+/* A command with no options of its own: it still gets --help. */
+extern const ps_opt no_opts[];
+
+/* list, show, stats: the connection options only. */
+struct conn_only_cfg {
+    struct conn_cfg conn;
+};
+
+extern const ps_opt conn_opts[];
+
+/* ---- psctl.c: parsing a command's arguments ---------------------------- */
+
+/* Parses a command's own options. Returns -1 to go on, or the exit status
+ * (after printing the command's help or its one-line error). */
+int command_options(const struct command *cmd, const ps_opt *opts, void *cfg,
+                    int argc, char **argv, int *first);
+
+/* Parses a command's options wherever they stand among its positional
+ * arguments, then checks that there are between min_pos and max_pos
+ * positionals ("-o" is read as "--output" when the command has that
+ * option). On success returns -1 with pos[0..] set (pointers into argv) and
+ * *npos; otherwise the exit status, after the help or one line on stderr.
+ * `what` names the positionals for "missing ...". */
+int parse_command(const struct command *cmd, const ps_opt *opts, void *cfg,
+                  int argc, char **argv, const char *what, int min_pos,
+                  int max_pos, char **pos, int *npos);
+
+/* ---- session.c: talking to psd (or pscoord) ---------------------------- */
+
+/* One command's connection to one psd (or, for status, to pscoord). */
+struct session {
+    const struct command *cmd;
+    const char *peer;   /* "psd" or "pscoord", for messages */
+    const char *target; /* borrowed from the options */
+    int timeout_ms;
+    ps_rpc_client *client;
+};
+
+/* Makes the client for target ("--server" or "--coordinator", flag says
+ * which, for the message); nothing is sent yet. Returns -1 to go on, or
+ * the exit status after one line on stderr. */
+int session_open_at(struct session *s, const struct command *cmd,
+                    const char *peer, const char *flag, const char *target,
+                    int timeout_ms);
+/* session_open_at for psd: the command's options, else psctl's. */
+int session_open(struct session *s, const struct command *cmd,
+                 const struct conn_cfg *cc);
+void session_close(struct session *s);
+int probe_ms(const struct session *s);
+/* The first contact: a health check with a short deadline. Returns -1 when
+ * something answered, else EXIT_FAIL after "cannot reach". */
+int session_probe(struct session *s);
+/* session_open, then session_probe; the session is closed again unless
+ * -1 (go on) is returned. */
+int session_start(struct session *s, const struct command *cmd,
+                  const struct conn_cfg *cc);
+/* True when a failed first contact means nothing answered at the address. */
+bool unreachable(const ps_rpc_status *st);
+void report_unreachable(const struct session *s, ps_rpc_status *st);
+void report_status(const struct session *s, ps_rpc_status *st);
+/* One unary call with the session's deadline. Returns 0 with *resp set
+ * (free it with protobuf_c_message_free_unpacked), or EXIT_FAIL after the
+ * one-line report of the status. */
+int session_call(struct session *s, const char *method, const void *req,
+                 const ProtobufCMessageDescriptor *desc, void **resp);
+/* session_call, then print(resp) (whose return is returned) and free. */
+int session_call_print(struct session *s, const char *method,
+                       const void *req,
+                       const ProtobufCMessageDescriptor *resp_desc,
+                       int (*print)(const void *resp));
+/* Parses options and positionals, opens the session and probes the server:
+ * the start every server command shares. Returns -1 to go on (the session
+ * is then open), or the exit status. */
+int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
+                   const struct conn_cfg *conn, int argc, char **argv,
+                   const char *what, int min_pos, int max_pos, char **pos,
+                   struct session *s);
+/* A server command without positionals that makes its call(s) in call:
+ * parses opts into a zeroed cfg of cfg_size bytes (which begins with a
+ * struct conn_cfg), opens and probes the session, runs call, closes. */
+int run_server_command(const struct command *self, int argc, char **argv,
+                       const ps_opt *opts, size_t cfg_size,
+                       int (*call)(struct session *s, const void *cfg));
+
+/* ---- format.c ---------------------------------------------------------- */
+
+/* "512 B", "784.0 KiB", "2.3 MiB": bytes as an operator reads them. */
+const char *human_bytes(uint64_t n, char *buf, size_t len);
+/* "42.1 s", "3m 07s", "5h 03m 07s", "2d 05h 03m". */
+const char *human_duration(double seconds, char *buf, size_t len);
+/* "(784, 256)"; "(9 dimensions)" beyond what a tensor holds. */
+const char *shape_text(const int64_t *shape, size_t n, char *buf, size_t len);
+/* The names psctl create takes: "sgd", "nesterov"... */
+const char *optimizer_label(const Ps__V1__Optimizer *o);
+/* "default", "async", "sync(4)", "bounded(2)". */
+const char *consistency_label(const Ps__V1__VariableSpec *sp, char *buf,
+                              size_t len);
+
+#endif

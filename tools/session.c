@@ -1,0 +1,195 @@
+/*
+ * session.c - psctl's connection to the server a command talks to (psd, or
+ * pscoord for status): the address check, the first probe, the calls, and
+ * one line on stderr for each way they fail. See psctl.h.
+ */
+#include "psctl.h"
+
+#include "cluster.h"
+#include "errors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Status messages from gRPC itself may span lines; psctl's errors are one. */
+static void one_line(char *s)
+{
+    for (; *s != '\0'; s++)
+        if (*s == '\n' || *s == '\r')
+            *s = ' ';
+}
+
+static bool target_ok(const char *t)
+{
+    /* gRPC's own schemes ("unix:/run/psd.sock", "dns:///h:7070") pass. */
+    static const char *const schemes[] = {"unix:", "unix-abstract:", "dns:",
+                                          "ipv4:", "ipv6:", NULL};
+    for (int i = 0; schemes[i] != NULL; i++)
+        if (strncmp(t, schemes[i], strlen(schemes[i])) == 0)
+            return t[strlen(schemes[i])] != '\0';
+    char host[256];
+    int port;
+    return ps_addr_split(t, host, sizeof host, &port) == 0;
+}
+
+int session_open_at(struct session *s, const struct command *cmd,
+                    const char *peer, const char *flag, const char *target,
+                    int timeout_ms)
+{
+    memset(s, 0, sizeof *s);
+    s->cmd = cmd;
+    s->peer = peer;
+    s->target = target;
+    s->timeout_ms = timeout_ms;
+    if (!target_ok(s->target)) {
+        fprintf(stderr, "psctl: %s: %s: '%s' is not HOST:PORT (or "
+                "[v6addr]:PORT) with a port in 1..65535\n", cmd->words, flag,
+                s->target);
+        return EXIT_USAGE;
+    }
+    ps_rpc_client_opts o = {.deadline_ms = s->timeout_ms, .max_attempts = 1};
+    int rc = ps_rpc_client_create(s->target, &o, &s->client);
+    if (rc != 0) {
+        fprintf(stderr, "psctl: cannot reach %s at %s: %s\n", s->peer,
+                s->target, ps_strerror(rc));
+        return EXIT_FAIL;
+    }
+    return -1;
+}
+
+/* Picks the address and deadline (the command's options, else psctl's). */
+int session_open(struct session *s, const struct command *cmd,
+                 const struct conn_cfg *cc)
+{
+    return session_open_at(
+        s, cmd, "psd", "--server",
+        cc->server != NULL ? cc->server : psctl_global.server,
+        (int)(cc->timeout_ms > 0 ? cc->timeout_ms : psctl_global.timeout_ms));
+}
+
+void session_close(struct session *s)
+{
+    ps_rpc_client_destroy(s->client);
+    s->client = NULL;
+}
+
+int probe_ms(const struct session *s)
+{
+    return s->timeout_ms < PROBE_MS ? s->timeout_ms : PROBE_MS;
+}
+
+/* True when a failed first contact means nothing answered at the address. */
+bool unreachable(const ps_rpc_status *st)
+{
+    return st->code == PS_RPC_UNAVAILABLE ||
+           st->code == PS_RPC_DEADLINE_EXCEEDED;
+}
+
+void report_unreachable(const struct session *s, ps_rpc_status *st)
+{
+    if (st->code == PS_RPC_DEADLINE_EXCEEDED)
+        snprintf(st->message, sizeof st->message, "no answer within %d ms",
+                 probe_ms(s));
+    one_line(st->message);
+    fprintf(stderr, "psctl: cannot reach %s at %s: %s: %s\n", s->peer,
+            s->target, ps_rpc_code_name(st->code),
+            st->message[0] != '\0' ? st->message : "(no message)");
+}
+
+void report_status(const struct session *s, ps_rpc_status *st)
+{
+    one_line(st->message);
+    fprintf(stderr, "psctl: %s: %s: %s\n", s->cmd->words,
+            ps_rpc_code_name(st->code),
+            st->message[0] != '\0' ? st->message : "(no message)");
+}
+
+/* The first contact: a health check with a short deadline. Returns -1 when
+ * something answered (even a server without the health service, or one
+ * that is NOT_SERVING: its real answer will say why), else EXIT_FAIL after
+ * "cannot reach". */
+int session_probe(struct session *s)
+{
+    ps_rpc_status st;
+    bool serving;
+    if (ps_rpc_health_check(s->client, "", probe_ms(s), &serving, &st) == 0 ||
+        !unreachable(&st))
+        return -1;
+    report_unreachable(s, &st);
+    return EXIT_FAIL;
+}
+
+/* One unary call with the session's deadline. Returns 0 with *resp set
+ * (free it with protobuf_c_message_free_unpacked), or EXIT_FAIL after the
+ * one-line report of the status. */
+int session_call(struct session *s, const char *method,
+                        const void *req, const ProtobufCMessageDescriptor *desc,
+                        void **resp)
+{
+    ps_rpc_status st;
+    if (ps_rpc_invoke_pb(s->client, method, req, desc, resp, s->timeout_ms,
+                         &st) == 0)
+        return 0;
+    report_status(s, &st);
+    return EXIT_FAIL;
+}
+
+int session_start(struct session *s, const struct command *cmd,
+                  const struct conn_cfg *cc)
+{
+    int rc = session_open(s, cmd, cc);
+    if (rc < 0)
+        rc = session_probe(s);
+    if (rc >= 0)
+        session_close(s);
+    return rc;
+}
+
+int session_call_print(struct session *s, const char *method,
+                       const void *req,
+                       const ProtobufCMessageDescriptor *resp_desc,
+                       int (*print)(const void *resp))
+{
+    void *resp;
+    int rc = session_call(s, method, req, resp_desc, &resp);
+    if (rc != 0)
+        return rc;
+    rc = print(resp);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
+                   const struct conn_cfg *conn, int argc, char **argv,
+                   const char *what, int min_pos, int max_pos, char **pos,
+                   struct session *s)
+{
+    int npos = 0;
+    int rc = parse_command(cmd, opts, cfg, argc, argv, what, min_pos, max_pos,
+                           pos, &npos);
+    if (rc >= 0)
+        return rc;
+    return session_start(s, cmd, conn);
+}
+
+int run_server_command(const struct command *self, int argc, char **argv,
+                       const ps_opt *opts, size_t cfg_size,
+                       int (*call)(struct session *s, const void *cfg))
+{
+    void *cfg = calloc(1, cfg_size);
+    if (cfg == NULL) {
+        fprintf(stderr, "psctl: %s: out of memory\n", self->words);
+        return EXIT_FAIL;
+    }
+    struct session s;
+    int rc = server_command(self, opts, cfg, cfg, argc, argv, "", 0, 0, NULL,
+                            &s);
+    if (rc < 0) {
+        rc = call(&s, cfg);
+        session_close(&s);
+    }
+    ps_conf_free(opts, cfg);
+    free(cfg);
+    return rc;
+}
