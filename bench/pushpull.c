@@ -15,10 +15,11 @@
  * At the end it measures TCP again (on a shared host the two can differ
  * widely) and prints psd's Stats, so that its memory overhead is visible.
  *
- * The Push request is encoded by hand once per stream into one buffer; an
- * iteration rewrites only the step and one gradient element, so the client's
- * own work is what ps_rpc_invoke does with the bytes. The Pull response is
- * decoded by hand to a pointer into the response buffer (no copy).
+ * The Push request is encoded once per stream into one buffer (common/wire.h,
+ * psd's own codec); an iteration rewrites only the step and one gradient
+ * element, so the client's own work is what ps_rpc_invoke does with the
+ * bytes. The Pull response is decoded in place to a pointer into the
+ * response buffer (no copy).
  *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
@@ -30,11 +31,11 @@
  */
 #include "buf.h"
 #include "errors.h"
-#include "pbcur.h"
 #include "ps.pb-c.h"
 #include "psclient.h"
 #include "rpc.h"
 #include "shm.h"
+#include "wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -726,20 +727,7 @@ static int psd_stop(struct psd_proc *p)
     return result;
 }
 
-/* ---- hand-written wire format ------------------------------------------- */
-
-/* A varint padded to exactly `width` bytes (continuation bits on the
- * leading zero groups), which every protobuf parser accepts. Lets the step
- * change without moving the gradient, and lets us place the gradient on a
- * float boundary. v must be below 2^(7 width). */
-static void put_varint_fixed(uint8_t *p, uint64_t v, int width)
-{
-    for (int i = 0; i < width - 1; i++) {
-        *p++ = (uint8_t)((v & 0x7f) | 0x80);
-        v >>= 7;
-    }
-    *p = (uint8_t)(v & 0x7f);
-}
+/* ---- the messages, encoded once (common/wire.h) ------------------------- */
 
 /* A PushRequest for one gradient, built once; the gradient bytes are its
  * tail and `grad` points at them. */
@@ -755,165 +743,90 @@ struct push_msg {
 /*
  * PushRequest { worker = 1; step = 2; grads = 3 { Gradient { name = 1;
  *   grad = 2 { Tensor { dtype = 1; shape = 2 (packed); data = 3 } } } } }
- * with data last. The step's width (5..8 bytes) is chosen so that the data
- * starts on a 4-byte boundary of the message (or, with misalign, 2 bytes off
- * one): psd reads the request into an aligned buffer and uses aligned
- * gradient bytes in place, but copies unaligned ones to scratch first.
+ * with data last. The step's width (5..8 bytes, an overlong varint that any
+ * parser reads) is chosen so that the data starts on a 4-byte boundary of
+ * the message (or, with misalign, 2 bytes off one): psd reads the request
+ * into an aligned buffer and uses aligned gradient bytes in place, but
+ * copies unaligned ones to scratch first. An iteration rewrites the step in
+ * place.
  */
 static int push_msg_build(struct push_msg *m, uint32_t worker, const char *name,
                           size_t n, bool misalign)
 {
     size_t nbytes = n * sizeof(float);
-    size_t namelen = strlen(name);
-    size_t shape_len = ps_pb_varint_len(n);
-    size_t tensor_len = 2 + 1 + ps_pb_varint_len(shape_len) + shape_len + 1 +
-                        ps_pb_varint_len(nbytes) + nbytes;
-    size_t grad_len = 1 + ps_pb_varint_len(namelen) + namelen + 1 +
-                      ps_pb_varint_len(tensor_len) + tensor_len;
-    size_t head_wo_step = 1 + ps_pb_varint_len(worker) + 1 + 1 + ps_pb_varint_len(grad_len) +
-                          (grad_len - nbytes);
-    int width = 5;
-    while ((head_wo_step + (size_t)width) % 4 != (misalign ? 2u : 0u))
-        width++;
-    m->len = head_wo_step + (size_t)width + nbytes;
+    int64_t shape[1] = {(int64_t)n};
+    ps_wire_grad_out g = {.name = name, .dtype = PS__V1__DTYPE__DTYPE_FLOAT32,
+                          .shape = shape, .ndim = 1, .nbytes = nbytes};
+    ps_wire_push_out msg = {.worker = worker, .step_width = 5, .grads = &g,
+                            .ngrads = 1};
+    while ((ps_wire_push_len(&msg) - nbytes) % 4 != (misalign ? 2u : 0u))
+        msg.step_width++;
+    m->len = ps_wire_push_len(&msg);
     m->buf = aligned_alloc(64, (m->len + 63) & ~(size_t)63);
     if (m->buf == NULL)
         return -ENOMEM;
-    uint8_t *p = m->buf;
-    *p++ = 0x08; /* worker, varint */
-    p = ps_pb_put_varint(p, worker);
-    *p++ = 0x10; /* step, varint */
-    m->step_at = p;
-    m->step_width = width;
-    put_varint_fixed(p, 0, width);
-    p += width;
-    *p++ = 0x1a; /* grads, length-delimited */
-    p = ps_pb_put_varint(p, grad_len);
-    *p++ = 0x0a; /* Gradient.name */
-    p = ps_pb_put_varint(p, namelen);
-    memcpy(p, name, namelen);
-    p += namelen;
-    *p++ = 0x12; /* Gradient.grad */
-    p = ps_pb_put_varint(p, tensor_len);
-    *p++ = 0x08; /* Tensor.dtype = FLOAT32 */
-    *p++ = 0x01;
-    *p++ = 0x12; /* Tensor.shape, packed */
-    p = ps_pb_put_varint(p, shape_len);
-    p = ps_pb_put_varint(p, n);
-    *p++ = 0x1a; /* Tensor.data */
-    p = ps_pb_put_varint(p, nbytes);
-    if ((size_t)(p - m->buf) + nbytes != m->len) {
-        free(m->buf);
-        m->buf = NULL;
-        return PS_EINVAL_ARG;
-    }
+    uint8_t *p = ps_wire_push_put(m->buf, &msg); /* up to the data */
+    m->step_at = m->buf + ps_wire_push_step_at(&msg);
+    m->step_width = msg.step_width;
     m->grad = (float *)(void *)p;
     m->n = n;
     /* Small, finite, and not all equal, so SGD keeps the value finite. */
     for (size_t i = 0; i < n; i++) {
-        float g = 1e-3f * (float)((i % 17) + 1);
-        memcpy(p + i * sizeof g, &g, sizeof g);
+        float x = 1e-3f * (float)((i % 17) + 1);
+        memcpy(p + i * sizeof x, &x, sizeof x);
     }
     return 0;
 }
 
 /* PullRequest { items = 1 { PullItem { name = 1 } } } (min_version 0). */
-static size_t pull_req_build(uint8_t *buf, const char *name)
+static size_t pull_req_build(uint8_t *buf, size_t cap, const char *name)
 {
-    size_t namelen = strlen(name);
-    uint8_t *p = buf;
-    *p++ = 0x0a;
-    p = ps_pb_put_varint(p, 1 + ps_pb_varint_len(namelen) + namelen);
-    *p++ = 0x0a;
-    p = ps_pb_put_varint(p, namelen);
-    memcpy(p, name, namelen);
-    return (size_t)(p + namelen - buf);
+    Ps__V1__PullItem item = PS__V1__PULL_ITEM__INIT, *items[1] = {&item};
+    Ps__V1__PullRequest req = PS__V1__PULL_REQUEST__INIT;
+    item.name = (char *)name;
+    req.items = items;
+    req.n_items = 1;
+    if (ps__v1__pull_request__get_packed_size(&req) > cap)
+        return 0;
+    return ps__v1__pull_request__pack(&req, buf);
 }
 
-struct cursor {
-    const uint8_t *p, *end;
+/* What pull_resp_decode finds: the value's version and its bytes. */
+struct pull_seen {
+    uint64_t version;
+    const uint8_t *data;
+    size_t nbytes;
 };
 
-static int get_varint(struct cursor *c, uint64_t *out)
+static int pull_seen_value(void *ctx, enum ps_wire_event ev, ps_wire_value *v,
+                           char *err, size_t errlen)
 {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && c->p < c->end; shift += 7) {
-        uint8_t b = *c->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
+    struct pull_seen *ps = ctx;
+    (void)err;
+    (void)errlen;
+    if (ev == PS_WIRE_DATA)
+        ps->nbytes = ps_wire_bytes_peek(&v->data, &ps->data);
+    else if (ev == PS_WIRE_END)
+        ps->version = v->version;
+    return 0;
 }
 
-/* Reads one field: its number, and for a length-delimited one the bytes in
- * sub; other wire types are skipped. */
-static int next_field(struct cursor *c, int *field, int *wt, struct cursor *sub,
-                      uint64_t *val)
-{
-    uint64_t key, v;
-    if (get_varint(c, &key) != 0)
-        return -1;
-    *field = (int)(key >> 3);
-    *wt = (int)(key & 7);
-    switch (*wt) {
-    case 0:
-        return get_varint(c, val);
-    case 1:
-    case 5: {
-        size_t k = *wt == 1 ? 8 : 4;
-        if ((size_t)(c->end - c->p) < k)
-            return -1;
-        c->p += k;
-        return 0;
-    }
-    case 2:
-        if (get_varint(c, &v) != 0 || v > (uint64_t)(c->end - c->p))
-            return -1;
-        sub->p = c->p;
-        sub->end = c->p + v;
-        c->p += v;
-        return 0;
-    default:
-        return -1;
-    }
-}
-
-/* The first value of a PullResponse: its version and a pointer to its data
+/* The one value of a PullResponse: its version and a pointer to its data
  * inside buf (valid while buf is). */
 static int pull_resp_decode(const uint8_t *buf, size_t len, uint64_t *version,
                             const uint8_t **data, size_t *nbytes)
 {
-    struct cursor c = {buf, buf + len}, vv, t, sub;
-    int field, wt;
-    uint64_t v;
-    *data = NULL;
-    while (c.p < c.end) {
-        if (next_field(&c, &field, &wt, &vv, &v) != 0)
-            return PS_EPARSE;
-        if (field != 1 || wt != 2)
-            continue;
-        while (vv.p < vv.end) {
-            if (next_field(&vv, &field, &wt, &t, &v) != 0)
-                return PS_EPARSE;
-            if (field == 2 && wt == 0)
-                *version = v;
-            if (field != 3 || wt != 2)
-                continue;
-            while (t.p < t.end) {
-                if (next_field(&t, &field, &wt, &sub, &v) != 0)
-                    return PS_EPARSE;
-                if (field == 3 && wt == 2) {
-                    *data = sub.p;
-                    *nbytes = (size_t)(sub.end - sub.p);
-                }
-            }
-        }
-        return *data != NULL ? 0 : PS_EPARSE;
-    }
-    return PS_EPARSE;
+    struct ps_piece one = {buf, len};
+    struct pull_seen seen = {0, NULL, 0};
+    char err[128];
+    int rc = ps_wire_values_decode(&one, 1, false, 1, NULL, 0, pull_seen_value,
+                                   &seen, err, sizeof err);
+    if (rc != 0 || seen.data == NULL)
+        return PS_EPARSE;
+    *version = seen.version;
+    *data = seen.data;
+    *nbytes = seen.nbytes;
+    return 0;
 }
 
 /* ---- one case: streams x size ------------------------------------------- */
@@ -1025,7 +938,7 @@ static int stream_setup(struct stream *s)
     if ((rc = push_msg_build(&s->pm, (uint32_t)s->idx, s->name, n,
                              bc->o->misalign)) != 0)
         return fail(s, rc, "encoding the push", NULL);
-    s->pull_req_len = pull_req_build(s->pull_req, s->name);
+    s->pull_req_len = pull_req_build(s->pull_req, sizeof s->pull_req, s->name);
     if (!bc->o->raw) {
         if ((rc = ps_client_create(target, &co, &s->pc)) != 0)
             return fail(s, rc, "psclient", NULL);
@@ -1063,8 +976,8 @@ static int stream_setup(struct stream *s)
 static void push_msg_update(struct stream *s)
 {
     s->step++;
-    put_varint_fixed(s->pm.step_at, s->step & ((1ull << (7 * 5)) - 1),
-                     s->pm.step_width);
+    ps_wire_put_varint_fixed(s->pm.step_at, s->step & ((1ull << (7 * 5)) - 1),
+                             s->pm.step_width);
     float g = 1e-3f * (float)((s->step % 13) + 1);
     memcpy(&s->pm.grad[s->step % s->pm.n], &g, sizeof g);
 }

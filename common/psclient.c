@@ -2,10 +2,10 @@
 
 #include "buf.h"
 #include "errors.h"
-#include "pbcur.h"
 #include "log.h"
 #include "ps.pb-c.h"
 #include "shm.h"
+#include "wire.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -64,18 +64,18 @@ static bool shm_refused(ps_client *c, int rc, const ps_rpc_status *st)
 
 static size_t shmref_len(const ps_shm *m, uint64_t off, uint64_t len)
 {
-    return ps_shm_ref_len(ps_shm_name(m), off, len);
+    return ps_wire_shm_ref_len(ps_shm_name(m), off, len);
 }
 
 static uint8_t *put_shmref(uint8_t *p, int field, const ps_shm *m, uint64_t off,
                            uint64_t len)
 {
-    return ps_shm_ref_put(p, field, ps_shm_name(m), off, len);
+    return ps_wire_shm_ref_put(p, field, ps_shm_name(m), off, len);
 }
 
 static size_t field_len(size_t len)
 {
-    return 1 + ps_pb_varint_len(len) + len;
+    return 1 + ps_wire_varint_len(len) + len;
 }
 
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
@@ -149,14 +149,14 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
     size_t nl = strlen(it->name), bytes = it->n * sizeof(float);
     size_t sl = 0;
     for (int d = 0; d < it->ndim; d++)
-        sl += ps_pb_varint_len((uint64_t)it->shape[d]);
-    size_t shape_part = it->ndim > 0 ? 1 + ps_pb_varint_len(sl) + sl : 0;
+        sl += ps_wire_varint_len((uint64_t)it->shape[d]);
+    size_t shape_part = it->ndim > 0 ? 1 + ps_wire_varint_len(sl) + sl : 0;
     for (size_t pad = 0; pad < 8; pad++) {
-        size_t tl = 1 + (1 + pad) + shape_part + 1 + ps_pb_varint_len(bytes) + bytes;
-        size_t gl = 1 + ps_pb_varint_len(nl) + nl + 1 + ps_pb_varint_len(tl) + tl;
-        size_t data_off = off + 1 + ps_pb_varint_len(gl) + 1 + ps_pb_varint_len(nl) + nl + 1 +
-                          ps_pb_varint_len(tl) + tl - bytes;
-        *L = (struct grad_layout){pad, sl, tl, gl, 1 + ps_pb_varint_len(gl) + gl};
+        size_t tl = 1 + (1 + pad) + shape_part + 1 + ps_wire_varint_len(bytes) + bytes;
+        size_t gl = 1 + ps_wire_varint_len(nl) + nl + 1 + ps_wire_varint_len(tl) + tl;
+        size_t data_off = off + 1 + ps_wire_varint_len(gl) + 1 + ps_wire_varint_len(nl) + nl + 1 +
+                          ps_wire_varint_len(tl) + tl - bytes;
+        *L = (struct grad_layout){pad, sl, tl, gl, 1 + ps_wire_varint_len(gl) + gl};
         if (data_off % 4 == 0)
             return;
     }
@@ -167,7 +167,7 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
 static size_t push_len(uint32_t worker, uint64_t step,
                        const ps_client_item *items, size_t n, bool return_values)
 {
-    size_t total = 1 + ps_pb_varint_len(worker) + 1 + ps_pb_varint_len(step);
+    size_t total = 1 + ps_wire_varint_len(worker) + 1 + ps_wire_varint_len(step);
     for (size_t i = 0; i < n; i++) {
         struct grad_layout L;
         layout(&items[i], total, &L);
@@ -189,9 +189,9 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
     int np = 0;
     uint8_t *start = p;
     *p++ = (1 << 3) | 0;
-    p = ps_pb_put_varint(p, worker);
+    p = ps_wire_put_varint(p, worker);
     *p++ = (2 << 3) | 0;
-    p = ps_pb_put_varint(p, step);
+    p = ps_wire_put_varint(p, step);
     for (size_t i = 0; i < n; i++) {
         const ps_client_item *it = &items[i];
         struct grad_layout L;
@@ -199,13 +199,13 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         size_t nl = strlen(it->name);
         size_t bytes = it->n * sizeof(float);
         *p++ = (3 << 3) | 2;
-        p = ps_pb_put_varint(p, L.gl);
+        p = ps_wire_put_varint(p, L.gl);
         *p++ = (1 << 3) | 2;
-        p = ps_pb_put_varint(p, nl);
+        p = ps_wire_put_varint(p, nl);
         memcpy(p, it->name, nl);
         p += nl;
         *p++ = (2 << 3) | 2;
-        p = ps_pb_put_varint(p, L.tl);
+        p = ps_wire_put_varint(p, L.tl);
         *p++ = (1 << 3) | 0;
         /* DTYPE_FLOAT32 (1), overlong by L.pad bytes: 0x81 0x80.. 0x00. */
         if (L.pad == 0) {
@@ -218,12 +218,12 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         }
         if (it->ndim > 0) {
             *p++ = (2 << 3) | 2;
-            p = ps_pb_put_varint(p, L.shape_len);
+            p = ps_wire_put_varint(p, L.shape_len);
             for (int d = 0; d < it->ndim; d++)
-                p = ps_pb_put_varint(p, (uint64_t)it->shape[d]);
+                p = ps_wire_put_varint(p, (uint64_t)it->shape[d]);
         }
         *p++ = (3 << 3) | 2;
-        p = ps_pb_put_varint(p, bytes);
+        p = ps_wire_put_varint(p, bytes);
         if (parts != NULL && it->msg != NULL && bytes > 0) {
             parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
             parts[np++] = (ps_rpc_part){it->data, bytes, ps_rpc_msg_release, it->msg};
@@ -257,18 +257,17 @@ int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
     return 0;
 }
 
-/* What decode_pieces expects: n values in field `field` (PullResponse 1,
- * PushResponse 2) copied into items, and for a PushResponse nversions
- * versions in field 1. */
+/* What decode_pieces expects: n values copied into items, and for a
+ * PushResponse (versions not NULL) nversions versions. */
 struct pull_ctx {
     const ps_client *c;      /* for values written into its shared memory */
     ps_client_item *items;
     size_t n;
-    int field;
     uint64_t *versions;
     size_t nversions;
     char *err;
     size_t errlen;
+    bool have_data;          /* the value being decoded has had its data */
 };
 
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np);
@@ -279,7 +278,7 @@ static size_t shm_tensor_len(const ps_client *c, const ps_client_item *it)
     uint64_t off;
     size_t sl = 0, bytes = it->n * sizeof(float);
     for (int d = 0; d < it->ndim; d++)
-        sl += ps_pb_varint_len((uint64_t)it->shape[d]);
+        sl += ps_wire_varint_len((uint64_t)it->shape[d]);
     size_t tl = 2 + (it->ndim > 0 ? field_len(sl) : 0);
     if (by_ref(c, it->data, it->n, &off))
         return tl + field_len(shmref_len(c->shm, off, bytes));
@@ -302,7 +301,7 @@ static int push_encode_shm(ps_client *c, uint32_t worker, uint64_t step,
                            const ps_client_item *items, const ps_client_item *pulls,
                            size_t n, ps_rpc_msg **out)
 {
-    size_t total = 1 + ps_pb_varint_len(worker) + 1 + ps_pb_varint_len(step) +
+    size_t total = 1 + ps_wire_varint_len(worker) + 1 + ps_wire_varint_len(step) +
                    (pulls ? 2 : 0);
     for (size_t i = 0; i < n; i++)
         total += field_len(shm_grad_len(c, &items[i], pulls ? &pulls[i] : NULL));
@@ -311,36 +310,36 @@ static int push_encode_shm(ps_client *c, uint32_t worker, uint64_t step,
         return -ENOMEM;
     uint8_t *p = ps_rpc_msg_data(m);
     *p++ = (1 << 3) | 0;
-    p = ps_pb_put_varint(p, worker);
+    p = ps_wire_put_varint(p, worker);
     *p++ = (2 << 3) | 0;
-    p = ps_pb_put_varint(p, step);
+    p = ps_wire_put_varint(p, step);
     for (size_t i = 0; i < n; i++) {
         const ps_client_item *it = &items[i];
         size_t nl = strlen(it->name), bytes = it->n * sizeof(float), sl = 0;
         uint64_t off;
         *p++ = (3 << 3) | 2;
-        p = ps_pb_put_varint(p, shm_grad_len(c, it, pulls ? &pulls[i] : NULL));
+        p = ps_wire_put_varint(p, shm_grad_len(c, it, pulls ? &pulls[i] : NULL));
         *p++ = (1 << 3) | 2;
-        p = ps_pb_put_varint(p, nl);
+        p = ps_wire_put_varint(p, nl);
         memcpy(p, it->name, nl);
         p += nl;
         *p++ = (2 << 3) | 2;
-        p = ps_pb_put_varint(p, shm_tensor_len(c, it));
+        p = ps_wire_put_varint(p, shm_tensor_len(c, it));
         *p++ = (1 << 3) | 0;
         *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
         for (int d = 0; d < it->ndim; d++)
-            sl += ps_pb_varint_len((uint64_t)it->shape[d]);
+            sl += ps_wire_varint_len((uint64_t)it->shape[d]);
         if (it->ndim > 0) {
             *p++ = (2 << 3) | 2;
-            p = ps_pb_put_varint(p, sl);
+            p = ps_wire_put_varint(p, sl);
             for (int d = 0; d < it->ndim; d++)
-                p = ps_pb_put_varint(p, (uint64_t)it->shape[d]);
+                p = ps_wire_put_varint(p, (uint64_t)it->shape[d]);
         }
         if (by_ref(c, it->data, it->n, &off)) {
             p = put_shmref(p, 4, c->shm, off, bytes);
         } else {
             *p++ = (3 << 3) | 2;
-            p = ps_pb_put_varint(p, bytes);
+            p = ps_wire_put_varint(p, bytes);
             memcpy(p, it->data, bytes);
             p += bytes;
         }
@@ -391,7 +390,7 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     if (versions == NULL)
         return -ENOMEM;
     char err[256] = "";
-    struct pull_ctx pc = {c, pulls, rv ? n : 0, 2, versions, n, err, sizeof err};
+    struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
     int rc;
 again:
     if (push_uses_shm(c, items, pulls, n)) {
@@ -459,7 +458,7 @@ static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
     uint64_t off;
     size_t il = field_len(strlen(it->name));
     if (it->min_version)
-        il += 1 + ps_pb_varint_len(it->min_version);
+        il += 1 + ps_wire_varint_len(it->min_version);
     if (c != NULL && by_ref(c, it->data, it->n, &off))
         il += field_len(shmref_len(c->shm, off, it->n * sizeof(float)));
     return il;
@@ -479,14 +478,14 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
         size_t nl = strlen(items[i].name);
         uint64_t off;
         *p++ = (1 << 3) | 2;
-        p = ps_pb_put_varint(p, pull_item_len(c, &items[i]));
+        p = ps_wire_put_varint(p, pull_item_len(c, &items[i]));
         *p++ = (1 << 3) | 2;
-        p = ps_pb_put_varint(p, nl);
+        p = ps_wire_put_varint(p, nl);
         memcpy(p, items[i].name, nl);
         p += nl;
         if (items[i].min_version) {
             *p++ = (2 << 3) | 0;
-            p = ps_pb_put_varint(p, items[i].min_version);
+            p = ps_wire_put_varint(p, items[i].min_version);
         }
         if (c != NULL && by_ref(c, items[i].data, items[i].n, &off))
             p = put_shmref(p, 3, c->shm, off, items[i].n * sizeof(float));
@@ -495,150 +494,73 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
     return 0;
 }
 
+/* What decode_pieces does with each value as the decoder meets it: checks
+ * it against the item in its place and copies its data straight into the
+ * caller's block (the one copy). */
+static int on_value(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *err,
+                    size_t errlen)
+{
+    struct pull_ctx *pc = ctx;
+    ps_client_item *it = &pc->items[v->index];
+    size_t bytes = it->n * sizeof(float);
+    uint64_t want;
+    switch (ev) {
+    case PS_WIRE_DATA:
+        if (v->data.left != bytes) {
+            snprintf(err, errlen, "variable '%s' has %zu elements on the server, "
+                     "the model expects %zu", it->name, v->data.left / sizeof(float),
+                     it->n);
+            return PS_ESHAPE;
+        }
+        ps_wire_bytes_take(&v->data, it->data, bytes);
+        pc->have_data = true;
+        return 0;
+    case PS_WIRE_SHM:
+        /* psd wrote the value into our shared memory: it must say where we
+         * asked. */
+        if (pc->c == NULL || pc->c->shm == NULL ||
+            !ps_shm_contains(pc->c->shm, it->data, bytes, &want) ||
+            strcmp(v->shm.name, ps_shm_name(pc->c->shm)) != 0 ||
+            v->shm.offset != want || v->shm.length != bytes) {
+            snprintf(err, errlen, "variable '%s': psd wrote the value into shared "
+                     "memory not asked for", it->name);
+            return PS_EPARSE;
+        }
+        pc->have_data = true;
+        return 0;
+    case PS_WIRE_END:
+        break;
+    }
+    bool had = pc->have_data;
+    pc->have_data = false;
+    if (v->name_len != strlen(it->name) || memcmp(v->name, it->name, v->name_len) != 0) {
+        snprintf(err, errlen, "%s: value %zu is '%.*s', expected '%s'",
+                 pc->versions ? "Push" : "Pull", v->index, (int)v->name_len, v->name,
+                 it->name);
+        return PS_EPARSE;
+    }
+    if (!had && it->n != 0) {
+        snprintf(err, errlen, "variable '%s' has 0 elements on the server, the "
+                 "model expects %zu", it->name, it->n);
+        return PS_ESHAPE;
+    }
+    it->version = v->version;
+    return 0;
+}
+
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 {
     struct pull_ctx *pc = ctx;
-    ps_client_item *items = pc->items;
-    size_t n = pc->n;
-    ps_pbcur c;
-    ps_pbcur_init(&c, pieces, np);
-    size_t k = 0, kv = 0;
-    const char *what = pc->versions ? "Push" : "Pull";
-    while (c.left > 0) {
-        uint64_t key;
-        if (ps_pbcur_varint(&c, &key) != 0)
-            goto bad;
-        if (pc->versions != NULL && key == ((1 << 3) | 2)) { /* packed */
-            ps_pbcur vs;
-            if (ps_pbcur_sub(&c, &vs) != 0)
-                goto bad;
-            uint64_t v;
-            while (vs.left > 0) {
-                if (ps_pbcur_varint(&vs, &v) != 0 || kv >= pc->nversions)
-                    goto bad;
-                pc->versions[kv++] = v;
-            }
-            continue;
-        }
-        if (pc->versions != NULL && key == ((1 << 3) | 0)) {
-            uint64_t v;
-            if (ps_pbcur_varint(&c, &v) != 0 || kv >= pc->nversions)
-                goto bad;
-            pc->versions[kv++] = v;
-            continue;
-        }
-        if (key != (uint64_t)((pc->field << 3) | 2)) {
-            if (ps_pbcur_skip(&c, (int)(key & 7)) != 0)
-                goto bad;
-            continue;
-        }
-        ps_pbcur vv;
-        if (ps_pbcur_sub(&c, &vv) != 0)
-            goto bad;
-        if (k >= n) {
-            snprintf(pc->err, pc->errlen, "%s: more values than requested", what);
-            return PS_EPARSE;
-        }
-        ps_client_item *it = &items[k];
-        char name[256];
-        size_t name_len = 0;
-        bool have_data = false;
-        uint64_t version = 0;
-        while (vv.left > 0) {
-            if (ps_pbcur_varint(&vv, &key) != 0)
-                goto bad;
-            if (key == ((1 << 3) | 2)) {
-                ps_pbcur s;
-                if (ps_pbcur_sub(&vv, &s) != 0 || s.left >= sizeof name)
-                    goto bad;
-                name_len = s.left;
-                if (ps_pbcur_take(&s, (uint8_t *)name, name_len) != 0)
-                    goto bad;
-            } else if (key == ((2 << 3) | 0)) {
-                if (ps_pbcur_varint(&vv, &version) != 0)
-                    goto bad;
-            } else if (key == ((3 << 3) | 2)) {
-                ps_pbcur t;
-                if (ps_pbcur_sub(&vv, &t) != 0)
-                    goto bad;
-                while (t.left > 0) {
-                    if (ps_pbcur_varint(&t, &key) != 0)
-                        goto bad;
-                    if (key == ((3 << 3) | 2)) {
-                        ps_pbcur d;
-                        if (ps_pbcur_sub(&t, &d) != 0)
-                            goto bad;
-                        if (d.left != it->n * sizeof(float)) {
-                            snprintf(pc->err, pc->errlen, "variable '%s' has %zu "
-                                     "elements on the server, the model expects %zu",
-                                     it->name, d.left / sizeof(float), it->n);
-                            return PS_ESHAPE;
-                        }
-                        /* The one copy: straight into the caller's block. */
-                        if (ps_pbcur_take(&d, (uint8_t *)it->data, d.left) != 0)
-                            goto bad;
-                        have_data = true;
-                    } else if (key == ((4 << 3) | 2)) {
-                        /* psd wrote the value into our shared memory: it
-                         * must say where we asked. */
-                        ps_pbcur r;
-                        char rn[PS_SHM_NAME_MAX];
-                        size_t rnl;
-                        uint64_t roff, rlen, want;
-                        if (ps_pbcur_sub(&t, &r) != 0 ||
-                            ps_shm_ref_decode(&r, rn, sizeof rn, &rnl, &roff, &rlen) != NULL)
-                            goto bad;
-                        if (pc->c == NULL || pc->c->shm == NULL ||
-                            !ps_shm_contains(pc->c->shm, it->data, it->n * sizeof(float),
-                                             &want) ||
-                            strcmp(rn, ps_shm_name(pc->c->shm)) != 0 || roff != want ||
-                            rlen != it->n * sizeof(float)) {
-                            snprintf(pc->err, pc->errlen, "variable '%s': psd wrote "
-                                     "the value into shared memory not asked for",
-                                     it->name);
-                            return PS_EPARSE;
-                        }
-                        have_data = true;
-                    } else if (ps_pbcur_skip(&t, (int)(key & 7)) != 0) {
-                        goto bad;
-                    }
-                }
-            } else if (ps_pbcur_skip(&vv, (int)(key & 7)) != 0) {
-                goto bad;
-            }
-        }
-        if (name_len != strlen(it->name) || memcmp(name, it->name, name_len) != 0) {
-            snprintf(pc->err, pc->errlen, "%s: value %zu is '%.*s', expected '%s'",
-                     what, k, (int)name_len, name, it->name);
-            return PS_EPARSE;
-        }
-        if (!have_data && it->n != 0) {
-            snprintf(pc->err, pc->errlen, "variable '%s' has 0 elements on the "
-                     "server, the model expects %zu", it->name, it->n);
-            return PS_ESHAPE;
-        }
-        it->version = version;
-        k++;
-    }
-    if (k != n) {
-        snprintf(pc->err, pc->errlen, "%s: %zu values for %zu items", what, k, n);
-        return PS_EPARSE;
-    }
-    if (pc->versions != NULL && kv != pc->nversions) {
-        snprintf(pc->err, pc->errlen, "Push: %zu versions for %zu gradients", kv,
-                 pc->nversions);
-        return PS_EPARSE;
-    }
-    return 0;
-bad:
-    snprintf(pc->err, pc->errlen, "%s: the response does not parse", what);
-    return PS_EPARSE;
+    pc->have_data = false;
+    return ps_wire_values_decode(pieces, np, pc->versions != NULL, pc->n,
+                                 pc->versions, pc->nversions, on_value, pc,
+                                 pc->err, pc->errlen);
 }
 
 int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
                           ps_client_item *items, size_t n, char *err, size_t errlen)
 {
-    struct pull_ctx pc = {NULL, items, n, 1, NULL, 0, err, errlen};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
     return decode_pieces(&pc, pieces, np);
 }
 
@@ -646,7 +568,7 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {
     struct ps_piece one = {buf, len};
-    struct pull_ctx pc = {NULL, items, n, 1, NULL, 0, err, errlen};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
     return decode_pieces(&pc, &one, 1);
 }
 
@@ -659,7 +581,7 @@ again:
     if (rc != 0)
         return rc;
     char err[256] = "";
-    struct pull_ctx pc = {c, items, n, 1, NULL, 0, err, sizeof err};
+    struct pull_ctx pc = {c, items, n, NULL, 0, err, sizeof err, false};
     ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
     if (m == NULL)
         return -ENOMEM;

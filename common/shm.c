@@ -1,7 +1,5 @@
 #include "shm.h"
 
-#include "pbcur.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -132,68 +130,6 @@ int ps_shm_parse_name(const char *name, char *path, size_t pathlen,
     snprintf(path, pathlen, "/proc/%d/fd/%d", *pid, fd);
     snprintf(memfd_name, memfd_len, "/memfd:%s", tag);
     return 0;
-}
-
-size_t ps_shm_ref_len(const char *name, uint64_t offset, uint64_t length)
-{
-    size_t nl = strlen(name);
-    return 1 + ps_pb_varint_len(nl) + nl +
-           (offset ? 1 + ps_pb_varint_len(offset) : 0) +
-           (length ? 1 + ps_pb_varint_len(length) : 0);
-}
-
-uint8_t *ps_shm_ref_put(uint8_t *p, int field, const char *name, uint64_t offset,
-                        uint64_t length)
-{
-    size_t nl = strlen(name);
-    *p++ = (uint8_t)((field << 3) | 2);
-    p = ps_pb_put_varint(p, ps_shm_ref_len(name, offset, length));
-    *p++ = (1 << 3) | 2;
-    p = ps_pb_put_varint(p, nl);
-    memcpy(p, name, nl);
-    p += nl;
-    if (offset) {
-        *p++ = (2 << 3) | 0;
-        p = ps_pb_put_varint(p, offset);
-    }
-    if (length) {
-        *p++ = (3 << 3) | 0;
-        p = ps_pb_put_varint(p, length);
-    }
-    return p;
-}
-
-const char *ps_shm_ref_decode(ps_pbcur *c, char *name, size_t namecap,
-                              size_t *name_len, uint64_t *offset, uint64_t *length)
-{
-    name[0] = '\0';
-    *name_len = 0;
-    *offset = *length = 0;
-    while (c->left > 0) {
-        uint64_t key;
-        if (ps_pbcur_varint(c, &key) != 0)
-            return "ShmRef: truncated field key";
-        int field = (int)(key >> 3), wt = (int)(key & 7);
-        if (field == 1 && wt == PS_WT_LEN) {
-            ps_pbcur s;
-            if (ps_pbcur_sub(c, &s) != 0)
-                return "ShmRef.name: length past the end";
-            *name_len = s.left;
-            size_t keep = s.left < namecap - 1 ? s.left : namecap - 1;
-            if (ps_pbcur_take(&s, name, keep) != 0)
-                return "ShmRef.name: length past the end";
-            name[keep] = '\0';
-        } else if (field == 2 && wt == PS_WT_VARINT) {
-            if (ps_pbcur_varint(c, offset) != 0)
-                return "ShmRef.offset: truncated varint";
-        } else if (field == 3 && wt == PS_WT_VARINT) {
-            if (ps_pbcur_varint(c, length) != 0)
-                return "ShmRef.length: truncated varint";
-        } else if (ps_pbcur_skip(c, wt) != 0) {
-            return "ShmRef: malformed unknown field";
-        }
-    }
-    return NULL;
 }
 
 /* a is a loopback address, or the same address as one of the interfaces'. */

@@ -53,17 +53,4 @@ int ps_shm_parse_name(const char *name, char *path, size_t pathlen,
  * block on DNS). Where it is, a client may try shared memory with it. */
 bool ps_shm_target_is_local(const char *target);
 
-/* ps.v1.ShmRef on the wire, for the hand-written codecs of both sides: its
- * encoded length, and the field `field` holding it written at p (returns
- * the end). */
-size_t ps_shm_ref_len(const char *name, uint64_t offset, uint64_t length);
-uint8_t *ps_shm_ref_put(uint8_t *p, int field, const char *name, uint64_t offset,
-                        uint64_t length);
-/* Decodes a ShmRef's bytes (the cursor over them, which it consumes): up to
- * namecap - 1 bytes of the name, NUL-terminated, and its full length in
- * *name_len. Returns NULL or what is wrong. */
-struct ps_pbcur;
-const char *ps_shm_ref_decode(struct ps_pbcur *c, char *name, size_t namecap,
-                              size_t *name_len, uint64_t *offset, uint64_t *length);
-
 #endif

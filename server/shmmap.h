@@ -17,19 +17,15 @@
 #define PSD_SHMMAP_H
 
 #include "shm.h"
+#include "wire.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct psd_shmmap psd_shmmap;
 
-/* A reference as a request gave it. */
-typedef struct psd_shm_ref {
-    char name[PS_SHM_NAME_MAX];
-    size_t name_len;   /* on the wire (a longer name is refused by it) */
-    uint64_t offset, length;
-    int set;
-} psd_shm_ref;
+/* A reference as a request gave it (common/wire.h). */
+typedef ps_wire_shm_ref psd_shm_ref;
 
 int psd_shmmap_create(psd_shmmap **out);
 void psd_shmmap_destroy(psd_shmmap *m);

@@ -64,33 +64,41 @@ static const struct fuzz_var fuzz_vars[] = {
 };
 #define FUZZ_NVARS (sizeof fuzz_vars / sizeof fuzz_vars[0])
 
-/* Fills spec (and the optimizer, initializer and shape it points to, which
- * the caller provides) for fuzz_vars[i]. */
-static inline void fuzz_var_spec(size_t i, Ps__V1__VariableSpec *spec,
-                                 Ps__V1__Optimizer *opt,
-                                 Ps__V1__Initializer *init, int64_t *shape)
+/* The CreateVariable request of fuzz_vars[i], with everything it points
+ * to, in one struct the caller provides. */
+struct fuzz_create {
+    Ps__V1__CreateVariableRequest req;
+    Ps__V1__VariableSpec spec;
+    Ps__V1__Optimizer opt;
+    Ps__V1__Initializer init;
+    int64_t shape[2];
+};
+
+static inline void fuzz_create_request(size_t i, struct fuzz_create *c)
 {
     const struct fuzz_var *v = &fuzz_vars[i];
-    ps__v1__variable_spec__init(spec);
-    ps__v1__optimizer__init(opt);
-    ps__v1__initializer__init(init);
-    opt->kind = v->opt;
-    opt->learning_rate = 0.1f;
-    init->kind = v->init;
-    init->value = 0.5f;
-    init->minval = -1.0f;
-    init->maxval = 1.0f;
-    init->seed = 7;
+    ps__v1__create_variable_request__init(&c->req);
+    ps__v1__variable_spec__init(&c->spec);
+    ps__v1__optimizer__init(&c->opt);
+    ps__v1__initializer__init(&c->init);
+    c->opt.kind = v->opt;
+    c->opt.learning_rate = 0.1f;
+    c->init.kind = v->init;
+    c->init.value = 0.5f;
+    c->init.minval = -1.0f;
+    c->init.maxval = 1.0f;
+    c->init.seed = 7;
     for (size_t d = 0; d < v->ndim; d++)
-        shape[d] = v->shape[d];
-    spec->name = (char *)v->name;
-    spec->dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-    spec->n_shape = v->ndim;
-    spec->shape = shape;
-    spec->optimizer = opt;
-    spec->initializer = init;
-    spec->consistency = v->consistency;
-    spec->num_workers = v->num_workers;
+        c->shape[d] = v->shape[d];
+    c->spec.name = (char *)v->name;
+    c->spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    c->spec.n_shape = v->ndim;
+    c->spec.shape = c->shape;
+    c->spec.optimizer = &c->opt;
+    c->spec.initializer = &c->init;
+    c->spec.consistency = v->consistency;
+    c->spec.num_workers = v->num_workers;
+    c->req.spec = &c->spec;
 }
 
 #endif

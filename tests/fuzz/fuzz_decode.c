@@ -1,6 +1,6 @@
 /*
  * fuzz_decode - libFuzzer target: the same bytes go to every decoder a
- * request meets in psd, that is server/wire.c's zero-copy PushRequest
+ * request meets in psd, that is common/wire.c's zero-copy PushRequest
  * decoder and the protobuf-c unpack of every other request the
  * ParameterServer and Health services read.
  *
@@ -36,7 +36,7 @@
     } while (0)
 
 /* Reused across inputs, as the server reuses one per thread. */
-static psd_push_req push;
+static ps_wire_push push;
 
 static int inside(const uint8_t *p, size_t n, const uint8_t *buf, size_t len)
 {
@@ -53,31 +53,68 @@ static unsigned touch(const uint8_t *p, size_t n)
     return s;
 }
 
+/* A walk over protobuf fields in one buffer, apart from the decoder under
+ * test: next_field reads a key and moves past its value (a length-delimited
+ * one's bytes in *sub); -1 at bytes that do not parse. */
+struct walk {
+    const uint8_t *p, *end;
+};
+
+static int walk_varint(struct walk *w, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int s = 0; s < 64 && w->p < w->end; s += 7) {
+        uint8_t b = *w->p++;
+        v |= (uint64_t)(b & 0x7f) << s;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int next_field(struct walk *w, uint64_t *key, struct walk *sub)
+{
+    uint64_t v;
+    size_t skip;
+    if (walk_varint(w, key) != 0)
+        return -1;
+    switch (*key & 7) {
+    case 0: return walk_varint(w, &v);
+    case 1: skip = 8; break;
+    case 5: skip = 4; break;
+    case 2:
+        if (walk_varint(w, &v) != 0)
+            return -1;
+        skip = (size_t)v;
+        if (v > (uint64_t)(w->end - w->p))
+            return -1;
+        *sub = (struct walk){w->p, w->p + skip};
+        break;
+    default: return -1;
+    }
+    if (skip > (size_t)(w->end - w->p))
+        return -1;
+    w->p += skip;
+    return 0;
+}
+
 /* How many times gradient k (the k-th field 3) carries field 2, its
  * Tensor. */
 static int tensor_count(const uint8_t *data, size_t size, size_t k)
 {
-    struct ps_piece one = {data, size};
-    ps_pbcur c, g;
-    ps_pbcur_init(&c, &one, 1);
+    struct walk w = {data, data + size}, g;
     uint64_t key;
     size_t seen = 0;
-    while (c.left > 0 && ps_pbcur_varint(&c, &key) == 0) {
-        if (key == ((3 << 3) | PS_WT_LEN)) {
-            if (ps_pbcur_sub(&c, &g) != 0)
-                return -1;
-            if (seen++ != k)
-                continue;
-            int n = 0;
-            while (g.left > 0 && ps_pbcur_varint(&g, &key) == 0) {
-                n += key == ((2 << 3) | PS_WT_LEN);
-                if (ps_pbcur_skip(&g, (int)(key & 7)) != 0)
-                    return -1;
-            }
-            return n;
-        }
-        if (ps_pbcur_skip(&c, (int)(key & 7)) != 0)
-            return -1;
+    while (w.p < w.end && next_field(&w, &key, &g) == 0) {
+        if (key != ((3 << 3) | 2) || seen++ != k)
+            continue;
+        int n = 0;
+        struct walk t;
+        while (g.p < g.end && next_field(&g, &key, &t) == 0)
+            n += key == ((2 << 3) | 2);
+        return g.p == g.end ? n : -1;
     }
     return -1;
 }
@@ -86,14 +123,10 @@ static int tensor_count(const uint8_t *data, size_t size, size_t k)
  * parsed, so its top level is well formed). */
 static int field4_varints_only(const uint8_t *data, size_t size)
 {
-    struct ps_piece one = {data, size};
-    ps_pbcur c;
-    ps_pbcur_init(&c, &one, 1);
+    struct walk w = {data, data + size}, sub;
     uint64_t key;
-    while (c.left > 0 && ps_pbcur_varint(&c, &key) == 0) {
-        if ((key >> 3) == 4 && (key & 7) != PS_WT_VARINT)
-            return 0;
-        if (ps_pbcur_skip(&c, (int)(key & 7)) != 0)
+    while (w.p < w.end) {
+        if (next_field(&w, &key, &sub) != 0 || ((key >> 3) == 4 && (key & 7) != 0))
             return 0;
     }
     return 1;
@@ -108,7 +141,7 @@ static void check_push(const uint8_t *data, size_t size)
     struct ps_piece pieces[3] = {{data, size / 3},
                                  {data + size / 3, size / 3 + size % 3},
                                  {data + 2 * (size / 3) + size % 3, size / 3}};
-    int rc = psd_push_decode(pieces, 3, &push, err, sizeof err);
+    int rc = ps_wire_push_decode(pieces, 3, &push, err, sizeof err);
     Ps__V1__PushRequest *pb = ps__v1__push_request__unpack(NULL, size, data);
     if (rc != 0) {
         CHECK(rc == PS_EPARSE || rc == -ENOMEM);
@@ -126,17 +159,17 @@ static void check_push(const uint8_t *data, size_t size)
     CHECK(push.ngrads <= push.cap);
     unsigned sum = 0;
     for (size_t i = 0; i < push.ngrads; i++) {
-        const psd_wire_grad *g = &push.grads[i];
+        const ps_wire_grad *g = &push.grads[i];
         CHECK(g->name_len <= size);
-        CHECK(g->name[g->name_len < PSD_WIRE_MAX_NAME ? g->name_len
-                                                      : PSD_WIRE_MAX_NAME] == '\0');
+        CHECK(g->name[g->name_len < PS_WIRE_MAX_NAME ? g->name_len
+                                                      : PS_WIRE_MAX_NAME] == '\0');
         CHECK(g->data.left == g->nbytes && g->nbytes <= size);
-        CHECK(g->ndim >= -1 && g->ndim <= PSD_MAX_DIMS);
+        CHECK(g->ndim >= -1 && g->ndim <= PS_WIRE_MAX_DIMS);
         CHECK(g->dtype >= 0 && g->dtype <= 1000);
         if (g->nbytes) {
             const uint8_t *run;
-            ps_pbcur c = g->data;
-            size_t k = ps_pbcur_peek(&c, &run);
+            ps_wire_bytes c = g->data;
+            size_t k = ps_wire_bytes_peek(&c, &run);
             CHECK(k > 0 && inside(run, k, data, size));
             sum += touch(run, k);
         }
@@ -153,12 +186,12 @@ static void check_push(const uint8_t *data, size_t size)
         CHECK(pb->return_values == (protobuf_c_boolean)push.return_values);
     CHECK(pb->n_grads == push.ngrads);
     for (size_t i = 0; i < push.ngrads; i++) {
-        const psd_wire_grad *g = &push.grads[i];
+        const ps_wire_grad *g = &push.grads[i];
         const Ps__V1__Gradient *pg = pb->grads[i];
         CHECK(strlen(pg->name) <= g->name_len);
         /* protobuf-c's string stops at an embedded NUL; the prefix agrees. */
-        size_t kept = strlen(pg->name) < PSD_WIRE_MAX_NAME ? strlen(pg->name)
-                                                           : PSD_WIRE_MAX_NAME;
+        size_t kept = strlen(pg->name) < PS_WIRE_MAX_NAME ? strlen(pg->name)
+                                                           : PS_WIRE_MAX_NAME;
         CHECK(memcmp(pg->name, g->name, kept) == 0);
         CHECK((pg->grad != NULL) == (g->has_tensor != 0));
         /* Shared-memory references: present on both sides or neither (a
@@ -168,7 +201,7 @@ static void check_push(const uint8_t *data, size_t size)
             continue;
         CHECK((pg->grad->shm != NULL) == (g->shm.set != 0));
         const Ps__V1__Tensor *t = pg->grad;
-        if (t->n_shape <= PSD_MAX_DIMS) {
+        if (t->n_shape <= PS_WIRE_MAX_DIMS) {
             CHECK(g->ndim == (int)t->n_shape);
             for (size_t d = 0; d < t->n_shape; d++)
                 CHECK(g->shape[d] == t->shape[d]);
@@ -187,8 +220,8 @@ static void check_push(const uint8_t *data, size_t size)
         if (g->nbytes > 0) {
             CHECK(t->data.len == g->nbytes);
             uint8_t *joined = malloc(g->nbytes);
-            ps_pbcur c = g->data;
-            CHECK(joined != NULL && ps_pbcur_take(&c, joined, g->nbytes) == 0);
+            ps_wire_bytes c = g->data;
+            CHECK(joined != NULL && ps_wire_bytes_take(&c, joined, g->nbytes) == 0);
             CHECK(memcmp(t->data.data, joined, g->nbytes) == 0);
             free(joined);
         }
@@ -228,23 +261,18 @@ static void check_others(const uint8_t *data, size_t size)
         ps__v1__pull_request__free_unpacked(pr, NULL);
     }
 
-    Ps__V1__ListVariablesRequest *lr =
-        ps__v1__list_variables_request__unpack(NULL, size, data);
-    if (lr != NULL)
-        ps__v1__list_variables_request__free_unpacked(lr, NULL);
-
-    Ps__V1__StatsRequest *sr = ps__v1__stats_request__unpack(NULL, size, data);
-    if (sr != NULL)
-        ps__v1__stats_request__free_unpacked(sr, NULL);
-
-    Ps__V1__CheckpointRequest *cr =
-        ps__v1__checkpoint_request__unpack(NULL, size, data);
-    if (cr != NULL)
-        ps__v1__checkpoint_request__free_unpacked(cr, NULL);
-
-    Ps__V1__RestoreRequest *rr = ps__v1__restore_request__unpack(NULL, size, data);
-    if (rr != NULL)
-        ps__v1__restore_request__free_unpacked(rr, NULL);
+    /* The requests whose fields need no look. */
+    static const ProtobufCMessageDescriptor *const plain[] = {
+        &ps__v1__list_variables_request__descriptor,
+        &ps__v1__stats_request__descriptor,
+        &ps__v1__checkpoint_request__descriptor,
+        &ps__v1__restore_request__descriptor,
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        ProtobufCMessage *m = protobuf_c_message_unpack(plain[i], NULL, size, data);
+        if (m != NULL)
+            protobuf_c_message_free_unpacked(m, NULL);
+    }
 
     Grpc__Health__V1__HealthCheckRequest *hr =
         grpc__health__v1__health_check_request__unpack(NULL, size, data);

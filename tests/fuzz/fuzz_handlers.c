@@ -118,17 +118,12 @@ static void teardown(void)
 static void create_vars(void)
 {
     for (size_t i = 0; i < FUZZ_NVARS; i++) {
-        Ps__V1__CreateVariableRequest req = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
-        Ps__V1__VariableSpec spec;
-        Ps__V1__Optimizer opt;
-        Ps__V1__Initializer init;
-        int64_t shape[2];
-        fuzz_var_spec(i, &spec, &opt, &init, shape);
-        req.spec = &spec;
+        struct fuzz_create c;
+        fuzz_create_request(i, &c);
         void *resp = NULL;
         ps_rpc_status st;
         /* A long deadline: the first call also connects. */
-        int rc = ps_rpc_invoke_pb(F.cli, fuzz_methods[FUZZ_CREATE_VARIABLE], &req,
+        int rc = ps_rpc_invoke_pb(F.cli, fuzz_methods[FUZZ_CREATE_VARIABLE], &c.req,
                                   &ps__v1__create_variable_response__descriptor,
                                   &resp, 10000, &st);
         if (rc != 0)

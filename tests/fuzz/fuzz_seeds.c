@@ -51,21 +51,16 @@ static void write_seed(int method, const ProtobufCMessage *msg)
 static void seed_creates(void)
 {
     for (size_t i = 0; i < FUZZ_NVARS; i++) {
-        Ps__V1__CreateVariableRequest req = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
-        Ps__V1__VariableSpec spec;
-        Ps__V1__Optimizer opt;
-        Ps__V1__Initializer init;
-        int64_t shape[2];
-        fuzz_var_spec(i, &spec, &opt, &init, shape);
-        req.spec = &spec;
+        struct fuzz_create c;
+        fuzz_create_request(i, &c);
         /* The identical spec (created: false), then a new name. */
-        write_seed(FUZZ_CREATE_VARIABLE, &req.base);
-        spec.name = i % 2 ? "n" : "x";
-        write_seed(FUZZ_CREATE_VARIABLE, &req.base);
+        write_seed(FUZZ_CREATE_VARIABLE, &c.req.base);
+        c.spec.name = i % 2 ? "n" : "x";
+        write_seed(FUZZ_CREATE_VARIABLE, &c.req.base);
         /* The same name with another spec: ALREADY_EXISTS. */
-        spec.name = (char *)fuzz_vars[i].name;
-        opt.learning_rate = 0.5f;
-        write_seed(FUZZ_CREATE_VARIABLE, &req.base);
+        c.spec.name = (char *)fuzz_vars[i].name;
+        c.opt.learning_rate = 0.5f;
+        write_seed(FUZZ_CREATE_VARIABLE, &c.req.base);
     }
 }
 

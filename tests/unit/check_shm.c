@@ -1,10 +1,9 @@
 /* Shared memory between a client and psd: the region (common/shm.c), its
  * reference on the wire, and psd's map of regions (server/shmmap.c), here
  * within one process (psd maps this process's own memfd by its name). */
-#include "pbcur.h"
-#include "rpc.h"
 #include "shm.h"
 #include "shmmap.h"
+#include "wire.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -74,51 +73,52 @@ START_TEST(test_parse_name)
 }
 END_TEST
 
-static const char *decode_one(const uint8_t *buf, size_t len, char *name, size_t cap,
-                              size_t *nl, uint64_t *off, uint64_t *ln)
+/* Decodes the ShmRef in field 7 at buf (as ps_wire_shm_ref_put wrote it). */
+static const char *decode_one(const uint8_t *buf, size_t len, ps_wire_shm_ref *ref)
 {
-    struct ps_piece pc = {buf, len};
-    ps_pbcur c, sub;
-    uint64_t key;
-    ps_pbcur_init(&c, &pc, 1);
-    if (ps_pbcur_varint(&c, &key) != 0 || key != ((7 << 3) | 2) ||
-        ps_pbcur_sub(&c, &sub) != 0)
+    size_t at = 1, sub = 0;
+    if (len == 0 || buf[0] != ((7 << 3) | 2))
         return "no field 7";
-    return ps_shm_ref_decode(&sub, name, cap, nl, off, ln);
+    for (int s = 0; at < len; s += 7) {
+        sub |= (size_t)(buf[at] & 0x7f) << s;
+        if (!(buf[at++] & 0x80))
+            break;
+    }
+    if (at > len || sub > len - at)
+        return "field 7: length past the end";
+    return ps_wire_shm_ref_decode(buf + at, sub, ref);
 }
 
 START_TEST(test_ref_roundtrip)
 {
     uint8_t buf[256];
-    char name[PS_SHM_NAME_MAX];
-    size_t nl;
-    uint64_t off, ln;
+    ps_wire_shm_ref r;
     const char *n = "memfd:1:2:ps-0000000000000001";
-    uint8_t *end = ps_shm_ref_put(buf, 7, n, 1ull << 40, 4096);
+    uint8_t *end = ps_wire_shm_ref_put(buf, 7, n, 1ull << 40, 4096);
     ck_assert_uint_eq((size_t)(end - buf),
-                      2 + ps_shm_ref_len(n, 1ull << 40, 4096));
-    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, sizeof name, &nl,
-                                  &off, &ln));
-    ck_assert_str_eq(name, n);
-    ck_assert_uint_eq(nl, strlen(n));
-    ck_assert_uint_eq(off, 1ull << 40);
-    ck_assert_uint_eq(ln, 4096);
+                      2 + ps_wire_shm_ref_len(n, 1ull << 40, 4096));
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), &r));
+    ck_assert_str_eq(r.name, n);
+    ck_assert_uint_eq(r.name_len, strlen(n));
+    ck_assert_uint_eq(r.offset, 1ull << 40);
+    ck_assert_uint_eq(r.length, 4096);
+    ck_assert_int_eq(r.set, 1);
     /* Zeros are left out, as protobuf does, and read back as zeros. */
-    end = ps_shm_ref_put(buf, 7, n, 0, 0);
-    ck_assert_uint_eq(ps_shm_ref_len(n, 0, 0), 2 + strlen(n));
-    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, sizeof name, &nl,
-                                  &off, &ln));
-    ck_assert_uint_eq(off + ln, 0);
+    end = ps_wire_shm_ref_put(buf, 7, n, 0, 0);
+    ck_assert_uint_eq(ps_wire_shm_ref_len(n, 0, 0), 2 + strlen(n));
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), &r));
+    ck_assert_uint_eq(r.offset + r.length, 0);
     /* A name longer than the room is cut, and its length kept. */
     char longname[200];
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    end = ps_shm_ref_put(buf, 7, longname, 8, 8);
-    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), name, 16, &nl, &off, &ln));
-    ck_assert_uint_eq(strlen(name), 15);
-    ck_assert_uint_eq(nl, 199);
+    end = ps_wire_shm_ref_put(buf, 7, longname, 8, 8);
+    ck_assert_ptr_null(decode_one(buf, (size_t)(end - buf), &r));
+    ck_assert_uint_eq(strlen(r.name), PS_SHM_NAME_MAX - 1);
+    ck_assert_uint_eq(r.name_len, 199);
     /* Truncated bytes are an error, not a crash. */
-    ck_assert_ptr_nonnull(decode_one(buf, 10, name, sizeof name, &nl, &off, &ln));
+    ck_assert_ptr_nonnull(decode_one(buf, 10, &r));
+    ck_assert_ptr_nonnull(ps_wire_shm_ref_decode(buf + 3, 10, &r));
 }
 END_TEST
 

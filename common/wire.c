@@ -1,0 +1,745 @@
+#include "wire.h"
+
+#include "errors.h"
+#include "ps.pb-c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the cursor --------------------------------------------------------- */
+
+/* Parsing walks a ps_wire_bytes as a cursor over the message: a
+ * sub-message's cursor is a copy with a shorter `left`. Every function here
+ * returns 0, or -1 when the bytes end early or do not parse (the cursor is
+ * then in no useful state). */
+
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+
+typedef ps_wire_bytes cursor;
+
+#define KEY(field, wt) ((uint64_t)(((field) << 3) | (wt)))
+
+void ps_wire_bytes_init(ps_wire_bytes *b, const struct ps_piece *pieces, int np)
+{
+    size_t total = 0;
+    for (int i = 0; i < np; i++)
+        total += pieces[i].len;
+    *b = (ps_wire_bytes){pieces, np, 0, 0, total};
+}
+
+/* Moves past exhausted pieces; false when none is left. */
+static int settle(cursor *c)
+{
+    while (c->i < c->np && c->off == c->p[c->i].len) {
+        c->i++;
+        c->off = 0;
+    }
+    return c->i < c->np;
+}
+
+static int get_varint(cursor *c, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int s = 0; s < 64; s += 7) {
+        if (c->left == 0 || !settle(c))
+            return -1;
+        uint8_t b = c->p[c->i].data[c->off++];
+        c->left--;
+        v |= (uint64_t)(b & 0x7f) << s;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A bool: true when any payload bit of the varint is set (a varint longer
+ * than 64 bits reads as protobuf-c reads it, not truncated to zero). */
+static int get_bool(cursor *c, int *out)
+{
+    int any = 0;
+    for (int i = 0; i < 10; i++) {
+        if (c->left == 0 || !settle(c))
+            return -1;
+        uint8_t b = c->p[c->i].data[c->off++];
+        c->left--;
+        any |= (b & 0x7f) != 0;
+        if (!(b & 0x80)) {
+            *out = any;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int ps_wire_bytes_take(ps_wire_bytes *c, void *dst, size_t n)
+{
+    if (n > c->left)
+        return -1;
+    c->left -= n;
+    uint8_t *d = dst;
+    while (n > 0) {
+        if (!settle(c))
+            return -1;
+        size_t avail = c->p[c->i].len - c->off;
+        size_t k = avail < n ? avail : n;
+        if (d != NULL) {
+            memcpy(d, c->p[c->i].data + c->off, k);
+            d += k;
+        }
+        c->off += k;
+        n -= k;
+    }
+    return 0;
+}
+
+size_t ps_wire_bytes_peek(ps_wire_bytes *c, const uint8_t **p)
+{
+    if (c->left == 0 || !settle(c))
+        return 0;
+    size_t avail = c->p[c->i].len - c->off;
+    *p = c->p[c->i].data + c->off;
+    return avail < c->left ? avail : c->left;
+}
+
+/* Reads a length prefix and makes *sub a cursor over that many bytes; the
+ * parent moves past them. */
+static int get_sub(cursor *c, cursor *sub)
+{
+    uint64_t len;
+    if (get_varint(c, &len) != 0 || len > c->left)
+        return -1;
+    *sub = *c;
+    sub->left = (size_t)len;
+    return ps_wire_bytes_take(c, NULL, (size_t)len);
+}
+
+/* Skips the value of one field of wire type wt (groups are refused). */
+static int skip_field(cursor *c, int wt)
+{
+    uint64_t v;
+    cursor s;
+    switch (wt) {
+    case WT_VARINT: return get_varint(c, &v);
+    case WT_I64: return ps_wire_bytes_take(c, NULL, 8);
+    case WT_I32: return ps_wire_bytes_take(c, NULL, 4);
+    case WT_LEN: return get_sub(c, &s);
+    default: return -1;
+    }
+}
+
+/* A string field's first cap - 1 bytes into buf, NUL-terminated, and its
+ * length on the wire in *len. */
+static int get_name(cursor *c, char *buf, size_t cap, size_t *len)
+{
+    cursor s;
+    if (get_sub(c, &s) != 0)
+        return -1;
+    *len = s.left;
+    size_t keep = s.left < cap - 1 ? s.left : cap - 1;
+    if (ps_wire_bytes_take(&s, buf, keep) != 0)
+        return -1;
+    buf[keep] = '\0';
+    return 0;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+uint8_t *ps_wire_put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+size_t ps_wire_varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+void ps_wire_put_varint_fixed(uint8_t *p, uint64_t v, int width)
+{
+    for (int i = 0; i < width - 1; i++) {
+        *p++ = (uint8_t)((v & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    *p = (uint8_t)(v & 0x7f);
+}
+
+/* A field's tag and length; the length of a field with len bytes of
+ * contents, tag included. */
+static uint8_t *put_len_tag(uint8_t *p, int field, uint64_t len)
+{
+    *p++ = (uint8_t)KEY(field, WT_LEN);
+    return ps_wire_put_varint(p, len);
+}
+
+static size_t field_len(size_t len)
+{
+    return 1 + ps_wire_varint_len(len) + len;
+}
+
+static uint8_t *put_bytes(uint8_t *p, int field, const void *data, size_t len)
+{
+    p = put_len_tag(p, field, len);
+    memcpy(p, data, len);
+    return p + len;
+}
+
+/* Packed int64 shape: the bytes of its contents; the field at p. */
+static size_t shape_len(const int64_t *shape, int ndim)
+{
+    size_t n = 0;
+    for (int d = 0; d < ndim; d++)
+        n += ps_wire_varint_len((uint64_t)shape[d]);
+    return n;
+}
+
+static uint8_t *put_shape(uint8_t *p, const int64_t *shape, int ndim)
+{
+    p = put_len_tag(p, 2, shape_len(shape, ndim));
+    for (int d = 0; d < ndim; d++)
+        p = ps_wire_put_varint(p, (uint64_t)shape[d]);
+    return p;
+}
+
+/* ---- ShmRef --------------------------------------------------------------- */
+
+size_t ps_wire_shm_ref_len(const char *name, uint64_t offset, uint64_t length)
+{
+    return field_len(strlen(name)) + (offset ? 1 + ps_wire_varint_len(offset) : 0) +
+           (length ? 1 + ps_wire_varint_len(length) : 0);
+}
+
+uint8_t *ps_wire_shm_ref_put(uint8_t *p, int field, const char *name,
+                             uint64_t offset, uint64_t length)
+{
+    p = put_len_tag(p, field, ps_wire_shm_ref_len(name, offset, length));
+    p = put_bytes(p, 1, name, strlen(name));
+    if (offset) {
+        *p++ = KEY(2, WT_VARINT);
+        p = ps_wire_put_varint(p, offset);
+    }
+    if (length) {
+        *p++ = KEY(3, WT_VARINT);
+        p = ps_wire_put_varint(p, length);
+    }
+    return p;
+}
+
+/* A ShmRef's contents, which the cursor covers (and which it consumes). */
+static const char *read_shm_ref(cursor *c, ps_wire_shm_ref *ref)
+{
+    memset(ref, 0, sizeof *ref);
+    ref->set = 1;
+    while (c->left > 0) {
+        uint64_t key;
+        if (get_varint(c, &key) != 0)
+            return "ShmRef: truncated field key";
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == WT_LEN) {
+            if (get_name(c, ref->name, sizeof ref->name, &ref->name_len) != 0)
+                return "ShmRef.name: length past the end";
+        } else if (field == 2 && wt == WT_VARINT) {
+            if (get_varint(c, &ref->offset) != 0)
+                return "ShmRef.offset: truncated varint";
+        } else if (field == 3 && wt == WT_VARINT) {
+            if (get_varint(c, &ref->length) != 0)
+                return "ShmRef.length: truncated varint";
+        } else if (skip_field(c, wt) != 0) {
+            return "ShmRef: malformed unknown field";
+        }
+    }
+    return NULL;
+}
+
+const char *ps_wire_shm_ref_decode(const uint8_t *buf, size_t len,
+                                   ps_wire_shm_ref *ref)
+{
+    struct ps_piece one = {buf, len};
+    cursor c;
+    ps_wire_bytes_init(&c, &one, 1);
+    return read_shm_ref(&c, ref);
+}
+
+/* ---- PushRequest: decoding ------------------------------------------------ */
+
+static void add_dim(ps_wire_grad *g, uint64_t d)
+{
+    if (g->ndim < 0)
+        return;
+    if (g->ndim >= PS_WIRE_MAX_DIMS) {
+        g->ndim = -1;
+        return;
+    }
+    g->shape[g->ndim++] = (int64_t)d;
+}
+
+static const char *read_tensor(cursor *c, ps_wire_grad *g)
+{
+    while (c->left > 0) {
+        uint64_t key, v;
+        cursor s;
+        if (get_varint(c, &key) != 0)
+            return "Tensor: truncated field key";
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == WT_VARINT) {
+            if (get_varint(c, &v) != 0)
+                return "Tensor.dtype: truncated varint";
+            g->dtype = v > 1000 ? 1000 : (int)v;
+        } else if (field == 2 && wt == WT_LEN) { /* packed */
+            if (get_sub(c, &s) != 0)
+                return "Tensor.shape: length past the end";
+            while (s.left > 0) {
+                if (get_varint(&s, &v) != 0)
+                    return "Tensor.shape: truncated varint";
+                add_dim(g, v);
+            }
+        } else if (field == 2 && wt == WT_VARINT) { /* unpacked */
+            if (get_varint(c, &v) != 0)
+                return "Tensor.shape: truncated varint";
+            add_dim(g, v);
+        } else if (field == 3 && wt == WT_LEN) {
+            if (get_sub(c, &s) != 0)
+                return "Tensor.data: length past the end";
+            g->data = s;
+            g->nbytes = s.left;
+            g->has_data = 1;
+        } else if (field == 4 && wt == WT_LEN) {
+            if (get_sub(c, &s) != 0)
+                return "Tensor.shm: length past the end";
+            const char *why = read_shm_ref(&s, &g->shm);
+            if (why != NULL)
+                return why;
+        } else if (skip_field(c, wt) != 0) {
+            return "Tensor: malformed unknown field";
+        }
+    }
+    return NULL;
+}
+
+static const char *read_grad(cursor *c, ps_wire_grad *g)
+{
+    while (c->left > 0) {
+        uint64_t key;
+        cursor s;
+        const char *why = NULL;
+        if (get_varint(c, &key) != 0)
+            return "Gradient: truncated field key";
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == WT_LEN) {
+            /* Up to 255 bytes are kept; name_len says how long it was, so
+             * the caller can refuse a longer one by name. */
+            if (get_name(c, g->name, sizeof g->name, &g->name_len) != 0)
+                return "Gradient.name: length past the end";
+        } else if (field == 2 && wt == WT_LEN) {
+            if (get_sub(c, &s) != 0)
+                return "Gradient.grad: length past the end";
+            /* A repeated embedded message merges; the last one wins here,
+             * which matches for the fields we read. */
+            g->has_tensor = 1;
+            why = read_tensor(&s, g);
+        } else if (field == 3 && wt == WT_LEN) {
+            if (get_sub(c, &s) != 0)
+                return "Gradient.value_into: length past the end";
+            why = read_shm_ref(&s, &g->value_into);
+        } else if (skip_field(c, wt) != 0) {
+            return "Gradient: malformed unknown field";
+        }
+        if (why != NULL)
+            return why;
+    }
+    return NULL;
+}
+
+/* PushRequest.grads[req->ngrads]: the field's bytes in c. */
+static int read_push_grad(cursor *c, ps_wire_push *req, char *err, size_t errlen)
+{
+    cursor s;
+    if (get_sub(c, &s) != 0) {
+        snprintf(err, errlen, "PushRequest.grads[%zu]: length past the end "
+                 "of the message", req->ngrads);
+        return PS_EPARSE;
+    }
+    if (req->ngrads == req->cap) {
+        size_t ncap = req->cap ? req->cap * 2 : 8;
+        ps_wire_grad *g = realloc(req->grads, ncap * sizeof *g);
+        if (g == NULL)
+            return -ENOMEM;
+        req->grads = g;
+        req->cap = ncap;
+    }
+    ps_wire_grad *g = &req->grads[req->ngrads];
+    memset(g, 0, sizeof *g);
+    const char *why = read_grad(&s, g);
+    if (why != NULL) {
+        snprintf(err, errlen, "PushRequest.grads[%zu]: %s", req->ngrads, why);
+        return PS_EPARSE;
+    }
+    req->ngrads++;
+    return 0;
+}
+
+int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req,
+                        char *err, size_t errlen)
+{
+    cursor c;
+    ps_wire_bytes_init(&c, pieces, np);
+    size_t total = c.left;
+    req->worker = 0;
+    req->step = 0;
+    req->return_values = 0;
+    req->ngrads = 0;
+    while (c.left > 0) {
+        size_t at = total - c.left;
+        uint64_t key, v = 0;
+        int rc = 0;
+        if (get_varint(&c, &key) != 0) {
+            snprintf(err, errlen, "PushRequest: truncated field key at byte %zu", at);
+            return PS_EPARSE;
+        }
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == WT_VARINT) {
+            rc = get_varint(&c, &v);
+            req->worker = (uint32_t)v;
+        } else if (field == 2 && wt == WT_VARINT) {
+            rc = get_varint(&c, &req->step);
+        } else if (field == 4 && wt == WT_VARINT) {
+            rc = get_bool(&c, &req->return_values);
+        } else if (field == 3 && wt == WT_LEN) {
+            if ((rc = read_push_grad(&c, req, err, errlen)) != 0)
+                return rc;
+        } else if (field == 0 || skip_field(&c, wt) != 0) {
+            snprintf(err, errlen, "PushRequest: malformed field %d (wire type %d) "
+                     "at byte %zu", field, wt, at);
+            return PS_EPARSE;
+        }
+        if (rc != 0) {
+            snprintf(err, errlen, "PushRequest: truncated varint at byte %zu", at);
+            return PS_EPARSE;
+        }
+    }
+    return 0;
+}
+
+int ps_wire_push_decode_buf(const uint8_t *buf, size_t len, ps_wire_push *req,
+                            char *err, size_t errlen)
+{
+    req->one = (struct ps_piece){buf, len};
+    return ps_wire_push_decode(&req->one, 1, req, err, errlen);
+}
+
+void ps_wire_push_free(ps_wire_push *req)
+{
+    free(req->grads);
+    req->grads = NULL;
+    req->cap = req->ngrads = 0;
+}
+
+/* ---- PushRequest: encoding ------------------------------------------------ */
+
+/* The contents of a gradient's Tensor, and of the Gradient. */
+static size_t tensor_len(const ps_wire_grad_out *g)
+{
+    size_t n = 0;
+    if (g->dtype || g->dtype_pad)
+        n += 1 + ps_wire_varint_len((uint64_t)g->dtype) + (size_t)g->dtype_pad;
+    if (g->ndim > 0)
+        n += field_len(shape_len(g->shape, g->ndim));
+    if (g->nbytes > 0)
+        n += field_len(g->nbytes);
+    if (g->shm != NULL)
+        n += field_len(ps_wire_shm_ref_len(g->shm->name, g->shm->offset, g->shm->length));
+    return n;
+}
+
+static size_t grad_len(const ps_wire_grad_out *g)
+{
+    size_t nl = strlen(g->name), n = field_len(tensor_len(g));
+    if (nl > 0)
+        n += field_len(nl);
+    if (g->value_into != NULL)
+        n += field_len(ps_wire_shm_ref_len(g->value_into->name, g->value_into->offset,
+                                           g->value_into->length));
+    return n;
+}
+
+size_t ps_wire_push_step_at(const ps_wire_push_out *m)
+{
+    return m->worker ? 2 + ps_wire_varint_len(m->worker) : 1;
+}
+
+size_t ps_wire_push_len(const ps_wire_push_out *m)
+{
+    size_t n = m->worker ? 1 + ps_wire_varint_len(m->worker) : 0;
+    if (m->step_width > 0)
+        n += 1 + (size_t)m->step_width;
+    else if (m->step)
+        n += 1 + ps_wire_varint_len(m->step);
+    for (size_t i = 0; i < m->ngrads; i++)
+        n += field_len(grad_len(&m->grads[i]));
+    return n + (m->return_values ? 2 : 0);
+}
+
+/* A dtype varint made `pad` bytes longer (0x81 0x80.. 0x00 for 1). */
+static uint8_t *put_dtype(uint8_t *p, int dtype, int pad)
+{
+    *p++ = KEY(1, WT_VARINT);
+    if (pad == 0)
+        return ps_wire_put_varint(p, (uint64_t)dtype);
+    int width = (int)ps_wire_varint_len((uint64_t)dtype) + pad;
+    ps_wire_put_varint_fixed(p, (uint64_t)dtype, width);
+    return p + width;
+}
+
+static uint8_t *put_grad(uint8_t *p, const ps_wire_grad_out *g)
+{
+    size_t nl = strlen(g->name);
+    p = put_len_tag(p, 3, grad_len(g));
+    if (nl > 0)
+        p = put_bytes(p, 1, g->name, nl);
+    p = put_len_tag(p, 2, tensor_len(g));
+    if (g->dtype || g->dtype_pad)
+        p = put_dtype(p, g->dtype, g->dtype_pad);
+    if (g->ndim > 0)
+        p = put_shape(p, g->shape, g->ndim);
+    if (g->nbytes > 0) {
+        p = put_len_tag(p, 3, g->nbytes);
+        if (g->data == NULL)
+            return p; /* the caller's bytes follow */
+        memcpy(p, g->data, g->nbytes);
+        p += g->nbytes;
+    }
+    if (g->shm != NULL)
+        p = ps_wire_shm_ref_put(p, 4, g->shm->name, g->shm->offset, g->shm->length);
+    if (g->value_into != NULL)
+        p = ps_wire_shm_ref_put(p, 3, g->value_into->name, g->value_into->offset,
+                                g->value_into->length);
+    return p;
+}
+
+uint8_t *ps_wire_push_put(uint8_t *p, const ps_wire_push_out *m)
+{
+    if (m->worker) {
+        *p++ = KEY(1, WT_VARINT);
+        p = ps_wire_put_varint(p, m->worker);
+    }
+    if (m->step_width > 0) {
+        *p++ = KEY(2, WT_VARINT);
+        ps_wire_put_varint_fixed(p, m->step, m->step_width);
+        p += m->step_width;
+    } else if (m->step) {
+        *p++ = KEY(2, WT_VARINT);
+        p = ps_wire_put_varint(p, m->step);
+    }
+    for (size_t i = 0; i < m->ngrads; i++)
+        p = put_grad(p, &m->grads[i]);
+    if (m->return_values) {
+        *p++ = KEY(4, WT_VARINT);
+        *p++ = 1;
+    }
+    return p;
+}
+
+/* ---- PullResponse / PushResponse: encoding --------------------------------- */
+
+uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
+                              uint64_t version, const int64_t *shape, int ndim,
+                              size_t nbytes, const ps_wire_shm_ref *into)
+{
+    size_t sl = shape_len(shape, ndim);
+    size_t into_len = into ? ps_wire_shm_ref_len(into->name, into->offset, into->length) : 0;
+    size_t tl = 2 + (ndim ? field_len(sl) : 0) +
+                (into ? field_len(into_len) : nbytes ? field_len(nbytes) : 0);
+    size_t name_len = strlen(name);
+    size_t vv_len = field_len(name_len) +
+                    (version ? 1 + ps_wire_varint_len(version) : 0) + field_len(tl);
+    p = put_len_tag(p, field, vv_len); /* PullResponse or PushResponse .values */
+    p = put_bytes(p, 1, name, name_len); /* VariableValue.name */
+    if (version) {
+        *p++ = KEY(2, WT_VARINT); /* VariableValue.version */
+        p = ps_wire_put_varint(p, version);
+    }
+    p = put_len_tag(p, 3, tl); /* VariableValue.value */
+    *p++ = KEY(1, WT_VARINT); /* Tensor.dtype */
+    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+    if (ndim)
+        p = put_shape(p, shape, ndim);
+    if (into != NULL) /* Tensor.shm: where the bytes went */
+        p = ps_wire_shm_ref_put(p, 4, into->name, into->offset, into->length);
+    else if (nbytes)
+        p = put_len_tag(p, 3, nbytes); /* Tensor.data */
+    return p;
+}
+
+size_t ps_wire_versions_len(const uint64_t *versions, size_t n)
+{
+    size_t vlen = 0;
+    for (size_t i = 0; i < n; i++)
+        vlen += ps_wire_varint_len(versions[i]);
+    return field_len(vlen);
+}
+
+uint8_t *ps_wire_versions_put(uint8_t *p, const uint64_t *versions, size_t n)
+{
+    size_t vlen = 0;
+    for (size_t i = 0; i < n; i++)
+        vlen += ps_wire_varint_len(versions[i]);
+    p = put_len_tag(p, 1, vlen);
+    for (size_t i = 0; i < n; i++)
+        p = ps_wire_put_varint(p, versions[i]);
+    return p;
+}
+
+/* ---- PullResponse / PushResponse: decoding --------------------------------- */
+
+/* The decoder's state, for the helpers below. BAD: the bytes do not
+ * parse (the caller says so). */
+enum { BAD = 1 }; /* the callback's codes are negative */
+
+struct values_walk {
+    ps_wire_value_fn fn;
+    void *ctx;
+    char *err;
+    size_t errlen;
+};
+
+/* A value's Tensor, handing its data and shm to the callback as met. */
+static int read_value_tensor(cursor *t, ps_wire_value *v, struct values_walk *w)
+{
+    while (t->left > 0) {
+        uint64_t key;
+        cursor s;
+        if (get_varint(t, &key) != 0)
+            return BAD;
+        if (key == KEY(3, WT_LEN)) {
+            if (get_sub(t, &v->data) != 0)
+                return BAD;
+            int rc = w->fn(w->ctx, PS_WIRE_DATA, v, w->err, w->errlen);
+            if (rc != 0)
+                return rc;
+        } else if (key == KEY(4, WT_LEN)) {
+            if (get_sub(t, &s) != 0 || read_shm_ref(&s, &v->shm) != NULL)
+                return BAD;
+            int rc = w->fn(w->ctx, PS_WIRE_SHM, v, w->err, w->errlen);
+            if (rc != 0)
+                return rc;
+        } else if (skip_field(t, (int)(key & 7)) != 0) {
+            return BAD;
+        }
+    }
+    return 0;
+}
+
+/* One VariableValue, whose bytes vv covers. */
+static int read_value(cursor *vv, ps_wire_value *v, struct values_walk *w)
+{
+    v->name[0] = '\0';
+    v->name_len = 0;
+    v->version = 0;
+    while (vv->left > 0) {
+        uint64_t key;
+        cursor s;
+        if (get_varint(vv, &key) != 0)
+            return BAD;
+        if (key == KEY(1, WT_LEN)) {
+            if (get_sub(vv, &s) != 0 || s.left >= sizeof v->name)
+                return BAD;
+            v->name_len = s.left;
+            if (ps_wire_bytes_take(&s, v->name, v->name_len) != 0)
+                return BAD;
+            v->name[v->name_len] = '\0';
+        } else if (key == KEY(2, WT_VARINT)) {
+            if (get_varint(vv, &v->version) != 0)
+                return BAD;
+        } else if (key == KEY(3, WT_LEN)) {
+            int rc = get_sub(vv, &s) != 0 ? BAD : read_value_tensor(&s, v, w);
+            if (rc != 0)
+                return rc;
+        } else if (skip_field(vv, (int)(key & 7)) != 0) {
+            return BAD;
+        }
+    }
+    return w->fn(w->ctx, PS_WIRE_END, v, w->err, w->errlen);
+}
+
+/* PushResponse.versions, packed or not, into versions[*kv...]. */
+static int read_versions(cursor *c, uint64_t key, uint64_t *versions,
+                         size_t nversions, size_t *kv)
+{
+    cursor vs;
+    uint64_t v;
+    if (key == KEY(1, WT_VARINT)) {
+        if (get_varint(c, &v) != 0 || *kv >= nversions)
+            return BAD;
+        versions[(*kv)++] = v;
+        return 0;
+    }
+    if (get_sub(c, &vs) != 0)
+        return BAD;
+    while (vs.left > 0) {
+        if (get_varint(&vs, &v) != 0 || *kv >= nversions)
+            return BAD;
+        versions[(*kv)++] = v;
+    }
+    return 0;
+}
+
+int ps_wire_values_decode(const struct ps_piece *pieces, int np, bool push,
+                          size_t nvalues, uint64_t *versions, size_t nversions,
+                          ps_wire_value_fn fn, void *ctx, char *err, size_t errlen)
+{
+    struct values_walk w = {fn, ctx, err, errlen};
+    const char *what = push ? "Push" : "Pull";
+    const uint64_t values_key = KEY(push ? 2 : 1, WT_LEN);
+    cursor c;
+    ps_wire_bytes_init(&c, pieces, np);
+    ps_wire_value v;
+    size_t k = 0, kv = 0;
+    int rc = 0;
+    while (c.left > 0 && rc == 0) {
+        uint64_t key;
+        cursor vv;
+        if (get_varint(&c, &key) != 0) {
+            rc = BAD;
+        } else if (push && (key == KEY(1, WT_LEN) || key == KEY(1, WT_VARINT))) {
+            rc = read_versions(&c, key, versions, nversions, &kv);
+        } else if (key != values_key) {
+            rc = skip_field(&c, (int)(key & 7)) != 0 ? BAD : 0;
+        } else if (get_sub(&c, &vv) != 0) {
+            rc = BAD;
+        } else if (k >= nvalues) {
+            snprintf(err, errlen, "%s: more values than requested", what);
+            return PS_EPARSE;
+        } else {
+            v.index = k++;
+            rc = read_value(&vv, &v, &w);
+        }
+    }
+    if (rc == BAD) {
+        snprintf(err, errlen, "%s: the response does not parse", what);
+        return PS_EPARSE;
+    }
+    if (rc != 0)
+        return rc;
+    if (k != nvalues) {
+        snprintf(err, errlen, "%s: %zu values for %zu items", what, k, nvalues);
+        return PS_EPARSE;
+    }
+    if (push && kv != nversions) {
+        snprintf(err, errlen, "Push: %zu versions for %zu gradients", kv, nversions);
+        return PS_EPARSE;
+    }
+    return 0;
+}
