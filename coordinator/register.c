@@ -5,6 +5,7 @@
  * ps). See coord.h for the rules.
  */
 #include "coord_internal.h"
+#include "clock.h"
 
 #include "errors.h"
 #include "log.h"

@@ -559,7 +559,6 @@ int main(int argc, char **argv)
     int rc = ps_proc_prologue(&cmd, argc, argv);
     if (rc != PS_PROC_RUN)
         return rc;
-    char err[1024];
     int status = 0;
     const char *ps[64];
     int nps = 0;

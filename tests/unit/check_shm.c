@@ -1,6 +1,7 @@
 /* Shared memory between a client and psd: the region (common/shm.c), its
  * reference on the wire, and psd's map of regions (server/shmmap.c), here
  * within one process (psd maps this process's own memfd by its name). */
+#include "rpc_code.h"
 #include "shm.h"
 #include "shmmap.h"
 #include "wire.h"
