@@ -7,6 +7,7 @@
 #include "errors.h"
 #include "fsutil.h"
 #include "log.h"
+#include "store.h"
 
 #include <dirent.h>
 #include <errno.h>
