@@ -474,9 +474,7 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     psd_shard *s = ctx;
     Ps__V1__PullRequest *r = ps__v1__pull_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "Pull: %zu bytes that are not a PullRequest", len);
+        shard_fail_unparsed(s, call, "Pull", len);
         return;
     }
     struct pull_items it;

@@ -47,9 +47,7 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     psd_shard *s = ctx;
     Ps__V1__CheckpointRequest *r = ps__v1__checkpoint_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "Checkpoint: %zu bytes that are not a CheckpointRequest", len);
+        shard_fail_unparsed(s, call, "Checkpoint", len);
         return;
     }
     uint64_t step = r->step;
@@ -180,9 +178,7 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
     psd_shard *s = ctx;
     Ps__V1__RestoreRequest *r = ps__v1__restore_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "Restore: %zu bytes that are not a RestoreRequest", len);
+        shard_fail_unparsed(s, call, "Restore", len);
         return;
     }
     uint64_t step = r->step;

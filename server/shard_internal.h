@@ -174,6 +174,16 @@ static inline void shard_count_bad(psd_shard *s)
     atomic_fetch_add(&s->bad, 1);
 }
 
+/* Refuses a request whose bytes do not parse as its message: "Pull: 12
+ * bytes that are not a PullRequest". */
+static inline void shard_fail_unparsed(psd_shard *s, ps_rpc_call *call,
+                                       const char *method, size_t len)
+{
+    shard_count_bad(s);
+    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a %sRequest",
+                method, len, method);
+}
+
 /* shard.c */
 void shard_ckpt_enqueue(psd_shard *s, struct ckpt_job *j);
 

@@ -416,10 +416,7 @@ create_parse(psd_shard *s, ps_rpc_call *call, const uint8_t *req, size_t len,
     Ps__V1__CreateVariableRequest *r =
         ps__v1__create_variable_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "CreateVariable: %zu bytes that are not a "
-                    "CreateVariableRequest", len);
+        shard_fail_unparsed(s, call, "CreateVariable", len);
         return NULL;
     }
     if (r->spec == NULL) {
@@ -641,9 +638,7 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
     Ps__V1__ListVariablesRequest *r =
         ps__v1__list_variables_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "ListVariables: %zu bytes that are not a ListVariablesRequest", len);
+        shard_fail_unparsed(s, call, "ListVariables", len);
         return;
     }
     ps__v1__list_variables_request__free_unpacked(r, NULL);
@@ -683,9 +678,7 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     psd_shard *s = ctx;
     Ps__V1__StatsRequest *r = ps__v1__stats_request__unpack(NULL, len, req);
     if (r == NULL) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
-                    "Stats: %zu bytes that are not a StatsRequest", len);
+        shard_fail_unparsed(s, call, "Stats", len);
         return;
     }
     ps__v1__stats_request__free_unpacked(r, NULL);
