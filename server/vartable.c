@@ -16,24 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t psd_rss_bytes(void)
-{
-    /* Less RssShmem: the pages of co-located clients' shared memory that
-     * psd maps are theirs (psd itself makes no shared memory). */
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f == NULL)
-        return 0;
-    char line[256];
-    unsigned long long rss = 0, shmem = 0, v;
-    while (fgets(line, sizeof line, f) != NULL) {
-        if (sscanf(line, "VmRSS: %llu kB", &v) == 1)
-            rss = v;
-        else if (sscanf(line, "RssShmem: %llu kB", &v) == 1)
-            shmem = v;
-    }
-    fclose(f);
-    return (rss > shmem ? rss - shmem : 0) * 1024ull;
-}
+/* ---- small helpers ---------------------------------------------------- */
 
 float *shard_alloc_floats(size_t n)
 {
@@ -671,6 +654,25 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
     pthread_rwlock_unlock(&s->table_lock);
     free(infos);
     free(pi);
+}
+
+uint64_t psd_rss_bytes(void)
+{
+    /* Less RssShmem: the pages of co-located clients' shared memory that
+     * psd maps are theirs (psd itself makes no shared memory). */
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL)
+        return 0;
+    char line[256];
+    unsigned long long rss = 0, shmem = 0, v;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "VmRSS: %llu kB", &v) == 1)
+            rss = v;
+        else if (sscanf(line, "RssShmem: %llu kB", &v) == 1)
+            shmem = v;
+    }
+    fclose(f);
+    return (rss > shmem ? rss - shmem : 0) * 1024ull;
 }
 
 void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
