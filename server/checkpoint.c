@@ -7,6 +7,7 @@
 #include "errors.h"
 #include "fsutil.h"
 #include "log.h"
+#include "store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -332,6 +333,15 @@ static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
     return 0;
 }
 
+/* scan() of data_dir's checkpoints directory, whose path goes to ckdir
+ * (PATH_MAX bytes). */
+static int scan_root(const char *data_dir, char *ckdir, uint64_t **steps_out,
+                     size_t *n_out)
+{
+    int rc = pathf(ckdir, PATH_MAX, "%s/" CKPT_DIR, data_dir);
+    return rc != 0 ? rc : scan(ckdir, steps_out, n_out);
+}
+
 /* Puts the finished tmp directory in place as final. A directory already at
  * final (an earlier checkpoint of the same step) is swapped out atomically
  * where the file system can, else renamed aside first; either way it is
@@ -445,12 +455,9 @@ int psd_ckpt_latest(const char *data_dir, uint64_t *step_out)
     if (!data_dir || !step_out)
         return PS_EINVAL_ARG;
     char ckdir[PATH_MAX];
-    int rc = pathf(ckdir, sizeof ckdir, "%s/" CKPT_DIR, data_dir);
-    if (rc != 0)
-        return rc;
     uint64_t *steps;
     size_t n;
-    rc = scan(ckdir, &steps, &n);
+    int rc = scan_root(data_dir, ckdir, &steps, &n);
     if (rc != 0)
         return rc;
     rc = PS_ENOTFOUND;
@@ -491,12 +498,9 @@ int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *cou
     if (!data_dir || !count || (cap > 0 && !steps))
         return PS_EINVAL_ARG;
     char ckdir[PATH_MAX];
-    int rc = pathf(ckdir, sizeof ckdir, "%s/" CKPT_DIR, data_dir);
-    if (rc != 0)
-        return rc;
     uint64_t *all;
     size_t n;
-    rc = scan(ckdir, &all, &n);
+    int rc = scan_root(data_dir, ckdir, &all, &n);
     if (rc != 0)
         return rc;
     if (n > 0)
@@ -528,12 +532,9 @@ int psd_ckpt_prune(const char *data_dir, size_t keep_last)
     if (!data_dir)
         return PS_EINVAL_ARG;
     char ckdir[PATH_MAX];
-    int rc = pathf(ckdir, sizeof ckdir, "%s/" CKPT_DIR, data_dir);
-    if (rc != 0)
-        return rc;
     uint64_t *steps;
     size_t n;
-    rc = scan(ckdir, &steps, &n);
+    int rc = scan_root(data_dir, ckdir, &steps, &n);
     if (rc != 0)
         return rc;
     uint64_t keep;

@@ -31,7 +31,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store.h"
+/* store.h; declared here so that the shard reaches the store only through
+ * persist.c. */
+typedef struct psd_store psd_store;
 
 /* Writes the checkpoint for step, replacing an existing one for the same
  * step only once the new one is whole (with renameat2 RENAME_EXCHANGE where

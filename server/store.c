@@ -491,19 +491,28 @@ static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_va
     return 0;
 }
 
+/* Begins a read transaction, logging why it cannot. Returns 0 or as
+ * map_rc. */
+static int read_begin(psd_store *s, MDB_txn **txn)
+{
+    int mrc = txn_begin(s, MDB_RDONLY, txn);
+    if (mrc != 0) {
+        ps_log_error("store %s: begin: %s", s->dir, mdb_strerror(mrc));
+        return map_rc(mrc, true);
+    }
+    return 0;
+}
+
 int psd_store_load(psd_store *s, psd_store_visit_fn fn, void *ctx)
 {
     if (!s || !fn)
         return PS_EINVAL_ARG;
     MDB_txn *txn;
-    int mrc = txn_begin(s, MDB_RDONLY, &txn);
-    if (mrc != 0) {
-        ps_log_error("store %s: begin: %s", s->dir, mdb_strerror(mrc));
-        return map_rc(mrc, true);
-    }
-    int rc = 0;
+    int rc = read_begin(s, &txn);
+    if (rc != 0)
+        return rc;
     MDB_cursor *cur;
-    mrc = mdb_cursor_open(txn, s->vars, &cur);
+    int mrc = mdb_cursor_open(txn, s->vars, &cur);
     if (mrc != 0) {
         ps_log_error("store %s: cursor: %s", s->dir, mdb_strerror(mrc));
         rc = map_rc(mrc, true);
@@ -538,13 +547,10 @@ int psd_store_get(psd_store *s, const char *name, psd_store_visit_fn fn, void *c
     if (!s || !fn || name_key(name, &k) != 0)
         return PS_EINVAL_ARG;
     MDB_txn *txn;
-    int mrc = txn_begin(s, MDB_RDONLY, &txn);
-    if (mrc != 0) {
-        ps_log_error("store %s: begin: %s", s->dir, mdb_strerror(mrc));
-        return map_rc(mrc, true);
-    }
-    int rc;
-    mrc = mdb_get(txn, s->vars, &k, &v);
+    int rc = read_begin(s, &txn);
+    if (rc != 0)
+        return rc;
+    int mrc = mdb_get(txn, s->vars, &k, &v);
     if (mrc != 0) {
         if (mrc != MDB_NOTFOUND)
             ps_log_error("store %s: variable '%s': %s", s->dir, name, mdb_strerror(mrc));

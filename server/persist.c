@@ -1,0 +1,300 @@
+/*
+ * persist.c - the shard's variables in the store: loading them at open,
+ * the write-behind flusher (one transaction per commit interval for every
+ * variable that changed), the write of a new variable, the rewrite of the
+ * store by a Restore, and the copy a checkpoint takes. The only file of
+ * the shard module that includes store.h. The lock order is in
+ * shard_internal.h.
+ */
+#include "shard_internal.h"
+
+#include "checkpoint.h"
+#include "errors.h"
+#include "log.h"
+#include "store.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void var_rec(const psd_var *v, psd_var_rec *r)
+{
+    *r = (psd_var_rec){.name = v->name, .spec = v->spec_blob,
+                       .spec_len = v->spec_len, .version = v->version,
+                       .step = v->step, .value = v->value, .n = v->n,
+                       .slots = v->slots, .nslots = v->nslots};
+}
+
+/* ---- loading ---------------------------------------------------------- */
+
+static int load_visit(void *ctx, const psd_var_rec *r)
+{
+    struct var_list *lc = ctx;
+    Ps__V1__VariableSpec *sp =
+        ps__v1__variable_spec__unpack(NULL, r->spec_len, r->spec);
+    if (sp == NULL || sp->optimizer == NULL || sp->initializer == NULL ||
+        strcmp(sp->name, r->name) != 0) {
+        ps_log_error("store: variable '%s': its spec does not parse", r->name);
+        if (sp)
+            ps__v1__variable_spec__free_unpacked(sp, NULL);
+        return PS_ECORRUPT;
+    }
+    size_t n = 1;
+    for (size_t i = 0; i < sp->n_shape; i++)
+        n *= (size_t)(sp->shape[i] > 0 ? sp->shape[i] : 0);
+    psd_var *v = NULL;
+    int rc = n == r->n && sp->n_shape <= PSD_MAX_DIMS ? shard_var_new(sp, n, &v)
+                                                      : PS_ECORRUPT;
+    ps__v1__variable_spec__free_unpacked(sp, NULL);
+    if (rc == PS_ECORRUPT)
+        ps_log_error("store: variable '%s': %zu stored elements do not match "
+                     "its shape", r->name, r->n);
+    if (rc != 0)
+        return rc;
+    if (r->nslots != v->nslots) {
+        ps_log_error("store: variable '%s': %d stored slots, its optimizer "
+                     "has %d", r->name, r->nslots, v->nslots);
+        shard_var_free(v);
+        return PS_ECORRUPT;
+    }
+    memcpy(v->value, r->value, n * sizeof(float));
+    if (v->nslots)
+        memcpy(v->slots, r->slots, n * (size_t)v->nslots * sizeof(float));
+    v->version = v->persisted_version = r->version;
+    v->step = v->persisted_step = r->step;
+    if (lc->n == lc->cap) {
+        size_t ncap = lc->cap ? lc->cap * 2 : 16;
+        psd_var **nv = realloc(lc->vars, ncap * sizeof *nv);
+        if (nv == NULL) {
+            shard_var_free(v);
+            return -ENOMEM;
+        }
+        lc->vars = nv;
+        lc->cap = ncap;
+    }
+    lc->vars[lc->n++] = v;
+    return 0;
+}
+
+static int load_store(psd_store *st, struct var_list *lc)
+{
+    memset(lc, 0, sizeof *lc);
+    int rc = psd_store_load(st, load_visit, lc);
+    if (rc != 0)
+        shard_vars_free(lc);
+    return rc;
+}
+
+/* ---- flushing --------------------------------------------------------- */
+
+/* Writes every changed variable in one transaction. Called with flush_mu
+ * held. */
+int shard_flush_locked(psd_shard *s)
+{
+    uint64_t seq = atomic_load(&s->apply_seq);
+    pthread_rwlock_rdlock(&s->table_lock);
+    size_t nv = s->nvars;
+    uint64_t *snap_v = malloc((nv ? nv : 1) * 2 * sizeof *snap_v);
+    if (snap_v == NULL) {
+        pthread_rwlock_unlock(&s->table_lock);
+        return -ENOMEM;
+    }
+    psd_store_txn *t = NULL;
+    int rc = 0;
+    size_t written = 0;
+    for (size_t i = 0; i < nv && rc == 0; i++) {
+        psd_var *v = s->vars[i];
+        pthread_rwlock_rdlock(&v->lock);
+        snap_v[2 * i] = v->version;
+        snap_v[2 * i + 1] = v->step;
+        if (v->version != v->persisted_version || v->step != v->persisted_step) {
+            if (t == NULL)
+                rc = psd_store_begin(s->store, &t);
+            if (rc == 0) {
+                psd_var_rec r;
+                var_rec(v, &r);
+                rc = psd_store_put(t, &r);
+                written++;
+            }
+        }
+        pthread_rwlock_unlock(&v->lock);
+    }
+    if (t != NULL) {
+        if (rc == 0)
+            rc = psd_store_commit(t);
+        else
+            psd_store_abort(t);
+        if (rc == 0) {
+            atomic_fetch_add(&s->commits, 1);
+            for (size_t i = 0; i < nv; i++) {
+                psd_var *v = s->vars[i];
+                pthread_rwlock_wrlock(&v->lock);
+                v->persisted_version = snap_v[2 * i];
+                v->persisted_step = snap_v[2 * i + 1];
+                pthread_rwlock_unlock(&v->lock);
+            }
+        }
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    free(snap_v);
+    if (rc == 0) {
+        atomic_store(&s->committed_seq, seq);
+        shard_answer_durable(s, seq);
+    } else {
+        ps_log_err(rc, "flush of %zu variable(s) to LMDB failed", written);
+    }
+    return rc;
+}
+
+int psd_shard_flush(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    int rc = shard_flush_locked(s);
+    pthread_mutex_unlock(&s->flush_mu);
+    return rc;
+}
+
+/* Hands back to the kernel the memory malloc keeps after a burst of big
+ * messages: gRPC reads each request into fresh slices, and once freed
+ * glibc keeps them in its arenas (its mmap threshold rises to the biggest
+ * freed block), so resident memory would stay at the burst's peak. At most
+ * once a second, and only after traffic; the next burst pays a page fault
+ * per 4 KiB again, a few ms a second at most. */
+#define TRIM_EVERY_MS 1000
+
+static void maybe_trim(psd_shard *s, int64_t *last_ms, uint64_t *last_bytes)
+{
+    int64_t now = ps_now_ms();
+    uint64_t bytes = atomic_load(&s->bytes_in) + atomic_load(&s->bytes_out);
+    if (now - *last_ms < TRIM_EVERY_MS || bytes == *last_bytes)
+        return;
+    malloc_trim(0);
+    *last_ms = now;
+    *last_bytes = bytes;
+}
+
+void *shard_flusher_main(void *arg)
+{
+    psd_shard *s = arg;
+    pthread_setname_np(pthread_self(), "psd-flush");
+    int64_t trimmed_ms = ps_now_ms();
+    uint64_t trimmed_bytes = 0;
+    pthread_mutex_lock(&s->flush_mu);
+    while (!s->closing) {
+        struct timespec until = ps_time_after_ms(CLOCK_REALTIME,
+                                                 s->o.commit_interval_ms);
+        while (!s->closing && !s->flush_requested)
+            if (pthread_cond_timedwait(&s->flush_cond, &s->flush_mu, &until) ==
+                ETIMEDOUT)
+                break;
+        s->flush_requested = false;
+        if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
+            shard_flush_locked(s);
+        maybe_trim(s, &trimmed_ms, &trimmed_bytes);
+    }
+    pthread_mutex_unlock(&s->flush_mu);
+    return NULL;
+}
+
+void shard_request_flush(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_requested = true;
+    pthread_cond_signal(&s->flush_cond);
+    pthread_mutex_unlock(&s->flush_mu);
+}
+
+/* ---- open, create, restore, checkpoint -------------------------------- */
+
+/* Opens the store under s->data_dir and loads its variables into the
+ * table. Returns 0 or the store's error, logged. */
+int shard_store_open(psd_shard *s, uint64_t map_size)
+{
+    int rc = psd_store_open(s->data_dir, map_size, 0, &s->store);
+    if (rc != 0) {
+        ps_log_err(rc, "cannot open the store in %s", s->data_dir);
+        return rc;
+    }
+    struct var_list lc;
+    rc = load_store(s->store, &lc);
+    if (rc != 0) {
+        ps_log_err(rc, "cannot load the variables in %s", s->data_dir);
+        return rc;
+    }
+    s->vars = lc.vars;
+    s->nvars = lc.n;
+    s->cap = lc.cap;
+    return 0;
+}
+
+void shard_store_close(psd_shard *s)
+{
+    psd_store_close(s->store);
+    s->store = NULL;
+}
+
+/* Writes a new variable in a transaction of its own. Called with
+ * table_lock held for writing. */
+int shard_store_add(psd_shard *s, const psd_var *v)
+{
+    psd_store_txn *t;
+    int rc = psd_store_begin(s->store, &t);
+    if (rc == 0) {
+        psd_var_rec rec;
+        var_rec(v, &rec);
+        rc = psd_store_put(t, &rec);
+        if (rc == 0)
+            rc = psd_store_commit(t);
+        else
+            psd_store_abort(t);
+    }
+    return rc;
+}
+
+/* Replaces everything in the store by the variables of l, in one
+ * transaction: on failure the store is as it was. Called with flush_mu
+ * held (Restore). */
+int shard_store_replace(psd_shard *s, const struct var_list *l)
+{
+    psd_store_txn *t = NULL;
+    int rc = psd_store_begin(s->store, &t);
+    if (rc == 0)
+        rc = psd_store_clear(t);
+    for (size_t i = 0; i < l->n && rc == 0; i++) {
+        psd_var_rec rec;
+        var_rec(l->vars[i], &rec);
+        rc = psd_store_put(t, &rec);
+    }
+    if (rc == 0)
+        rc = psd_store_commit(t);
+    else if (t != NULL)
+        psd_store_abort(t);
+    return rc;
+}
+
+uint64_t shard_store_commits(psd_shard *s)
+{
+    return psd_store_commits(s->store);
+}
+
+/* Writes the checkpoint of the store for step (checkpoint.h). */
+int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
+                    size_t pathlen, uint64_t *bytes)
+{
+    return psd_ckpt_write(s->store, s->ckpt_root, step, nvars, path, pathlen, bytes);
+}
+
+/* Loads the variables of the checkpoint in directory path into l. Returns
+ * 0 or the store's error. */
+int shard_ckpt_load(const char *path, struct var_list *l)
+{
+    psd_store *ck;
+    int rc = psd_store_open(path, 0, PSD_STORE_RDONLY, &ck);
+    if (rc == 0) {
+        rc = load_store(ck, l);
+        psd_store_close(ck);
+    }
+    return rc;
+}

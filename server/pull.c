@@ -1,0 +1,507 @@
+/*
+ * pull.c - Pull: the values of variables, answered at once or once each
+ * reaches the version asked for; the waiters and the sweeper thread that
+ * answers them (and expires the sync pushes that wait too long). Replies
+ * send a big value in place from its refcounted buffer, or write it into a
+ * co-located client's shared memory. The lock order is in shard_internal.h.
+ */
+#include "shard_internal.h"
+
+#include "log.h"
+#include "pbcur.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SWEEP_MS 20
+/* Shared memory unused this long is unmapped (shmmap.h); checked every
+ * SHM_SWEEP_MS. */
+#define SHM_IDLE_MS 60000
+#define SHM_SWEEP_MS 5000
+
+/* ---- answering pulls -------------------------------------------------- */
+
+/* Room for one value's header: tags and lengths, a 255-byte name, eight
+ * dimensions. */
+#define VALUE_HDR_MAX 512
+
+/* Writes the PullResponse bytes of v up to its data (values[i] tag and
+ * length, name, version, value's tag and length, dtype, shape, data's tag
+ * and length) at p; returns the end. The encoding is protobuf-c's. */
+static uint8_t *value_header(uint8_t *p, const psd_var *v, int field,
+                             const psd_shm_ref *into)
+{
+    size_t nbytes = v->n * sizeof(float), shape_len = 0;
+    for (int d = 0; d < v->ndim; d++)
+        shape_len += ps_pb_varint_len((uint64_t)v->shape[d]);
+    size_t into_len = into ? ps_shm_ref_len(into->name, into->offset, into->length) : 0;
+    size_t tensor_len = 2 + (v->ndim ? 1 + ps_pb_varint_len(shape_len) + shape_len : 0) +
+                        (into ? 1 + ps_pb_varint_len(into_len) + into_len
+                              : nbytes ? 1 + ps_pb_varint_len(nbytes) + nbytes : 0);
+    size_t name_len = strlen(v->name);
+    size_t vv_len = 1 + ps_pb_varint_len(name_len) + name_len +
+                    (v->version ? 1 + ps_pb_varint_len(v->version) : 0) +
+                    1 + ps_pb_varint_len(tensor_len) + tensor_len;
+    *p++ = (uint8_t)((field << 3) | 2); /* PullResponse or PushResponse .values */
+    p = ps_pb_put_varint(p, vv_len);
+    *p++ = (1 << 3) | 2; /* VariableValue.name */
+    p = ps_pb_put_varint(p, name_len);
+    memcpy(p, v->name, name_len);
+    p += name_len;
+    if (v->version) {
+        *p++ = (2 << 3) | 0; /* VariableValue.version */
+        p = ps_pb_put_varint(p, v->version);
+    }
+    *p++ = (3 << 3) | 2; /* VariableValue.value */
+    p = ps_pb_put_varint(p, tensor_len);
+    *p++ = (1 << 3) | 0; /* Tensor.dtype */
+    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+    if (v->ndim) {
+        *p++ = (2 << 3) | 2; /* Tensor.shape, packed */
+        p = ps_pb_put_varint(p, shape_len);
+        for (int d = 0; d < v->ndim; d++)
+            p = ps_pb_put_varint(p, (uint64_t)v->shape[d]);
+    }
+    if (into != NULL) {
+        /* Tensor.shm: where the bytes went. */
+        p = ps_shm_ref_put(p, 4, into->name, into->offset, into->length);
+    } else if (nbytes) {
+        *p++ = (3 << 3) | 2; /* Tensor.data */
+        p = ps_pb_put_varint(p, nbytes);
+    }
+    return p;
+}
+
+/* Resolves the references of into[0..n) (NULL: none) that are set, into
+ * dst; fails call and returns false when one does not resolve or does not
+ * fit its variable. Called between psd_shmmap_enter and _leave. */
+static bool resolve_into(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                         const psd_shm_ref *into, size_t n, void **dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = NULL;
+        if (into == NULL || !into[i].set)
+            continue;
+        char err[400];
+        int code = psd_shmmap_get(s->shm, &into[i], &dst[i], err, sizeof err);
+        if (code == 0 && into[i].length != vars[i]->n * sizeof(float)) {
+            snprintf(err, sizeof err, "variable '%s': shared memory for its value "
+                     "has %llu bytes, the value %zu", vars[i]->name,
+                     (unsigned long long)into[i].length, vars[i]->n * sizeof(float));
+            code = PS_RPC_INVALID_ARGUMENT;
+        }
+        if (code != 0) {
+            if (code == PS_RPC_INVALID_ARGUMENT)
+                atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, code, "%s", err);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Whether every set reference of into resolves and fits (resolve_into),
+ * before a call changes or waits for anything; fails call if not. */
+bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                    const psd_shm_ref *into, size_t n)
+{
+    void **dst = calloc(n ? n : 1, sizeof *dst);
+    if (dst == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    psd_shmmap_enter(s->shm);
+    bool ok = resolve_into(s, call, vars, into, n, dst);
+    psd_shmmap_leave(s->shm);
+    free(dst);
+    return ok;
+}
+
+/* Answers with prefix (copied) followed by the values of vars as repeated
+ * field `field` of the response: the headers copied, big values in place
+ * (the reply holds a reference to each, and an update meanwhile writes a
+ * copy), small ones copied. Takes each variable's read lock until the reply
+ * is built. Returns the value bytes sent. */
+uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
+                                 const uint8_t *prefix, size_t prefix_len,
+                                 int field, psd_var **vars, size_t n,
+                                 const psd_shm_ref *into)
+{
+    uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
+    ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
+    /* With shared memory: each value's destination, and whether its lock
+     * was let go early (one allocation; none for an inline reply). */
+    void **dst = NULL;
+    bool *unlocked = NULL;
+    if (into != NULL && (dst = calloc(n ? n : 1, sizeof *dst + sizeof *unlocked)) != NULL)
+        unlocked = (bool *)(void *)(dst + n);
+    if (hdr == NULL || parts == NULL || (into != NULL && dst == NULL)) {
+        free(hdr);
+        free(parts);
+        free(dst);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory building "
+                    "the response");
+        return 0;
+    }
+    if (into != NULL) {
+        psd_shmmap_enter(s->shm);
+        if (!resolve_into(s, call, vars, into, n, dst)) {
+            psd_shmmap_leave(s->shm);
+            free(hdr);
+            free(parts);
+            free(dst);
+            return 0;
+        }
+    }
+    uint64_t bytes = 0;
+    int np = 0;
+    if (prefix_len > 0)
+        parts[np++] = (ps_rpc_part){prefix, prefix_len, NULL, NULL};
+    for (size_t i = 0; i < n; i++) {
+        psd_var *v = vars[i];
+        pthread_rwlock_rdlock(&v->lock);
+        uint8_t *h = hdr + i * VALUE_HDR_MAX;
+        const psd_shm_ref *to = dst != NULL && dst[i] != NULL ? &into[i] : NULL;
+        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field, to) - h),
+                                    NULL, NULL};
+        size_t nbytes = v->n * sizeof(float);
+        if (to != NULL && v->vmsg != NULL) {
+            /* The one copy, straight to the client, from the value held by
+             * a reference and not the lock: an update meanwhile writes a
+             * copy (value_writable), so a big copy does not stall pushes. */
+            ps_rpc_msg *m = v->vmsg;
+            const float *src = v->value;
+            ps_rpc_msg_ref(m);
+            pthread_rwlock_unlock(&v->lock);
+            unlocked[i] = true;
+            memcpy(dst[i], src, nbytes);
+            ps_rpc_msg_unref(m);
+            atomic_fetch_add(&s->shm_bytes, nbytes);
+        } else if (to != NULL) {
+            memcpy(dst[i], v->value, nbytes); /* small: under the lock */
+            atomic_fetch_add(&s->shm_bytes, nbytes);
+        } else if (v->vmsg != NULL) {
+            ps_rpc_msg_ref(v->vmsg);
+            parts[np++] = (ps_rpc_part){v->value, nbytes, ps_rpc_msg_release, v->vmsg};
+        } else {
+            parts[np++] = (ps_rpc_part){v->value, nbytes, NULL, NULL};
+        }
+        bytes += nbytes;
+    }
+    ps_rpc_reply_parts(call, parts, np);
+    for (size_t i = 0; i < n; i++)
+        if (unlocked == NULL || !unlocked[i])
+            pthread_rwlock_unlock(&vars[i]->lock);
+    if (into != NULL)
+        psd_shmmap_leave(s->shm);
+    free(hdr);
+    free(parts);
+    free(dst);
+    return bytes;
+}
+
+/* Answers a Pull with the values of vars. */
+static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                         size_t n, const psd_shm_ref *into)
+{
+    uint64_t bytes = shard_reply_with_values(s, call, NULL, 0, 1, vars, n, into);
+    atomic_fetch_add(&s->pulls, 1);
+    atomic_fetch_add(&s->bytes_out, bytes);
+}
+
+void shard_waiter_free(pull_waiter *w)
+{
+    free(w->vars);
+    free(w->min_versions);
+    free(w->into);
+    free(w);
+}
+
+/* Returns the first item below its min_version, or n if none. Reads the
+ * versions without the variables' locks: the sweeper calls it holding
+ * wait_mu, which pushes take while holding a variable's lock, so taking the
+ * lock here could deadlock. Versions only rise, and are written atomically. */
+static size_t first_unmet(psd_var **vars, const uint64_t *minv, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (__atomic_load_n(&vars[i]->version, __ATOMIC_ACQUIRE) < minv[i])
+            return i;
+    return n;
+}
+
+static void fail_unmet(ps_rpc_call *call, psd_var *v, uint64_t minv)
+{
+    pthread_rwlock_rdlock(&v->lock);
+    uint64_t ver = v->version;
+    pthread_rwlock_unlock(&v->lock);
+    ps_rpc_fail(call, PS_RPC_DEADLINE_EXCEEDED,
+                "variable '%s' is at version %llu; the deadline passed waiting "
+                "for version %llu", v->name, (unsigned long long)ver,
+                (unsigned long long)minv);
+}
+
+void shard_wake_waiters(psd_shard *s)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    if (s->waiters != NULL)
+        pthread_cond_signal(&s->wait_cond);
+    pthread_mutex_unlock(&s->wait_mu);
+}
+
+/* What one round of the sweeper takes off the lists: pulls to answer,
+ * pulls to fail, sync pushes to fail. */
+struct sweep {
+    pull_waiter *ready, *expired;
+    pending_push *gone;
+    bool stopping;
+};
+
+/* Moves the waits that are due off the lists into sw. Called with wait_mu
+ * held. */
+static void sweep_take(psd_shard *s, struct sweep *sw)
+{
+    *sw = (struct sweep){NULL, NULL, NULL, false};
+    for (pull_waiter **pw = &s->waiters; *pw != NULL;) {
+        pull_waiter *w = *pw;
+        if (first_unmet(w->vars, w->min_versions, w->nitems) == w->nitems) {
+            *pw = w->next;
+            w->next = sw->ready;
+            sw->ready = w;
+        } else if (ps_rpc_call_cancelled(w->call) || s->stopping) {
+            *pw = w->next;
+            w->next = sw->expired;
+            sw->expired = w;
+        } else {
+            pw = &w->next;
+        }
+    }
+    for (pending_push **pp = &s->pending; *pp != NULL;) {
+        pending_push *p = *pp;
+        if (p->armed && (ps_rpc_call_cancelled(p->call) || s->stopping)) {
+            *pp = p->next;
+            p->next = sw->gone;
+            sw->gone = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    sw->stopping = s->stopping;
+}
+
+/* Answers the pulls sw took. Called with table_lock held for reading. */
+static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
+{
+    while (sw->ready != NULL) {
+        pull_waiter *w = sw->ready;
+        sw->ready = w->next;
+        reply_values(s, w->call, w->vars, w->nitems, w->into);
+        shard_waiter_free(w);
+    }
+    while (sw->expired != NULL) {
+        pull_waiter *w = sw->expired;
+        sw->expired = w->next;
+        if (sw->stopping) {
+            ps_rpc_fail(w->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        } else {
+            size_t i = first_unmet(w->vars, w->min_versions, w->nitems);
+            if (i < w->nitems)
+                fail_unmet(w->call, w->vars[i], w->min_versions[i]);
+            else
+                reply_values(s, w->call, w->vars, w->nitems, w->into);
+        }
+        shard_waiter_free(w);
+    }
+}
+
+/* Fails the sync pushes sw took. */
+static void sweep_fail_pushes(struct sweep *sw)
+{
+    while (sw->gone != NULL) {
+        pending_push *p = sw->gone;
+        sw->gone = p->next;
+        if (sw->stopping)
+            ps_rpc_fail(p->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        else
+            ps_rpc_fail(p->call, PS_RPC_DEADLINE_EXCEEDED,
+                        "step %llu: the deadline passed waiting for the other "
+                        "workers' pushes (the gradient was kept; push the "
+                        "same step again to wait again)",
+                        (unsigned long long)p->step);
+        /* Off every list: nothing else can reach it. */
+        shard_pending_free(p);
+    }
+}
+
+/* The sweeper answers pulls whose versions arrived and fails waits whose
+ * deadline passed or whose client went away. The table read lock keeps the
+ * variables alive while it looks at them. */
+void *shard_sweeper_main(void *arg)
+{
+    psd_shard *s = arg;
+    pthread_setname_np(pthread_self(), "psd-sweep");
+    int64_t last_shm_sweep = ps_now_ms();
+    pthread_mutex_lock(&s->wait_mu);
+    while (!s->closing) {
+        struct timespec until = ps_time_after_ms(CLOCK_REALTIME, SWEEP_MS);
+        pthread_cond_timedwait(&s->wait_cond, &s->wait_mu, &until);
+        if (s->closing)
+            break;
+        struct sweep sw;
+        sweep_take(s, &sw);
+        pthread_mutex_unlock(&s->wait_mu);
+
+        pthread_rwlock_rdlock(&s->table_lock);
+        sweep_answer_pulls(s, &sw);
+        pthread_rwlock_unlock(&s->table_lock);
+        if (ps_now_ms() - last_shm_sweep >= SHM_SWEEP_MS) {
+            psd_shmmap_sweep(s->shm, SHM_IDLE_MS);
+            last_shm_sweep = ps_now_ms();
+        }
+        sweep_fail_pushes(&sw);
+        pthread_mutex_lock(&s->wait_mu);
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    return NULL;
+}
+
+/* ---- Pull ------------------------------------------------------------- */
+
+/* One Pull's items, resolved: the variables, the versions they must reach,
+ * and where their values go (NULL: in the reply). */
+struct pull_items {
+    size_t n;
+    psd_var **vars;
+    uint64_t *minv;
+    psd_shm_ref *into;
+};
+
+static void pull_items_free(struct pull_items *it)
+{
+    free(it->vars);
+    free(it->minv);
+    free(it->into);
+}
+
+/* Allocates it for r's items and copies their shared-memory references.
+ * Returns false with call failed. */
+static bool pull_items_init(ps_rpc_call *call, const Ps__V1__PullRequest *r,
+                            struct pull_items *it)
+{
+    size_t n = r->n_items;
+    bool any_into = false;
+    for (size_t i = 0; i < n; i++)
+        any_into = any_into || r->items[i]->into != NULL;
+    *it = (struct pull_items){n, calloc(n, sizeof *it->vars),
+                              calloc(n, sizeof *it->minv),
+                              any_into ? calloc(n, sizeof *it->into) : NULL};
+    if (it->vars == NULL || it->minv == NULL || (any_into && it->into == NULL)) {
+        pull_items_free(it);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
+        return false;
+    }
+    for (size_t i = 0; it->into != NULL && i < n; i++) {
+        const Ps__V1__ShmRef *ref = r->items[i]->into;
+        if (ref == NULL)
+            continue;
+        it->into[i].set = 1;
+        it->into[i].name_len = strlen(ref->name);
+        snprintf(it->into[i].name, sizeof it->into[i].name, "%s", ref->name);
+        it->into[i].offset = ref->offset;
+        it->into[i].length = ref->length;
+    }
+    return true;
+}
+
+/* Finds the variables r names, each once. Returns false with call failed.
+ * Called with table_lock held for reading. */
+static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullRequest *r,
+                        struct pull_items *it)
+{
+    for (size_t i = 0; i < it->n; i++) {
+        const char *name = r->items[i]->name;
+        it->vars[i] = shard_find_var(s, name, strlen(name), NULL);
+        it->minv[i] = r->items[i]->min_version;
+        if (it->vars[i] == NULL) {
+            shard_count_bad(s);
+            const char *np = shard_name_problem(name, strlen(name));
+            if (np != NULL)
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                            "Pull: items[%zu]: variable name %s", i, np);
+            else
+                ps_rpc_fail(call, PS_RPC_NOT_FOUND,
+                            "Pull: variable '%s' does not exist", name);
+            return false;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (it->vars[j] == it->vars[i]) {
+                shard_count_bad(s);
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                            "Pull: variable '%s' is named twice", name);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Lists the pull as a waiter, taking over its arrays. Called with
+ * table_lock held for reading. */
+static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it)
+{
+    pull_waiter *w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
+        return;
+    }
+    w->call = call;
+    w->nitems = it->n;
+    w->vars = it->vars;
+    w->min_versions = it->minv;
+    w->into = it->into;
+    *it = (struct pull_items){0};
+    pthread_mutex_lock(&s->wait_mu);
+    w->next = s->waiters;
+    s->waiters = w;
+    /* A version may have arrived between the check and the listing. */
+    pthread_cond_signal(&s->wait_cond);
+    pthread_mutex_unlock(&s->wait_mu);
+}
+
+void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__PullRequest *r = ps__v1__pull_request__unpack(NULL, len, req);
+    if (r == NULL) {
+        shard_fail_unparsed(s, call, "Pull", len);
+        return;
+    }
+    struct pull_items it;
+    if (r->n_items == 0) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Pull: no items; name at "
+                    "least one variable");
+        goto out;
+    }
+    if (!pull_items_init(call, r, &it))
+        goto out;
+    pthread_rwlock_rdlock(&s->table_lock);
+    if (pull_lookup(s, call, r, &it)) {
+        size_t n = it.n, unmet = first_unmet(it.vars, it.minv, n);
+        if (unmet == n)
+            reply_values(s, call, it.vars, n, it.into);
+        else if (s->stopping)
+            ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        else if (ps_rpc_call_cancelled(call))
+            fail_unmet(call, it.vars[unmet], it.minv[unmet]);
+        /* (Shared memory that will not do fails the call now, not after
+         * the wait; an answer at once checks it as it writes.) */
+        else if (it.into == NULL || shard_into_ok(s, call, it.vars, it.into, n))
+            pull_wait(s, call, &it);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    pull_items_free(&it);
+out:
+    ps__v1__pull_request__free_unpacked(r, NULL);
+}

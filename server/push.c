@@ -1,0 +1,764 @@
+/*
+ * push.c - Push: gradients applied by each variable's optimizer straight
+ * from the request's bytes (or a co-located client's shared memory), in
+ * named steps: decode and check everything, apply the async parts, join
+ * the sync parts to their step's aggregate, answer (at once, when the step
+ * completes, or once committed with --durable). SetSyncWorkers, which
+ * changes how many pushes a sync step waits for, is here too. The lock
+ * order is in shard_internal.h.
+ */
+#include "shard_internal.h"
+
+#include "errors.h"
+#include "log.h"
+#include "pbcur.h"
+#include "tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- pushes that wait ------------------------------------------------- */
+
+void shard_pending_free(pending_push *p)
+{
+    free(p->vars);
+    free(p->versions);
+    free(p->into);
+    free(p);
+}
+
+/* Answers a push with its versions, and with the values when it asked.
+ * The caller keeps the variables alive: it holds table_lock, or flush_mu
+ * (Restore takes both before it frees any). */
+static void reply_push(psd_shard *s, pending_push *p)
+{
+    if (!p->return_values) {
+        Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
+        resp.n_versions = p->nitems;
+        resp.versions = p->versions;
+        ps_rpc_reply_pb(p->call, &resp);
+    } else {
+        /* PushResponse.versions, packed, then .values. */
+        size_t vlen = 0;
+        for (size_t i = 0; i < p->nitems; i++)
+            vlen += ps_pb_varint_len(p->versions[i]);
+        uint8_t *pre = malloc(1 + 10 + vlen), *q = pre;
+        if (pre == NULL) {
+            ps_rpc_fail(p->call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        } else {
+            *q++ = (1 << 3) | 2;
+            q = ps_pb_put_varint(q, vlen);
+            for (size_t i = 0; i < p->nitems; i++)
+                q = ps_pb_put_varint(q, p->versions[i]);
+            uint64_t bytes = shard_reply_with_values(s, p->call, pre, (size_t)(q - pre),
+                                                     2, p->vars, p->nitems, p->into);
+            atomic_fetch_add(&s->bytes_out, bytes);
+            free(pre);
+        }
+    }
+    atomic_fetch_add(&s->pushes, 1);
+}
+
+/* Answers the durable pushes whose updates are all committed. */
+void shard_answer_durable(psd_shard *s, uint64_t upto)
+{
+    pthread_mutex_lock(&s->wait_mu);
+    pending_push *done = NULL;
+    for (pending_push **pp = &s->durable; *pp != NULL;) {
+        pending_push *p = *pp;
+        if (p->seq <= upto) {
+            *pp = p->next;
+            p->next = done;
+            done = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    while (done != NULL) {
+        pending_push *p = done;
+        done = p->next;
+        reply_push(s, p);
+        shard_pending_free(p);
+    }
+}
+
+/* A push whose every part is applied: answer now, or after its commit. */
+static void push_complete(psd_shard *s, pending_push *p)
+{
+    if (s->o.durable) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->seq = atomic_load(&s->apply_seq);
+        p->next = s->durable;
+        s->durable = p;
+        pthread_mutex_unlock(&s->wait_mu);
+        shard_request_flush(s);
+        return;
+    }
+    reply_push(s, p);
+    shard_pending_free(p);
+}
+
+/* Completes every push of the list ready (maybe_apply_step's). */
+static void complete_all(psd_shard *s, pending_push *ready)
+{
+    while (ready != NULL) {
+        pending_push *q = ready;
+        ready = q->next;
+        push_complete(s, q);
+    }
+}
+
+/* What a push handler reuses from call to call on its thread: the decoded
+ * request. Freed by the thread-exit destructor of a pthread key. */
+struct thread_bufs {
+    psd_push_req req;
+    float straddle; /* a float split between two pieces, joined */
+};
+
+static pthread_key_t bufs_key;
+static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
+
+static void bufs_free(void *p)
+{
+    struct thread_bufs *b = p;
+    psd_push_req_free(&b->req);
+    free(b);
+}
+
+static void bufs_key_make(void)
+{
+    pthread_key_create(&bufs_key, bufs_free);
+}
+
+static struct thread_bufs *thread_bufs(void)
+{
+    pthread_once(&bufs_once, bufs_key_make);
+    struct thread_bufs *b = pthread_getspecific(bufs_key);
+    if (b == NULL) {
+        b = calloc(1, sizeof *b);
+        if (b != NULL)
+            pthread_setspecific(bufs_key, b);
+    }
+    return b;
+}
+
+/* The next floats of a gradient whose bytes the cursor c covers (a whole
+ * number of floats), read in place from the piece they arrived in, at
+ * whatever alignment; a float split between two pieces is joined in
+ * *straddle. Returns how many floats *out holds; 0 at the end. */
+static size_t grad_next(ps_pbcur *c, float *straddle, const psd_ufloat **out)
+{
+    const uint8_t *p;
+    size_t k = ps_pbcur_peek(c, &p);
+    if (k == 0)
+        return 0;
+    if (k < sizeof(float)) {
+        ps_pbcur_take(c, straddle, sizeof(float));
+        *out = straddle;
+        return 1;
+    }
+    size_t nf = k / sizeof(float);
+    *out = (const psd_ufloat *)(const void *)p;
+    ps_pbcur_take(c, NULL, nf * sizeof(float));
+    return nf;
+}
+
+/* Makes v's value safe to update: when a Pull's reply is still sending it
+ * in place, the value moves to a copy (pooled memory, warm) and the reply
+ * keeps the old bytes. Called with v->lock held for writing. */
+static void value_writable(psd_var *v)
+{
+    if (v->vmsg == NULL || !ps_rpc_msg_shared(v->vmsg))
+        return;
+    size_t bytes = v->n * sizeof(float);
+    ps_rpc_msg *m = ps_rpc_msg_new(bytes);
+    /* Out of memory for the copy: wait for the reply to be sent instead
+     * (gRPC releases it without this variable's lock). */
+    for (int i = 0; m == NULL && ps_rpc_msg_shared(v->vmsg); i++) {
+        if (i % 1000 == 0)
+            ps_log_warn("variable '%s': no memory to copy the value a Pull is "
+                        "sending; the update waits for the send", v->name);
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        m = ps_rpc_msg_new(bytes);
+    }
+    if (m == NULL)
+        return;
+    memcpy(ps_rpc_msg_data(m), v->value, bytes);
+    ps_rpc_msg_unref(v->vmsg);
+    v->vmsg = m;
+    v->value = (float *)(void *)ps_rpc_msg_data(m);
+}
+
+static bool grad_finite(ps_pbcur c, float *straddle)
+{
+    const psd_ufloat *g;
+    size_t k;
+    while ((k = grad_next(&c, straddle, &g)) > 0)
+        if (!psd_all_finite(g, k))
+            return false;
+    return true;
+}
+
+/* Applies the optimizer with gradient c to v's elements from off on, part
+ * by part as the gradient arrived. Called with v->lock held for writing
+ * (by this thread or the one that handed the job over). */
+static void grad_apply_at(psd_var *v, ps_pbcur c, size_t off, float *straddle,
+                          uint64_t t)
+{
+    const psd_ufloat *g;
+    size_t k;
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
+        psd_opt_apply_part(&v->opt, v->value + off,
+                           v->slots ? v->slots + off : NULL, v->n, g, k, 1.0f, t);
+        off += k;
+    }
+}
+
+/* A gradient at least this big is checked and applied in two halves, one
+ * on the helper thread when it is idle (assist.h). */
+#define SPLIT_MIN_BYTES ((size_t)1 << 20)
+
+struct half {
+    psd_var *v;
+    ps_pbcur c;
+    size_t off; /* its first element */
+    uint64_t t;
+    bool ok;    /* half_check: every float finite */
+    float straddle;
+};
+
+static void half_check(void *p)
+{
+    struct half *h = p;
+    h->ok = grad_finite(h->c, &h->straddle);
+}
+
+static void half_apply(void *p)
+{
+    struct half *h = p;
+    grad_apply_at(h->v, h->c, h->off, &h->straddle, h->t);
+}
+
+/* Splits gradient c of n floats at a cache-line boundary near its middle:
+ * lo covers the elements before the returned index, hi the rest. */
+static size_t split_grad(ps_pbcur c, size_t n, ps_pbcur *lo, ps_pbcur *hi)
+{
+    size_t mid = (n / 2) & ~(size_t)15;
+    *lo = c;
+    lo->left = mid * sizeof(float);
+    *hi = c;
+    ps_pbcur_take(hi, NULL, mid * sizeof(float));
+    return mid;
+}
+
+static bool grad_finite_split(psd_shard *s, ps_pbcur c, size_t n, float *straddle)
+{
+    struct half h = {0};
+    ps_pbcur lo;
+    if (n * sizeof(float) < SPLIT_MIN_BYTES)
+        return grad_finite(c, straddle);
+    split_grad(c, n, &lo, &h.c);
+    if (!psd_assist_try(s->assist, half_check, &h))
+        return grad_finite(c, straddle);
+    bool ok = grad_finite(lo, straddle);
+    psd_assist_join(s->assist);
+    return ok && h.ok;
+}
+
+/* Applies gradient c to v (the whole value). Called with v->lock held for
+ * writing. Either way each element gets the same bits. */
+static void grad_apply(psd_shard *s, psd_var *v, ps_pbcur c, float *straddle,
+                       uint64_t t)
+{
+    struct half h = {.v = v, .t = t};
+    ps_pbcur lo;
+    value_writable(v);
+    if (v->n * sizeof(float) < SPLIT_MIN_BYTES) {
+        grad_apply_at(v, c, 0, straddle, t);
+        return;
+    }
+    h.off = split_grad(c, v->n, &lo, &h.c);
+    if (!psd_assist_try(s->assist, half_apply, &h)) {
+        grad_apply_at(v, c, 0, straddle, t);
+        return;
+    }
+    grad_apply_at(v, lo, 0, straddle, t);
+    psd_assist_join(s->assist);
+}
+
+/* accum = g (first push of a step) or accum += g. */
+static void grad_accumulate(float *accum, bool first, ps_pbcur c, float *straddle)
+{
+    const psd_ufloat *g;
+    size_t k, off = 0;
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
+        if (first)
+            memcpy(accum + off, g, k * sizeof(float));
+        else
+            psd_accumulate(accum + off, g, k);
+        off += k;
+    }
+}
+
+/* Adds a worker to the step's set; false if it was there already. Called
+ * with v->lock held for writing. */
+static bool mark_pushed(psd_var *v, uint32_t worker)
+{
+    for (size_t i = 0; i < v->npushed; i++)
+        if (v->pushed[i] == worker)
+            return false;
+    if (v->npushed == v->cap_pushed) {
+        size_t ncap = v->cap_pushed ? v->cap_pushed * 2 : 8;
+        uint32_t *p = realloc(v->pushed, ncap * sizeof *p);
+        if (p == NULL)
+            return false;
+        v->pushed = p;
+        v->cap_pushed = ncap;
+    }
+    v->pushed[v->npushed++] = worker;
+    return true;
+}
+
+/* Applies the step's aggregate when every worker has pushed, and completes
+ * the pushes that waited for it. Called with v->lock held for writing;
+ * returns the pushes to complete (the caller does, after unlocking). */
+static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
+{
+    if (v->accum_count < v->num_workers)
+        return NULL;
+    value_writable(v);
+    psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
+                  1.0f / (float)v->accum_count, v->version + 1);
+    __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    uint64_t done_step = v->step;
+    v->step++;
+    v->accum_count = 0;
+    v->npushed = 0;
+    atomic_fetch_add(&s->apply_seq, 1);
+    /* Collect the pushes of this step that now have every part applied. */
+    pending_push *ready = NULL;
+    pthread_mutex_lock(&s->wait_mu);
+    for (pending_push **pp = &s->pending; *pp != NULL;) {
+        pending_push *p = *pp;
+        bool mine = false;
+        if (p->step == done_step)
+            for (size_t i = 0; i < p->nitems; i++)
+                if (p->vars[i] == v && p->versions[i] == 0) {
+                    p->versions[i] = v->version;
+                    p->nleft--;
+                    mine = true;
+                }
+        if (mine && p->nleft == 0 && p->armed) {
+            *pp = p->next;
+            p->next = ready;
+            ready = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    return ready;
+}
+
+/* Makes the gradients that lie in shared memory cursors over it, and keeps
+ * the push's value_into references in p. Called between psd_shmmap_enter
+ * and _leave; returns false with call failed. */
+static bool push_shm(psd_shard *s, ps_rpc_call *call, psd_push_req *r,
+                     pending_push *p, uint64_t *shm_in_out)
+{
+    char err[400];
+    uint64_t shm_in = 0;
+    for (size_t i = 0; i < r->ngrads; i++) {
+        psd_wire_grad *g = &r->grads[i];
+        if (g->value_into.set) {
+            if (!r->return_values) {
+                atomic_fetch_add(&s->bad, 1);
+                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: "
+                            "value_into without return_values", i);
+                return false;
+            }
+            if (p->into == NULL && (p->into = calloc(r->ngrads, sizeof *p->into)) == NULL) {
+                ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+                return false;
+            }
+            p->into[i] = g->value_into;
+        }
+        if (!g->shm.set)
+            continue;
+        if (g->has_data && g->nbytes > 0) {
+            atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: the "
+                        "gradient has both data and shm; send one", i);
+            return false;
+        }
+        void *at;
+        int code = psd_shmmap_get(s->shm, &g->shm, &at, err, sizeof err);
+        if (code != 0) {
+            if (code == PS_RPC_INVALID_ARGUMENT)
+                atomic_fetch_add(&s->bad, 1);
+            ps_rpc_fail(call, code, "Push: grads[%zu]: %s", i, err);
+            return false;
+        }
+        g->shm_piece = (struct ps_piece){at, g->shm.length};
+        ps_pbcur_init(&g->data, &g->shm_piece, 1);
+        g->nbytes = g->shm.length;
+        shm_in += g->shm.length;
+    }
+    *shm_in_out = shm_in;
+    return true;
+}
+
+/* Decodes a Push into the thread's buffers and makes the pending push that
+ * will answer it, with its shared memory resolved (push_shm). Returns NULL
+ * with call failed. */
+static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
+                                const struct ps_piece *pieces, int npieces,
+                                struct thread_bufs *tb, uint64_t *shm_in)
+{
+    char err[512];
+    psd_push_req *r = &tb->req;
+    int rc = psd_push_decode(pieces, npieces, r, err, sizeof err);
+    if (rc != 0) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, rc == PS_EPARSE ? PS_RPC_INVALID_ARGUMENT
+                                          : PS_RPC_RESOURCE_EXHAUSTED,
+                    "%s", rc == PS_EPARSE ? err : "Push: out of memory");
+        return NULL;
+    }
+    if (r->ngrads == 0) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "Push: no gradients; send at least one");
+        return NULL;
+    }
+    if (s->stopping) {
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        return NULL;
+    }
+    pending_push *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return NULL;
+    }
+    p->call = call;
+    p->nitems = r->ngrads;
+    p->step = r->step;
+    p->return_values = r->return_values;
+    p->vars = calloc(r->ngrads, sizeof *p->vars);
+    p->versions = calloc(r->ngrads, sizeof *p->versions);
+    if (p->vars == NULL || p->versions == NULL) {
+        shard_pending_free(p);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return NULL;
+    }
+    if (!push_shm(s, call, r, p, shm_in)) {
+        shard_pending_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Finds the variable of grads[i] into p->vars[i], named once in the push.
+ * Returns PS_RPC_OK, or a code with err written. */
+static enum ps_rpc_code check_name(psd_shard *s, const psd_wire_grad *g, size_t i,
+                                   pending_push *p, char *err, size_t errlen)
+{
+    psd_var *v = g->name_len > PSD_WIRE_MAX_NAME
+                     ? NULL : shard_find_var(s, g->name, g->name_len, NULL);
+    if (v == NULL) {
+        const char *np = shard_name_problem(g->name, g->name_len);
+        if (np)
+            snprintf(err, errlen, "Push: grads[%zu]: variable name %s", i, np);
+        else
+            snprintf(err, errlen, "Push: variable '%.*s' does not exist",
+                     (int)g->name_len, g->name);
+        return np ? PS_RPC_INVALID_ARGUMENT : PS_RPC_NOT_FOUND;
+    }
+    p->vars[i] = v;
+    enum ps_rpc_code code = PS_RPC_OK;
+    for (size_t j = 0; j < i; j++)
+        if (p->vars[j] == v) {
+            code = PS_RPC_INVALID_ARGUMENT;
+            snprintf(err, errlen, "Push: variable '%s' has two gradients "
+                     "in one push", v->name);
+        }
+    return code;
+}
+
+/* Checks gradient g against its variable v: present, FLOAT32, as many
+ * elements, the same shape when it has one, finite unless
+ * --allow-nonfinite. Returns PS_RPC_OK, or a code with err written. */
+static enum ps_rpc_code check_tensor(psd_shard *s, const psd_wire_grad *g,
+                                     const psd_var *v, float *straddle,
+                                     char *err, size_t errlen)
+{
+    if (!g->has_tensor) {
+        snprintf(err, errlen, "variable '%s': the gradient tensor is "
+                 "missing", v->name);
+    } else if (g->dtype != PS__V1__DTYPE__DTYPE_FLOAT32) {
+        snprintf(err, errlen, "variable '%s': gradient dtype is %s, "
+                 "variable is FLOAT32", v->name, shard_dtype_name(g->dtype));
+    } else if (g->nbytes != v->n * sizeof(float)) {
+        if (g->nbytes % sizeof(float) != 0)
+            snprintf(err, errlen, "variable '%s': gradient has %zu bytes, "
+                     "not a whole number of float32 elements", v->name, g->nbytes);
+        else
+            snprintf(err, errlen, "variable '%s': gradient has %zu elements, "
+                     "variable has %zu", v->name, g->nbytes / sizeof(float), v->n);
+    } else if (g->ndim != 0 &&
+               (g->ndim != v->ndim ||
+                memcmp(g->shape, v->shape, (size_t)v->ndim * sizeof *v->shape) != 0)) {
+        char a[128], b[128];
+        ps_tensor_shape_str(g->shape, g->ndim < 0 ? 0 : g->ndim, a, sizeof a);
+        ps_tensor_shape_str(v->shape, v->ndim, b, sizeof b);
+        snprintf(err, errlen, "variable '%s': gradient shape %s, variable "
+                 "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
+    } else if (!s->o.allow_nonfinite && !grad_finite_split(s, g->data, v->n, straddle)) {
+        atomic_fetch_add(&s->nonfinite, 1);
+        snprintf(err, errlen, "variable '%s': the gradient holds NaN or "
+                 "Inf; refused (start psd with --allow-nonfinite to accept)",
+                 v->name);
+    } else {
+        return PS_RPC_OK;
+    }
+    return PS_RPC_INVALID_ARGUMENT;
+}
+
+/* A sync variable takes a push only for the step it is aggregating.
+ * Returns PS_RPC_OK, or a code with err written. */
+static enum ps_rpc_code check_step(psd_shard *s, psd_var *v, uint64_t step,
+                                   char *err, size_t errlen)
+{
+    pthread_rwlock_rdlock(&v->lock);
+    uint64_t at = v->step;
+    pthread_rwlock_unlock(&v->lock);
+    if (step < at) {
+        atomic_fetch_add(&s->stale, 1);
+        snprintf(err, errlen, "variable '%s': step %llu was already "
+                 "applied (the variable is aggregating step %llu)", v->name,
+                 (unsigned long long)step, (unsigned long long)at);
+        return PS_RPC_FAILED_PRECONDITION;
+    }
+    if (step > at) {
+        snprintf(err, errlen, "variable '%s': step %llu is ahead of "
+                 "the step being aggregated, %llu", v->name,
+                 (unsigned long long)step, (unsigned long long)at);
+        return PS_RPC_FAILED_PRECONDITION;
+    }
+    return PS_RPC_OK;
+}
+
+/* Phase 1: checks every gradient, changing nothing. Returns PS_RPC_OK, or
+ * the code of the first refusal with err written. Called with table_lock
+ * held for reading. */
+static enum ps_rpc_code push_check(psd_shard *s, const psd_push_req *r,
+                                   pending_push *p, float *straddle,
+                                   char *err, size_t errlen)
+{
+    for (size_t i = 0; i < r->ngrads; i++) {
+        const psd_wire_grad *g = &r->grads[i];
+        enum ps_rpc_code code = check_name(s, g, i, p, err, errlen);
+        if (code == PS_RPC_OK)
+            code = check_tensor(s, g, p->vars[i], straddle, err, errlen);
+        if (code == PS_RPC_OK && p->vars[i]->consistency == PSD_SYNC)
+            code = check_step(s, p->vars[i], r->step, err, errlen);
+        if (code != PS_RPC_OK)
+            return code;
+    }
+    return PS_RPC_OK;
+}
+
+/* Applies the async part i now. Called with v->lock held for writing;
+ * lets it go. */
+static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_pbcur g,
+                        float *straddle)
+{
+    psd_var *v = p->vars[i];
+    grad_apply(s, v, g, straddle, v->version + 1);
+    p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    atomic_fetch_add(&s->apply_seq, 1);
+    pthread_rwlock_unlock(&v->lock);
+}
+
+/* Joins the sync part i to its step's aggregate, and applies the step
+ * when this was its last push. Called with v->lock held for writing; lets
+ * it go before it completes the pushes the step finished. */
+static void join_step(psd_shard *s, pending_push *p, size_t i,
+                      const psd_push_req *r, ps_pbcur g, float *straddle)
+{
+    psd_var *v = p->vars[i];
+    /* The step may have been applied since phase 1 checked it (this push
+     * was a retry the others completed): this part is then done already,
+     * and must not spill into the next step's aggregate. */
+    if (v->step != r->step) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->versions[i] = v->version;
+        p->nleft--;
+        pthread_mutex_unlock(&s->wait_mu);
+        pthread_rwlock_unlock(&v->lock);
+        return;
+    }
+    /* A worker pushing a step again (a retry after its deadline) adds
+     * nothing and just waits for the step again. */
+    if (mark_pushed(v, r->worker)) {
+        if (v->accum == NULL)
+            v->accum = shard_alloc_floats(v->n);
+        grad_accumulate(v->accum, v->accum_count == 0, g, straddle);
+        v->accum_count++;
+    }
+    pending_push *ready = maybe_apply_step(s, v);
+    pthread_rwlock_unlock(&v->lock);
+    complete_all(s, ready);
+}
+
+/* Phase 2: applies every part, async ones now, sync ones into their step.
+ * The pending push is listed before any part joins, with every sync part
+ * counted, so that whichever thread applies the last part's step sees the
+ * whole count; it completes the push only once armed (push_arm), that is
+ * once this handler is done with it. Returns the number of sync parts.
+ * Called with table_lock held for reading. */
+static size_t push_apply(psd_shard *s, pending_push *p, const psd_push_req *r,
+                         float *straddle, uint64_t *bytes)
+{
+    size_t nsync = 0;
+    for (size_t i = 0; i < r->ngrads; i++)
+        nsync += p->vars[i]->consistency == PSD_SYNC;
+    if (nsync > 0) {
+        pthread_mutex_lock(&s->wait_mu);
+        p->nleft = nsync;
+        p->next = s->pending;
+        s->pending = p;
+        pthread_mutex_unlock(&s->wait_mu);
+    }
+    for (size_t i = 0; i < r->ngrads; i++) {
+        psd_var *v = p->vars[i];
+        *bytes += v->n * sizeof(float);
+        pthread_rwlock_wrlock(&v->lock);
+        if (v->consistency != PSD_SYNC)
+            apply_async(s, p, i, r->grads[i].data, straddle);
+        else
+            join_step(s, p, i, r, r->grads[i].data, straddle);
+    }
+    return nsync;
+}
+
+/* Hands a push with sync parts back to the sync steps (armed). Returns
+ * whether every part is applied already, in which case it is off the
+ * pending list and the caller completes it. */
+static bool push_arm(psd_shard *s, pending_push *p)
+{
+    bool done = false;
+    pthread_mutex_lock(&s->wait_mu);
+    p->armed = true;
+    if (p->nleft == 0) {
+        for (pending_push **pp = &s->pending; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == p) {
+                *pp = p->next;
+                break;
+            }
+        done = true;
+    }
+    pthread_mutex_unlock(&s->wait_mu);
+    return done;
+}
+
+static void push_locked(psd_shard *s, ps_rpc_call *call,
+                        const struct ps_piece *pieces, int npieces)
+{
+    struct thread_bufs *tb = thread_bufs();
+    if (tb == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+        return;
+    }
+    uint64_t shm_in = 0;
+    pending_push *p = push_begin(s, call, pieces, npieces, tb, &shm_in);
+    if (p == NULL)
+        return;
+    psd_push_req *r = &tb->req;
+
+    pthread_rwlock_rdlock(&s->table_lock);
+    char err[512];
+    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, err, sizeof err);
+    if (code != PS_RPC_OK) {
+        pthread_rwlock_unlock(&s->table_lock);
+        if (code == PS_RPC_INVALID_ARGUMENT)
+            shard_count_bad(s);
+        ps_rpc_fail(call, code, "%s", err);
+        shard_pending_free(p);
+        return;
+    }
+    /* Values that cannot be written where asked fail the push before it
+     * changes anything. */
+    if (p->into != NULL && !shard_into_ok(s, call, p->vars, p->into, p->nitems)) {
+        pthread_rwlock_unlock(&s->table_lock);
+        shard_pending_free(p);
+        return;
+    }
+    uint64_t bytes = 0;
+    size_t nsync = push_apply(s, p, r, &tb->straddle, &bytes);
+    bool done = nsync == 0 || push_arm(s, p);
+    /* Answered before table_lock is let go: a reply with values reads the
+     * variables, which only a Restore (holding it for writing) frees. */
+    if (done)
+        push_complete(s, p);
+    pthread_rwlock_unlock(&s->table_lock);
+    atomic_fetch_add(&s->bytes_in, bytes);
+    atomic_fetch_add(&s->shm_bytes, shm_in);
+    shard_wake_waiters(s);
+}
+
+/* Push holds the shared-memory map for its whole run: its gradients may be
+ * read from it, its values written into it. */
+void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
+                void *ctx)
+{
+    psd_shard *s = ctx;
+    psd_shmmap_enter(s->shm);
+    push_locked(s, call, pieces, npieces);
+    psd_shmmap_leave(s->shm);
+}
+
+/* The coordinator's word on how many workers are alive: every SYNC
+ * variable's step now waits for that many pushes, and a step that already
+ * holds them is applied at once. */
+void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
+                            void *ctx)
+{
+    psd_shard *s = ctx;
+    Ps__V1__SetSyncWorkersRequest *r =
+        ps__v1__set_sync_workers_request__unpack(NULL, len, req);
+    if (r == NULL || r->workers < 1 || r->workers > 65536) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SetSyncWorkers: %s",
+                    r == NULL ? "bytes that are not a SetSyncWorkersRequest"
+                              : "workers must be in [1, 65536]");
+        if (r)
+            ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
+        return;
+    }
+    uint32_t n = r->workers, previous = s->o.workers;
+    ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
+    pthread_rwlock_rdlock(&s->table_lock);
+    for (size_t i = 0; i < s->nvars; i++) {
+        psd_var *v = s->vars[i];
+        if (v->consistency != PSD_SYNC)
+            continue;
+        pthread_rwlock_wrlock(&v->lock);
+        previous = v->num_workers;
+        v->num_workers = n;
+        pending_push *ready = v->accum_count > 0 ? maybe_apply_step(s, v) : NULL;
+        pthread_rwlock_unlock(&v->lock);
+        complete_all(s, ready);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+    shard_wake_waiters(s);
+    ps_log_info("sync variables now aggregate %u worker(s) per step (were %u)",
+                n, previous);
+    Ps__V1__SetSyncWorkersResponse resp = PS__V1__SET_SYNC_WORKERS_RESPONSE__INIT;
+    resp.previous = previous;
+    ps_rpc_reply_pb(call, &resp);
+}

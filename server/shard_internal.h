@@ -1,0 +1,238 @@
+/*
+ * shard_internal.h - the shard's state, shared by the files that implement
+ * shard.h. Nothing outside them includes it.
+ *
+ *   shard.c     lifetime (open, stop, close), the method table, and the
+ *               checkpoint thread with Checkpoint and Restore
+ *   vartable.c  the table of variables, spec normalisation and validation,
+ *               CreateVariable, ListVariables, Stats
+ *   persist.c   the store: loading it, the write-behind flusher, the writes
+ *               of a new variable and of a restore (the only file of the
+ *               module that includes store.h)
+ *   pull.c      Pull, its waiters and the sweeper that answers them
+ *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
+ *
+ * Locks, always taken in this order and never the reverse:
+ *   s->table_lock (rw)  the set of variables; handlers hold it for reading
+ *                       for their whole run, CreateVariable and Restore for
+ *                       writing
+ *   v->lock (rw)        one variable's value, slots, version and sync state
+ *   s->wait_mu          the lists of calls that wait (pulls for a version,
+ *                       sync pushes for their step, durable pushes for their
+ *                       commit)
+ * The store's write transaction is begun only with table_lock held.
+ *
+ * Threads: the handlers run on the rpc server's threads; the flusher
+ * (persist.c), the sweeper (pull.c) and the checkpoint thread (shard.c) are
+ * started by psd_shard_open and joined by psd_shard_close.
+ */
+#ifndef PSD_SHARD_INTERNAL_H
+#define PSD_SHARD_INTERNAL_H
+
+#include "shard.h"
+
+#include "assist.h"
+#include "optim.h"
+#include "ps.pb-c.h"
+#include "shmmap.h"
+#include "wire.h" /* PSD_MAX_DIMS */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define MAX_NAME 255
+/* Values at least this big are sent in place by Pull (see psd_var.vmsg). */
+#define VALUE_IN_PLACE_MIN ((size_t)64 << 10)
+/* A new variable at least this big (values and slots) is created on the
+ * checkpoint thread: drawing its initial values takes ~10 ms per 4 MiB,
+ * which the serving thread would otherwise spend holding every call. */
+#define CREATE_OFFLOAD_BYTES ((size_t)4 << 20)
+
+struct psd_store; /* store.h: reached only through persist.c */
+
+/* Work for the checkpoint thread, in order. */
+struct ckpt_job {
+    struct ckpt_job *next;
+    ps_rpc_call *call;
+    uint64_t step;
+    size_t keep_at_least;
+    enum { JOB_CHECKPOINT, JOB_RESTORE, JOB_CREATE } kind;
+    uint8_t *req;        /* JOB_CREATE: the request's bytes */
+    size_t len;
+};
+
+typedef struct psd_var {
+    char *name;
+    uint8_t *spec_blob; /* packed, normalized VariableSpec */
+    size_t spec_len;
+    Ps__V1__VariableSpec *spec; /* unpacked spec_blob */
+    int64_t shape[PSD_MAX_DIMS];
+    int ndim;
+    size_t n;
+    psd_opt opt;
+    int nslots;
+    int consistency;
+    uint32_t num_workers;
+
+    pthread_rwlock_t lock;
+    float *value; /* (n); in vmsg when it is set */
+    /* A big value lives in a refcounted message buffer, so that a Pull's
+     * reply sends it in place; an update while a reply still holds it
+     * writes a copy (value_writable). Small values are plain memory, copied
+     * into replies. */
+    ps_rpc_msg *vmsg;
+    float *slots; /* (nslots, n) */
+    uint64_t version;
+    uint64_t step;            /* sync: the step being aggregated */
+    uint64_t persisted_version;
+    uint64_t persisted_step;
+    /* sync aggregation of `step` */
+    float *accum;             /* (n), allocated on first sync push */
+    uint32_t accum_count;
+    uint32_t *pushed;         /* workers that pushed this step */
+    size_t npushed, cap_pushed;
+} psd_var;
+
+/* A push that answers later: sync parts waiting for their step, or a
+ * durable push waiting for its commit. */
+typedef struct pending_push {
+    struct pending_push *next; /* in s->pending (sync) or s->durable list */
+    ps_rpc_call *call;
+    size_t nitems;
+    size_t nleft;             /* sync parts not yet applied */
+    psd_var **vars;           /* (nitems) */
+    uint64_t *versions;       /* (nitems) */
+    uint64_t step;
+    uint64_t seq;             /* durable: the apply sequence to commit */
+    bool return_values;       /* answer with the values too */
+    psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    bool armed;               /* its handler is done with it (under wait_mu) */
+} pending_push;
+
+/* A Pull waiting for a version. */
+typedef struct pull_waiter {
+    struct pull_waiter *next;
+    ps_rpc_call *call;
+    size_t nitems;
+    psd_var **vars;
+    uint64_t *min_versions;
+    psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+} pull_waiter;
+
+/* A list of variables built outside the table (loading a store). */
+struct var_list {
+    psd_var **vars;
+    size_t n, cap;
+};
+
+struct psd_shard {
+    psd_shard_opts o;
+    char *data_dir;
+    char *ckpt_root;     /* checkpoints live in <ckpt_root>/checkpoints */
+    struct psd_store *store;
+
+    pthread_rwlock_t table_lock;
+    psd_var **vars; /* sorted by name */
+    size_t nvars, cap;
+
+    pthread_mutex_t wait_mu;
+    pthread_cond_t wait_cond;
+    pull_waiter *waiters;
+    pending_push *pending;   /* sync pushes waiting for their step */
+    pending_push *durable;   /* pushes waiting for a commit */
+    bool stopping;
+    bool closing;
+
+    pthread_mutex_t flush_mu; /* one flush at a time */
+    pthread_cond_t flush_cond;
+    bool flush_requested;
+    pthread_t flusher, sweeper, ckpt_thread;
+    /* Checkpoints run on their own thread (a copy of a big store takes
+     * seconds, and the completion-queue thread must go on serving). */
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cond;
+    struct ckpt_job *ckpt_jobs, **ckpt_tail;
+    bool ckpt_quit;
+    bool restoring;      /* a Restore writes the live store (table_lock) */
+    bool ckpt_started;
+    bool threads_started;
+
+    atomic_uint_fast64_t apply_seq;   /* updates applied, ever */
+    atomic_uint_fast64_t committed_seq;
+    atomic_uint_fast64_t pushes, pulls, bytes_in, bytes_out, stale, bad,
+        nonfinite, commits, last_ckpt, shm_bytes;
+    uint64_t fixed_overhead;
+    int64_t started_ms;
+    psd_assist *assist;  /* takes half of a big push (assist.h) */
+    psd_shmmap *shm;     /* co-located clients' shared memory (shmmap.h) */
+};
+
+/* A request that is refused for what it holds. */
+static inline void shard_count_bad(psd_shard *s)
+{
+    atomic_fetch_add(&s->bad, 1);
+}
+
+/* Refuses a request whose bytes do not parse as its message: "Pull: 12
+ * bytes that are not a PullRequest". */
+static inline void shard_fail_unparsed(psd_shard *s, ps_rpc_call *call,
+                                       const char *method, size_t len)
+{
+    shard_count_bad(s);
+    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a %sRequest",
+                method, len, method);
+}
+
+/* shard.c */
+void shard_ckpt_enqueue(psd_shard *s, struct ckpt_job *j);
+
+/* vartable.c */
+float *shard_alloc_floats(size_t n);
+const char *shard_dtype_name(int d);
+const char *shard_name_problem(const char *name, size_t len);
+psd_var *shard_find_var(psd_shard *s, const char *name, size_t len, size_t *pos);
+int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out);
+void shard_var_free(psd_var *v);
+void shard_vars_free(struct var_list *l);
+void shard_sort_vars(psd_var **vars, size_t n);
+void shard_create_variable_run(psd_shard *s, ps_rpc_call *call, const uint8_t *req,
+                               size_t len, bool on_job_thread);
+void shard_create_variable(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
+void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
+void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
+
+/* persist.c */
+int shard_store_open(psd_shard *s, uint64_t map_size);
+void shard_store_close(psd_shard *s);
+int shard_store_add(psd_shard *s, const psd_var *v);
+int shard_store_replace(psd_shard *s, const struct var_list *l);
+uint64_t shard_store_commits(psd_shard *s);
+int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
+                    size_t pathlen, uint64_t *bytes);
+int shard_ckpt_load(const char *path, struct var_list *l);
+int shard_flush_locked(psd_shard *s);
+void shard_request_flush(psd_shard *s);
+void *shard_flusher_main(void *arg);
+
+/* pull.c */
+void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
+bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
+                   const psd_shm_ref *into, size_t n);
+uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
+                                 const uint8_t *prefix, size_t prefix_len,
+                                 int field, psd_var **vars, size_t n,
+                                 const psd_shm_ref *into);
+void shard_waiter_free(pull_waiter *w);
+void shard_wake_waiters(psd_shard *s);
+void *shard_sweeper_main(void *arg);
+
+/* push.c */
+void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
+                void *ctx);
+void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
+                            void *ctx);
+void shard_pending_free(pending_push *p);
+void shard_answer_durable(psd_shard *s, uint64_t upto);
+
+#endif
