@@ -9,6 +9,7 @@
 #include "shard_internal.h"
 
 #include "checkpoint.h"
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
 #include "store.h"
@@ -45,7 +46,7 @@ static int load_visit(void *ctx, const psd_var_rec *r)
     for (size_t i = 0; i < sp->n_shape; i++)
         n *= (size_t)(sp->shape[i] > 0 ? sp->shape[i] : 0);
     psd_var *v = NULL;
-    int rc = n == r->n && sp->n_shape <= PSD_MAX_DIMS ? shard_var_new(sp, n, &v)
+    int rc = n == r->n && sp->n_shape <= PS_WIRE_MAX_DIMS ? shard_var_new(sp, n, &v)
                                                       : PS_ECORRUPT;
     ps__v1__variable_spec__free_unpacked(sp, NULL);
     if (rc == PS_ECORRUPT)

@@ -6,9 +6,10 @@
  * co-located client's shared memory. The lock order is in shard_internal.h.
  */
 #include "shard_internal.h"
+#include "clock.h"
 
 #include "log.h"
-#include "pbcur.h"
+#include "wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,57 +23,6 @@
 #define SHM_SWEEP_MS 5000
 
 /* ---- answering pulls -------------------------------------------------- */
-
-/* Room for one value's header: tags and lengths, a 255-byte name, eight
- * dimensions. */
-#define VALUE_HDR_MAX 512
-
-/* Writes the PullResponse bytes of v up to its data (values[i] tag and
- * length, name, version, value's tag and length, dtype, shape, data's tag
- * and length) at p; returns the end. The encoding is protobuf-c's. */
-static uint8_t *value_header(uint8_t *p, const psd_var *v, int field,
-                             const psd_shm_ref *into)
-{
-    size_t nbytes = v->n * sizeof(float), shape_len = 0;
-    for (int d = 0; d < v->ndim; d++)
-        shape_len += ps_pb_varint_len((uint64_t)v->shape[d]);
-    size_t into_len = into ? ps_shm_ref_len(into->name, into->offset, into->length) : 0;
-    size_t tensor_len = 2 + (v->ndim ? 1 + ps_pb_varint_len(shape_len) + shape_len : 0) +
-                        (into ? 1 + ps_pb_varint_len(into_len) + into_len
-                              : nbytes ? 1 + ps_pb_varint_len(nbytes) + nbytes : 0);
-    size_t name_len = strlen(v->name);
-    size_t vv_len = 1 + ps_pb_varint_len(name_len) + name_len +
-                    (v->version ? 1 + ps_pb_varint_len(v->version) : 0) +
-                    1 + ps_pb_varint_len(tensor_len) + tensor_len;
-    *p++ = (uint8_t)((field << 3) | 2); /* PullResponse or PushResponse .values */
-    p = ps_pb_put_varint(p, vv_len);
-    *p++ = (1 << 3) | 2; /* VariableValue.name */
-    p = ps_pb_put_varint(p, name_len);
-    memcpy(p, v->name, name_len);
-    p += name_len;
-    if (v->version) {
-        *p++ = (2 << 3) | 0; /* VariableValue.version */
-        p = ps_pb_put_varint(p, v->version);
-    }
-    *p++ = (3 << 3) | 2; /* VariableValue.value */
-    p = ps_pb_put_varint(p, tensor_len);
-    *p++ = (1 << 3) | 0; /* Tensor.dtype */
-    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
-    if (v->ndim) {
-        *p++ = (2 << 3) | 2; /* Tensor.shape, packed */
-        p = ps_pb_put_varint(p, shape_len);
-        for (int d = 0; d < v->ndim; d++)
-            p = ps_pb_put_varint(p, (uint64_t)v->shape[d]);
-    }
-    if (into != NULL) {
-        /* Tensor.shm: where the bytes went. */
-        p = ps_shm_ref_put(p, 4, into->name, into->offset, into->length);
-    } else if (nbytes) {
-        *p++ = (3 << 3) | 2; /* Tensor.data */
-        p = ps_pb_put_varint(p, nbytes);
-    }
-    return p;
-}
 
 /* Resolves the references of into[0..n) (NULL: none) that are set, into
  * dst; fails call and returns false when one does not resolve or does not
@@ -129,7 +79,7 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  int field, psd_var **vars, size_t n,
                                  const psd_shm_ref *into)
 {
-    uint8_t *hdr = malloc((n ? n : 1) * VALUE_HDR_MAX);
+    uint8_t *hdr = malloc((n ? n : 1) * PS_WIRE_VALUE_HDR_MAX);
     ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
     /* With shared memory: each value's destination, and whether its lock
      * was let go early (one allocation; none for an inline reply). */
@@ -162,10 +112,11 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
     for (size_t i = 0; i < n; i++) {
         psd_var *v = vars[i];
         pthread_rwlock_rdlock(&v->lock);
-        uint8_t *h = hdr + i * VALUE_HDR_MAX;
+        uint8_t *h = hdr + i * PS_WIRE_VALUE_HDR_MAX;
         const psd_shm_ref *to = dst != NULL && dst[i] != NULL ? &into[i] : NULL;
-        parts[np++] = (ps_rpc_part){h, (size_t)(value_header(h, v, field, to) - h),
-                                    NULL, NULL};
+        uint8_t *end = ps_wire_value_header(h, field, v->name, v->version, v->shape,
+                                            v->ndim, v->n * sizeof(float), to);
+        parts[np++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
         size_t nbytes = v->n * sizeof(float);
         if (to != NULL && v->vmsg != NULL) {
             /* The one copy, straight to the client, from the value held by

@@ -9,9 +9,11 @@
  */
 #include "shard_internal.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "log.h"
-#include "pbcur.h"
+#include "shmmap.h"
+#include "wire.h"
 #include "tensor.h"
 
 #include <stdio.h>
@@ -41,17 +43,11 @@ static void reply_push(psd_shard *s, pending_push *p)
         ps_rpc_reply_pb(p->call, &resp);
     } else {
         /* PushResponse.versions, packed, then .values. */
-        size_t vlen = 0;
-        for (size_t i = 0; i < p->nitems; i++)
-            vlen += ps_pb_varint_len(p->versions[i]);
-        uint8_t *pre = malloc(1 + 10 + vlen), *q = pre;
+        uint8_t *pre = malloc(ps_wire_versions_len(p->versions, p->nitems)), *q;
         if (pre == NULL) {
             ps_rpc_fail(p->call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         } else {
-            *q++ = (1 << 3) | 2;
-            q = ps_pb_put_varint(q, vlen);
-            for (size_t i = 0; i < p->nitems; i++)
-                q = ps_pb_put_varint(q, p->versions[i]);
+            q = ps_wire_versions_put(pre, p->versions, p->nitems);
             uint64_t bytes = shard_reply_with_values(s, p->call, pre, (size_t)(q - pre),
                                                      2, p->vars, p->nitems, p->into);
             atomic_fetch_add(&s->bytes_out, bytes);
@@ -114,7 +110,7 @@ static void complete_all(psd_shard *s, pending_push *ready)
 /* What a push handler reuses from call to call on its thread: the decoded
  * request. Freed by the thread-exit destructor of a pthread key. */
 struct thread_bufs {
-    psd_push_req req;
+    ps_wire_push req;
     float straddle; /* a float split between two pieces, joined */
 };
 
@@ -124,7 +120,7 @@ static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
 static void bufs_free(void *p)
 {
     struct thread_bufs *b = p;
-    psd_push_req_free(&b->req);
+    ps_wire_push_free(&b->req);
     free(b);
 }
 
@@ -149,20 +145,20 @@ static struct thread_bufs *thread_bufs(void)
  * number of floats), read in place from the piece they arrived in, at
  * whatever alignment; a float split between two pieces is joined in
  * *straddle. Returns how many floats *out holds; 0 at the end. */
-static size_t grad_next(ps_pbcur *c, float *straddle, const psd_ufloat **out)
+static size_t grad_next(ps_wire_bytes *c, float *straddle, const psd_ufloat **out)
 {
     const uint8_t *p;
-    size_t k = ps_pbcur_peek(c, &p);
+    size_t k = ps_wire_bytes_peek(c, &p);
     if (k == 0)
         return 0;
     if (k < sizeof(float)) {
-        ps_pbcur_take(c, straddle, sizeof(float));
+        ps_wire_bytes_take(c, straddle, sizeof(float));
         *out = straddle;
         return 1;
     }
     size_t nf = k / sizeof(float);
     *out = (const psd_ufloat *)(const void *)p;
-    ps_pbcur_take(c, NULL, nf * sizeof(float));
+    ps_wire_bytes_take(c, NULL, nf * sizeof(float));
     return nf;
 }
 
@@ -193,7 +189,7 @@ static void value_writable(psd_var *v)
     v->value = (float *)(void *)ps_rpc_msg_data(m);
 }
 
-static bool grad_finite(ps_pbcur c, float *straddle)
+static bool grad_finite(ps_wire_bytes c, float *straddle)
 {
     const psd_ufloat *g;
     size_t k;
@@ -206,7 +202,7 @@ static bool grad_finite(ps_pbcur c, float *straddle)
 /* Applies the optimizer with gradient c to v's elements from off on, part
  * by part as the gradient arrived. Called with v->lock held for writing
  * (by this thread or the one that handed the job over). */
-static void grad_apply_at(psd_var *v, ps_pbcur c, size_t off, float *straddle,
+static void grad_apply_at(psd_var *v, ps_wire_bytes c, size_t off, float *straddle,
                           uint64_t t)
 {
     const psd_ufloat *g;
@@ -224,7 +220,7 @@ static void grad_apply_at(psd_var *v, ps_pbcur c, size_t off, float *straddle,
 
 struct half {
     psd_var *v;
-    ps_pbcur c;
+    ps_wire_bytes c;
     size_t off; /* its first element */
     uint64_t t;
     bool ok;    /* half_check: every float finite */
@@ -245,20 +241,20 @@ static void half_apply(void *p)
 
 /* Splits gradient c of n floats at a cache-line boundary near its middle:
  * lo covers the elements before the returned index, hi the rest. */
-static size_t split_grad(ps_pbcur c, size_t n, ps_pbcur *lo, ps_pbcur *hi)
+static size_t split_grad(ps_wire_bytes c, size_t n, ps_wire_bytes *lo, ps_wire_bytes *hi)
 {
     size_t mid = (n / 2) & ~(size_t)15;
     *lo = c;
     lo->left = mid * sizeof(float);
     *hi = c;
-    ps_pbcur_take(hi, NULL, mid * sizeof(float));
+    ps_wire_bytes_take(hi, NULL, mid * sizeof(float));
     return mid;
 }
 
-static bool grad_finite_split(psd_shard *s, ps_pbcur c, size_t n, float *straddle)
+static bool grad_finite_split(psd_shard *s, ps_wire_bytes c, size_t n, float *straddle)
 {
     struct half h = {0};
-    ps_pbcur lo;
+    ps_wire_bytes lo;
     if (n * sizeof(float) < SPLIT_MIN_BYTES)
         return grad_finite(c, straddle);
     split_grad(c, n, &lo, &h.c);
@@ -271,11 +267,11 @@ static bool grad_finite_split(psd_shard *s, ps_pbcur c, size_t n, float *straddl
 
 /* Applies gradient c to v (the whole value). Called with v->lock held for
  * writing. Either way each element gets the same bits. */
-static void grad_apply(psd_shard *s, psd_var *v, ps_pbcur c, float *straddle,
+static void grad_apply(psd_shard *s, psd_var *v, ps_wire_bytes c, float *straddle,
                        uint64_t t)
 {
     struct half h = {.v = v, .t = t};
-    ps_pbcur lo;
+    ps_wire_bytes lo;
     value_writable(v);
     if (v->n * sizeof(float) < SPLIT_MIN_BYTES) {
         grad_apply_at(v, c, 0, straddle, t);
@@ -291,7 +287,7 @@ static void grad_apply(psd_shard *s, psd_var *v, ps_pbcur c, float *straddle,
 }
 
 /* accum = g (first push of a step) or accum += g. */
-static void grad_accumulate(float *accum, bool first, ps_pbcur c, float *straddle)
+static void grad_accumulate(float *accum, bool first, ps_wire_bytes c, float *straddle)
 {
     const psd_ufloat *g;
     size_t k, off = 0;
@@ -367,13 +363,13 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 /* Makes the gradients that lie in shared memory cursors over it, and keeps
  * the push's value_into references in p. Called between psd_shmmap_enter
  * and _leave; returns false with call failed. */
-static bool push_shm(psd_shard *s, ps_rpc_call *call, psd_push_req *r,
+static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
                      pending_push *p, uint64_t *shm_in_out)
 {
     char err[400];
     uint64_t shm_in = 0;
     for (size_t i = 0; i < r->ngrads; i++) {
-        psd_wire_grad *g = &r->grads[i];
+        ps_wire_grad *g = &r->grads[i];
         if (g->value_into.set) {
             if (!r->return_values) {
                 atomic_fetch_add(&s->bad, 1);
@@ -404,7 +400,7 @@ static bool push_shm(psd_shard *s, ps_rpc_call *call, psd_push_req *r,
             return false;
         }
         g->shm_piece = (struct ps_piece){at, g->shm.length};
-        ps_pbcur_init(&g->data, &g->shm_piece, 1);
+        ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
         g->nbytes = g->shm.length;
         shm_in += g->shm.length;
     }
@@ -420,8 +416,8 @@ static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
                                 struct thread_bufs *tb, uint64_t *shm_in)
 {
     char err[512];
-    psd_push_req *r = &tb->req;
-    int rc = psd_push_decode(pieces, npieces, r, err, sizeof err);
+    ps_wire_push *r = &tb->req;
+    int rc = ps_wire_push_decode(pieces, npieces, r, err, sizeof err);
     if (rc != 0) {
         shard_count_bad(s);
         ps_rpc_fail(call, rc == PS_EPARSE ? PS_RPC_INVALID_ARGUMENT
@@ -464,10 +460,10 @@ static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
 
 /* Finds the variable of grads[i] into p->vars[i], named once in the push.
  * Returns PS_RPC_OK, or a code with err written. */
-static enum ps_rpc_code check_name(psd_shard *s, const psd_wire_grad *g, size_t i,
+static enum ps_rpc_code check_name(psd_shard *s, const ps_wire_grad *g, size_t i,
                                    pending_push *p, char *err, size_t errlen)
 {
-    psd_var *v = g->name_len > PSD_WIRE_MAX_NAME
+    psd_var *v = g->name_len > PS_WIRE_MAX_NAME
                      ? NULL : shard_find_var(s, g->name, g->name_len, NULL);
     if (v == NULL) {
         const char *np = shard_name_problem(g->name, g->name_len);
@@ -492,7 +488,7 @@ static enum ps_rpc_code check_name(psd_shard *s, const psd_wire_grad *g, size_t 
 /* Checks gradient g against its variable v: present, FLOAT32, as many
  * elements, the same shape when it has one, finite unless
  * --allow-nonfinite. Returns PS_RPC_OK, or a code with err written. */
-static enum ps_rpc_code check_tensor(psd_shard *s, const psd_wire_grad *g,
+static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
                                      const psd_var *v, float *straddle,
                                      char *err, size_t errlen)
 {
@@ -555,12 +551,12 @@ static enum ps_rpc_code check_step(psd_shard *s, psd_var *v, uint64_t step,
 /* Phase 1: checks every gradient, changing nothing. Returns PS_RPC_OK, or
  * the code of the first refusal with err written. Called with table_lock
  * held for reading. */
-static enum ps_rpc_code push_check(psd_shard *s, const psd_push_req *r,
+static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
                                    pending_push *p, float *straddle,
                                    char *err, size_t errlen)
 {
     for (size_t i = 0; i < r->ngrads; i++) {
-        const psd_wire_grad *g = &r->grads[i];
+        const ps_wire_grad *g = &r->grads[i];
         enum ps_rpc_code code = check_name(s, g, i, p, err, errlen);
         if (code == PS_RPC_OK)
             code = check_tensor(s, g, p->vars[i], straddle, err, errlen);
@@ -574,7 +570,7 @@ static enum ps_rpc_code push_check(psd_shard *s, const psd_push_req *r,
 
 /* Applies the async part i now. Called with v->lock held for writing;
  * lets it go. */
-static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_pbcur g,
+static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g,
                         float *straddle)
 {
     psd_var *v = p->vars[i];
@@ -588,7 +584,7 @@ static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_pbcur g,
  * when this was its last push. Called with v->lock held for writing; lets
  * it go before it completes the pushes the step finished. */
 static void join_step(psd_shard *s, pending_push *p, size_t i,
-                      const psd_push_req *r, ps_pbcur g, float *straddle)
+                      const ps_wire_push *r, ps_wire_bytes g, float *straddle)
 {
     psd_var *v = p->vars[i];
     /* The step may have been applied since phase 1 checked it (this push
@@ -621,7 +617,7 @@ static void join_step(psd_shard *s, pending_push *p, size_t i,
  * whole count; it completes the push only once armed (push_arm), that is
  * once this handler is done with it. Returns the number of sync parts.
  * Called with table_lock held for reading. */
-static size_t push_apply(psd_shard *s, pending_push *p, const psd_push_req *r,
+static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
                          float *straddle, uint64_t *bytes)
 {
     size_t nsync = 0;
@@ -678,7 +674,7 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
     pending_push *p = push_begin(s, call, pieces, npieces, tb, &shm_in);
     if (p == NULL)
         return;
-    psd_push_req *r = &tb->req;
+    ps_wire_push *r = &tb->req;
 
     pthread_rwlock_rdlock(&s->table_lock);
     char err[512];

@@ -35,7 +35,7 @@
 #include "optim.h"
 #include "ps.pb-c.h"
 #include "shmmap.h"
-#include "wire.h" /* PSD_MAX_DIMS */
+#include "wire.h" /* PS_WIRE_MAX_DIMS */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,7 +67,7 @@ typedef struct psd_var {
     uint8_t *spec_blob; /* packed, normalized VariableSpec */
     size_t spec_len;
     Ps__V1__VariableSpec *spec; /* unpacked spec_blob */
-    int64_t shape[PSD_MAX_DIMS];
+    int64_t shape[PS_WIRE_MAX_DIMS];
     int ndim;
     size_t n;
     psd_opt opt;

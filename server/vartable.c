@@ -6,6 +6,7 @@
  */
 #include "shard_internal.h"
 
+#include "clock.h"
 #include "errors.h"
 #include "init.h"
 #include "log.h"
@@ -223,9 +224,9 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
                  "DTYPE_FLOAT32", sp->name, shard_dtype_name(sp->dtype));
         return PS_EDTYPE;
     }
-    if (sp->n_shape > PSD_MAX_DIMS) {
+    if (sp->n_shape > PS_WIRE_MAX_DIMS) {
         snprintf(why, whylen, "variable '%s': %zu dimensions, at most %d",
-                 sp->name, sp->n_shape, PSD_MAX_DIMS);
+                 sp->name, sp->n_shape, PS_WIRE_MAX_DIMS);
         return PS_ESHAPE;
     }
     size_t n = 1;

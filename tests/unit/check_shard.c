@@ -10,6 +10,8 @@
 #include "rpc.h"
 #include "shard.h"
 
+#include "clock.h"
+
 #include <check.h>
 #include <ftw.h>
 #include <limits.h>
