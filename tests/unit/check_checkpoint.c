@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 #include "errors.h"
+#include "pscheck.h"
 #include "store.h"
 
 #include <check.h>
@@ -19,26 +20,15 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* Each test gets a fresh data directory; the store lives in it, as in psd,
- * and checkpoints under it. */
-static char data_dir[PATH_MAX];
+/* Each test gets a fresh data directory (the fixture's tmpdir); the store
+ * lives in it, as in psd, and checkpoints under it. */
+static const char *const data_dir = tmpdir;
 static char ck_dir[PATH_MAX + 16];
-
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    return remove(path);
-}
 
 static void setup(void)
 {
-    strcpy(data_dir, "/tmp/check_checkpoint.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(data_dir));
+    pscheck_tmp_setup();
     snprintf(ck_dir, sizeof ck_dir, "%s/checkpoints", data_dir);
-}
-
-static void teardown(void)
-{
-    nftw(data_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Puts one variable "w" of n floats, all equal to fill, plus a second small
@@ -215,14 +205,6 @@ START_TEST(test_dir_without_manifest_ignored)
 }
 END_TEST
 
-static void overwrite(const char *file, const char *text)
-{
-    FILE *f = fopen(file, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 START_TEST(test_bad_manifest_ignored)
 {
     psd_store *s;
@@ -235,9 +217,9 @@ START_TEST(test_bad_manifest_ignored)
 
     char file[PATH_MAX + 64];
     ckpt_file(file, sizeof file, 30, "MANIFEST.json");
-    overwrite(file, "{\"format\": 1, \"step\": 30, \"trunc");
+    pscheck_write_text(file, "{\"format\": 1, \"step\": 30, \"trunc");
     ckpt_file(file, sizeof file, 20, "MANIFEST.json");
-    overwrite(file, "{\"format\": 1, \"step\": 21, \"variables\": 2, \"bytes\": 1,"
+    pscheck_write_text(file, "{\"format\": 1, \"step\": 21, \"variables\": 2, \"bytes\": 1,"
                     " \"created_unix\": 1, \"data_file\": \"data.mdb\", \"crc32\": 0}");
 
     uint64_t step = 0;
@@ -284,30 +266,7 @@ START_TEST(test_bad_crc_ignored)
 }
 END_TEST
 
-/* Forks a child that runs fn and returns its exit status. The write limit
- * set by limit_writes() lives and dies with the child, whether or not Check
- * forks (under valgrind it does not). */
-static int run_child(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0)
-        _exit(fn());
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status), "child died (status %d)", status);
-    return WEXITSTATUS(status);
-}
-
-/* Writes past 64 KiB fail as on a full disk: EFBIG, SIGXFSZ ignored. */
-static int limit_writes(void)
-{
-    signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl = {64 << 10, 64 << 10};
-    return setrlimit(RLIMIT_FSIZE, &rl);
-}
-
+/* Run under pscheck_fork: writes past 64 KiB fail as on a full disk. */
 static int child_write_full(void)
 {
     psd_store *s;
@@ -316,7 +275,7 @@ static int child_write_full(void)
     int code = 0;
     char path[PATH_MAX];
     uint64_t bytes = 0;
-    if (limit_writes() != 0)
+    if (pscheck_limit_writes(64 << 10) != 0)
         code = 11;
     else if (psd_ckpt_write(s, data_dir, 20, 2, path, sizeof path, &bytes) != PS_EFULL)
         code = 12;
@@ -333,7 +292,7 @@ START_TEST(test_write_full_disk)
     put_model(s, 1 << 17, 2.0f);
     psd_store_close(s); /* LMDB handles must not cross fork() */
 
-    ck_assert_int_eq(run_child(child_write_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_write_full), 0);
 
     uint64_t step = 0;
     ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
@@ -450,29 +409,14 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("checkpoint");
-    struct {
-        const char *name;
-        const TTest *tests[4];
-    } cases[] = {
-        {"psd_ckpt_write", {test_write_two_latest_highest, test_write_full_disk,
-                            test_replace_same_step}},
-        {"psd_ckpt_latest", {test_latest_none, test_dir_without_manifest_ignored,
-                             test_bad_manifest_ignored}},
-        {"psd_ckpt_path", {test_bad_crc_ignored}},
-        {"psd_ckpt_list", {test_list_and_path_limits}},
-        {"psd_ckpt_prune", {test_prune_keeps_last}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        for (size_t j = 0; j < 4 && cases[i].tests[j]; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    Suite *s = pscheck_suite("checkpoint");
+    static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+    PSCHECK_TCASE(s, &fx, "psd_ckpt_write", test_write_two_latest_highest,
+                  test_write_full_disk, test_replace_same_step);
+    PSCHECK_TCASE(s, &fx, "psd_ckpt_latest", test_latest_none,
+                  test_dir_without_manifest_ignored, test_bad_manifest_ignored);
+    PSCHECK_TCASE(s, &fx, "psd_ckpt_path", test_bad_crc_ignored);
+    PSCHECK_TCASE(s, &fx, "psd_ckpt_list", test_list_and_path_limits);
+    PSCHECK_TCASE(s, &fx, "psd_ckpt_prune", test_prune_keeps_last);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

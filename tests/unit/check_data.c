@@ -1,6 +1,7 @@
 #include "data.h"
 
 #include "errors.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -12,27 +13,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
-
-static char tmpdir[64];
 static char errbuf[512];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_data.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag,
-                    struct FTW *ftw)
-{
-    return remove(path);
-}
-
-static void remove_tmpdir(void)
-{
-    nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 /* A path inside the fixture's temporary directory; static, so one at a time
  * per slot. */
@@ -41,14 +22,6 @@ static const char *tpath(int slot, const char *name)
     static char paths[4][128];
     snprintf(paths[slot], sizeof paths[slot], "%s/%s", tmpdir, name);
     return paths[slot];
-}
-
-static void write_plain(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    fclose(f);
 }
 
 static void write_gz(const char *path, const void *data, size_t n)
@@ -105,8 +78,8 @@ static void write_pair(const char *img, bool img_gz, const char *lbl,
     size_t li, ll;
     unsigned char *bi = idx_images(nimg, 4, 3, &li);
     unsigned char *bl = idx_labels(nlbl, &ll);
-    (img_gz ? write_gz : write_plain)(img, bi, li);
-    (lbl_gz ? write_gz : write_plain)(lbl, bl, ll);
+    (img_gz ? write_gz : pscheck_write)(img, bi, li);
+    (lbl_gz ? write_gz : pscheck_write)(lbl, bl, ll);
     free(bi);
     free(bl);
 }
@@ -186,26 +159,26 @@ START_TEST(test_idx_truncated)
     struct ps_dataset ds;
 
     /* Plain pixels cut short. */
-    write_plain(img, bi, li - 7);
-    write_plain(lbl, bl, ll);
+    pscheck_write(img, bi, li - 7);
+    pscheck_write(lbl, bl, ll);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     ck_assert_ptr_nonnull(strstr(errbuf, "truncated"));
 
     /* Labels cut short. */
-    write_plain(img, bi, li);
-    write_plain(lbl, bl, ll - 1);
+    pscheck_write(img, bi, li);
+    pscheck_write(lbl, bl, ll - 1);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
 
     /* A header cut in the middle, and an empty file. */
-    write_plain(img, bi, 10);
+    pscheck_write(img, bi, 10);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
-    write_plain(img, bi, 0);
+    pscheck_write(img, bi, 0);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
 
@@ -215,19 +188,14 @@ START_TEST(test_idx_truncated)
     bi = idx_images(400, 28, 28, &li);
     const char *full = tpath(2, "full.gz");
     write_gz(full, bi, li);
-    FILE *f = fopen(full, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *gzbytes = malloc((size_t)sz);
-    ck_assert_uint_eq(fread(gzbytes, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
+    size_t gzlen;
+    unsigned char *gzbytes = pscheck_read(full, &gzlen);
+    long sz = (long)gzlen;
     const char *cut = tpath(0, "cut.gz");
-    write_plain(cut, gzbytes, (size_t)sz / 2);
+    pscheck_write(cut, gzbytes, (size_t)sz / 2);
     free(bl);
     bl = idx_labels(400, &ll);
-    write_plain(lbl, bl, ll);
+    pscheck_write(lbl, bl, ll);
     ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
@@ -235,7 +203,7 @@ START_TEST(test_idx_truncated)
     /* Damaged deflate data (not just short) is reported too. */
     for (long i = 40; i < sz - 40; i += 97)
         gzbytes[i] ^= 0x5a;
-    write_plain(cut, gzbytes, (size_t)sz);
+    pscheck_write(cut, gzbytes, (size_t)sz);
     ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
@@ -257,12 +225,12 @@ START_TEST(test_idx_wrong_magic)
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "magic 0x00000801"));
     /* Text is not IDX either; neither are float IDX files (type 0x0d). */
-    write_plain(img, "hello, world\n", 13);
+    pscheck_write(img, "hello, world\n", 13);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     unsigned char fl[16] = {0, 0, 0x0d, 3};
-    write_plain(img, fl, sizeof fl);
+    pscheck_write(img, fl, sizeof fl);
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
                                          sizeof errbuf), PS_EPARSE);
 }
@@ -287,13 +255,10 @@ END_TEST
 
 START_TEST(test_idx_fashion_mnist)
 {
-    const char *img = FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
-    const char *lbl = FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
-    if (access(img, R_OK) != 0 || access(lbl, R_OK) != 0) {
-        fprintf(stderr, "skipped: %s not installed "
-                "(apt install dataset-fashion-mnist)\n", FMNIST_DIR);
+    const char *img = PSCHECK_FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
+    const char *lbl = PSCHECK_FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
+    if (!pscheck_have_fmnist(img, lbl))
         return;
-    }
     /* The whole test set natively; a slice under valgrind. */
     int64_t limit = getenv("PS_UNDER_VALGRIND") != NULL ? 1000 : 0;
     struct ps_dataset ds;
@@ -378,7 +343,7 @@ static void check_good_svm(const struct ps_sparse_dataset *ds)
 START_TEST(test_libsvm_good)
 {
     const char *plain = tpath(0, "a.svm"), *gz = tpath(1, "a.svm.gz");
-    write_plain(plain, good_svm, strlen(good_svm));
+    pscheck_write(plain, good_svm, strlen(good_svm));
     write_gz(gz, good_svm, strlen(good_svm));
     struct ps_sparse_dataset ds;
     ck_assert_msg(ps_sparse_load_libsvm(plain, &ds, errbuf, sizeof errbuf) ==
@@ -392,7 +357,7 @@ START_TEST(test_libsvm_good)
     ps_sparse_dataset_close(&ds);
 
     /* An empty file is an empty dataset. */
-    write_plain(plain, "", 0);
+    pscheck_write(plain, "", 0);
     ck_assert_int_eq(ps_sparse_load_libsvm(plain, &ds, NULL, 0), 0);
     ck_assert_int_eq(ds.n, 0);
     ck_assert_int_eq(ds.indptr[0], 0);
@@ -413,7 +378,7 @@ START_TEST(test_libsvm_long_lines)
         text[len++] = '\n';
     }
     const char *path = tpath(0, "long.svm");
-    write_plain(path, text, len);
+    pscheck_write(path, text, len);
     free(text);
     struct ps_sparse_dataset ds;
     ck_assert_msg(ps_sparse_load_libsvm(path, &ds, errbuf, sizeof errbuf) ==
@@ -434,7 +399,7 @@ static void expect_bad_line(const char *line, int code, const char *needle)
     char text[256];
     snprintf(text, sizeof text, "1 1:1\n# ok\n%s\n0 2:2\n", line);
     const char *path = tpath(0, "bad.svm");
-    write_plain(path, text, strlen(text));
+    pscheck_write(path, text, strlen(text));
     struct ps_sparse_dataset ds;
     errbuf[0] = '\0';
     int rc = ps_sparse_load_libsvm(path, &ds, errbuf, sizeof errbuf);
@@ -502,7 +467,7 @@ END_TEST
 START_TEST(test_sparse_gather_dense)
 {
     const char *path = tpath(0, "a.svm");
-    write_plain(path, good_svm, strlen(good_svm));
+    pscheck_write(path, good_svm, strlen(good_svm));
     struct ps_sparse_dataset ds;
     ck_assert_int_eq(ps_sparse_load_libsvm(path, &ds, NULL, 0), 0);
     int64_t idx[2] = {3, 0};
@@ -742,50 +707,22 @@ START_TEST(test_batcher_remainder)
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name, bool tmp)
-{
-    TCase *tc = tcase_create(name);
-    if (tmp)
-        tcase_add_checked_fixture(tc, make_tmpdir, remove_tmpdir);
-    suite_add_tcase(s, tc);
-    return tc;
-}
-
 int main(void)
 {
-    Suite *s = suite_create("data");
-    TCase *tc = tcase(s, "ps_dataset_load_idx", true);
-    tcase_add_test(tc, test_idx_plain_and_gzip);
-    tcase_add_test(tc, test_idx_limit);
-    tcase_add_test(tc, test_idx_missing_file);
-    tcase_add_test(tc, test_idx_truncated);
-    tcase_add_test(tc, test_idx_wrong_magic);
-    tcase_add_test(tc, test_idx_count_mismatch);
-    tcase_add_test(tc, test_idx_fashion_mnist);
-    tc = tcase(s, "ps_dataset_gather", true);
-    tcase_add_test(tc, test_gather);
-    tc = tcase(s, "ps_sparse_load_libsvm", true);
-    tcase_add_test(tc, test_libsvm_good);
-    tcase_add_test(tc, test_libsvm_long_lines);
-    tcase_add_test(tc, test_libsvm_malformed);
-    tcase_add_test(tc, test_libsvm_missing_and_damaged);
-    tc = tcase(s, "ps_sparse_gather_dense", true);
-    tcase_add_test(tc, test_sparse_gather_dense);
-    tc = tcase(s, "ps_shard_files", false);
-    tcase_add_test(tc, test_shard_files);
-    tc = tcase(s, "ps_shard_count", false);
-    tcase_add_test(tc, test_shard_count);
-    tc = tcase(s, "ps_batch_global", false);
-    tcase_add_test(tc, test_batch_sizes);
-    tc = tcase(s, "ps_shuffle", false);
-    tcase_add_test(tc, test_shuffle);
-    tc = tcase(s, "ps_batcher", false);
-    tcase_add_test(tc, test_batcher_shards_cover);
-    tcase_add_test(tc, test_batcher_epochs);
-    tcase_add_test(tc, test_batcher_remainder);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    Suite *s = pscheck_suite("data");
+    PSCHECK_TCASE(s, &pscheck_tmp, "ps_dataset_load_idx", test_idx_plain_and_gzip,
+                  test_idx_limit, test_idx_missing_file, test_idx_truncated,
+                  test_idx_wrong_magic, test_idx_count_mismatch, test_idx_fashion_mnist);
+    PSCHECK_TCASE(s, &pscheck_tmp, "ps_dataset_gather", test_gather);
+    PSCHECK_TCASE(s, &pscheck_tmp, "ps_sparse_load_libsvm", test_libsvm_good,
+                  test_libsvm_long_lines, test_libsvm_malformed,
+                  test_libsvm_missing_and_damaged);
+    PSCHECK_TCASE(s, &pscheck_tmp, "ps_sparse_gather_dense", test_sparse_gather_dense);
+    PSCHECK_TCASE(s, NULL, "ps_shard_files", test_shard_files);
+    PSCHECK_TCASE(s, NULL, "ps_shard_count", test_shard_count);
+    PSCHECK_TCASE(s, NULL, "ps_batch_global", test_batch_sizes);
+    PSCHECK_TCASE(s, NULL, "ps_shuffle", test_shuffle);
+    PSCHECK_TCASE(s, NULL, "ps_batcher", test_batcher_shards_cover, test_batcher_epochs,
+                  test_batcher_remainder);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,5 +1,6 @@
 #include "errors.h"
 #include "init.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <float.h>
@@ -598,53 +599,22 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("init");
-    TCase *tc;
-
-    tc = tcase_create("psd_philox4x32_10");
-    tcase_add_test(tc, test_philox_known_answers);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_defaults");
-    tcase_add_test(tc, test_defaults);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_validate");
-    tcase_add_test(tc, test_validate_accepts_defaults);
-    tcase_add_test(tc, test_validate_unknown_kind);
-    tcase_add_test(tc, test_validate_uniform_bounds);
-    tcase_add_test(tc, test_validate_stddev);
-    tcase_add_test(tc, test_validate_non_finite);
-    tcase_add_test(tc, test_validate_why_short);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_name");
-    tcase_add_test(tc, test_name);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_fill_range");
-    tcase_add_test(tc, test_fill_prefix_and_range);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_fill");
+    Suite *s = pscheck_suite("init");
+    PSCHECK_TCASE(s, NULL, "psd_philox4x32_10", test_philox_known_answers);
+    PSCHECK_TCASE(s, NULL, "psd_init_defaults", test_defaults);
+    PSCHECK_TCASE(s, NULL, "psd_init_validate", test_validate_accepts_defaults,
+                  test_validate_unknown_kind, test_validate_uniform_bounds,
+                  test_validate_stddev, test_validate_non_finite, test_validate_why_short);
+    PSCHECK_TCASE(s, NULL, "psd_init_name", test_name);
+    PSCHECK_TCASE(s, NULL, "psd_init_fill_range", test_fill_prefix_and_range);
+    /* The samples are allocated once for the case (an unchecked fixture). */
+    TCase *tc = PSCHECK_TCASE(s, NULL, "psd_init_fill", test_fill_zeros,
+                              test_fill_constant, test_fill_same_seed_same_bits,
+                              test_fill_different_seed_differs, test_fill_pinned_bits,
+                              test_fill_pinned_hashes, test_fill_matches_documented_layout,
+                              test_fill_uniform_moments, test_fill_uniform_never_maxval,
+                              test_fill_normal_moments, test_fill_truncated_normal,
+                              test_fill_glorot);
     tcase_add_unchecked_fixture(tc, setup_many, teardown_many);
-    tcase_add_test(tc, test_fill_zeros);
-    tcase_add_test(tc, test_fill_constant);
-    tcase_add_test(tc, test_fill_same_seed_same_bits);
-    tcase_add_test(tc, test_fill_different_seed_differs);
-    tcase_add_test(tc, test_fill_pinned_bits);
-    tcase_add_test(tc, test_fill_pinned_hashes);
-    tcase_add_test(tc, test_fill_matches_documented_layout);
-    tcase_add_test(tc, test_fill_uniform_moments);
-    tcase_add_test(tc, test_fill_uniform_never_maxval);
-    tcase_add_test(tc, test_fill_normal_moments);
-    tcase_add_test(tc, test_fill_truncated_normal);
-    tcase_add_test(tc, test_fill_glorot);
-    suite_add_tcase(s, tc);
-
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

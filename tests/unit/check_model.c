@@ -3,6 +3,7 @@
 #include "data.h"
 #include "errors.h"
 #include "gpu.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -12,8 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 static const struct ps_backend *be = &ps_backend_cpu;
 static char errbuf[512];
@@ -922,15 +921,12 @@ START_TEST(test_train_fashion_mnist)
         fprintf(stderr, "skipped: training is too slow under valgrind\n");
         return;
     }
-    const char *tr_img = FMNIST_DIR "/train-images-idx3-ubyte.gz";
-    const char *tr_lbl = FMNIST_DIR "/train-labels-idx1-ubyte.gz";
-    const char *te_img = FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
-    const char *te_lbl = FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
-    if (access(tr_img, R_OK) != 0 || access(te_img, R_OK) != 0) {
-        fprintf(stderr, "skipped: %s not installed "
-                "(apt install dataset-fashion-mnist)\n", FMNIST_DIR);
+    const char *tr_img = PSCHECK_FMNIST_DIR "/train-images-idx3-ubyte.gz";
+    const char *tr_lbl = PSCHECK_FMNIST_DIR "/train-labels-idx1-ubyte.gz";
+    const char *te_img = PSCHECK_FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
+    const char *te_lbl = PSCHECK_FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
+    if (!pscheck_have_fmnist(tr_img, te_img))
         return;
-    }
     ps_backend_cpu_set_threads(1);
     struct ps_dataset train, test;
     double t0 = now_s();
@@ -991,53 +987,25 @@ START_TEST(test_train_fashion_mnist)
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name)
-{
-    TCase *tc = tcase_create(name);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-    return tc;
-}
-
 int main(void)
 {
     /* The machine is shared: one OpenBLAS thread keeps the timings honest. */
     ps_backend_cpu_set_threads(1);
-    Suite *s = suite_create("model");
-    TCase *tc = tcase(s, "ps_backend_cpu");
-    tcase_add_test(tc, test_gemm);
-    tcase_add_test(tc, test_bias_relu_axpy);
-    tcase_add_test(tc, test_softmax_xent);
-    tcase_add_test(tc, test_im2col_col2im);
-    tcase_add_test(tc, test_maxpool);
-    tcase_add_test(tc, test_memory);
-    tc = tcase(s, "ps_backend_cuda");
-    tcase_add_test(tc, test_backend_cuda);
-    tc = tcase(s, "ps_model_create");
-    tcase_add_test(tc, test_create_softmax_mlp);
-    tcase_add_test(tc, test_create_cnn);
-    tcase_add_test(tc, test_create_errors);
-    tcase_add_test(tc, test_create_on);
-    tc = tcase(s, "ps_model_params_to_host");
-    tcase_add_test(tc, test_block_copies);
-    tc = tcase(s, "ps_model_check_input");
-    tcase_add_test(tc, test_check_input);
-    tc = tcase(s, "ps_model_init_params");
-    tcase_add_test(tc, test_init_params);
-    tc = tcase(s, "ps_model_forward_backward");
-    tcase_add_test(tc, test_grad_softmax);
-    tcase_add_test(tc, test_grad_mlp);
-    tcase_add_test(tc, test_grad_cnn_small);
-    tcase_add_test(tc, test_grad_cnn_default);
-    tcase_add_test(tc, test_forward_backward_contract);
-    tc = tcase(s, "ps_model_evaluate");
-    tcase_add_test(tc, test_evaluate_chunks);
-    tc = tcase(s, "ps_model_sgd_step");
-    tcase_add_test(tc, test_sgd_step_learns);
-    tcase_add_test(tc, test_train_fashion_mnist);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    static const struct pscheck_opts slow = {.timeout = 60};
+    Suite *s = pscheck_suite("model");
+    PSCHECK_TCASE(s, &slow, "ps_backend_cpu", test_gemm, test_bias_relu_axpy,
+                  test_softmax_xent, test_im2col_col2im, test_maxpool, test_memory);
+    PSCHECK_TCASE(s, &slow, "ps_backend_cuda", test_backend_cuda);
+    PSCHECK_TCASE(s, &slow, "ps_model_create", test_create_softmax_mlp, test_create_cnn,
+                  test_create_errors, test_create_on);
+    PSCHECK_TCASE(s, &slow, "ps_model_params_to_host", test_block_copies);
+    PSCHECK_TCASE(s, &slow, "ps_model_check_input", test_check_input);
+    PSCHECK_TCASE(s, &slow, "ps_model_init_params", test_init_params);
+    PSCHECK_TCASE(s, &slow, "ps_model_forward_backward", test_grad_softmax, test_grad_mlp,
+                  test_grad_cnn_small, test_grad_cnn_default,
+                  test_forward_backward_contract);
+    PSCHECK_TCASE(s, &slow, "ps_model_evaluate", test_evaluate_chunks);
+    PSCHECK_TCASE(s, &slow, "ps_model_sgd_step", test_sgd_step_learns,
+                  test_train_fashion_mnist);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

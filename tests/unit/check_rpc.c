@@ -4,6 +4,7 @@
  */
 #include "errors.h"
 #include "health.pb-c.h"
+#include "pscheck.h"
 #include "rpc.h"
 #include "rpc_internal.h"
 
@@ -561,8 +562,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("rpc");
-    struct {
+    Suite *s = pscheck_suite("rpc");
+    static const struct pscheck_opts server = {setup, teardown, 60};
+    const struct {
         const char *name;
         const TTest *t;
     } cases[] = {
@@ -583,16 +585,7 @@ int main(void)
         {"bad_options", test_bad_options},
         {"code_mapping", test_code_mapping},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        tcase_set_timeout(tc, 60);
-        tcase_add_test(tc, cases[i].t);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        PSCHECK_TCASE(s, &server, cases[i].name, cases[i].t);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -2,6 +2,7 @@
  * reference on the wire, and psd's map of regions (server/shmmap.c), here
  * within one process (psd maps this process's own memfd by its name). */
 #include "pbcur.h"
+#include "pscheck.h"
 #include "rpc.h"
 #include "shm.h"
 #include "shmmap.h"
@@ -244,17 +245,8 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("shm");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_create_contains);
-    tcase_add_test(tc, test_parse_name);
-    tcase_add_test(tc, test_ref_roundtrip);
-    tcase_add_test(tc, test_map_own_region);
-    tcase_add_test(tc, test_target_is_local);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    Suite *s = pscheck_suite("shm");
+    PSCHECK_TCASE(s, NULL, "core", test_create_contains, test_parse_name,
+                  test_ref_roundtrip, test_map_own_region, test_target_is_local);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,4 +1,5 @@
 #include "errors.h"
+#include "pscheck.h"
 #include "store.h"
 
 #include <check.h>
@@ -19,26 +20,14 @@
 
 /* Each test gets a fresh temporary directory; the store lives in
  * <tmp>/store and copies go to <tmp>/copy. */
-static char tmpdir[PATH_MAX];
 static char store_dir[PATH_MAX];
 static char copy_dir[PATH_MAX];
 
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/check_store.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    pscheck_tmp_setup();
     snprintf(store_dir, sizeof store_dir, "%s/store", tmpdir);
     snprintf(copy_dir, sizeof copy_dir, "%s/copy", tmpdir);
-}
-
-static void teardown(void)
-{
-    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* A variable owned by the test, with a recognizable spec and values that
@@ -559,39 +548,15 @@ START_TEST(test_map_full)
 }
 END_TEST
 
-/* Forks a child that runs fn and returns its exit status. fn calls
- * limit_writes() to make writes past child_limit bytes fail as on a full
- * disk (EFBIG, SIGXFSZ ignored); the limit lives and dies with the child,
- * whether or not Check forks (it does not under valgrind). */
-static int run_limited(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        _exit(fn());
-    }
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status), "child died (status %d)", status);
-    return WEXITSTATUS(status);
-}
-
-static rlim_t child_limit;
-static int limit_writes(void)
-{
-    signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl = {child_limit, child_limit};
-    return setrlimit(RLIMIT_FSIZE, &rl);
-}
-
+/* The children below run under pscheck_fork, with writes past a limit
+ * failing as on a full disk. */
 static int child_copy_full(void)
 {
     psd_store *s;
     if (psd_store_open(store_dir, 0, 0, &s) != 0)
         return 10;
     int code = 0;
-    if (mkdir(copy_dir, 0755) != 0 || limit_writes() != 0)
+    if (mkdir(copy_dir, 0755) != 0 || pscheck_limit_writes(64 << 10) != 0)
         code = 11;
     else if (psd_store_copy(s, copy_dir) != PS_EFULL)
         code = 12;
@@ -613,8 +578,7 @@ START_TEST(test_copy_full_disk)
     commit_vars(s, v, 2);
     psd_store_close(s); /* LMDB handles must not cross fork() */
 
-    child_limit = 64 << 10;
-    ck_assert_int_eq(run_limited(child_copy_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_copy_full), 0);
 
     ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     load_expect(s, v, 2);
@@ -638,10 +602,10 @@ static int child_commit_full(void)
     snprintf(file, sizeof file, "%s/data.mdb", store_dir);
     if (stat(file, &st) != 0)
         code = 11;
-    child_limit = (rlim_t)st.st_size;
     psd_store_txn *t;
     psd_var_rec r = var_rec(&full_vars[1]);
-    if (code == 0 && (limit_writes() != 0 || psd_store_begin(s, &t) != 0))
+    if (code == 0 && (pscheck_limit_writes((rlim_t)st.st_size) != 0 ||
+                      psd_store_begin(s, &t) != 0))
         code = 12;
     else if (code == 0 && psd_store_put(t, &r) != 0)
         code = 13, psd_store_abort(t);
@@ -660,7 +624,7 @@ START_TEST(test_commit_full_disk)
     commit_vars(s, full_vars, 1);
     psd_store_close(s);
 
-    ck_assert_int_eq(run_limited(child_commit_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_commit_full), 0);
 
     ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     load_expect(s, full_vars, 1);
@@ -814,33 +778,20 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("store");
-    struct {
-        const char *name;
-        const TTest *tests[6];
-    } cases[] = {
-        {"psd_store_put", {test_put_commit_load_roundtrip, test_put_replace, test_put_invalid}},
-        {"psd_store_del", {test_del}},
-        {"psd_store_clear", {test_clear}},
-        {"psd_store_abort", {test_abort_leaves_nothing}},
-        {"psd_store_load", {test_load_sorted_by_name, test_load_visitor_stops,
-                            test_corrupt_magic, test_corrupt_byte_order, test_corrupt_spec_len,
-                            test_corrupt_value_size}},
-        {"psd_store_open", {test_reopen_keeps_data, test_open_errors}},
-        {"psd_store_get", {test_get}},
-        {"psd_store_commit", {test_map_full, test_commit_full_disk}},
-        {"psd_store_copy", {test_copy_snapshot, test_copy_during_commits, test_copy_full_disk}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        for (size_t j = 0; j < 6 && cases[i].tests[j]; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    Suite *s = pscheck_suite("store");
+    static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+    PSCHECK_TCASE(s, &fx, "psd_store_put", test_put_commit_load_roundtrip, test_put_replace,
+                  test_put_invalid);
+    PSCHECK_TCASE(s, &fx, "psd_store_del", test_del);
+    PSCHECK_TCASE(s, &fx, "psd_store_clear", test_clear);
+    PSCHECK_TCASE(s, &fx, "psd_store_abort", test_abort_leaves_nothing);
+    PSCHECK_TCASE(s, &fx, "psd_store_load", test_load_sorted_by_name,
+                  test_load_visitor_stops, test_corrupt_magic, test_corrupt_byte_order,
+                  test_corrupt_spec_len, test_corrupt_value_size);
+    PSCHECK_TCASE(s, &fx, "psd_store_open", test_reopen_keeps_data, test_open_errors);
+    PSCHECK_TCASE(s, &fx, "psd_store_get", test_get);
+    PSCHECK_TCASE(s, &fx, "psd_store_commit", test_map_full, test_commit_full_disk);
+    PSCHECK_TCASE(s, &fx, "psd_store_copy", test_copy_snapshot, test_copy_during_commits,
+                  test_copy_full_disk);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
