@@ -98,6 +98,12 @@ static void check_pair_contents(const struct ps_dataset *ds, int n)
     }
 }
 
+/* ps_dataset_load_idx of img and lbl, all of them, its message in errbuf. */
+static int load(const char *img, const char *lbl, struct ps_dataset *ds)
+{
+    return ps_dataset_load_idx(img, lbl, 0, ds, errbuf, sizeof errbuf);
+}
+
 START_TEST(test_idx_plain_and_gzip)
 {
     for (int variant = 0; variant < 4; variant++) {
@@ -106,8 +112,7 @@ START_TEST(test_idx_plain_and_gzip)
         const char *lbl = tpath(1, gl ? "lbl.gz" : "lbl");
         write_pair(img, gi, lbl, gl, 5, 5);
         struct ps_dataset ds;
-        ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                             sizeof errbuf), 0);
+        ck_assert_int_eq(load(img, lbl, &ds), 0);
         check_pair_contents(&ds, 5);
         ck_assert_int_eq(ds.nclasses, 7); /* labels 0 3 6 2 5 */
         ps_dataset_close(&ds);
@@ -161,26 +166,22 @@ START_TEST(test_idx_truncated)
     /* Plain pixels cut short. */
     pscheck_write(img, bi, li - 7);
     pscheck_write(lbl, bl, ll);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     ck_assert_ptr_nonnull(strstr(errbuf, "truncated"));
 
     /* Labels cut short. */
     pscheck_write(img, bi, li);
     pscheck_write(lbl, bl, ll - 1);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
 
     /* A header cut in the middle, and an empty file. */
     pscheck_write(img, bi, 10);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     pscheck_write(img, bi, 0);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
 
     /* A gzip stream cut in the middle: compress a larger file so the cut
      * lands inside the deflate data. */
@@ -196,16 +197,14 @@ START_TEST(test_idx_truncated)
     free(bl);
     bl = idx_labels(400, &ll);
     pscheck_write(lbl, bl, ll);
-    ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(cut, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
 
     /* Damaged deflate data (not just short) is reported too. */
     for (long i = 40; i < sz - 40; i += 97)
         gzbytes[i] ^= 0x5a;
     pscheck_write(cut, gzbytes, (size_t)sz);
-    ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    ck_assert_int_eq(load(cut, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
     ck_assert_ptr_null(ds.x);
     free(gzbytes);
@@ -220,19 +219,16 @@ START_TEST(test_idx_wrong_magic)
     write_pair(img, false, lbl, true, 5, 5);
     struct ps_dataset ds;
     /* The files swapped: each has the other's magic. */
-    ck_assert_int_eq(ps_dataset_load_idx(lbl, img, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    ck_assert_int_eq(load(lbl, img, &ds), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "magic 0x00000801"));
     /* Text is not IDX either; neither are float IDX files (type 0x0d). */
     pscheck_write(img, "hello, world\n", 13);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     unsigned char fl[16] = {0, 0, 0x0d, 3};
     pscheck_write(img, fl, sizeof fl);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_EPARSE);
 }
 END_TEST
 
@@ -241,8 +237,7 @@ START_TEST(test_idx_count_mismatch)
     const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
     write_pair(img, true, lbl, true, 5, 4);
     struct ps_dataset ds;
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ESHAPE);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ESHAPE);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "5 images"));
@@ -485,6 +480,16 @@ START_TEST(test_sparse_gather_dense)
 }
 END_TEST
 
+/* The policy ps_shard_files gives, which must succeed; the files in sel,
+ * their count in *n. */
+static enum ps_shard_policy shard(size_t nfiles, int worker, int nworkers, size_t *sel,
+                                  size_t *n)
+{
+    enum ps_shard_policy pol;
+    ck_assert_int_eq(ps_shard_files(nfiles, worker, nworkers, sel, n, &pol), 0);
+    return pol;
+}
+
 START_TEST(test_shard_files)
 {
     size_t sel[8], n;
@@ -492,8 +497,7 @@ START_TEST(test_shard_files)
     /* Enough files: by file, round robin, disjoint and covering. */
     int seen[5] = {0};
     for (int w = 0; w < 2; w++) {
-        ck_assert_int_eq(ps_shard_files(5, w, 2, sel, &n, &pol), 0);
-        ck_assert_int_eq(pol, PS_SHARD_BY_FILE);
+        ck_assert_int_eq(shard(5, w, 2, sel, &n), PS_SHARD_BY_FILE);
         ck_assert_uint_eq(n, w == 0 ? 3 : 2);
         for (size_t k = 0; k < n; k++) {
             ck_assert_uint_eq(sel[k], (size_t)w + 2 * k);
@@ -503,21 +507,17 @@ START_TEST(test_shard_files)
     for (int f = 0; f < 5; f++)
         ck_assert_int_eq(seen[f], 1);
     /* As many files as workers: one each. */
-    ck_assert_int_eq(ps_shard_files(3, 2, 3, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_FILE);
+    ck_assert_int_eq(shard(3, 2, 3, sel, &n), PS_SHARD_BY_FILE);
     ck_assert_uint_eq(n, 1);
     ck_assert_uint_eq(sel[0], 2);
     /* One file, or fewer files than workers: every file, by example. */
-    ck_assert_int_eq(ps_shard_files(1, 1, 4, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(1, 1, 4, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(ps_shard_files(3, 0, 4, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(3, 0, 4, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_uint_eq(n, 3);
     ck_assert_uint_eq(sel[2], 2);
     /* A single worker with one file is trivially by example. */
-    ck_assert_int_eq(ps_shard_files(1, 0, 1, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(1, 0, 1, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_int_eq(ps_shard_files(0, 0, 1, sel, &n, &pol), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_shard_files(2, 2, 2, sel, &n, &pol), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_shard_files(2, -1, 2, sel, &n, &pol), PS_EINVAL_ARG);
