@@ -386,16 +386,13 @@ START_TEST(test_list_and_path_limits)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("checkpoint");
-    static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
-    PSCHECK_TCASE(s, &fx, "psd_ckpt_write", test_write_two_latest_highest,
-                  test_write_full_disk, test_replace_same_step);
-    PSCHECK_TCASE(s, &fx, "psd_ckpt_latest", test_latest_none,
-                  test_dir_without_manifest_ignored, test_bad_manifest_ignored);
-    PSCHECK_TCASE(s, &fx, "psd_ckpt_path", test_bad_crc_ignored);
-    PSCHECK_TCASE(s, &fx, "psd_ckpt_list", test_list_and_path_limits);
-    PSCHECK_TCASE(s, &fx, "psd_ckpt_prune", test_prune_keeps_last);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+
+PSCHECK_MAIN("checkpoint",
+    {"psd_ckpt_write", {test_write_two_latest_highest, test_write_full_disk,
+                        test_replace_same_step}, &fx},
+    {"psd_ckpt_latest", {test_latest_none, test_dir_without_manifest_ignored,
+                         test_bad_manifest_ignored}, &fx},
+    {"psd_ckpt_path", {test_bad_crc_ignored}, &fx},
+    {"psd_ckpt_list", {test_list_and_path_limits}, &fx},
+    {"psd_ckpt_prune", {test_prune_keeps_last}, &fx})

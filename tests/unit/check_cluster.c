@@ -352,19 +352,24 @@ END_TEST
 
 int main(void)
 {
+    const struct pscheck_case before[] = {
+        {"ps_role_name", {test_role_name}},
+        {"ps_role_parse", {test_role_parse}},
+        {"ps_addr_split", {test_addr_split_ok, test_addr_split_bad}},
+    }, after[] = {
+        {"ps_cluster_load_file", {test_load_file, test_load_file_large}, &pscheck_tmp},
+        {"ps_cluster_from_env", {test_from_env}},
+        {"ps_cluster_close", {test_close}},
+        {"ps_cluster_task_address", {test_task_address}},
+    };
     Suite *s = pscheck_suite("cluster");
-    PSCHECK_TCASE(s, NULL, "ps_role_name", test_role_name);
-    PSCHECK_TCASE(s, NULL, "ps_role_parse", test_role_parse);
-    PSCHECK_TCASE(s, NULL, "ps_addr_split", test_addr_split_ok, test_addr_split_bad);
+    pscheck_add(s, before, sizeof before / sizeof before[0]);
+    /* One run of test_parse_bad per malformed spec in bad_cases. */
     TCase *tc = PSCHECK_TCASE(s, NULL, "ps_cluster_parse", test_parse_full,
                               test_parse_minimal);
     tcase_add_loop_test(tc, test_parse_bad, 0,
                         (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_parse_not_json_position);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_cluster_load_file", test_load_file,
-                  test_load_file_large);
-    PSCHECK_TCASE(s, NULL, "ps_cluster_from_env", test_from_env);
-    PSCHECK_TCASE(s, NULL, "ps_cluster_close", test_close);
-    PSCHECK_TCASE(s, NULL, "ps_cluster_task_address", test_task_address);
+    pscheck_add(s, after, sizeof after / sizeof after[0]);
     return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

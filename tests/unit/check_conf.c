@@ -435,15 +435,10 @@ START_TEST(test_usage)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("conf");
-    PSCHECK_TCASE(s, NULL, "ps_conf_load", test_defaults, test_command_line, test_units,
-                  test_bad_values, test_failure_frees, test_positionals,
-                  test_help_version, test_bad_default);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_conf_load --config", test_config_file,
-                  test_config_file_bad);
-    PSCHECK_TCASE(s, NULL, "ps_conf_free", test_free);
-    PSCHECK_TCASE(s, NULL, "ps_conf_usage", test_usage);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("conf",
+    {"ps_conf_load", {test_defaults, test_command_line, test_units, test_bad_values,
+                      test_failure_frees, test_positionals, test_help_version,
+                      test_bad_default}},
+    {"ps_conf_load --config", {test_config_file, test_config_file_bad}, &pscheck_tmp},
+    {"ps_conf_free", {test_free}},
+    {"ps_conf_usage", {test_usage}})

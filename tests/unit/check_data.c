@@ -707,22 +707,16 @@ START_TEST(test_batcher_remainder)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("data");
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_dataset_load_idx", test_idx_plain_and_gzip,
-                  test_idx_limit, test_idx_missing_file, test_idx_truncated,
-                  test_idx_wrong_magic, test_idx_count_mismatch, test_idx_fashion_mnist);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_dataset_gather", test_gather);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_sparse_load_libsvm", test_libsvm_good,
-                  test_libsvm_long_lines, test_libsvm_malformed,
-                  test_libsvm_missing_and_damaged);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_sparse_gather_dense", test_sparse_gather_dense);
-    PSCHECK_TCASE(s, NULL, "ps_shard_files", test_shard_files);
-    PSCHECK_TCASE(s, NULL, "ps_shard_count", test_shard_count);
-    PSCHECK_TCASE(s, NULL, "ps_batch_global", test_batch_sizes);
-    PSCHECK_TCASE(s, NULL, "ps_shuffle", test_shuffle);
-    PSCHECK_TCASE(s, NULL, "ps_batcher", test_batcher_shards_cover, test_batcher_epochs,
-                  test_batcher_remainder);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("data",
+    {"ps_dataset_load_idx", {test_idx_plain_and_gzip, test_idx_limit, test_idx_missing_file,
+                             test_idx_truncated, test_idx_wrong_magic, test_idx_count_mismatch,
+                             test_idx_fashion_mnist}, &pscheck_tmp},
+    {"ps_dataset_gather", {test_gather}, &pscheck_tmp},
+    {"ps_sparse_load_libsvm", {test_libsvm_good, test_libsvm_long_lines, test_libsvm_malformed,
+                               test_libsvm_missing_and_damaged}, &pscheck_tmp},
+    {"ps_sparse_gather_dense", {test_sparse_gather_dense}, &pscheck_tmp},
+    {"ps_shard_files", {test_shard_files}},
+    {"ps_shard_count", {test_shard_count}},
+    {"ps_batch_global", {test_batch_sizes}},
+    {"ps_shuffle", {test_shuffle}},
+    {"ps_batcher", {test_batcher_shards_cover, test_batcher_epochs, test_batcher_remainder}})

@@ -39,11 +39,6 @@ START_TEST(test_codes_distinct_from_errno)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("errors");
-    PSCHECK_TCASE(s, NULL, "ps_strerror", test_strerror_project_codes,
-                  test_strerror_errno, test_strerror_unknown,
-                  test_codes_distinct_from_errno);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("errors",
+    {"ps_strerror", {test_strerror_project_codes, test_strerror_errno, test_strerror_unknown,
+                     test_codes_distinct_from_errno}})

@@ -34,9 +34,5 @@ START_TEST(test_probe)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("gpu");
-    PSCHECK_TCASE(s, NULL, "ps_gpu_probe", test_probe);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("gpu",
+    {"ps_gpu_probe", {test_probe}})

@@ -599,14 +599,17 @@ END_TEST
 
 int main(void)
 {
+    const struct pscheck_case cases[] = {
+        {"psd_philox4x32_10", {test_philox_known_answers}},
+        {"psd_init_defaults", {test_defaults}},
+        {"psd_init_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
+                               test_validate_uniform_bounds, test_validate_stddev,
+                               test_validate_non_finite, test_validate_why_short}},
+        {"psd_init_name", {test_name}},
+        {"psd_init_fill_range", {test_fill_prefix_and_range}},
+    };
     Suite *s = pscheck_suite("init");
-    PSCHECK_TCASE(s, NULL, "psd_philox4x32_10", test_philox_known_answers);
-    PSCHECK_TCASE(s, NULL, "psd_init_defaults", test_defaults);
-    PSCHECK_TCASE(s, NULL, "psd_init_validate", test_validate_accepts_defaults,
-                  test_validate_unknown_kind, test_validate_uniform_bounds,
-                  test_validate_stddev, test_validate_non_finite, test_validate_why_short);
-    PSCHECK_TCASE(s, NULL, "psd_init_name", test_name);
-    PSCHECK_TCASE(s, NULL, "psd_init_fill_range", test_fill_prefix_and_range);
+    pscheck_add(s, cases, sizeof cases / sizeof cases[0]);
     /* The samples are allocated once for the case (an unchecked fixture). */
     TCase *tc = PSCHECK_TCASE(s, NULL, "psd_init_fill", test_fill_zeros,
                               test_fill_constant, test_fill_same_seed_same_bits,

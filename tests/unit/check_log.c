@@ -67,10 +67,6 @@ START_TEST(test_level_parse)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("log");
-    PSCHECK_TCASE(s, NULL, "ps_log_write", test_level_filters, test_err_appends_text);
-    PSCHECK_TCASE(s, NULL, "ps_log_level_parse", test_level_parse);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("log",
+    {"ps_log_write", {test_level_filters, test_err_appends_text}},
+    {"ps_log_level_parse", {test_level_parse}})

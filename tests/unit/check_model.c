@@ -992,20 +992,21 @@ int main(void)
     /* The machine is shared: one OpenBLAS thread keeps the timings honest. */
     ps_backend_cpu_set_threads(1);
     static const struct pscheck_opts slow = {.timeout = 60};
-    Suite *s = pscheck_suite("model");
-    PSCHECK_TCASE(s, &slow, "ps_backend_cpu", test_gemm, test_bias_relu_axpy,
-                  test_softmax_xent, test_im2col_col2im, test_maxpool, test_memory);
-    PSCHECK_TCASE(s, &slow, "ps_backend_cuda", test_backend_cuda);
-    PSCHECK_TCASE(s, &slow, "ps_model_create", test_create_softmax_mlp, test_create_cnn,
-                  test_create_errors, test_create_on);
-    PSCHECK_TCASE(s, &slow, "ps_model_params_to_host", test_block_copies);
-    PSCHECK_TCASE(s, &slow, "ps_model_check_input", test_check_input);
-    PSCHECK_TCASE(s, &slow, "ps_model_init_params", test_init_params);
-    PSCHECK_TCASE(s, &slow, "ps_model_forward_backward", test_grad_softmax, test_grad_mlp,
-                  test_grad_cnn_small, test_grad_cnn_default,
-                  test_forward_backward_contract);
-    PSCHECK_TCASE(s, &slow, "ps_model_evaluate", test_evaluate_chunks);
-    PSCHECK_TCASE(s, &slow, "ps_model_sgd_step", test_sgd_step_learns,
-                  test_train_fashion_mnist);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const struct pscheck_case cases[] = {
+        {"ps_backend_cpu", {test_gemm, test_bias_relu_axpy, test_softmax_xent, test_im2col_col2im,
+                            test_maxpool, test_memory}, &slow},
+        {"ps_backend_cuda", {test_backend_cuda}, &slow},
+        {"ps_model_create", {test_create_softmax_mlp, test_create_cnn, test_create_errors,
+                             test_create_on}, &slow},
+        {"ps_model_params_to_host", {test_block_copies}, &slow},
+        {"ps_model_check_input", {test_check_input}, &slow},
+        {"ps_model_init_params", {test_init_params}, &slow},
+        {"ps_model_forward_backward", {test_grad_softmax, test_grad_mlp, test_grad_cnn_small,
+                                       test_grad_cnn_default, test_forward_backward_contract},
+         &slow},
+        {"ps_model_evaluate", {test_evaluate_chunks}, &slow},
+        {"ps_model_sgd_step", {test_sgd_step_learns, test_train_fashion_mnist}, &slow},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    return pscheck_main("model", cases, n) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -644,25 +644,21 @@ START_TEST(test_accumulate)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("optim");
-    PSCHECK_TCASE(s, NULL, "psd_opt_defaults", test_defaults_fill_zero_fields,
-                  test_defaults_keep_set_fields, test_defaults_negative_zero);
-    PSCHECK_TCASE(s, NULL, "psd_opt_validate", test_validate_accepts_defaults,
-                  test_validate_unknown_kind, test_validate_learning_rate,
-                  test_validate_momentum, test_validate_betas, test_validate_epsilon,
-                  test_validate_initial_accumulator, test_validate_why_null_or_short);
-    PSCHECK_TCASE(s, NULL, "psd_opt_slot_count", test_slot_count);
-    PSCHECK_TCASE(s, NULL, "psd_opt_name", test_name);
-    PSCHECK_TCASE(s, NULL, "psd_opt_init_slots", test_init_slots);
-    PSCHECK_TCASE(s, NULL, "psd_opt_apply", test_apply_sgd, test_apply_momentum,
-                  test_apply_nesterov, test_apply_adagrad, test_apply_adam,
-                  test_apply_scale, test_apply_sync_average, test_apply_adam_first_step,
-                  test_apply_adam_large_t, test_apply_empty_and_unknown,
-                  test_apply_parts_same_bits);
-    PSCHECK_TCASE(s, NULL, "psd_all_finite", test_finite_values, test_finite_rejects);
-    PSCHECK_TCASE(s, NULL, "psd_l2_norm", test_l2_norm);
-    PSCHECK_TCASE(s, NULL, "psd_accumulate", test_accumulate);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("optim",
+    {"psd_opt_defaults", {test_defaults_fill_zero_fields, test_defaults_keep_set_fields,
+                          test_defaults_negative_zero}},
+    {"psd_opt_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
+                          test_validate_learning_rate, test_validate_momentum,
+                          test_validate_betas, test_validate_epsilon,
+                          test_validate_initial_accumulator, test_validate_why_null_or_short}},
+    {"psd_opt_slot_count", {test_slot_count}},
+    {"psd_opt_name", {test_name}},
+    {"psd_opt_init_slots", {test_init_slots}},
+    {"psd_opt_apply", {test_apply_sgd, test_apply_momentum, test_apply_nesterov,
+                       test_apply_adagrad, test_apply_adam, test_apply_scale,
+                       test_apply_sync_average, test_apply_adam_first_step,
+                       test_apply_adam_large_t, test_apply_empty_and_unknown,
+                       test_apply_parts_same_bits}},
+    {"psd_all_finite", {test_finite_values, test_finite_rejects}},
+    {"psd_l2_norm", {test_l2_norm}},
+    {"psd_accumulate", {test_accumulate}})

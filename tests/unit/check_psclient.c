@@ -141,10 +141,6 @@ START_TEST(test_pull_decode)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("psclient");
-    PSCHECK_TCASE(s, NULL, "ps_push_encode", test_push_encode);
-    PSCHECK_TCASE(s, NULL, "ps_pull_decode", test_pull_decode);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("psclient",
+    {"ps_push_encode", {test_push_encode}},
+    {"ps_pull_decode", {test_pull_decode}})

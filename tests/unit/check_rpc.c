@@ -564,32 +564,22 @@ START_TEST(test_code_mapping)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("rpc");
-    static const struct pscheck_opts server = {setup, teardown, 60};
-    const struct {
-        const char *name;
-        const TTest *t;
-    } cases[] = {
-        {"unary", test_echo},
-        {"large", test_large_message},
-        {"pieces", test_pieces},
-        {"pieces_inline", test_pieces_inline},
-        {"parts_in_place", test_parts_in_place},
-        {"fail", test_error_status_message},
-        {"unimplemented", test_unknown_method},
-        {"deadline", test_deadline},
-        {"stream", test_stream},
-        {"health", test_health},
-        {"message_limit", test_message_limit},
-        {"retry_unavailable", test_retry_unavailable},
-        {"retry_success", test_retry_then_success},
-        {"shutdown", test_graceful_shutdown_drains},
-        {"bad_options", test_bad_options},
-        {"code_mapping", test_code_mapping},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        PSCHECK_TCASE(s, &server, cases[i].name, cases[i].t);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts server = {setup, teardown, 60};
+
+PSCHECK_MAIN("rpc",
+    {"unary", {test_echo}, &server},
+    {"large", {test_large_message}, &server},
+    {"pieces", {test_pieces}, &server},
+    {"pieces_inline", {test_pieces_inline}, &server},
+    {"parts_in_place", {test_parts_in_place}, &server},
+    {"fail", {test_error_status_message}, &server},
+    {"unimplemented", {test_unknown_method}, &server},
+    {"deadline", {test_deadline}, &server},
+    {"stream", {test_stream}, &server},
+    {"health", {test_health}, &server},
+    {"message_limit", {test_message_limit}, &server},
+    {"retry_unavailable", {test_retry_unavailable}, &server},
+    {"retry_success", {test_retry_then_success}, &server},
+    {"shutdown", {test_graceful_shutdown_drains}, &server},
+    {"bad_options", {test_bad_options}, &server},
+    {"code_mapping", {test_code_mapping}, &server})

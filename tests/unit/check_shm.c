@@ -243,10 +243,6 @@ START_TEST(test_target_is_local)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("shm");
-    PSCHECK_TCASE(s, NULL, "core", test_create_contains, test_parse_name,
-                  test_ref_roundtrip, test_map_own_region, test_target_is_local);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("shm",
+    {"core", {test_create_contains, test_parse_name, test_ref_roundtrip, test_map_own_region,
+              test_target_is_local}})

@@ -766,22 +766,19 @@ START_TEST(test_copy_during_commits)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("store");
-    static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
-    PSCHECK_TCASE(s, &fx, "psd_store_put", test_put_commit_load_roundtrip, test_put_replace,
-                  test_put_invalid);
-    PSCHECK_TCASE(s, &fx, "psd_store_del", test_del);
-    PSCHECK_TCASE(s, &fx, "psd_store_clear", test_clear);
-    PSCHECK_TCASE(s, &fx, "psd_store_abort", test_abort_leaves_nothing);
-    PSCHECK_TCASE(s, &fx, "psd_store_load", test_load_sorted_by_name,
-                  test_load_visitor_stops, test_corrupt_magic, test_corrupt_byte_order,
-                  test_corrupt_spec_len, test_corrupt_value_size);
-    PSCHECK_TCASE(s, &fx, "psd_store_open", test_reopen_keeps_data, test_open_errors);
-    PSCHECK_TCASE(s, &fx, "psd_store_get", test_get);
-    PSCHECK_TCASE(s, &fx, "psd_store_commit", test_map_full, test_commit_full_disk);
-    PSCHECK_TCASE(s, &fx, "psd_store_copy", test_copy_snapshot, test_copy_during_commits,
-                  test_copy_full_disk);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+
+PSCHECK_MAIN("store",
+    {"psd_store_put", {test_put_commit_load_roundtrip, test_put_replace, test_put_invalid},
+     &fx},
+    {"psd_store_del", {test_del}, &fx},
+    {"psd_store_clear", {test_clear}, &fx},
+    {"psd_store_abort", {test_abort_leaves_nothing}, &fx},
+    {"psd_store_load", {test_load_sorted_by_name, test_load_visitor_stops, test_corrupt_magic,
+                        test_corrupt_byte_order, test_corrupt_spec_len,
+                        test_corrupt_value_size}, &fx},
+    {"psd_store_open", {test_reopen_keeps_data, test_open_errors}, &fx},
+    {"psd_store_get", {test_get}, &fx},
+    {"psd_store_commit", {test_map_full, test_commit_full_disk}, &fx},
+    {"psd_store_copy", {test_copy_snapshot, test_copy_during_commits, test_copy_full_disk},
+     &fx})

@@ -387,19 +387,15 @@ START_TEST(test_npy_read_bad)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = pscheck_suite("tensor");
-    PSCHECK_TCASE(s, NULL, "ps_dtype_size", test_dtype_size);
-    PSCHECK_TCASE(s, NULL, "ps_dtype_name", test_dtype_name);
-    PSCHECK_TCASE(s, NULL, "ps_shape_numel", test_shape_numel_ok, test_shape_numel_bad);
-    PSCHECK_TCASE(s, NULL, "ps_tensor_shape_str", test_shape_str);
-    PSCHECK_TCASE(s, NULL, "ps_tensor_create", test_create_destroy, test_create_bad);
-    PSCHECK_TCASE(s, NULL, "ps_tensor_view_pb", test_view_pb_ok, test_view_pb_dtype,
-                  test_view_pb_shape, test_view_pb_bytes);
-    PSCHECK_TCASE(s, NULL, "ps_tensor_from_pb", test_from_pb);
-    PSCHECK_TCASE(s, NULL, "ps_tensor_to_pb", test_to_pb);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_npy_write", test_npy_write);
-    PSCHECK_TCASE(s, &pscheck_tmp, "ps_npy_read", test_npy_read, test_npy_read_bad);
-    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("tensor",
+    {"ps_dtype_size", {test_dtype_size}},
+    {"ps_dtype_name", {test_dtype_name}},
+    {"ps_shape_numel", {test_shape_numel_ok, test_shape_numel_bad}},
+    {"ps_tensor_shape_str", {test_shape_str}},
+    {"ps_tensor_create", {test_create_destroy, test_create_bad}},
+    {"ps_tensor_view_pb", {test_view_pb_ok, test_view_pb_dtype, test_view_pb_shape,
+                           test_view_pb_bytes}},
+    {"ps_tensor_from_pb", {test_from_pb}},
+    {"ps_tensor_to_pb", {test_to_pb}},
+    {"ps_npy_write", {test_npy_write}, &pscheck_tmp},
+    {"ps_npy_read", {test_npy_read, test_npy_read_bad}, &pscheck_tmp})

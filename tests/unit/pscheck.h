@@ -81,6 +81,45 @@ static inline TCase *pscheck_tcase_add(Suite *s, const struct pscheck_opts *o,
 #define PSCHECK_TCASE(s, opts, name, ...)                                      \
     pscheck_tcase_add((s), (opts), (name), (const TTest *const[]){__VA_ARGS__, NULL})
 
+/* One TCase of a suite's table: the public function it tests (its name),
+ * its tests, and what they run in (NULL: no fixture). */
+#define PSCHECK_MAX_TESTS 12
+struct pscheck_case {
+    const char *name;
+    const TTest *tests[PSCHECK_MAX_TESTS + 1];
+    const struct pscheck_opts *opts;
+};
+
+/* Adds a TCase to s for each of the n cases. */
+static inline void pscheck_add(Suite *s, const struct pscheck_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        pscheck_tcase_add(s, cases[i].opts, cases[i].name, cases[i].tests);
+}
+
+/* Creates the suite name with a TCase for each of the n cases, runs it and
+ * returns how many tests failed. A suite with a TCase that needs more (a
+ * loop test, an unchecked fixture) uses pscheck_suite, pscheck_add,
+ * PSCHECK_TCASE and pscheck_run instead. */
+static inline int pscheck_main(const char *name, const struct pscheck_case *cases,
+                               size_t n)
+{
+    Suite *s = pscheck_suite(name);
+    pscheck_add(s, cases, n);
+    return pscheck_run(s);
+}
+
+/* Defines main for a suite that is only its table: the TCases follow the
+ * name as struct pscheck_case initializers, and main exits with
+ * EXIT_FAILURE if any test failed. */
+#define PSCHECK_MAIN(name, ...)                                                \
+    int main(void)                                                             \
+    {                                                                          \
+        const struct pscheck_case cases_[] = {__VA_ARGS__};                    \
+        size_t n_ = sizeof cases_ / sizeof cases_[0];                          \
+        return pscheck_main((name), cases_, n_) == 0 ? EXIT_SUCCESS : EXIT_FAILURE; \
+    }
+
 static inline int pscheck_rm_entry(const char *path, const struct stat *st, int type,
                             struct FTW *ftw)
 {
