@@ -242,15 +242,14 @@ END_TEST
 
 START_TEST(test_name)
 {
-    ck_assert_str_eq(psd_init_name(PSD_INIT_ZEROS), "ZEROS");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_CONSTANT), "CONSTANT");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_UNIFORM), "UNIFORM");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_NORMAL), "NORMAL");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_TRUNCATED_NORMAL),
-                     "TRUNCATED_NORMAL");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_GLOROT_UNIFORM), "GLOROT_UNIFORM");
-    ck_assert_str_eq(psd_init_name((enum psd_init_kind)6), "UNKNOWN");
-    ck_assert_str_eq(psd_init_name((enum psd_init_kind)-1), "UNKNOWN");
+    /* Each kind by its name; one past either end (6 and -1) is UNKNOWN. */
+    static const char *const names[] = {"ZEROS", "CONSTANT", "UNIFORM", "NORMAL",
+                                        "TRUNCATED_NORMAL", "GLOROT_UNIFORM"};
+    for (int k = PSD_INIT_ZEROS - 1; k <= PSD_INIT_GLOROT_UNIFORM + 1; k++) {
+        bool known = k >= PSD_INIT_ZEROS && k <= PSD_INIT_GLOROT_UNIFORM;
+        ck_assert_str_eq(psd_init_name((enum psd_init_kind)k),
+                         known ? names[k - PSD_INIT_ZEROS] : "UNKNOWN");
+    }
 }
 END_TEST
 

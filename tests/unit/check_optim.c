@@ -260,10 +260,9 @@ END_TEST
 
 START_TEST(test_name)
 {
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_SGD), "SGD");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_MOMENTUM), "MOMENTUM");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAGRAD), "ADAGRAD");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAM), "ADAM");
+    static const char *const names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM"};
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++)
+        ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)k), names[k - PSD_OPT_SGD]);
     ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)4), "UNKNOWN");
     ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)-1), "UNKNOWN");
 }

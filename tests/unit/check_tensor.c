@@ -365,16 +365,16 @@ START_TEST(test_npy_read_bad)
 
     /* Header dicts and what reading them gives, with 8 bytes of data. */
     static const struct {
-        const char *dict;
         int rc;
+        const char *dict;
     } heads[] = {
         /* Another dtype, and Fortran order. */
-        {"{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", PS_EDTYPE},
-        {"{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", PS_EDTYPE},
+        {PS_EDTYPE, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }"},
+        {PS_EDTYPE, "{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }"},
         /* A broken shape tuple. */
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", PS_ECORRUPT},
+        {PS_ECORRUPT, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }"},
         /* Keys in another order, as other writers may put them: accepted. */
-        {"{'shape': (2,), 'fortran_order': False, 'descr': '<f4'}", 0},
+        {0, "{'shape': (2,), 'fortran_order': False, 'descr': '<f4'}"},
     };
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
         write_npy_raw(tmppath, heads[i].dict, 8);
