@@ -286,6 +286,15 @@ END_TEST
 
 /* ---- Model construction -------------------------------------------------- */
 
+/* A model of spec for h x w x c inputs, ncls classes and batches of up to
+ * batch, which must be created. */
+static ps_model *model(const char *spec, int h, int w, int c, int ncls, int batch)
+{
+    ps_model *m;
+    ck_assert_int_eq(ps_model_create(spec, h, w, c, ncls, batch, &m, NULL, 0), 0);
+    return m;
+}
+
 static void expect_tensor(const ps_model *m, int i, const char *name,
                           int ndim, const int64_t *shape, size_t offset,
                           enum ps_init_kind init)
@@ -437,8 +446,7 @@ START_TEST(test_create_on)
         ck_assert_float_eq(ps_model_grads(m)[i], 0);
     }
     ps_model_destroy(m);
-    ck_assert_int_eq(ps_model_create("softmax", 1, 2, 3, 3, 5, &m, NULL, 0),
-                     0);
+    m = model("softmax", 1, 2, 3, 3, 5);
     ck_assert_ptr_eq(ps_model_backend(m), &ps_backend_cpu);
     ps_model_destroy(m);
     ck_assert_int_eq(ps_model_create_on(NULL, "softmax", 1, 2, 3, 3, 5, &m,
@@ -451,9 +459,7 @@ END_TEST
 START_TEST(test_block_copies)
 {
     rng_state = 3;
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:6-4-3", 1, 1, 6, 3, 2, &m, NULL, 0),
-                     0);
+    ps_model *m = model("mlp:6-4-3", 1, 1, 6, 3, 2);
     size_t np = ps_model_nparams(m);
     float in[64], out[64];
     ck_assert_uint_le(np, 64);
@@ -480,9 +486,7 @@ END_TEST
 
 START_TEST(test_check_input)
 {
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:784-32-10", 28, 28, 1, 10, 8, &m,
-                                     NULL, 0), 0);
+    ps_model *m = model("mlp:784-32-10", 28, 28, 1, 10, 8);
     ck_assert_int_eq(ps_model_check_input(m, 28, 28, 1, errbuf, sizeof errbuf),
                      0);
     ck_assert_int_eq(ps_model_check_input(m, 1, 1, 784, errbuf, sizeof errbuf),
@@ -491,7 +495,7 @@ START_TEST(test_check_input)
                      PS_ESHAPE);
     ck_assert_ptr_nonnull(strstr(errbuf, "32x32x3"));
     ps_model_destroy(m);
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 8, &m, NULL, 0), 0);
+    m = model("cnn", 28, 28, 1, 10, 8);
     /* The CNN needs the image shape itself, not just the size. */
     ck_assert_int_eq(ps_model_check_input(m, 1, 1, 784, errbuf, sizeof errbuf),
                      PS_ESHAPE);
@@ -502,9 +506,7 @@ END_TEST
 
 START_TEST(test_init_params)
 {
-    ps_model *a, *b;
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 2, &a, NULL, 0), 0);
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 2, &b, NULL, 0), 0);
+    ps_model *a = model("cnn", 28, 28, 1, 10, 2), *b = model("cnn", 28, 28, 1, 10, 2);
     ps_model_init_params(a, 42);
     ps_model_init_params(b, 42);
     size_t n = ps_model_nparams(a);
@@ -813,9 +815,7 @@ END_TEST
 START_TEST(test_forward_backward_contract)
 {
     rng_state = 14;
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:6-5-3", 1, 1, 6, 3, 4, &m, NULL, 0),
-                     0);
+    ps_model *m = model("mlp:6-5-3", 1, 1, 6, 3, 4);
     ps_model_init_params(m, 1);
     float x[4 * 6];
     int32_t y[4] = {0, 1, 2, 1};
@@ -859,11 +859,8 @@ START_TEST(test_evaluate_chunks)
     /* A model with room for 8 evaluates 37 examples in 5 chunks and must
      * agree with one that takes them at once, after a one-copy pull of the
      * other's parameters. */
-    ps_model *small, *big;
-    ck_assert_int_eq(ps_model_create("cnn:4-4-8", 8, 8, 1, 4, 8, &small, NULL,
-                                     0), 0);
-    ck_assert_int_eq(ps_model_create("cnn:4-4-8", 8, 8, 1, 4, 37, &big, NULL,
-                                     0), 0);
+    ps_model *small = model("cnn:4-4-8", 8, 8, 1, 4, 8);
+    ps_model *big = model("cnn:4-4-8", 8, 8, 1, 4, 37);
     ps_model_init_params(big, 9);
     memcpy(ps_model_params(small), ps_model_params(big),
            ps_model_nparams(big) * sizeof(float));
@@ -888,9 +885,7 @@ START_TEST(test_sgd_step_learns)
 {
     rng_state = 16;
     /* A few steps on a fixed batch drive its loss well down. */
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("cnn:4-8-16", 8, 8, 1, 3, 6, &m, NULL, 0),
-                     0);
+    ps_model *m = model("cnn:4-8-16", 8, 8, 1, 3, 6);
     ps_model_init_params(m, 3);
     float x[6 * 64], first = 0, loss = 0;
     int32_t y[6] = {0, 1, 2, 0, 1, 2};
