@@ -1,8 +1,9 @@
 /*
  * pscheck - the scaffolding every tests/unit/check_<module>.c shares: a
- * suite that runs and returns its failure count, one TCase per public
- * function in one line, a fresh temporary directory per test, and the
- * small file and process helpers the tests kept writing again.
+ * suite's TCases (one per public function) as one table, its main
+ * (PSCHECK_MAIN) that runs them and fails if any test failed, a fresh
+ * temporary directory per test, and the small file and process helpers
+ * the tests kept writing again.
  *
  * Threads and lifetime: everything here is for the test's own thread. The
  * fixture's tmpdir and tmppath hold the running test's directory from its
