@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 #include "errors.h"
+#include "pscheck.h"
 #include "store.h"
 
 #include <check.h>
@@ -19,26 +20,15 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* Each test gets a fresh data directory; the store lives in it, as in psd,
- * and checkpoints under it. */
-static char data_dir[PATH_MAX];
+/* Each test gets a fresh data directory (the fixture's tmpdir); the store
+ * lives in it, as in psd, and checkpoints under it. */
+static const char *const data_dir = tmpdir;
 static char ck_dir[PATH_MAX + 16];
-
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    return remove(path);
-}
 
 static void setup(void)
 {
-    strcpy(data_dir, "/tmp/check_checkpoint.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(data_dir));
+    pscheck_tmp_setup();
     snprintf(ck_dir, sizeof ck_dir, "%s/checkpoints", data_dir);
-}
-
-static void teardown(void)
-{
-    nftw(data_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Puts one variable "w" of n floats, all equal to fill, plus a second small
@@ -116,25 +106,52 @@ static void list_eq(const uint64_t *want, size_t nwant)
         ck_assert_uint_eq(got[i], want[i]);
 }
 
-START_TEST(test_write_two_latest_highest)
+/* Opens the store in data_dir, puts the model (n floats of fill) and writes
+ * a checkpoint at each of the nsteps steps; the store stays open. */
+static psd_store *open_with_ckpts(size_t n, float fill, const uint64_t *steps, int nsteps)
 {
     psd_store *s;
     ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 1000, 1.0f);
-    write_ckpt(s, 10);
+    put_model(s, n, fill);
+    for (int i = 0; i < nsteps; i++)
+        write_ckpt(s, steps[i]);
+    return s;
+}
+
+/* psd_ckpt_latest finds a whole checkpoint, and it is of step want. */
+static void latest_eq(uint64_t want)
+{
+    uint64_t step = 0;
+    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
+    ck_assert_uint_eq(step, want);
+}
+
+/* What psd_ckpt_path returns for step. */
+static int path_rc(uint64_t step)
+{
+    char path[PATH_MAX];
+    return psd_ckpt_path(data_dir, step, path, sizeof path);
+}
+
+/* The value of "w" in the checkpoint of step, which must be whole. */
+static float step_fill(uint64_t step)
+{
+    char path[PATH_MAX];
+    ck_assert_int_eq(psd_ckpt_path(data_dir, step, path, sizeof path), 0);
+    return ckpt_fill(path);
+}
+
+START_TEST(test_write_two_latest_highest)
+{
+    psd_store *s = open_with_ckpts(1000, 1.0f, (uint64_t[]){10}, 1);
     put_model(s, 1000, 2.0f);
     write_ckpt(s, 20);
     put_model(s, 1000, 3.0f); /* after the last checkpoint: in neither */
 
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 20);
+    latest_eq(20);
     list_eq((uint64_t[]){10, 20}, 2);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
-    ck_assert(ckpt_fill(path) == 1.0f);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), 0);
-    ck_assert(ckpt_fill(path) == 2.0f);
+    ck_assert(step_fill(10) == 1.0f);
+    ck_assert(step_fill(20) == 2.0f);
     ck_assert_int_eq(count_entries(".tmp-"), 0);
 
     /* The manifest says what the directory holds. */
@@ -176,18 +193,14 @@ START_TEST(test_latest_none)
     ck_assert_uint_eq(step, 7);
     ck_assert_int_eq(psd_ckpt_list(data_dir, steps, 4, &n), 0);
     ck_assert_uint_eq(n, 0);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 1, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(path_rc(1), PS_ENOTFOUND);
     ck_assert_int_eq(psd_ckpt_prune(data_dir, 1), 0);
 }
 END_TEST
 
 START_TEST(test_dir_without_manifest_ignored)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 100, 1.0f);
-    write_ckpt(s, 10);
+    psd_store *s = open_with_ckpts(100, 1.0f, (uint64_t[]){10}, 1);
     /* Higher steps that are not whole checkpoints: an empty directory, a
      * copy without its manifest, names psd never writes, a temp dir. */
     char dir[PATH_MAX + 64];
@@ -199,14 +212,11 @@ START_TEST(test_dir_without_manifest_ignored)
     snprintf(dir, sizeof dir, "%s/40", ck_dir);
     ck_assert_int_eq(psd_store_copy(s, dir), 0);
 
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 10);
+    latest_eq(10);
     list_eq((uint64_t[]){10}, 1);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 30, path, sizeof path), PS_ENOTFOUND);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 40, path, sizeof path), PS_ENOTFOUND);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 99, path, sizeof path), PS_ENOTFOUND);
+    ck_assert_int_eq(path_rc(30), PS_ENOTFOUND);
+    ck_assert_int_eq(path_rc(40), PS_ENOTFOUND);
+    ck_assert_int_eq(path_rc(99), PS_ENOTFOUND);
     /* Prune leaves what it did not write alone. */
     ck_assert_int_eq(psd_ckpt_prune(data_dir, 1), 0);
     ck_assert_int_eq(count_entries("40"), 1);
@@ -215,50 +225,28 @@ START_TEST(test_dir_without_manifest_ignored)
 }
 END_TEST
 
-static void overwrite(const char *file, const char *text)
-{
-    FILE *f = fopen(file, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 START_TEST(test_bad_manifest_ignored)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 100, 1.0f);
-    write_ckpt(s, 10);
-    write_ckpt(s, 20);
-    write_ckpt(s, 30);
-    psd_store_close(s);
+    psd_store_close(open_with_ckpts(100, 1.0f, (uint64_t[]){10, 20, 30}, 3));
 
     char file[PATH_MAX + 64];
     ckpt_file(file, sizeof file, 30, "MANIFEST.json");
-    overwrite(file, "{\"format\": 1, \"step\": 30, \"trunc");
+    pscheck_write_text(file, "{\"format\": 1, \"step\": 30, \"trunc");
     ckpt_file(file, sizeof file, 20, "MANIFEST.json");
-    overwrite(file, "{\"format\": 1, \"step\": 21, \"variables\": 2, \"bytes\": 1,"
+    pscheck_write_text(file, "{\"format\": 1, \"step\": 21, \"variables\": 2, \"bytes\": 1,"
                     " \"created_unix\": 1, \"data_file\": \"data.mdb\", \"crc32\": 0}");
 
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 10);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 30, path, sizeof path), PS_ECORRUPT);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ECORRUPT);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
+    latest_eq(10);
+    ck_assert_int_eq(path_rc(30), PS_ECORRUPT);
+    ck_assert_int_eq(path_rc(20), PS_ECORRUPT);
+    ck_assert_int_eq(path_rc(10), 0);
     list_eq((uint64_t[]){10}, 1);
 }
 END_TEST
 
 START_TEST(test_bad_crc_ignored)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 1000, 1.0f);
-    write_ckpt(s, 10);
-    write_ckpt(s, 20);
-    psd_store_close(s);
+    psd_store_close(open_with_ckpts(1000, 1.0f, (uint64_t[]){10, 20}, 2));
 
     /* Flip one byte of 20's data file: same size, wrong crc. */
     char file[PATH_MAX + 64];
@@ -271,11 +259,8 @@ START_TEST(test_bad_crc_ignored)
     fputc(c ^ 0xff, f);
     fclose(f);
 
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 10);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ECORRUPT);
+    latest_eq(10);
+    ck_assert_int_eq(path_rc(20), PS_ECORRUPT);
     /* list does not read the data: 20 still looks complete to it. */
     list_eq((uint64_t[]){10, 20}, 2);
     /* Prune never removes the checkpoint latest would pick. */
@@ -284,41 +269,17 @@ START_TEST(test_bad_crc_ignored)
 }
 END_TEST
 
-/* Forks a child that runs fn and returns its exit status. The write limit
- * set by limit_writes() lives and dies with the child, whether or not Check
- * forks (under valgrind it does not). */
-static int run_child(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0)
-        _exit(fn());
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status), "child died (status %d)", status);
-    return WEXITSTATUS(status);
-}
-
-/* Writes past 64 KiB fail as on a full disk: EFBIG, SIGXFSZ ignored. */
-static int limit_writes(void)
-{
-    signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl = {64 << 10, 64 << 10};
-    return setrlimit(RLIMIT_FSIZE, &rl);
-}
-
+/* Run under pscheck_fork: writes past 64 KiB fail as on a full disk, and so
+ * must the checkpoint of step 20. */
 static int child_write_full(void)
 {
+    char path[PATH_MAX];
+    uint64_t bytes = 0;
     psd_store *s;
     if (psd_store_open(data_dir, 0, 0, &s) != 0)
         return 10;
-    int code = 0;
-    char path[PATH_MAX];
-    uint64_t bytes = 0;
-    if (limit_writes() != 0)
-        code = 11;
-    else if (psd_ckpt_write(s, data_dir, 20, 2, path, sizeof path, &bytes) != PS_EFULL)
+    int code = pscheck_limit_writes(64 << 10) != 0 ? 11 : 0;
+    if (code == 0 && psd_ckpt_write(s, data_dir, 20, 2, path, sizeof path, &bytes) != PS_EFULL)
         code = 12;
     psd_store_close(s);
     return code;
@@ -326,22 +287,16 @@ static int child_write_full(void)
 
 START_TEST(test_write_full_disk)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 1 << 17, 1.0f); /* 1 MiB with its slot */
-    write_ckpt(s, 10);
+    /* 1 MiB with its slot. */
+    psd_store *s = open_with_ckpts(1 << 17, 1.0f, (uint64_t[]){10}, 1);
     put_model(s, 1 << 17, 2.0f);
     psd_store_close(s); /* LMDB handles must not cross fork() */
 
-    ck_assert_int_eq(run_child(child_write_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_write_full), 0);
 
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 10);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
-    ck_assert(ckpt_fill(path) == 1.0f);
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 20, path, sizeof path), PS_ENOTFOUND);
+    latest_eq(10);
+    ck_assert(step_fill(10) == 1.0f);
+    ck_assert_int_eq(path_rc(20), PS_ENOTFOUND);
     ck_assert_int_eq(count_entries(".tmp-"), 0);
     list_eq((uint64_t[]){10}, 1);
     /* The store itself is unharmed. */
@@ -360,12 +315,7 @@ static int child_exit(void)
 
 START_TEST(test_prune_keeps_last)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 100, 1.0f);
-    for (uint64_t step = 1; step <= 5; step++)
-        write_ckpt(s, step);
-    psd_store_close(s);
+    psd_store_close(open_with_ckpts(100, 1.0f, (uint64_t[]){1, 2, 3, 4, 5}, 5));
 
     /* A temp dir whose writer is dead goes; one whose writer lives stays. */
     fflush(NULL);
@@ -384,9 +334,7 @@ START_TEST(test_prune_keeps_last)
     list_eq((uint64_t[]){4, 5}, 2);
     ck_assert_int_eq(count_entries("6.tmp-"), 0);
     ck_assert_int_eq(count_entries("7.tmp-"), 1);
-    uint64_t step = 0;
-    ck_assert_int_eq(psd_ckpt_latest(data_dir, &step), 0);
-    ck_assert_uint_eq(step, 5);
+    latest_eq(5);
 
     /* Asking for more than there are removes nothing; 0 keeps latest. */
     ck_assert_int_eq(psd_ckpt_prune(data_dir, 10), 0);
@@ -398,10 +346,7 @@ END_TEST
 
 START_TEST(test_replace_same_step)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 1000, 1.0f);
-    write_ckpt(s, 10);
+    psd_store *s = open_with_ckpts(1000, 1.0f, (uint64_t[]){10}, 1);
     put_model(s, 1000, 2.0f);
     write_ckpt(s, 10);
     put_model(s, 2000, 3.0f);
@@ -409,21 +354,14 @@ START_TEST(test_replace_same_step)
     psd_store_close(s);
 
     list_eq((uint64_t[]){10}, 1);
-    char path[PATH_MAX];
-    ck_assert_int_eq(psd_ckpt_path(data_dir, 10, path, sizeof path), 0);
-    ck_assert(ckpt_fill(path) == 3.0f);
+    ck_assert(step_fill(10) == 3.0f);
     ck_assert_int_eq(count_entries(".tmp-"), 0);
 }
 END_TEST
 
 START_TEST(test_list_and_path_limits)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(data_dir, 0, 0, &s), 0);
-    put_model(s, 10, 1.0f);
-    write_ckpt(s, 3);
-    write_ckpt(s, 100);
-    write_ckpt(s, 20);
+    psd_store *s = open_with_ckpts(10, 1.0f, (uint64_t[]){3, 100, 20}, 3);
     /* Too small a buffer for the path: refused before any work. */
     char small[8];
     ck_assert_int_eq(psd_ckpt_write(s, data_dir, 40, 2, small, sizeof small, NULL),
@@ -448,31 +386,13 @@ START_TEST(test_list_and_path_limits)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("checkpoint");
-    struct {
-        const char *name;
-        const TTest *tests[4];
-    } cases[] = {
-        {"psd_ckpt_write", {test_write_two_latest_highest, test_write_full_disk,
-                            test_replace_same_step}},
-        {"psd_ckpt_latest", {test_latest_none, test_dir_without_manifest_ignored,
-                             test_bad_manifest_ignored}},
-        {"psd_ckpt_path", {test_bad_crc_ignored}},
-        {"psd_ckpt_list", {test_list_and_path_limits}},
-        {"psd_ckpt_prune", {test_prune_keeps_last}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        for (size_t j = 0; j < 4 && cases[i].tests[j]; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+
+PSCHECK_MAIN("checkpoint",
+    {"psd_ckpt_write", {test_write_two_latest_highest, test_write_full_disk,
+                        test_replace_same_step}, &fx},
+    {"psd_ckpt_latest", {test_latest_none, test_dir_without_manifest_ignored,
+                         test_bad_manifest_ignored}, &fx},
+    {"psd_ckpt_path", {test_bad_crc_ignored}, &fx},
+    {"psd_ckpt_list", {test_list_and_path_limits}, &fx},
+    {"psd_ckpt_prune", {test_prune_keeps_last}, &fx})

@@ -1,5 +1,7 @@
 #include "cluster.h"
 #include "errors.h"
+#define PSCHECK_TMPFILE "spec.json"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -7,30 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static char tmpdir[64];
-static char tmppath[128];
-
-static void tmp_setup(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_cluster.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    snprintf(tmppath, sizeof tmppath, "%s/spec.json", tmpdir);
-}
-
-static void tmp_teardown(void)
-{
-    unlink(tmppath);
-    rmdir(tmpdir);
-}
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 static const char *full_spec =
     "{\"cluster\": {\"chief\": [\"h0:2222\"],"
@@ -273,12 +251,12 @@ START_TEST(test_load_file)
 {
     ps_cluster c;
     char err[512] = "";
-    write_file(tmppath, full_spec);
+    pscheck_write_text(tmppath, full_spec);
     ck_assert_int_eq(ps_cluster_load_file(tmppath, &c, err, sizeof err), 0);
     ck_assert_int_eq(c.n[PS_ROLE_WORKER], 2);
     ps_cluster_close(&c);
 
-    write_file(tmppath, "{\"cluster\": {\"chief\": [\"a:1\", \"b:1\"]}}");
+    pscheck_write_text(tmppath, "{\"cluster\": {\"chief\": [\"a:1\", \"b:1\"]}}");
     ck_assert_int_eq(ps_cluster_load_file(tmppath, &c, err, sizeof err),
                      PS_EINVAL_ARG);
     char want[512];
@@ -286,7 +264,7 @@ START_TEST(test_load_file)
              "%s: cluster has 2 chiefs; at most one is allowed", tmppath);
     ck_assert_str_eq(err, want);
 
-    write_file(tmppath, "");
+    pscheck_write_text(tmppath, "");
     ck_assert_int_eq(ps_cluster_load_file(tmppath, &c, err, sizeof err),
                      PS_EPARSE);
 
@@ -307,7 +285,7 @@ START_TEST(test_load_file_large)
         len += (size_t)snprintf(json + len, cap - len, "%s\"w%zu:2222\"",
                                 i > 0 ? ", " : "", i);
     snprintf(json + len, cap - len, "]}}");
-    write_file(tmppath, json);
+    pscheck_write_text(tmppath, json);
     free(json);
     ps_cluster c;
     char err[512] = "";
@@ -374,44 +352,24 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("cluster");
-    TCase *tc;
-
-    tc = tcase_create("ps_role_name");
-    tcase_add_test(tc, test_role_name);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_role_parse");
-    tcase_add_test(tc, test_role_parse);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_addr_split");
-    tcase_add_test(tc, test_addr_split_ok);
-    tcase_add_test(tc, test_addr_split_bad);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_cluster_parse");
-    tcase_add_test(tc, test_parse_full);
-    tcase_add_test(tc, test_parse_minimal);
+    const struct pscheck_case before[] = {
+        {"ps_role_name", {test_role_name}},
+        {"ps_role_parse", {test_role_parse}},
+        {"ps_addr_split", {test_addr_split_ok, test_addr_split_bad}},
+    }, after[] = {
+        {"ps_cluster_load_file", {test_load_file, test_load_file_large}, &pscheck_tmp},
+        {"ps_cluster_from_env", {test_from_env}},
+        {"ps_cluster_close", {test_close}},
+        {"ps_cluster_task_address", {test_task_address}},
+    };
+    Suite *s = pscheck_suite("cluster");
+    pscheck_add(s, before, sizeof before / sizeof before[0]);
+    /* One run of test_parse_bad per malformed spec in bad_cases. */
+    TCase *tc = PSCHECK_TCASE(s, NULL, "ps_cluster_parse", test_parse_full,
+                              test_parse_minimal);
     tcase_add_loop_test(tc, test_parse_bad, 0,
                         (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_parse_not_json_position);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_cluster_load_file");
-    tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
-    tcase_add_test(tc, test_load_file);
-    tcase_add_test(tc, test_load_file_large);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_cluster_from_env");
-    tcase_add_test(tc, test_from_env);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_cluster_close");
-    tcase_add_test(tc, test_close);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ps_cluster_task_address");
-    tcase_add_test(tc, test_task_address);
-    suite_add_tcase(s, tc);
-
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    pscheck_add(s, after, sizeof after / sizeof after[0]);
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,5 +1,7 @@
 #include "conf.h"
 #include "errors.h"
+#define PSCHECK_TMPFILE "conf.json"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -51,30 +53,6 @@ static const ps_opt opts[] = {
      "update rule", 0, 0, consistency_choices},
     {0},
 };
-
-static char tmpdir[64];
-static char tmppath[128];
-
-static void tmp_setup(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_conf.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    snprintf(tmppath, sizeof tmppath, "%s/conf.json", tmpdir);
-}
-
-static void tmp_teardown(void)
-{
-    unlink(tmppath);
-    rmdir(tmpdir);
-}
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 /* Runs ps_conf_load on a NULL-terminated argument list (argv[0] added). */
 static char err[512];
@@ -311,7 +289,7 @@ END_TEST
 START_TEST(test_config_file)
 {
     struct cfg c;
-    write_file(tmppath, "{\"port\": 7100, \"data-dir\": \"/from/file\", "
+    pscheck_write_text(tmppath, "{\"port\": 7100, \"data-dir\": \"/from/file\", "
                         "\"verbose\": true, \"lr\": 0.5, \"map-size\": \"2G\", "
                         "\"timeout\": 1500, \"consistency\": \"sync\", "
                         "\"seed\": 42, \"threads\": 2}");
@@ -379,7 +357,7 @@ START_TEST(test_config_file_bad)
     };
     struct cfg c;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_file(tmppath, cases[i].json);
+        pscheck_write_text(tmppath, cases[i].json);
         int rc = LOAD(&c, "--config", tmppath);
         ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d (%s)", i, rc, err);
         ck_assert_ptr_null(c.data_dir);
@@ -393,7 +371,7 @@ START_TEST(test_config_file_bad)
             ck_assert_ptr_eq(strstr(err, want), err);
         }
     }
-    write_file(tmppath, "{\"port\": 1,\n \"port\": 2}");
+    pscheck_write_text(tmppath, "{\"port\": 1,\n \"port\": 2}");
     ck_assert_int_eq(LOAD(&c, "--config", tmppath), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(err, "line 2, column"));
 
@@ -457,39 +435,10 @@ START_TEST(test_usage)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("conf");
-    TCase *tc;
-
-    tc = tcase_create("ps_conf_load");
-    tcase_add_test(tc, test_defaults);
-    tcase_add_test(tc, test_command_line);
-    tcase_add_test(tc, test_units);
-    tcase_add_test(tc, test_bad_values);
-    tcase_add_test(tc, test_failure_frees);
-    tcase_add_test(tc, test_positionals);
-    tcase_add_test(tc, test_help_version);
-    tcase_add_test(tc, test_bad_default);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("ps_conf_load --config");
-    tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
-    tcase_add_test(tc, test_config_file);
-    tcase_add_test(tc, test_config_file_bad);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("ps_conf_free");
-    tcase_add_test(tc, test_free);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("ps_conf_usage");
-    tcase_add_test(tc, test_usage);
-    suite_add_tcase(s, tc);
-
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("conf",
+    {"ps_conf_load", {test_defaults, test_command_line, test_units, test_bad_values,
+                      test_failure_frees, test_positionals, test_help_version,
+                      test_bad_default}},
+    {"ps_conf_load --config", {test_config_file, test_config_file_bad}, &pscheck_tmp},
+    {"ps_conf_free", {test_free}},
+    {"ps_conf_usage", {test_usage}})

@@ -1,6 +1,7 @@
 #include "data.h"
 
 #include "errors.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -12,27 +13,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
-
-static char tmpdir[64];
 static char errbuf[512];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_data.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag,
-                    struct FTW *ftw)
-{
-    return remove(path);
-}
-
-static void remove_tmpdir(void)
-{
-    nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
 
 /* A path inside the fixture's temporary directory; static, so one at a time
  * per slot. */
@@ -41,14 +22,6 @@ static const char *tpath(int slot, const char *name)
     static char paths[4][128];
     snprintf(paths[slot], sizeof paths[slot], "%s/%s", tmpdir, name);
     return paths[slot];
-}
-
-static void write_plain(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    fclose(f);
 }
 
 static void write_gz(const char *path, const void *data, size_t n)
@@ -105,8 +78,8 @@ static void write_pair(const char *img, bool img_gz, const char *lbl,
     size_t li, ll;
     unsigned char *bi = idx_images(nimg, 4, 3, &li);
     unsigned char *bl = idx_labels(nlbl, &ll);
-    (img_gz ? write_gz : write_plain)(img, bi, li);
-    (lbl_gz ? write_gz : write_plain)(lbl, bl, ll);
+    (img_gz ? write_gz : pscheck_write)(img, bi, li);
+    (lbl_gz ? write_gz : pscheck_write)(lbl, bl, ll);
     free(bi);
     free(bl);
 }
@@ -125,6 +98,12 @@ static void check_pair_contents(const struct ps_dataset *ds, int n)
     }
 }
 
+/* ps_dataset_load_idx of img and lbl, all of them, its message in errbuf. */
+static int load(const char *img, const char *lbl, struct ps_dataset *ds)
+{
+    return ps_dataset_load_idx(img, lbl, 0, ds, errbuf, sizeof errbuf);
+}
+
 START_TEST(test_idx_plain_and_gzip)
 {
     for (int variant = 0; variant < 4; variant++) {
@@ -133,8 +112,7 @@ START_TEST(test_idx_plain_and_gzip)
         const char *lbl = tpath(1, gl ? "lbl.gz" : "lbl");
         write_pair(img, gi, lbl, gl, 5, 5);
         struct ps_dataset ds;
-        ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                             sizeof errbuf), 0);
+        ck_assert_int_eq(load(img, lbl, &ds), 0);
         check_pair_contents(&ds, 5);
         ck_assert_int_eq(ds.nclasses, 7); /* labels 0 3 6 2 5 */
         ps_dataset_close(&ds);
@@ -186,28 +164,24 @@ START_TEST(test_idx_truncated)
     struct ps_dataset ds;
 
     /* Plain pixels cut short. */
-    write_plain(img, bi, li - 7);
-    write_plain(lbl, bl, ll);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(img, bi, li - 7);
+    pscheck_write(lbl, bl, ll);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     ck_assert_ptr_nonnull(strstr(errbuf, "truncated"));
 
     /* Labels cut short. */
-    write_plain(img, bi, li);
-    write_plain(lbl, bl, ll - 1);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(img, bi, li);
+    pscheck_write(lbl, bl, ll - 1);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
 
     /* A header cut in the middle, and an empty file. */
-    write_plain(img, bi, 10);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(img, bi, 10);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
-    write_plain(img, bi, 0);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(img, bi, 0);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ECORRUPT);
 
     /* A gzip stream cut in the middle: compress a larger file so the cut
      * lands inside the deflate data. */
@@ -215,29 +189,22 @@ START_TEST(test_idx_truncated)
     bi = idx_images(400, 28, 28, &li);
     const char *full = tpath(2, "full.gz");
     write_gz(full, bi, li);
-    FILE *f = fopen(full, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *gzbytes = malloc((size_t)sz);
-    ck_assert_uint_eq(fread(gzbytes, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
+    size_t gzlen;
+    unsigned char *gzbytes = pscheck_read(full, &gzlen);
+    long sz = (long)gzlen;
     const char *cut = tpath(0, "cut.gz");
-    write_plain(cut, gzbytes, (size_t)sz / 2);
+    pscheck_write(cut, gzbytes, (size_t)sz / 2);
     free(bl);
     bl = idx_labels(400, &ll);
-    write_plain(lbl, bl, ll);
-    ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(lbl, bl, ll);
+    ck_assert_int_eq(load(cut, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
 
     /* Damaged deflate data (not just short) is reported too. */
     for (long i = 40; i < sz - 40; i += 97)
         gzbytes[i] ^= 0x5a;
-    write_plain(cut, gzbytes, (size_t)sz);
-    ck_assert_int_eq(ps_dataset_load_idx(cut, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ECORRUPT);
+    pscheck_write(cut, gzbytes, (size_t)sz);
+    ck_assert_int_eq(load(cut, lbl, &ds), PS_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(errbuf, cut));
     ck_assert_ptr_null(ds.x);
     free(gzbytes);
@@ -252,19 +219,16 @@ START_TEST(test_idx_wrong_magic)
     write_pair(img, false, lbl, true, 5, 5);
     struct ps_dataset ds;
     /* The files swapped: each has the other's magic. */
-    ck_assert_int_eq(ps_dataset_load_idx(lbl, img, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    ck_assert_int_eq(load(lbl, img, &ds), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "magic 0x00000801"));
     /* Text is not IDX either; neither are float IDX files (type 0x0d). */
-    write_plain(img, "hello, world\n", 13);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    pscheck_write(img, "hello, world\n", 13);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_EPARSE);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     unsigned char fl[16] = {0, 0, 0x0d, 3};
-    write_plain(img, fl, sizeof fl);
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_EPARSE);
+    pscheck_write(img, fl, sizeof fl);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_EPARSE);
 }
 END_TEST
 
@@ -273,8 +237,7 @@ START_TEST(test_idx_count_mismatch)
     const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
     write_pair(img, true, lbl, true, 5, 4);
     struct ps_dataset ds;
-    ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, errbuf,
-                                         sizeof errbuf), PS_ESHAPE);
+    ck_assert_int_eq(load(img, lbl, &ds), PS_ESHAPE);
     ck_assert_ptr_nonnull(strstr(errbuf, img));
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "5 images"));
@@ -287,13 +250,10 @@ END_TEST
 
 START_TEST(test_idx_fashion_mnist)
 {
-    const char *img = FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
-    const char *lbl = FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
-    if (access(img, R_OK) != 0 || access(lbl, R_OK) != 0) {
-        fprintf(stderr, "skipped: %s not installed "
-                "(apt install dataset-fashion-mnist)\n", FMNIST_DIR);
+    const char *img = PSCHECK_FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
+    const char *lbl = PSCHECK_FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
+    if (!pscheck_have_fmnist(img, lbl))
         return;
-    }
     /* The whole test set natively; a slice under valgrind. */
     int64_t limit = getenv("PS_UNDER_VALGRIND") != NULL ? 1000 : 0;
     struct ps_dataset ds;
@@ -378,7 +338,7 @@ static void check_good_svm(const struct ps_sparse_dataset *ds)
 START_TEST(test_libsvm_good)
 {
     const char *plain = tpath(0, "a.svm"), *gz = tpath(1, "a.svm.gz");
-    write_plain(plain, good_svm, strlen(good_svm));
+    pscheck_write(plain, good_svm, strlen(good_svm));
     write_gz(gz, good_svm, strlen(good_svm));
     struct ps_sparse_dataset ds;
     ck_assert_msg(ps_sparse_load_libsvm(plain, &ds, errbuf, sizeof errbuf) ==
@@ -392,7 +352,7 @@ START_TEST(test_libsvm_good)
     ps_sparse_dataset_close(&ds);
 
     /* An empty file is an empty dataset. */
-    write_plain(plain, "", 0);
+    pscheck_write(plain, "", 0);
     ck_assert_int_eq(ps_sparse_load_libsvm(plain, &ds, NULL, 0), 0);
     ck_assert_int_eq(ds.n, 0);
     ck_assert_int_eq(ds.indptr[0], 0);
@@ -413,7 +373,7 @@ START_TEST(test_libsvm_long_lines)
         text[len++] = '\n';
     }
     const char *path = tpath(0, "long.svm");
-    write_plain(path, text, len);
+    pscheck_write(path, text, len);
     free(text);
     struct ps_sparse_dataset ds;
     ck_assert_msg(ps_sparse_load_libsvm(path, &ds, errbuf, sizeof errbuf) ==
@@ -434,7 +394,7 @@ static void expect_bad_line(const char *line, int code, const char *needle)
     char text[256];
     snprintf(text, sizeof text, "1 1:1\n# ok\n%s\n0 2:2\n", line);
     const char *path = tpath(0, "bad.svm");
-    write_plain(path, text, strlen(text));
+    pscheck_write(path, text, strlen(text));
     struct ps_sparse_dataset ds;
     errbuf[0] = '\0';
     int rc = ps_sparse_load_libsvm(path, &ds, errbuf, sizeof errbuf);
@@ -502,7 +462,7 @@ END_TEST
 START_TEST(test_sparse_gather_dense)
 {
     const char *path = tpath(0, "a.svm");
-    write_plain(path, good_svm, strlen(good_svm));
+    pscheck_write(path, good_svm, strlen(good_svm));
     struct ps_sparse_dataset ds;
     ck_assert_int_eq(ps_sparse_load_libsvm(path, &ds, NULL, 0), 0);
     int64_t idx[2] = {3, 0};
@@ -520,6 +480,16 @@ START_TEST(test_sparse_gather_dense)
 }
 END_TEST
 
+/* The policy ps_shard_files gives, which must succeed; the files in sel,
+ * their count in *n. */
+static enum ps_shard_policy shard(size_t nfiles, int worker, int nworkers, size_t *sel,
+                                  size_t *n)
+{
+    enum ps_shard_policy pol;
+    ck_assert_int_eq(ps_shard_files(nfiles, worker, nworkers, sel, n, &pol), 0);
+    return pol;
+}
+
 START_TEST(test_shard_files)
 {
     size_t sel[8], n;
@@ -527,8 +497,7 @@ START_TEST(test_shard_files)
     /* Enough files: by file, round robin, disjoint and covering. */
     int seen[5] = {0};
     for (int w = 0; w < 2; w++) {
-        ck_assert_int_eq(ps_shard_files(5, w, 2, sel, &n, &pol), 0);
-        ck_assert_int_eq(pol, PS_SHARD_BY_FILE);
+        ck_assert_int_eq(shard(5, w, 2, sel, &n), PS_SHARD_BY_FILE);
         ck_assert_uint_eq(n, w == 0 ? 3 : 2);
         for (size_t k = 0; k < n; k++) {
             ck_assert_uint_eq(sel[k], (size_t)w + 2 * k);
@@ -538,21 +507,17 @@ START_TEST(test_shard_files)
     for (int f = 0; f < 5; f++)
         ck_assert_int_eq(seen[f], 1);
     /* As many files as workers: one each. */
-    ck_assert_int_eq(ps_shard_files(3, 2, 3, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_FILE);
+    ck_assert_int_eq(shard(3, 2, 3, sel, &n), PS_SHARD_BY_FILE);
     ck_assert_uint_eq(n, 1);
     ck_assert_uint_eq(sel[0], 2);
     /* One file, or fewer files than workers: every file, by example. */
-    ck_assert_int_eq(ps_shard_files(1, 1, 4, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(1, 1, 4, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(ps_shard_files(3, 0, 4, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(3, 0, 4, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_uint_eq(n, 3);
     ck_assert_uint_eq(sel[2], 2);
     /* A single worker with one file is trivially by example. */
-    ck_assert_int_eq(ps_shard_files(1, 0, 1, sel, &n, &pol), 0);
-    ck_assert_int_eq(pol, PS_SHARD_BY_EXAMPLE);
+    ck_assert_int_eq(shard(1, 0, 1, sel, &n), PS_SHARD_BY_EXAMPLE);
     ck_assert_int_eq(ps_shard_files(0, 0, 1, sel, &n, &pol), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_shard_files(2, 2, 2, sel, &n, &pol), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_shard_files(2, -1, 2, sel, &n, &pol), PS_EINVAL_ARG);
@@ -742,50 +707,16 @@ START_TEST(test_batcher_remainder)
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name, bool tmp)
-{
-    TCase *tc = tcase_create(name);
-    if (tmp)
-        tcase_add_checked_fixture(tc, make_tmpdir, remove_tmpdir);
-    suite_add_tcase(s, tc);
-    return tc;
-}
-
-int main(void)
-{
-    Suite *s = suite_create("data");
-    TCase *tc = tcase(s, "ps_dataset_load_idx", true);
-    tcase_add_test(tc, test_idx_plain_and_gzip);
-    tcase_add_test(tc, test_idx_limit);
-    tcase_add_test(tc, test_idx_missing_file);
-    tcase_add_test(tc, test_idx_truncated);
-    tcase_add_test(tc, test_idx_wrong_magic);
-    tcase_add_test(tc, test_idx_count_mismatch);
-    tcase_add_test(tc, test_idx_fashion_mnist);
-    tc = tcase(s, "ps_dataset_gather", true);
-    tcase_add_test(tc, test_gather);
-    tc = tcase(s, "ps_sparse_load_libsvm", true);
-    tcase_add_test(tc, test_libsvm_good);
-    tcase_add_test(tc, test_libsvm_long_lines);
-    tcase_add_test(tc, test_libsvm_malformed);
-    tcase_add_test(tc, test_libsvm_missing_and_damaged);
-    tc = tcase(s, "ps_sparse_gather_dense", true);
-    tcase_add_test(tc, test_sparse_gather_dense);
-    tc = tcase(s, "ps_shard_files", false);
-    tcase_add_test(tc, test_shard_files);
-    tc = tcase(s, "ps_shard_count", false);
-    tcase_add_test(tc, test_shard_count);
-    tc = tcase(s, "ps_batch_global", false);
-    tcase_add_test(tc, test_batch_sizes);
-    tc = tcase(s, "ps_shuffle", false);
-    tcase_add_test(tc, test_shuffle);
-    tc = tcase(s, "ps_batcher", false);
-    tcase_add_test(tc, test_batcher_shards_cover);
-    tcase_add_test(tc, test_batcher_epochs);
-    tcase_add_test(tc, test_batcher_remainder);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("data",
+    {"ps_dataset_load_idx", {test_idx_plain_and_gzip, test_idx_limit, test_idx_missing_file,
+                             test_idx_truncated, test_idx_wrong_magic, test_idx_count_mismatch,
+                             test_idx_fashion_mnist}, &pscheck_tmp},
+    {"ps_dataset_gather", {test_gather}, &pscheck_tmp},
+    {"ps_sparse_load_libsvm", {test_libsvm_good, test_libsvm_long_lines, test_libsvm_malformed,
+                               test_libsvm_missing_and_damaged}, &pscheck_tmp},
+    {"ps_sparse_gather_dense", {test_sparse_gather_dense}, &pscheck_tmp},
+    {"ps_shard_files", {test_shard_files}},
+    {"ps_shard_count", {test_shard_count}},
+    {"ps_batch_global", {test_batch_sizes}},
+    {"ps_shuffle", {test_shuffle}},
+    {"ps_batcher", {test_batcher_shards_cover, test_batcher_epochs, test_batcher_remainder}})

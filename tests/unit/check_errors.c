@@ -1,4 +1,5 @@
 #include "errors.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -54,21 +55,7 @@ START_TEST(test_errf)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("errors");
-    TCase *tc = tcase_create("ps_strerror");
-    tcase_add_test(tc, test_strerror_project_codes);
-    tcase_add_test(tc, test_strerror_errno);
-    tcase_add_test(tc, test_strerror_unknown);
-    tcase_add_test(tc, test_codes_distinct_from_errno);
-    suite_add_tcase(s, tc);
-    TCase *tf = tcase_create("ps_errf");
-    tcase_add_test(tf, test_errf);
-    suite_add_tcase(s, tf);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("errors",
+    {"ps_strerror", {test_strerror_project_codes, test_strerror_errno, test_strerror_unknown,
+                     test_codes_distinct_from_errno}},
+    {"ps_errf", {test_errf}})

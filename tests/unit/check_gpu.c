@@ -3,6 +3,7 @@
 #include "errors.h"
 #include "gpu.h"
 #include "ps_config.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -33,15 +34,5 @@ START_TEST(test_probe)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("gpu");
-    TCase *tc = tcase_create("ps_gpu_probe");
-    tcase_add_test(tc, test_probe);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("gpu",
+    {"ps_gpu_probe", {test_probe}})

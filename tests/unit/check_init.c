@@ -1,5 +1,6 @@
 #include "errors.h"
 #include "init.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <float.h>
@@ -241,15 +242,14 @@ END_TEST
 
 START_TEST(test_name)
 {
-    ck_assert_str_eq(psd_init_name(PSD_INIT_ZEROS), "ZEROS");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_CONSTANT), "CONSTANT");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_UNIFORM), "UNIFORM");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_NORMAL), "NORMAL");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_TRUNCATED_NORMAL),
-                     "TRUNCATED_NORMAL");
-    ck_assert_str_eq(psd_init_name(PSD_INIT_GLOROT_UNIFORM), "GLOROT_UNIFORM");
-    ck_assert_str_eq(psd_init_name((enum psd_init_kind)6), "UNKNOWN");
-    ck_assert_str_eq(psd_init_name((enum psd_init_kind)-1), "UNKNOWN");
+    /* Each kind by its name; one past either end (6 and -1) is UNKNOWN. */
+    static const char *const names[] = {"ZEROS", "CONSTANT", "UNIFORM", "NORMAL",
+                                        "TRUNCATED_NORMAL", "GLOROT_UNIFORM"};
+    for (int k = PSD_INIT_ZEROS - 1; k <= PSD_INIT_GLOROT_UNIFORM + 1; k++) {
+        bool known = k >= PSD_INIT_ZEROS && k <= PSD_INIT_GLOROT_UNIFORM;
+        ck_assert_str_eq(psd_init_name((enum psd_init_kind)k),
+                         known ? names[k - PSD_INIT_ZEROS] : "UNKNOWN");
+    }
 }
 END_TEST
 
@@ -598,53 +598,25 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("init");
-    TCase *tc;
-
-    tc = tcase_create("psd_philox4x32_10");
-    tcase_add_test(tc, test_philox_known_answers);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_defaults");
-    tcase_add_test(tc, test_defaults);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_validate");
-    tcase_add_test(tc, test_validate_accepts_defaults);
-    tcase_add_test(tc, test_validate_unknown_kind);
-    tcase_add_test(tc, test_validate_uniform_bounds);
-    tcase_add_test(tc, test_validate_stddev);
-    tcase_add_test(tc, test_validate_non_finite);
-    tcase_add_test(tc, test_validate_why_short);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_name");
-    tcase_add_test(tc, test_name);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_fill_range");
-    tcase_add_test(tc, test_fill_prefix_and_range);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_init_fill");
+    const struct pscheck_case cases[] = {
+        {"psd_philox4x32_10", {test_philox_known_answers}},
+        {"psd_init_defaults", {test_defaults}},
+        {"psd_init_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
+                               test_validate_uniform_bounds, test_validate_stddev,
+                               test_validate_non_finite, test_validate_why_short}},
+        {"psd_init_name", {test_name}},
+        {"psd_init_fill_range", {test_fill_prefix_and_range}},
+    };
+    Suite *s = pscheck_suite("init");
+    pscheck_add(s, cases, sizeof cases / sizeof cases[0]);
+    /* The samples are allocated once for the case (an unchecked fixture). */
+    TCase *tc = PSCHECK_TCASE(s, NULL, "psd_init_fill", test_fill_zeros,
+                              test_fill_constant, test_fill_same_seed_same_bits,
+                              test_fill_different_seed_differs, test_fill_pinned_bits,
+                              test_fill_pinned_hashes, test_fill_matches_documented_layout,
+                              test_fill_uniform_moments, test_fill_uniform_never_maxval,
+                              test_fill_normal_moments, test_fill_truncated_normal,
+                              test_fill_glorot);
     tcase_add_unchecked_fixture(tc, setup_many, teardown_many);
-    tcase_add_test(tc, test_fill_zeros);
-    tcase_add_test(tc, test_fill_constant);
-    tcase_add_test(tc, test_fill_same_seed_same_bits);
-    tcase_add_test(tc, test_fill_different_seed_differs);
-    tcase_add_test(tc, test_fill_pinned_bits);
-    tcase_add_test(tc, test_fill_pinned_hashes);
-    tcase_add_test(tc, test_fill_matches_documented_layout);
-    tcase_add_test(tc, test_fill_uniform_moments);
-    tcase_add_test(tc, test_fill_uniform_never_maxval);
-    tcase_add_test(tc, test_fill_normal_moments);
-    tcase_add_test(tc, test_fill_truncated_normal);
-    tcase_add_test(tc, test_fill_glorot);
-    suite_add_tcase(s, tc);
-
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return pscheck_run(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

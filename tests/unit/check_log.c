@@ -1,5 +1,6 @@
 #include "errors.h"
 #include "log.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <stdio.h>
@@ -66,19 +67,6 @@ START_TEST(test_level_parse)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("log");
-    TCase *tc = tcase_create("ps_log_write");
-    tcase_add_test(tc, test_level_filters);
-    tcase_add_test(tc, test_err_appends_text);
-    suite_add_tcase(s, tc);
-    TCase *tp = tcase_create("ps_log_level_parse");
-    tcase_add_test(tp, test_level_parse);
-    suite_add_tcase(s, tp);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("log",
+    {"ps_log_write", {test_level_filters, test_err_appends_text}},
+    {"ps_log_level_parse", {test_level_parse}})

@@ -3,6 +3,7 @@
 #include "data.h"
 #include "errors.h"
 #include "gpu.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -12,8 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 static const struct ps_backend *be = &ps_backend_cpu;
 static char errbuf[512];
@@ -287,6 +286,15 @@ END_TEST
 
 /* ---- Model construction -------------------------------------------------- */
 
+/* A model of spec for h x w x c inputs, ncls classes and batches of up to
+ * batch, which must be created. */
+static ps_model *model(const char *spec, int h, int w, int c, int ncls, int batch)
+{
+    ps_model *m;
+    ck_assert_int_eq(ps_model_create(spec, h, w, c, ncls, batch, &m, NULL, 0), 0);
+    return m;
+}
+
 static void expect_tensor(const ps_model *m, int i, const char *name,
                           int ndim, const int64_t *shape, size_t offset,
                           enum ps_init_kind init)
@@ -438,8 +446,7 @@ START_TEST(test_create_on)
         ck_assert_float_eq(ps_model_grads(m)[i], 0);
     }
     ps_model_destroy(m);
-    ck_assert_int_eq(ps_model_create("softmax", 1, 2, 3, 3, 5, &m, NULL, 0),
-                     0);
+    m = model("softmax", 1, 2, 3, 3, 5);
     ck_assert_ptr_eq(ps_model_backend(m), &ps_backend_cpu);
     ps_model_destroy(m);
     ck_assert_int_eq(ps_model_create_on(NULL, "softmax", 1, 2, 3, 3, 5, &m,
@@ -452,9 +459,7 @@ END_TEST
 START_TEST(test_block_copies)
 {
     rng_state = 3;
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:6-4-3", 1, 1, 6, 3, 2, &m, NULL, 0),
-                     0);
+    ps_model *m = model("mlp:6-4-3", 1, 1, 6, 3, 2);
     size_t np = ps_model_nparams(m);
     float in[64], out[64];
     ck_assert_uint_le(np, 64);
@@ -481,9 +486,7 @@ END_TEST
 
 START_TEST(test_check_input)
 {
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:784-32-10", 28, 28, 1, 10, 8, &m,
-                                     NULL, 0), 0);
+    ps_model *m = model("mlp:784-32-10", 28, 28, 1, 10, 8);
     ck_assert_int_eq(ps_model_check_input(m, 28, 28, 1, errbuf, sizeof errbuf),
                      0);
     ck_assert_int_eq(ps_model_check_input(m, 1, 1, 784, errbuf, sizeof errbuf),
@@ -492,7 +495,7 @@ START_TEST(test_check_input)
                      PS_ESHAPE);
     ck_assert_ptr_nonnull(strstr(errbuf, "32x32x3"));
     ps_model_destroy(m);
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 8, &m, NULL, 0), 0);
+    m = model("cnn", 28, 28, 1, 10, 8);
     /* The CNN needs the image shape itself, not just the size. */
     ck_assert_int_eq(ps_model_check_input(m, 1, 1, 784, errbuf, sizeof errbuf),
                      PS_ESHAPE);
@@ -503,9 +506,7 @@ END_TEST
 
 START_TEST(test_init_params)
 {
-    ps_model *a, *b;
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 2, &a, NULL, 0), 0);
-    ck_assert_int_eq(ps_model_create("cnn", 28, 28, 1, 10, 2, &b, NULL, 0), 0);
+    ps_model *a = model("cnn", 28, 28, 1, 10, 2), *b = model("cnn", 28, 28, 1, 10, 2);
     ps_model_init_params(a, 42);
     ps_model_init_params(b, 42);
     size_t n = ps_model_nparams(a);
@@ -814,9 +815,7 @@ END_TEST
 START_TEST(test_forward_backward_contract)
 {
     rng_state = 14;
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("mlp:6-5-3", 1, 1, 6, 3, 4, &m, NULL, 0),
-                     0);
+    ps_model *m = model("mlp:6-5-3", 1, 1, 6, 3, 4);
     ps_model_init_params(m, 1);
     float x[4 * 6];
     int32_t y[4] = {0, 1, 2, 1};
@@ -860,11 +859,8 @@ START_TEST(test_evaluate_chunks)
     /* A model with room for 8 evaluates 37 examples in 5 chunks and must
      * agree with one that takes them at once, after a one-copy pull of the
      * other's parameters. */
-    ps_model *small, *big;
-    ck_assert_int_eq(ps_model_create("cnn:4-4-8", 8, 8, 1, 4, 8, &small, NULL,
-                                     0), 0);
-    ck_assert_int_eq(ps_model_create("cnn:4-4-8", 8, 8, 1, 4, 37, &big, NULL,
-                                     0), 0);
+    ps_model *small = model("cnn:4-4-8", 8, 8, 1, 4, 8);
+    ps_model *big = model("cnn:4-4-8", 8, 8, 1, 4, 37);
     ps_model_init_params(big, 9);
     memcpy(ps_model_params(small), ps_model_params(big),
            ps_model_nparams(big) * sizeof(float));
@@ -889,9 +885,7 @@ START_TEST(test_sgd_step_learns)
 {
     rng_state = 16;
     /* A few steps on a fixed batch drive its loss well down. */
-    ps_model *m;
-    ck_assert_int_eq(ps_model_create("cnn:4-8-16", 8, 8, 1, 3, 6, &m, NULL, 0),
-                     0);
+    ps_model *m = model("cnn:4-8-16", 8, 8, 1, 3, 6);
     ps_model_init_params(m, 3);
     float x[6 * 64], first = 0, loss = 0;
     int32_t y[6] = {0, 1, 2, 0, 1, 2};
@@ -922,15 +916,12 @@ START_TEST(test_train_fashion_mnist)
         fprintf(stderr, "skipped: training is too slow under valgrind\n");
         return;
     }
-    const char *tr_img = FMNIST_DIR "/train-images-idx3-ubyte.gz";
-    const char *tr_lbl = FMNIST_DIR "/train-labels-idx1-ubyte.gz";
-    const char *te_img = FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
-    const char *te_lbl = FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
-    if (access(tr_img, R_OK) != 0 || access(te_img, R_OK) != 0) {
-        fprintf(stderr, "skipped: %s not installed "
-                "(apt install dataset-fashion-mnist)\n", FMNIST_DIR);
+    const char *tr_img = PSCHECK_FMNIST_DIR "/train-images-idx3-ubyte.gz";
+    const char *tr_lbl = PSCHECK_FMNIST_DIR "/train-labels-idx1-ubyte.gz";
+    const char *te_img = PSCHECK_FMNIST_DIR "/t10k-images-idx3-ubyte.gz";
+    const char *te_lbl = PSCHECK_FMNIST_DIR "/t10k-labels-idx1-ubyte.gz";
+    if (!pscheck_have_fmnist(tr_img, te_img))
         return;
-    }
     ps_backend_cpu_set_threads(1);
     struct ps_dataset train, test;
     double t0 = now_s();
@@ -991,53 +982,26 @@ START_TEST(test_train_fashion_mnist)
 }
 END_TEST
 
-static TCase *tcase(Suite *s, const char *name)
-{
-    TCase *tc = tcase_create(name);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-    return tc;
-}
-
 int main(void)
 {
     /* The machine is shared: one OpenBLAS thread keeps the timings honest. */
     ps_backend_cpu_set_threads(1);
-    Suite *s = suite_create("model");
-    TCase *tc = tcase(s, "ps_backend_cpu");
-    tcase_add_test(tc, test_gemm);
-    tcase_add_test(tc, test_bias_relu_axpy);
-    tcase_add_test(tc, test_softmax_xent);
-    tcase_add_test(tc, test_im2col_col2im);
-    tcase_add_test(tc, test_maxpool);
-    tcase_add_test(tc, test_memory);
-    tc = tcase(s, "ps_backend_cuda");
-    tcase_add_test(tc, test_backend_cuda);
-    tc = tcase(s, "ps_model_create");
-    tcase_add_test(tc, test_create_softmax_mlp);
-    tcase_add_test(tc, test_create_cnn);
-    tcase_add_test(tc, test_create_errors);
-    tcase_add_test(tc, test_create_on);
-    tc = tcase(s, "ps_model_params_to_host");
-    tcase_add_test(tc, test_block_copies);
-    tc = tcase(s, "ps_model_check_input");
-    tcase_add_test(tc, test_check_input);
-    tc = tcase(s, "ps_model_init_params");
-    tcase_add_test(tc, test_init_params);
-    tc = tcase(s, "ps_model_forward_backward");
-    tcase_add_test(tc, test_grad_softmax);
-    tcase_add_test(tc, test_grad_mlp);
-    tcase_add_test(tc, test_grad_cnn_small);
-    tcase_add_test(tc, test_grad_cnn_default);
-    tcase_add_test(tc, test_forward_backward_contract);
-    tc = tcase(s, "ps_model_evaluate");
-    tcase_add_test(tc, test_evaluate_chunks);
-    tc = tcase(s, "ps_model_sgd_step");
-    tcase_add_test(tc, test_sgd_step_learns);
-    tcase_add_test(tc, test_train_fashion_mnist);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    static const struct pscheck_opts slow = {.timeout = 60};
+    const struct pscheck_case cases[] = {
+        {"ps_backend_cpu", {test_gemm, test_bias_relu_axpy, test_softmax_xent, test_im2col_col2im,
+                            test_maxpool, test_memory}, &slow},
+        {"ps_backend_cuda", {test_backend_cuda}, &slow},
+        {"ps_model_create", {test_create_softmax_mlp, test_create_cnn, test_create_errors,
+                             test_create_on}, &slow},
+        {"ps_model_params_to_host", {test_block_copies}, &slow},
+        {"ps_model_check_input", {test_check_input}, &slow},
+        {"ps_model_init_params", {test_init_params}, &slow},
+        {"ps_model_forward_backward", {test_grad_softmax, test_grad_mlp, test_grad_cnn_small,
+                                       test_grad_cnn_default, test_forward_backward_contract},
+         &slow},
+        {"ps_model_evaluate", {test_evaluate_chunks}, &slow},
+        {"ps_model_sgd_step", {test_sgd_step_learns, test_train_fashion_mnist}, &slow},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    return pscheck_main("model", cases, n) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,5 +1,6 @@
 #include "errors.h"
 #include "optim.h"
+#include "pscheck.h"
 
 #include <check.h>
 #include <float.h>
@@ -259,10 +260,9 @@ END_TEST
 
 START_TEST(test_name)
 {
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_SGD), "SGD");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_MOMENTUM), "MOMENTUM");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAGRAD), "ADAGRAD");
-    ck_assert_str_eq(psd_opt_name(PSD_OPT_ADAM), "ADAM");
+    static const char *const names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM"};
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++)
+        ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)k), names[k - PSD_OPT_SGD]);
     ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)4), "UNKNOWN");
     ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)-1), "UNKNOWN");
 }
@@ -643,70 +643,21 @@ START_TEST(test_accumulate)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("optim");
-    TCase *tc;
-
-    tc = tcase_create("psd_opt_defaults");
-    tcase_add_test(tc, test_defaults_fill_zero_fields);
-    tcase_add_test(tc, test_defaults_keep_set_fields);
-    tcase_add_test(tc, test_defaults_negative_zero);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_opt_validate");
-    tcase_add_test(tc, test_validate_accepts_defaults);
-    tcase_add_test(tc, test_validate_unknown_kind);
-    tcase_add_test(tc, test_validate_learning_rate);
-    tcase_add_test(tc, test_validate_momentum);
-    tcase_add_test(tc, test_validate_betas);
-    tcase_add_test(tc, test_validate_epsilon);
-    tcase_add_test(tc, test_validate_initial_accumulator);
-    tcase_add_test(tc, test_validate_why_null_or_short);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_opt_slot_count");
-    tcase_add_test(tc, test_slot_count);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_opt_name");
-    tcase_add_test(tc, test_name);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_opt_init_slots");
-    tcase_add_test(tc, test_init_slots);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_opt_apply");
-    tcase_add_test(tc, test_apply_sgd);
-    tcase_add_test(tc, test_apply_momentum);
-    tcase_add_test(tc, test_apply_nesterov);
-    tcase_add_test(tc, test_apply_adagrad);
-    tcase_add_test(tc, test_apply_adam);
-    tcase_add_test(tc, test_apply_scale);
-    tcase_add_test(tc, test_apply_sync_average);
-    tcase_add_test(tc, test_apply_adam_first_step);
-    tcase_add_test(tc, test_apply_adam_large_t);
-    tcase_add_test(tc, test_apply_empty_and_unknown);
-    tcase_add_test(tc, test_apply_parts_same_bits);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_all_finite");
-    tcase_add_test(tc, test_finite_values);
-    tcase_add_test(tc, test_finite_rejects);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_l2_norm");
-    tcase_add_test(tc, test_l2_norm);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("psd_accumulate");
-    tcase_add_test(tc, test_accumulate);
-    suite_add_tcase(s, tc);
-
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("optim",
+    {"psd_opt_defaults", {test_defaults_fill_zero_fields, test_defaults_keep_set_fields,
+                          test_defaults_negative_zero}},
+    {"psd_opt_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
+                          test_validate_learning_rate, test_validate_momentum,
+                          test_validate_betas, test_validate_epsilon,
+                          test_validate_initial_accumulator, test_validate_why_null_or_short}},
+    {"psd_opt_slot_count", {test_slot_count}},
+    {"psd_opt_name", {test_name}},
+    {"psd_opt_init_slots", {test_init_slots}},
+    {"psd_opt_apply", {test_apply_sgd, test_apply_momentum, test_apply_nesterov,
+                       test_apply_adagrad, test_apply_adam, test_apply_scale,
+                       test_apply_sync_average, test_apply_adam_first_step,
+                       test_apply_adam_large_t, test_apply_empty_and_unknown,
+                       test_apply_parts_same_bits}},
+    {"psd_all_finite", {test_finite_values, test_finite_rejects}},
+    {"psd_l2_norm", {test_l2_norm}},
+    {"psd_accumulate", {test_accumulate}})

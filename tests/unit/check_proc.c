@@ -1,6 +1,8 @@
 /* check_proc: the daemons' prologue and control loop (common/proc.c). */
 #include "proc.h"
 
+#include "pscheck.h"
+
 #include <check.h>
 #include <signal.h>
 #include <stddef.h>
@@ -75,18 +77,6 @@ START_TEST(test_loop_timer_and_signal)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("proc");
-    TCase *tp = tcase_create("ps_proc_prologue");
-    tcase_add_test(tp, test_prologue);
-    suite_add_tcase(s, tp);
-    TCase *tl = tcase_create("ps_proc_loop");
-    tcase_add_test(tl, test_loop_timer_and_signal);
-    suite_add_tcase(s, tl);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("proc",
+    {"ps_proc_prologue", {test_prologue}},
+    {"ps_proc_loop", {test_loop_timer_and_signal}})

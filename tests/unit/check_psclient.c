@@ -3,6 +3,7 @@
 #include "buf.h"
 #include "errors.h"
 #include "ps.pb-c.h"
+#include "pscheck.h"
 #include "psclient.h"
 
 #include <check.h>
@@ -141,18 +142,6 @@ START_TEST(test_pull_decode)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("psclient");
-    TCase *tp = tcase_create("ps_push_encode");
-    tcase_add_test(tp, test_push_encode);
-    suite_add_tcase(s, tp);
-    TCase *tl = tcase_create("ps_pull_decode");
-    tcase_add_test(tl, test_pull_decode);
-    suite_add_tcase(s, tl);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("psclient",
+    {"ps_push_encode", {test_push_encode}},
+    {"ps_pull_decode", {test_pull_decode}})

@@ -5,6 +5,7 @@
 #include "clock.h"
 #include "errors.h"
 #include "health.pb-c.h"
+#include "pscheck.h"
 #include "rpc.h"
 #include "rpc_slice.h"
 
@@ -301,22 +302,26 @@ START_TEST(test_pieces_inline)
 }
 END_TEST
 
-START_TEST(test_error_status_message)
+/* Calls method with req through the fixture's client; the call must fail
+ * with status code, and its status is returned. */
+static ps_rpc_status call_fails(const char *method, const char *req, int code)
 {
     ps_rpc_status st;
-    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Fail", "w1", 2, NULL, 0, &st),
-                     PS_ERPC);
-    ck_assert_int_eq(st.code, PS_RPC_NOT_FOUND);
+    ck_assert_int_eq(ps_rpc_invoke(cli, method, req, strlen(req), NULL, 0, &st), PS_ERPC);
+    ck_assert_int_eq(st.code, code);
+    return st;
+}
+
+START_TEST(test_error_status_message)
+{
+    ps_rpc_status st = call_fails("/t.T/Fail", "w1", PS_RPC_NOT_FOUND);
     ck_assert_str_eq(st.message, "variable 'w1' not found");
 }
 END_TEST
 
 START_TEST(test_unknown_method)
 {
-    ps_rpc_status st;
-    ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/NoSuch", "x", 1, NULL, 0, &st),
-                     PS_ERPC);
-    ck_assert_int_eq(st.code, PS_RPC_UNIMPLEMENTED);
+    ps_rpc_status st = call_fails("/t.T/NoSuch", "x", PS_RPC_UNIMPLEMENTED);
     ck_assert_ptr_nonnull(strstr(st.message, "/t.T/NoSuch"));
 }
 END_TEST
@@ -560,40 +565,22 @@ START_TEST(test_code_mapping)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("rpc");
-    struct {
-        const char *name;
-        const TTest *t;
-    } cases[] = {
-        {"unary", test_echo},
-        {"large", test_large_message},
-        {"pieces", test_pieces},
-        {"pieces_inline", test_pieces_inline},
-        {"parts_in_place", test_parts_in_place},
-        {"fail", test_error_status_message},
-        {"unimplemented", test_unknown_method},
-        {"deadline", test_deadline},
-        {"stream", test_stream},
-        {"health", test_health},
-        {"message_limit", test_message_limit},
-        {"retry_unavailable", test_retry_unavailable},
-        {"retry_success", test_retry_then_success},
-        {"shutdown", test_graceful_shutdown_drains},
-        {"bad_options", test_bad_options},
-        {"code_mapping", test_code_mapping},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        tcase_set_timeout(tc, 60);
-        tcase_add_test(tc, cases[i].t);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts server = {setup, teardown, 60};
+
+PSCHECK_MAIN("rpc",
+    {"unary", {test_echo}, &server},
+    {"large", {test_large_message}, &server},
+    {"pieces", {test_pieces}, &server},
+    {"pieces_inline", {test_pieces_inline}, &server},
+    {"parts_in_place", {test_parts_in_place}, &server},
+    {"fail", {test_error_status_message}, &server},
+    {"unimplemented", {test_unknown_method}, &server},
+    {"deadline", {test_deadline}, &server},
+    {"stream", {test_stream}, &server},
+    {"health", {test_health}, &server},
+    {"message_limit", {test_message_limit}, &server},
+    {"retry_unavailable", {test_retry_unavailable}, &server},
+    {"retry_success", {test_retry_then_success}, &server},
+    {"shutdown", {test_graceful_shutdown_drains}, &server},
+    {"bad_options", {test_bad_options}, &server},
+    {"code_mapping", {test_code_mapping}, &server})

@@ -12,6 +12,8 @@
 
 #include "clock.h"
 
+#include "pscheck.h"
+
 #include <check.h>
 #include <ftw.h>
 #include <limits.h>
@@ -32,24 +34,14 @@
 #define LR 0.1f      /* its SGD learning rate */
 #define DEADLINE_MS 5000
 
-static char tmpdir[PATH_MAX];
 static psd_shard *shard;
 static ps_rpc_server *srv;
 static ps_rpc_client *cli;
 
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st;
-    (void)type;
-    (void)ftw;
-    return remove(path);
-}
-
 static void setup(void)
 {
     ps_log_init("check_shard", PS_LOG_ERROR);
-    strcpy(tmpdir, "/tmp/check_shard.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    pscheck_tmp_setup();
     psd_shard_opts so = {
         .data_dir = tmpdir,
         .map_size = (uint64_t)64 << 20,
@@ -77,7 +69,7 @@ static void teardown(void)
     ps_rpc_server_shutdown(srv, 2000);
     ps_rpc_server_destroy(srv);
     ck_assert_int_eq(psd_shard_close(shard), 0);
-    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    pscheck_tmp_teardown();
 }
 
 /* ---- calls ------------------------------------------------------------ */
@@ -437,29 +429,11 @@ START_TEST(test_sync_two_workers)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("shard");
-    struct {
-        const char *name;
-        const TTest *tests[4];
-    } cases[] = {
-        {"CreateVariable", {test_create_then_pull}},
-        {"Pull", {test_pull_unknown, test_pull_waits_for_push, test_pull_times_out}},
-        {"Push", {test_push_sgd, test_push_return_values, test_push_bad_inputs}},
-        {"Push sync", {test_sync_two_workers}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        tcase_set_timeout(tc, 30);
-        for (size_t j = 0; j < 4 && cases[i].tests[j]; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+/* Each test gets a psd of its own on 127.0.0.1:0 and a fresh directory. */
+static const struct pscheck_opts served = {setup, teardown, 30};
+
+PSCHECK_MAIN("shard",
+    {"CreateVariable", {test_create_then_pull}, &served},
+    {"Pull", {test_pull_unknown, test_pull_waits_for_push, test_pull_times_out}, &served},
+    {"Push", {test_push_sgd, test_push_return_values, test_push_bad_inputs}, &served},
+    {"Push sync", {test_sync_two_workers}, &served})

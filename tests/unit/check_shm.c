@@ -1,6 +1,7 @@
 /* Shared memory between a client and psd: the region (common/shm.c), its
  * reference on the wire, and psd's map of regions (server/shmmap.c), here
  * within one process (psd maps this process's own memfd by its name). */
+#include "pscheck.h"
 #include "rpc_code.h"
 #include "shm.h"
 #include "shmmap.h"
@@ -243,19 +244,6 @@ START_TEST(test_target_is_local)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("shm");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_create_contains);
-    tcase_add_test(tc, test_parse_name);
-    tcase_add_test(tc, test_ref_roundtrip);
-    tcase_add_test(tc, test_map_own_region);
-    tcase_add_test(tc, test_target_is_local);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("shm",
+    {"core", {test_create_contains, test_parse_name, test_ref_roundtrip, test_map_own_region,
+              test_target_is_local}})

@@ -1,4 +1,5 @@
 #include "errors.h"
+#include "pscheck.h"
 #include "store.h"
 
 #include <check.h>
@@ -19,26 +20,14 @@
 
 /* Each test gets a fresh temporary directory; the store lives in
  * <tmp>/store and copies go to <tmp>/copy. */
-static char tmpdir[PATH_MAX];
 static char store_dir[PATH_MAX];
 static char copy_dir[PATH_MAX];
 
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/check_store.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    pscheck_tmp_setup();
     snprintf(store_dir, sizeof store_dir, "%s/store", tmpdir);
     snprintf(copy_dir, sizeof copy_dir, "%s/copy", tmpdir);
-}
-
-static void teardown(void)
-{
-    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* A variable owned by the test, with a recognizable spec and values that
@@ -78,6 +67,37 @@ static void var_free(struct var *v)
     v->value = v->slots = NULL;
 }
 
+/* var_make's arguments, for a table of variables. */
+struct var_spec {
+    const char *name;
+    size_t n;
+    int nslots;
+    float seed;
+};
+
+/* "a" on overflow pages with two slots, "b" small with one. */
+static const struct var_spec a_and_b[2] = {{"a", 3000, 2, 1.0f}, {"b", 7, 1, 2.0f}};
+
+static void vars_make(struct var *v, int n, const struct var_spec *specs)
+{
+    for (int i = 0; i < n; i++)
+        var_make(&v[i], specs[i].name, specs[i].n, specs[i].nslots, specs[i].seed);
+}
+
+static void vars_free(struct var *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        var_free(&v[i]);
+}
+
+/* The test's store on store_dir, opened read-write. */
+static psd_store *open_rw(size_t map_size)
+{
+    psd_store *s;
+    ck_assert_int_eq(psd_store_open(store_dir, map_size, 0, &s), 0);
+    return s;
+}
+
 static psd_var_rec var_rec(const struct var *v)
 {
     return (psd_var_rec){
@@ -85,6 +105,14 @@ static psd_var_rec var_rec(const struct var *v)
         .version = v->version, .step = v->step, .value = v->value, .n = v->n,
         .slots = v->slots, .nslots = v->nslots,
     };
+}
+
+/* A write transaction on s, which must open. */
+static psd_store_txn *begin(psd_store *s)
+{
+    psd_store_txn *t;
+    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    return t;
 }
 
 static void put_var(psd_store_txn *t, const struct var *v)
@@ -96,8 +124,7 @@ static void put_var(psd_store_txn *t, const struct var *v)
 /* Puts vars in one transaction and commits it. */
 static void commit_vars(psd_store *s, struct var *vars, int nvars)
 {
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     for (int i = 0; i < nvars; i++)
         put_var(t, &vars[i]);
     ck_assert_int_eq(psd_store_commit(t), 0);
@@ -128,6 +155,24 @@ struct expect {
     int nvars;
     int seen;
 };
+
+/* Opens the test's store read-write, makes n variables from specs into v
+ * and commits the first ncommit of them in one transaction. */
+static psd_store *open_with(struct var *v, int n, const struct var_spec *specs,
+                            int ncommit)
+{
+    psd_store *s = open_rw(0);
+    vars_make(v, n, specs);
+    commit_vars(s, v, ncommit);
+    return s;
+}
+
+/* Frees the n variables of v and closes s: open_with's undoing. */
+static void close_with(psd_store *s, struct var *v, int n)
+{
+    vars_free(v, n);
+    psd_store_close(s);
+}
 
 static int visit_expect(void *ctx, const psd_var_rec *r)
 {
@@ -160,29 +205,25 @@ static int count_vars(psd_store *s)
 
 START_TEST(test_put_commit_load_roundtrip)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    psd_store *s = open_rw(0);
     ck_assert_uint_eq(psd_store_commits(s), 0);
     /* "a" is big enough to sit on overflow pages; "b" and "c" are small and
      * come back unaligned from LMDB, so the store copies them. */
     struct var v[3];
-    var_make(&v[0], "a", 5000, 2, 1.0f);
-    var_make(&v[1], "b", 3, 1, 2.0f);
-    var_make(&v[2], "c", 0, 0, 3.0f);
+    vars_make(v, 3, (const struct var_spec[]){{"a", 5000, 2, 1.0f}, {"b", 3, 1, 2.0f},
+                                              {"c", 0, 0, 3.0f}});
     commit_vars(s, v, 3);
     ck_assert_uint_eq(psd_store_commits(s), 1);
     load_expect(s, v, 3);
     ck_assert_int_eq(psd_store_sync(s), 0);
     psd_store_close(s);
-    for (int i = 0; i < 3; i++)
-        var_free(&v[i]);
+    vars_free(v, 3);
 }
 END_TEST
 
 START_TEST(test_put_replace)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    psd_store *s = open_rw(0);
     struct var v;
     var_make(&v, "w", 100, 3, 1.0f);
     commit_vars(s, &v, 1);
@@ -205,12 +246,10 @@ END_TEST
 
 START_TEST(test_put_invalid)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    psd_store *s = open_rw(0);
     struct var v;
     var_make(&v, "ok", 4, 1, 1.0f);
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     psd_var_rec r = var_rec(&v);
     r.nslots = PSD_STORE_MAX_SLOTS + 1;
     ck_assert_int_eq(psd_store_put(t, &r), PS_EINVAL_ARG);
@@ -242,15 +281,11 @@ END_TEST
 
 START_TEST(test_del)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "a", 10, 1, 1.0f);
-    var_make(&v[1], "b", 10, 2, 2.0f);
-    commit_vars(s, v, 2);
+    psd_store *s = open_with(v, 2, (const struct var_spec[]){{"a", 10, 1, 1.0f},
+                                                             {"b", 10, 2, 2.0f}}, 2);
 
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     ck_assert_int_eq(psd_store_del(t, "a"), 0);
     ck_assert_int_eq(psd_store_del(t, "a"), PS_ENOTFOUND);
     ck_assert_int_eq(psd_store_del(t, "nope"), PS_ENOTFOUND);
@@ -261,71 +296,55 @@ START_TEST(test_del)
     /* Re-creating a deleted name starts clean. */
     commit_vars(s, v, 1);
     load_expect(s, v, 2);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 2);
 }
 END_TEST
 
 START_TEST(test_clear)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[3];
-    var_make(&v[0], "a", 10, 1, 1.0f);
-    var_make(&v[1], "b", 3000, 2, 2.0f);
-    var_make(&v[2], "c", 1, 0, 3.0f);
-    commit_vars(s, v, 3);
+    psd_store *s = open_with(v, 3, (const struct var_spec[]){{"a", 10, 1, 1.0f},
+                                                             {"b", 3000, 2, 2.0f},
+                                                             {"c", 1, 0, 3.0f}}, 3);
 
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     ck_assert_int_eq(psd_store_clear(t), 0);
     ck_assert_int_eq(psd_store_commit(t), 0);
     ck_assert_int_eq(count_vars(s), 0);
 
     commit_vars(s, &v[1], 1);
     load_expect(s, &v[1], 1);
-    for (int i = 0; i < 3; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 3);
 }
 END_TEST
 
 START_TEST(test_abort_leaves_nothing)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "kept", 10, 1, 1.0f);
-    var_make(&v[1], "gone", 10, 1, 2.0f);
-    commit_vars(s, v, 1);
+    psd_store *s = open_with(v, 1, (const struct var_spec[]){{"kept", 10, 1, 1.0f}}, 1);
+    var_make(&v[1], "gone", 10, 1, 2.0f); /* never committed */
 
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     put_var(t, &v[1]);
     ck_assert_int_eq(psd_store_del(t, "kept"), 0);
     psd_store_abort(t);
     psd_store_abort(NULL);
     load_expect(s, v, 1);
     ck_assert_uint_eq(psd_store_commits(s), 1);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 2);
 }
 END_TEST
 
 START_TEST(test_load_sorted_by_name)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    psd_store *s = open_rw(0);
     static const char *const put_order[] = {"zeta", "alpha", "mid", "Beta", "alpha2"};
     static const char *const sorted[] = {"Beta", "alpha", "alpha2", "mid", "zeta"};
     struct var v[5];
     for (int i = 0; i < 5; i++)
         var_make(&v[i], put_order[i], 4, 0, (float)i);
     commit_vars(s, v, 5);
-    for (int i = 0; i < 5; i++)
-        var_free(&v[i]);
+    vars_free(v, 5);
     for (int i = 0; i < 5; i++) {
         int at = 0;
         while (strcmp(put_order[at], sorted[i]) != 0)
@@ -333,9 +352,7 @@ START_TEST(test_load_sorted_by_name)
         var_make(&v[i], sorted[i], 4, 0, (float)at);
     }
     load_expect(s, v, 5);
-    for (int i = 0; i < 5; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 5);
 }
 END_TEST
 
@@ -346,34 +363,24 @@ static int visit_stop_after_two(void *ctx, const psd_var_rec *r)
 
 START_TEST(test_load_visitor_stops)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[3];
-    var_make(&v[0], "a", 4, 0, 1.0f);
-    var_make(&v[1], "b", 4, 0, 2.0f);
-    var_make(&v[2], "c", 4, 0, 3.0f);
-    commit_vars(s, v, 3);
+    psd_store *s = open_with(v, 3, (const struct var_spec[]){{"a", 4, 0, 1.0f}, {"b", 4, 0, 2.0f},
+                                                             {"c", 4, 0, 3.0f}}, 3);
     int n = 0;
     ck_assert_int_eq(psd_store_load(s, visit_stop_after_two, &n), 42);
     ck_assert_int_eq(n, 2);
-    for (int i = 0; i < 3; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 3);
 }
 END_TEST
 
 START_TEST(test_reopen_keeps_data)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "a", 3000, 2, 1.0f);
-    var_make(&v[1], "b", 7, 1, 2.0f);
-    commit_vars(s, v, 2);
+    psd_store *s = open_with(v, 2, a_and_b, 2);
     psd_store_close(s);
     psd_store_close(NULL);
 
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    s = open_rw(0);
     load_expect(s, v, 2);
     psd_store_close(s);
 
@@ -384,8 +391,7 @@ START_TEST(test_reopen_keeps_data)
     ck_assert_ptr_null(t);
     ck_assert_int_eq(psd_store_sync(s), 0);
     psd_store_close(s);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
+    vars_free(v, 2);
 }
 END_TEST
 
@@ -406,12 +412,8 @@ END_TEST
 
 START_TEST(test_get)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "a", 3000, 2, 1.0f);
-    var_make(&v[1], "b", 7, 1, 2.0f);
-    commit_vars(s, v, 2);
+    psd_store *s = open_with(v, 2, a_and_b, 2);
     struct expect e = {&v[1], 1, 0};
     ck_assert_int_eq(psd_store_get(s, "b", visit_expect, &e), 0);
     ck_assert_int_eq(e.seen, 1);
@@ -421,9 +423,7 @@ START_TEST(test_get)
     ck_assert_int_eq(psd_store_get(s, "c", visit_expect, &e), PS_ENOTFOUND);
     ck_assert_int_eq(psd_store_get(s, "", visit_expect, &e), PS_EINVAL_ARG);
     ck_assert_int_eq(e.seen, 1);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 2);
 }
 END_TEST
 
@@ -481,12 +481,9 @@ static int load_capture(psd_store *s)
 static void corrupt_case(const char *victim, long off, const void *bytes, size_t len,
                          const char *expect_log)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "good", 10, 1, 1.0f);
-    var_make(&v[1], victim, 3000, 1, 2.0f);
-    commit_vars(s, v, 2);
+    psd_store *s = open_with(v, 2, (const struct var_spec[]){{"good", 10, 1, 1.0f},
+                                                             {victim, 3000, 1, 2.0f}}, 2);
     psd_store_close(s);
 
     char file[PATH_MAX + 16], marker[128];
@@ -494,7 +491,7 @@ static void corrupt_case(const char *victim, long off, const void *bytes, size_t
     snprintf(marker, sizeof marker, "spec-of-%s", victim);
     ck_assert_int_ge(patch_file(file, marker, off, bytes, len), 1);
 
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    s = open_rw(0);
     ck_assert_int_eq(load_capture(s), PS_ECORRUPT);
     ck_assert_msg(strstr(logbuf, victim) && strstr(logbuf, expect_log), "log: %s", logbuf);
     /* The healthy variable is still readable on its own. */
@@ -505,8 +502,7 @@ static void corrupt_case(const char *victim, long off, const void *bytes, size_t
     commit_vars(s, &v[1], 1);
     load_expect(s, v, 2);
     psd_store_close(s);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
+    vars_free(v, 2);
 }
 
 START_TEST(test_corrupt_magic)
@@ -537,14 +533,13 @@ END_TEST
 
 START_TEST(test_map_full)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 1 << 20, 0, &s), 0);
+    psd_store *s = open_rw(1 << 20);
     struct var v[2];
-    var_make(&v[0], "small", 100, 1, 1.0f);
-    var_make(&v[1], "huge", 1 << 19, 0, 2.0f); /* 2 MiB in a 1 MiB map */
+    /* "huge" is 2 MiB in a 1 MiB map. */
+    vars_make(v, 2, (const struct var_spec[]){{"small", 100, 1, 1.0f},
+                                              {"huge", 1 << 19, 0, 2.0f}});
     commit_vars(s, v, 1);
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     psd_var_rec r = var_rec(&v[1]);
     ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
     /* The transaction is spoiled: later calls and the commit say so. */
@@ -553,45 +548,19 @@ START_TEST(test_map_full)
     ck_assert_int_eq(psd_store_commit(t), PS_EFULL);
     ck_assert_uint_eq(psd_store_commits(s), 1);
     load_expect(s, v, 1);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 2);
 }
 END_TEST
 
-/* Forks a child that runs fn and returns its exit status. fn calls
- * limit_writes() to make writes past child_limit bytes fail as on a full
- * disk (EFBIG, SIGXFSZ ignored); the limit lives and dies with the child,
- * whether or not Check forks (it does not under valgrind). */
-static int run_limited(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        _exit(fn());
-    }
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status), "child died (status %d)", status);
-    return WEXITSTATUS(status);
-}
-
-static rlim_t child_limit;
-static int limit_writes(void)
-{
-    signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl = {child_limit, child_limit};
-    return setrlimit(RLIMIT_FSIZE, &rl);
-}
-
+/* The children below run under pscheck_fork, with writes past a limit
+ * failing as on a full disk. */
 static int child_copy_full(void)
 {
     psd_store *s;
     if (psd_store_open(store_dir, 0, 0, &s) != 0)
         return 10;
     int code = 0;
-    if (mkdir(copy_dir, 0755) != 0 || limit_writes() != 0)
+    if (mkdir(copy_dir, 0755) != 0 || pscheck_limit_writes(64 << 10) != 0)
         code = 11;
     else if (psd_store_copy(s, copy_dir) != PS_EFULL)
         code = 12;
@@ -605,24 +574,20 @@ static int child_copy_full(void)
 
 START_TEST(test_copy_full_disk)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2];
-    var_make(&v[0], "a", 1 << 18, 1, 1.0f); /* 2 MiB with its slot */
-    var_make(&v[1], "b", 100, 0, 2.0f);
-    commit_vars(s, v, 2);
+    /* "a" is 2 MiB with its slot. */
+    psd_store *s = open_with(v, 2, (const struct var_spec[]){{"a", 1 << 18, 1, 1.0f},
+                                                             {"b", 100, 0, 2.0f}}, 2);
     psd_store_close(s); /* LMDB handles must not cross fork() */
 
-    child_limit = 64 << 10;
-    ck_assert_int_eq(run_limited(child_copy_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_copy_full), 0);
 
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    s = open_rw(0);
     load_expect(s, v, 2);
     /* The store itself still takes writes after the failed copy. */
     commit_vars(s, &v[1], 1);
     psd_store_close(s);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
+    vars_free(v, 2);
 }
 END_TEST
 
@@ -638,10 +603,10 @@ static int child_commit_full(void)
     snprintf(file, sizeof file, "%s/data.mdb", store_dir);
     if (stat(file, &st) != 0)
         code = 11;
-    child_limit = (rlim_t)st.st_size;
     psd_store_txn *t;
     psd_var_rec r = var_rec(&full_vars[1]);
-    if (code == 0 && (limit_writes() != 0 || psd_store_begin(s, &t) != 0))
+    if (code == 0 && (pscheck_limit_writes((rlim_t)st.st_size) != 0 ||
+                      psd_store_begin(s, &t) != 0))
         code = 12;
     else if (code == 0 && psd_store_put(t, &r) != 0)
         code = 13, psd_store_abort(t);
@@ -653,36 +618,29 @@ static int child_commit_full(void)
 
 START_TEST(test_commit_full_disk)
 {
-    psd_store *s;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
-    var_make(&full_vars[0], "a", 1000, 1, 1.0f);
-    var_make(&full_vars[1], "b", 1 << 18, 0, 2.0f);
+    psd_store *s = open_rw(0);
+    vars_make(full_vars, 2,
+              (const struct var_spec[]){{"a", 1000, 1, 1.0f}, {"b", 1 << 18, 0, 2.0f}});
     commit_vars(s, full_vars, 1);
     psd_store_close(s);
 
-    ck_assert_int_eq(run_limited(child_commit_full), 0);
+    ck_assert_int_eq(pscheck_fork(child_commit_full), 0);
 
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    s = open_rw(0);
     load_expect(s, full_vars, 1);
     psd_store_close(s);
-    for (int i = 0; i < 2; i++)
-        var_free(&full_vars[i]);
+    vars_free(full_vars, 2);
 }
 END_TEST
 
 START_TEST(test_copy_snapshot)
 {
-    psd_store *s, *c;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
     struct var v[2], w;
-    var_make(&v[0], "a", 3000, 2, 1.0f);
-    var_make(&v[1], "b", 7, 1, 2.0f);
-    commit_vars(s, v, 2);
+    psd_store *s = open_with(v, 2, a_and_b, 2), *c;
 
     /* A write transaction is open across the copy and commits after it:
      * the copy has the state before, the store the state after. */
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     var_make(&w, "a", 10, 0, 5.0f);
     put_var(t, &w);
     ck_assert_int_eq(mkdir(copy_dir, 0755), 0);
@@ -705,9 +663,7 @@ START_TEST(test_copy_snapshot)
     ck_assert_int_eq(psd_store_copy(s, missing), -ENOENT);
 
     var_free(&w);
-    for (int i = 0; i < 2; i++)
-        var_free(&v[i]);
-    psd_store_close(s);
+    close_with(s, v, 2);
 }
 END_TEST
 
@@ -775,12 +731,10 @@ static int visit_snapshot(void *ctx, const psd_var_rec *r)
 
 START_TEST(test_copy_during_commits)
 {
-    psd_store *s, *c;
-    ck_assert_int_eq(psd_store_open(store_dir, 0, 0, &s), 0);
+    psd_store *s = open_rw(0), *c;
     float *buf = malloc(SNAP_N * sizeof(float));
     fill_version(buf, SNAP_N, 1);
-    psd_store_txn *t;
-    ck_assert_int_eq(psd_store_begin(s, &t), 0);
+    psd_store_txn *t = begin(s);
     for (int i = 0; i < SNAP_VARS; i++) {
         char name[16];
         snprintf(name, sizeof name, "v%d", i);
@@ -812,35 +766,19 @@ START_TEST(test_copy_during_commits)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("store");
-    struct {
-        const char *name;
-        const TTest *tests[6];
-    } cases[] = {
-        {"psd_store_put", {test_put_commit_load_roundtrip, test_put_replace, test_put_invalid}},
-        {"psd_store_del", {test_del}},
-        {"psd_store_clear", {test_clear}},
-        {"psd_store_abort", {test_abort_leaves_nothing}},
-        {"psd_store_load", {test_load_sorted_by_name, test_load_visitor_stops,
-                            test_corrupt_magic, test_corrupt_byte_order, test_corrupt_spec_len,
-                            test_corrupt_value_size}},
-        {"psd_store_open", {test_reopen_keeps_data, test_open_errors}},
-        {"psd_store_get", {test_get}},
-        {"psd_store_commit", {test_map_full, test_commit_full_disk}},
-        {"psd_store_copy", {test_copy_snapshot, test_copy_during_commits, test_copy_full_disk}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        for (size_t j = 0; j < 6 && cases[i].tests[j]; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
+
+PSCHECK_MAIN("store",
+    {"psd_store_put", {test_put_commit_load_roundtrip, test_put_replace, test_put_invalid},
+     &fx},
+    {"psd_store_del", {test_del}, &fx},
+    {"psd_store_clear", {test_clear}, &fx},
+    {"psd_store_abort", {test_abort_leaves_nothing}, &fx},
+    {"psd_store_load", {test_load_sorted_by_name, test_load_visitor_stops, test_corrupt_magic,
+                        test_corrupt_byte_order, test_corrupt_spec_len,
+                        test_corrupt_value_size}, &fx},
+    {"psd_store_open", {test_reopen_keeps_data, test_open_errors}, &fx},
+    {"psd_store_get", {test_get}, &fx},
+    {"psd_store_commit", {test_map_full, test_commit_full_disk}, &fx},
+    {"psd_store_copy", {test_copy_snapshot, test_copy_during_commits, test_copy_full_disk},
+     &fx})

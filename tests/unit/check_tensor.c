@@ -1,5 +1,7 @@
 #include "errors.h"
 #include "tensor.h"
+#define PSCHECK_TMPFILE "t.npy"
+#include "pscheck.h"
 
 #include <check.h>
 #include <errno.h>
@@ -8,23 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* A temporary directory per test, removed with what the test wrote. */
-static char tmpdir[64];
-static char tmppath[128];
-
-static void tmp_setup(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/check_tensor.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-    snprintf(tmppath, sizeof tmppath, "%s/t.npy", tmpdir);
-}
-
-static void tmp_teardown(void)
-{
-    unlink(tmppath);
-    rmdir(tmpdir);
-}
 
 START_TEST(test_dtype_size)
 {
@@ -129,16 +114,6 @@ START_TEST(test_create_bad)
 }
 END_TEST
 
-static size_t file_size(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fclose(f);
-    return (size_t)n;
-}
-
 START_TEST(test_npy_write)
 {
     float data[12];
@@ -147,11 +122,12 @@ START_TEST(test_npy_write)
     int64_t s[] = {3, 4};
     ck_assert_int_eq(ps_npy_write(tmppath, s, 2, data), 0);
     /* numpy's own header for a (3, 4) float32 array, byte for byte. */
+    size_t size;
+    unsigned char *file = pscheck_read(tmppath, &size);
+    ck_assert_uint_ge(size, 128);
     char head[128];
-    FILE *f = fopen(tmppath, "rb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fread(head, 1, sizeof head, f), sizeof head);
-    fclose(f);
+    memcpy(head, file, sizeof head);
+    free(file);
     ck_assert_mem_eq(head, "\x93NUMPY\x01\x00\x76\x00", 10);
     const char *dict = "{'descr': '<f4', 'fortran_order': False, "
                        "'shape': (3, 4), }";
@@ -159,7 +135,7 @@ START_TEST(test_npy_write)
     for (size_t i = 10 + strlen(dict); i < 127; i++)
         ck_assert_int_eq(head[i], ' ');
     ck_assert_int_eq(head[127], '\n');
-    ck_assert_uint_eq(file_size(tmppath), 128 + sizeof data);
+    ck_assert_uint_eq(size, 128 + sizeof data);
 
     int64_t bad[] = {0};
     ck_assert_int_eq(ps_npy_write(tmppath, bad, 1, data), PS_EINVAL_ARG);
@@ -198,14 +174,6 @@ START_TEST(test_npy_read)
 }
 END_TEST
 
-static void write_file(const char *path, const void *buf, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
-
 /* A version 1.0 file with the given header dict and `nbytes` zero bytes of
  * data. */
 static void write_npy_raw(const char *path, const char *dict, size_t nbytes)
@@ -220,7 +188,7 @@ static void write_npy_raw(const char *path, const char *dict, size_t nbytes)
     memset(file + 10 + len, ' ', total - 10 - len - 1);
     file[total - 1] = '\n';
     memset(file + total, 0, nbytes);
-    write_file(path, file, total + nbytes);
+    pscheck_write(path, file, total + nbytes);
 }
 
 START_TEST(test_npy_read_bad)
@@ -230,7 +198,7 @@ START_TEST(test_npy_read_bad)
     snprintf(path2, sizeof path2, "%s/missing.npy", tmpdir);
     ck_assert_int_eq(ps_npy_read(path2, &t), -ENOENT);
 
-    write_file(tmppath, "not numpy at all", 16);
+    pscheck_write(tmppath, "not numpy at all", 16);
     ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
 
     /* Truncated data: the header promises 12 floats. */
@@ -240,21 +208,23 @@ START_TEST(test_npy_read_bad)
     ck_assert_int_eq(truncate(tmppath, 128 + 20), 0);
     ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
 
-    /* Another dtype, and Fortran order. */
-    write_npy_raw(tmppath, "{'descr': '<f8', 'fortran_order': False, "
-                           "'shape': (1,), }", 8);
-    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_EDTYPE);
-    write_npy_raw(tmppath, "{'descr': '<f4', 'fortran_order': True, "
-                           "'shape': (2,), }", 8);
-    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_EDTYPE);
-    /* A broken shape tuple. */
-    write_npy_raw(tmppath, "{'descr': '<f4', 'fortran_order': False, "
-                           "'shape': (2, x), }", 8);
-    ck_assert_int_eq(ps_npy_read(tmppath, &t), PS_ECORRUPT);
-    /* Keys in another order, as other writers may put them: accepted. */
-    write_npy_raw(tmppath, "{'shape': (2,), 'fortran_order': False, "
-                           "'descr': '<f4'}", 8);
-    ck_assert_int_eq(ps_npy_read(tmppath, &t), 0);
+    /* Header dicts and what reading them gives, with 8 bytes of data. */
+    static const struct {
+        int rc;
+        const char *dict;
+    } heads[] = {
+        /* Another dtype, and Fortran order. */
+        {PS_EDTYPE, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }"},
+        {PS_EDTYPE, "{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }"},
+        /* A broken shape tuple. */
+        {PS_ECORRUPT, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }"},
+        /* Keys in another order, as other writers may put them: accepted. */
+        {0, "{'shape': (2,), 'fortran_order': False, 'descr': '<f4'}"},
+    };
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        write_npy_raw(tmppath, heads[i].dict, 8);
+        ck_assert_int_eq(ps_npy_read(tmppath, &t), heads[i].rc);
+    }
     ck_assert_uint_eq(t->numel, 2);
     ps_tensor_destroy(t);
     t = NULL;
@@ -262,33 +232,11 @@ START_TEST(test_npy_read_bad)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("tensor");
-    struct {
-        const char *name;
-        const TTest *tests[4];
-        bool tmp;
-    } cases[] = {
-        {"ps_dtype_size", {test_dtype_size}, false},
-        {"ps_dtype_name", {test_dtype_name}, false},
-        {"ps_shape_numel", {test_shape_numel_ok, test_shape_numel_bad}, false},
-        {"ps_tensor_shape_str", {test_shape_str}, false},
-        {"ps_tensor_create", {test_create_destroy, test_create_bad}, false},
-        {"ps_npy_write", {test_npy_write}, true},
-        {"ps_npy_read", {test_npy_read, test_npy_read_bad}, true},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        if (cases[i].tmp)
-            tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
-        for (int j = 0; j < 4 && cases[i].tests[j] != NULL; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("tensor",
+    {"ps_dtype_size", {test_dtype_size}},
+    {"ps_dtype_name", {test_dtype_name}},
+    {"ps_shape_numel", {test_shape_numel_ok, test_shape_numel_bad}},
+    {"ps_tensor_shape_str", {test_shape_str}},
+    {"ps_tensor_create", {test_create_destroy, test_create_bad}},
+    {"ps_npy_write", {test_npy_write}, &pscheck_tmp},
+    {"ps_npy_read", {test_npy_read, test_npy_read_bad}, &pscheck_tmp})

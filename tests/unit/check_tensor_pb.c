@@ -2,6 +2,8 @@
 #include "errors.h"
 #include "tensor_pb.h"
 
+#include "pscheck.h"
+
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -178,29 +180,9 @@ START_TEST(test_to_pb)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("tensor_pb");
-    struct {
-        const char *name;
-        const TTest *tests[4];
-    } cases[] = {
-        {"ps_dtype (wire values)", {test_dtype_wire}},
-        {"ps_tensor_view_pb",
-         {test_view_pb_ok, test_view_pb_dtype, test_view_pb_shape,
-          test_view_pb_bytes}},
-        {"ps_tensor_from_pb", {test_from_pb}},
-        {"ps_tensor_to_pb", {test_to_pb}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        for (int j = 0; j < 4 && cases[i].tests[j] != NULL; j++)
-            tcase_add_test(tc, cases[i].tests[j]);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("tensor_pb",
+    {"ps_dtype (wire values)", {test_dtype_wire}},
+    {"ps_tensor_view_pb", {test_view_pb_ok, test_view_pb_dtype, test_view_pb_shape,
+                           test_view_pb_bytes}},
+    {"ps_tensor_from_pb", {test_from_pb}},
+    {"ps_tensor_to_pb", {test_to_pb}})

@@ -8,6 +8,8 @@
 #include "ps.pb-c.h"
 #include "wire.h"
 
+#include "pscheck.h"
+
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,27 +526,9 @@ START_TEST(test_values_refused)
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("wire");
-    struct {
-        const char *name;
-        const TTest *test;
-    } cases[] = {
-        {"ps_wire_push_put", test_push_encode},
-        {"ps_wire_push_decode", test_push_decode},
-        {"ps_wire_values_decode", test_values},
-        {"push refusals", test_push_refused},
-        {"values refusals", test_values_refused},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_add_test(tc, cases[i].test);
-        suite_add_tcase(s, tc);
-    }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+PSCHECK_MAIN("wire",
+    {"ps_wire_push_put", {test_push_encode}},
+    {"ps_wire_push_decode", {test_push_decode}},
+    {"ps_wire_values_decode", {test_values}},
+    {"push refusals", {test_push_refused}},
+    {"values refusals", {test_values_refused}})
