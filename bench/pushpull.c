@@ -29,13 +29,13 @@
  * signal thread removes both if we are interrupted. Each case's threads own
  * their client, buffers and samples until main has summarized them.
  */
-#include "buf.h"
-#include "errors.h"
-#include "ps.pb-c.h"
-#include "psclient.h"
-#include "rpc.h"
-#include "shm.h"
-#include "wire.h"
+#include "common/buf.h"
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
+#include "common/psclient.h"
+#include "common/rpc.h"
+#include "common/shm.h"
+#include "common/wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /*
  * buf.c - see buf.h.
  */
-#include "buf.h"
+#include "common/buf.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * clock.c - see clock.h.
  */
-#include "clock.h"
+#include "common/clock.h"
 
 int64_t ps_now_ms(void)
 {

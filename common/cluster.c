@@ -1,10 +1,10 @@
-#include "cluster.h"
+#include "common/cluster.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <ctype.h>
 #include <errno.h>
-#include "jsonutil.h"
+#include "common/jsonutil.h"
 
 #include <jansson.h>
 #include <stdio.h>

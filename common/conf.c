@@ -1,11 +1,11 @@
-#include "conf.h"
+#include "common/conf.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include "jsonutil.h"
+#include "common/jsonutil.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -1,9 +1,9 @@
-#include "coordclient.h"
+#include "common/coordclient.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
-#include "ps.pb-c.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "proto/ps.pb-c.h"
 
 #include <errno.h>
 #include <pthread.h>

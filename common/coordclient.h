@@ -14,7 +14,7 @@
 #ifndef PS_COORDCLIENT_H
 #define PS_COORDCLIENT_H
 
-#include "rpc.h"
+#include "common/rpc.h"
 
 #include <stdbool.h>
 #include <stdint.h>

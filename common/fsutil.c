@@ -1,4 +1,4 @@
-#include "fsutil.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -2,10 +2,10 @@
  * health.c - the grpc.health.v1 status table and its watchers. See
  * health.h; rpc_server.c answers the calls with what this decides.
  */
-#include "health.h"
+#include "common/health.h"
 
-#include "errors.h"
-#include "health.pb-c.h"
+#include "common/errors.h"
+#include "proto/health.pb-c.h"
 
 #include <errno.h>
 #include <pthread.h>

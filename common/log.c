@@ -1,6 +1,6 @@
-#include "log.h"
+#include "common/log.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <stdarg.h>
 #include <stdio.h>

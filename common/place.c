@@ -1,6 +1,6 @@
-#include "place.h"
+#include "common/place.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -8,10 +8,10 @@
  * and outside ps_proc_loop_run), as with sigwait: no other thread sees a
  * system call interrupted by them.
  */
-#include "proc.h"
+#include "common/proc.h"
 
-#include "errors.h"
-#include "log.h"
+#include "common/errors.h"
+#include "common/log.h"
 #include "ps_config.h"
 
 #include <errno.h>

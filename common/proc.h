@@ -23,7 +23,7 @@
 #ifndef PS_PROC_H
 #define PS_PROC_H
 
-#include "conf.h"
+#include "common/conf.h"
 
 #include <stdint.h>
 

@@ -1,11 +1,11 @@
-#include "psclient.h"
+#include "common/psclient.h"
 
-#include "buf.h"
-#include "errors.h"
-#include "log.h"
-#include "ps.pb-c.h"
-#include "shm.h"
-#include "wire.h"
+#include "common/buf.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "proto/ps.pb-c.h"
+#include "common/shm.h"
+#include "common/wire.h"
 
 #include <errno.h>
 #include <stdatomic.h>

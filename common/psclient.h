@@ -22,8 +22,8 @@
 #ifndef PS_PSCLIENT_H
 #define PS_PSCLIENT_H
 
-#include "buf.h"
-#include "rpc.h"
+#include "common/buf.h"
+#include "common/rpc.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -38,9 +38,9 @@
 #ifndef PS_RPC_H
 #define PS_RPC_H
 
-#include "buf.h"
-#include "rpc_code.h"
-#include "rpc_msg.h"
+#include "common/buf.h"
+#include "common/rpc_code.h"
+#include "common/rpc_msg.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

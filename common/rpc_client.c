@@ -6,13 +6,13 @@
  * Each call uses its own pluck completion queue, so any number of threads
  * can call through one client at once without sharing queue state.
  */
-#include "rpc.h"
+#include "common/rpc.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "health.pb-c.h"
-#include "log.h"
-#include "rpc_slice.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "proto/health.pb-c.h"
+#include "common/log.h"
+#include "common/rpc_slice.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>

@@ -1,9 +1,9 @@
 /*
  * rpc_code.c - see rpc_code.h.
  */
-#include "rpc_code.h"
+#include "common/rpc_code.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 

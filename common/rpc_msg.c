@@ -8,9 +8,9 @@
  * buffer goes back to the pool, warm. The pool keeps at most
  * POOL_KEEP_BYTES of idle buffers, so its memory is bounded and reported.
  */
-#include "rpc_msg.h"
+#include "common/rpc_msg.h"
 
-#include "clock.h"
+#include "common/clock.h"
 
 #include <limits.h>
 #include <pthread.h>

@@ -11,13 +11,13 @@
  * close operation and one for the answer; it is freed when both completions
  * (t_close and the final status batch, t_send) have come back.
  */
-#include "rpc.h"
+#include "common/rpc.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "health.h"
-#include "log.h"
-#include "rpc_slice.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/health.h"
+#include "common/log.h"
+#include "common/rpc_slice.h"
 
 #include <protobuf-c/protobuf-c.h>
 

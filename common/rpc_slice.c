@@ -3,9 +3,9 @@
  * sent in place as slices, received buffers read as one copy or as
  * borrowed pieces. See rpc_slice.h.
  */
-#include "rpc_slice.h"
+#include "common/rpc_slice.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer_reader.h>

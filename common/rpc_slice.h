@@ -12,8 +12,8 @@
 #ifndef PS_RPC_SLICE_H
 #define PS_RPC_SLICE_H
 
-#include "buf.h"
-#include "rpc_msg.h"
+#include "common/buf.h"
+#include "common/rpc_msg.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/slice.h>

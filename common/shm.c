@@ -1,4 +1,4 @@
-#include "shm.h"
+#include "common/shm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

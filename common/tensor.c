@@ -1,6 +1,6 @@
-#include "tensor.h"
+#include "common/tensor.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
-#include "tensor_pb.h"
+#include "common/tensor_pb.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

@@ -21,8 +21,8 @@
 
 #include <stddef.h>
 
-#include "ps.pb-c.h"
-#include "tensor.h"
+#include "proto/ps.pb-c.h"
+#include "common/tensor.h"
 
 /* Checks a wire tensor and fills *view to point at its bytes without copying
  * (view->owns is false). The checks: the message is present; the dtype is

@@ -1,7 +1,7 @@
-#include "wire.h"
+#include "common/wire.h"
 
-#include "errors.h"
-#include "ps.pb-c.h"
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -27,8 +27,8 @@
 #ifndef PS_WIRE_H
 #define PS_WIRE_H
 
-#include "rpc_msg.h"
-#include "shm.h"
+#include "common/rpc_msg.h"
+#include "common/shm.h"
 
 #include <stdbool.h>
 #include <stddef.h>

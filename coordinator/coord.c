@@ -3,13 +3,13 @@
  * coord.h for the rules. state.c persists what this file changes and
  * jobckpt.c keeps the checkpoints.
  */
-#include "clock.h"
-#include "coord_internal.h"
+#include "common/clock.h"
+#include "coordinator/coord_internal.h"
 
-#include "errors.h"
-#include "jsonfile.h"
-#include "log.h"
-#include "rpc.h"
+#include "common/errors.h"
+#include "coordinator/jsonfile.h"
+#include "common/log.h"
+#include "common/rpc.h"
 
 #include <errno.h>
 #include <inttypes.h>

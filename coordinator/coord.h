@@ -45,8 +45,8 @@
 #ifndef COORD_COORD_H
 #define COORD_COORD_H
 
-#include "cluster.h"
-#include "place.h"
+#include "common/cluster.h"
+#include "common/place.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -11,7 +11,7 @@
 #ifndef COORD_INTERNAL_H
 #define COORD_INTERNAL_H
 
-#include "coord.h"
+#include "coordinator/coord.h"
 
 #include <pthread.h>
 

@@ -15,13 +15,13 @@
  * temporary file, fsync and rename, so a manifest that exists names a
  * complete checkpoint and a failed round leaves the previous one the latest.
  */
-#include "clock.h"
-#include "coord_internal.h"
+#include "common/clock.h"
+#include "coordinator/coord_internal.h"
 
-#include "errors.h"
-#include "jsonfile.h"
-#include "log.h"
-#include "rpc.h"
+#include "common/errors.h"
+#include "coordinator/jsonfile.h"
+#include "common/log.h"
+#include "common/rpc.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
-#include "jsonfile.h"
+#include "coordinator/jsonfile.h"
 
-#include "errors.h"
-#include "fsutil.h"
+#include "common/errors.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,16 +18,16 @@
  * Exit status: 0 after a clean shutdown; 1 when it cannot start (state of
  * another job, address in use); 2 for a bad command line or cluster spec.
  */
-#include "cluster.h"
-#include "conf.h"
-#include "coord.h"
-#include "errors.h"
-#include "log.h"
-#include "proc.h"
+#include "common/cluster.h"
+#include "common/conf.h"
+#include "coordinator/coord.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/proc.h"
 #include "ps_config.h"
-#include "rpc.h"
-#include "schedule.h"
-#include "service.h"
+#include "common/rpc.h"
+#include "coordinator/schedule.h"
+#include "coordinator/service.h"
 
 #include <errno.h>
 #include <inttypes.h>

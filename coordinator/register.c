@@ -4,12 +4,12 @@
  * lets it go, and what follows (a new incarnation, a restore for an empty
  * ps). See coord.h for the rules.
  */
-#include "coord_internal.h"
-#include "clock.h"
+#include "coordinator/coord_internal.h"
+#include "common/clock.h"
 
-#include "errors.h"
-#include "log.h"
-#include "rpc.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/rpc.h"
 
 #include <inttypes.h>
 #include <stdio.h>

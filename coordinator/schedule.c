@@ -1,10 +1,10 @@
-#include "schedule.h"
+#include "coordinator/schedule.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
-#include "rpc.h"
-#include "shardcall.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "coordinator/shardcall.h"
 
 #include <errno.h>
 #include <inttypes.h>

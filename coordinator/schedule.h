@@ -19,7 +19,7 @@
 #ifndef COORD_SCHEDULE_H
 #define COORD_SCHEDULE_H
 
-#include "coord.h"
+#include "coordinator/coord.h"
 
 typedef struct coord_sched coord_sched;
 

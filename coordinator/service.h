@@ -21,9 +21,9 @@
 #ifndef COORD_SERVICE_H
 #define COORD_SERVICE_H
 
-#include "coord.h"
-#include "rpc.h"
-#include "schedule.h"
+#include "coordinator/coord.h"
+#include "common/rpc.h"
+#include "coordinator/schedule.h"
 
 typedef struct coord_service coord_service;
 

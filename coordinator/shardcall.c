@@ -1,7 +1,7 @@
-#include "shardcall.h"
+#include "coordinator/shardcall.h"
 
-#include "errors.h"
-#include "ps.pb-c.h"
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
 
 #include <stdio.h>
 

@@ -14,7 +14,7 @@
 #ifndef COORD_SHARDCALL_H
 #define COORD_SHARDCALL_H
 
-#include "rpc.h"
+#include "common/rpc.h"
 
 #include <stddef.h>
 #include <stdint.h>

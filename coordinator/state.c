@@ -21,13 +21,13 @@
  * written for people and tools; at start the manifests themselves are the
  * truth (jobckpt.c scans them).
  */
-#include "clock.h"
-#include "coord_internal.h"
+#include "common/clock.h"
+#include "coordinator/coord_internal.h"
 
-#include "errors.h"
-#include "jsonfile.h"
-#include "log.h"
-#include "rpc.h"
+#include "common/errors.h"
+#include "coordinator/jsonfile.h"
+#include "common/log.h"
+#include "common/rpc.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,4 +1,4 @@
-#include "assist.h"
+#include "server/assist.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -2,12 +2,12 @@
  * checkpoint.c - checkpoint directories: write, find, verify, prune. The
  * crash-safety argument is in checkpoint.h.
  */
-#include "checkpoint.h"
+#include "server/checkpoint.h"
 
-#include "errors.h"
-#include "fsutil.h"
-#include "log.h"
-#include "store.h"
+#include "common/errors.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "server/store.h"
 
 #include <dirent.h>
 #include <errno.h>

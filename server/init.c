@@ -1,6 +1,6 @@
-#include "init.h"
+#include "server/init.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,7 +1,7 @@
-#include "optim.h"
+#include "server/optim.h"
 
-#include "errors.h"
-#include "simd.h" /* VECTOR_CLONES */
+#include "common/errors.h"
+#include "common/simd.h" /* VECTOR_CLONES */
 
 #include <math.h>
 #include <stdio.h>

@@ -6,13 +6,13 @@
  * the shard module that includes store.h. The lock order is in
  * shard_internal.h.
  */
-#include "shard_internal.h"
+#include "server/shard_internal.h"
 
-#include "checkpoint.h"
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
-#include "store.h"
+#include "server/checkpoint.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "server/store.h"
 
 #include <errno.h>
 #include <malloc.h>

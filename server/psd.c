@@ -7,16 +7,16 @@
  * drains the calls in flight, flushes everything acknowledged to LMDB and
  * exits 0.
  */
-#include "cluster.h"
-#include "conf.h"
-#include "coordclient.h"
-#include "ps.pb-c.h"
-#include "errors.h"
-#include "log.h"
-#include "proc.h"
+#include "common/cluster.h"
+#include "common/conf.h"
+#include "common/coordclient.h"
+#include "proto/ps.pb-c.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/proc.h"
 #include "ps_config.h"
-#include "rpc.h"
-#include "shard.h"
+#include "common/rpc.h"
+#include "server/shard.h"
 
 #include <errno.h>
 #include <stdbool.h>

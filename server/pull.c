@@ -5,11 +5,11 @@
  * send a big value in place from its refcounted buffer, or write it into a
  * co-located client's shared memory. The lock order is in shard_internal.h.
  */
-#include "shard_internal.h"
-#include "clock.h"
+#include "server/shard_internal.h"
+#include "common/clock.h"
 
-#include "log.h"
-#include "wire.h"
+#include "common/log.h"
+#include "common/wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>

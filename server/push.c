@@ -7,14 +7,14 @@
  * changes how many pushes a sync step waits for, is here too. The lock
  * order is in shard_internal.h.
  */
-#include "shard_internal.h"
+#include "server/shard_internal.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
-#include "shmmap.h"
-#include "wire.h"
-#include "tensor.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "server/shmmap.h"
+#include "common/wire.h"
+#include "common/tensor.h"
 
 #include <stdio.h>
 #include <stdlib.h>

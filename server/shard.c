@@ -4,12 +4,12 @@
  * of big variables in order. See shard.h for the model and the promise,
  * shard_internal.h for the files of the module and the lock order.
  */
-#include "shard_internal.h"
+#include "server/shard_internal.h"
 
-#include "checkpoint.h"
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
+#include "server/checkpoint.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

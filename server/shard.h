@@ -25,7 +25,7 @@
 #ifndef PSD_SHARD_H
 #define PSD_SHARD_H
 
-#include "rpc.h"
+#include "common/rpc.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -29,13 +29,13 @@
 #ifndef PSD_SHARD_INTERNAL_H
 #define PSD_SHARD_INTERNAL_H
 
-#include "shard.h"
+#include "server/shard.h"
 
-#include "assist.h"
-#include "optim.h"
-#include "ps.pb-c.h"
-#include "shmmap.h"
-#include "wire.h" /* PS_WIRE_MAX_DIMS */
+#include "server/assist.h"
+#include "server/optim.h"
+#include "proto/ps.pb-c.h"
+#include "server/shmmap.h"
+#include "common/wire.h" /* PS_WIRE_MAX_DIMS */
 
 #include <pthread.h>
 #include <stdatomic.h>

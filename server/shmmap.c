@@ -1,7 +1,7 @@
-#include "shmmap.h"
+#include "server/shmmap.h"
 
-#include "clock.h"
-#include "rpc.h"
+#include "common/clock.h"
+#include "common/rpc.h"
 
 #include <errno.h>
 #include <fcntl.h>

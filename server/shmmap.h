@@ -16,8 +16,8 @@
 #ifndef PSD_SHMMAP_H
 #define PSD_SHMMAP_H
 
-#include "shm.h"
-#include "wire.h"
+#include "common/shm.h"
+#include "common/wire.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,11 +2,11 @@
  * store.c - variable records in LMDB. The key layout is described in
  * store.h; this is the only file in the project that includes lmdb.h.
  */
-#include "store.h"
+#include "server/store.h"
 
-#include "errors.h"
-#include "fsutil.h"
-#include "log.h"
+#include "common/errors.h"
+#include "common/fsutil.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <limits.h>

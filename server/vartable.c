@@ -4,13 +4,13 @@
  * read or grow the table (CreateVariable, ListVariables, Stats). The lock
  * order is in shard_internal.h.
  */
-#include "shard_internal.h"
+#include "server/shard_internal.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "init.h"
-#include "log.h"
-#include "tensor.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "server/init.h"
+#include "common/log.h"
+#include "common/tensor.h"
 
 #include <errno.h>
 #include <stdio.h>

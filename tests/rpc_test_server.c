@@ -9,11 +9,11 @@
  * plus grpc.health.v1.Health. It prints "PORT <n>" on stdout once serving
  * and exits 0 after a graceful drain on SIGTERM or SIGINT.
  */
-#include "clock.h"
-#include "errors.h"
-#include "log.h"
-#include "proc.h"
-#include "rpc.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/proc.h"
+#include "common/rpc.h"
 
 #include <pthread.h>
 #include <stdio.h>

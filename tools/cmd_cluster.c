@@ -2,10 +2,10 @@
  * cmd_cluster.c - the commands about the job: cluster validate (a cluster
  * spec, offline) and status (what the coordinator knows). See psctl.h.
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
-#include "cluster.h"
-#include "errors.h"
+#include "common/cluster.h"
+#include "common/errors.h"
 
 #include <inttypes.h>
 #include <stdbool.h>

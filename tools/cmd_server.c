@@ -2,7 +2,7 @@
  * cmd_server.c - the commands about a psd as a whole: checkpoint, restore,
  * stats, health. See psctl.h.
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
 #include <inttypes.h>
 #include <stdbool.h>

@@ -2,11 +2,11 @@
  * cmd_var.c - the commands about variables: list (all of them), show, pull
  * and create (one). See psctl.h.
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
-#include "errors.h"
-#include "tensor.h"
-#include "tensor_pb.h"
+#include "common/errors.h"
+#include "common/tensor.h"
+#include "common/tensor_pb.h"
 
 #include <ctype.h>
 #include <errno.h>

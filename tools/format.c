@@ -2,9 +2,9 @@
  * format.c - how psctl writes numbers, shapes and a variable's settings for
  * an operator. See psctl.h.
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
-#include "tensor.h"
+#include "common/tensor.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -28,10 +28,10 @@
  * <STATUS>: <server's message>"); 2 the command line was wrong (one line on
  * stderr, or the usage on --help).
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
-#include "errors.h"
-#include "log.h"
+#include "common/errors.h"
+#include "common/log.h"
 #include "ps_config.h"
 
 #include <stdbool.h>

@@ -19,9 +19,9 @@
 #ifndef PSCTL_H
 #define PSCTL_H
 
-#include "conf.h"
-#include "ps.pb-c.h"
-#include "rpc.h"
+#include "common/conf.h"
+#include "proto/ps.pb-c.h"
+#include "common/rpc.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -3,10 +3,10 @@
  * pscoord for status): the address check, the first probe, the calls, and
  * one line on stderr for each way they fail. See psctl.h.
  */
-#include "psctl.h"
+#include "tools/psctl.h"
 
-#include "cluster.h"
-#include "errors.h"
+#include "common/cluster.h"
+#include "common/errors.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,9 +11,9 @@
  * loops alone took a quarter of an MLP step, their data-dependent branch
  * mispredicted half the time.
  */
-#include "backend.h"
+#include "worker/backend.h"
 
-#include "simd.h"
+#include "common/simd.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -24,9 +24,9 @@
 #include <stdio.h>
 
 extern "C" {
-#include "backend.h"
-#include "errors.h"
-#include "gpu.h"
+#include "worker/backend.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
 }
 
 #define MAX_DEVICES 16

@@ -1,8 +1,8 @@
 /* backend_nocuda.c - ps_backend_cuda in a build without CUDA: no backend,
  * and the probe's reason (which says so). */
-#include "backend.h"
+#include "worker/backend.h"
 
-#include "gpu.h"
+#include "worker/gpu.h"
 
 #include <stdio.h>
 

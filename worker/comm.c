@@ -4,10 +4,10 @@
  * with --concurrent-pull one more per shard that pulls at the same time as
  * the push. train_internal.h has the interface, train.h the picture.
  */
-#include "train_internal.h"
+#include "worker/train_internal.h"
 
-#include "errors.h"
-#include "log.h"
+#include "common/errors.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-#include "data.h"
+#include "worker/data.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <fcntl.h>

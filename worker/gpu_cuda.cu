@@ -3,8 +3,8 @@
 #include <stdio.h>
 
 extern "C" {
-#include "errors.h"
-#include "gpu.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
 }
 
 static const char *cause(cudaError_t e)

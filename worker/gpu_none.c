@@ -1,7 +1,7 @@
 /* gpu_none.c - the probe of a build without CUDA. */
-#include "gpu.h"
+#include "worker/gpu.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <stdio.h>
 

@@ -3,9 +3,9 @@
  * plan and a tensor table, one block of scratch carved into views, and the
  * forward and backward passes as calls into the model's backend.
  */
-#include "model.h"
+#include "worker/model.h"
 
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <limits.h>

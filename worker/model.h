@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "worker/backend.h"
 
 /* ---- Models ------------------------------------------------------------ */
 

@@ -3,17 +3,17 @@
  * comm thread per psd shard, overlap of communication and computation. See
  * train.h for the picture.
  */
-#include "train_internal.h"
+#include "worker/train_internal.h"
 
-#include "clock.h"
-#include "errors.h"
-#include "gpu.h"
-#include "log.h"
-#include "place.h"
-#include "ps.pb-c.h"
-#include "psclient.h"
-#include "rpc.h"
-#include "shm.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
+#include "common/log.h"
+#include "common/place.h"
+#include "proto/ps.pb-c.h"
+#include "common/psclient.h"
+#include "common/rpc.h"
+#include "common/shm.h"
 
 #include <errno.h>
 #include <math.h>

@@ -26,8 +26,8 @@
 #ifndef PS_WORKER_TRAIN_H
 #define PS_WORKER_TRAIN_H
 
-#include "data.h"
-#include "model.h"
+#include "worker/data.h"
+#include "worker/model.h"
 
 #include <stdbool.h>
 #include <stddef.h>

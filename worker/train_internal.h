@@ -15,11 +15,11 @@
 #ifndef PS_WORKER_TRAIN_INTERNAL_H
 #define PS_WORKER_TRAIN_INTERNAL_H
 
-#include "train.h"
+#include "worker/train.h"
 
-#include "psclient.h"
-#include "rpc.h"
-#include "shm.h"
+#include "common/psclient.h"
+#include "common/rpc.h"
+#include "common/shm.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -7,19 +7,19 @@
  * variables, a psd unreachable past the retry budget, no usable device);
  * 2 a bad flag.
  */
-#include "clock.h"
-#include "cluster.h"
-#include "conf.h"
-#include "coordclient.h"
-#include "data.h"
-#include "errors.h"
-#include "log.h"
-#include "model.h"
-#include "proc.h"
-#include "ps.pb-c.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/conf.h"
+#include "common/coordclient.h"
+#include "worker/data.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "worker/model.h"
+#include "common/proc.h"
+#include "proto/ps.pb-c.h"
 #include "ps_config.h"
-#include "rpc.h"
-#include "train.h"
+#include "common/rpc.h"
+#include "worker/train.h"
 
 #include <math.h>
 #include <signal.h>

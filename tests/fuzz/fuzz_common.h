@@ -9,7 +9,7 @@
 #ifndef PS_FUZZ_COMMON_H
 #define PS_FUZZ_COMMON_H
 
-#include "ps.pb-c.h"
+#include "proto/ps.pb-c.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -15,10 +15,10 @@
  *   where protobuf-c refuses the message.
  * A broken invariant aborts, which libFuzzer reports as a crash.
  */
-#include "errors.h"
-#include "health.pb-c.h"
-#include "ps.pb-c.h"
-#include "wire.h"
+#include "common/errors.h"
+#include "proto/health.pb-c.h"
+#include "proto/ps.pb-c.h"
+#include "common/wire.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -29,13 +29,13 @@
  * FUZZ_LOG_LEVEL (error, warn, info, debug; default error) sets psd's log
  * level: at debug every refused request is logged.
  */
-#include "buf.h"
-#include "errors.h"
-#include "fuzz_common.h"
-#include "log.h"
-#include "ps.pb-c.h"
-#include "rpc.h"
-#include "shard.h"
+#include "common/buf.h"
+#include "common/errors.h"
+#include "tests/fuzz/fuzz_common.h"
+#include "common/log.h"
+#include "proto/ps.pb-c.h"
+#include "common/rpc.h"
+#include "server/shard.h"
 
 #include <ftw.h>
 #include <stdbool.h>

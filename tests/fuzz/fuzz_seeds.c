@@ -12,9 +12,9 @@
  * start-up, with the right sizes, so that the fuzzer starts from requests
  * that reach the optimizer and the sync and wait paths.
  */
-#include "fuzz_common.h"
-#include "health.pb-c.h"
-#include "ps.pb-c.h"
+#include "tests/fuzz/fuzz_common.h"
+#include "proto/health.pb-c.h"
+#include "proto/ps.pb-c.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -28,9 +28,9 @@
  * The runner does not fork (CK_NOFORK): a CUDA context does not survive
  * fork, and the probe in main already made one.
  */
-#include "errors.h"
-#include "gpu.h"
-#include "model.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
+#include "worker/model.h"
 
 #include <check.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
-#include "checkpoint.h"
-#include "errors.h"
-#include "pscheck.h"
-#include "store.h"
+#include "server/checkpoint.h"
+#include "common/errors.h"
+#include "tests/unit/pscheck.h"
+#include "server/store.h"
 
 #include <check.h>
 #include <dirent.h>

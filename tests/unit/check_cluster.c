@@ -1,7 +1,7 @@
-#include "cluster.h"
-#include "errors.h"
+#include "common/cluster.h"
+#include "common/errors.h"
 #define PSCHECK_TMPFILE "spec.json"
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
-#include "conf.h"
-#include "errors.h"
+#include "common/conf.h"
+#include "common/errors.h"
 #define PSCHECK_TMPFILE "conf.json"
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
-#include "data.h"
+#include "worker/data.h"
 
-#include "errors.h"
-#include "pscheck.h"
+#include "common/errors.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
-#include "errors.h"
-#include "pscheck.h"
+#include "common/errors.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

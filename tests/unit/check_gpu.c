@@ -1,9 +1,9 @@
 /* check_gpu - the GPU probe answers truthfully on any machine: a count of
  * devices where one answers, otherwise PS_ENODEV with a cause to print. */
-#include "errors.h"
-#include "gpu.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
 #include "ps_config.h"
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
-#include "errors.h"
-#include "log.h"
-#include "pscheck.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <stdio.h>

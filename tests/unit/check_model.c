@@ -1,9 +1,9 @@
-#include "model.h"
+#include "worker/model.h"
 
-#include "data.h"
-#include "errors.h"
-#include "gpu.h"
-#include "pscheck.h"
+#include "worker/data.h"
+#include "common/errors.h"
+#include "worker/gpu.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

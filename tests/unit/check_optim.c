@@ -1,6 +1,6 @@
-#include "errors.h"
-#include "optim.h"
-#include "pscheck.h"
+#include "common/errors.h"
+#include "server/optim.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <float.h>

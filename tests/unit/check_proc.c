@@ -1,7 +1,7 @@
 /* check_proc: the daemons' prologue and control loop (common/proc.c). */
-#include "proc.h"
+#include "common/proc.h"
 
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <signal.h>

@@ -1,10 +1,10 @@
 /* check_psclient - the hand-written Push encoder and Pull decoder agree
  * with protobuf-c on the same messages. */
-#include "buf.h"
-#include "errors.h"
-#include "ps.pb-c.h"
-#include "pscheck.h"
-#include "psclient.h"
+#include "common/buf.h"
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
+#include "tests/unit/pscheck.h"
+#include "common/psclient.h"
 
 #include <check.h>
 #include <stdlib.h>

@@ -2,12 +2,12 @@
  * check_rpc - the gRPC plumbing against itself: a real server on
  * 127.0.0.1 port 0 in this process, called through the real client.
  */
-#include "clock.h"
-#include "errors.h"
-#include "health.pb-c.h"
-#include "pscheck.h"
-#include "rpc.h"
-#include "rpc_slice.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "proto/health.pb-c.h"
+#include "tests/unit/pscheck.h"
+#include "common/rpc.h"
+#include "common/rpc_slice.h"
 
 #include <grpc/grpc.h>
 

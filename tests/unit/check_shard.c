@@ -4,15 +4,15 @@
  * 127.0.0.1:0 and calls it with the C client, as psd and a worker do.
  * Values are checked exactly against a C reference of SGD.
  */
-#include "errors.h"
-#include "log.h"
-#include "ps.pb-c.h"
-#include "rpc.h"
-#include "shard.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "proto/ps.pb-c.h"
+#include "common/rpc.h"
+#include "server/shard.h"
 
-#include "clock.h"
+#include "common/clock.h"
 
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <ftw.h>

@@ -1,11 +1,11 @@
 /* Shared memory between a client and psd: the region (common/shm.c), its
  * reference on the wire, and psd's map of regions (server/shmmap.c), here
  * within one process (psd maps this process's own memfd by its name). */
-#include "pscheck.h"
-#include "rpc_code.h"
-#include "shm.h"
-#include "shmmap.h"
-#include "wire.h"
+#include "tests/unit/pscheck.h"
+#include "common/rpc_code.h"
+#include "common/shm.h"
+#include "server/shmmap.h"
+#include "common/wire.h"
 
 #include <arpa/inet.h>
 #include <check.h>

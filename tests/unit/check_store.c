@@ -1,6 +1,6 @@
-#include "errors.h"
-#include "pscheck.h"
-#include "store.h"
+#include "common/errors.h"
+#include "tests/unit/pscheck.h"
+#include "server/store.h"
 
 #include <check.h>
 #include <errno.h>

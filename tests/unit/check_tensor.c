@@ -1,7 +1,7 @@
-#include "errors.h"
-#include "tensor.h"
+#include "common/errors.h"
+#include "common/tensor.h"
 #define PSCHECK_TMPFILE "t.npy"
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <errno.h>

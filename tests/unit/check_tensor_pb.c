@@ -1,8 +1,8 @@
 /* The tensor <-> protobuf conversion at the RPC edge (common/tensor_pb.h). */
-#include "errors.h"
-#include "tensor_pb.h"
+#include "common/errors.h"
+#include "common/tensor_pb.h"
 
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <stdint.h>

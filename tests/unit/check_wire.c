@@ -4,11 +4,11 @@
  * what protobuf-c packs decodes to the same fields, from random pieces as
  * gRPC hands them over; malformed bytes are refused with the errors psd and
  * the client have always given. */
-#include "errors.h"
-#include "ps.pb-c.h"
-#include "wire.h"
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
+#include "common/wire.h"
 
-#include "pscheck.h"
+#include "tests/unit/pscheck.h"
 
 #include <check.h>
 #include <stdio.h>
