@@ -15,7 +15,11 @@
 
 #include "common/simd.h"
 
+#include "ps_config.h"
+
+#if PS_HAVE_BLAS
 #include <cblas.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +59,7 @@ static int cpu_sync(const struct ps_backend *be, char *err, size_t errlen)
     return 0;
 }
 
+#if PS_HAVE_BLAS
 /*
  * Row-major GEMM straight through to OpenBLAS, which runs it as the
  * column-major product of the transposes. The model's calls are NN (forward),
@@ -73,6 +78,42 @@ static void cpu_gemm(const struct ps_backend *be, bool trans_a, bool trans_b,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
                 b, ldb, beta, c, ldc);
 }
+#else
+/*
+ * The portable GEMM of a build without BLAS (-Dblas=disabled): the same
+ * row-major contract as cblas_sgemm, correct for every transpose, and some
+ * ten times slower than OpenBLAS at the MLP's shapes. With B untransposed
+ * the inner loop runs along a row of B and C (vectorized at -O3); with B
+ * transposed it is a dot product along rows of A and B.
+ */
+VECTOR_CLONES
+static void cpu_gemm(const struct ps_backend *be, bool trans_a, bool trans_b,
+                     int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c,
+                     int ldc)
+{
+    for (int i = 0; i < m; i++) {
+        float *restrict ci = c + (size_t)i * (size_t)ldc;
+        for (int j = 0; j < n; j++)
+            ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+        for (int p = 0; p < k && !trans_b; p++) {
+            float aip = alpha * (trans_a ? a[(size_t)p * (size_t)lda + (size_t)i]
+                                         : a[(size_t)i * (size_t)lda + (size_t)p]);
+            const float *restrict bp = b + (size_t)p * (size_t)ldb;
+            for (int j = 0; j < n; j++)
+                ci[j] += aip * bp[j];
+        }
+        for (int j = 0; j < n && trans_b; j++) {
+            const float *bj = b + (size_t)j * (size_t)ldb;
+            float sum = 0.0f;
+            for (int p = 0; p < k; p++)
+                sum += (trans_a ? a[(size_t)p * (size_t)lda + (size_t)i]
+                                : a[(size_t)i * (size_t)lda + (size_t)p]) * bj[p];
+            ci[j] += alpha * sum;
+        }
+    }
+}
+#endif
 
 VECTOR_CLONES
 static void cpu_bias_add(const struct ps_backend *be, float *restrict y,
@@ -340,5 +381,9 @@ const struct ps_backend ps_backend_cpu = {
 
 void ps_backend_cpu_set_threads(int n)
 {
+#if PS_HAVE_BLAS
     openblas_set_num_threads(n >= 1 ? n : openblas_get_num_procs());
+#else
+    (void)n; /* the portable GEMM runs on the calling thread */
+#endif
 }
