@@ -4,8 +4,8 @@
  * standard grpc.health.v1 service answered by every server.
  *
  * Messages cross this interface as serialized protobuf bytes, so nothing
- * outside rpc_server.c, rpc_client.c and rpc_slice.c includes a gRPC
- * header. Status codes are in rpc_code.h, pooled messages and the pieces
+ * outside rpc_server.c, rpc_call.c, rpc_client.c and rpc_slice.c includes a
+ * gRPC header. Status codes are in rpc_code.h, pooled messages and the pieces
  * and parts messages travel in are in rpc_msg.h, the health service's state
  * is health.c's.
  *
