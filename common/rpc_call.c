@@ -145,6 +145,18 @@ static size_t put_initial_md_locked(ps_rpc_call *c, grpc_op *ops)
     return 1;
 }
 
+/* Starts a batch of the call's answer. Returns false, after the error line
+ * naming what failed, if gRPC refused it. */
+static bool start_batch(ps_rpc_call *c, const grpc_op *ops, size_t n,
+                        struct tag *t, const char *what)
+{
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, t, NULL);
+    if (e == GRPC_CALL_OK)
+        return true;
+    ps_log_error("rpc: %s: %s failed (%d)", c->path, what, (int)e);
+    return false;
+}
+
 /* Sends the final status (with initial metadata if none went yet). Called
  * with c->mu held, once no write is in flight. Returns false if gRPC refused
  * the batch: the caller then drops the answer's reference after unlocking. */
@@ -163,13 +175,7 @@ static bool send_status_locked(ps_rpc_call *c)
         c->finish_code == PS_RPC_OK ? NULL : &c->status_details;
     n++;
     c->status_sent = true;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send,
-                                              NULL);
-    if (e != GRPC_CALL_OK) {
-        ps_log_error("rpc: %s: sending status failed (%d)", c->path, (int)e);
-        return false;
-    }
-    return true;
+    return start_batch(c, ops, n, &c->t_send, "sending status");
 }
 
 /* Starts the next queued stream message. Called with c->mu held. */
@@ -188,10 +194,7 @@ static void start_write_locked(ps_rpc_call *c)
     ops[n].data.send_message.send_message = c->write_bb;
     n++;
     c->write_in_flight = true;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_write,
-                                              NULL);
-    if (e != GRPC_CALL_OK) {
-        ps_log_error("rpc: %s: stream write failed (%d)", c->path, (int)e);
+    if (!start_batch(c, ops, n, &c->t_write, "stream write")) {
         c->write_in_flight = false;
         grpc_byte_buffer_destroy(c->write_bb);
         c->write_bb = NULL;
@@ -282,11 +285,9 @@ static int reply_bb(ps_rpc_call *c, grpc_byte_buffer *bb)
     ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
     c->md_sent = true;
     c->status_sent = true;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, 3, &c->t_send,
-                                              NULL);
+    bool sent = start_batch(c, ops, 3, &c->t_send, "sending reply");
     pthread_mutex_unlock(&c->mu);
-    if (e != GRPC_CALL_OK) {
-        ps_log_error("rpc: %s: sending reply failed (%d)", c->path, (int)e);
+    if (!sent) {
         rpc_call_unref(c);
         rpc_call_unref(c);
         return PS_ERPC;
