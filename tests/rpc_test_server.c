@@ -62,8 +62,7 @@ int main(int argc, char **argv)
         ps_proc_loop_destroy(loop);
         return 1;
     }
-    printf("PORT %d\n", port);
-    fflush(stdout);
+    ps_proc_announce(port);
     int sig = ps_proc_loop_run(loop);
     ps_log_info("signal %d: draining", sig);
     ps_rpc_server_shutdown(srv, 5000);
