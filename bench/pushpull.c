@@ -331,22 +331,18 @@ static const char *size_str(size_t bytes, char *buf, size_t len)
     return buf;
 }
 
-/* A growable array of samples in seconds. */
+/* A growable array of samples in seconds: v[n] in the buffer's memory. */
 struct samples {
+    ps_buf b;
     double *v;
-    size_t n, cap;
+    size_t n;
 };
 
 static int samples_add(struct samples *s, double x)
 {
-    if (s->n == s->cap) {
-        size_t ncap = s->cap ? s->cap * 2 : 1024;
-        double *p = realloc(s->v, ncap * sizeof *p);
-        if (p == NULL)
-            return -ENOMEM;
-        s->v = p;
-        s->cap = ncap;
-    }
+    if (ps_buf_reserve(&s->b, (s->n + 1) * sizeof *s->v) != 0)
+        return -ENOMEM;
+    s->v = (double *)s->b.data;
     s->v[s->n++] = x;
     return 0;
 }
@@ -1251,10 +1247,10 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         r->cli_cpu_ms = (cli1.cpu_s - cli0.cpu_s) * 1e3 / calls;
         r->cli_faults = (cli1.minflt - cli0.minflt) / calls;
     }
-    free(rtt.v);
-    free(pushl.v);
-    free(pulll.v);
-    free(one.v);
+    ps_buf_free(&rtt.b);
+    ps_buf_free(&pushl.b);
+    ps_buf_free(&pulll.b);
+    ps_buf_free(&one.b);
     for (int i = 0; i < nstreams; i++) {
         struct stream *s = &bc.st[i];
         ps_rpc_client_destroy(s->cli);
@@ -1270,10 +1266,10 @@ static int run_case(const struct opts *o, pid_t psd_pid, int port, size_t bytes,
         }
         free(s->pm.buf);
         ps_buf_free(&s->resp);
-        free(s->rtt.v);
-        free(s->push_lat.v);
-        free(s->pull_lat.v);
-        free(s->one.v);
+        ps_buf_free(&s->rtt.b);
+        ps_buf_free(&s->push_lat.b);
+        ps_buf_free(&s->pull_lat.b);
+        ps_buf_free(&s->one.b);
     }
     pthread_barrier_destroy(&bc.bar);
     free(bc.st);

@@ -26,7 +26,6 @@ Usage: .venv-tf/bin/python bench/tf_ps.py [--batch 64] [--epochs 5]
        [--data DIR] [--seed 1] [--worker-cpu N] [--timeout 1800]
 """
 import argparse
-import gzip
 import json
 import os
 import select
@@ -38,6 +37,8 @@ import tempfile
 import threading
 import time
 import traceback
+
+from idx import load_idx
 
 FM = "/usr/share/datasets/fashion-mnist"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -146,15 +147,6 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
-
-
-def load_idx(path):
-    import numpy as np
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def train(a, cluster):

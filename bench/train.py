@@ -23,13 +23,14 @@ Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
                                        [--tensorflow [--only-tf]]
 """
 import argparse
-import gzip
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+from idx import load_idx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FM = "/usr/share/datasets/fashion-mnist"
@@ -93,15 +94,6 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
             "comm_wait_seconds": sum(r["comm_wait_seconds"] for r in res),
             "compute_seconds": sum(r["compute_seconds"] for r in res),
             "shm": all(r.get("shm_shards", 0) > 0 for r in res)}
-
-
-def load_idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    import numpy as np
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def run_torch(batch, epochs):

@@ -1,5 +1,6 @@
 /*
- * proc.c - the daemons' command-line prologue and control loop (proc.h).
+ * proc.c - the daemons' command-line prologue and epilogue and their
+ * control loop (proc.h).
  *
  * Why a libuv loop on the main thread: the daemons' main threads used to
  * sit in sigwait(); a loop gives the same wait plus timers, so periodic
@@ -21,6 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <uv.h>
+
+const char *const ps_proc_log_levels[] = {"error", "warn", "info", "debug",
+                                           NULL};
 
 int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv)
 {
@@ -55,6 +59,19 @@ int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s: %s\n", cmd->name, line);
+    ps_conf_free(cmd->opts, cmd->conf);
+    return status;
+}
+
+void ps_proc_announce(int port)
+{
+    printf("PORT %d\n", port);
+    fflush(stdout);
+}
+
+int ps_proc_epilogue(const ps_proc_cmd *cmd, ps_proc_loop *loop, int status)
+{
+    ps_proc_loop_destroy(loop);
     ps_conf_free(cmd->opts, cmd->conf);
     return status;
 }

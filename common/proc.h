@@ -1,8 +1,9 @@
 /*
  * proc.h - what each daemon's main does around its real work: the
- * command-line prologue that psd, workerd and pscoord share, and the
- * control loop that psd and pscoord run on the main thread while their
- * other threads serve.
+ * command-line prologue that psd, workerd and pscoord share, the "PORT <n>"
+ * line and the epilogue of the daemons that serve, and the control loop
+ * that psd and pscoord run on the main thread while their other threads
+ * serve.
  *
  * The prologue loads the options (ps_conf_load), answers --help and
  * --version, refuses a bad option or an extra argument with one line
@@ -37,6 +38,13 @@ typedef struct ps_proc_cmd {
                              options are loaded; NULL: the caller starts it */
 } ps_proc_cmd;
 
+/* The choices of a --log-level option (PS_OPT_ENUM) in the order of enum
+ * ps_log_level, so that the int it fills can be cmd->log_level: "error",
+ * "warn", "info", "debug". */
+extern const char *const ps_proc_log_levels[];
+
+typedef struct ps_proc_loop ps_proc_loop; /* the control loop, below */
+
 /* ps_proc_prologue's result when main should go on. */
 #define PS_PROC_RUN (-1)
 
@@ -54,9 +62,16 @@ int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv);
 int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* ---- The control loop ------------------------------------------------- */
+/* Tells whoever started the daemon that it serves: one line "PORT <n>" on
+ * stdout, flushed (scripts and tests start daemons on port 0 and read it). */
+void ps_proc_announce(int port);
 
-typedef struct ps_proc_loop ps_proc_loop;
+/* The end of main, after the prologue went on: destroys the loop (NULL:
+ * none), frees the configuration and returns status, so that main can
+ * `return ps_proc_epilogue(&cmd, loop, status);`. */
+int ps_proc_epilogue(const ps_proc_cmd *cmd, ps_proc_loop *loop, int status);
+
+/* ---- The control loop ------------------------------------------------- */
 
 /* Creates the loop and its handlers for SIGINT, SIGTERM and SIGHUP, blocks
  * those in the calling thread (and so in every thread started afterwards:

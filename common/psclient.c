@@ -87,8 +87,7 @@ int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
     c->address = strdup(address);
     int rc = c->address ? ps_rpc_client_create(address, opts, &c->rpc) : -ENOMEM;
     if (rc != 0) {
-        free(c->address);
-        free(c);
+        ps_client_destroy(c);
         return rc;
     }
     *out = c;

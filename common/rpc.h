@@ -4,8 +4,8 @@
  * standard grpc.health.v1 service answered by every server.
  *
  * Messages cross this interface as serialized protobuf bytes, so nothing
- * outside rpc_server.c, rpc_client.c and rpc_slice.c includes a gRPC
- * header. Status codes are in rpc_code.h, pooled messages and the pieces
+ * outside rpc_server.c, rpc_call.c, rpc_client.c and rpc_slice.c includes a
+ * gRPC header. Status codes are in rpc_code.h, pooled messages and the pieces
  * and parts messages travel in are in rpc_msg.h, the health service's state
  * is health.c's.
  *
@@ -135,7 +135,7 @@ int ps_rpc_reply_parts(ps_rpc_call *call, const ps_rpc_part *parts, int n);
 void ps_rpc_fail(ps_rpc_call *call, enum ps_rpc_code code, const char *fmt,
                  ...) __attribute__((format(printf, 3, 4)));
 void ps_rpc_vfail(ps_rpc_call *call, enum ps_rpc_code code, const char *fmt,
-                  va_list ap);
+                  va_list ap) __attribute__((format(printf, 3, 0)));
 
 /* Streaming: queues one message (copied; sent in order). Returns 0,
  * PS_ESHUTDOWN if the call was cancelled, -ENOMEM. */

@@ -68,36 +68,25 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
                              (uint64_t)(uintptr_t)c);
     ps_rpc_init_logging();
     grpc_init();
-    grpc_arg args[6];
-    args[4].type = GRPC_ARG_INTEGER;
-    args[4].key = (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
-    args[4].value.integer = 4 << 20;
-    args[5].type = GRPC_ARG_INTEGER;
-    args[5].key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
-    args[5].value.integer = 16 << 20;
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)o.max_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = (int)o.max_message_bytes;
-    /* A restarted server should be found again within a second, not after
-     * gRPC's default two-minute reconnect backoff. */
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
-    args[2].value.integer = 1000;
-    /* We retry ourselves, with the caller's budget. */
-    args[3].type = GRPC_ARG_INTEGER;
-    args[3].key = (char *)GRPC_ARG_ENABLE_RETRIES;
-    args[3].value.integer = 0;
-    grpc_channel_args cargs = {6, args};
+    int max = (int)o.max_message_bytes;
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = max}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = max}},
+        /* A restarted server should be found again within a second, not
+         * after gRPC's default two-minute reconnect backoff. */
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}},
+        /* We retry ourselves, with the caller's budget. */
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_ENABLE_RETRIES, {.integer = 0}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+         {.integer = 16 << 20}},
+    };
+    grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     if (c->ch == NULL) {
-        free(c->target);
-        free(c);
-        grpc_shutdown();
+        ps_rpc_client_destroy(c);
         return PS_EINVAL_ARG;
     }
     *out = c;
@@ -108,7 +97,8 @@ void ps_rpc_client_destroy(ps_rpc_client *c)
 {
     if (c == NULL)
         return;
-    grpc_channel_destroy(c->ch);
+    if (c->ch != NULL)
+        grpc_channel_destroy(c->ch);
     free(c->target);
     free(c);
     grpc_shutdown();
@@ -152,6 +142,46 @@ static void take_status(ps_rpc_status *st, grpc_status_code code,
     st->message[n] = '\0';
 }
 
+/* A call of method on c's channel, with its own pluck queue in *cq and a
+ * deadline deadline_ms from now. end_call undoes both. */
+static grpc_call *start_call(ps_rpc_client *c, const char *method,
+                             int deadline_ms, grpc_completion_queue **cq)
+{
+    *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL,
+                                               GRPC_PROPAGATE_DEFAULTS, *cq,
+                                               mslice, NULL,
+                                               deadline_after(deadline_ms), NULL);
+    grpc_slice_unref(mslice);
+    return call;
+}
+
+/* The first four ops of a call with one request message: send it and the
+ * close, and receive the server's initial metadata into init_md. */
+static void put_request_ops(grpc_op ops[4], grpc_byte_buffer *send_bb,
+                            grpc_metadata_array *init_md)
+{
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = init_md;
+}
+
+/* Drops the call and drains and destroys its queue. */
+static void end_call(grpc_call *call, grpc_completion_queue *cq)
+{
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME),
+                                       NULL).type != GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
 /* Where a response goes: copied into a buffer, or handed over in pieces. */
 struct sink {
     ps_buf *buf;
@@ -166,13 +196,8 @@ static int call_once(ps_rpc_client *c, const char *method,
                      grpc_byte_buffer *send_bb, struct sink *out,
                      int deadline_ms, ps_rpc_status *st)
 {
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice mslice = grpc_slice_from_copied_string(method);
-    gpr_timespec dl = deadline_after(deadline_ms);
-    grpc_call *call = grpc_channel_create_call(c->ch, NULL,
-                                               GRPC_PROPAGATE_DEFAULTS, cq,
-                                               mslice, NULL, dl, NULL);
-    grpc_slice_unref(mslice);
+    grpc_completion_queue *cq;
+    grpc_call *call = start_call(c, method, deadline_ms, &cq);
 
     grpc_metadata_array init_md, trail_md;
     grpc_metadata_array_init(&init_md);
@@ -184,12 +209,7 @@ static int call_once(ps_rpc_client *c, const char *method,
 
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    put_request_ops(ops, send_bb, &init_md);
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &recv_bb;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -238,13 +258,7 @@ static int call_once(ps_rpc_client *c, const char *method,
     if (recv_bb != NULL)
         grpc_byte_buffer_destroy(recv_bb);
     grpc_byte_buffer_destroy(send_bb);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL,
-                                       gpr_inf_future(GPR_CLOCK_REALTIME),
-                                       NULL).type != GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    end_call(call, cq);
     return result;
 }
 
@@ -413,12 +427,8 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
     st->attempts = 1;
     if (deadline_ms <= 0)
         deadline_ms = c->o.deadline_ms;
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice mslice = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(
-        c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice, NULL,
-        deadline_after(deadline_ms), NULL);
-    grpc_slice_unref(mslice);
+    grpc_completion_queue *cq;
+    grpc_call *call = start_call(c, method, deadline_ms, &cq);
 
     grpc_slice s = grpc_slice_malloc(len);
     if (len > 0)
@@ -435,12 +445,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
 
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    put_request_ops(ops, send_bb, &init_md);
     int tag_send = 1, tag_msg = 2, tag_status = 3;
     grpc_call_start_batch(call, ops, 4, &tag_send, NULL);
     grpc_completion_queue_pluck(cq, &tag_send,
@@ -481,13 +486,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
     grpc_metadata_array_destroy(&init_md);
     grpc_metadata_array_destroy(&trail_md);
     grpc_byte_buffer_destroy(send_bb);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL,
-                                       gpr_inf_future(GPR_CLOCK_REALTIME),
-                                       NULL).type != GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    end_call(call, cq);
     return code == GRPC_STATUS_OK ? 0 : PS_ERPC;
 }
 

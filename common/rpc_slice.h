@@ -1,8 +1,9 @@
 /*
- * rpc_slice.h - what rpc_server.c and rpc_client.c share and nobody else
- * sees: messages turned into gRPC byte buffers (pooled buffers and in-place
- * parts become slices with no copy) and received byte buffers read back.
- * The only header besides theirs that names a gRPC type.
+ * rpc_slice.h - what the server (rpc_server.c, rpc_call.c) and the client
+ * (rpc_client.c) share and nobody else sees: messages turned into gRPC
+ * byte buffers (pooled buffers and in-place parts become slices with no
+ * copy) and received byte buffers read back.
+ * With rpc_server_internal.h, the only headers that name a gRPC type.
  *
  * Threads and lifetime: every function may run on any thread. A byte buffer
  * returned here belongs to the caller (gRPC consumes it when it is sent);

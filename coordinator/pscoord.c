@@ -55,9 +55,6 @@ struct pscoord_conf {
     int log_level;
 };
 
-static const char *const level_choices[] = {"error", "warn", "info", "debug",
-                                            NULL};
-
 /* Defaults, each with why. */
 static const ps_opt pscoord_opts[] = {
     /* 7071: beside psd's 7070, so a one-host job needs no port list. */
@@ -115,7 +112,7 @@ static const ps_opt pscoord_opts[] = {
      "how long SIGTERM waits for calls in flight before cancelling them", 0,
      600000, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
-     "info", "error, warn, info or debug", 0, 0, level_choices},
+     "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {0},
 };
 
@@ -245,8 +242,7 @@ static int serve(struct pscoord *p)
                 ps_strerror(rc));
         return 1;
     }
-    printf("PORT %d\n", p->port);
-    fflush(stdout);
+    ps_proc_announce(p->port);
     ps_log_info("pscoord %s serving job '%s' on %s (port %d), %s membership"
                 "%s, state in %s", PS_VERSION, p->job_id, c->listen, p->port,
                 p->have_spec ? "static" : "dynamic",
@@ -309,8 +305,6 @@ int main(int argc, char **argv)
         clean = true;
     }
     status = stop(&p, clean);
-    ps_proc_loop_destroy(p.loop);
     ps_cluster_close(&p.spec);
-    ps_conf_free(pscoord_opts, &p.c);
-    return status;
+    return ps_proc_epilogue(&p.cmd, p.loop, status);
 }

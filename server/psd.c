@@ -50,7 +50,6 @@ struct psd_conf {
 };
 
 static const char *const consistency_choices[] = {"async", "sync", NULL};
-static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 
 /* Defaults, each with why. */
 static const ps_opt psd_opts[] = {
@@ -112,7 +111,7 @@ static const ps_opt psd_opts[] = {
      "10s", "how long SIGTERM waits for calls in flight before cancelling them",
      0, 600000, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
-     "error, warn, info or debug", 0, 0, level_choices},
+     "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {0},
 };
 
@@ -300,8 +299,7 @@ static int start(struct psd *d)
     /* A unix socket has no port: PORT 0 still says psd serves. */
     const struct psd_conf *c = &d->c;
     int port = strncmp(c->listen, "unix:", 5) == 0 ? 0 : d->port;
-    printf("PORT %d\n", port);
-    fflush(stdout);
+    ps_proc_announce(port);
     ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
                 "%lld ms", PS_VERSION, c->listen, port, d->also[0] ? " and " : "",
                 d->also, c->data_dir, c->durable ? "durable" : "write-behind",
@@ -353,7 +351,5 @@ int main(int argc, char **argv)
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);
     }
-    ps_proc_loop_destroy(d.loop);
-    ps_conf_free(psd_opts, &d.c);
-    return status;
+    return ps_proc_epilogue(&d.cmd, d.loop, status);
 }

@@ -25,6 +25,18 @@ def workerd(*args, timeout=240):
 free_port = pstest.free_port
 
 
+def workerds(*argvs, timeout=240):
+    """Runs one workerd per argument list, all at once. Returns (ok, res,
+    errs): ok when every one exited 0, res their last stdout lines as JSON
+    (empty unless ok), errs their stderr."""
+    procs = [subprocess.Popen([WORKERD, *a], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in argvs]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    ok = all(p.returncode == 0 for p in procs)
+    res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs] if ok else []
+    return ok, res, [e for _, e in outs]
+
+
 def one_line_error(r, proc, code, *words):
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     ok = proc.returncode == code and len(lines) == 1 and \
@@ -151,13 +163,9 @@ def main():
     tmp = pstest.tmpdir()
     sock = os.path.join(tmp, "psd.sock")
     d = pstest.start_psd(tmp, "--local-socket", sock)
-    procs = [subprocess.Popen([WORKERD, "--ps", addr, "--epochs", "1", "--json",
-                               "--num-workers", "2", "--task-index", str(i)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, addr in enumerate(["unix:" + sock, d.address])]
-    outs = [p.communicate(timeout=240) for p in procs]
-    ok = all(p.returncode == 0 for p in procs)
-    res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs] if ok else []
+    ok, res, _ = workerds(*[["--ps", addr, "--epochs", "1", "--json",
+                             "--num-workers", "2", "--task-index", str(i)]
+                            for i, addr in enumerate(["unix:" + sock, d.address])])
     r.check(ok and min(x["test_accuracy"] for x in res) > 0.78 and
             max(x["version"] for x in res) == sum(x["steps"] for x in res),
             "a worker on psd's unix socket and one over TCP train together: "
@@ -176,14 +184,9 @@ def main():
             (bad.returncode, lines))
 
     d = pstest.start_psd(pstest.tmpdir())
-    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--epochs", "1",
-                               "--num-workers", "2",
-                               "--task-index", str(i), "--json", "--init-seed", "5"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    outs = [pr.communicate(timeout=240) for pr in procs]
-    ok = all(pr.returncode == 0 for pr in procs)
-    res = [json.loads(o[0].strip().splitlines()[-1]) for o in outs] if ok else []
+    ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--num-workers", "2",
+                             "--task-index", str(i), "--json", "--init-seed", "5"]
+                            for i in range(2)])
     r.check(ok and all(x["steps"] == 468 for x in res),
             "two async workers each take their half of the data (468 steps each)")
     r.check(ok and min(x["test_accuracy"] for x in res) > 0.80,
@@ -193,17 +196,13 @@ def main():
 
     # Sync: two workers, every step averaged; versions equal steps.
     d = pstest.start_psd(pstest.tmpdir())
-    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--steps", "60",
-                               "--epochs", "0", "--limit", "10000", "--num-workers", "2",
-                               "--task-index", str(i), "--json", "--consistency", "sync"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    outs = [pr.communicate(timeout=240) for pr in procs]
-    ok = all(pr.returncode == 0 for pr in procs)
-    res = [json.loads(o[0].strip().splitlines()[-1]) for o in outs] if ok else []
+    ok, res, errs = workerds(*[["--ps", d.address, "--steps", "60", "--epochs", "0",
+                                "--limit", "10000", "--num-workers", "2",
+                                "--task-index", str(i), "--json", "--consistency", "sync"]
+                               for i in range(2)])
     r.check(ok and all(x["version"] == 60 for x in res),
             "sync: two workers x 60 steps make 60 updates (%s)"
-            % ([x.get("version") for x in res] if ok else [o[1] for o in outs]))
+            % ([x.get("version") for x in res] if ok else errs))
     r.check(ok and min(x["test_accuracy"] for x in res) > 0.6,
             "sync: test accuracy after 60 steps > 0.6 (%s)"
             % [x.get("test_accuracy") for x in res])

@@ -15,12 +15,10 @@ struct tconf {
     int level;
 };
 
-static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
-
 static const ps_opt topts[] = {
     {"name", PS_OPT_STRING, offsetof(struct tconf, name), "x", "a name", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct tconf, level), "info", "level",
-     0, 0, levels},
+     0, 0, ps_proc_log_levels},
     {0},
 };
 
@@ -45,6 +43,22 @@ START_TEST(test_prologue)
     ck_assert_int_eq(run_prologue(2, bad, &c), 2);
     char *extra[] = {"tproc", "stray", NULL};
     ck_assert_int_eq(run_prologue(2, extra, &c), 2);
+}
+END_TEST
+
+START_TEST(test_epilogue)
+{
+    struct tconf c;
+    char *ok[] = {"tproc", "--name", "y", NULL};
+    ck_assert_int_eq(run_prologue(3, ok, &c), PS_PROC_RUN);
+    ps_proc_cmd cmd = {.name = "tproc", .opts = topts, .conf = &c};
+    ps_proc_loop *l;
+    ck_assert_int_eq(ps_proc_loop_create(&l), 0);
+    ck_assert_int_eq(ps_proc_epilogue(&cmd, l, 7), 7);
+    ck_assert_ptr_null(c.name);
+    ck_assert_int_eq(run_prologue(3, ok, &c), PS_PROC_RUN);
+    ck_assert_int_eq(ps_proc_epilogue(&cmd, NULL, 0), 0);
+    ck_assert_ptr_null(c.name);
 }
 END_TEST
 
@@ -79,4 +93,5 @@ END_TEST
 
 PSCHECK_MAIN("proc",
     {"ps_proc_prologue", {test_prologue}},
+    {"ps_proc_epilogue", {test_epilogue}},
     {"ps_proc_loop", {test_loop_timer_and_signal}})

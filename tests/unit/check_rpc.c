@@ -8,6 +8,7 @@
 #include "tests/unit/pscheck.h"
 #include "common/rpc.h"
 #include "common/rpc_slice.h"
+#include "tests/rpc_handlers.h"
 
 #include <grpc/grpc.h>
 
@@ -31,48 +32,11 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static void echo(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
-{
-    ps_rpc_reply(call, req, len);
-}
-
 static void fail_with_name(ps_rpc_call *call, const uint8_t *req, size_t len,
                            void *ctx)
 {
     ps_rpc_fail(call, PS_RPC_NOT_FOUND, "variable '%.*s' not found", (int)len,
                 (const char *)req);
-}
-
-struct later {
-    ps_rpc_call *call;
-    int ms;
-};
-
-static void *answer_later(void *arg)
-{
-    struct later *l = arg;
-    int64_t until = ps_now_ms() + l->ms;
-    while (ps_now_ms() < until && !ps_rpc_call_cancelled(l->call))
-        sleep_ms(2);
-    if (ps_rpc_call_cancelled(l->call))
-        ps_rpc_fail(l->call, PS_RPC_DEADLINE_EXCEEDED, "gave up");
-    else
-        ps_rpc_reply(l->call, "late", 4);
-    free(l);
-    return NULL;
-}
-
-/* Answers from another thread after the number of ms in the request. */
-static void slow(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
-{
-    struct later *l = malloc(sizeof *l);
-    l->call = call;
-    char text[16] = {0};
-    memcpy(text, req, len < sizeof text - 1 ? len : sizeof text - 1);
-    l->ms = atoi(text);
-    pthread_t th;
-    pthread_create(&th, NULL, answer_later, l);
-    pthread_detach(th);
 }
 
 static void count(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
@@ -112,11 +76,11 @@ static void start_server(size_t max_message)
                             .max_message_bytes = max_message};
     ck_assert_int_eq(ps_rpc_server_create(&o, &srv), 0);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Echo", PS_RPC_UNARY,
-                                              echo, NULL), 0);
+                                              handle_echo, NULL), 0);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Fail", PS_RPC_UNARY,
                                               fail_with_name, NULL), 0);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Slow", PS_RPC_UNARY,
-                                              slow, NULL), 0);
+                                              handle_sleep, NULL), 0);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/t.T/Count",
                                               PS_RPC_SERVER_STREAM, count,
                                               NULL), 0);
@@ -343,7 +307,7 @@ START_TEST(test_deadline)
     /* A call answered within its deadline is fine. */
     ps_buf resp = {0};
     ck_assert_int_eq(ps_rpc_invoke(cli, "/t.T/Slow", "10", 2, &resp, 2000, &st), 0);
-    ck_assert_mem_eq(resp.data, "late", 4);
+    ck_assert_mem_eq(resp.data, "slept", 5);
     ps_buf_free(&resp);
 }
 END_TEST
@@ -467,7 +431,7 @@ static void *start_server_later(void *arg)
     ps_rpc_server_opts o = {.listen = arg, .threads = 1};
     ps_rpc_server *s2;
     ck_assert_int_eq(ps_rpc_server_create(&o, &s2), 0);
-    ps_rpc_server_add_method(s2, "/t.T/Echo", PS_RPC_UNARY, echo, NULL);
+    ps_rpc_server_add_method(s2, "/t.T/Echo", PS_RPC_UNARY, handle_echo, NULL);
     ck_assert_int_eq(ps_rpc_server_start(s2, NULL), 0);
     return s2;
 }
@@ -538,9 +502,9 @@ START_TEST(test_bad_options)
     o.threads = -1;
     ck_assert_int_eq(ps_rpc_server_create(&o, &s), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "noslash", PS_RPC_UNARY,
-                                              echo, NULL), PS_EINVAL_ARG);
+                                              handle_echo, NULL), PS_EINVAL_ARG);
     ck_assert_int_eq(ps_rpc_server_add_method(srv, "/x.Y/Z", PS_RPC_UNARY,
-                                              echo, NULL), PS_EINVAL_ARG);
+                                              handle_echo, NULL), PS_EINVAL_ARG);
     /* The port taken by the fixture's server cannot be bound twice. */
     o.threads = 1;
     o.listen = target;
