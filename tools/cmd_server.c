@@ -42,19 +42,19 @@ static int print_checkpoint(const void *resp)
     return EXIT_OK;
 }
 
-static int checkpoint_call(struct session *s, const void *cfg)
+static void checkpoint_request(void *req, const void *cfg)
 {
-    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
-    req.step = ((const struct step_cfg *)cfg)->step;
-    return session_call_print(s, PS_METHOD("Checkpoint"), &req,
-                              &ps__v1__checkpoint_response__descriptor,
-                              print_checkpoint);
+    ((Ps__V1__CheckpointRequest *)req)->step =
+        ((const struct step_cfg *)cfg)->step;
 }
 
 int cmd_checkpoint(const struct command *self, int argc, char **argv)
 {
-    return run_server_command(self, argc, argv, checkpoint_opts,
-                              sizeof(struct step_cfg), checkpoint_call);
+    static const struct one_call call = {
+        checkpoint_opts, sizeof(struct step_cfg), PS_METHOD("Checkpoint"),
+        &ps__v1__checkpoint_request__descriptor, checkpoint_request,
+        &ps__v1__checkpoint_response__descriptor, print_checkpoint};
+    return run_one_call(self, argc, argv, &call);
 }
 
 static int print_restore(const void *resp)
@@ -65,19 +65,19 @@ static int print_restore(const void *resp)
     return EXIT_OK;
 }
 
-static int restore_call(struct session *s, const void *cfg)
+static void restore_request(void *req, const void *cfg)
 {
-    Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
-    req.step = ((const struct step_cfg *)cfg)->step;
-    return session_call_print(s, PS_METHOD("Restore"), &req,
-                              &ps__v1__restore_response__descriptor,
-                              print_restore);
+    ((Ps__V1__RestoreRequest *)req)->step =
+        ((const struct step_cfg *)cfg)->step;
 }
 
 int cmd_restore(const struct command *self, int argc, char **argv)
 {
-    return run_server_command(self, argc, argv, restore_opts,
-                              sizeof(struct step_cfg), restore_call);
+    static const struct one_call call = {
+        restore_opts, sizeof(struct step_cfg), PS_METHOD("Restore"),
+        &ps__v1__restore_request__descriptor, restore_request,
+        &ps__v1__restore_response__descriptor, print_restore};
+    return run_one_call(self, argc, argv, &call);
 }
 
 /* ---- stats, health ---------------------------------------------------- */
@@ -123,18 +123,13 @@ static int print_stats_resp(const void *resp)
     return EXIT_OK;
 }
 
-static int stats_call(struct session *s, const void *cfg)
-{
-    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
-    return session_call_print(s, PS_METHOD("Stats"), &req,
-                              &ps__v1__stats_response__descriptor,
-                              print_stats_resp);
-}
-
 int cmd_stats(const struct command *self, int argc, char **argv)
 {
-    return run_server_command(self, argc, argv, conn_opts,
-                              sizeof(struct conn_only_cfg), stats_call);
+    static const struct one_call call = {
+        conn_opts, sizeof(struct conn_only_cfg), PS_METHOD("Stats"),
+        &ps__v1__stats_request__descriptor, NULL,
+        &ps__v1__stats_response__descriptor, print_stats_resp};
+    return run_one_call(self, argc, argv, &call);
 }
 
 struct health_cfg {

@@ -149,11 +149,6 @@ void report_status(const struct session *s, ps_rpc_status *st);
  * one-line report of the status. */
 int session_call(struct session *s, const char *method, const void *req,
                  const ProtobufCMessageDescriptor *desc, void **resp);
-/* session_call, then print(resp) (whose return is returned) and free. */
-int session_call_print(struct session *s, const char *method,
-                       const void *req,
-                       const ProtobufCMessageDescriptor *resp_desc,
-                       int (*print)(const void *resp));
 /* Parses options and positionals, opens the session and probes the server:
  * the start every server command shares. Returns -1 to go on (the session
  * is then open), or the exit status. */
@@ -161,12 +156,25 @@ int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
                    const struct conn_cfg *conn, int argc, char **argv,
                    const char *what, int min_pos, int max_pos, char **pos,
                    struct session *s);
-/* A server command without positionals that makes its call(s) in call:
- * parses opts into a zeroed cfg of cfg_size bytes (which begins with a
- * struct conn_cfg), opens and probes the session, runs call, closes. */
-int run_server_command(const struct command *self, int argc, char **argv,
-                       const ps_opt *opts, size_t cfg_size,
-                       int (*call)(struct session *s, const void *cfg));
+/* A server command without positionals that is one unary call: its
+ * options (parsed into a zeroed cfg of cfg_size bytes, which begins with a
+ * struct conn_cfg), the request build fills from them (NULL: an empty
+ * request), and print, which prints the answer and returns the exit
+ * status. */
+struct one_call {
+    const ps_opt *opts;
+    size_t cfg_size;
+    const char *method;
+    const ProtobufCMessageDescriptor *req_desc;
+    void (*build)(void *req, const void *cfg);
+    const ProtobufCMessageDescriptor *resp_desc;
+    int (*print)(const void *resp);
+};
+
+/* Parses the options, opens and probes the session, makes the call, prints
+ * the answer, closes. Returns the exit status. */
+int run_one_call(const struct command *self, int argc, char **argv,
+                 const struct one_call *call);
 
 /* ---- format.c ---------------------------------------------------------- */
 
