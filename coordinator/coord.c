@@ -204,11 +204,7 @@ int coord_create(const struct coord_opts *o, coord **out, char *err,
         return -ENOMEM;
     }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ps_cond_init_monotonic(&c->cond);
     c->o = *o;
     c->spec = o->cluster;
     c->start_ms = ps_now_ms();
