@@ -94,14 +94,10 @@ static int print_list_resp(const void *resp)
     return print_list(resp);
 }
 
-int cmd_list(const struct command *self, int argc, char **argv)
-{
-    static const struct one_call call = {
-        conn_opts, sizeof(struct conn_only_cfg), PS_METHOD("ListVariables"),
-        &ps__v1__list_variables_request__descriptor, NULL,
-        &ps__v1__list_variables_response__descriptor, print_list_resp};
-    return run_one_call(self, argc, argv, &call);
-}
+const struct one_call list_call = {
+    conn_opts, PS_METHOD("ListVariables"),
+    &ps__v1__list_variables_request__descriptor, 0,
+    &ps__v1__list_variables_response__descriptor, print_list_resp};
 
 /* ---- show, pull ------------------------------------------------------- */
 
@@ -256,30 +252,39 @@ static void print_variable(const Ps__V1__VariableInfo *info,
     printf("%-13s %.8g\n", "mean", sum / (double)val->numel);
 }
 
+/* show and pull: the connection options, and pull's --output. */
+struct pull_cfg {
+    struct conn_cfg conn;
+    char *output;
+};
+
 /* What show and pull do with the value they pulled; returns the exit
- * status. cfg is the command's options. */
+ * status. */
 typedef int (*pulled_fn)(struct session *s, const char *name,
                          const ps_tensor *val, uint64_t version,
-                         const void *cfg);
+                         const struct pull_cfg *cfg);
 
-/* show and pull: parses NAME and opts into the zeroed cfg (which begins
- * with a struct conn_cfg), lets check refuse the options (it returns -1 to
- * go on; NULL: nothing to check), opens and probes the session, pulls NAME
- * and hands its value to use. Returns the exit status. */
+/* show and pull: parses NAME and opts, lets check refuse the options (it
+ * returns -1 to go on; NULL: nothing to check), opens and probes the
+ * session, pulls NAME and hands its value to use. Returns the exit
+ * status. */
 static int run_pull_command(const struct command *self, int argc,
-                            char **argv, const ps_opt *opts, void *cfg,
-                            int (*check)(const void *cfg), pulled_fn use)
+                            char **argv, const ps_opt *opts,
+                            int (*check)(const struct pull_cfg *cfg),
+                            pulled_fn use)
 {
+    struct pull_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
     struct session s;
     char *name;
     int npos;
-    int rc = parse_command(self, opts, cfg, argc, argv, "NAME", 1, 1, &name,
-                           &npos);
+    int rc = parse_command(self, opts, &cfg, argc, argv, "NAME", 1, 1,
+                           &name, &npos);
     if (rc >= 0)
         goto out;
-    if (check != NULL && (rc = check(cfg)) >= 0)
+    if (check != NULL && (rc = check(&cfg)) >= 0)
         goto out;
-    if ((rc = session_start(&s, self, cfg)) >= 0)
+    if ((rc = session_start(&s, self, &cfg.conn)) >= 0)
         goto out;
     /* Pull first: for an unknown name its NOT_FOUND is the answer. */
     Ps__V1__PullResponse *pulled;
@@ -287,19 +292,19 @@ static int run_pull_command(const struct command *self, int argc,
     uint64_t version;
     rc = pull_one(&s, name, &pulled, &val, &version);
     if (rc == 0) {
-        rc = use(&s, name, &val, version, cfg);
+        rc = use(&s, name, &val, version, &cfg);
         protobuf_c_message_free_unpacked(&pulled->base, NULL);
     }
     session_close(&s);
 out:
-    ps_conf_free(opts, cfg);
+    ps_conf_free(opts, &cfg);
     return rc;
 }
 
 /* show: the pulled value beside the variable's spec from ListVariables. */
 static int show_pulled(struct session *s, const char *name,
                        const ps_tensor *val, uint64_t version,
-                       const void *cfg)
+                       const struct pull_cfg *cfg)
 {
     (void)cfg;
     Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
@@ -330,16 +335,8 @@ static int show_pulled(struct session *s, const char *name,
 
 int cmd_show(const struct command *self, int argc, char **argv)
 {
-    struct conn_only_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    return run_pull_command(self, argc, argv, conn_opts, &cfg, NULL,
-                            show_pulled);
+    return run_pull_command(self, argc, argv, conn_opts, NULL, show_pulled);
 }
-
-struct pull_cfg {
-    struct conn_cfg conn;
-    char *output;
-};
 
 static const ps_opt pull_opts[] = {
     {"output", PS_OPT_STRING, offsetof(struct pull_cfg, output), NULL,
@@ -349,10 +346,9 @@ static const ps_opt pull_opts[] = {
     {0},
 };
 
-static int check_pull(const void *cfg)
+static int check_pull(const struct pull_cfg *cfg)
 {
-    const struct pull_cfg *c = cfg;
-    if (c->output != NULL && c->output[0] != '\0')
+    if (cfg->output != NULL && cfg->output[0] != '\0')
         return -1;
     fprintf(stderr, "psctl: pull: -o FILE is required (where to write "
             "the .npy)\n");
@@ -362,11 +358,11 @@ static int check_pull(const void *cfg)
 /* pull: the value into the .npy file --output names. */
 static int write_pulled(struct session *s, const char *name,
                         const ps_tensor *val, uint64_t version,
-                        const void *cfg)
+                        const struct pull_cfg *cfg)
 {
     (void)s;
     (void)name;
-    const char *output = ((const struct pull_cfg *)cfg)->output;
+    const char *output = cfg->output;
     int wrc = ps_npy_write(output, val->shape, val->ndim, val->data);
     if (wrc != 0) {
         fprintf(stderr, "psctl: pull: cannot write %s: %s\n", output,
@@ -382,9 +378,7 @@ static int write_pulled(struct session *s, const char *name,
 
 int cmd_pull(const struct command *self, int argc, char **argv)
 {
-    struct pull_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    return run_pull_command(self, argc, argv, pull_opts, &cfg, check_pull,
+    return run_pull_command(self, argc, argv, pull_opts, check_pull,
                             write_pulled);
 }
 

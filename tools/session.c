@@ -177,7 +177,8 @@ int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
 int run_one_call(const struct command *self, int argc, char **argv,
                  const struct one_call *call)
 {
-    void *cfg = calloc(1, call->cfg_size);
+    void *cfg = calloc(1, call->step_at != 0 ? sizeof(struct step_cfg)
+                                             : sizeof(struct conn_only_cfg));
     void *req = calloc(1, call->req_desc->sizeof_message);
     if (cfg == NULL || req == NULL) {
         free(cfg);
@@ -189,11 +190,10 @@ int run_one_call(const struct command *self, int argc, char **argv,
     int rc = server_command(self, call->opts, cfg, cfg, argc, argv, "", 0, 0,
                             NULL, &s);
     if (rc < 0) {
-        /* The request borrows what it points to from cfg: free(req) is
-         * enough. */
         protobuf_c_message_init(call->req_desc, req);
-        if (call->build != NULL)
-            call->build(req, cfg);
+        if (call->step_at != 0)
+            memcpy((char *)req + call->step_at,
+                   &((const struct step_cfg *)cfg)->step, sizeof(uint64_t));
         rc = session_call_print(&s, call->method, req, call->resp_desc,
                                 call->print);
         session_close(&s);
