@@ -19,3 +19,12 @@ struct timespec ps_time_after_ms(clockid_t clock, int64_t ms)
     t.tv_nsec = (long)(ns % 1000000000L);
     return t;
 }
+
+void ps_cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
+}

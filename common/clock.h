@@ -2,12 +2,13 @@
  * clock.h - the process's time: milliseconds on CLOCK_MONOTONIC for
  * durations and deadlines, and absolute times for pthread_cond_timedwait.
  *
- * Threads and lifetime: both functions are pure reads of the system clock,
- * safe from any thread.
+ * Threads and lifetime: the time functions are pure reads of the system
+ * clock, safe from any thread; ps_cond_init_monotonic is pthread_cond_init.
  */
 #ifndef PS_CLOCK_H
 #define PS_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -18,5 +19,9 @@ int64_t ps_now_ms(void);
  * condition variables here use the default CLOCK_REALTIME, unless made
  * otherwise). */
 struct timespec ps_time_after_ms(clockid_t clock, int64_t ms);
+
+/* Initialises cond to time its waits on CLOCK_MONOTONIC, so deadlines from
+ * ps_time_after_ms(CLOCK_MONOTONIC, ...) do not move with the wall clock. */
+void ps_cond_init_monotonic(pthread_cond_t *cond);
 
 #endif

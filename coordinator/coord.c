@@ -103,14 +103,12 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
     memmove(&c->tasks[at + 1], &c->tasks[at],
             sizeof *c->tasks * (size_t)(c->ntasks - at));
     c->ntasks++;
-    struct ctask *t = &c->tasks[at];
-    memset(t, 0, sizeof *t);
-    t->role = role;
-    t->index = index;
-    t->address = addr;
-    t->state = CT_NEVER_SEEN;
-    t->heard_ms = -1;
-    return t;
+    c->tasks[at] = (struct ctask){.role = role,
+                                  .index = index,
+                                  .address = addr,
+                                  .state = CT_NEVER_SEEN,
+                                  .heard_ms = -1};
+    return &c->tasks[at];
 }
 
 int coord_set_address(struct ctask *t, const char *addr)
@@ -204,11 +202,7 @@ int coord_create(const struct coord_opts *o, coord **out, char *err,
         return -ENOMEM;
     }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ps_cond_init_monotonic(&c->cond);
     c->o = *o;
     c->spec = o->cluster;
     c->start_ms = ps_now_ms();
@@ -700,18 +694,21 @@ void coord_sync_done(coord *c, const struct coord_ps_call *call,
 
 /* ---- persistence entry points ------------------------------------------ */
 
-int coord_save(coord *c)
+/* Runs one of the _locked writers with c->mu held. */
+static int write_locked(coord *c, int (*write)(coord *c))
 {
     pthread_mutex_lock(&c->mu);
-    int rc = coord_state_save_locked(c);
+    int rc = write(c);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
+int coord_save(coord *c)
+{
+    return write_locked(c, coord_state_save_locked);
+}
+
 int coord_write_summary(coord *c)
 {
-    pthread_mutex_lock(&c->mu);
-    int rc = coord_summary_write_locked(c);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
+    return write_locked(c, coord_summary_write_locked);
 }

@@ -242,6 +242,91 @@ static void prune_locked(coord *c)
     c->nckpts -= drop;
 }
 
+/* Logs each shard that failed the round; returns how many did. */
+static int log_failed_locked(const coord *c, uint64_t step,
+                             const struct coord_shard_result *res, int n)
+{
+    char latest[64];
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (res[i].ok)
+            continue;
+        failed++;
+        ps_log_error("job checkpoint at step %" PRIu64 " failed on ps[%u] at "
+                     "%s: %s; the latest job checkpoint stays %s", step,
+                     res[i].index, res[i].address, res[i].error,
+                     latest_text(c, latest, sizeof latest));
+    }
+    return failed;
+}
+
+/* Writes the manifest of a round every shard answered. Returns 0 with
+ * rec->path (the caller's to free) and *total (the shards' bytes) set, or
+ * nonzero after logging why the round is not taken. */
+static int write_manifest_locked(const coord *c, uint64_t step,
+                                 const struct coord_shard_result *res, int n,
+                                 struct ckpt_rec *rec, uint64_t *total)
+{
+    if (asprintf(&rec->path, "%s/job-%" PRIu64 ".json", c->ckpt_dir, step) <
+        0) {
+        ps_log_error("job checkpoint at step %" PRIu64 ": out of memory",
+                     step);
+        return -ENOMEM;
+    }
+    json_t *shards = json_array();
+    *total = 0;
+    for (int i = 0; i < n; i++) {
+        *total += res[i].bytes;
+        json_array_append_new(shards, json_pack(
+            "{s:i, s:s, s:s, s:I}", "index", (int)res[i].index, "address",
+            res[i].address, "path", res[i].path, "bytes",
+            (json_int_t)res[i].bytes));
+    }
+    json_t *root = json_pack("{s:i, s:s, s:I, s:I, s:o}", "format",
+                             MANIFEST_FORMAT, "job_id", c->job_id, "step",
+                             (json_int_t)step, "created_unix",
+                             (json_int_t)rec->created_unix, "shards", shards);
+    char err[600];
+    int rc = root != NULL ? coord_json_write(rec->path, root, err, sizeof err)
+                          : -ENOMEM;
+    json_decref(root);
+    if (rc != 0) {
+        char latest[64];
+        ps_log_error("job checkpoint at step %" PRIu64 ": the shards are "
+                     "written but the manifest is not (%s); the latest job "
+                     "checkpoint stays %s", step,
+                     rc == -ENOMEM ? "out of memory" : err,
+                     latest_text(c, latest, sizeof latest));
+        free(rec->path);
+        rec->path = NULL;
+    }
+    return rc;
+}
+
+/* Puts rec into the list by step, replacing one of the same step. Returns
+ * its index, or -1 when out of memory (rec is then the caller's). */
+static int insert_rec_locked(coord *c, const struct ckpt_rec *rec)
+{
+    int at = 0;
+    while (at < c->nckpts && c->ckpts[at].step < rec->step)
+        at++;
+    if (at < c->nckpts && c->ckpts[at].step == rec->step) {
+        free(c->ckpts[at].path);
+        c->ckpts[at] = *rec;
+        return at;
+    }
+    struct ckpt_rec *k =
+        realloc(c->ckpts, sizeof *k * (size_t)(c->nckpts + 1));
+    if (k == NULL)
+        return -1;
+    c->ckpts = k;
+    memmove(&c->ckpts[at + 1], &c->ckpts[at],
+            sizeof *k * (size_t)(c->nckpts - at));
+    c->ckpts[at] = *rec;
+    c->nckpts++;
+    return at;
+}
+
 void coord_checkpoint_done(coord *c, uint64_t step,
                            const struct coord_shard_result *res, int n)
 {
@@ -254,73 +339,19 @@ void coord_checkpoint_done(coord *c, uint64_t step,
                      latest_text(c, latest, sizeof latest));
         goto out;
     }
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        if (res[i].ok)
-            continue;
-        failed++;
-        ps_log_error("job checkpoint at step %" PRIu64 " failed on ps[%u] at "
-                     "%s: %s; the latest job checkpoint stays %s", step,
-                     res[i].index, res[i].address, res[i].error,
-                     latest_text(c, latest, sizeof latest));
-    }
-    if (failed > 0)
+    if (log_failed_locked(c, step, res, n) > 0)
         goto out;
-
     struct ckpt_rec rec = {.step = step, .created_unix = coord_unix_now(),
                            .nshards = n};
-    if (asprintf(&rec.path, "%s/job-%" PRIu64 ".json", c->ckpt_dir, step) <
-        0) {
+    uint64_t total;
+    if (write_manifest_locked(c, step, res, n, &rec, &total) != 0)
+        goto out;
+    int at = insert_rec_locked(c, &rec);
+    if (at < 0) {
+        free(rec.path);
         ps_log_error("job checkpoint at step %" PRIu64 ": out of memory",
                      step);
         goto out;
-    }
-    json_t *shards = json_array();
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++) {
-        total += res[i].bytes;
-        json_array_append_new(shards, json_pack(
-            "{s:i, s:s, s:s, s:I}", "index", (int)res[i].index, "address",
-            res[i].address, "path", res[i].path, "bytes",
-            (json_int_t)res[i].bytes));
-    }
-    json_t *root = json_pack("{s:i, s:s, s:I, s:I, s:o}", "format",
-                             MANIFEST_FORMAT, "job_id", c->job_id, "step",
-                             (json_int_t)step, "created_unix",
-                             (json_int_t)rec.created_unix, "shards", shards);
-    char err[600];
-    int rc = root != NULL ? coord_json_write(rec.path, root, err, sizeof err)
-                          : -ENOMEM;
-    json_decref(root);
-    if (rc != 0) {
-        ps_log_error("job checkpoint at step %" PRIu64 ": the shards are "
-                     "written but the manifest is not (%s); the latest job "
-                     "checkpoint stays %s", step,
-                     rc == -ENOMEM ? "out of memory" : err,
-                     latest_text(c, latest, sizeof latest));
-        free(rec.path);
-        goto out;
-    }
-    int at = 0;
-    while (at < c->nckpts && c->ckpts[at].step < step)
-        at++;
-    if (at < c->nckpts && c->ckpts[at].step == step) {
-        free(c->ckpts[at].path);
-        c->ckpts[at] = rec;
-    } else {
-        struct ckpt_rec *k =
-            realloc(c->ckpts, sizeof *k * (size_t)(c->nckpts + 1));
-        if (k == NULL) {
-            free(rec.path);
-            ps_log_error("job checkpoint at step %" PRIu64 ": out of memory",
-                         step);
-            goto out;
-        }
-        c->ckpts = k;
-        memmove(&c->ckpts[at + 1], &c->ckpts[at],
-                sizeof *k * (size_t)(c->nckpts - at));
-        c->ckpts[at] = rec;
-        c->nckpts++;
     }
     ps_log_info("job checkpoint at step %" PRIu64 ": %d shard%s, %" PRIu64
                 " bytes, manifest %s", step, n, n == 1 ? "" : "s", total,

@@ -32,6 +32,15 @@ static bool slot_free(const struct ctask *t)
     return t == NULL || t->state == CT_NEVER_SEEN || t->state == CT_DEAD;
 }
 
+/* The lowest index below n whose slot of the role is free, or -1. */
+static int lowest_free_locked(coord *c, enum ps_role role, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (slot_free(coord_find_locked(c, role, i)))
+            return i;
+    return -1;
+}
+
 /* "chief 1, worker 2, ps 2, evaluator 0" */
 static const char *spec_counts(const ps_cluster *s, char *buf, size_t len)
 {
@@ -128,9 +137,8 @@ static int pick_static_locked(coord *c, struct claim *k,
         for (int i = 0; i < n && k->index < 0; i++)
             if (strcmp(s->addrs[k->role][i], k->addr) == 0)
                 k->index = i;
-    for (int i = 0; i < n && k->index < 0; i++)
-        if (slot_free(coord_find_locked(c, k->role, i)))
-            k->index = i;
+    if (k->index < 0)
+        k->index = lowest_free_locked(c, k->role, n);
     if (k->index < 0)
         return coord_refuse(st, PS_RPC_ALREADY_EXISTS, k->what,
                             "%s: all %d %s tasks of the cluster spec are "
@@ -189,9 +197,8 @@ static int pick_dynamic_locked(coord *c, struct claim *k,
             strcmp(c->tasks[i].address, addr) == 0 &&
             c->tasks[i].index < limit)
             k->index = c->tasks[i].index;
-    for (int i = 0; i < limit && k->index < 0; i++)
-        if (slot_free(coord_find_locked(c, k->role, i)))
-            k->index = i;
+    if (k->index < 0)
+        k->index = lowest_free_locked(c, k->role, limit);
     if (k->index < 0)
         return coord_refuse(st, PS_RPC_FAILED_PRECONDITION, k->what,
                             "ps: the job has %d ps shards, all held by live "

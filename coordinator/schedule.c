@@ -324,11 +324,7 @@ int coord_sched_start(coord *c, const struct coord_sched_opts *o,
     if (s->o.sync_deadline_ms <= 0)
         s->o.sync_deadline_ms = 2000;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ps_cond_init_monotonic(&s->cond);
     void *(*mains[])(void *) = {liveness_main, sync_main, checkpoint_main};
     for (int i = 0; i < 3; i++) {
         int rc = pthread_create(&s->threads[i], NULL, mains[i], s);

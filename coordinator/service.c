@@ -22,6 +22,23 @@ struct watcher {
     struct watcher *next;
 };
 
+/* A Coordinator method: its request's type and the handler of a request
+ * that parsed (the request is freed when the handler returns). */
+struct method {
+    const char *path;
+    enum ps_rpc_kind kind;
+    const ProtobufCMessageDescriptor *req;
+    void (*fn)(coord_service *s, ps_rpc_call *call, const void *req);
+};
+
+#define NMETHODS 6
+
+/* What the server hands dispatch for one method. */
+struct bound_method {
+    coord_service *s;
+    const struct method *m;
+};
+
 struct coord_service {
     coord *c;
     coord_sched *sched;
@@ -31,6 +48,7 @@ struct coord_service {
     bool stopping;
     bool started;
     pthread_t th;
+    struct bound_method bound[NMETHODS];
 };
 
 /* ---- ps.v1 messages <-> coord.h's structs ------------------------------ */
@@ -60,6 +78,17 @@ static Ps__V1__Role role_out(enum ps_role r)
     return (Ps__V1__Role)((int)r + 1);
 }
 
+/* A new message of d, malloc'd and initialised, as
+ * protobuf_c_message_free_unpacked expects of what it frees; NULL when out
+ * of memory. */
+static void *pb_new(const ProtobufCMessageDescriptor *d)
+{
+    ProtobufCMessage *m = malloc(d->sizeof_message);
+    if (m != NULL)
+        protobuf_c_message_init(d, m);
+    return m;
+}
+
 /* Builds the protobuf form of a placement; the array and everything in it
  * are malloc'd, as protobuf_c_message_free_unpacked expects. On failure
  * what was built is left in *out and *nout for placement_pb_free. */
@@ -76,10 +105,10 @@ static int placement_pb(const struct ps_placement *p,
     *out = arr;
     for (int i = 0; i < p->nvars; i++) {
         const struct ps_place_var *v = &p->vars[i];
-        Ps__V1__VariablePlacement *vp = malloc(sizeof *vp);
+        Ps__V1__VariablePlacement *vp =
+            pb_new(&ps__v1__variable_placement__descriptor);
         if (vp == NULL)
             return -ENOMEM;
-        ps__v1__variable_placement__init(vp);
         arr[i] = vp;
         (*nout)++;
         vp->name = strdup(v->name);
@@ -96,10 +125,10 @@ static int placement_pb(const struct ps_placement *p,
         if (vp->parts == NULL)
             return -ENOMEM;
         for (int k = 0; k < v->nparts; k++) {
-            Ps__V1__VariablePart *part = malloc(sizeof *part);
+            Ps__V1__VariablePart *part =
+                pb_new(&ps__v1__variable_part__descriptor);
             if (part == NULL)
                 return -ENOMEM;
-            ps__v1__variable_part__init(part);
             vp->parts[k] = part;
             vp->n_parts++;
             part->name = strdup(v->parts[k].name);
@@ -120,17 +149,13 @@ static void placement_pb_free(Ps__V1__VariablePlacement **arr, size_t n)
     free(arr);
 }
 
-static Ps__V1__TaskInfo *task_pb(const struct coord_task_info *t)
+/* Fills ti (from pb_new) with a task; -ENOMEM leaves it for the caller to
+ * free. */
+static int task_pb(const struct coord_task_info *t, Ps__V1__TaskInfo *ti)
 {
-    Ps__V1__TaskInfo *ti = malloc(sizeof *ti);
-    if (ti == NULL)
-        return NULL;
-    ps__v1__task_info__init(ti);
     ti->address = strdup(t->address);
-    if (ti->address == NULL) {
-        free(ti);
-        return NULL;
-    }
+    if (ti->address == NULL)
+        return -ENOMEM;
     ti->role = role_out(t->role);
     ti->index = t->index;
     ti->alive = t->alive;
@@ -139,17 +164,16 @@ static Ps__V1__TaskInfo *task_pb(const struct coord_task_info *t)
     ti->examples_per_second = t->examples_per_second;
     ti->loss = t->loss;
     ti->last_heartbeat_age_seconds = t->last_heartbeat_age_seconds;
-    return ti;
+    return 0;
 }
 
 /* The ClusterState message of a snapshot, malloc'd throughout; free with
  * protobuf_c_message_free_unpacked. NULL when out of memory. */
 static Ps__V1__ClusterState *cluster_pb(const struct coord_cluster *c)
 {
-    Ps__V1__ClusterState *s = malloc(sizeof *s);
+    Ps__V1__ClusterState *s = pb_new(&ps__v1__cluster_state__descriptor);
     if (s == NULL)
         return NULL;
-    ps__v1__cluster_state__init(s);
     s->job_id = strdup(c->job_id);
     s->last_checkpoint_path = strdup(c->last_checkpoint_path);
     s->tasks = calloc((size_t)(c->ntasks > 0 ? c->ntasks : 1),
@@ -158,10 +182,12 @@ static Ps__V1__ClusterState *cluster_pb(const struct coord_cluster *c)
         s->tasks == NULL)
         goto fail;
     for (int i = 0; i < c->ntasks; i++) {
-        Ps__V1__TaskInfo *ti = task_pb(&c->tasks[i]);
+        Ps__V1__TaskInfo *ti = pb_new(&ps__v1__task_info__descriptor);
         if (ti == NULL)
             goto fail;
         s->tasks[s->n_tasks++] = ti;
+        if (task_pb(&c->tasks[i], ti) != 0)
+            goto fail;
     }
     s->last_checkpoint_step = c->last_checkpoint_step;
     s->eval_accuracy = c->eval_accuracy;
@@ -219,26 +245,17 @@ static int proposal_in(const Ps__V1__PlaceRequest *req,
 
 /* ---- the handlers ------------------------------------------------------ */
 
-/* A request that does not parse is the client's mistake, said plainly. */
-#define UNPACK(type, fn, call, req, len)                                    \
-    type *r = fn(NULL, len, req);                                           \
-    if (r == NULL) {                                                        \
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,                          \
-                    #type ": %zu bytes that do not parse", len);            \
-        return;                                                             \
-    }
+/* Each handler is given a request that parsed; dispatch (below the
+ * handlers) unpacks it and frees it once the handler returns. */
 
 static void refused(ps_rpc_call *call, const struct coord_status *st)
 {
     ps_rpc_fail(call, (enum ps_rpc_code)st->code, "%s", st->msg);
 }
 
-static void on_register(ps_rpc_call *call, const uint8_t *req, size_t len,
-                        void *ctx)
+static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__RegisterRequest, ps__v1__register_request__unpack, call,
-           req, len);
+    const Ps__V1__RegisterRequest *r = req;
     struct coord_register_req in = {.job_id = r->job_id,
                                     .index = r->index,
                                     .address = r->address,
@@ -267,15 +284,11 @@ static void on_register(ps_rpc_call *call, const uint8_t *req, size_t len,
         if (want_restore)
             coord_sched_restore(s->sched, &restore);
     }
-    ps__v1__register_request__free_unpacked(r, NULL);
 }
 
-static void on_heartbeat(ps_rpc_call *call, const uint8_t *req, size_t len,
-                         void *ctx)
+static void on_heartbeat(coord_service *s, ps_rpc_call *call, const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__HeartbeatRequest, ps__v1__heartbeat_request__unpack, call,
-           req, len);
+    const Ps__V1__HeartbeatRequest *r = req;
     struct coord_heartbeat_req in = {
         .from = task_ref_in(r->job_id, r->role, r->index),
         .incarnation = r->incarnation, .step = r->step,
@@ -295,15 +308,12 @@ static void on_heartbeat(ps_rpc_call *call, const uint8_t *req, size_t len,
         }
         ps_rpc_reply_pb(call, &resp);
     }
-    ps__v1__heartbeat_request__free_unpacked(r, NULL);
 }
 
-static void on_get_cluster(ps_rpc_call *call, const uint8_t *req, size_t len,
-                           void *ctx)
+static void on_get_cluster(coord_service *s, ps_rpc_call *call,
+                           const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__GetClusterRequest, ps__v1__get_cluster_request__unpack,
-           call, req, len);
+    const Ps__V1__GetClusterRequest *r = req;
     struct coord_status st;
     if (coord_check_job(s->c, r->job_id, "GetCluster", &st) != 0) {
         refused(call, &st);
@@ -317,7 +327,6 @@ static void on_get_cluster(ps_rpc_call *call, const uint8_t *req, size_t len,
             protobuf_c_message_free_unpacked(&snap->base, NULL);
         }
     }
-    ps__v1__get_cluster_request__free_unpacked(r, NULL);
 }
 
 /* Packs the current state for watchers. Returns a malloc'd buffer (and its
@@ -336,15 +345,12 @@ static uint8_t *pack_state(coord *c, size_t *len, uint64_t *epoch)
     return buf;
 }
 
-static void on_watch_cluster(ps_rpc_call *call, const uint8_t *req,
-                             size_t len, void *ctx)
+static void on_watch_cluster(coord_service *s, ps_rpc_call *call,
+                             const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__GetClusterRequest, ps__v1__get_cluster_request__unpack,
-           call, req, len);
+    const Ps__V1__GetClusterRequest *r = req;
     struct coord_status st;
     int rc = coord_check_job(s->c, r->job_id, "WatchCluster", &st);
-    ps__v1__get_cluster_request__free_unpacked(r, NULL);
     if (rc != 0) {
         refused(call, &st);
         return;
@@ -386,12 +392,10 @@ static void on_watch_cluster(ps_rpc_call *call, const uint8_t *req,
     ps_log_debug("WatchCluster from %s: watching", ps_rpc_call_peer(call));
 }
 
-static void on_report_metrics(ps_rpc_call *call, const uint8_t *req,
-                              size_t len, void *ctx)
+static void on_report_metrics(coord_service *s, ps_rpc_call *call,
+                              const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__ReportMetricsRequest,
-           ps__v1__report_metrics_request__unpack, call, req, len);
+    const Ps__V1__ReportMetricsRequest *r = req;
     struct coord_metrics_req in = {
         .from = task_ref_in(r->job_id, r->role, r->index), .step = r->step,
         .loss = r->loss, .accuracy = r->accuracy};
@@ -403,7 +407,6 @@ static void on_report_metrics(ps_rpc_call *call, const uint8_t *req,
             PS__V1__REPORT_METRICS_RESPONSE__INIT;
         ps_rpc_reply_pb(call, &resp);
     }
-    ps__v1__report_metrics_request__free_unpacked(r, NULL);
 }
 
 /* Answers a Place request: the job check first, then the proposal's own
@@ -432,12 +435,9 @@ static int place(coord *c, const Ps__V1__PlaceRequest *req,
     return rc;
 }
 
-static void on_place(ps_rpc_call *call, const uint8_t *req, size_t len,
-                     void *ctx)
+static void on_place(coord_service *s, ps_rpc_call *call, const void *req)
 {
-    coord_service *s = ctx;
-    UNPACK(Ps__V1__PlaceRequest, ps__v1__place_request__unpack, call, req,
-           len);
+    const Ps__V1__PlaceRequest *r = req;
     Ps__V1__PlaceResponse resp = PS__V1__PLACE_RESPONSE__INIT;
     struct coord_status st;
     if (place(s->c, r, &resp, &st) != 0) {
@@ -446,7 +446,6 @@ static void on_place(ps_rpc_call *call, const uint8_t *req, size_t len,
         ps_rpc_reply_pb(call, &resp);
         placement_pb_free(resp.placement, resp.n_placement);
     }
-    ps__v1__place_request__free_unpacked(r, NULL);
 }
 
 /* ---- the watch thread -------------------------------------------------- */
@@ -521,24 +520,45 @@ int coord_service_create(coord *c, coord_sched *sched, int interval_ms,
     return 0;
 }
 
+static const struct method methods[NMETHODS] = {
+    {COORD_METHOD("RegisterTask"), PS_RPC_UNARY,
+     &ps__v1__register_request__descriptor, on_register},
+    {COORD_METHOD("Heartbeat"), PS_RPC_UNARY,
+     &ps__v1__heartbeat_request__descriptor, on_heartbeat},
+    {COORD_METHOD("GetCluster"), PS_RPC_UNARY,
+     &ps__v1__get_cluster_request__descriptor, on_get_cluster},
+    {COORD_METHOD("WatchCluster"), PS_RPC_SERVER_STREAM,
+     &ps__v1__get_cluster_request__descriptor, on_watch_cluster},
+    {COORD_METHOD("ReportMetrics"), PS_RPC_UNARY,
+     &ps__v1__report_metrics_request__descriptor, on_report_metrics},
+    {COORD_METHOD("Place"), PS_RPC_UNARY, &ps__v1__place_request__descriptor,
+     on_place},
+};
+
+/* Every method's entry: parses the request and runs its handler. A request
+ * that does not parse is the client's mistake, said plainly. */
+static void dispatch(ps_rpc_call *call, const uint8_t *req, size_t len,
+                     void *ctx)
+{
+    const struct bound_method *b = ctx;
+    ProtobufCMessage *r = protobuf_c_message_unpack(b->m->req, NULL, len, req);
+    if (r == NULL) {
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
+                    "%s: %zu bytes that do not parse", b->m->req->c_name,
+                    len);
+        return;
+    }
+    b->m->fn(b->s, call, r);
+    protobuf_c_message_free_unpacked(r, NULL);
+}
+
 int coord_service_register(coord_service *s, ps_rpc_server *srv)
 {
-    static const struct {
-        const char *path;
-        enum ps_rpc_kind kind;
-        ps_rpc_handler fn;
-    } m[] = {
-        {COORD_METHOD("RegisterTask"), PS_RPC_UNARY, on_register},
-        {COORD_METHOD("Heartbeat"), PS_RPC_UNARY, on_heartbeat},
-        {COORD_METHOD("GetCluster"), PS_RPC_UNARY, on_get_cluster},
-        {COORD_METHOD("WatchCluster"), PS_RPC_SERVER_STREAM,
-         on_watch_cluster},
-        {COORD_METHOD("ReportMetrics"), PS_RPC_UNARY, on_report_metrics},
-        {COORD_METHOD("Place"), PS_RPC_UNARY, on_place},
-    };
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
-        int rc = ps_rpc_server_add_method(srv, m[i].path, m[i].kind, m[i].fn,
-                                          s);
+    for (int i = 0; i < NMETHODS; i++) {
+        s->bound[i] = (struct bound_method){.s = s, .m = &methods[i]};
+        int rc = ps_rpc_server_add_method(srv, methods[i].path,
+                                          methods[i].kind, dispatch,
+                                          &s->bound[i]);
         if (rc != 0)
             return rc;
     }

@@ -7,10 +7,12 @@
 
 #define PS_METHOD(m) "/ps.v1.ParameterServer/" m
 
-/* One unary call to a ps, on a client of its own. Returns 0, or PS_ERPC
- * with st filled (local failures as UNAVAILABLE). */
+/* One unary call to a ps, on a client of its own: read copies what the
+ * caller needs out of the answer (into out) before it is freed. Returns 0,
+ * or PS_ERPC with st filled (local failures as UNAVAILABLE). */
 static int ps_call(const char *addr, const char *method, const void *req,
-                   const ProtobufCMessageDescriptor *desc, void **resp,
+                   const ProtobufCMessageDescriptor *desc,
+                   void (*read)(const void *resp, void *out), void *out,
                    int deadline_ms, ps_rpc_status *st)
 {
     ps_rpc_client *cl;
@@ -22,9 +24,20 @@ static int ps_call(const char *addr, const char *method, const void *req,
                  "cannot make a client for '%s': %s", addr, ps_strerror(rc));
         return PS_ERPC;
     }
-    rc = ps_rpc_invoke_pb(cl, method, req, desc, resp, deadline_ms, st);
+    void *resp = NULL;
+    rc = ps_rpc_invoke_pb(cl, method, req, desc, &resp, deadline_ms, st);
     ps_rpc_client_destroy(cl);
-    return rc;
+    if (rc != 0)
+        return rc;
+    read(resp, out);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}
+
+static void read_set_sync(const void *resp, void *out)
+{
+    const Ps__V1__SetSyncWorkersResponse *r = resp;
+    *(uint32_t *)out = r->previous;
 }
 
 int coord_call_set_sync(const char *addr, uint32_t workers, int deadline_ms,
@@ -32,15 +45,18 @@ int coord_call_set_sync(const char *addr, uint32_t workers, int deadline_ms,
 {
     Ps__V1__SetSyncWorkersRequest req = PS__V1__SET_SYNC_WORKERS_REQUEST__INIT;
     req.workers = workers;
-    void *resp = NULL;
-    int rc = ps_call(addr, PS_METHOD("SetSyncWorkers"), &req,
-                     &ps__v1__set_sync_workers_response__descriptor, &resp,
-                     deadline_ms, st);
-    if (rc != 0)
-        return rc;
-    *previous = ((Ps__V1__SetSyncWorkersResponse *)resp)->previous;
-    protobuf_c_message_free_unpacked(resp, NULL);
-    return 0;
+    return ps_call(addr, PS_METHOD("SetSyncWorkers"), &req,
+                   &ps__v1__set_sync_workers_response__descriptor,
+                   read_set_sync, previous, deadline_ms, st);
+}
+
+static void read_checkpoint(const void *resp, void *out)
+{
+    const Ps__V1__CheckpointResponse *cr = resp;
+    struct coord_ckpt_answer *a = out;
+    a->step = cr->step;
+    a->bytes = cr->bytes;
+    snprintf(a->path, sizeof a->path, "%s", cr->path);
 }
 
 int coord_call_checkpoint(const char *addr, uint64_t step,
@@ -50,18 +66,21 @@ int coord_call_checkpoint(const char *addr, uint64_t step,
     Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
     req.step = step;
     req.keep_at_least = keep_at_least;
-    void *resp = NULL;
-    int rc = ps_call(addr, PS_METHOD("Checkpoint"), &req,
-                     &ps__v1__checkpoint_response__descriptor, &resp,
-                     deadline_ms, st);
-    if (rc != 0)
-        return rc;
-    const Ps__V1__CheckpointResponse *cr = resp;
-    out->step = cr->step;
-    out->bytes = cr->bytes;
-    snprintf(out->path, sizeof out->path, "%s", cr->path);
-    protobuf_c_message_free_unpacked(resp, NULL);
-    return 0;
+    return ps_call(addr, PS_METHOD("Checkpoint"), &req,
+                   &ps__v1__checkpoint_response__descriptor, read_checkpoint,
+                   out, deadline_ms, st);
+}
+
+struct restore_answer {
+    uint64_t *restored, *variables;
+};
+
+static void read_restore(const void *resp, void *out)
+{
+    const Ps__V1__RestoreResponse *r = resp;
+    const struct restore_answer *a = out;
+    *a->restored = r->step;
+    *a->variables = r->variables;
 }
 
 int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
@@ -70,15 +89,8 @@ int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
 {
     Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
     req.step = step;
-    void *resp = NULL;
-    int rc = ps_call(addr, PS_METHOD("Restore"), &req,
-                     &ps__v1__restore_response__descriptor, &resp,
-                     deadline_ms, st);
-    if (rc != 0)
-        return rc;
-    const Ps__V1__RestoreResponse *r = resp;
-    *restored = r->step;
-    *variables = r->variables;
-    protobuf_c_message_free_unpacked(resp, NULL);
-    return 0;
+    struct restore_answer a = {restored, variables};
+    return ps_call(addr, PS_METHOD("Restore"), &req,
+                   &ps__v1__restore_response__descriptor, read_restore, &a,
+                   deadline_ms, st);
 }

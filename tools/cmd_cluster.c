@@ -110,20 +110,12 @@ static const char *task_state(const Ps__V1__TaskInfo *t)
     return "dead";
 }
 
+/* The wire's Role values are ps_role + 1; 0 (unspecified) and any value
+ * past EVALUATOR read "unknown", as ps_role_name says of a role it does not
+ * know. */
 static const char *role_label(Ps__V1__Role r)
 {
-    switch (r) {
-    case PS__V1__ROLE__CHIEF:
-        return "chief";
-    case PS__V1__ROLE__WORKER:
-        return "worker";
-    case PS__V1__ROLE__PS:
-        return "ps";
-    case PS__V1__ROLE__EVALUATOR:
-        return "evaluator";
-    default:
-        return "unknown";
-    }
+    return ps_role_name((enum ps_role)((int)r - 1));
 }
 
 /* One block: the job's lines, then one row per task. */

@@ -12,11 +12,6 @@
 
 /* ---- checkpoint, restore ---------------------------------------------- */
 
-struct step_cfg {
-    struct conn_cfg conn;
-    uint64_t step; /* 0: the server chooses */
-};
-
 static const ps_opt checkpoint_opts[] = {
     {"step", PS_OPT_UINT64, offsetof(struct step_cfg, step), NULL,
      "global step the checkpoint is named by (default: the highest variable "
@@ -42,20 +37,11 @@ static int print_checkpoint(const void *resp)
     return EXIT_OK;
 }
 
-static int checkpoint_call(struct session *s, const void *cfg)
-{
-    Ps__V1__CheckpointRequest req = PS__V1__CHECKPOINT_REQUEST__INIT;
-    req.step = ((const struct step_cfg *)cfg)->step;
-    return session_call_print(s, PS_METHOD("Checkpoint"), &req,
-                              &ps__v1__checkpoint_response__descriptor,
-                              print_checkpoint);
-}
-
-int cmd_checkpoint(const struct command *self, int argc, char **argv)
-{
-    return run_server_command(self, argc, argv, checkpoint_opts,
-                              sizeof(struct step_cfg), checkpoint_call);
-}
+const struct one_call checkpoint_call = {
+    checkpoint_opts, PS_METHOD("Checkpoint"),
+    &ps__v1__checkpoint_request__descriptor,
+    offsetof(Ps__V1__CheckpointRequest, step),
+    &ps__v1__checkpoint_response__descriptor, print_checkpoint};
 
 static int print_restore(const void *resp)
 {
@@ -65,20 +51,10 @@ static int print_restore(const void *resp)
     return EXIT_OK;
 }
 
-static int restore_call(struct session *s, const void *cfg)
-{
-    Ps__V1__RestoreRequest req = PS__V1__RESTORE_REQUEST__INIT;
-    req.step = ((const struct step_cfg *)cfg)->step;
-    return session_call_print(s, PS_METHOD("Restore"), &req,
-                              &ps__v1__restore_response__descriptor,
-                              print_restore);
-}
-
-int cmd_restore(const struct command *self, int argc, char **argv)
-{
-    return run_server_command(self, argc, argv, restore_opts,
-                              sizeof(struct step_cfg), restore_call);
-}
+const struct one_call restore_call = {
+    restore_opts, PS_METHOD("Restore"), &ps__v1__restore_request__descriptor,
+    offsetof(Ps__V1__RestoreRequest, step),
+    &ps__v1__restore_response__descriptor, print_restore};
 
 /* ---- stats, health ---------------------------------------------------- */
 
@@ -123,19 +99,9 @@ static int print_stats_resp(const void *resp)
     return EXIT_OK;
 }
 
-static int stats_call(struct session *s, const void *cfg)
-{
-    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
-    return session_call_print(s, PS_METHOD("Stats"), &req,
-                              &ps__v1__stats_response__descriptor,
-                              print_stats_resp);
-}
-
-int cmd_stats(const struct command *self, int argc, char **argv)
-{
-    return run_server_command(self, argc, argv, conn_opts,
-                              sizeof(struct conn_only_cfg), stats_call);
-}
+const struct one_call stats_call = {
+    conn_opts, PS_METHOD("Stats"), &ps__v1__stats_request__descriptor, 0,
+    &ps__v1__stats_response__descriptor, print_stats_resp};
 
 struct health_cfg {
     struct conn_cfg conn;

@@ -94,19 +94,10 @@ static int print_list_resp(const void *resp)
     return print_list(resp);
 }
 
-static int list_call(struct session *s, const void *cfg)
-{
-    Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
-    return session_call_print(s, PS_METHOD("ListVariables"), &req,
-                              &ps__v1__list_variables_response__descriptor,
-                              print_list_resp);
-}
-
-int cmd_list(const struct command *self, int argc, char **argv)
-{
-    return run_server_command(self, argc, argv, conn_opts,
-                              sizeof(struct conn_only_cfg), list_call);
-}
+const struct one_call list_call = {
+    conn_opts, PS_METHOD("ListVariables"),
+    &ps__v1__list_variables_request__descriptor, 0,
+    &ps__v1__list_variables_response__descriptor, print_list_resp};
 
 /* ---- show, pull ------------------------------------------------------- */
 
@@ -261,29 +252,68 @@ static void print_variable(const Ps__V1__VariableInfo *info,
     printf("%-13s %.8g\n", "mean", sum / (double)val->numel);
 }
 
-int cmd_show(const struct command *self, int argc, char **argv)
+/* show and pull: the connection options, and pull's --output. */
+struct pull_cfg {
+    struct conn_cfg conn;
+    char *output;
+};
+
+/* What show and pull do with the value they pulled; returns the exit
+ * status. */
+typedef int (*pulled_fn)(struct session *s, const char *name,
+                         const ps_tensor *val, uint64_t version,
+                         const struct pull_cfg *cfg);
+
+/* show and pull: parses NAME and opts, lets check refuse the options (it
+ * returns -1 to go on; NULL: nothing to check), opens and probes the
+ * session, pulls NAME and hands its value to use. Returns the exit
+ * status. */
+static int run_pull_command(const struct command *self, int argc,
+                            char **argv, const ps_opt *opts,
+                            int (*check)(const struct pull_cfg *cfg),
+                            pulled_fn use)
 {
-    struct conn_only_cfg cfg;
+    struct pull_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     struct session s;
     char *name;
-    int rc = server_command(self, conn_opts, &cfg, &cfg.conn, argc, argv,
-                            "NAME", 1, 1, &name, &s);
+    int npos;
+    int rc = parse_command(self, opts, &cfg, argc, argv, "NAME", 1, 1,
+                           &name, &npos);
     if (rc >= 0)
         goto out;
+    if (check != NULL && (rc = check(&cfg)) >= 0)
+        goto out;
+    if ((rc = session_start(&s, self, &cfg.conn)) >= 0)
+        goto out;
     /* Pull first: for an unknown name its NOT_FOUND is the answer. */
-    Ps__V1__PullResponse *pulled = NULL;
+    Ps__V1__PullResponse *pulled;
     ps_tensor val;
     uint64_t version;
     rc = pull_one(&s, name, &pulled, &val, &version);
-    if (rc != 0)
-        goto close;
+    if (rc == 0) {
+        rc = use(&s, name, &val, version, &cfg);
+        protobuf_c_message_free_unpacked(&pulled->base, NULL);
+    }
+    session_close(&s);
+out:
+    ps_conf_free(opts, &cfg);
+    return rc;
+}
+
+/* show: the pulled value beside the variable's spec from ListVariables. */
+static int show_pulled(struct session *s, const char *name,
+                       const ps_tensor *val, uint64_t version,
+                       const struct pull_cfg *cfg)
+{
+    (void)cfg;
     Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
     void *resp;
-    rc = session_call(&s, PS_METHOD("ListVariables"), &req,
-                      &ps__v1__list_variables_response__descriptor, &resp);
+    int rc = session_call(s, PS_METHOD("ListVariables"), &req,
+                          &ps__v1__list_variables_response__descriptor,
+                          &resp);
     if (rc != 0)
-        goto free_pulled;
+        return rc;
     Ps__V1__ListVariablesResponse *list = resp;
     const Ps__V1__VariableInfo *info = NULL;
     for (size_t i = 0; i < list->n_variables && info == NULL; i++)
@@ -296,23 +326,17 @@ int cmd_show(const struct command *self, int argc, char **argv)
                 "longer listed (restored meanwhile?); try again\n", name);
         rc = EXIT_FAIL;
     } else {
-        print_variable(info, &val, version);
+        print_variable(info, val, version);
         rc = EXIT_OK;
     }
     protobuf_c_message_free_unpacked(resp, NULL);
-free_pulled:
-    protobuf_c_message_free_unpacked(&pulled->base, NULL);
-close:
-    session_close(&s);
-out:
-    ps_conf_free(conn_opts, &cfg);
     return rc;
 }
 
-struct pull_cfg {
-    struct conn_cfg conn;
-    char *output;
-};
+int cmd_show(const struct command *self, int argc, char **argv)
+{
+    return run_pull_command(self, argc, argv, conn_opts, NULL, show_pulled);
+}
 
 static const ps_opt pull_opts[] = {
     {"output", PS_OPT_STRING, offsetof(struct pull_cfg, output), NULL,
@@ -322,49 +346,40 @@ static const ps_opt pull_opts[] = {
     {0},
 };
 
+static int check_pull(const struct pull_cfg *cfg)
+{
+    if (cfg->output != NULL && cfg->output[0] != '\0')
+        return -1;
+    fprintf(stderr, "psctl: pull: -o FILE is required (where to write "
+            "the .npy)\n");
+    return EXIT_USAGE;
+}
+
+/* pull: the value into the .npy file --output names. */
+static int write_pulled(struct session *s, const char *name,
+                        const ps_tensor *val, uint64_t version,
+                        const struct pull_cfg *cfg)
+{
+    (void)s;
+    (void)name;
+    const char *output = cfg->output;
+    int wrc = ps_npy_write(output, val->shape, val->ndim, val->data);
+    if (wrc != 0) {
+        fprintf(stderr, "psctl: pull: cannot write %s: %s\n", output,
+                ps_strerror(wrc));
+        return EXIT_FAIL;
+    }
+    char shape[192];
+    printf("wrote %s (shape %s, version %" PRIu64 ")\n", output,
+           ps_tensor_shape_str(val->shape, val->ndim, shape, sizeof shape),
+           version);
+    return EXIT_OK;
+}
+
 int cmd_pull(const struct command *self, int argc, char **argv)
 {
-    struct pull_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct session s;
-    char *name;
-    int npos;
-    int rc = parse_command(self, pull_opts, &cfg, argc, argv, "NAME", 1, 1,
-                           &name, &npos);
-    if (rc >= 0)
-        goto out;
-    if (cfg.output == NULL || cfg.output[0] == '\0') {
-        fprintf(stderr, "psctl: pull: -o FILE is required (where to write "
-                "the .npy)\n");
-        rc = EXIT_USAGE;
-        goto out;
-    }
-    if ((rc = session_start(&s, self, &cfg.conn)) >= 0)
-        goto out;
-    Ps__V1__PullResponse *pulled;
-    ps_tensor val;
-    uint64_t version;
-    rc = pull_one(&s, name, &pulled, &val, &version);
-    if (rc != 0)
-        goto close;
-    int wrc = ps_npy_write(cfg.output, val.shape, val.ndim, val.data);
-    if (wrc != 0) {
-        fprintf(stderr, "psctl: pull: cannot write %s: %s\n", cfg.output,
-                ps_strerror(wrc));
-        rc = EXIT_FAIL;
-    } else {
-        char shape[192];
-        printf("wrote %s (shape %s, version %" PRIu64 ")\n", cfg.output,
-               ps_tensor_shape_str(val.shape, val.ndim, shape, sizeof shape),
-               version);
-        rc = EXIT_OK;
-    }
-    protobuf_c_message_free_unpacked(&pulled->base, NULL);
-close:
-    session_close(&s);
-out:
-    ps_conf_free(pull_opts, &cfg);
-    return rc;
+    return run_pull_command(self, argc, argv, pull_opts, check_pull,
+                            write_pulled);
 }
 
 /* ---- create ----------------------------------------------------------- */

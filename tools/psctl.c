@@ -44,7 +44,7 @@ static const struct command commands[] = {
     {"list", "",
      "one line per variable: name, shape, dtype, optimizer, consistency, "
      "version, bytes (value + slots)",
-     cmd_list},
+     NULL, &list_call},
     {"show", "NAME",
      "a variable's spec, sizes and the L2 norm, min, max and mean of its "
      "value (pulls it)",
@@ -56,11 +56,12 @@ static const struct command commands[] = {
      "create a variable (idempotent for an identical spec)", cmd_create},
     {"checkpoint", "",
      "checkpoint every variable on the server; prints path, step and bytes",
-     cmd_checkpoint},
+     NULL, &checkpoint_call},
     {"restore", "",
      "replace every variable with a checkpoint's (default: the latest)",
-     cmd_restore},
-    {"stats", "", "the server's counters and memory use", cmd_stats},
+     NULL, &restore_call},
+    {"stats", "", "the server's counters and memory use", NULL,
+     &stats_call},
     {"health", "",
      "SERVING or NOT_SERVING via grpc.health.v1; exit 0 only when SERVING",
      cmd_health},
@@ -73,7 +74,7 @@ static const struct command commands[] = {
      "workers, last checkpoint and evaluation, then one row per task "
      "(--watch: a new block at each change)",
      cmd_status},
-    {NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 /* Set once by main before a command runs; commands only read it. */
@@ -300,7 +301,10 @@ int main(int argc, char **argv)
          c++) {
         int n = match_command(c, argc - first, argv + first);
         if (n > 0)
-            rc = c->run(c, argc - first - n + 1, argv + first + n - 1);
+            rc = c->run != NULL
+                     ? c->run(c, argc - first - n + 1, argv + first + n - 1)
+                     : run_one_call(c, argc - first - n + 1,
+                                    argv + first + n - 1, c->call);
     }
     ps_conf_free(global_opts, &psctl_global);
     if (rc >= 0)

@@ -42,21 +42,23 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 #define PS_METHOD(m) "/ps.v1.ParameterServer/" m
 #define COORD_METHOD(m) "/ps.v1.Coordinator/" m
 
+struct one_call;
+
 struct command {
     const char *words; /* the command, space-separated: "cluster validate" */
     const char *args;  /* what follows it, for the usage line */
     const char *help;
     int (*run)(const struct command *self, int argc, char **argv);
+    const struct one_call *call; /* run is NULL: one call (run_one_call) */
 };
 
-/* The commands, each in the file of its subject. */
-int cmd_list(const struct command *self, int argc, char **argv);
+/* The commands, each in the file of its subject: those that are one call
+ * as a row, the others as a function. */
+extern const struct one_call list_call, checkpoint_call, restore_call,
+    stats_call;
 int cmd_show(const struct command *self, int argc, char **argv);
 int cmd_pull(const struct command *self, int argc, char **argv);
 int cmd_create(const struct command *self, int argc, char **argv);
-int cmd_checkpoint(const struct command *self, int argc, char **argv);
-int cmd_restore(const struct command *self, int argc, char **argv);
-int cmd_stats(const struct command *self, int argc, char **argv);
 int cmd_health(const struct command *self, int argc, char **argv);
 int cmd_cluster_validate(const struct command *self, int argc, char **argv);
 int cmd_status(const struct command *self, int argc, char **argv);
@@ -93,6 +95,12 @@ struct conn_only_cfg {
 };
 
 extern const ps_opt conn_opts[];
+
+/* checkpoint, restore: the connection options and --step. */
+struct step_cfg {
+    struct conn_cfg conn;
+    uint64_t step; /* 0: the server chooses */
+};
 
 /* ---- psctl.c: parsing a command's arguments ---------------------------- */
 
@@ -149,11 +157,6 @@ void report_status(const struct session *s, ps_rpc_status *st);
  * one-line report of the status. */
 int session_call(struct session *s, const char *method, const void *req,
                  const ProtobufCMessageDescriptor *desc, void **resp);
-/* session_call, then print(resp) (whose return is returned) and free. */
-int session_call_print(struct session *s, const char *method,
-                       const void *req,
-                       const ProtobufCMessageDescriptor *resp_desc,
-                       int (*print)(const void *resp));
 /* Parses options and positionals, opens the session and probes the server:
  * the start every server command shares. Returns -1 to go on (the session
  * is then open), or the exit status. */
@@ -161,12 +164,24 @@ int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
                    const struct conn_cfg *conn, int argc, char **argv,
                    const char *what, int min_pos, int max_pos, char **pos,
                    struct session *s);
-/* A server command without positionals that makes its call(s) in call:
- * parses opts into a zeroed cfg of cfg_size bytes (which begins with a
- * struct conn_cfg), opens and probes the session, runs call, closes. */
-int run_server_command(const struct command *self, int argc, char **argv,
-                       const ps_opt *opts, size_t cfg_size,
-                       int (*call)(struct session *s, const void *cfg));
+/* A server command without positionals that is one unary call. Its
+ * options are parsed into a zeroed struct conn_only_cfg, or a struct
+ * step_cfg when step_at is not 0: then --step goes to the request's uint64
+ * at that offset. The request is otherwise empty; print prints the answer
+ * and returns the exit status. */
+struct one_call {
+    const ps_opt *opts;
+    const char *method;
+    const ProtobufCMessageDescriptor *req_desc;
+    size_t step_at;
+    const ProtobufCMessageDescriptor *resp_desc;
+    int (*print)(const void *resp);
+};
+
+/* Parses the options, opens and probes the session, makes the call, prints
+ * the answer, closes. Returns the exit status. */
+int run_one_call(const struct command *self, int argc, char **argv,
+                 const struct one_call *call);
 
 /* ---- format.c ---------------------------------------------------------- */
 

@@ -146,10 +146,11 @@ int session_start(struct session *s, const struct command *cmd,
     return rc;
 }
 
-int session_call_print(struct session *s, const char *method,
-                       const void *req,
-                       const ProtobufCMessageDescriptor *resp_desc,
-                       int (*print)(const void *resp))
+/* session_call, then print(resp) (whose return is returned) and free. */
+static int session_call_print(struct session *s, const char *method,
+                              const void *req,
+                              const ProtobufCMessageDescriptor *resp_desc,
+                              int (*print)(const void *resp))
 {
     void *resp;
     int rc = session_call(s, method, req, resp_desc, &resp);
@@ -173,23 +174,32 @@ int server_command(const struct command *cmd, const ps_opt *opts, void *cfg,
     return session_start(s, cmd, conn);
 }
 
-int run_server_command(const struct command *self, int argc, char **argv,
-                       const ps_opt *opts, size_t cfg_size,
-                       int (*call)(struct session *s, const void *cfg))
+int run_one_call(const struct command *self, int argc, char **argv,
+                 const struct one_call *call)
 {
-    void *cfg = calloc(1, cfg_size);
-    if (cfg == NULL) {
+    void *cfg = calloc(1, call->step_at != 0 ? sizeof(struct step_cfg)
+                                             : sizeof(struct conn_only_cfg));
+    void *req = calloc(1, call->req_desc->sizeof_message);
+    if (cfg == NULL || req == NULL) {
+        free(cfg);
+        free(req);
         fprintf(stderr, "psctl: %s: out of memory\n", self->words);
         return EXIT_FAIL;
     }
     struct session s;
-    int rc = server_command(self, opts, cfg, cfg, argc, argv, "", 0, 0, NULL,
-                            &s);
+    int rc = server_command(self, call->opts, cfg, cfg, argc, argv, "", 0, 0,
+                            NULL, &s);
     if (rc < 0) {
-        rc = call(&s, cfg);
+        protobuf_c_message_init(call->req_desc, req);
+        if (call->step_at != 0)
+            memcpy((char *)req + call->step_at,
+                   &((const struct step_cfg *)cfg)->step, sizeof(uint64_t));
+        rc = session_call_print(&s, call->method, req, call->resp_desc,
+                                call->print);
         session_close(&s);
     }
-    ps_conf_free(opts, cfg);
+    ps_conf_free(call->opts, cfg);
+    free(req);
     free(cfg);
     return rc;
 }

@@ -31,6 +31,16 @@ static Ps__V1__Tensor make_pb(int dtype, int64_t *shape, size_t ndim,
     return pb;
 }
 
+/* What ps_tensor_view_pb returns for the wire tensor make_pb makes of the
+ * same arguments; err holds its message. */
+static int view_rc(int dtype, int64_t *shape, size_t ndim, void *data,
+                   size_t len, char *err, size_t errlen)
+{
+    Ps__V1__Tensor pb = make_pb(dtype, shape, ndim, data, len);
+    ps_tensor v;
+    return ps_tensor_view_pb(&pb, &v, err, errlen);
+}
+
 START_TEST(test_view_pb_ok)
 {
     float data[6] = {1, 2, 3, 4, 5, 6};
@@ -68,19 +78,14 @@ START_TEST(test_view_pb_dtype)
 {
     float data[2] = {0};
     int64_t s[] = {2};
-    ps_tensor v;
     char err[256];
-    Ps__V1__Tensor pb = make_pb(2, s, 1, data, 4);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_int_eq(view_rc(2, s, 1, data, 4, err, sizeof err), PS_EDTYPE);
     ck_assert_str_eq(err, "tensor dtype float16 is not served; only float32 is");
-    pb = make_pb(3, s, 1, data, 4);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_int_eq(view_rc(3, s, 1, data, 4, err, sizeof err), PS_EDTYPE);
     ck_assert_ptr_nonnull(strstr(err, "bfloat16"));
-    pb = make_pb(0, s, 1, data, 8);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_int_eq(view_rc(0, s, 1, data, 8, err, sizeof err), PS_EDTYPE);
     ck_assert_ptr_nonnull(strstr(err, "unspecified"));
-    pb = make_pb(9, s, 1, data, 8);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err), PS_EDTYPE);
+    ck_assert_int_eq(view_rc(9, s, 1, data, 8, err, sizeof err), PS_EDTYPE);
     ck_assert_ptr_nonnull(strstr(err, "dtype 9 is unknown"));
 }
 END_TEST
@@ -88,24 +93,21 @@ END_TEST
 START_TEST(test_view_pb_shape)
 {
     float data[8] = {0};
-    ps_tensor v;
     char err[256];
     int64_t zero[] = {3, 0};
-    Ps__V1__Tensor pb = make_pb(1, zero, 2, data, 0);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+    ck_assert_int_eq(view_rc(1, zero, 2, data, 0, err, sizeof err),
                      PS_EINVAL_ARG);
     ck_assert_str_eq(err, "tensor shape (3, 0): dimension 1 is 0; each must "
                           "be >= 1");
     int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
-    pb = make_pb(1, nine, 9, data, 4);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+    ck_assert_int_eq(view_rc(1, nine, 9, data, 4, err, sizeof err),
                      PS_EINVAL_ARG);
     ck_assert_str_eq(err, "tensor has 9 dimensions; at most 8 are allowed");
     int64_t huge[] = {INT64_MAX, INT64_MAX};
-    pb = make_pb(1, huge, 2, data, 4);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+    ck_assert_int_eq(view_rc(1, huge, 2, data, 4, err, sizeof err),
                      PS_EINVAL_ARG);
     ck_assert_ptr_nonnull(strstr(err, "too many elements"));
+    ps_tensor v;
     ck_assert_int_eq(ps_tensor_view_pb(NULL, &v, err, sizeof err),
                      PS_EINVAL_ARG);
     ck_assert_str_eq(err, "tensor is missing");
@@ -115,21 +117,18 @@ END_TEST
 START_TEST(test_view_pb_bytes)
 {
     static float data[2000];
-    ps_tensor v;
     char err[256];
     int64_t s[] = {1000, 2};
-    Ps__V1__Tensor pb = make_pb(1, s, 2, data, 4000);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+    ck_assert_int_eq(view_rc(1, s, 2, data, 4000, err, sizeof err),
                      PS_EINVAL_ARG);
     ck_assert_str_eq(err,
                      "tensor has 4000 bytes, shape (1000, 2) float32 needs 8000");
-    pb = make_pb(1, s, 2, data, 8004);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
+    ck_assert_int_eq(view_rc(1, s, 2, data, 8004, err, sizeof err),
                      PS_EINVAL_ARG);
     /* Misaligned bytes are refused rather than read as floats. */
-    pb = make_pb(1, s, 1, (char *)data + 1, 4000);
-    ck_assert_int_eq(ps_tensor_view_pb(&pb, &v, err, sizeof err),
-                     PS_EINVAL_ARG);
+    ck_assert_int_eq(
+        view_rc(1, s, 1, (char *)data + 1, 4000, err, sizeof err),
+        PS_EINVAL_ARG);
     ck_assert_ptr_nonnull(strstr(err, "aligned"));
 }
 END_TEST
