@@ -21,6 +21,7 @@
 #include "common/errors.h"
 #include "coordinator/jsonfile.h"
 #include "common/log.h"
+#include "common/retention.h"
 #include "common/rpc.h"
 
 #include <dirent.h>
@@ -220,13 +221,15 @@ static const char *latest_text(const coord *c, char *buf, size_t len)
     return buf;
 }
 
-/* Deletes the oldest manifests beyond --checkpoint-keep. The shards' own
- * checkpoint directories are the psd's to prune; each Checkpoint call asks
- * it to keep at least as many (CheckpointRequest.keep_at_least). */
+/* Deletes the oldest manifests by the retention rule (common/retention.h)
+ * with --checkpoint-keep. The shards' own checkpoint directories are the
+ * psd's to prune by the same rule; each Checkpoint call asks it to keep at
+ * least as many (CheckpointRequest.keep_at_least). */
 static void prune_locked(coord *c)
 {
-    int drop = c->nckpts - c->o.checkpoint_keep;
-    if (drop <= 0)
+    int drop = (int)ps_retention_drop((size_t)c->nckpts,
+                                      ps_retention_keep((size_t)c->o.checkpoint_keep, 0));
+    if (drop == 0)
         return;
     for (int i = 0; i < drop; i++) {
         if (unlink(c->ckpts[i].path) != 0 && errno != ENOENT)
