@@ -110,15 +110,9 @@ static struct layer *add_layer(ps_model *m, enum layer_kind kind, int ih,
                                int iw, int ic)
 {
     struct layer *l = &m->layers[m->nlayers++];
-    memset(l, 0, sizeof *l);
-    l->kind = kind;
-    l->ih = ih;
-    l->iw = iw;
-    l->ic = ic;
-    l->oh = ih;
-    l->ow = iw;
-    l->oc = ic;
-    l->kernel = -1;
+    /* The output keeps the input's shape until the caller sets it. */
+    *l = (struct layer){.kind = kind, .ih = ih, .iw = iw, .ic = ic,
+                        .oh = ih, .ow = iw, .oc = ic, .kernel = -1};
     return l;
 }
 
@@ -402,12 +396,11 @@ int ps_model_create_on(const struct ps_backend *be, const char *spec,
     int rc = plan(m, spec, err, errlen);
     if (rc == 0)
         rc = alloc_buffers(m, err, errlen);
-    if (rc != 0) {
+    if (rc == 0)
+        *out = m;
+    else
         ps_model_destroy(m);
-        return rc;
-    }
-    *out = m;
-    return 0;
+    return rc;
 }
 
 void ps_model_destroy(ps_model *m)
