@@ -54,7 +54,7 @@ static int check_range(const ps_opt *o, double v, const char *shown,
     fmt_num(o->min, lo, sizeof lo);
     fmt_num(o->max, hi, sizeof hi);
     return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: %s is out of range [%s, %s]",
-                where, shown, lo, hi);
+                   where, shown, lo, hi);
 }
 
 /* Reads an unsigned decimal prefix of s into *v and points *end past it.
@@ -160,8 +160,8 @@ static int set_int64(const ps_opt *o, void *cfg, int64_t v, const char *shown,
         return rc;
     if (v < INT_MIN || v > INT_MAX)
         return ps_errf(PS_EINVAL_ARG, err, errlen,
-                    "%s: %s is out of range [%d, %d]", where, shown, INT_MIN,
-                    INT_MAX);
+                       "%s: %s is out of range [%d, %d]", where, shown, INT_MIN,
+                       INT_MAX);
     *(int *)field(o, cfg) = (int)v;
     return 0;
 }
@@ -182,7 +182,7 @@ static int set_double(const ps_opt *o, void *cfg, double v, const char *shown,
 {
     if (!isfinite(v))
         return ps_errf(PS_EINVAL_ARG, err, errlen,
-                    "%s: %s is not a finite number", where, shown);
+                       "%s: %s is not a finite number", where, shown);
     int rc = check_range(o, v, shown, where, err, errlen);
     if (rc != 0)
         return rc;
@@ -196,12 +196,126 @@ static int set_duration(const ps_opt *o, void *cfg, uint64_t ms,
 {
     if (ms > INT64_MAX)
         return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
-                    where, shown);
+                       where, shown);
     int rc = check_range(o, (double)ms, shown, where, err, errlen);
     if (rc != 0)
         return rc;
     *(int64_t *)field(o, cfg) = (int64_t)ms;
     return 0;
+}
+
+/* The parsers of set_text, one per type: s is the text, shown its copy cut
+ * to fit in a message, where starts the message. Each returns 0 or
+ * PS_EINVAL_ARG with err set. */
+
+/* Whether strtoll or strtod, stopping at end, read all of s and s did not
+ * start with a space (which both would skip). */
+static bool whole_text(const char *s, const char *end)
+{
+    return end != s && *end == '\0' && !isspace((unsigned char)*s);
+}
+
+static int text_int(const ps_opt *o, void *cfg, const char *s, const char *shown,
+                    const char *where, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!whole_text(s, end))
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: '%s' is not an integer", where, shown);
+    /* On overflow v is clamped to LLONG_MIN or LLONG_MAX, which both
+     * range checks of set_int64 refuse. */
+    return set_int64(o, cfg, v, shown, where, err, errlen);
+}
+
+static int text_uint64(const ps_opt *o, void *cfg, const char *s,
+                       const char *shown, const char *where, char *err,
+                       size_t errlen)
+{
+    uint64_t v;
+    const char *end;
+    bool overflow;
+    if (!read_u64(s, &v, &end, &overflow) || *end != '\0')
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: '%s' is not a non-negative integer", where,
+                       shown);
+    if (overflow)
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: %s is too large for 64 bits", where, shown);
+    return set_uint64(o, cfg, v, shown, where, err, errlen);
+}
+
+static int text_double(const ps_opt *o, void *cfg, const char *s,
+                       const char *shown, const char *where, char *err,
+                       size_t errlen)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!whole_text(s, end))
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: '%s' is not a number", where, shown);
+    if (errno == ERANGE && fabs(v) > 1.0)
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: %s is not a finite number", where, shown);
+    return set_double(o, cfg, v, shown, where, err, errlen);
+}
+
+static int text_bool(const ps_opt *o, void *cfg, const char *s,
+                     const char *shown, const char *where, char *err,
+                     size_t errlen)
+{
+    bool b;
+    if (parse_bool(s, &b) != 0)
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "%s: '%s' is not a boolean (true or false)", where,
+                       shown);
+    *(bool *)field(o, cfg) = b;
+    return 0;
+}
+
+/* PS_OPT_SIZE and PS_OPT_DURATION_MS: a number with a unit. */
+static int text_with_unit(const ps_opt *o, void *cfg, const char *s,
+                          const char *shown, const char *where, char *err,
+                          size_t errlen)
+{
+    bool size = o->type == PS_OPT_SIZE;
+    uint64_t v;
+    int bad = parse_with_unit(s, size ? size_units : duration_units, &v);
+    if (bad == 1)
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not %s", where,
+                       shown, size ? "a size (bytes, or a number with K, M, G or T)"
+                                   : "a duration (a number with ms, s, m or h; "
+                                     "plain numbers are ms)");
+    if (bad == 2)
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too %s", where,
+                       shown, size ? "large" : "long");
+    if (size)
+        return set_uint64(o, cfg, v, shown, where, err, errlen);
+    return set_duration(o, cfg, v, shown, where, err, errlen);
+}
+
+/* Stores the index of s in o->choices, or refuses it with the list. */
+static int text_enum(const ps_opt *o, void *cfg, const char *s,
+                     const char *shown, const char *where, char *err,
+                     size_t errlen)
+{
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; o->choices != NULL && o->choices[i] != NULL; i++) {
+        if (strcmp(s, o->choices[i]) == 0) {
+            *(int *)field(o, cfg) = i;
+            return 0;
+        }
+        if (used < sizeof list) {
+            int k = snprintf(list + used, sizeof list - used, "%s%s",
+                             i > 0 ? ", " : "", o->choices[i]);
+            used += k > 0 ? (size_t)k : 0;
+        }
+    }
+    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not one of %s",
+                   where, shown, list);
 }
 
 /* Sets one option from text: a default, a command-line value, or a JSON
@@ -216,102 +330,22 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
         if (set_string(o, cfg, s) != 0)
             return ps_errf(-ENOMEM, err, errlen, "%s: out of memory", where);
         return 0;
-
-    case PS_OPT_INT: {
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || *end != '\0' || isspace((unsigned char)*s))
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not an integer", where, shown);
-        /* On overflow v is clamped to LLONG_MIN or LLONG_MAX, which both
-         * range checks below refuse. */
-        return set_int64(o, cfg, v, shown, where, err, errlen);
-    }
-
-    case PS_OPT_UINT64: {
-        uint64_t v;
-        const char *end;
-        bool overflow;
-        if (!read_u64(s, &v, &end, &overflow) || *end != '\0')
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not a non-negative integer", where,
-                        shown);
-        if (overflow)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: %s is too large for 64 bits", where, shown);
-        return set_uint64(o, cfg, v, shown, where, err, errlen);
-    }
-
-    case PS_OPT_DOUBLE: {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (end == s || *end != '\0' || isspace((unsigned char)*s))
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not a number", where, shown);
-        if (errno == ERANGE && fabs(v) > 1.0)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: %s is not a finite number", where, shown);
-        return set_double(o, cfg, v, shown, where, err, errlen);
-    }
-
-    case PS_OPT_BOOL: {
-        bool b;
-        if (parse_bool(s, &b) != 0)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not a boolean (true or false)", where,
-                        shown);
-        *(bool *)field(o, cfg) = b;
-        return 0;
-    }
-
-    case PS_OPT_SIZE: {
-        uint64_t v;
-        int bad = parse_with_unit(s, size_units, &v);
-        if (bad == 1)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not a size (bytes, or a number with "
-                        "K, M, G or T)", where, shown);
-        if (bad == 2)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is too large", where, shown);
-        return set_uint64(o, cfg, v, shown, where, err, errlen);
-    }
-
-    case PS_OPT_DURATION_MS: {
-        uint64_t v;
-        int bad = parse_with_unit(s, duration_units, &v);
-        if (bad == 1)
-            return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "%s: '%s' is not a duration (a number with ms, s, m "
-                        "or h; plain numbers are ms)", where, shown);
-        if (bad == 2)
-            return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
-                        where, shown);
-        return set_duration(o, cfg, v, shown, where, err, errlen);
-    }
-
-    case PS_OPT_ENUM: {
-        char list[256] = "";
-        size_t used = 0;
-        for (int i = 0; o->choices != NULL && o->choices[i] != NULL; i++) {
-            if (strcmp(s, o->choices[i]) == 0) {
-                *(int *)field(o, cfg) = i;
-                return 0;
-            }
-            if (used < sizeof list) {
-                int k = snprintf(list + used, sizeof list - used, "%s%s",
-                                 i > 0 ? ", " : "", o->choices[i]);
-                used += k > 0 ? (size_t)k : 0;
-            }
-        }
-        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not one of %s",
-                    where, shown, list);
-    }
+    case PS_OPT_INT:
+        return text_int(o, cfg, s, shown, where, err, errlen);
+    case PS_OPT_UINT64:
+        return text_uint64(o, cfg, s, shown, where, err, errlen);
+    case PS_OPT_DOUBLE:
+        return text_double(o, cfg, s, shown, where, err, errlen);
+    case PS_OPT_BOOL:
+        return text_bool(o, cfg, s, shown, where, err, errlen);
+    case PS_OPT_SIZE:
+    case PS_OPT_DURATION_MS:
+        return text_with_unit(o, cfg, s, shown, where, err, errlen);
+    case PS_OPT_ENUM:
+        return text_enum(o, cfg, s, shown, where, err, errlen);
     }
     return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: option has an unknown type",
-                where);
+                   where);
 }
 
 /* Sets an option's zero value: what a NULL default means. */
@@ -364,7 +398,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
                 return set_int64(o, cfg, n, shown, where, err, errlen);
             if (n < 0)
                 return ps_errf(PS_EINVAL_ARG, err, errlen,
-                            "%s: %s is negative", where, shown);
+                               "%s: %s is negative", where, shown);
             return set_uint64(o, cfg, (uint64_t)n, shown, where, err, errlen);
         }
         want = "an integer";
@@ -396,7 +430,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
             snprintf(shown, sizeof shown, "%" JSON_INTEGER_FORMAT, n);
             if (n < 0)
                 return ps_errf(PS_EINVAL_ARG, err, errlen,
-                            "%s: %s is negative", where, shown);
+                               "%s: %s is negative", where, shown);
             if (o->type == PS_OPT_SIZE)
                 return set_uint64(o, cfg, (uint64_t)n, shown, where, err,
                                   errlen);
@@ -408,7 +442,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
         break;
     }
     return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: expected %s, got %s", where,
-                want != NULL ? want : "a value", ps_json_type_name(v));
+                   want != NULL ? want : "a value", ps_json_type_name(v));
 }
 
 static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
@@ -418,21 +452,21 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
     if (f == NULL) {
         int rc = -errno;
         return ps_errf(rc, err, errlen, "--config: cannot open '%s': %s", path,
-                    strerror(-rc));
+                       strerror(-rc));
     }
     json_error_t jerr;
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
     if (root == NULL)
         return ps_errf(PS_EPARSE, err, errlen,
-                    "%s: not valid JSON at line %d, column %d: %s", path,
-                    jerr.line, jerr.column, jerr.text);
+                       "%s: not valid JSON at line %d, column %d: %s", path,
+                       jerr.line, jerr.column, jerr.text);
 
     int rc = 0;
     if (!json_is_object(root)) {
         rc = ps_errf(PS_EINVAL_ARG, err, errlen,
-                  "%s: expected a JSON object of options, got %s", path,
-                  ps_json_type_name(root));
+                     "%s: expected a JSON object of options, got %s", path,
+                     ps_json_type_name(root));
         goto decref;
     }
     const char *key;
@@ -441,7 +475,7 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
         const ps_opt *o = find_opt(opts, key, strlen(key));
         if (o == NULL) {
             rc = ps_errf(PS_EINVAL_ARG, err, errlen, "%s: unknown key '%s'",
-                      path, key);
+                         path, key);
             goto decref;
         }
         char where[512];
@@ -488,15 +522,15 @@ static int unknown_option(const ps_opt *opts, const char *arg, char *err,
     int n = (int)strcspn(arg, "=");
     if (arg[0] != '-' || arg[1] != '-')
         return ps_errf(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n,
-                    arg);
+                       arg);
     const char *name = arg + 2;
     size_t len = strcspn(name, "=");
     if (len > 3 && strncmp(name, "no-", 3) == 0) {
         const ps_opt *o = find_opt(opts, name + 3, len - 3);
         if (o != NULL)
             return ps_errf(PS_EINVAL_ARG, err, errlen,
-                        "unknown option '%.*s' (--%s is not a boolean)", n,
-                        arg, o->name);
+                           "unknown option '%.*s' (--%s is not a boolean)", n,
+                           arg, o->name);
     }
     /* Suggest the nearest name when the typo is small against its length:
      * "--prot" gets "--port", "--xy" gets nothing. */
@@ -511,8 +545,8 @@ static int unknown_option(const ps_opt *opts, const char *arg, char *err,
     }
     if (best != NULL)
         return ps_errf(PS_EINVAL_ARG, err, errlen,
-                    "unknown option '%.*s' (did you mean --%s?)", n, arg,
-                    best->name);
+                       "unknown option '%.*s' (did you mean --%s?)", n, arg,
+                       best->name);
     return ps_errf(PS_EINVAL_ARG, err, errlen, "unknown option '%.*s'", n, arg);
 }
 
@@ -575,7 +609,7 @@ static int scan(const ps_opt *opts, int argc, char **argv, int i,
             if (o != NULL && o->type == PS_OPT_BOOL) {
                 if (eq != NULL)
                     return ps_errf(PS_EINVAL_ARG, err, errlen,
-                                "--%.*s: takes no value", (int)len, name);
+                                   "--%.*s: takes no value", (int)len, name);
                 t->opt = o;
                 t->negated = true;
                 return 0;
@@ -599,7 +633,7 @@ static int scan(const ps_opt *opts, int argc, char **argv, int i,
         if (flag != NULL)
             return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: missing value", flag);
         return ps_errf(PS_EINVAL_ARG, err, errlen, "--%s: missing value",
-                    t->opt->name);
+                       t->opt->name);
     }
     t->value = argv[i + 1];
     t->next = i + 2;
@@ -642,10 +676,10 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
         if (t.kind == TOK_CONFIG) {
             if (config != NULL)
                 return ps_errf(PS_EINVAL_ARG, err, errlen,
-                            "--config: given more than once");
+                               "--config: given more than once");
             if (t.value[0] == '\0')
                 return ps_errf(PS_EINVAL_ARG, err, errlen,
-                            "--config: empty file name");
+                               "--config: empty file name");
             config = t.value;
         }
         i = t.next;
@@ -653,7 +687,7 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
     int positional = t.next;
     if (first_positional == NULL && positional < argc)
         return ps_errf(PS_EINVAL_ARG, err, errlen, "unexpected argument '%s'",
-                    argv[positional]);
+                       argv[positional]);
 
     for (const ps_opt *o = opts; o->name != NULL; o++) {
         if (o->type == PS_OPT_STRING)

@@ -105,36 +105,68 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
     return 0;
 }
 
+/* One job of a comm thread. Returns 0, or a code with *st set and *what
+ * naming the RPC that failed. */
+typedef int job_fn(struct shard *sh, const struct job *j, ps_rpc_status *st,
+                   const char **what);
+
+/* A comm thread's loop: runs each posted job and counts it in *done. A
+ * failed job is recorded for the loop instead, and not counted. */
+static void serve_jobs(struct shard *sh, uint64_t *done, job_fn *run)
+{
+    struct job j;
+    while (next_job(sh->s, done, &j)) {
+        ps_rpc_status st = {0};
+        const char *what = "";
+        int rc = run(sh, &j, &st, &what);
+        if (rc != 0)
+            comm_fail(sh->s, sh, rc, &st, what);
+        else
+            job_done(sh->s, done);
+    }
+}
+
+/* comm_main's job: the push, then the pull unless the push brought the
+ * values or pull_main fetches them. */
+static int push_then_pull(struct shard *sh, const struct job *j,
+                          ps_rpc_status *st, const char **what)
+{
+    const struct wd_train_opts *o = sh->s->o;
+    uint64_t minv = j->min_version;
+    bool together = false; /* the push brought the values */
+    int rc;
+    *what = "Push";
+    if (!j->pull_only && sh->nitems > 0 &&
+        (rc = push_job(sh, j, st, &together, &minv)) != 0)
+        return rc;
+    for (size_t i = 0; i < sh->nitems; i++)
+        sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
+    *what = "Pull";
+    if (sh->nitems > 0 && !together &&
+        (o->consistency == 2 || !o->concurrent_pull || j->pull_only) &&
+        (rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                             o->rpc_timeout_ms, st)) != 0)
+        return rc;
+    if (o->consistency == 2 && sh->nitems > 0)
+        sh->sync_step = sh->pull_items[0].version;
+    return 0;
+}
+
+/* pull_main's job: the pull, on the second connection. */
+static int pull_beside(struct shard *sh, const struct job *j,
+                       ps_rpc_status *st, const char **what)
+{
+    *what = "Pull";
+    if (sh->nitems == 0 || j->pull_only)
+        return 0;
+    return ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
+                          sh->s->o->rpc_timeout_ms, st);
+}
+
 static void *comm_main(void *arg)
 {
     struct shard *sh = arg;
-    struct session *s = sh->s;
-    const struct wd_train_opts *o = s->o;
-    struct job j;
-    while (next_job(s, &sh->done, &j)) {
-        ps_rpc_status st = {0};
-        int rc = 0;
-        uint64_t minv = j.min_version;
-        bool together = false; /* the push brought the values */
-        if (!j.pull_only && sh->nitems > 0 &&
-            (rc = push_job(sh, &j, &st, &together, &minv)) != 0) {
-            comm_fail(s, sh, rc, &st, "Push");
-            continue;
-        }
-        for (size_t i = 0; i < sh->nitems; i++)
-            sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
-        if (sh->nitems > 0 && !together &&
-            (o->consistency == 2 || !o->concurrent_pull || j.pull_only))
-            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
-                                o->rpc_timeout_ms, &st);
-        if (rc != 0) {
-            comm_fail(s, sh, rc, &st, "Pull");
-            continue;
-        }
-        if (o->consistency == 2 && sh->nitems > 0)
-            sh->sync_step = sh->pull_items[0].version;
-        job_done(s, &sh->done);
-    }
+    serve_jobs(sh, &sh->done, push_then_pull);
     return NULL;
 }
 
@@ -142,21 +174,7 @@ static void *comm_main(void *arg)
 static void *pull_main(void *arg)
 {
     struct shard *sh = arg;
-    struct session *s = sh->s;
-    const struct wd_train_opts *o = s->o;
-    struct job j;
-    while (next_job(s, &sh->pull_done, &j)) {
-        ps_rpc_status st = {0};
-        int rc = 0;
-        if (sh->nitems > 0 && !j.pull_only)
-            rc = ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
-                                o->rpc_timeout_ms, &st);
-        if (rc != 0) {
-            comm_fail(s, sh, rc, &st, "Pull");
-            continue;
-        }
-        job_done(s, &sh->pull_done);
-    }
+    serve_jobs(sh, &sh->pull_done, pull_beside);
     return NULL;
 }
 

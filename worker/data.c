@@ -19,19 +19,6 @@
  * (possibly corrupt) header claims. */
 #define IDX_CHUNK (1u << 20)
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Grows *p (of *cap elements of size elem) to hold at least need elements,
  * doubling so that appends stay amortised O(1). */
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -63,23 +50,21 @@ static int open_any(const char *path, gzFile *out, bool *gzip, char *err,
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int rc = -errno;
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return rc;
+        return ps_errf(rc, err, errlen, "%s: cannot open: %s", path, strerror(errno));
     }
     unsigned char m[2] = {0, 0};
     ssize_t got = pread(fd, m, sizeof m, 0);
     if (got < 0) {
         int rc = -errno;
-        seterr(err, errlen, "%s: cannot read: %s", path, strerror(errno));
         close(fd);
-        return rc;
+        return ps_errf(rc, err, errlen, "%s: cannot read: %s", path, strerror(-rc));
     }
     *gzip = got == 2 && m[0] == 0x1f && m[1] == 0x8b;
     gzFile gz = gzdopen(fd, "rb");
     if (gz == NULL) {
         close(fd);
-        seterr(err, errlen, "%s: out of memory opening the stream", path);
-        return -ENOMEM;
+        return ps_errf(-ENOMEM, err, errlen,
+                       "%s: out of memory opening the stream", path);
     }
     gzbuffer(gz, 1u << 17);
     *out = gz;
@@ -105,19 +90,16 @@ static int read_exact(gzFile gz, const char *path, bool gzip, void *buf,
             const char *msg = gzerror(gz, &zerr);
             if (zerr == Z_ERRNO) {
                 int rc = errno != 0 ? -errno : -EIO;
-                seterr(err, errlen, "%s: read error in %s: %s", path, what,
-                       strerror(-rc));
-                return rc;
+                return ps_errf(rc, err, errlen, "%s: read error in %s: %s", path, what,
+                               strerror(-rc));
             }
-            if (zerr != Z_OK && zerr != Z_STREAM_END) {
-                seterr(err, errlen, "%s: damaged %s stream in %s: %s", path,
-                       gzip ? "gzip" : "plain", what, msg);
-                return PS_ECORRUPT;
-            }
-            seterr(err, errlen,
-                   "%s: truncated: %s ends after %zu of %zu bytes", path,
-                   what, done, n);
-            return PS_ECORRUPT;
+            if (zerr != Z_OK && zerr != Z_STREAM_END)
+                return ps_errf(PS_ECORRUPT, err, errlen,
+                               "%s: damaged %s stream in %s: %s", path,
+                               gzip ? "gzip" : "plain", what, msg);
+            return ps_errf(PS_ECORRUPT, err, errlen,
+                           "%s: truncated: %s ends after %zu of %zu bytes", path,
+                           what, done, n);
         }
         done += (size_t)got;
     }
@@ -153,11 +135,10 @@ static int idx_open(struct idx_file *f, const char *path, int ndim,
                      (uint32_t)hdr[2] << 8 | hdr[3];
     uint32_t want = (uint32_t)IDX_UBYTE << 8 | (uint32_t)ndim;
     if (magic != want) {
-        seterr(err, errlen,
-               "%s: not an IDX %s file: magic 0x%08x, expected 0x%08x "
-               "(unsigned bytes, %d dimensions)",
-               path, kind, magic, want, ndim);
-        rc = PS_EPARSE;
+        rc = ps_errf(PS_EPARSE, err, errlen,
+                     "%s: not an IDX %s file: magic 0x%08x, expected 0x%08x "
+                     "(unsigned bytes, %d dimensions)",
+                     path, kind, magic, want, ndim);
         goto close_gz;
     }
     f->ndim = ndim;
@@ -190,11 +171,10 @@ static void idx_close(struct idx_file *f)
 static int idx_read_images(struct idx_file *f, int64_t n, size_t pixels,
                            float **out, char *err, size_t errlen)
 {
-    if ((uint64_t)n > SIZE_MAX / sizeof(float) / (pixels > 0 ? pixels : 1)) {
-        seterr(err, errlen, "%s: %lld images of %zu pixels do not fit in memory",
-               f->path, (long long)n, pixels);
-        return -ENOMEM;
-    }
+    if ((uint64_t)n > SIZE_MAX / sizeof(float) / (pixels > 0 ? pixels : 1))
+        return ps_errf(-ENOMEM, err, errlen,
+                       "%s: %lld images of %zu pixels do not fit in memory",
+                       f->path, (long long)n, pixels);
     size_t total = (size_t)n * pixels, done = 0, cap = 0;
     float *x = NULL;
     unsigned char *chunk = malloc(IDX_CHUNK);
@@ -213,8 +193,8 @@ static int idx_read_images(struct idx_file *f, int64_t n, size_t pixels,
     }
     free(chunk);
     if (rc == -ENOMEM)
-        seterr(err, errlen, "%s: out of memory reading %zu pixels", f->path,
-               total);
+        ps_errf(rc, err, errlen, "%s: out of memory reading %zu pixels", f->path,
+                total);
     if (rc != 0) {
         free(x);
         return rc;
@@ -228,11 +208,9 @@ int ps_dataset_load_idx(const char *images_path, const char *labels_path,
                         size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
-    if (images_path == NULL || labels_path == NULL || limit < 0) {
-        seterr(err, errlen, "ps_dataset_load_idx: %s",
-               limit < 0 ? "negative limit" : "missing path");
-        return PS_EINVAL_ARG;
-    }
+    if (images_path == NULL || labels_path == NULL || limit < 0)
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "ps_dataset_load_idx: %s",
+                       limit < 0 ? "negative limit" : "missing path");
     struct idx_file img, lbl;
     int rc = idx_open(&img, images_path, 3, "images", err, errlen);
     if (rc != 0)
@@ -241,16 +219,15 @@ int ps_dataset_load_idx(const char *images_path, const char *labels_path,
     if (rc != 0)
         goto close_img;
     if (img.dims[0] != lbl.dims[0]) {
-        seterr(err, errlen, "%s holds %u images but %s holds %u labels",
-               images_path, img.dims[0], labels_path, lbl.dims[0]);
-        rc = PS_ESHAPE;
+        rc = ps_errf(PS_ESHAPE, err, errlen, "%s holds %u images but %s holds %u labels",
+                     images_path, img.dims[0], labels_path, lbl.dims[0]);
         goto close_lbl;
     }
     if (img.dims[1] == 0 || img.dims[2] == 0 || img.dims[1] > 65535 ||
         img.dims[2] > 65535) {
-        seterr(err, errlen, "%s: implausible image size %ux%u", images_path,
-               img.dims[1], img.dims[2]);
-        rc = PS_EPARSE;
+        rc = ps_errf(PS_EPARSE, err, errlen,
+                     "%s: implausible image size %ux%u", images_path,
+                     img.dims[1], img.dims[2]);
         goto close_lbl;
     }
     int64_t n = img.dims[0];
@@ -265,9 +242,9 @@ int ps_dataset_load_idx(const char *images_path, const char *labels_path,
     int32_t *y = malloc((size_t)(n > 0 ? n : 1) * sizeof *y);
     unsigned char *raw = malloc((size_t)(n > 0 ? n : 1));
     if (y == NULL || raw == NULL) {
-        seterr(err, errlen, "%s: out of memory for %lld labels", labels_path,
-               (long long)n);
-        rc = -ENOMEM;
+        rc = ps_errf(-ENOMEM, err, errlen,
+                     "%s: out of memory for %lld labels", labels_path,
+                     (long long)n);
         goto free_labels;
     }
     rc = read_exact(lbl.gz, labels_path, lbl.gzip, raw, (size_t)n,
@@ -342,11 +319,9 @@ static int read_line(struct line_reader *r, char *err, size_t errlen)
     for (;;) {
         if (r->cap - len < 2) {
             int rc = grow((void **)&r->buf, &r->cap, r->cap + 1, 1);
-            if (rc != 0) {
-                seterr(err, errlen, "%s:%lld: out of memory for the line",
-                       r->path, (long long)r->lineno + 1);
-                return rc;
-            }
+            if (rc != 0)
+                return ps_errf(rc, err, errlen, "%s:%lld: out of memory for the line",
+                               r->path, (long long)r->lineno + 1);
         }
         size_t room = r->cap - len > INT_MAX ? INT_MAX : r->cap - len;
         if (gzgets(r->gz, r->buf + len, (int)room) == NULL) {
@@ -354,15 +329,13 @@ static int read_line(struct line_reader *r, char *err, size_t errlen)
             const char *msg = gzerror(r->gz, &zerr);
             if (zerr == Z_ERRNO) {
                 int rc = errno != 0 ? -errno : -EIO;
-                seterr(err, errlen, "%s: read error: %s", r->path,
-                       strerror(-rc));
-                return rc;
+                return ps_errf(rc, err, errlen, "%s: read error: %s", r->path,
+                               strerror(-rc));
             }
-            if (zerr != Z_OK && zerr != Z_STREAM_END) {
-                seterr(err, errlen, "%s:%lld: damaged gzip stream: %s",
-                       r->path, (long long)r->lineno + 1, msg);
-                return PS_ECORRUPT;
-            }
+            if (zerr != Z_OK && zerr != Z_STREAM_END)
+                return ps_errf(PS_ECORRUPT, err, errlen,
+                               "%s:%lld: damaged gzip stream: %s",
+                               r->path, (long long)r->lineno + 1, msg);
             if (len == 0)
                 return 0;
             break;
@@ -387,10 +360,9 @@ static bool is_space(char c)
 static int bad_index(const char *path, int64_t lineno, const char *tok,
                      size_t toklen, char *err, size_t errlen)
 {
-    seterr(err, errlen,
-           "%s:%lld: feature index in '%.*s' is outside [1, 2147483647]",
-           path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen), tok);
-    return PS_EPARSE;
+    return ps_errf(PS_EPARSE, err, errlen,
+                   "%s:%lld: feature index in '%.*s' is outside [1, 2147483647]",
+                   path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen), tok);
 }
 
 struct csr_builder {
@@ -413,44 +385,37 @@ static int parse_feature(struct csr_builder *b, const char *path, int64_t lineno
         if (end != tok && *end == ':' && (idx < 1 || tok[0] == '-' ||
                                           errno == ERANGE))
             return bad_index(path, lineno, tok, toklen, err, errlen);
-        seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
-               path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
-               tok);
-        return PS_EPARSE;
+        return ps_errf(PS_EPARSE, err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
+                       path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
+                       tok);
     }
     if (idx < 1 || idx > INT32_MAX)
         return bad_index(path, lineno, tok, toklen, err, errlen);
-    if (idx <= *prev) {
-        seterr(err, errlen,
-               "%s:%lld: feature index %lld after %lld: indices must be "
-               "strictly ascending",
-               path, (long long)lineno, idx, *prev);
-        return PS_EPARSE;
-    }
+    if (idx <= *prev)
+        return ps_errf(PS_EPARSE, err, errlen,
+                       "%s:%lld: feature index %lld after %lld: indices must be "
+                       "strictly ascending",
+                       path, (long long)lineno, idx, *prev);
     char *vs = end + 1;
     errno = 0;
     float v = strtof(vs, &end);
-    if (end == vs || !(*end == '\0' || is_space(*end))) {
-        seterr(err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
-               path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
-               tok);
-        return PS_EPARSE;
-    }
-    if (!isfinite(v)) {
-        seterr(err, errlen, "%s:%lld: value of feature %lld is not finite",
-               path, (long long)lineno, idx);
-        return PS_ENONFINITE;
-    }
+    if (end == vs || !(*end == '\0' || is_space(*end)))
+        return ps_errf(PS_EPARSE, err, errlen, "%s:%lld: expected idx:val, got '%.*s'",
+                       path, (long long)lineno, (int)(toklen > 32 ? 32 : toklen),
+                       tok);
+    if (!isfinite(v))
+        return ps_errf(PS_ENONFINITE, err, errlen,
+                       "%s:%lld: value of feature %lld is not finite",
+                       path, (long long)lineno, idx);
     size_t k = (size_t)b->ds.nnz;
     int rc = grow((void **)&b->ds.indices, &b->icap, k + 1,
                   sizeof *b->ds.indices);
     if (rc == 0)
         rc = grow((void **)&b->ds.values, &b->vcap, k + 1,
                   sizeof *b->ds.values);
-    if (rc != 0) {
-        seterr(err, errlen, "%s:%lld: out of memory", path, (long long)lineno);
-        return -ENOMEM;
-    }
+    if (rc != 0)
+        return ps_errf(-ENOMEM, err, errlen,
+                       "%s:%lld: out of memory", path, (long long)lineno);
     b->ds.indices[k] = (int32_t)(idx - 1);
     b->ds.values[k] = v;
     b->ds.nnz++;
@@ -471,16 +436,14 @@ static int parse_libsvm_line(struct csr_builder *b, const char *path,
     char *end;
     errno = 0;
     double label = strtod(p, &end);
-    if (end == p || !(*end == '\0' || is_space(*end))) {
-        seterr(err, errlen, "%s:%lld: expected a numeric label, got '%.32s'",
-               path, (long long)lineno, p);
-        return PS_EPARSE;
-    }
-    if (!isfinite(label) || fabs(label) > 3.0e38) {
-        seterr(err, errlen, "%s:%lld: label '%.*s' is not a finite float",
-               path, (long long)lineno, (int)(end - p > 32 ? 32 : end - p), p);
-        return PS_ENONFINITE;
-    }
+    if (end == p || !(*end == '\0' || is_space(*end)))
+        return ps_errf(PS_EPARSE, err, errlen,
+                       "%s:%lld: expected a numeric label, got '%.32s'",
+                       path, (long long)lineno, p);
+    if (!isfinite(label) || fabs(label) > 3.0e38)
+        return ps_errf(PS_ENONFINITE, err, errlen,
+                       "%s:%lld: label '%.*s' is not a finite float",
+                       path, (long long)lineno, (int)(end - p > 32 ? 32 : end - p), p);
     int rc = grow((void **)&b->ds.y, &b->ycap, (size_t)b->ds.n + 1,
                   sizeof *b->ds.y);
     if (rc == 0)
@@ -515,18 +478,16 @@ static int parse_libsvm_line(struct csr_builder *b, const char *path,
     return 0;
 
 nomem:
-    seterr(err, errlen, "%s:%lld: out of memory", path, (long long)lineno);
-    return -ENOMEM;
+    return ps_errf(-ENOMEM, err, errlen,
+                   "%s:%lld: out of memory", path, (long long)lineno);
 }
 
 int ps_sparse_load_libsvm(const char *path, struct ps_sparse_dataset *ds,
                           char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
-    if (path == NULL) {
-        seterr(err, errlen, "ps_sparse_load_libsvm: missing path");
-        return PS_EINVAL_ARG;
-    }
+    if (path == NULL)
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "ps_sparse_load_libsvm: missing path");
     struct line_reader r = {.path = path};
     int rc = open_any(path, &r.gz, &r.gzip, err, errlen);
     if (rc != 0)
@@ -535,8 +496,8 @@ int ps_sparse_load_libsvm(const char *path, struct ps_sparse_dataset *ds,
     memset(&b, 0, sizeof b);
     rc = grow((void **)&b.ds.indptr, &b.pcap, 1, sizeof *b.ds.indptr);
     if (rc != 0) {
-        seterr(err, errlen, "%s: out of memory", path);
-        goto fail;
+        ps_errf(rc, err, errlen, "%s: out of memory", path);
+        goto close_reader;
     }
     b.ds.indptr[0] = 0;
     while ((rc = read_line(&r, err, errlen)) == 1) {
@@ -550,19 +511,17 @@ int ps_sparse_load_libsvm(const char *path, struct ps_sparse_dataset *ds,
             continue;
         rc = parse_libsvm_line(&b, path, r.lineno, s, err, errlen);
         if (rc != 0)
-            goto fail;
+            break;
     }
-    if (rc < 0)
-        goto fail;
-    free(r.buf);
-    gzclose(r.gz);
-    *ds = b.ds;
-    return 0;
 
-fail:
+close_reader:
+    /* rc is 0 only when every line was read and parsed. */
+    if (rc == 0)
+        *ds = b.ds;
+    else
+        ps_sparse_dataset_close(&b.ds);
     free(r.buf);
     gzclose(r.gz);
-    ps_sparse_dataset_close(&b.ds);
     return rc;
 }
 

@@ -75,19 +75,6 @@ struct ps_model {
     char errmsg[256];
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static size_t layer_out_size(const struct layer *l)
 {
     return (size_t)l->oh * (size_t)l->ow * (size_t)l->oc;
@@ -123,15 +110,9 @@ static struct layer *add_layer(ps_model *m, enum layer_kind kind, int ih,
                                int iw, int ic)
 {
     struct layer *l = &m->layers[m->nlayers++];
-    memset(l, 0, sizeof *l);
-    l->kind = kind;
-    l->ih = ih;
-    l->iw = iw;
-    l->ic = ic;
-    l->oh = ih;
-    l->ow = iw;
-    l->oc = ic;
-    l->kernel = -1;
+    /* The output keeps the input's shape until the caller sets it. */
+    *l = (struct layer){.kind = kind, .ih = ih, .iw = iw, .ic = ic,
+                        .oh = ih, .ow = iw, .oc = ic, .kernel = -1};
     return l;
 }
 
@@ -210,37 +191,29 @@ static int plan(ps_model *m, const char *spec, char *err, size_t errlen)
         nw = 2;
     } else if (strncmp(spec, "mlp:", 4) == 0) {
         nw = parse_widths(spec + 4, widths, MLP_MAX_WIDTHS);
-        if (nw < 2) {
-            seterr(err, errlen,
-                   "model '%s': expected mlp:IN-HIDDEN-...-CLASSES with 2 to "
-                   "%d widths in [1, %d]",
-                   spec, MLP_MAX_WIDTHS, MAX_WIDTH);
-            return PS_EINVAL_ARG;
-        }
-        if ((size_t)widths[0] != m->in_size) {
-            seterr(err, errlen,
-                   "model '%s' takes %d inputs but examples are %dx%dx%d = "
-                   "%zu floats",
-                   spec, widths[0], m->in_h, m->in_w, m->in_c, m->in_size);
-            return PS_ESHAPE;
-        }
-        if (widths[nw - 1] != m->nclasses) {
-            seterr(err, errlen, "model '%s' has %d outputs but there are %d "
-                   "classes", spec, widths[nw - 1], m->nclasses);
-            return PS_ESHAPE;
-        }
+        if (nw < 2)
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
+                           "model '%s': expected mlp:IN-HIDDEN-...-CLASSES with 2 to "
+                           "%d widths in [1, %d]",
+                           spec, MLP_MAX_WIDTHS, MAX_WIDTH);
+        if ((size_t)widths[0] != m->in_size)
+            return ps_errf(PS_ESHAPE, err, errlen,
+                           "model '%s' takes %d inputs but examples are %dx%dx%d = "
+                           "%zu floats",
+                           spec, widths[0], m->in_h, m->in_w, m->in_c, m->in_size);
+        if (widths[nw - 1] != m->nclasses)
+            return ps_errf(PS_ESHAPE, err, errlen,
+                           "model '%s' has %d outputs but there are %d "
+                           "classes", spec, widths[nw - 1], m->nclasses);
     } else if (strcmp(spec, "cnn") == 0 || strncmp(spec, "cnn:", 4) == 0) {
         int cw[3] = {32, 64, 128};
-        if (spec[3] == ':' && parse_widths(spec + 4, cw, 3) != 3) {
-            seterr(err, errlen, "model '%s': expected cnn or "
-                   "cnn:CONV0-CONV1-DENSE, each in [1, %d]", spec, MAX_WIDTH);
-            return PS_EINVAL_ARG;
-        }
-        if (m->in_h < 4 || m->in_w < 4) {
-            seterr(err, errlen, "model '%s' needs images of at least 4x4 "
-                   "(two 2x2 pools), got %dx%d", spec, m->in_h, m->in_w);
-            return PS_ESHAPE;
-        }
+        if (spec[3] == ':' && parse_widths(spec + 4, cw, 3) != 3)
+            return ps_errf(PS_EINVAL_ARG, err, errlen, "model '%s': expected cnn or "
+                           "cnn:CONV0-CONV1-DENSE, each in [1, %d]", spec, MAX_WIDTH);
+        if (m->in_h < 4 || m->in_w < 4)
+            return ps_errf(PS_ESHAPE, err, errlen,
+                           "model '%s' needs images of at least 4x4 "
+                           "(two 2x2 pools), got %dx%d", spec, m->in_h, m->in_w);
         m->is_cnn = true;
         m->layers = calloc(10, sizeof *m->layers);
         m->info = calloc(8, sizeof *m->info);
@@ -255,19 +228,18 @@ static int plan(ps_model *m, const char *spec, char *err, size_t errlen)
         add_relu(m);
         add_pool(m);
         p = &m->layers[m->nlayers - 1];
-        if (layer_out_size(p) > MAX_WIDTH) {
-            seterr(err, errlen, "model '%s': %zu features after the pools is "
-                   "too many", spec, layer_out_size(p));
-            return PS_EINVAL_ARG;
-        }
+        if (layer_out_size(p) > MAX_WIDTH)
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
+                           "model '%s': %zu features after the pools is "
+                           "too many", spec, layer_out_size(p));
         add_dense(m, 0, (int)layer_out_size(p), cw[2]);
         add_relu(m);
         add_dense(m, 1, cw[2], m->nclasses);
         return 0;
     } else {
-        seterr(err, errlen, "unknown model '%s': expected softmax, "
-               "mlp:784-256-10 or cnn", spec);
-        return PS_EINVAL_ARG;
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "unknown model '%s': expected softmax, "
+                       "mlp:784-256-10 or cnn", spec);
     }
 
     int ndense = nw - 1;
@@ -284,8 +256,7 @@ static int plan(ps_model *m, const char *spec, char *err, size_t errlen)
     return 0;
 
 nomem:
-    seterr(err, errlen, "model '%s': out of memory", spec);
-    return -ENOMEM;
+    return ps_errf(-ENOMEM, err, errlen, "model '%s': out of memory", spec);
 }
 
 /*
@@ -307,12 +278,11 @@ static int alloc_buffers(ps_model *m, char *err, size_t errlen)
             biggest = taps;
         /* GEMM sizes and pooling indices are ints: keep every buffer's
          * element count in range. */
-        if (biggest > (size_t)INT_MAX / mb) {
-            seterr(err, errlen, "model '%s': batches of %d do not fit (a "
-                   "layer would need more than %d elements)",
-                   m->spec, m->max_batch, INT_MAX);
-            return PS_EINVAL_ARG;
-        }
+        if (biggest > (size_t)INT_MAX / mb)
+            return ps_errf(PS_EINVAL_ARG, err, errlen,
+                           "model '%s': batches of %d do not fit (a "
+                           "layer would need more than %d elements)",
+                           m->spec, m->max_batch, INT_MAX);
         nfloat += 2 * mb * layer_out_size(l);
         if (l->kind == LAYER_CONV) {
             size_t c = rows * CONV_K * CONV_K * (size_t)l->ic;
@@ -338,10 +308,10 @@ static int alloc_buffers(ps_model *m, char *err, size_t errlen)
         m->host = malloc((m->nparams + 2 * mb) * sizeof(float));
     if (m->acts == NULL || m->ints == NULL || m->params == NULL ||
         m->grads == NULL || (device && m->host == NULL)) {
-        seterr(err, errlen, "model '%s': out of %s memory for %zu parameters "
-               "and %zu scratch floats", m->spec, be->name, m->nparams,
-               nfloat);
-        return -ENOMEM;
+        return ps_errf(-ENOMEM, err, errlen,
+                       "model '%s': out of %s memory for %zu parameters "
+                       "and %zu scratch floats", m->spec, be->name, m->nparams,
+                       nfloat);
     }
     /* Zero parameters, as promised; zero gradients, so that a block read
      * before the first step holds numbers. */
@@ -397,29 +367,24 @@ int ps_model_create_on(const struct ps_backend *be, const char *spec,
                        int max_batch, ps_model **out, char *err,
                        size_t errlen)
 {
-    if (be == NULL) {
-        seterr(err, errlen, "model '%s': no backend",
-               spec != NULL ? spec : "(null)");
-        return PS_EINVAL_ARG;
-    }
+    if (be == NULL)
+        return ps_errf(PS_EINVAL_ARG, err, errlen, "model '%s': no backend",
+                       spec != NULL ? spec : "(null)");
     if (spec == NULL || in_h < 1 || in_w < 1 || in_c < 1 || nclasses < 2 ||
         max_batch < 1 || (int64_t)in_h * in_w * in_c > MAX_WIDTH) {
-        seterr(err, errlen, "model '%s': need input sizes in [1, %d] in "
-               "all, at least 2 classes and max_batch >= 1 (got %dx%dx%d, "
-               "%d classes, max_batch %d)",
-               spec != NULL ? spec : "(null)", MAX_WIDTH, in_h, in_w, in_c,
-               nclasses, max_batch);
-        return PS_EINVAL_ARG;
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "model '%s': need input sizes in [1, %d] in "
+                       "all, at least 2 classes and max_batch >= 1 (got %dx%dx%d, "
+                       "%d classes, max_batch %d)",
+                       spec != NULL ? spec : "(null)", MAX_WIDTH, in_h, in_w, in_c,
+                       nclasses, max_batch);
     }
-    if (strlen(spec) >= SPEC_LEN) {
-        seterr(err, errlen, "model spec '%.32s...' is too long", spec);
-        return PS_EINVAL_ARG;
-    }
+    if (strlen(spec) >= SPEC_LEN)
+        return ps_errf(PS_EINVAL_ARG, err, errlen,
+                       "model spec '%.32s...' is too long", spec);
     ps_model *m = calloc(1, sizeof *m);
-    if (m == NULL) {
-        seterr(err, errlen, "model '%s': out of memory", spec);
-        return -ENOMEM;
-    }
+    if (m == NULL)
+        return ps_errf(-ENOMEM, err, errlen, "model '%s': out of memory", spec);
     m->be = be;
     snprintf(m->spec, sizeof m->spec, "%s", spec);
     m->in_h = in_h;
@@ -431,12 +396,11 @@ int ps_model_create_on(const struct ps_backend *be, const char *spec,
     int rc = plan(m, spec, err, errlen);
     if (rc == 0)
         rc = alloc_buffers(m, err, errlen);
-    if (rc != 0) {
+    if (rc == 0)
+        *out = m;
+    else
         ps_model_destroy(m);
-        return rc;
-    }
-    *out = m;
-    return 0;
+    return rc;
 }
 
 void ps_model_destroy(ps_model *m)
@@ -460,11 +424,10 @@ int ps_model_check_input(const ps_model *m, int h, int w, int c, char *err,
 {
     if (m->is_cnn ? (h != m->in_h || w != m->in_w || c != m->in_c)
                   : (int64_t)h * w * c != (int64_t)m->in_size) {
-        seterr(err, errlen,
-               "model '%s' expects %dx%dx%d inputs (%zu floats), the data "
-               "has %dx%dx%d",
-               m->spec, m->in_h, m->in_w, m->in_c, m->in_size, h, w, c);
-        return PS_ESHAPE;
+        return ps_errf(PS_ESHAPE, err, errlen,
+                       "model '%s' expects %dx%dx%d inputs (%zu floats), the data "
+                       "has %dx%dx%d",
+                       m->spec, m->in_h, m->in_w, m->in_c, m->in_size, h, w, c);
     }
     return 0;
 }

@@ -204,16 +204,20 @@ static int split_ps(char *list, const char **out, int cap)
     return n;
 }
 
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...)
+/* Prints one line "workerd: ..." on stderr and returns status, the exit
+ * status: 1 for a runtime failure, 2 for a bad flag. */
+static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int status, const char *fmt, ...)
 {
-    char line[1024];
+    char *line = NULL;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    int n = vasprintf(&line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "workerd: %s\n", line);
-    return 1;
+    fprintf(stderr, "workerd: %s\n", n >= 0 ? line : fmt);
+    if (n >= 0)
+        free(line);
+    return status;
 }
 
 static void report_progress(void *ctx, uint64_t step, double exps, double loss)
@@ -357,7 +361,7 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         char err[512];
         int rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
-            return fail("%s", err);
+            return fail(1, "%s", err);
         n++;
         if (coord != NULL)
             ps_coord_metrics(coord, version, loss, acc);
@@ -393,9 +397,9 @@ static int load_data(const struct wd_conf *c, bool evaluator,
                                  c->train_labels ? c->train_labels : lbl, c->limit,
                                  train, err, sizeof err);
         if (rc != 0)
-            return fail("%s", err);
+            return fail(1, "%s", err);
         if (train->nclasses > c->classes)
-            return fail("the training labels have %d classes, the model "
+            return fail(1, "the training labels have %d classes, the model "
                         "predicts --classes %lld", train->nclasses,
                         (long long)c->classes);
     }
@@ -406,7 +410,7 @@ static int load_data(const struct wd_conf *c, bool evaluator,
                                  c->test_labels ? c->test_labels : lbl, 0, test,
                                  err, sizeof err);
         if (rc != 0)
-            return fail("%s", err);
+            return fail(1, "%s", err);
     }
     return 0;
 }
@@ -419,7 +423,7 @@ static int check_model(const struct wd_conf *c, const struct ps_dataset *d)
     int rc = ps_model_create(c->model, d->h, d->w, d->c, (int)c->classes, 1,
                              &probe, err, sizeof err);
     if (rc != 0)
-        return fail("--model %s: %s", c->model, err);
+        return fail(1, "--model %s: %s", c->model, err);
     ps_model_destroy(probe);
     return 0;
 }
@@ -442,20 +446,20 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
     int idx = 0;
     int rc = ps_coord_join(&co, coord, &idx, err, sizeof err);
     if (rc != 0)
-        return fail("%s", err);
+        return fail(1, "%s", err);
     c->task_index = idx;
     int nw = 1;
     rc = learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err);
     if (rc != 0)
-        return fail("%s", err);
+        return fail(1, "%s", err);
     c->num_workers = nw;
     if (c->task_index >= c->num_workers && !evaluator)
-        return fail("the coordinator made this worker %lld of %lld",
+        return fail(1, "the coordinator made this worker %lld of %lld",
                     (long long)c->task_index, (long long)c->num_workers);
     rc = learn_placement(*coord, c->model, d->h, d->w, d->c, (int)c->classes,
                          placement, err, sizeof err);
     if (rc != 0)
-        return fail("%s", err);
+        return fail(1, "%s", err);
     return 0;
 }
 
@@ -535,19 +539,142 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
     struct wd_train_result res;
     int rc = wd_train(o, train, &res, err, sizeof err);
     if (rc != 0)
-        return fail("%s", err);
+        return fail(1, "%s", err);
     float loss = NAN, acc = NAN;
     uint64_t version = 0;
     bool evaluate = c->evaluate && !c->local;
     if (evaluate) {
         rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
-            return fail("%s", err);
+            return fail(1, "%s", err);
     }
     print_summary(c, &res, evaluate, loss, acc, version);
     if (wd_stop_requested)
         ps_log_warn("stopped by a signal after %lld steps", (long long)res.steps);
     return 0;
+}
+
+/* Joins TF_CONFIG's ps addresses into one --ps list. */
+static char *tf_ps_list(const ps_cluster *tf)
+{
+    size_t len = 0;
+    for (int i = 0; i < tf->n[PS_ROLE_PS]; i++)
+        len += strlen(tf->addrs[PS_ROLE_PS][i]) + 1;
+    char *list = malloc(len);
+    list[0] = '\0';
+    for (int i = 0; i < tf->n[PS_ROLE_PS]; i++) {
+        if (i)
+            strcat(list, ",");
+        strcat(list, tf->addrs[PS_ROLE_PS][i]);
+    }
+    return list;
+}
+
+/* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this task's
+ * role and index, the worker count and the job. Flags given explicitly win.
+ * Returns 0 (also without TF_CONFIG), or 2 after one line on stderr for a
+ * TF_CONFIG that does not parse or names a task that is not workerd's. */
+static int apply_tf_config(struct wd_conf *c, bool *evaluator)
+{
+    ps_cluster tf;
+    memset(&tf, 0, sizeof tf);
+    char tferr[512];
+    int rc = ps_cluster_from_env(&tf, tferr, sizeof tferr);
+    if (rc == PS_ENOTFOUND)
+        return 0;
+    if (rc != 0)
+        return fail(2, "%s", tferr);
+    int status = 0;
+    if (tf.has_task && tf.task_role == PS_ROLE_CHIEF) {
+        status = fail(2, "TF_CONFIG names this task chief[%d]: the chief's duties "
+                      "are pscoord's; run workerd as a worker", tf.task_index);
+        goto close;
+    }
+    if (tf.has_task && tf.task_role == PS_ROLE_PS) {
+        status = fail(2, "TF_CONFIG names this task ps[%d]: run psd for it",
+                      tf.task_index);
+        goto close;
+    }
+    if (c->ps == NULL && tf.n[PS_ROLE_PS] > 0)
+        c->ps = tf_ps_list(&tf);
+    if (c->num_workers == 0)
+        c->num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
+    if (tf.has_task && c->task_index < 0)
+        c->task_index = tf.task_index;
+    if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR && !*evaluator) {
+        free(c->role);
+        c->role = strdup("evaluator");
+        *evaluator = true;
+    }
+    if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
+        free(c->job_id);
+        c->job_id = strdup(tf.job_id);
+    }
+close:
+    ps_cluster_close(&tf);
+    return status;
+}
+
+/* Flags that only make sense together. Returns 0, or 2 after one line on
+ * stderr. */
+static int check_compute_flags(const struct wd_conf *c)
+{
+    if (c->self_update == 1 && (c->optimizer != 0 || c->consistency == 1 ||
+                                c->replicas > 1 || strcmp(c->device, "cpu") != 0))
+        return fail(2, "--self-update on needs async SGD on one CPU replica "
+                    "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
+                    opt_choices[c->optimizer], c->consistency == 1 ? "sync" : "async",
+                    (long long)c->replicas, c->device);
+    if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0)
+        return fail(2, "--device: '%s' is not cpu or cuda:N", c->device);
+    return 0;
+}
+
+/* Splits --ps (list, modified) into ps[0..*nps) and checks each address.
+ * Returns 0, or 2 after one line on stderr. */
+static int parse_ps(char *list, const char **ps, int *nps)
+{
+    *nps = split_ps(list, ps, 64);
+    if (*nps <= 0)
+        return fail(2, "--ps: give 1 to 64 host:port addresses");
+    for (int i = 0; i < *nps; i++) {
+        char host[256];
+        int port;
+        /* A psd on this host may also be reached on its unix socket
+         * (psd --listen unix:/path), which skips the TCP stack. */
+        bool unix_path = strncmp(ps[i], "unix:", 5) == 0 && ps[i][5] != '\0';
+        if (!unix_path && ps_addr_split(ps[i], host, sizeof host, &port) != 0)
+            return fail(2, "--ps: '%s' is not host:port or unix:PATH", ps[i]);
+    }
+    return 0;
+}
+
+/* After the prologue: the role, TF_CONFIG (unless a coordinator assigns the
+ * task), the defaults that depend on both, and the checks across flags;
+ * fills ps from --ps. Returns 0, or 2 after one line on stderr. */
+static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
+                        const char **ps, int *nps)
+{
+    if (strcmp(c->role, "evaluator") == 0)
+        *evaluator = true;
+    else if (strcmp(c->role, "worker") != 0)
+        return fail(2, "--role: '%s' is not worker or evaluator", c->role);
+    int status = use_coord ? 0 : apply_tf_config(c, evaluator);
+    if (status != 0)
+        return status;
+    if (c->ps == NULL)
+        c->ps = strdup("127.0.0.1:7070");
+    if (c->num_workers == 0)
+        c->num_workers = 1;
+    if (!use_coord && c->task_index < 0)
+        c->task_index = 0;
+    if (!use_coord && c->task_index >= c->num_workers)
+        return fail(2, "--task-index %lld is out of range for --num-workers %lld",
+                    (long long)c->task_index, (long long)c->num_workers);
+    status = check_compute_flags(c);
+    if (status != 0)
+        return status;
+    return parse_ps(c->ps, ps, nps);
 }
 
 int main(int argc, char **argv)
@@ -559,7 +686,6 @@ int main(int argc, char **argv)
     int rc = ps_proc_prologue(&cmd, argc, argv);
     if (rc != PS_PROC_RUN)
         return rc;
-    int status = 0;
     const char *ps[64];
     int nps = 0;
     bool evaluator = false;
@@ -569,114 +695,10 @@ int main(int argc, char **argv)
     struct wd_placement placement = {0};
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
-    if (strcmp(c.role, "evaluator") == 0) {
-        evaluator = true;
-    } else if (strcmp(c.role, "worker") != 0) {
-        fprintf(stderr, "workerd: --role: '%s' is not worker or evaluator\n", c.role);
-        status = 2;
-        goto out;
-    }
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
-    /* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this
-     * task's role and index, the worker count. Flags given explicitly win. */
-    ps_cluster tf;
-    memset(&tf, 0, sizeof tf);
-    char tferr[512];
-    rc = use_coord ? PS_ENOTFOUND : ps_cluster_from_env(&tf, tferr, sizeof tferr);
-    if (rc != 0 && rc != PS_ENOTFOUND) {
-        fprintf(stderr, "workerd: %s\n", tferr);
-        status = 2;
+    int status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
+    if (status != 0)
         goto out;
-    }
-    if (rc == 0) {
-        if (tf.has_task && tf.task_role == PS_ROLE_CHIEF) {
-            fprintf(stderr, "workerd: TF_CONFIG names this task chief[%d]: the "
-                    "chief's duties are pscoord's; run workerd as a worker\n",
-                    tf.task_index);
-            ps_cluster_close(&tf);
-            status = 2;
-            goto out;
-        }
-        if (tf.has_task && tf.task_role == PS_ROLE_PS) {
-            fprintf(stderr, "workerd: TF_CONFIG names this task ps[%d]: run psd "
-                    "for it\n", tf.task_index);
-            ps_cluster_close(&tf);
-            status = 2;
-            goto out;
-        }
-        if (c.ps == NULL && tf.n[PS_ROLE_PS] > 0) {
-            size_t len = 0;
-            for (int i = 0; i < tf.n[PS_ROLE_PS]; i++)
-                len += strlen(tf.addrs[PS_ROLE_PS][i]) + 1;
-            c.ps = malloc(len);
-            c.ps[0] = '\0';
-            for (int i = 0; i < tf.n[PS_ROLE_PS]; i++) {
-                if (i)
-                    strcat(c.ps, ",");
-                strcat(c.ps, tf.addrs[PS_ROLE_PS][i]);
-            }
-        }
-        if (c.num_workers == 0)
-            c.num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
-        if (tf.has_task && c.task_index < 0)
-            c.task_index = tf.task_index;
-        if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR && !evaluator) {
-            free(c.role);
-            c.role = strdup("evaluator");
-            evaluator = true;
-        }
-        if (tf.job_id != NULL && strcmp(c.job_id, "job") == 0) {
-            free(c.job_id);
-            c.job_id = strdup(tf.job_id);
-        }
-        ps_cluster_close(&tf);
-    }
-    if (c.ps == NULL)
-        c.ps = strdup("127.0.0.1:7070");
-    if (c.num_workers == 0)
-        c.num_workers = 1;
-    if (!use_coord && c.task_index < 0)
-        c.task_index = 0;
-    if (!use_coord && c.task_index >= c.num_workers) {
-        fprintf(stderr, "workerd: --task-index %lld is out of range for "
-                "--num-workers %lld\n", (long long)c.task_index,
-                (long long)c.num_workers);
-        status = 2;
-        goto out;
-    }
-    if (c.self_update == 1 && (c.optimizer != 0 || c.consistency == 1 ||
-                          c.replicas > 1 || strcmp(c.device, "cpu") != 0)) {
-        fprintf(stderr, "workerd: --self-update on needs async SGD on one CPU replica "
-                "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)\n",
-                opt_choices[c.optimizer], c.consistency == 1 ? "sync" : "async",
-                (long long)c.replicas, c.device);
-        status = 2;
-        goto out;
-    }
-    if (strcmp(c.device, "cpu") != 0 && strncmp(c.device, "cuda:", 5) != 0) {
-        fprintf(stderr, "workerd: --device: '%s' is not cpu or cuda:N\n", c.device);
-        status = 2;
-        goto out;
-    }
-    nps = split_ps(c.ps, ps, 64);
-    if (nps <= 0) {
-        fprintf(stderr, "workerd: --ps: give 1 to 64 host:port addresses\n");
-        status = 2;
-        goto out;
-    }
-    for (int i = 0; i < nps; i++) {
-        char host[256];
-        int port;
-        /* A psd on this host may also be reached on its unix socket
-         * (psd --listen unix:/path), which skips the TCP stack. */
-        bool unix_path = strncmp(ps[i], "unix:", 5) == 0 && ps[i][5] != '\0';
-        if (!unix_path && ps_addr_split(ps[i], host, sizeof host, &port) != 0) {
-            fprintf(stderr, "workerd: --ps: '%s' is not host:port or unix:PATH\n",
-                    ps[i]);
-            status = 2;
-            goto out;
-        }
-    }
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);

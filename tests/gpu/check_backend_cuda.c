@@ -31,6 +31,7 @@
 #include "common/errors.h"
 #include "worker/gpu.h"
 #include "worker/model.h"
+#include "tests/unit/model_cases.h"
 
 #include <check.h>
 #include <errno.h>
@@ -48,23 +49,11 @@ static char errbuf[512];
 
 /* ---- Helpers ----------------------------------------------------------- */
 
-static uint64_t rng_state;
-
-static double urand(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (double)(z >> 11) * 0x1p-53;
-}
-
 static float *randf(size_t n, double lo, double hi)
 {
     float *p = malloc(n * sizeof *p);
     ck_assert_ptr_nonnull(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(lo + (hi - lo) * urand());
+    fill(p, n, lo, hi);
     return p;
 }
 
@@ -129,13 +118,6 @@ static void expect_close(const char *what, const float *got,
     }
     fprintf(stderr, "%-40s %8zu values, worst %.2e (tolerance %.0e)\n", what,
             n, worst, tol);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- Memory ------------------------------------------------------------ */
@@ -440,20 +422,8 @@ END_TEST
 START_TEST(test_im2col_col2im)
 {
     rng_state = 7;
-    /* The CNN's geometries (3x3, pad 1, stride 1), and odd ones: 3x2
-     * kernels with stride 2 and no padding, and pad 2 with stride 3. */
-    const struct ps_conv_geom geoms[4] = {
-        {.batch = 4, .h = 28, .w = 28, .c = 1, .kh = 3, .kw = 3, .pad = 1,
-         .stride = 1, .oh = 28, .ow = 28},
-        {.batch = 3, .h = 14, .w = 14, .c = 32, .kh = 3, .kw = 3, .pad = 1,
-         .stride = 1, .oh = 14, .ow = 14},
-        {.batch = 2, .h = 7, .w = 5, .c = 2, .kh = 3, .kw = 2, .pad = 0,
-         .stride = 2, .oh = 3, .ow = 2},
-        {.batch = 2, .h = 9, .w = 8, .c = 3, .kh = 4, .kw = 3, .pad = 2,
-         .stride = 3, .oh = 4, .ow = 4},
-    };
-    for (int t = 0; t < 4; t++) {
-        const struct ps_conv_geom *g = &geoms[t];
+    for (int t = 0; t < MODEL_CONV_GEOMS; t++) {
+        const struct ps_conv_geom *g = &model_conv_geoms[t];
         size_t nx = (size_t)g->batch * g->h * g->w * g->c;
         size_t ncol = (size_t)g->batch * g->oh * g->ow * g->kh * g->kw * g->c;
         float *x = randf(nx, -1, 1), *col = malloc(ncol * sizeof *col);

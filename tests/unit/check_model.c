@@ -3,6 +3,7 @@
 #include "worker/data.h"
 #include "common/errors.h"
 #include "worker/gpu.h"
+#include "tests/unit/model_cases.h"
 #include "tests/unit/pscheck.h"
 
 #include <check.h>
@@ -16,24 +17,6 @@
 
 static const struct ps_backend *be = &ps_backend_cpu;
 static char errbuf[512];
-
-/* A small deterministic generator for test inputs. */
-static uint64_t rng_state;
-
-static double urand(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (double)(z >> 11) * 0x1p-53;
-}
-
-static void fill(float *p, size_t n, double lo, double hi)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(lo + (hi - lo) * urand());
-}
 
 static double *to_double(const float *p, size_t n)
 {
@@ -139,61 +122,56 @@ static double dot(const float *a, const float *b, size_t n)
     return s;
 }
 
+/* im2col by its definition, entry by entry, and col2im as its adjoint. */
+static void im2col_case(const struct ps_conv_geom *g)
+{
+    size_t nx = (size_t)g->batch * g->h * g->w * g->c;
+    size_t taps = (size_t)g->kh * g->kw * g->c;
+    size_t ncol = (size_t)g->batch * g->oh * g->ow * taps;
+    float *x = malloc(nx * sizeof *x), *dx = malloc(nx * sizeof *dx);
+    float *col = malloc(ncol * sizeof *col), *r = malloc(ncol * sizeof *r);
+    fill(x, nx, -1, 1);
+    fill(r, ncol, -1, 1);
+    be->im2col(be, g, x, col);
+    /* Every entry by the definition. */
+    for (int n = 0; n < g->batch; n++)
+        for (int oy = 0; oy < g->oh; oy++)
+            for (int ox = 0; ox < g->ow; ox++)
+                for (int ki = 0; ki < g->kh; ki++)
+                    for (int kj = 0; kj < g->kw; kj++)
+                        for (int ch = 0; ch < g->c; ch++) {
+                            int iy = oy * g->stride - g->pad + ki;
+                            int ix = ox * g->stride - g->pad + kj;
+                            float want = 0;
+                            if (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
+                                want = x[((n * g->h + iy) * g->w + ix) * g->c + ch];
+                            size_t row = ((size_t)n * g->oh + oy) * g->ow + ox;
+                            ck_assert_float_eq(
+                                col[row * taps + ((size_t)ki * g->kw + kj) * g->c + ch],
+                                want);
+                        }
+    /* col2im is im2col's adjoint: <im2col(x), r> = <x, col2im(r)>. */
+    fill(dx, nx, 5, 6); /* garbage that col2im must overwrite */
+    be->col2im(be, g, r, dx);
+    double lhs = dot(col, r, ncol), rhs = dot(x, dx, nx);
+    ck_assert_double_eq_tol(lhs, rhs, 1e-4 * (fabs(lhs) + 1));
+    free(x);
+    free(dx);
+    free(col);
+    free(r);
+}
+
 START_TEST(test_im2col_col2im)
 {
     rng_state = 2;
-    /* Three geometries: 3x3 pad 1 stride 1 (the CNN's), 3x2 pad 0 stride 2
-     * on an odd image, and 4x3 pad 2 stride 3, where whole kernel rows
-     * fall in the padding. */
-    const struct ps_conv_geom geoms[3] = {
-        {.batch = 2, .h = 5, .w = 4, .c = 3, .kh = 3, .kw = 3, .pad = 1,
-         .stride = 1, .oh = 5, .ow = 4},
-        {.batch = 1, .h = 7, .w = 5, .c = 2, .kh = 3, .kw = 2, .pad = 0,
-         .stride = 2, .oh = 3, .ow = 2},
-        {.batch = 2, .h = 9, .w = 8, .c = 3, .kh = 4, .kw = 3, .pad = 2,
-         .stride = 3, .oh = 4, .ow = 4},
-    };
-    for (int t = 0; t < 3; t++) {
-        const struct ps_conv_geom *g = &geoms[t];
-        size_t nx = (size_t)g->batch * g->h * g->w * g->c;
-        size_t taps = (size_t)g->kh * g->kw * g->c;
-        size_t ncol = (size_t)g->batch * g->oh * g->ow * taps;
-        float *x = malloc(nx * sizeof *x), *dx = malloc(nx * sizeof *dx);
-        float *col = malloc(ncol * sizeof *col), *r = malloc(ncol * sizeof *r);
-        fill(x, nx, -1, 1);
-        fill(r, ncol, -1, 1);
-        be->im2col(be, g, x, col);
-        /* Every entry by the definition. */
-        for (int n = 0; n < g->batch; n++)
-            for (int oy = 0; oy < g->oh; oy++)
-                for (int ox = 0; ox < g->ow; ox++)
-                    for (int ki = 0; ki < g->kh; ki++)
-                        for (int kj = 0; kj < g->kw; kj++)
-                            for (int ch = 0; ch < g->c; ch++) {
-                                int iy = oy * g->stride - g->pad + ki;
-                                int ix = ox * g->stride - g->pad + kj;
-                                float want = 0;
-                                if (iy >= 0 && iy < g->h && ix >= 0 &&
-                                    ix < g->w)
-                                    want = x[((n * g->h + iy) * g->w + ix) *
-                                                 g->c + ch];
-                                size_t row = ((size_t)n * g->oh + oy) * g->ow +
-                                             ox;
-                                ck_assert_float_eq(
-                                    col[row * taps +
-                                        ((size_t)ki * g->kw + kj) * g->c + ch],
-                                    want);
-                            }
-        /* col2im is im2col's adjoint: <im2col(x), r> = <x, col2im(r)>. */
-        fill(dx, nx, 5, 6); /* garbage that col2im must overwrite */
-        be->col2im(be, g, r, dx);
-        double lhs = dot(col, r, ncol), rhs = dot(x, dx, nx);
-        ck_assert_double_eq_tol(lhs, rhs, 1e-4 * (fabs(lhs) + 1));
-        free(x);
-        free(dx);
-        free(col);
-        free(r);
-    }
+    /* A small 3x3 pad 1 stride 1 geometry on a non-square image with a
+     * batch of one, then those of model_cases.h. */
+    const struct ps_conv_geom small = {
+        .batch = 1, .h = 5, .w = 4, .c = 3, .kh = 3, .kw = 3, .pad = 1,
+        .stride = 1, .oh = 5, .ow = 4};
+    im2col_case(&small);
+    for (int t = 0; t < MODEL_CONV_GEOMS; t++)
+        im2col_case(&model_conv_geoms[t]);
 }
 END_TEST
 
@@ -902,13 +880,6 @@ START_TEST(test_sgd_step_learns)
 END_TEST
 
 /* ---- Training on Fashion-MNIST ---------------------------------------- */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 START_TEST(test_train_fashion_mnist)
 {
