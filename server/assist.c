@@ -1,5 +1,7 @@
 #include "server/assist.h"
 
+#include "common/thread.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,29 +43,19 @@ int psd_assist_start(psd_assist **out)
     psd_assist *a = calloc(1, sizeof *a);
     if (a == NULL)
         return -ENOMEM;
-    pthread_mutex_init(&a->mu, NULL);
-    pthread_cond_init(&a->cv, NULL);
-    if (pthread_create(&a->th, NULL, assist_main, a) != 0) {
-        pthread_cond_destroy(&a->cv);
-        pthread_mutex_destroy(&a->mu);
+    int rc = ps_thread_start(&a->th, &a->mu, &a->cv, assist_main, a);
+    if (rc == 0)
+        *out = a;
+    else
         free(a);
-        return -EAGAIN;
-    }
-    *out = a;
-    return 0;
+    return rc;
 }
 
 void psd_assist_stop(psd_assist *a)
 {
     if (a == NULL)
         return;
-    pthread_mutex_lock(&a->mu);
-    a->quit = true;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    pthread_join(a->th, NULL);
-    pthread_cond_destroy(&a->cv);
-    pthread_mutex_destroy(&a->mu);
+    ps_thread_stop(a->th, &a->mu, &a->cv, &a->quit);
     free(a);
 }
 

@@ -333,13 +333,34 @@ static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
     return 0;
 }
 
-/* scan() of data_dir's checkpoints directory, whose path goes to ckdir
- * (PATH_MAX bytes). */
-static int scan_root(const char *data_dir, char *ckdir, uint64_t **steps_out,
-                     size_t *n_out)
+/* A data directory's checkpoints directory and the steps scan() found in it;
+ * the caller frees steps. */
+struct listing {
+    char ckdir[PATH_MAX];
+    uint64_t *steps;
+    size_t n;
+};
+
+/* scan() of data_dir's checkpoints directory into l. */
+static int scan_root(const char *data_dir, struct listing *l)
 {
-    int rc = pathf(ckdir, PATH_MAX, "%s/" CKPT_DIR, data_dir);
-    return rc != 0 ? rc : scan(ckdir, steps_out, n_out);
+    l->steps = NULL;
+    l->n = 0;
+    int rc = pathf(l->ckdir, sizeof l->ckdir, "%s/" CKPT_DIR, data_dir);
+    return rc != 0 ? rc : scan(l->ckdir, &l->steps, &l->n);
+}
+
+/* Removes the entry name of ckdir with all below it; a failure goes to *rc
+ * unless *rc already holds one. Returns whether it was removed. */
+static bool rm_entry_of(const char *ckdir, const char *name, int *rc)
+{
+    char dir[PATH_MAX];
+    int r = pathf(dir, sizeof dir, "%s/%s", ckdir, name);
+    if (r == 0)
+        r = rm_rf(dir);
+    if (r != 0 && *rc == 0)
+        *rc = r;
+    return r == 0;
 }
 
 /* Puts the finished tmp directory in place as final. A directory already at
@@ -454,25 +475,23 @@ int psd_ckpt_latest(const char *data_dir, uint64_t *step_out)
 {
     if (!data_dir || !step_out)
         return PS_EINVAL_ARG;
-    char ckdir[PATH_MAX];
-    uint64_t *steps;
-    size_t n;
-    int rc = scan_root(data_dir, ckdir, &steps, &n);
+    struct listing l;
+    int rc = scan_root(data_dir, &l);
     if (rc != 0)
         return rc;
     rc = PS_ENOTFOUND;
-    for (size_t i = n; i-- > 0;) {
+    for (size_t i = l.n; i-- > 0;) {
         char dir[PATH_MAX];
-        if (pathf(dir, sizeof dir, "%s/%llu", ckdir, (unsigned long long)steps[i]) != 0)
+        if (pathf(dir, sizeof dir, "%s/%llu", l.ckdir, (unsigned long long)l.steps[i]) != 0)
             continue;
-        if (verify(dir, steps[i]) == 0) {
-            *step_out = steps[i];
+        if (verify(dir, l.steps[i]) == 0) {
+            *step_out = l.steps[i];
             rc = 0;
             break;
         }
         ps_log_warn("checkpoint %s: skipped, it does not verify", dir);
     }
-    free(steps);
+    free(l.steps);
     return rc;
 }
 
@@ -497,16 +516,14 @@ int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *cou
 {
     if (!data_dir || !count || (cap > 0 && !steps))
         return PS_EINVAL_ARG;
-    char ckdir[PATH_MAX];
-    uint64_t *all;
-    size_t n;
-    int rc = scan_root(data_dir, ckdir, &all, &n);
+    struct listing l;
+    int rc = scan_root(data_dir, &l);
     if (rc != 0)
         return rc;
-    if (n > 0)
-        memcpy(steps, all, (n < cap ? n : cap) * sizeof *all);
-    *count = n;
-    free(all);
+    if (l.n > 0)
+        memcpy(steps, l.steps, (l.n < cap ? l.n : cap) * sizeof *l.steps);
+    *count = l.n;
+    free(l.steps);
     return 0;
 }
 
@@ -531,41 +548,29 @@ int psd_ckpt_prune(const char *data_dir, size_t keep_last)
 {
     if (!data_dir)
         return PS_EINVAL_ARG;
-    char ckdir[PATH_MAX];
-    uint64_t *steps;
-    size_t n;
-    int rc = scan_root(data_dir, ckdir, &steps, &n);
+    struct listing l;
+    int rc = scan_root(data_dir, &l);
     if (rc != 0)
         return rc;
     uint64_t keep;
-    bool have_keep = n > 0 && psd_ckpt_latest(data_dir, &keep) == 0;
-    for (size_t i = 0; i + keep_last < n; i++) {
-        if (have_keep && steps[i] == keep)
+    bool have_keep = l.n > 0 && psd_ckpt_latest(data_dir, &keep) == 0;
+    for (size_t i = 0; i + keep_last < l.n; i++) {
+        if (have_keep && l.steps[i] == keep)
             continue;
-        char dir[PATH_MAX];
-        int r = pathf(dir, sizeof dir, "%s/%llu", ckdir, (unsigned long long)steps[i]);
-        if (r == 0)
-            r = rm_rf(dir);
-        if (r != 0 && rc == 0)
-            rc = r;
-        if (r == 0)
-            ps_log_info("checkpoint %s: pruned", dir);
+        char name[24];
+        snprintf(name, sizeof name, "%llu", (unsigned long long)l.steps[i]);
+        if (rm_entry_of(l.ckdir, name, &rc))
+            ps_log_info("checkpoint %s/%s: pruned", l.ckdir, name);
     }
-    free(steps);
+    free(l.steps);
 
-    DIR *d = opendir(ckdir);
+    DIR *d = opendir(l.ckdir);
     if (!d)
         return rc != 0 ? rc : (errno == ENOENT ? 0 : -errno);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (!stale_tmp(e->d_name))
-            continue;
-        char dir[PATH_MAX];
-        int r = pathf(dir, sizeof dir, "%s/%s", ckdir, e->d_name);
-        if (r == 0)
-            r = rm_rf(dir);
-        if (r != 0 && rc == 0)
-            rc = r;
+        if (stale_tmp(e->d_name))
+            rm_entry_of(l.ckdir, e->d_name, &rc);
     }
     closedir(d);
     return rc;

@@ -152,6 +152,33 @@ static uint64_t bits53(uint32_t hi, uint32_t lo)
  * place of a double, far more than a float result needs.
  */
 
+/* The series below, highest power first, for Horner's rule. */
+static const double atanh_series[] = { /* 1/23, 1/21, ..., 1/3 */
+    1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
+    1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3,
+};
+static const double sin_series[] = { /* -1/19!, 1/17!, ..., -1/3! */
+    -1.0 / 121645100408832000.0, 1.0 / 355687428096000.0, -1.0 / 1307674368000.0,
+    1.0 / 6227020800.0,          -1.0 / 39916800.0,       1.0 / 362880.0,
+    -1.0 / 5040.0,               1.0 / 120.0,             -1.0 / 6.0,
+};
+static const double cos_series[] = { /* -1/18!, 1/16!, ..., 1/4! */
+    -1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0,
+    1.0 / 479001600.0,         -1.0 / 3628800.0,       1.0 / 40320.0,
+    -1.0 / 720.0,              1.0 / 24.0,
+};
+#define SERIES_LEN(a) (sizeof (a) / sizeof (a)[0])
+
+/* c[0] x^(n-1) + c[1] x^(n-2) + ... + c[n-1], by Horner's rule: the same
+ * operations in the same order on every host. */
+static double horner(const double *c, size_t n, double x)
+{
+    double p = c[0];
+    for (size_t i = 1; i < n; i++)
+        p = c[i] + x * p;
+    return p;
+}
+
 /* ln(x) for 0 < x <= 1. x = m * 2^e with m in [sqrt(1/2), sqrt(2)); then
  * ln(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172, and the atanh
  * series to s^23 is below 1e-18. */
@@ -166,17 +193,7 @@ static double det_log(double x)
     double f = m - 1.0; /* exact (Sterbenz) */
     double s = f / (2.0 + f);
     double s2 = s * s;
-    double p = 1.0 / 23;
-    p = 1.0 / 21 + s2 * p;
-    p = 1.0 / 19 + s2 * p;
-    p = 1.0 / 17 + s2 * p;
-    p = 1.0 / 15 + s2 * p;
-    p = 1.0 / 13 + s2 * p;
-    p = 1.0 / 11 + s2 * p;
-    p = 1.0 / 9 + s2 * p;
-    p = 1.0 / 7 + s2 * p;
-    p = 1.0 / 5 + s2 * p;
-    p = 1.0 / 3 + s2 * p;
+    double p = horner(atanh_series, SERIES_LEN(atanh_series), s2);
     double log_m = 2.0 * s + 2.0 * s * s2 * p;
     return (double)e * 0.69314718055994530942 + log_m;
 }
@@ -192,24 +209,9 @@ static void det_sincos_2pi(double u, double *sin_out, double *cos_out)
     double r = t - q;
     double x = r * 1.57079632679489661923;
     double x2 = x * x;
-    double sp = -1.0 / 121645100408832000.0; /* -1/19! */
-    sp = 1.0 / 355687428096000.0 + x2 * sp;  /* 1/17! */
-    sp = -1.0 / 1307674368000.0 + x2 * sp;   /* -1/15! */
-    sp = 1.0 / 6227020800.0 + x2 * sp;       /* 1/13! */
-    sp = -1.0 / 39916800.0 + x2 * sp;        /* -1/11! */
-    sp = 1.0 / 362880.0 + x2 * sp;           /* 1/9! */
-    sp = -1.0 / 5040.0 + x2 * sp;            /* -1/7! */
-    sp = 1.0 / 120.0 + x2 * sp;              /* 1/5! */
-    sp = -1.0 / 6.0 + x2 * sp;               /* -1/3! */
+    double sp = horner(sin_series, SERIES_LEN(sin_series), x2);
     double s = x + x * x2 * sp;
-    double cp = -1.0 / 6402373705728000.0;   /* -1/18! */
-    cp = 1.0 / 20922789888000.0 + x2 * cp;   /* 1/16! */
-    cp = -1.0 / 87178291200.0 + x2 * cp;     /* -1/14! */
-    cp = 1.0 / 479001600.0 + x2 * cp;        /* 1/12! */
-    cp = -1.0 / 3628800.0 + x2 * cp;         /* -1/10! */
-    cp = 1.0 / 40320.0 + x2 * cp;            /* 1/8! */
-    cp = -1.0 / 720.0 + x2 * cp;             /* -1/6! */
-    cp = 1.0 / 24.0 + x2 * cp;               /* 1/4! */
+    double cp = horner(cos_series, SERIES_LEN(cos_series), x2);
     double c = 1.0 - x2 * (0.5 - x2 * cp);
     switch ((int)q & 3) {
     case 0:

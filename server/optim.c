@@ -148,17 +148,28 @@ static void apply_sgd(float *restrict w, const psd_ufloat *restrict g, size_t n,
         w[i] -= lr_scale * g[i];
 }
 
-VECTOR_CLONES
-static void apply_momentum(float *restrict w, float *restrict v,
-                           const psd_ufloat *restrict g, size_t n, float lr,
-                           float mu, float scale)
+/* Momentum and Nesterov momentum differ only in the step taken along the new
+ * velocity. The loop is written once and inlined into each of the two cloned
+ * functions below with nesterov a constant, so the choice is made at compile
+ * time and each loop stays branch-free (and vectorized). */
+static inline __attribute__((always_inline)) void
+momentum_loop(float *restrict w, float *restrict v, const psd_ufloat *restrict g,
+              size_t n, float lr, float mu, float scale, bool nesterov)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = scale * g[i];
         float vi = mu * v[i] + gi;
         v[i] = vi;
-        w[i] -= lr * vi;
+        w[i] -= lr * (nesterov ? gi + mu * vi : vi);
     }
+}
+
+VECTOR_CLONES
+static void apply_momentum(float *restrict w, float *restrict v,
+                           const psd_ufloat *restrict g, size_t n, float lr,
+                           float mu, float scale)
+{
+    momentum_loop(w, v, g, n, lr, mu, scale, false);
 }
 
 VECTOR_CLONES
@@ -166,12 +177,7 @@ static void apply_nesterov(float *restrict w, float *restrict v,
                            const psd_ufloat *restrict g, size_t n, float lr,
                            float mu, float scale)
 {
-    for (size_t i = 0; i < n; i++) {
-        float gi = scale * g[i];
-        float vi = mu * v[i] + gi;
-        v[i] = vi;
-        w[i] -= lr * (gi + mu * vi);
-    }
+    momentum_loop(w, v, g, n, lr, mu, scale, true);
 }
 
 VECTOR_CLONES

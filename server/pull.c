@@ -423,11 +423,10 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it)
 void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
-    Ps__V1__PullRequest *r = ps__v1__pull_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "Pull", len);
+    Ps__V1__PullRequest *r = shard_unpack(s, call, "Pull", &ps__v1__pull_request__descriptor,
+                                          req, len);
+    if (r == NULL)
         return;
-    }
     struct pull_items it;
     if (r->n_items == 0) {
         shard_count_bad(s);

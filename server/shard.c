@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -45,16 +46,11 @@ static void job_enqueue(psd_shard *s, ps_rpc_call *call, int kind, uint64_t step
 
 static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
-    psd_shard *s = ctx;
-    Ps__V1__CheckpointRequest *r = ps__v1__checkpoint_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "Checkpoint", len);
-        return;
-    }
-    uint64_t step = r->step;
-    size_t keep_at_least = r->keep_at_least;
+    Ps__V1__CheckpointRequest *r = shard_unpack(ctx, call, "Checkpoint",
+                                                &ps__v1__checkpoint_request__descriptor, req, len);
+    if (r != NULL)
+        job_enqueue(ctx, call, JOB_CHECKPOINT, r->step, r->keep_at_least, "Checkpoint");
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
-    job_enqueue(s, call, JOB_CHECKPOINT, step, keep_at_least, "Checkpoint");
 }
 
 /* Takes one checkpoint and answers its call. On the checkpoint thread. */
@@ -176,15 +172,11 @@ static void fail_all_waits(psd_shard *s, enum ps_rpc_code code, const char *msg)
  * variables as they are; only the swap holds every call. */
 static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
-    psd_shard *s = ctx;
-    Ps__V1__RestoreRequest *r = ps__v1__restore_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "Restore", len);
-        return;
-    }
-    uint64_t step = r->step;
+    Ps__V1__RestoreRequest *r = shard_unpack(ctx, call, "Restore",
+                                             &ps__v1__restore_request__descriptor, req, len);
+    if (r != NULL)
+        job_enqueue(ctx, call, JOB_RESTORE, r->step, 0, "Restore");
     ps__v1__restore_request__free_unpacked(r, NULL);
-    job_enqueue(s, call, JOB_RESTORE, step, 0, "Restore");
 }
 
 /* Finds the checkpoint of *step (0: the latest, written back) and loads
@@ -283,14 +275,10 @@ static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
 
 /* ---- lifetime --------------------------------------------------------- */
 
-int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
+/* Takes the shard's own copy of opts: defaults filled in, the paths its
+ * own strings (a checkpoint root of "" or NULL is the data directory). */
+static int copy_opts(psd_shard *s, const psd_shard_opts *opts)
 {
-    if (opts->data_dir == NULL || opts->data_dir[0] == '\0' ||
-        opts->commit_interval_ms <= 0 || opts->workers == 0)
-        return PS_EINVAL_ARG;
-    psd_shard *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return -ENOMEM;
     s->o = *opts;
     if (s->o.max_message_bytes == 0)
         s->o.max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE;
@@ -299,33 +287,52 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     s->ckpt_root = strdup(opts->checkpoint_root && opts->checkpoint_root[0]
                               ? opts->checkpoint_root : opts->data_dir);
     s->o.checkpoint_root = s->ckpt_root;
+    return s->data_dir != NULL && s->ckpt_root != NULL ? 0 : -ENOMEM;
+}
+
+/* Starts the checkpoint thread, the push helper, the flusher and the
+ * sweeper; -EAGAIN when one does not start. */
+static int start_threads(psd_shard *s)
+{
+    if (ps_thread_start(&s->ckpt_thread, &s->ckpt_mu, &s->ckpt_cond, ckpt_main, s) != 0)
+        return -EAGAIN;
+    s->ckpt_started = true;
+    if (psd_assist_start(&s->assist) != 0 ||
+        pthread_create(&s->flusher, NULL, shard_flusher_main, s) != 0 ||
+        pthread_create(&s->sweeper, NULL, shard_sweeper_main, s) != 0)
+        return -EAGAIN; /* (a started flusher is stopped by close) */
+    s->threads_started = true;
+    return 0;
+}
+
+int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
+{
+    if (opts->data_dir == NULL || opts->data_dir[0] == '\0' ||
+        opts->commit_interval_ms <= 0 || opts->workers == 0)
+        return PS_EINVAL_ARG;
+    psd_shard *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
     pthread_rwlock_init(&s->table_lock, NULL);
     pthread_mutex_init(&s->wait_mu, NULL);
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
-    pthread_mutex_init(&s->ckpt_mu, NULL);
-    pthread_cond_init(&s->ckpt_cond, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
-    int rc = psd_shmmap_create(&s->shm);
-    if (rc != 0)
-        goto fail;
-    rc = shard_store_open(s, opts->map_size);
+    int rc = copy_opts(s, opts);
+    if (rc == 0)
+        rc = psd_shmmap_create(&s->shm);
+    if (rc == 0)
+        rc = shard_store_open(s, opts->map_size);
     if (rc != 0)
         goto fail;
     uint64_t last = 0;
     if (psd_ckpt_latest(s->ckpt_root, &last) == 0)
         atomic_store(&s->last_ckpt, last);
-    if (pthread_create(&s->ckpt_thread, NULL, ckpt_main, s) == 0)
-        s->ckpt_started = true;
-    if (!s->ckpt_started || psd_assist_start(&s->assist) != 0 ||
-        pthread_create(&s->flusher, NULL, shard_flusher_main, s) != 0 ||
-        pthread_create(&s->sweeper, NULL, shard_sweeper_main, s) != 0) {
-        rc = -EAGAIN;
-        goto fail; /* (a started flusher is stopped by close) */
-    }
-    s->threads_started = true;
+    rc = start_threads(s);
+    if (rc != 0)
+        goto fail;
     ps_log_info("loaded %zu variable(s) from %s", s->nvars, s->data_dir);
     *out = s;
     return 0;
@@ -376,10 +383,7 @@ int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
 
 void psd_shard_stop(psd_shard *s)
 {
-    pthread_mutex_lock(&s->wait_mu);
-    s->stopping = true;
-    pthread_cond_signal(&s->wait_cond);
-    pthread_mutex_unlock(&s->wait_mu);
+    ps_cond_raise(&s->wait_mu, &s->wait_cond, &s->stopping);
     /* Durable pushes are answered by one last flush. */
     psd_shard_flush(s);
     /* Let the sweeper answer the waits; wait until it has. */
@@ -405,24 +409,15 @@ int psd_shard_close(psd_shard *s)
         s->stopping = true;
         pthread_cond_signal(&s->wait_cond);
         pthread_mutex_unlock(&s->wait_mu);
-        pthread_mutex_lock(&s->flush_mu);
-        pthread_cond_signal(&s->flush_cond);
-        pthread_mutex_unlock(&s->flush_mu);
+        ps_cond_raise(&s->flush_mu, &s->flush_cond, NULL);
         pthread_join(s->flusher, NULL);
         pthread_join(s->sweeper, NULL);
         rc = psd_shard_flush(s);
         fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
     }
-    if (s->ckpt_started) {
-        /* A checkpoint under way finishes; queued ones are refused. */
-        pthread_mutex_lock(&s->ckpt_mu);
-        s->ckpt_quit = true;
-        pthread_cond_signal(&s->ckpt_cond);
-        pthread_mutex_unlock(&s->ckpt_mu);
-        pthread_join(s->ckpt_thread, NULL);
-    }
-    pthread_mutex_destroy(&s->ckpt_mu);
-    pthread_cond_destroy(&s->ckpt_cond);
+    /* A checkpoint under way finishes; queued ones are refused. */
+    if (s->ckpt_started)
+        ps_thread_stop(s->ckpt_thread, &s->ckpt_mu, &s->ckpt_cond, &s->ckpt_quit);
     psd_assist_stop(s->assist);
     psd_shmmap_destroy(s->shm);
     shard_store_close(s);

@@ -174,14 +174,34 @@ static inline void shard_count_bad(psd_shard *s)
     atomic_fetch_add(&s->bad, 1);
 }
 
-/* Refuses a request whose bytes do not parse as its message: "Pull: 12
- * bytes that are not a PullRequest". */
-static inline void shard_fail_unparsed(psd_shard *s, ps_rpc_call *call,
-                                       const char *method, size_t len)
+/* The opening of a unary handler: unpacks the request of method, a
+ * message of type d, for the caller to free (protobuf_c_message_free_unpacked).
+ * Bytes that do not parse count as a bad request and fail call ("Pull: 12
+ * bytes that are not a PullRequest"); then NULL. */
+static inline void *shard_unpack(psd_shard *s, ps_rpc_call *call, const char *method,
+                                 const ProtobufCMessageDescriptor *d, const uint8_t *req,
+                                 size_t len)
 {
-    shard_count_bad(s);
-    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a %sRequest",
-                method, len, method);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, req);
+    if (m == NULL) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a %sRequest",
+                    method, len, method);
+    }
+    return m;
+}
+
+/* shard_unpack for a request with nothing in it to read: true when it
+ * parses, else false with call failed. */
+static inline bool shard_request_parses(psd_shard *s, ps_rpc_call *call, const char *method,
+                                        const ProtobufCMessageDescriptor *d,
+                                        const uint8_t *req, size_t len)
+{
+    ProtobufCMessage *m = shard_unpack(s, call, method, d, req, len);
+    if (m == NULL)
+        return false;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return true;
 }
 
 /* shard.c */

@@ -179,12 +179,8 @@ size_t psd_shmmap_sweep(psd_shmmap *m, int64_t idle_ms)
 {
     int64_t now = ps_now_ms();
     /* Never waits for callers: the sweeper has other work; next time. */
-    if (pthread_rwlock_trywrlock(&m->use) != 0) {
-        pthread_mutex_lock(&m->mu);
-        size_t n = m->n;
-        pthread_mutex_unlock(&m->mu);
-        return n;
-    }
+    if (pthread_rwlock_trywrlock(&m->use) != 0)
+        return psd_shmmap_count(m);
     pthread_mutex_lock(&m->mu);
     for (size_t i = 0; i < m->n;) {
         if (now - __atomic_load_n(&m->r[i].last_used_ms, __ATOMIC_RELAXED) >= idle_ms) {

@@ -382,57 +382,53 @@ static bool float_aligned(const void *p)
     return ((uintptr_t)p % _Alignof(float)) == 0;
 }
 
-/* Checks a "vars" record and its dense values and fills rec, which stays
- * valid until txn ends or r is reused. Every inconsistency is PS_ECORRUPT,
- * logged with the variable's name. */
-static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_val *data,
-                    struct reader *r, psd_var_rec *rec)
+/* Checks the header of the "vars" record of variable name against the
+ * record's size and the limits this build can hold. */
+static int check_var_hdr(const psd_store *s, const char *name, const MDB_val *data,
+                         struct var_hdr *h)
 {
-    if (key->mv_size == 0 || key->mv_size > MAX_NAME) {
-        ps_log_error("store %s: a variable name of %zu bytes", s->dir, key->mv_size);
-        return PS_ECORRUPT;
-    }
-    memcpy(r->name, key->mv_data, key->mv_size);
-    r->name[key->mv_size] = '\0';
-    const char *name = r->name;
-
-    struct var_hdr h;
-    if (data->mv_size < sizeof h) {
+    if (data->mv_size < sizeof *h) {
         ps_log_error("store %s: variable '%s': record of %zu bytes is shorter than its header",
                      s->dir, name, data->mv_size);
         return PS_ECORRUPT;
     }
-    memcpy(&h, data->mv_data, sizeof h);
-    if (h.magic == __builtin_bswap32(VAR_MAGIC)) {
+    memcpy(h, data->mv_data, sizeof *h);
+    if (h->magic == __builtin_bswap32(VAR_MAGIC)) {
         ps_log_error("store %s: variable '%s': written on a host of the other byte order", s->dir,
                      name);
         return PS_ECORRUPT;
     }
-    if (h.magic != VAR_MAGIC) {
-        ps_log_error("store %s: variable '%s': bad magic 0x%08x", s->dir, name, h.magic);
+    if (h->magic != VAR_MAGIC) {
+        ps_log_error("store %s: variable '%s': bad magic 0x%08x", s->dir, name, h->magic);
         return PS_ECORRUPT;
     }
-    if (h.format != VAR_FORMAT || h.hdr_size != sizeof h) {
+    if (h->format != VAR_FORMAT || h->hdr_size != sizeof *h) {
         ps_log_error("store %s: variable '%s': record format %u (header %u bytes), expected %u (%zu)",
-                     s->dir, name, h.format, h.hdr_size, VAR_FORMAT, sizeof h);
+                     s->dir, name, h->format, h->hdr_size, VAR_FORMAT, sizeof *h);
         return PS_ECORRUPT;
     }
-    if (h.spec_len != data->mv_size - sizeof h) {
+    if (h->spec_len != data->mv_size - sizeof *h) {
         ps_log_error("store %s: variable '%s': header says a %llu-byte spec, record holds %zu",
-                     s->dir, name, (unsigned long long)h.spec_len, data->mv_size - sizeof h);
+                     s->dir, name, (unsigned long long)h->spec_len, data->mv_size - sizeof *h);
         return PS_ECORRUPT;
     }
-    if (h.nslots > PSD_STORE_MAX_SLOTS || h.n > SIZE_MAX / sizeof(float) / (h.nslots + 1)) {
+    if (h->nslots > PSD_STORE_MAX_SLOTS || h->n > SIZE_MAX / sizeof(float) / (h->nslots + 1)) {
         ps_log_error("store %s: variable '%s': impossible size (n %llu, %u slots)", s->dir, name,
-                     (unsigned long long)h.n, h.nslots);
+                     (unsigned long long)h->n, h->nslots);
         return PS_ECORRUPT;
     }
+    return 0;
+}
 
-    size_t n = (size_t)h.n;
-    MDB_val vals[PSD_STORE_MAX_SLOTS + 1];
-    for (unsigned kind = 0; kind <= h.nslots; kind++) {
+/* Fetches the value (vals[0]) and the slots (vals[1..nslots]) of the
+ * variable h describes; each must be there and hold exactly h->n floats. */
+static int get_dense(const psd_store *s, MDB_txn *txn, const char *name,
+                     const struct var_hdr *h, MDB_val *vals)
+{
+    size_t n = (size_t)h->n;
+    for (unsigned kind = 0; kind <= h->nslots; kind++) {
         uint8_t kb[DENSE_KEY_LEN];
-        dense_key(kb, h.var_id, kind);
+        dense_key(kb, h->var_id, kind);
         MDB_val k = {sizeof kb, kb};
         char what[16] = "the value";
         if (kind > 0)
@@ -453,13 +449,20 @@ static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_va
             return PS_ECORRUPT;
         }
     }
+    return 0;
+}
 
-    /* Point into the map where we can, copy where we must. An empty
-     * variable still gets aligned (dummy) pointers. */
+/* Sets rec->value and rec->slots from vals: pointing into the map where we
+ * can, copying into r's scratch where we must (unaligned, or several slots
+ * that the record wants contiguous). An empty variable still gets aligned
+ * (dummy) pointers. */
+static int point_dense(struct reader *r, size_t n, unsigned nslots, const MDB_val *vals,
+                       psd_var_rec *rec)
+{
     static const float empty[1];
     bool copy_value = n > 0 && !float_aligned(vals[0].mv_data);
-    bool copy_slots = n > 0 && (h.nslots > 1 || (h.nslots == 1 && !float_aligned(vals[1].mv_data)));
-    size_t need = (copy_value ? n : 0) + (copy_slots ? n * h.nslots : 0);
+    bool copy_slots = n > 0 && (nslots > 1 || (nslots == 1 && !float_aligned(vals[1].mv_data)));
+    size_t need = (copy_value ? n : 0) + (copy_slots ? n * nslots : 0);
     if (reader_reserve(r, need) != 0)
         return -ENOMEM;
     float *p = r->scratch;
@@ -470,17 +473,46 @@ static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_va
         p += n;
     }
     rec->slots = NULL;
-    if (h.nslots > 0)
+    if (nslots > 0)
         rec->slots = vals[1].mv_data;
     if (copy_slots) {
         rec->slots = p;
-        for (unsigned k = 0; k < h.nslots; k++)
+        for (unsigned k = 0; k < nslots; k++)
             memcpy(p + (size_t)k * n, vals[k + 1].mv_data, n * sizeof(float));
     }
     if (n == 0) {
         rec->value = empty;
-        rec->slots = h.nslots > 0 ? empty : NULL;
+        rec->slots = nslots > 0 ? empty : NULL;
     }
+    return 0;
+}
+
+/* Checks a "vars" record and its dense values and fills rec, which stays
+ * valid until txn ends or r is reused. Every inconsistency is PS_ECORRUPT,
+ * logged with the variable's name. */
+static int read_var(psd_store *s, MDB_txn *txn, const MDB_val *key, const MDB_val *data,
+                    struct reader *r, psd_var_rec *rec)
+{
+    if (key->mv_size == 0 || key->mv_size > MAX_NAME) {
+        ps_log_error("store %s: a variable name of %zu bytes", s->dir, key->mv_size);
+        return PS_ECORRUPT;
+    }
+    memcpy(r->name, key->mv_data, key->mv_size);
+    r->name[key->mv_size] = '\0';
+    const char *name = r->name;
+
+    struct var_hdr h;
+    int rc = check_var_hdr(s, name, data, &h);
+    if (rc != 0)
+        return rc;
+    MDB_val vals[PSD_STORE_MAX_SLOTS + 1];
+    rc = get_dense(s, txn, name, &h, vals);
+    if (rc != 0)
+        return rc;
+    size_t n = (size_t)h.n;
+    rc = point_dense(r, n, h.nslots, vals, rec);
+    if (rc != 0)
+        return rc;
     rec->name = name;
     rec->spec = (const char *)data->mv_data + sizeof h;
     rec->spec_len = (size_t)h.spec_len;

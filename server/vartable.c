@@ -397,12 +397,10 @@ static Ps__V1__CreateVariableRequest *
 create_parse(psd_shard *s, ps_rpc_call *call, const uint8_t *req, size_t len,
              struct norm_spec *ns, size_t *n)
 {
-    Ps__V1__CreateVariableRequest *r =
-        ps__v1__create_variable_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "CreateVariable", len);
+    Ps__V1__CreateVariableRequest *r = shard_unpack(
+        s, call, "CreateVariable", &ps__v1__create_variable_request__descriptor, req, len);
+    if (r == NULL)
         return NULL;
-    }
     if (r->spec == NULL) {
         shard_count_bad(s);
         ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "CreateVariable: spec is missing");
@@ -619,13 +617,9 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
                           void *ctx)
 {
     psd_shard *s = ctx;
-    Ps__V1__ListVariablesRequest *r =
-        ps__v1__list_variables_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "ListVariables", len);
+    if (!shard_request_parses(s, call, "ListVariables",
+                              &ps__v1__list_variables_request__descriptor, req, len))
         return;
-    }
-    ps__v1__list_variables_request__free_unpacked(r, NULL);
     pthread_rwlock_rdlock(&s->table_lock);
     size_t n = s->nvars;
     Ps__V1__ListVariablesResponse resp = PS__V1__LIST_VARIABLES_RESPONSE__INIT;
@@ -679,12 +673,8 @@ uint64_t psd_rss_bytes(void)
 void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
-    Ps__V1__StatsRequest *r = ps__v1__stats_request__unpack(NULL, len, req);
-    if (r == NULL) {
-        shard_fail_unparsed(s, call, "Stats", len);
+    if (!shard_request_parses(s, call, "Stats", &ps__v1__stats_request__descriptor, req, len))
         return;
-    }
-    ps__v1__stats_request__free_unpacked(r, NULL);
     Ps__V1__StatsResponse resp = PS__V1__STATS_RESPONSE__INIT;
     pthread_rwlock_rdlock(&s->table_lock);
     resp.variables = s->nvars;

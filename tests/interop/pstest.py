@@ -103,6 +103,17 @@ class Results:
             self.failed += 1
             print("FAIL %s" % what, flush=True)
 
+    def refused(self, what, call, code, *words):
+        """Checks that call() fails with code (a grpc.StatusCode) and a
+        message that holds each of words; what names the case."""
+        import grpc
+        try:
+            call()
+            self.check(False, "%s is refused" % what)
+        except grpc.RpcError as e:
+            self.check(e.code() == code and all(w in e.details() for w in words),
+                       "%s is %s (%s)" % (what, code.name, e.details()))
+
     def finish(self):
         print("%s: %d passed, %d failed" % (self.name, self.passed, self.failed))
         sys.exit(0 if self.failed == 0 else 1)

@@ -1,10 +1,12 @@
 #include "common/errors.h"
 #include "server/init.h"
 #include "tests/unit/pscheck.h"
+#include "tests/unit/refusals.h"
 
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,80 +154,69 @@ START_TEST(test_validate_unknown_kind)
 }
 END_TEST
 
+/* psd_init_validate on a row of a refusal table (refusals.h). */
+static int validate_row(const struct ps_refusal *row, char *why, size_t whylen)
+{
+    psd_init i = spec((enum psd_init_kind)row->kind, 0);
+    ps_refusal_apply(&i, row);
+    return psd_init_validate(&i, why, whylen);
+}
+
+#define SET(field, v) {offsetof(psd_init, field), v}
+
 START_TEST(test_validate_uniform_bounds)
 {
-    char why[256];
-    psd_init i = {.kind = PSD_INIT_UNIFORM, .minval = 1.0f, .maxval = 1.0f};
-    psd_init_defaults(&i);
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initializer UNIFORM: maxval must exceed minval, "
-                          "got minval 1 maxval 1");
-    i.maxval = -3.0f;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "got minval 1 maxval -3"));
-    i.maxval = nextafterf(1.0f, 2.0f);
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), 0);
-    /* Other kinds ignore the bounds. */
-    i.kind = PSD_INIT_NORMAL;
-    i.maxval = -3.0f;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), 0);
+    const struct ps_refusal t[] = {
+        {PSD_INIT_UNIFORM, {SET(minval, 1.0f), SET(maxval, 1.0f)}, PS_EINVAL_ARG,
+         "initializer UNIFORM: maxval must exceed minval, got minval 1 maxval 1"},
+        {PSD_INIT_UNIFORM, {SET(minval, 1.0f), SET(maxval, -3.0f)}, PS_EINVAL_ARG, NULL,
+         "got minval 1 maxval -3"},
+        {PSD_INIT_UNIFORM, {SET(minval, 1.0f), SET(maxval, nextafterf(1.0f, 2.0f))}, 0},
+        /* Other kinds ignore the bounds. */
+        {PSD_INIT_NORMAL, {SET(minval, 1.0f), SET(maxval, -3.0f)}, 0},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_stddev)
 {
-    char why[256];
-    psd_init i = spec(PSD_INIT_NORMAL, 0);
-    i.stddev = -1.0f;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initializer NORMAL: stddev must be > 0, got -1");
-    i.kind = PSD_INIT_TRUNCATED_NORMAL;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why,
-                     "initializer TRUNCATED_NORMAL: stddev must be > 0, got -1");
-    i.stddev = 0.0f; /* not defaulted: refused */
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    i.kind = PSD_INIT_GLOROT_UNIFORM; /* ignores stddev */
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), 0);
+    const struct ps_refusal t[] = {
+        {PSD_INIT_NORMAL, {SET(stddev, -1.0f)}, PS_EINVAL_ARG,
+         "initializer NORMAL: stddev must be > 0, got -1"},
+        {PSD_INIT_TRUNCATED_NORMAL, {SET(stddev, -1.0f)}, PS_EINVAL_ARG,
+         "initializer TRUNCATED_NORMAL: stddev must be > 0, got -1"},
+        /* not defaulted: refused */
+        {PSD_INIT_TRUNCATED_NORMAL, {SET(stddev, 0.0f)}, PS_EINVAL_ARG},
+        {PSD_INIT_GLOROT_UNIFORM, {SET(stddev, 0.0f)}, 0}, /* ignores stddev */
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_non_finite)
 {
-    char why[256];
-    psd_init i = spec(PSD_INIT_CONSTANT, 0);
-    i.value = NAN;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initializer CONSTANT: value must be finite, got nan");
-    i.value = INFINITY;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initializer CONSTANT: value must be finite, got inf");
-
-    i = spec(PSD_INIT_UNIFORM, 0);
-    i.minval = -INFINITY;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "minval must be finite, got -inf"));
-    i = spec(PSD_INIT_UNIFORM, 0);
-    i.maxval = INFINITY;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "maxval must be finite"));
-
-    i = spec(PSD_INIT_NORMAL, 0);
-    i.mean = NAN;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "mean must be finite"));
-    i = spec(PSD_INIT_TRUNCATED_NORMAL, 0);
-    i.stddev = INFINITY;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "stddev must be finite"));
-
-    /* Even in a field the kind ignores. */
-    i = spec(PSD_INIT_ZEROS, 0);
-    i.mean = NAN;
-    ck_assert_int_eq(psd_init_validate(&i, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initializer ZEROS: mean must be finite, got nan");
+    const struct ps_refusal t[] = {
+        {PSD_INIT_CONSTANT, {SET(value, NAN)}, PS_EINVAL_ARG,
+         "initializer CONSTANT: value must be finite, got nan"},
+        {PSD_INIT_CONSTANT, {SET(value, INFINITY)}, PS_EINVAL_ARG,
+         "initializer CONSTANT: value must be finite, got inf"},
+        {PSD_INIT_UNIFORM, {SET(minval, -INFINITY)}, PS_EINVAL_ARG, NULL,
+         "minval must be finite, got -inf"},
+        {PSD_INIT_UNIFORM, {SET(maxval, INFINITY)}, PS_EINVAL_ARG, NULL,
+         "maxval must be finite"},
+        {PSD_INIT_NORMAL, {SET(mean, NAN)}, PS_EINVAL_ARG, NULL, "mean must be finite"},
+        {PSD_INIT_TRUNCATED_NORMAL, {SET(stddev, INFINITY)}, PS_EINVAL_ARG, NULL,
+         "stddev must be finite"},
+        /* Even in a field the kind ignores. */
+        {PSD_INIT_ZEROS, {SET(mean, NAN)}, PS_EINVAL_ARG,
+         "initializer ZEROS: mean must be finite, got nan"},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
+
+#undef SET
 
 START_TEST(test_validate_why_short)
 {

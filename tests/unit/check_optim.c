@@ -1,10 +1,12 @@
 #include "common/errors.h"
 #include "server/optim.h"
 #include "tests/unit/pscheck.h"
+#include "tests/unit/refusals.h"
 
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,121 +113,99 @@ START_TEST(test_validate_unknown_kind)
 }
 END_TEST
 
+/* psd_opt_validate on a row of a refusal table (refusals.h). */
+static int validate_row(const struct ps_refusal *row, char *why, size_t whylen)
+{
+    psd_opt o = defaulted((enum psd_opt_kind)row->kind);
+    ps_refusal_apply(&o, row);
+    return psd_opt_validate(&o, why, whylen);
+}
+
+#define SET(field, v) {offsetof(psd_opt, field), v}
+
 START_TEST(test_validate_learning_rate)
 {
-    char why[256];
-    psd_opt o = defaulted(PSD_OPT_SGD);
-    o.lr = -1.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got -1");
-    o.lr = 0.0f; /* not defaulted: refused */
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got 0");
-    o.lr = NAN;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "learning_rate"));
-    o.lr = INFINITY;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "learning_rate must be > 0 and finite, got inf");
-    o.lr = FLT_TRUE_MIN;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    const struct ps_refusal t[] = {
+        {PSD_OPT_SGD, {SET(lr, -1.0f)}, PS_EINVAL_ARG,
+         "learning_rate must be > 0 and finite, got -1"},
+        /* not defaulted: refused */
+        {PSD_OPT_SGD, {SET(lr, 0.0f)}, PS_EINVAL_ARG,
+         "learning_rate must be > 0 and finite, got 0"},
+        {PSD_OPT_SGD, {SET(lr, NAN)}, PS_EINVAL_ARG, NULL, "learning_rate"},
+        {PSD_OPT_SGD, {SET(lr, INFINITY)}, PS_EINVAL_ARG,
+         "learning_rate must be > 0 and finite, got inf"},
+        {PSD_OPT_SGD, {SET(lr, FLT_TRUE_MIN)}, 0},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_momentum)
 {
-    char why[256];
-    psd_opt o = defaulted(PSD_OPT_MOMENTUM);
-    o.momentum = 1.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "momentum must be in [0, 1), got 1");
-    o.momentum = -0.5f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "momentum must be in [0, 1), got -0.5");
-    o.momentum = NAN;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    o.momentum = 0.0f; /* a set 0 (no defaults applied) is in range */
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    o.momentum = nextafterf(1.0f, 0.0f);
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    /* SGD ignores momentum: any finite value passes, NaN does not. */
-    o = defaulted(PSD_OPT_SGD);
-    o.momentum = 5.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    o.momentum = NAN;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "momentum must be finite, got nan");
+    const struct ps_refusal t[] = {
+        {PSD_OPT_MOMENTUM, {SET(momentum, 1.0f)}, PS_EINVAL_ARG,
+         "momentum must be in [0, 1), got 1"},
+        {PSD_OPT_MOMENTUM, {SET(momentum, -0.5f)}, PS_EINVAL_ARG,
+         "momentum must be in [0, 1), got -0.5"},
+        {PSD_OPT_MOMENTUM, {SET(momentum, NAN)}, PS_EINVAL_ARG},
+        /* a set 0 (no defaults applied) is in range */
+        {PSD_OPT_MOMENTUM, {SET(momentum, 0.0f)}, 0},
+        {PSD_OPT_MOMENTUM, {SET(momentum, nextafterf(1.0f, 0.0f))}, 0},
+        /* SGD ignores momentum: any finite value passes, NaN does not. */
+        {PSD_OPT_SGD, {SET(momentum, 5.0f)}, 0},
+        {PSD_OPT_SGD, {SET(momentum, NAN)}, PS_EINVAL_ARG, "momentum must be finite, got nan"},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_betas)
 {
-    char why[256];
-    psd_opt o = defaulted(PSD_OPT_ADAM);
-    o.beta1 = 1.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "beta1 must be in [0, 1), got 1");
-    o.beta1 = -0.1f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "beta1 must be in [0, 1)"));
-    o = defaulted(PSD_OPT_ADAM);
-    o.beta2 = 1.5f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "beta2 must be in [0, 1), got 1.5");
-    o.beta2 = INFINITY;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "beta2"));
-    /* Only ADAM range-checks the betas. */
-    o = defaulted(PSD_OPT_MOMENTUM);
-    o.beta1 = 2.0f;
-    o.beta2 = -3.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    o.beta2 = -INFINITY;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "beta2 must be finite, got -inf");
+    const struct ps_refusal t[] = {
+        {PSD_OPT_ADAM, {SET(beta1, 1.0f)}, PS_EINVAL_ARG, "beta1 must be in [0, 1), got 1"},
+        {PSD_OPT_ADAM, {SET(beta1, -0.1f)}, PS_EINVAL_ARG, NULL, "beta1 must be in [0, 1)"},
+        {PSD_OPT_ADAM, {SET(beta2, 1.5f)}, PS_EINVAL_ARG, "beta2 must be in [0, 1), got 1.5"},
+        {PSD_OPT_ADAM, {SET(beta2, INFINITY)}, PS_EINVAL_ARG, NULL, "beta2"},
+        /* Only ADAM range-checks the betas. */
+        {PSD_OPT_MOMENTUM, {SET(beta1, 2.0f), SET(beta2, -3.0f)}, 0},
+        {PSD_OPT_MOMENTUM, {SET(beta1, 2.0f), SET(beta2, -INFINITY)}, PS_EINVAL_ARG,
+         "beta2 must be finite, got -inf"},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_epsilon)
 {
-    char why[256];
     for (int k = PSD_OPT_ADAGRAD; k <= PSD_OPT_ADAM; k++) {
-        psd_opt o = defaulted((enum psd_opt_kind)k);
-        o.epsilon = 0.0f;
-        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-        ck_assert_str_eq(why, "epsilon must be > 0 and finite, got 0");
-        o.epsilon = -1e-8f;
-        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-        ck_assert_ptr_nonnull(strstr(why, "epsilon must be > 0"));
-        o.epsilon = NAN;
-        ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
+        const struct ps_refusal t[] = {
+            {k, {SET(epsilon, 0.0f)}, PS_EINVAL_ARG, "epsilon must be > 0 and finite, got 0"},
+            {k, {SET(epsilon, -1e-8f)}, PS_EINVAL_ARG, NULL, "epsilon must be > 0"},
+            {k, {SET(epsilon, NAN)}, PS_EINVAL_ARG},
+        };
+        PS_CHECK_REFUSALS(t, validate_row);
     }
-    psd_opt o = defaulted(PSD_OPT_SGD);
-    o.epsilon = -1.0f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
+    const struct ps_refusal sgd[] = {{PSD_OPT_SGD, {SET(epsilon, -1.0f)}, 0}};
+    PS_CHECK_REFUSALS(sgd, validate_row);
 }
 END_TEST
 
 START_TEST(test_validate_initial_accumulator)
 {
-    char why[256];
-    psd_opt o = defaulted(PSD_OPT_ADAGRAD);
-    o.initial_accumulator = -0.1f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(
-        strstr(why, "initial_accumulator must be >= 0 and finite, got -0.1"));
-    o.initial_accumulator = INFINITY;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    o.initial_accumulator = 0.0f; /* >= 0 */
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    o = defaulted(PSD_OPT_ADAM);
-    o.initial_accumulator = -0.1f;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
-    o.initial_accumulator = NAN;
-    ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_str_eq(why, "initial_accumulator must be finite, got nan");
+    const struct ps_refusal t[] = {
+        {PSD_OPT_ADAGRAD, {SET(initial_accumulator, -0.1f)}, PS_EINVAL_ARG, NULL,
+         "initial_accumulator must be >= 0 and finite, got -0.1"},
+        {PSD_OPT_ADAGRAD, {SET(initial_accumulator, INFINITY)}, PS_EINVAL_ARG},
+        {PSD_OPT_ADAGRAD, {SET(initial_accumulator, 0.0f)}, 0}, /* >= 0 */
+        {PSD_OPT_ADAM, {SET(initial_accumulator, -0.1f)}, 0},
+        {PSD_OPT_ADAM, {SET(initial_accumulator, NAN)}, PS_EINVAL_ARG,
+         "initial_accumulator must be finite, got nan"},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
 }
 END_TEST
+
+#undef SET
 
 START_TEST(test_validate_why_null_or_short)
 {

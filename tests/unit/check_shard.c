@@ -330,18 +330,26 @@ END_TEST
 
 /* ---- Push ------------------------------------------------------------- */
 
+/* The first push to name, of G1: answered OK with version 1, and with the
+ * new value when return_values. The caller frees the answer. */
+static Ps__V1__PushResponse *push_first(const char *name, bool return_values)
+{
+    struct push_args a = {.name = name, .g = G1, .n = N, .return_values = return_values};
+    push_run(&a);
+    ck_assert_int_eq(a.code, PS_RPC_OK);
+    ck_assert_uint_eq(a.resp->n_versions, 1);
+    ck_assert_uint_eq(a.resp->versions[0], 1);
+    ck_assert_uint_eq(a.resp->n_values, return_values ? 1 : 0);
+    return a.resp;
+}
+
 START_TEST(test_push_sgd)
 {
     create_ok("w", 0);
     float want[N];
     fill(want, INIT);
-    struct push_args a = {.name = "w", .g = G1, .n = N};
-    push_run(&a);
-    ck_assert_int_eq(a.code, PS_RPC_OK);
-    ck_assert_uint_eq(a.resp->n_versions, 1);
-    ck_assert_uint_eq(a.resp->versions[0], 1);
-    ck_assert_uint_eq(a.resp->n_values, 0);
-    protobuf_c_message_free_unpacked(&a.resp->base, NULL);
+    Ps__V1__PushResponse *resp = push_first("w", false);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
     sgd_ref(want, G1, LR);
     check_pulled("w", 1, want);
     ck_assert_int_eq(push_grad("w", G2, N, NULL), PS_RPC_OK);
@@ -356,14 +364,9 @@ START_TEST(test_push_return_values)
     float want[N];
     fill(want, INIT);
     sgd_ref(want, G1, LR);
-    struct push_args a = {.name = "w", .g = G1, .n = N, .return_values = true};
-    push_run(&a);
-    ck_assert_int_eq(a.code, PS_RPC_OK);
-    ck_assert_uint_eq(a.resp->n_versions, 1);
-    ck_assert_uint_eq(a.resp->versions[0], 1);
-    ck_assert_uint_eq(a.resp->n_values, 1);
-    check_value(a.resp->values[0], "w", 1, want);
-    protobuf_c_message_free_unpacked(&a.resp->base, NULL);
+    Ps__V1__PushResponse *resp = push_first("w", true);
+    check_value(resp->values[0], "w", 1, want);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 END_TEST
 

@@ -1,0 +1,33 @@
+#include "common/thread.h"
+
+#include <errno.h>
+
+int ps_thread_start(pthread_t *th, pthread_mutex_t *mu, pthread_cond_t *cv,
+                    void *(*fn)(void *), void *arg)
+{
+    pthread_mutex_init(mu, NULL);
+    pthread_cond_init(cv, NULL);
+    if (pthread_create(th, NULL, fn, arg) != 0) {
+        pthread_cond_destroy(cv);
+        pthread_mutex_destroy(mu);
+        return -EAGAIN;
+    }
+    return 0;
+}
+
+void ps_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, bool *quit)
+{
+    ps_cond_raise(mu, cv, quit);
+    pthread_join(th, NULL);
+    pthread_cond_destroy(cv);
+    pthread_mutex_destroy(mu);
+}
+
+void ps_cond_raise(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag)
+{
+    pthread_mutex_lock(mu);
+    if (flag != NULL)
+        *flag = true;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+}
