@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/retention.h"
 #include "common/thread.h"
 
 #include <errno.h>
@@ -87,9 +88,9 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
         return;
     }
     atomic_store(&s->last_ckpt, step);
-    if (s->o.checkpoint_keep > 0)
-        psd_ckpt_prune(s->ckpt_root, s->o.checkpoint_keep > keep_at_least
-                                         ? s->o.checkpoint_keep : keep_at_least);
+    size_t keep = ps_retention_keep(s->o.checkpoint_keep, keep_at_least);
+    if (keep > 0)
+        psd_ckpt_prune(s->ckpt_root, keep);
     ps_log_info("checkpoint at step %llu: %s (%llu bytes)",
                 (unsigned long long)step, path, (unsigned long long)bytes);
     Ps__V1__CheckpointResponse resp = PS__V1__CHECKPOINT_RESPONSE__INIT;
