@@ -1,7 +1,7 @@
 /*
  * fuzz_handlers - libFuzzer target: arbitrary bytes as the request of every
  * ParameterServer method, sent through the real gRPC client to the real
- * handlers (server/shard.c) on a real rpc server (common/rpc.c) over a
+ * handlers (server/shard.h) on a real rpc server (common/rpc.h) over a
  * shard whose LMDB lives in a temporary directory: the path a request from
  * the network takes in psd, with nothing replaced.
  *
