@@ -32,6 +32,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/proc.h"
 #include "ps_config.h"
 
 #include <stdbool.h>
@@ -80,12 +81,9 @@ static const struct command commands[] = {
 /* Set once by main before a command runs; commands only read it. */
 struct global_cfg psctl_global;
 
-static const char *const log_levels[] = {"error", "warn", "info", "debug",
-                                         NULL};
-
 static const ps_opt global_opts[] = {
     {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), "warn",
-     "least severe log lines shown on stderr", 0, 0, log_levels},
+     "least severe log lines shown on stderr", 0, 0, ps_proc_log_levels},
     {"server", PS_OPT_STRING, offsetof(struct global_cfg, server), NULL,
      "psd to talk to, HOST:PORT (default: $PSD_ADDR, else " DEFAULT_SERVER
      ")", 0, 0, NULL},

@@ -72,7 +72,6 @@ struct wd_conf {
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
 static const char *const cons_choices[] = {"async", "sync", NULL};
-static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
 
@@ -170,7 +169,7 @@ static const ps_opt wd_opts[] = {
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
-     "error, warn, info or debug", 0, 0, level_choices},
+     "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {0},
 };
 
