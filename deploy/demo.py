@@ -3,6 +3,12 @@ Fashion-MNIST: pscoord, two psd shards, two workerd workers and one
 evaluator, with a live progress line and a closing summary. Ctrl-C stops
 every process.
 
+The chief (worker 0) and the evaluator write TensorBoard event files into
+the run's directory (tensorboard/); the demo prints the tensorboard command
+for the run at its start (to watch it live) and at its end. Without --keep
+the run's directory is removed at the end, but its event files are kept in
+BUILD_DIR/tensorboard/demo-<time>, one run of TensorBoard per demo.
+
 Usage: demo.py BUILD_DIR [--epochs N] [--keep DIR]
 """
 import argparse
@@ -25,8 +31,9 @@ def main():
     a = ap.parse_args()
     root = a.keep or tempfile.mkdtemp(prefix="psd-demo-")
     os.makedirs(root, exist_ok=True)
+    logdir = os.path.join(os.path.abspath(root), "tensorboard")
     cluster = LocalCluster(a.build, root, num_ps=2, num_workers=2, evaluator=True,
-                           epochs=a.epochs, checkpoint_every="5s")
+                           epochs=a.epochs, checkpoint_every="5s", logdir=logdir)
     interrupted = False
 
     def on_signal(sig, frame):
@@ -40,6 +47,8 @@ def main():
         cluster.start()
         print("demo: coordinator at %s; training MLP 784-256-256-10 for %d epochs"
               % (cluster.coord_addr, a.epochs), flush=True)
+        print("demo: TensorBoard, live: %s" % tensorboard_command(a.build, logdir),
+              flush=True)
         last = None
         while any(t.alive() for t in cluster.workers()):
             time.sleep(1.0)
@@ -88,10 +97,35 @@ def main():
         print("demo: last checkpoint at step %d: %s" % (cs.last_checkpoint_step,
                                                        cs.last_checkpoint_path))
     if not a.keep:
+        logdir = keep_events(a.build, logdir)
+    print("demo: TensorBoard: %s" % tensorboard_command(a.build, logdir))
+    if not a.keep:
         print("demo: (the cluster's files were in %s and are removed; pass --keep DIR "
               "to keep them)" % root)
         shutil.rmtree(root, ignore_errors=True)
     return 0 if acc >= 0.85 else 1
+
+
+def tensorboard_command(build, logdir):
+    """The command that shows logdir: the tensorboard of the build's
+    virtualenv (made by the TensorBoard test) when it is there."""
+    venv = os.path.join(os.path.abspath(build), "venv-tb", "bin", "tensorboard")
+    return "%s --logdir %s" % (venv if os.path.exists(venv) else "tensorboard", logdir)
+
+
+def keep_events(build, logdir):
+    """Moves the run's event files out of its directory, which is about to
+    be removed, into BUILD/tensorboard/demo-<time>; returns the directory
+    that holds every demo's runs (TensorBoard shows each as its own run)."""
+    runs = os.path.join(os.path.abspath(build), "tensorboard")
+    os.makedirs(runs, exist_ok=True)
+    dest = os.path.join(runs, time.strftime("demo-%Y%m%d-%H%M%S"))
+    try:
+        shutil.move(logdir, dest)
+    except OSError as e:
+        print("demo: the event files stay in %s: %s" % (logdir, e))
+        return logdir
+    return runs
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ class LocalCluster:
                  model="mlp:784-256-256-10", epochs=3, batch=64, lr=0.1,
                  consistency="async", seed=1, checkpoint_every_steps=0,
                  checkpoint_every="0", heartbeat_timeout="2s", worker_args=(),
-                 job_id="demo"):
+                 job_id="demo", logdir=None):
         self.build, self.root = os.path.abspath(build), os.path.abspath(root)
         self.num_ps, self.num_workers = num_ps, num_workers
         self.evaluator = evaluator
@@ -109,6 +109,9 @@ class LocalCluster:
         self.heartbeat_timeout = heartbeat_timeout
         self.worker_args = list(worker_args)
         self.job_id = job_id
+        # TensorBoard event files: the chief (worker 0) and the evaluator
+        # write them under logdir (the other workers ignore the flag).
+        self.logdir = logdir
         self.tasks = {}
         self.coord_addr = None
         self.ps_ports = [free_port() for _ in range(num_ps)]
@@ -152,6 +155,8 @@ class LocalCluster:
         common = [self._bin("worker", "workerd"), "--coordinator", self.coord_addr,
                   "--job-id", self.job_id, "--task-index", str(index),
                   "--model", self.model, "--log-level", "info"]
+        if self.logdir:
+            common += ["--logdir", self.logdir]
         if role == "evaluator":
             return common + ["--role", "evaluator", "--eval-interval", "1s", "--json"]
         return common + ["--epochs", str(self.epochs), "--batch", str(self.batch),

@@ -601,6 +601,65 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
     return 0;
 }
 
+/* ---- TensorBoard summaries -------------------------------------------- */
+
+/* Seconds on CLOCK_MONOTONIC at full resolution: a window of one step
+ * (--summary-steps 1) can be shorter than now_s's millisecond. */
+static double fine_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The chief's steps since its last event (--summary-steps). */
+struct summary {
+    double t0;          /* when the window began */
+    double loss;        /* sum of its steps' losses */
+    int64_t n, examples;
+    int64_t last_step;  /* of the last event written */
+    bool wrote;
+};
+
+/* Writes the window as one event at step (TensorBoard's x axis) and starts
+ * the next. The x axis must not go back (TensorBoard takes that for a
+ * restart and drops what it had after it): a window whose step is not
+ * above the last event's waits for the next step, and at the end (last)
+ * one at the same step is written anyway. */
+static void summary_flush(struct summary *sm, const struct wd_train_opts *o,
+                          int64_t step, bool last)
+{
+    if (o->events == NULL || sm->n == 0 ||
+        (sm->wrote && (step < sm->last_step || (step == sm->last_step && !last))))
+        return;
+    double t = fine_now_s();
+    struct wd_scalar v[] = {
+        {"loss", (float)(sm->loss / (double)sm->n)},
+        {"examples_per_second", t > sm->t0 ? (float)((double)sm->examples / (t - sm->t0)) : 0},
+        {"learning_rate", o->lr},
+    };
+    wd_events_write(o->events, step, v, sizeof v / sizeof v[0]);
+    sm->last_step = step;
+    sm->wrote = true;
+    sm->t0 = t;
+    sm->loss = 0;
+    sm->n = sm->examples = 0;
+}
+
+/* Counts a finished step of n examples into the window; an event once it
+ * holds --summary-steps steps. */
+static void summary_add(struct summary *sm, const struct wd_train_opts *o,
+                        int64_t step, int n, float loss)
+{
+    if (o->events == NULL)
+        return;
+    sm->loss += loss;
+    sm->n++;
+    sm->examples += n;
+    if (sm->n >= (o->summary_steps > 0 ? o->summary_steps : 1))
+        summary_flush(sm, o, step, false);
+}
+
 /* ---- the loop --------------------------------------------------------- */
 
 /* --local: the same model and batches with SGD applied in-process and no
@@ -627,6 +686,7 @@ static int train_local(const struct wd_train_opts *o, const struct ps_dataset *t
     }
     double t0 = now_s(), compute = 0, loss_sum = 0;
     int64_t steps = 0, examples = 0, nloss = 0;
+    struct summary sm = {.t0 = fine_now_s()};
     for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
         ps_batcher_start_epoch(&b, (uint64_t)epoch);
         const int64_t *idx;
@@ -647,9 +707,11 @@ static int train_local(const struct wd_train_opts *o, const struct ps_dataset *t
             examples += n;
             loss_sum += loss;
             nloss++;
+            summary_add(&sm, o, steps, n, loss);
         }
     }
 done:
+    summary_flush(&sm, o, steps, true);
     res->steps = steps;
     res->examples = examples;
     res->seconds = now_s() - t0;
@@ -673,6 +735,9 @@ struct run {
     float *xb;          /* (global, dim) this step's examples */
     int32_t *yb;        /* (global) their labels */
     uint64_t step;      /* the step the next push is for */
+    uint64_t version;   /* of the values the replicas compute with: the
+                           job's global step as this worker last saw it */
+    struct summary sm;  /* TensorBoard (--logdir) */
     bool sync;
     bool self_update;
     bool pending;       /* a job is posted and not waited for */
@@ -716,6 +781,7 @@ static int run_open(struct run *r, const struct wd_train_opts *o,
      * worker joins the step the others are on. */
     r->sync = o->consistency == 2;
     r->step = r->sync ? r->s.shards[0].pull_items[0].version : 0;
+    r->version = r->s.shards[0].pull_items[0].version;
     /* Only where the copy is exact: SGD, one replica that reads the pulled
      * block itself (workerd refuses the flag otherwise). */
     r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
@@ -760,8 +826,10 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         return comm_error(r, rc, err, errlen);
     double c2 = now_s();
     r->waited += c2 - c1;
-    if (r->pending)
+    if (r->pending) {
         wd_take_pulled(s);
+        r->version = s->shards[0].pull_items[0].version;
+    }
     wd_swap_grads(s);
     wd_post_job(s, r->step, false);
     r->pending = true;
@@ -780,6 +848,7 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         if ((rc = wd_wait_job(s)) != 0)
             return comm_error(r, rc, err, errlen);
         wd_take_pulled(s);
+        r->version = s->shards[0].pull_items[0].version;
         r->pending = false;
         r->waited += now_s() - c2;
     }
@@ -801,6 +870,7 @@ static void run_progress(struct run *r, int epoch, int n, float loss,
     double t = now_s();
     if (o->on_progress != NULL)
         o->on_progress(o->progress_ctx, r->step, r->rate, loss);
+    summary_add(&r->sm, o, (int64_t)r->version, n, loss);
     if ((t - r->last_report) * 1000 >= (o->progress_ms > 0 ? o->progress_ms : 2000)) {
         r->rate = (double)r->window_ex / (t - r->last_report);
     }
@@ -835,6 +905,7 @@ static int run_finish(struct run *r, struct wd_train_result *res, char *err,
     res->compute_seconds = r->compute;
     res->wait_seconds = r->waited;
     res->version = r->s.shards[0].pull_items[0].version;
+    summary_flush(&r->sm, r->o, (int64_t)res->version, true);
     for (int k = 0; k < r->s.nshards; k++)
         res->shm_shards += ps_client_shm_active(r->s.shards[k].client);
     return 0;
@@ -862,6 +933,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
     if (rc != 0)
         goto out;
     r->t0 = r->last_report = now_s();
+    r->sm.t0 = fine_now_s();
     for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
         ps_batcher_start_epoch(&r->b, (uint64_t)epoch);
         const int64_t *idx;

@@ -27,6 +27,7 @@
 #define PS_WORKER_TRAIN_H
 
 #include "worker/data.h"
+#include "worker/events.h"
 #include "worker/model.h"
 
 #include <stdbool.h>
@@ -89,6 +90,11 @@ struct wd_train_opts {
                                   0 auto (a psd on this host: unix:,
                                   loopback, or this host's address), 1 on
                                   (any address), 2 off */
+    wd_events *events;         /* the chief's TensorBoard event file (NULL:
+                                  none): loss, examples/s and learning rate
+                                  every summary_steps steps, at the job's
+                                  global step as this worker last saw it */
+    int summary_steps;
 };
 
 struct wd_train_result {

@@ -13,6 +13,7 @@
 #include "common/coordclient.h"
 #include "worker/data.h"
 #include "common/errors.h"
+#include "worker/events.h"
 #include "common/log.h"
 #include "worker/model.h"
 #include "common/proc.h"
@@ -68,6 +69,8 @@ struct wd_conf {
     int shm;                    /* 0 auto, 1 on, 2 off */
     bool json;
     int log_level;
+    char *logdir;
+    int summary_steps;
 };
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
@@ -170,6 +173,21 @@ static const ps_opt wd_opts[] = {
      "print the summary as one JSON object", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
+    /* The chief is worker task 0: workerd has no chief role of its own (a
+     * TF_CONFIG chief is pscoord's), and task 0 exists in every job,
+     * whether its index is given, comes from TF_CONFIG or is assigned by
+     * the coordinator. */
+    {"logdir", PS_OPT_STRING, offsetof(struct wd_conf, logdir), NULL,
+     "a directory for TensorBoard event files: the chief (worker task 0) "
+     "writes LOGDIR/worker0 (loss, examples/s, learning rate), the evaluator "
+     "LOGDIR/eval (test loss and accuracy), each at the job's global step; "
+     "other workers write none. One that cannot be written gets one warning "
+     "and training goes on (default: none)", 0, 0, NULL},
+    /* 10: an event per step would be noise (and ~1000 events/s on a fast
+     * model); ten steps still draw a smooth curve of any run. */
+    {"summary-steps", PS_OPT_INT, offsetof(struct wd_conf, summary_steps), "10",
+     "chief with --logdir: one event per this many steps (their mean loss)",
+     1, 1000000, NULL},
     {0},
 };
 
@@ -349,6 +367,14 @@ static void placement_free(struct wd_placement *pl)
     pl->n = 0;
 }
 
+/* The evaluator's TensorBoard event for one evaluation of new parameters:
+ * at their version, the job's global step. */
+static void eval_summary(wd_events *ev, uint64_t version, float loss, float acc)
+{
+    struct wd_scalar v[] = {{"loss", loss}, {"accuracy", acc}};
+    wd_events_write(ev, (int64_t)version, v, sizeof v / sizeof v[0]);
+}
+
 static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
                          const struct ps_dataset *test, ps_coord *coord)
 {
@@ -364,6 +390,8 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         n++;
         if (coord != NULL)
             ps_coord_metrics(coord, version, loss, acc);
+        if (version != last_version)
+            eval_summary(o->events, version, loss, acc);
         if (c->json)
             printf("{\"role\":\"evaluator\",\"version\":%llu,\"test_loss\":%.6f,"
                    "\"test_accuracy\":%.6f}\n", (unsigned long long)version, loss, acc);
@@ -462,6 +490,28 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
     return 0;
 }
 
+/* --logdir: the chief's or the evaluator's event file (NULL for other
+ * workers, without --logdir, or after the one warning of a directory that
+ * cannot be written). */
+static wd_events *open_events(const struct wd_conf *c, bool evaluator)
+{
+    if (c->logdir == NULL || c->logdir[0] == '\0')
+        return NULL;
+    if (!evaluator && c->task_index != 0) {
+        ps_log_info("--logdir: worker %lld is not the chief (worker 0): no event "
+                    "files", (long long)c->task_index);
+        return NULL;
+    }
+    char *dir = NULL;
+    wd_events *ev = NULL;
+    if (asprintf(&dir, "%s/%s", c->logdir, evaluator ? "eval" : "worker0") < 0)
+        return NULL;
+    if (wd_events_create(dir, &ev) == 0)
+        ps_log_info("TensorBoard events in %s", wd_events_path(ev));
+    free(dir);
+    return ev;
+}
+
 /* The training loop's options from the flags (and the coordinator). */
 static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
                                        const struct wd_placement *placement,
@@ -495,6 +545,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .concurrent_pull = c->concurrent_pull,
         .self_update = c->self_update != 2,
         .shm = c->shm,
+        .summary_steps = (int)c->summary_steps,
     };
 }
 
@@ -692,6 +743,7 @@ int main(int argc, char **argv)
     /* Before the first goto out: out frees them. */
     ps_coord *coord = NULL;
     struct wd_placement placement = {0};
+    wd_events *events = NULL;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
@@ -713,7 +765,9 @@ int main(int argc, char **argv)
                                   sizeof ps_store, &placement);
     if (status != 0)
         goto out;
+    events = open_events(&c, evaluator);
     struct wd_train_opts o = train_opts(&c, coord, &placement, ps, nps);
+    o.events = events;
     if (evaluator) {
         o.evaluator_only = true;
         status = run_evaluator(&o, &c, &test, coord);
@@ -721,6 +775,7 @@ int main(int argc, char **argv)
         status = run_worker(&o, &c, &train, &test);
     }
 out:
+    wd_events_destroy(events);
     ps_coord_leave(coord);
     placement_free(&placement);
     ps_dataset_close(&train);
