@@ -324,8 +324,14 @@ struct coord_cluster *coord_snapshot_locked(coord *c)
     if (s->job_id == NULL || s->last_checkpoint_path == NULL ||
         tasks_info_locked(c, s, ps_now_ms()) != 0)
         goto fail;
+    s->last_checkpoint_age_seconds = -1;
     if (last != NULL)
         s->last_checkpoint_step = last->step;
+    if (last != NULL && last->created_unix > 0) {
+        int64_t age = coord_unix_now() - last->created_unix;
+        s->last_checkpoint_age_seconds = age > 0 ? (double)age : 0.0;
+    }
+    s->heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
     if (c->has_eval) {
         s->eval_accuracy = c->eval_accuracy;
         s->eval_loss = c->eval_loss;

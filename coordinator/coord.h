@@ -143,6 +143,8 @@ struct coord_cluster {
     struct ps_placement placement; /* empty until placed */
     uint32_t num_ps, num_workers, live_workers;
     uint64_t global_step;
+    double last_checkpoint_age_seconds; /* -1: none, or its time unknown */
+    uint32_t heartbeat_interval_ms;     /* what tasks are told */
 };
 
 struct coord_register_resp {

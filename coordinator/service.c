@@ -200,6 +200,8 @@ static Ps__V1__ClusterState *cluster_pb(const struct coord_cluster *c)
     s->num_workers = c->num_workers;
     s->live_workers = c->live_workers;
     s->global_step = c->global_step;
+    s->last_checkpoint_age_seconds = c->last_checkpoint_age_seconds;
+    s->heartbeat_interval_ms = c->heartbeat_interval_ms;
     return s;
 fail:
     protobuf_c_message_free_unpacked(&s->base, NULL);

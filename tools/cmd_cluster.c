@@ -1,6 +1,7 @@
 /*
  * cmd_cluster.c - the commands about the job: cluster validate (a cluster
- * spec, offline) and status (what the coordinator knows). See psctl.h.
+ * spec, offline) and status (what the coordinator knows), and the labels
+ * status shares with top. See psctl.h.
  */
 #include "tools/psctl.h"
 
@@ -113,9 +114,17 @@ static const char *task_state(const Ps__V1__TaskInfo *t)
 /* The wire's Role values are ps_role + 1; 0 (unspecified) and any value
  * past EVALUATOR read "unknown", as ps_role_name says of a role it does not
  * know. */
-static const char *role_label(Ps__V1__Role r)
+const char *role_label(Ps__V1__Role r)
 {
     return ps_role_name((enum ps_role)((int)r - 1));
+}
+
+const char *coordinator_target(const char *flag)
+{
+    const char *env = getenv("PSCOORD_ADDR");
+    return flag != NULL ? flag
+           : env != NULL && env[0] != '\0' ? env
+                                           : DEFAULT_COORDINATOR;
 }
 
 /* One block: the job's lines, then one row per task. */
@@ -213,12 +222,9 @@ int cmd_status(const struct command *self, int argc, char **argv)
                            NULL, &npos);
     if (rc >= 0)
         goto out;
-    const char *env = getenv("PSCOORD_ADDR");
     rc = session_open_at(
         &s, self, "pscoord", "--coordinator",
-        cfg.coordinator != NULL ? cfg.coordinator
-        : env != NULL && env[0] != '\0' ? env
-                                         : DEFAULT_COORDINATOR,
+        coordinator_target(cfg.coordinator),
         (int)(cfg.timeout_ms > 0 ? cfg.timeout_ms : psctl_global.timeout_ms));
     if (rc >= 0)
         goto out;

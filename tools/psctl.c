@@ -18,8 +18,8 @@
  * reported in seconds as "cannot reach psd at ..." and not after --timeout.
  * No call is retried: an operator sees the first answer and decides.
  *
- * status asks the job's coordinator (pscoord) instead: --coordinator
- * HOST:PORT, default $PSCOORD_ADDR, else 127.0.0.1:7071.
+ * status and top ask the job's coordinator (pscoord) instead:
+ * --coordinator HOST:PORT, default $PSCOORD_ADDR, else 127.0.0.1:7071.
  *
  * The files of psctl are listed in psctl.h.
  *
@@ -75,6 +75,11 @@ static const struct command commands[] = {
      "workers, last checkpoint and evaluation, then one row per task "
      "(--watch: a new block at each change)",
      cmd_status},
+    {"top", "",
+     "a live view of the job from its coordinator, redrawn each --interval: "
+     "per task its state, step, steps/s, lag, examples/s, loss and accuracy "
+     "(--once: one frame)",
+     cmd_top},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -11,6 +11,7 @@
  *   cmd_var.c      list, show, pull, create (one variable or all of them)
  *   cmd_server.c   checkpoint, restore, stats, health (the server as a whole)
  *   cmd_cluster.c  cluster validate, status (the job)
+ *   cmd_top.c      top (a live view of the job)
  *
  * Threads and lifetime: one thread. psctl_global is set once by main before
  * a command runs; commands only read it. A session is opened and closed by
@@ -62,6 +63,7 @@ int cmd_create(const struct command *self, int argc, char **argv);
 int cmd_health(const struct command *self, int argc, char **argv);
 int cmd_cluster_validate(const struct command *self, int argc, char **argv);
 int cmd_status(const struct command *self, int argc, char **argv);
+int cmd_top(const struct command *self, int argc, char **argv);
 
 /* Options that come before the command. */
 struct global_cfg {
@@ -182,6 +184,14 @@ struct one_call {
  * the answer, closes. Returns the exit status. */
 int run_one_call(const struct command *self, int argc, char **argv,
                  const struct one_call *call);
+
+/* ---- cmd_cluster.c: what status and top share ------------------------- */
+
+/* "chief", "worker", "ps", "evaluator"; "unknown" for any other value. */
+const char *role_label(Ps__V1__Role r);
+/* The coordinator to ask: the command's --coordinator (flag, may be NULL),
+ * else $PSCOORD_ADDR, else DEFAULT_COORDINATOR. */
+const char *coordinator_target(const char *flag);
 
 /* ---- format.c ---------------------------------------------------------- */
 
