@@ -38,6 +38,10 @@
 #pragma GCC poison crc32_iscsi
 #endif
 
+#ifndef PS_OWNS_MHD
+#pragma GCC poison MHD_start_daemon
+#endif
+
 #ifndef PS_OWNS_CUDA
 #pragma GCC poison cudaMalloc cublasCreate_v2
 #endif
