@@ -7,8 +7,8 @@ checkpoint, live workers, step-time histograms, examples/s, loss, the
 evaluator's accuracy, and a psd killed: dead, a missed heartbeat).
 Bad input: a metrics port already taken stops pscoord and workerd at start
 with one line naming the address (exit 1); a value that is not HOST:PORT
-likewise (exit 2); garbage on pscoord's metrics socket gets the library's
-400 and pscoord serves on; "off" serves no endpoint.
+likewise (exit 2); a malformed request to pscoord's /metrics gets the
+library's 400 and pscoord serves on; "off" serves no endpoint.
 
 The helpers (scrape, parse, promtool) are test_metrics.py's, psd's test.
 Exit 77 (skipped) with one line without promtool or Fashion-MNIST.
@@ -202,7 +202,7 @@ def main():
                           "--checkpoint-root", pstest.tmpdir("psd-ckpt-"),
                           "--metrics-listen", "off")
     w = start_workerd("--coordinator", coord.address, "--epochs", "0", "--steps", "100000000",
-                      "--concurrent-pull", "--evaluate", "false", "--progress", "0",
+                      "--concurrent-pull", "--no-evaluate", "--progress", "0",
                       "--json", "--metrics-listen", "127.0.0.1:0")
     wport = metrics_port(w, "workerd")
     r.check(wport > 0, "workerd prints METRICS_PORT %d first" % wport)
@@ -222,9 +222,10 @@ def main():
             "pscoord_missed_heartbeats_total{role=\"ps\"} %s"
             % get(page, "pscoord_missed_heartbeats_total", role="ps"))
 
-    first = raw(cport, b"\x16\x03\x01\x02\x00garbage\r\n\r\n")
+    # HTTP/1.1 without a Host header: malformed, the library's 400.
+    first = raw(cport, b"GET /metrics HTTP/1.1\r\n\r\n")
     r.check(re.match(r"HTTP/1\.[01] 400", first) is not None and scrape(cport)[0] == 200,
-            "garbage on pscoord's metrics socket: %s; it scrapes on" % first)
+            "a malformed request to pscoord's /metrics: %s; it scrapes on" % first)
     r.check(coord.stop() == 0, "pscoord stops cleanly with the endpoint up")
     check_bad_input(r, pstest.tmpdir("pscoord-bad-"))
     r.finish()

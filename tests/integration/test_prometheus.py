@@ -115,7 +115,7 @@ def start_cluster(tmp, procs):
     psmport = ps.line("METRICS_PORT ")
     # Trains until stopped: the test ends it.
     w = Proc([WORKERD, "--coordinator", coord_addr, "--model", "mlp:784-64-10",
-              "--epochs", "0", "--steps", "2000000000", "--evaluate", "false",
+              "--epochs", "0", "--steps", "2000000000", "--no-evaluate",
               "--progress", "0", "--json", "--metrics-listen", "127.0.0.1:0",
               "--log-level", "warn"], os.path.join(tmp, "workerd.log"))
     procs.append(w)
