@@ -34,6 +34,10 @@
 #pragma GCC poison cblas_sgemm openblas_set_num_threads
 #endif
 
+#ifndef PS_OWNS_MHD
+#pragma GCC poison MHD_start_daemon
+#endif
+
 #ifndef PS_OWNS_CUDA
 #pragma GCC poison cudaMalloc cublasCreate_v2
 #endif

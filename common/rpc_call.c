@@ -331,6 +331,7 @@ void ps_rpc_vfail(ps_rpc_call *c, enum ps_rpc_code code, const char *fmt,
         code = PS_RPC_UNKNOWN;
     ps_log_debug("rpc: %s -> %s: %s", c->path, ps_rpc_code_name(code),
                  msg ? msg : "");
+    rpc_server_count_failure(c->srv, code);
     finish_call(c, code, msg);
 }
 

@@ -58,6 +58,7 @@ struct ps_rpc_server {
     pthread_cond_t cond;
     int in_flight;
     atomic_uint_fast64_t calls_total;
+    atomic_uint_fast64_t failures[PS_RPC_UNAUTHENTICATED + 1]; /* by code */
     ps_health *health;
 };
 
@@ -309,6 +310,8 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
     pthread_cond_init(&srv->cond, NULL);
     atomic_init(&srv->shutting_down, false);
     atomic_init(&srv->calls_total, 0);
+    for (int i = 0; i <= PS_RPC_UNAUTHENTICATED; i++)
+        atomic_init(&srv->failures[i], 0);
     srv->t_shutdown = (struct tag){TAG_SHUTDOWN, srv};
     ps_rpc_init_logging();
     grpc_init();
@@ -581,6 +584,19 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv)
 {
     return atomic_load(&((ps_rpc_server *)srv)->calls_total);
+}
+
+void rpc_server_count_failure(ps_rpc_server *srv, int code)
+{
+    if (code > 0 && code <= PS_RPC_UNAUTHENTICATED)
+        atomic_fetch_add_explicit(&srv->failures[code], 1, memory_order_relaxed);
+}
+
+uint64_t ps_rpc_server_failures(const ps_rpc_server *srv, int code)
+{
+    if (code <= 0 || code > PS_RPC_UNAUTHENTICATED)
+        return 0;
+    return atomic_load(&((ps_rpc_server *)srv)->failures[code]);
 }
 
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv)

@@ -90,10 +90,26 @@ static int load_store(psd_store *st, struct var_list *lc)
 
 /* ---- flushing --------------------------------------------------------- */
 
+/* A commit that holds every update up to seq, begun at start_ms, is done:
+ * the write-behind lag starts again. Updates applied since seq are dated
+ * from the commit's start, an upper bound. Pairs with shard_count_apply:
+ * either it sees the reset, or the reload here sees its seq. */
+static void note_committed(psd_shard *s, uint64_t seq, int64_t start_ms)
+{
+    atomic_store(&s->dirty_since_ms, 0);
+    if (atomic_load(&s->apply_seq) != seq) {
+        int_fast64_t none = 0;
+        atomic_compare_exchange_strong(&s->dirty_since_ms, &none,
+                                       start_ms > 0 ? start_ms : 1);
+    }
+}
+
 /* Writes every changed variable in one transaction. Called with flush_mu
  * held. */
 int shard_flush_locked(psd_shard *s)
 {
+    double t0 = ps_metrics_now();
+    int64_t start_ms = ps_now_ms();
     uint64_t seq = atomic_load(&s->apply_seq);
     pthread_rwlock_rdlock(&s->table_lock);
     size_t nv = s->nvars;
@@ -129,6 +145,7 @@ int shard_flush_locked(psd_shard *s)
             psd_store_abort(t);
         if (rc == 0) {
             atomic_fetch_add(&s->commits, 1);
+            ps_histogram_observe(&s->commit_seconds, ps_metrics_now() - t0);
             for (size_t i = 0; i < nv; i++) {
                 psd_var *v = s->vars[i];
                 pthread_rwlock_wrlock(&v->lock);
@@ -142,6 +159,7 @@ int shard_flush_locked(psd_shard *s)
     free(snap_v);
     if (rc == 0) {
         atomic_store(&s->committed_seq, seq);
+        note_committed(s, seq, start_ms);
         shard_answer_durable(s, seq);
     } else {
         ps_log_err(rc, "flush of %zu variable(s) to LMDB failed", written);

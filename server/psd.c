@@ -3,9 +3,10 @@
  * served over gRPC (ps.v1.ParameterServer and grpc.health.v1.Health).
  *
  * Prints "PORT <n>" on stdout once it serves (so scripts and tests can start
- * it on port 0), logs one line per event on stderr, and on SIGTERM or SIGINT
- * drains the calls in flight, flushes everything acknowledged to LMDB and
- * exits 0.
+ * it on port 0), then "METRICS_PORT <n>" when it serves Prometheus' /metrics
+ * (--metrics-listen), logs one line per event on stderr, and on SIGTERM or
+ * SIGINT drains the calls in flight, flushes everything acknowledged to LMDB
+ * and exits 0.
  */
 #include "common/cluster.h"
 #include "common/conf.h"
@@ -13,6 +14,7 @@
 #include "proto/ps.pb-c.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -46,6 +48,7 @@ struct psd_conf {
     uint64_t map_size;
     int checkpoint_keep;
     int64_t shutdown_grace_ms;
+    char *metrics_listen;
     int log_level;
 };
 
@@ -110,6 +113,12 @@ static const ps_opt psd_opts[] = {
     {"shutdown-grace", PS_OPT_DURATION_MS, offsetof(struct psd_conf, shutdown_grace_ms),
      "10s", "how long SIGTERM waits for calls in flight before cancelling them",
      0, 600000, NULL},
+    /* Loopback, any free port: every psd of a host (a local cluster runs
+     * several) serves its metrics to a local scraper with nothing to set
+     * and nothing to clash; a node Prometheus scrapes sets a fixed one. */
+    {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
+     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
+     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {0},
@@ -132,6 +141,8 @@ struct psd {
     psd_shard *shard;
     ps_rpc_server *srv;
     ps_coord *coord;
+    ps_metrics_http *metrics; /* NULL: --metrics-listen off */
+    psd_metrics_src msrc;     /* what the metrics collector reads */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
     int port;
 };
@@ -244,6 +255,25 @@ static int serve(struct psd *d)
     return 0;
 }
 
+/* Serves /metrics on --metrics-listen, unless it is off. Returns 0, or
+ * after the error line naming the address 2 for a value that is not
+ * HOST:PORT, 1 for one that cannot be served. */
+static int serve_metrics(struct psd *d)
+{
+    const char *addr = d->c.metrics_listen;
+    if (ps_metrics_http_off(addr))
+        return 0;
+    d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
+    char err[512];
+    int rc = ps_metrics_http_start(addr, psd_metrics_collect, &d->msrc, &d->metrics,
+                                   err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "psd: --metrics-listen: %s\n", err);
+        return rc == PS_EINVAL_ARG ? 2 : 1;
+    }
+    return 0;
+}
+
 /* Registers with pscoord, when there is one, under the address others
  * reach this shard at. Returns 0, or 1 after the error line. */
 static int join_coordinator(struct psd *d)
@@ -276,8 +306,9 @@ static int join_coordinator(struct psd *d)
 
 /* From nothing to serving: the control loop (before any thread starts, so
  * that every thread inherits the blocked signals), the shard, the server,
- * the coordinator, then "PORT <n>". Returns 0, or the exit status after
- * the error line, with what was started undone. */
+ * /metrics, the coordinator, then "PORT <n>" and "METRICS_PORT <n>".
+ * Returns 0, or the exit status after the error line, with what was
+ * started undone. */
 static int start(struct psd *d)
 {
     int rc = ps_proc_loop_create(&d->loop);
@@ -294,18 +325,24 @@ static int start(struct psd *d)
     /* What a psd with no variables costs: the overhead Stats reports. */
     uint64_t rss = psd_rss_bytes();
     psd_shard_set_fixed_overhead(d->shard, rss > base_rss ? rss : base_rss);
-    if ((rc = join_coordinator(d)) != 0)
+    if ((rc = serve_metrics(d)) != 0 || (rc = join_coordinator(d)) != 0)
         goto close_shard;
     /* A unix socket has no port: PORT 0 still says psd serves. */
     const struct psd_conf *c = &d->c;
     int port = strncmp(c->listen, "unix:", 5) == 0 ? 0 : d->port;
     ps_proc_announce(port);
+    if (d->metrics != NULL) {
+        ps_metrics_http_announce(ps_metrics_http_port(d->metrics));
+        ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
+                    ps_metrics_http_port(d->metrics));
+    }
     ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
                 "%lld ms", PS_VERSION, c->listen, port, d->also[0] ? " and " : "",
                 d->also, c->data_dir, c->durable ? "durable" : "write-behind",
                 (long long)c->commit_interval_ms);
     return 0;
 close_shard:
+    ps_metrics_http_stop(d->metrics);
     ps_rpc_server_destroy(d->srv);
     psd_shard_close(d->shard);
     return rc;
@@ -316,6 +353,8 @@ close_shard:
  * status. */
 static int drain(struct psd *d)
 {
+    /* First: the collector reads the shard and the server. */
+    ps_metrics_http_stop(d->metrics);
     ps_coord_leave(d->coord);
     psd_shard_stop(d->shard);
     ps_rpc_server_shutdown(d->srv, (int)d->c.shutdown_grace_ms);

@@ -153,13 +153,15 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
     return bytes;
 }
 
-/* Answers a Pull with the values of vars. */
+/* Answers a Pull that arrived at t0 (ps_metrics_now) with the values of
+ * vars. */
 static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
-                         size_t n, const psd_shm_ref *into)
+                         size_t n, const psd_shm_ref *into, double t0)
 {
     uint64_t bytes = shard_reply_with_values(s, call, NULL, 0, 1, vars, n, into);
     atomic_fetch_add(&s->pulls, 1);
     atomic_fetch_add(&s->bytes_out, bytes);
+    ps_histogram_observe(&s->pull_seconds, ps_metrics_now() - t0);
 }
 
 void shard_waiter_free(pull_waiter *w)
@@ -247,7 +249,7 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
     while (sw->ready != NULL) {
         pull_waiter *w = sw->ready;
         sw->ready = w->next;
-        reply_values(s, w->call, w->vars, w->nitems, w->into);
+        reply_values(s, w->call, w->vars, w->nitems, w->into, w->t0);
         shard_waiter_free(w);
     }
     while (sw->expired != NULL) {
@@ -260,7 +262,7 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
             if (i < w->nitems)
                 fail_unmet(w->call, w->vars[i], w->min_versions[i]);
             else
-                reply_values(s, w->call, w->vars, w->nitems, w->into);
+                reply_values(s, w->call, w->vars, w->nitems, w->into, w->t0);
         }
         shard_waiter_free(w);
     }
@@ -399,7 +401,8 @@ static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullReque
 
 /* Lists the pull as a waiter, taking over its arrays. Called with
  * table_lock held for reading. */
-static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it)
+static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
+                      double t0)
 {
     pull_waiter *w = calloc(1, sizeof *w);
     if (w == NULL) {
@@ -407,6 +410,7 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it)
         return;
     }
     w->call = call;
+    w->t0 = t0;
     w->nitems = it->n;
     w->vars = it->vars;
     w->min_versions = it->minv;
@@ -423,6 +427,7 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it)
 void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
+    double t0 = ps_metrics_now();
     Ps__V1__PullRequest *r = shard_unpack(s, call, "Pull", &ps__v1__pull_request__descriptor,
                                           req, len);
     if (r == NULL)
@@ -440,7 +445,7 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     if (pull_lookup(s, call, r, &it)) {
         size_t n = it.n, unmet = first_unmet(it.vars, it.minv, n);
         if (unmet == n)
-            reply_values(s, call, it.vars, n, it.into);
+            reply_values(s, call, it.vars, n, it.into, t0);
         else if (s->stopping)
             ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         else if (ps_rpc_call_cancelled(call))
@@ -448,7 +453,7 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         /* (Shared memory that will not do fails the call now, not after
          * the wait; an answer at once checks it as it writes.) */
         else if (it.into == NULL || shard_into_ok(s, call, it.vars, it.into, n))
-            pull_wait(s, call, &it);
+            pull_wait(s, call, &it, t0);
     }
     pthread_rwlock_unlock(&s->table_lock);
     pull_items_free(&it);

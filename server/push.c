@@ -55,6 +55,7 @@ static void reply_push(psd_shard *s, pending_push *p)
         }
     }
     atomic_fetch_add(&s->pushes, 1);
+    ps_histogram_observe(&s->push_seconds, ps_metrics_now() - p->t0);
 }
 
 /* Answers the durable pushes whose updates are all committed. */
@@ -334,7 +335,7 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     v->step++;
     v->accum_count = 0;
     v->npushed = 0;
-    atomic_fetch_add(&s->apply_seq, 1);
+    shard_count_apply(s);
     /* Collect the pushes of this step that now have every part applied. */
     pending_push *ready = NULL;
     pthread_mutex_lock(&s->wait_mu);
@@ -413,7 +414,7 @@ static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
  * with call failed. */
 static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
                                 const struct ps_piece *pieces, int npieces,
-                                struct thread_bufs *tb, uint64_t *shm_in)
+                                struct thread_bufs *tb, double t0, uint64_t *shm_in)
 {
     char err[512];
     ps_wire_push *r = &tb->req;
@@ -441,6 +442,7 @@ static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
         return NULL;
     }
     p->call = call;
+    p->t0 = t0;
     p->nitems = r->ngrads;
     p->step = r->step;
     p->return_values = r->return_values;
@@ -576,7 +578,7 @@ static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g
     psd_var *v = p->vars[i];
     grad_apply(s, v, g, straddle, v->version + 1);
     p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
-    atomic_fetch_add(&s->apply_seq, 1);
+    shard_count_apply(s);
     pthread_rwlock_unlock(&v->lock);
 }
 
@@ -663,7 +665,7 @@ static bool push_arm(psd_shard *s, pending_push *p)
 }
 
 static void push_locked(psd_shard *s, ps_rpc_call *call,
-                        const struct ps_piece *pieces, int npieces)
+                        const struct ps_piece *pieces, int npieces, double t0)
 {
     struct thread_bufs *tb = thread_bufs();
     if (tb == NULL) {
@@ -671,7 +673,7 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
         return;
     }
     uint64_t shm_in = 0;
-    pending_push *p = push_begin(s, call, pieces, npieces, tb, &shm_in);
+    pending_push *p = push_begin(s, call, pieces, npieces, tb, t0, &shm_in);
     if (p == NULL)
         return;
     ps_wire_push *r = &tb->req;
@@ -713,8 +715,9 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
                 void *ctx)
 {
     psd_shard *s = ctx;
+    double t0 = ps_metrics_now();
     psd_shmmap_enter(s->shm);
-    push_locked(s, call, pieces, npieces);
+    push_locked(s, call, pieces, npieces, t0);
     psd_shmmap_leave(s->shm);
 }
 

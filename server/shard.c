@@ -14,6 +14,7 @@
 #include "common/thread.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -60,6 +61,7 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
 {
     /* Everything acknowledged so far goes into the store, then the copy is
      * taken from one read transaction while pushes go on. */
+    double t0 = ps_metrics_now();
     pthread_mutex_lock(&s->flush_mu);
     int rc = shard_flush_locked(s);
     uint64_t nvars = 0;
@@ -88,6 +90,8 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
         return;
     }
     atomic_store(&s->last_ckpt, step);
+    atomic_store(&s->last_ckpt_bytes, bytes);
+    ps_histogram_observe(&s->ckpt_seconds, ps_metrics_now() - t0);
     size_t keep = ps_retention_keep(s->o.checkpoint_keep, keep_at_least);
     if (keep > 0)
         psd_ckpt_prune(s->ckpt_root, keep);
@@ -239,6 +243,7 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
         s->nvars = s->cap = lc->n;
         shard_sort_vars(s->vars, s->nvars);
         atomic_store(&s->committed_seq, atomic_load(&s->apply_seq));
+        atomic_store(&s->dirty_since_ms, 0);
         s->restoring = false;
         pthread_rwlock_unlock(&s->table_lock);
     } else {
@@ -272,6 +277,65 @@ static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
     resp.step = step;
     resp.variables = n;
     ps_rpc_reply_pb(call, &resp);
+}
+
+/* ---- the method table and its counters ------------------------------ */
+
+/* Counts a call of the method ctx is, then handles it. */
+static void counted(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    struct shard_method *m = ctx;
+    atomic_fetch_add_explicit(&m->calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bytes, len, memory_order_relaxed);
+    m->fn(call, req, len, m->s);
+}
+
+static void counted_push(ps_rpc_call *call, const struct ps_piece *pieces, int np,
+                         void *ctx)
+{
+    struct shard_method *m = ctx;
+    size_t len = 0;
+    for (int i = 0; i < np; i++)
+        len += pieces[i].len;
+    atomic_fetch_add_explicit(&m->calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bytes, len, memory_order_relaxed);
+    shard_push(call, pieces, np, m->s);
+}
+
+/* The methods, named as /metrics labels them and registered as
+ * /ps.v1.ParameterServer/<name>. */
+static const struct {
+    const char *name;
+    ps_rpc_handler fn;
+} method_table[SHARD_NMETHODS] = {
+    /* Push reads its request in the pieces it arrived in (wire.h). */
+    [SHARD_M_PUSH] = {"Push", NULL},
+    [SHARD_M_PULL] = {"Pull", shard_pull},
+    [SHARD_M_CREATE_VARIABLE] = {"CreateVariable", shard_create_variable},
+    [SHARD_M_LIST_VARIABLES] = {"ListVariables", shard_list_variables},
+    [SHARD_M_STATS] = {"Stats", shard_stats},
+    [SHARD_M_CHECKPOINT] = {"Checkpoint", checkpoint},
+    [SHARD_M_RESTORE] = {"Restore", restore},
+    [SHARD_M_SET_SYNC_WORKERS] = {"SetSyncWorkers", shard_set_sync_workers},
+};
+
+/* The counters /metrics reads, zero before anything is served. */
+static void metrics_init(psd_shard *s)
+{
+    for (int i = 0; i < SHARD_NMETHODS; i++) {
+        struct shard_method *m = &s->methods[i];
+        m->s = s;
+        m->name = method_table[i].name;
+        m->fn = method_table[i].fn;
+        atomic_init(&m->calls, 0);
+        atomic_init(&m->bytes, 0);
+    }
+    atomic_init(&s->dirty_since_ms, 0);
+    atomic_init(&s->last_ckpt_bytes, 0);
+    ps_histogram_init(&s->push_seconds, ps_latency_bounds, PS_LATENCY_NBOUNDS);
+    ps_histogram_init(&s->pull_seconds, ps_latency_bounds, PS_LATENCY_NBOUNDS);
+    ps_histogram_init(&s->commit_seconds, ps_latency_bounds, PS_LATENCY_NBOUNDS);
+    ps_histogram_init(&s->ckpt_seconds, ps_long_bounds, PS_LONG_NBOUNDS);
 }
 
 /* ---- lifetime --------------------------------------------------------- */
@@ -321,6 +385,7 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->flush_cond, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
+    metrics_init(s);
     int rc = copy_opts(s, opts);
     if (rc == 0)
         rc = psd_shmmap_create(&s->shm);
@@ -357,25 +422,13 @@ void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes)
 
 int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
 {
-    static const struct {
-        const char *path;
-        ps_rpc_handler fn;
-    } m[] = {
-        {"/ps.v1.ParameterServer/CreateVariable", shard_create_variable},
-        {"/ps.v1.ParameterServer/Pull", shard_pull},
-        {"/ps.v1.ParameterServer/ListVariables", shard_list_variables},
-        {"/ps.v1.ParameterServer/Stats", shard_stats},
-        {"/ps.v1.ParameterServer/Checkpoint", checkpoint},
-        {"/ps.v1.ParameterServer/Restore", restore},
-        {"/ps.v1.ParameterServer/SetSyncWorkers", shard_set_sync_workers},
-    };
-    /* Push reads its request in the pieces it arrived in (wire.h). */
-    int prc = ps_rpc_server_add_method_pieces(srv, "/ps.v1.ParameterServer/Push",
-                                              shard_push, s);
-    if (prc != 0)
-        return prc;
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
-        int rc = ps_rpc_server_add_method(srv, m[i].path, PS_RPC_UNARY, m[i].fn, s);
+    for (int i = 0; i < SHARD_NMETHODS; i++) {
+        struct shard_method *m = &s->methods[i];
+        char path[96];
+        snprintf(path, sizeof path, "/ps.v1.ParameterServer/%s", m->name);
+        int rc = m->fn == NULL
+                     ? ps_rpc_server_add_method_pieces(srv, path, counted_push, m)
+                     : ps_rpc_server_add_method(srv, path, PS_RPC_UNARY, counted, m);
         if (rc != 0)
             return rc;
     }

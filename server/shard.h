@@ -25,6 +25,7 @@
 #ifndef PSD_SHARD_H
 #define PSD_SHARD_H
 
+#include "common/metrics.h"
 #include "common/rpc.h"
 
 #include <stdbool.h>
@@ -78,5 +79,19 @@ size_t psd_shard_nvars(psd_shard *s);
 
 /* The process's resident set size in bytes (from /proc/self/statm). */
 uint64_t psd_rss_bytes(void);
+
+/* What psd's /metrics page reads: the shard, and the rpc server that serves
+ * it (for its calls failed, by code). Both outlive the endpoint. */
+typedef struct psd_metrics_src {
+    psd_shard *shard;
+    const ps_rpc_server *srv;
+} psd_metrics_src;
+
+/* psd's collector (a ps_metrics_collect_fn, common/metrics.h; ctx is a
+ * psd_metrics_src): writes every psd_* family, reading the shard's
+ * counters and histograms and, briefly, its locks. Any thread. The
+ * families and their meaning are listed in server/metrics.c and the
+ * README's Operations section. */
+void psd_metrics_collect(ps_metrics *m, void *ctx);
 
 #endif

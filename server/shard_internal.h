@@ -11,6 +11,7 @@
  *               module that includes store.h)
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
+ *   metrics.c   psd's /metrics page, read from the counters below
  *
  * Locks, always taken in this order and never the reverse:
  *   s->table_lock (rw)  the set of variables; handlers hold it for reading
@@ -32,6 +33,8 @@
 #include "server/shard.h"
 
 #include "server/assist.h"
+#include "common/clock.h"
+#include "common/metrics.h"
 #include "server/optim.h"
 #include "proto/ps.pb-c.h"
 #include "server/shmmap.h"
@@ -108,6 +111,7 @@ typedef struct pending_push {
     bool return_values;       /* answer with the values too */
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     bool armed;               /* its handler is done with it (under wait_mu) */
+    double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */
 } pending_push;
 
 /* A Pull waiting for a version. */
@@ -118,7 +122,31 @@ typedef struct pull_waiter {
     psd_var **vars;
     uint64_t *min_versions;
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
 } pull_waiter;
+
+/* ParameterServer's methods, each counted as its calls arrive (shard.c's
+ * method table; /metrics). */
+enum shard_method_id {
+    SHARD_M_PUSH,
+    SHARD_M_PULL,
+    SHARD_M_CREATE_VARIABLE,
+    SHARD_M_LIST_VARIABLES,
+    SHARD_M_STATS,
+    SHARD_M_CHECKPOINT,
+    SHARD_M_RESTORE,
+    SHARD_M_SET_SYNC_WORKERS,
+    SHARD_NMETHODS
+};
+
+/* A method as registered: its handler's ctx, which counts the call and
+ * hands it on to the handler with the shard. */
+struct shard_method {
+    psd_shard *s;
+    const char *name;                  /* "Push" */
+    ps_rpc_handler fn;                 /* NULL for Push (shard_push, pieces) */
+    atomic_uint_fast64_t calls, bytes; /* calls received, their request bytes */
+};
 
 /* A list of variables built outside the table (loading a store). */
 struct var_list {
@@ -161,7 +189,14 @@ struct psd_shard {
     atomic_uint_fast64_t apply_seq;   /* updates applied, ever */
     atomic_uint_fast64_t committed_seq;
     atomic_uint_fast64_t pushes, pulls, bytes_in, bytes_out, stale, bad,
-        nonfinite, commits, last_ckpt, shm_bytes;
+        nonfinite, commits, last_ckpt, shm_bytes, last_ckpt_bytes;
+    /* When the oldest update not yet committed was applied (ps_now_ms), 0
+     * when every update is committed: the write-behind lag. */
+    atomic_int_fast64_t dirty_since_ms;
+    struct shard_method methods[SHARD_NMETHODS];
+    /* From a call's arrival to its answer (pushes answered OK, pulls
+     * answered with values), a commit's start to its end, a checkpoint's. */
+    ps_histogram push_seconds, pull_seconds, commit_seconds, ckpt_seconds;
     uint64_t fixed_overhead;
     int64_t started_ms;
     psd_assist *assist;  /* takes half of a big push (assist.h) */
@@ -172,6 +207,20 @@ struct psd_shard {
 static inline void shard_count_bad(psd_shard *s)
 {
     atomic_fetch_add(&s->bad, 1);
+}
+
+/* Counts one update applied, and notes when the oldest one not yet
+ * committed was applied. Pairs with shard_note_committed (persist.c): both
+ * sides sequentially consistent, so either the flusher sees this update's
+ * seq or this sees its reset, and no update goes unnoticed. */
+static inline void shard_count_apply(psd_shard *s)
+{
+    atomic_fetch_add(&s->apply_seq, 1);
+    if (atomic_load(&s->dirty_since_ms) == 0) {
+        int_fast64_t none = 0;
+        int64_t now = ps_now_ms();
+        atomic_compare_exchange_strong(&s->dirty_since_ms, &none, now > 0 ? now : 1);
+    }
 }
 
 /* The opening of a unary handler: unpacks the request of method, a
