@@ -157,11 +157,14 @@ static enum MHD_Result scrape(ps_metrics_http *h, struct MHD_Connection *conn)
     int rc = ps_metrics_error(&m);
     if (rc != 0) {
         char msg[256];
-        snprintf(msg, sizeof msg, "the metrics page could not be written: %s\n",
+        snprintf(msg, sizeof msg, "the metrics page could not be written: %s",
                  rc == PS_EINVAL_ARG ? "a metric or label name breaks Prometheus' "
                                        "conventions (a bug: please report it)"
                                      : ps_strerror(rc));
         ps_log_warn("/metrics: %s", msg);
+        size_t n = strlen(msg);
+        if (n + 1 < sizeof msg)
+            memcpy(msg + n, "\n", 2);
         ret = respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, msg);
     } else {
         size_t len;
