@@ -638,11 +638,13 @@ void coord_tick(coord *c)
         if (t->state == CT_ALIVE &&
             now - t->heard_ms > c->o.heartbeat_timeout_ms) {
             t->state = CT_DEAD;
+            c->missed_heartbeats[t->role]++;
             changed = true;
             ps_log_warn("%s[%d] at %s is dead: no heartbeat for %.1f s", rn,
                         t->index, coord_addr_or_none(t->address), coord_age_s(t, now));
         } else if (t->state == CT_UNKNOWN && now > t->grace_until_ms) {
             t->state = CT_DEAD;
+            c->missed_heartbeats[t->role]++;
             /* Not heard since the restart at least: ages count from it. */
             t->heard_ms = c->start_ms;
             changed = true;

@@ -46,6 +46,7 @@
 #define COORD_COORD_H
 
 #include "common/cluster.h"
+#include "common/metrics.h"
 #include "common/place.h"
 
 #include <stdbool.h>
@@ -259,5 +260,10 @@ void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
  * failure and return its code. */
 int coord_save(coord *c);
 int coord_write_summary(coord *c);
+
+/* pscoord's /metrics page (coordinator/metrics.c): the collector that
+ * common/metrics_http.h calls at each scrape, ctx being the coord. It reads
+ * the core under its mutex, like the calls above. */
+void coord_metrics_collect(ps_metrics *m, void *ctx);
 
 #endif

@@ -2,8 +2,9 @@
  * coord_internal.h - the coordinator's state, shared by the files that
  * implement coord.h: coord.c (the task table, heartbeats, liveness,
  * snapshots, placement requests), register.c (RegisterTask), state.c
- * (state.json, summary.json) and jobckpt.c (the checkpoint schedule,
- * manifests, restores). Nothing else includes it.
+ * (state.json, summary.json), jobckpt.c (the checkpoint schedule,
+ * manifests, restores) and metrics.c (the /metrics page). Nothing else
+ * includes it.
  *
  * Every field below is guarded by coord.mu; functions named *_locked expect
  * it held.
@@ -98,6 +99,11 @@ struct coord {
     int nrestores;
 
     uint32_t sync_desired; /* 0: nothing to tell yet */
+
+    /* Counted since this process started, for /metrics (metrics.c). */
+    uint64_t missed_heartbeats[PS_ROLE_COUNT]; /* tasks found dead by tick */
+    uint64_t restores_ok, restores_failed;
+    uint64_t ckpt_rounds_ok, ckpt_rounds_failed;
 };
 
 /* coord.c */

@@ -362,7 +362,11 @@ void coord_checkpoint_done(coord *c, uint64_t step,
     prune_locked(c);
     coord_bump_locked(c);
     coord_state_save_locked(c);
+    c->ckpt_rounds_ok++;
+    pthread_mutex_unlock(&c->mu);
+    return;
 out:
+    c->ckpt_rounds_failed++;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -399,6 +403,10 @@ void coord_restore_done(coord *c, const struct coord_ps_call *call, bool ok,
     r->detail = strdup(detail != NULL ? detail : "");
     if (r->detail != NULL)
         c->nrestores++;
+    if (ok)
+        c->restores_ok++;
+    else
+        c->restores_failed++;
     coord_bump_locked(c);
     coord_state_save_locked(c);
     /* Logged once the record is in state.json: whoever reads the line may

@@ -10,8 +10,9 @@
  * coordinator carries the job on), checkpoints/job-<step>.json (the job
  * checkpoint manifests) and, on shutdown, summary.json.
  *
- * Prints "PORT <n>" on stdout once it serves, logs one line per event on
- * stderr, and on SIGTERM or SIGINT ends the watch streams, drains the calls
+ * Prints "PORT <n>" on stdout once it serves, then "METRICS_PORT <n>" when
+ * it serves Prometheus' /metrics (--metrics-listen), logs one line per
+ * event on stderr, and on SIGTERM or SIGINT ends the watch streams, drains the calls
  * in flight, stops its threads, writes state.json and summary.json and
  * exits 0.
  *
@@ -23,6 +24,7 @@
 #include "coordinator/coord.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -52,6 +54,7 @@ struct pscoord_conf {
     int64_t register_warn_ms;
     int threads;
     int64_t shutdown_grace_ms;
+    char *metrics_listen;
     int log_level;
 };
 
@@ -111,6 +114,11 @@ static const ps_opt pscoord_opts[] = {
      offsetof(struct pscoord_conf, shutdown_grace_ms), "5s",
      "how long SIGTERM waits for calls in flight before cancelling them", 0,
      600000, NULL},
+    /* Loopback, any free port, as psd's: nothing to set and nothing to
+     * clash on one host; a node Prometheus scrapes sets a fixed one. */
+    {"metrics-listen", PS_OPT_STRING, offsetof(struct pscoord_conf, metrics_listen),
+     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
+     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
      "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {0},
@@ -129,6 +137,7 @@ struct pscoord {
     coord_sched *sched;
     coord_service *svc;
     ps_rpc_server *srv;
+    ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     int port;
 };
 
@@ -217,8 +226,28 @@ static int start_core(struct pscoord *p)
     return 0;
 }
 
+/* Serves /metrics on --metrics-listen, unless it is off (announced by
+ * serve, after PORT). Returns 0, or after the error line naming the
+ * address 2 for a value that is not HOST:PORT, 1 for one that cannot be
+ * served. */
+static int serve_metrics(struct pscoord *p)
+{
+    const char *addr = p->c.metrics_listen;
+    if (ps_metrics_http_off(addr))
+        return 0;
+    char err[512];
+    int rc = ps_metrics_http_start(addr, coord_metrics_collect, p->co, &p->metrics,
+                                   err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "pscoord: --metrics-listen: %s\n", err);
+        return rc == PS_EINVAL_ARG ? 2 : 1;
+    }
+    return 0;
+}
+
 /* The Coordinator service on a gRPC server, then its watch thread, then
- * "PORT <n>". Returns 0, or 1 after the error line. */
+ * "PORT <n>" and "METRICS_PORT <n>". Returns 0, or 1 after the error
+ * line. */
 static int serve(struct pscoord *p)
 {
     const struct pscoord_conf *c = &p->c;
@@ -243,6 +272,11 @@ static int serve(struct pscoord *p)
         return 1;
     }
     ps_proc_announce(p->port);
+    if (p->metrics != NULL) {
+        ps_metrics_http_announce(ps_metrics_http_port(p->metrics));
+        ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
+                    ps_metrics_http_port(p->metrics));
+    }
     ps_log_info("pscoord %s serving job '%s' on %s (port %d), %s membership"
                 "%s, state in %s", PS_VERSION, p->job_id, c->listen, p->port,
                 p->have_spec ? "static" : "dynamic",
@@ -259,6 +293,8 @@ static int serve(struct pscoord *p)
 static int stop(struct pscoord *p, bool clean)
 {
     int status = clean ? 0 : 1;
+    /* First: the collector reads the core. */
+    ps_metrics_http_stop(p->metrics);
     if (clean) {
         coord_service_stop(p->svc);
         ps_rpc_server_shutdown(p->srv, (int)p->c.shutdown_grace_ms);
@@ -294,17 +330,21 @@ int main(int argc, char **argv)
         return status;
 
     bool clean = false;
+    int metrics_status = 0; /* serve_metrics' exit status: 2 for a bad value */
     int rc = ps_proc_loop_create(&p.loop);
     if (rc != 0)
         fprintf(stderr, "pscoord: cannot set up signal handling: %s\n",
                 ps_strerror(rc));
-    else if (start_core(&p) == 0 && serve(&p) == 0) {
+    else if (start_core(&p) == 0 && (metrics_status = serve_metrics(&p)) == 0 &&
+             serve(&p) == 0) {
         int sig = ps_proc_loop_run(p.loop);
         ps_log_info("signal %d: ending watches, draining calls, saving state",
                     sig);
         clean = true;
     }
     status = stop(&p, clean);
+    if (metrics_status != 0)
+        status = metrics_status;
     ps_cluster_close(&p.spec);
     return ps_proc_epilogue(&p.cmd, p.loop, status);
 }

@@ -8,6 +8,8 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/metrics.h"
+#include "worker/metrics.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -79,6 +81,7 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
     /* The push brings the values back in the same round trip, unless a
      * concurrent pull fetches them (async). */
     *together = o->consistency == 2 || !o->concurrent_pull;
+    double t0 = ps_metrics_now();
     if (*together)
         rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
                                  push_step, sh->push_items, sh->pull_items,
@@ -90,6 +93,7 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
                  st->code == PS_RPC_FAILED_PRECONDITION;
     if (rc != 0 && !stale)
         return rc;
+    wd_metrics_call(o->metrics, true, ps_metrics_now() - t0);
     if (stale) {
         /* A worker that rejoins a sync job (or fell behind while it was
          * counted out) drops this gradient and takes the step the
@@ -143,10 +147,13 @@ static int push_then_pull(struct shard *sh, const struct job *j,
         sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
     *what = "Pull";
     if (sh->nitems > 0 && !together &&
-        (o->consistency == 2 || !o->concurrent_pull || j->pull_only) &&
-        (rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
-                             o->rpc_timeout_ms, st)) != 0)
-        return rc;
+        (o->consistency == 2 || !o->concurrent_pull || j->pull_only)) {
+        double t0 = ps_metrics_now();
+        if ((rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                 o->rpc_timeout_ms, st)) != 0)
+            return rc;
+        wd_metrics_call(o->metrics, false, ps_metrics_now() - t0);
+    }
     if (o->consistency == 2 && sh->nitems > 0)
         sh->sync_step = sh->pull_items[0].version;
     return 0;
@@ -159,8 +166,12 @@ static int pull_beside(struct shard *sh, const struct job *j,
     *what = "Pull";
     if (sh->nitems == 0 || j->pull_only)
         return 0;
-    return ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
-                          sh->s->o->rpc_timeout_ms, st);
+    double t0 = ps_metrics_now();
+    int rc = ps_client_pull(sh->pull_client, sh->pull_items, sh->nitems,
+                            sh->s->o->rpc_timeout_ms, st);
+    if (rc == 0)
+        wd_metrics_call(sh->s->o->metrics, false, ps_metrics_now() - t0);
+    return rc;
 }
 
 static void *comm_main(void *arg)

@@ -9,6 +9,7 @@
 #include "common/errors.h"
 #include "worker/gpu.h"
 #include "common/log.h"
+#include "worker/metrics.h"
 #include "common/place.h"
 #include "proto/ps.pb-c.h"
 #include "common/psclient.h"
@@ -813,7 +814,7 @@ static void run_close(struct run *r)
 static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
 {
     struct session *s = &r->s;
-    double c0 = now_s();
+    double c0 = now_s(), waited0 = r->waited;
     int rc = compute_step(s, r->xb, r->yb, n, loss);
     double c1 = now_s();
     r->compute += c1 - c0;
@@ -852,6 +853,7 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         r->pending = false;
         r->waited += now_s() - c2;
     }
+    wd_metrics_step_times(r->o->metrics, c1 - c0, r->waited - waited0);
     r->step++;
     r->steps++;
     r->examples += n;
@@ -874,6 +876,7 @@ static void run_progress(struct run *r, int epoch, int n, float loss,
     if ((t - r->last_report) * 1000 >= (o->progress_ms > 0 ? o->progress_ms : 2000)) {
         r->rate = (double)r->window_ex / (t - r->last_report);
     }
+    wd_metrics_step_done(o->metrics, r->step, n, loss, r->rate);
     if (o->progress_ms > 0 && (t - r->last_report) * 1000 >= o->progress_ms) {
         res->final_loss = r->window_loss / (double)r->window_n;
         if (!o->quiet)

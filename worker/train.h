@@ -51,6 +51,8 @@ struct wd_placement {
     int n;
 };
 
+struct wd_metrics; /* worker/metrics.h */
+
 /* Reports progress (from the training thread) and evaluations. */
 typedef void (*wd_progress_fn)(void *ctx, uint64_t step, double examples_per_second,
                                double loss);
@@ -86,6 +88,8 @@ struct wd_train_opts {
                                   (faster; one more step of staleness) */
     bool self_update;          /* async SGD: apply this worker's own step to
                                   its copy while the push is in flight */
+    struct wd_metrics *metrics; /* step times and progress for /metrics;
+                                   NULL: none */
     int shm;                   /* shared memory with psd (common/shm.h):
                                   0 auto (a psd on this host: unix:,
                                   loopback, or this host's address), 1 on

@@ -1,6 +1,8 @@
 /*
  * workerd - trains a model on a shard of the data against psd shards, or,
  * as the evaluator, reports test loss and accuracy of the latest parameters.
+ * Serves Prometheus' /metrics on --metrics-listen while it runs (printing
+ * "METRICS_PORT <n>" first on stdout; worker/metrics.h lists the figures).
  *
  * Exit status: 0 done; 1 a runtime failure (one line on stderr: data that
  * does not load, a model that does not fit the data or the server's
@@ -15,6 +17,8 @@
 #include "common/errors.h"
 #include "worker/events.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
+#include "worker/metrics.h"
 #include "worker/model.h"
 #include "common/proc.h"
 #include "proto/ps.pb-c.h"
@@ -68,6 +72,7 @@ struct wd_conf {
     int self_update;            /* 0 auto, 1 on, 2 off */
     int shm;                    /* 0 auto, 1 on, 2 off */
     bool json;
+    char *metrics_listen;
     int log_level;
     char *logdir;
     int summary_steps;
@@ -171,6 +176,10 @@ static const ps_opt wd_opts[] = {
      shm_choices},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
+    /* Loopback, any free port, as psd's: a host runs several workers. */
+    {"metrics-listen", PS_OPT_STRING, offsetof(struct wd_conf, metrics_listen),
+     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
+     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     /* The chief is worker task 0: workerd has no chief role of its own (a
@@ -388,6 +397,7 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         if (rc != 0)
             return fail(1, "%s", err);
         n++;
+        wd_metrics_eval(o->metrics, version, loss, acc);
         if (coord != NULL)
             ps_coord_metrics(coord, version, loss, acc);
         if (version != last_version)
@@ -597,6 +607,7 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
         rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
             return fail(1, "%s", err);
+        wd_metrics_eval(o->metrics, version, loss, acc);
     }
     print_summary(c, &res, evaluate, loss, acc, version);
     if (wd_stop_requested)
@@ -727,6 +738,25 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
     return parse_ps(c->ps, ps, nps);
 }
 
+/* Serves /metrics on --metrics-listen, unless it is off, and prints
+ * "METRICS_PORT <n>". Returns 0, or after one line naming the address 2
+ * for a value that is not HOST:PORT, 1 for one that cannot be served. */
+static int serve_metrics(const struct wd_conf *c, struct wd_metrics *m,
+                         ps_metrics_http **out)
+{
+    if (ps_metrics_http_off(c->metrics_listen))
+        return 0;
+    char err[512];
+    int rc = ps_metrics_http_start(c->metrics_listen, wd_metrics_collect, m, out,
+                                   err, sizeof err);
+    if (rc != 0)
+        return fail(rc == PS_EINVAL_ARG ? 2 : 1, "--metrics-listen: %s", err);
+    ps_metrics_http_announce(ps_metrics_http_port(*out));
+    ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
+                ps_metrics_http_port(*out));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct wd_conf c;
@@ -744,6 +774,8 @@ int main(int argc, char **argv)
     ps_coord *coord = NULL;
     struct wd_placement placement = {0};
     wd_events *events = NULL;
+    ps_metrics_http *metrics = NULL;
+    struct wd_metrics wm;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
@@ -755,7 +787,10 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
 
-    status = load_data(&c, evaluator, &train, &test);
+    wd_metrics_init(&wm, evaluator);
+    status = serve_metrics(&c, &wm, &metrics);
+    if (status == 0)
+        status = load_data(&c, evaluator, &train, &test);
     const struct ps_dataset *d = evaluator ? &test : &train;
     if (status == 0)
         status = check_model(&c, d);
@@ -768,6 +803,7 @@ int main(int argc, char **argv)
     events = open_events(&c, evaluator);
     struct wd_train_opts o = train_opts(&c, coord, &placement, ps, nps);
     o.events = events;
+    o.metrics = &wm;
     if (evaluator) {
         o.evaluator_only = true;
         status = run_evaluator(&o, &c, &test, coord);
@@ -776,6 +812,7 @@ int main(int argc, char **argv)
     }
 out:
     wd_events_destroy(events);
+    ps_metrics_http_stop(metrics);
     ps_coord_leave(coord);
     placement_free(&placement);
     ps_dataset_close(&train);
