@@ -3,7 +3,8 @@
  *
  * STYLE.md gives every dependency one home: only server/store.c talks to
  * LMDB, only the RPC files of common/ to gRPC core, only common/proc.c to
- * libuv, only worker/backend_cpu.c to BLAS, and CUDA stays in the .cu files.
+ * libuv, only worker/backend_cpu.c to BLAS, only common/notify.c to
+ * libsystemd, and CUDA stays in the .cu files.
  * Their headers sit in /usr/include, where every compiler finds them, so an
  * include path alone cannot keep them out. The build therefore force-includes
  * this header into every C file of the project (-include, meson.build) and
@@ -28,6 +29,10 @@
 
 #ifndef PS_OWNS_UV
 #pragma GCC poison uv_loop_init
+#endif
+
+#ifndef PS_OWNS_SYSTEMD
+#pragma GCC poison sd_notify
 #endif
 
 #ifndef PS_OWNS_BLAS

@@ -13,6 +13,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "ps_config.h"
 
 #include <errno.h>
@@ -25,6 +26,7 @@
 
 const char *const ps_proc_log_levels[] = {"error", "warn", "info", "debug",
                                            NULL};
+const char *const ps_proc_log_formats[] = {"text", "json", NULL};
 
 int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv)
 {
@@ -46,6 +48,8 @@ int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv)
         return ps_proc_quit(cmd, 2, "%s", err);
     if (first < argc)
         return ps_proc_quit(cmd, 2, "unexpected argument '%s'", argv[first]);
+    if (cmd->log_format != NULL)
+        ps_log_set_format((enum ps_log_format)*cmd->log_format);
     if (cmd->log_level != NULL)
         ps_log_init(argv[0], (enum ps_log_level)*cmd->log_level);
     return PS_PROC_RUN;
@@ -167,6 +171,20 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
     return 0;
 }
 
+static void send_keepalive(void *ctx)
+{
+    (void)ctx;
+    ps_notify_watchdog();
+}
+
+int ps_proc_loop_keepalive(ps_proc_loop *l)
+{
+    int64_t period = ps_notify_keepalive_ms();
+    if (period == 0)
+        return 0;
+    return ps_proc_loop_every(l, period, send_keepalive, NULL);
+}
+
 int ps_proc_loop_run(ps_proc_loop *l)
 {
     l->got = 0;
@@ -178,6 +196,7 @@ int ps_proc_loop_run(ps_proc_loop *l)
     while (l->got == 0)
         uv_run(&l->loop, UV_RUN_DEFAULT);
     mask_signals(SIG_BLOCK);
+    ps_notify_stopping("shutting down (signal %d)", l->got);
     return l->got;
 }
 

@@ -13,7 +13,10 @@
  * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
  * every thread and taken only while ps_proc_loop_run runs, by uv_signal
  * handlers that stop the loop. Periodic work that belongs to the process
- * rather than to a module (keep-alives, metrics) hangs on it as timers.
+ * rather than to a module (keep-alives, metrics) hangs on it as timers:
+ * ps_proc_loop_keepalive sends systemd's watchdog keep-alives from it, so
+ * that a loop that stops turning is restarted (common/notify.h), and when a
+ * signal stops the loop it tells systemd that the daemon is stopping.
  *
  * Threads and lifetime: the prologue runs first in main. The loop is
  * created in main before any other thread starts (so that they inherit the
@@ -36,12 +39,22 @@ typedef struct ps_proc_cmd {
     void *conf;           /* ... and the zeroed struct it fills */
     const int *log_level; /* in conf: logging starts at this level once the
                              options are loaded; NULL: the caller starts it */
+    const int *log_format; /* in conf: a --log-format option (choices
+                              ps_proc_log_formats); NULL: text */
 } ps_proc_cmd;
 
 /* The choices of a --log-level option (PS_OPT_ENUM) in the order of enum
  * ps_log_level, so that the int it fills can be cmd->log_level: "error",
  * "warn", "info", "debug". */
 extern const char *const ps_proc_log_levels[];
+
+/* The choices of a --log-format option (PS_OPT_ENUM) in the order of enum
+ * ps_log_format, for cmd->log_format: "text" (the default lines), "json"
+ * (one object per line). */
+extern const char *const ps_proc_log_formats[];
+#define PS_PROC_LOG_FORMAT_HELP \
+    "text (one line per event) or json (one object per line: time, level, " \
+    "daemon, task, event and its fields)"
 
 typedef struct ps_proc_loop ps_proc_loop; /* the control loop, below */
 
@@ -85,9 +98,17 @@ int ps_proc_loop_create(ps_proc_loop **out);
 int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
                        void (*fn)(void *ctx), void *ctx);
 
-/* Runs the loop (its timers) until one of the signals arrives, and returns
- * its number; the signals are blocked again when it returns, so a second
- * one during the shutdown that follows is not taken. */
+/* Sends WATCHDOG=1 from the loop every half of the watchdog interval
+ * systemd asked for (WATCHDOG_USEC), when it asked for one: a keep-alive
+ * then says that the loop comes round, and a loop that is stuck (or a
+ * process that is stopped) lets the watchdog fire. Returns 0 (also without
+ * a watchdog, adding nothing), or as ps_proc_loop_every. */
+int ps_proc_loop_keepalive(ps_proc_loop *l);
+
+/* Runs the loop (its timers) until one of the signals arrives, tells
+ * systemd the daemon is stopping (STOPPING=1; nothing outside systemd) and
+ * returns the signal's number; the signals are blocked again when it
+ * returns, so a second one during the shutdown that follows is not taken. */
 int ps_proc_loop_run(ps_proc_loop *l);
 
 /* Stops the timers, closes every handle and frees the loop. NULL: no-op. */

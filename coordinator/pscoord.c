@@ -25,6 +25,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
+#include "common/notify.h"
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -56,6 +57,7 @@ struct pscoord_conf {
     int64_t shutdown_grace_ms;
     char *metrics_listen;
     int log_level;
+    int log_format;
 };
 
 /* Defaults, each with why. */
@@ -121,6 +123,8 @@ static const ps_opt pscoord_opts[] = {
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
      "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
+    {"log-format", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_format),
+     "text", PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
     {0},
 };
 
@@ -286,6 +290,57 @@ static int serve(struct pscoord *p)
     return 0;
 }
 
+/* How often the STATUS= line is brought up to date (sent only when it
+ * changed): about a heartbeat's scale, so `systemctl status` is current. */
+#define PSCOORD_STATUS_MS 2000
+
+/* The STATUS= line: live tasks, the global step, the last job checkpoint. */
+static void describe(struct pscoord *p, char *out, size_t len)
+{
+    struct coord_cluster *cs = coord_snapshot(p->co);
+    if (cs == NULL) {
+        snprintf(out, len, "serving job '%s' on port %d", p->job_id, p->port);
+        return;
+    }
+    int ps_live = 0;
+    for (int i = 0; i < cs->ntasks; i++)
+        ps_live += cs->tasks[i].role == PS_ROLE_PS && cs->tasks[i].alive;
+    char ckpt[64] = "no job checkpoint yet";
+    if (cs->last_checkpoint_step > 0)
+        snprintf(ckpt, sizeof ckpt, "last job checkpoint at step %llu",
+                 (unsigned long long)cs->last_checkpoint_step);
+    snprintf(out, len, "serving job '%s' on port %d: %u/%u workers live, "
+             "%d/%u ps live, global step %llu, %s", p->job_id, p->port,
+             cs->live_workers, cs->num_workers, ps_live, cs->num_ps,
+             (unsigned long long)cs->global_step, ckpt);
+    coord_cluster_free(cs);
+}
+
+static void status_line(void *ctx)
+{
+    char line[384];
+    describe(ctx, line, sizeof line);
+    ps_notify_status("%s", line);
+}
+
+/* Once pscoord serves with its state loaded (start_core, serve): tells
+ * systemd it is ready, with a first STATUS= line, then from the control
+ * loop keeps the status current and sends the watchdog's keep-alives
+ * (common/notify.h). Nothing without systemd; a timer that cannot be added
+ * (out of memory) is logged and pscoord serves on. */
+static void supervise(struct pscoord *p)
+{
+    if (!ps_notify_enabled())
+        return;
+    char line[384];
+    describe(p, line, sizeof line);
+    ps_notify_ready("%s", line);
+    int rc;
+    if ((rc = ps_proc_loop_every(p->loop, PSCOORD_STATUS_MS, status_line, p)) != 0 ||
+        (rc = ps_proc_loop_keepalive(p->loop)) != 0)
+        ps_log_err(rc, "cannot add the status and watchdog timers");
+}
+
 /* Undoes whatever start_core and serve made, in reverse. After a signal
  * (clean) the watch streams end and the calls in flight drain within the
  * grace period first, and the state and summary are written last. Returns
@@ -322,12 +377,15 @@ int main(int argc, char **argv)
     memset(&p, 0, sizeof p);
     p.cmd = (ps_proc_cmd){.name = "pscoord", .usage = "--state-dir DIR [options]",
                           .opts = pscoord_opts, .conf = &p.c,
-                          .log_level = &p.c.log_level};
+                          .log_level = &p.c.log_level,
+                          .log_format = &p.c.log_format};
     int status = ps_proc_prologue(&p.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;
     if ((status = check_conf(&p)) != PS_PROC_RUN)
         return status;
+    /* TF_CONFIG's chief: the coordinator does the chief's duties. */
+    ps_log_set_task("chief", -1);
 
     bool clean = false;
     int metrics_status = 0; /* serve_metrics' exit status: 2 for a bad value */
@@ -337,6 +395,7 @@ int main(int argc, char **argv)
                 ps_strerror(rc));
     else if (start_core(&p) == 0 && (metrics_status = serve_metrics(&p)) == 0 &&
              serve(&p) == 0) {
+        supervise(&p);
         int sig = ps_proc_loop_run(p.loop);
         ps_log_info("signal %d: ending watches, draining calls, saving state",
                     sig);

@@ -15,6 +15,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
+#include "common/notify.h"
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -50,6 +51,7 @@ struct psd_conf {
     int64_t shutdown_grace_ms;
     char *metrics_listen;
     int log_level;
+    int log_format;
 };
 
 static const char *const consistency_choices[] = {"async", "sync", NULL};
@@ -121,6 +123,8 @@ static const ps_opt psd_opts[] = {
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
+    {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
+     PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
     {0},
 };
 
@@ -301,6 +305,7 @@ static int join_coordinator(struct psd *d)
         fprintf(stderr, "psd: %s\n", err);
         return 1;
     }
+    ps_log_set_task("ps", idx);
     return 0;
 }
 
@@ -348,6 +353,50 @@ close_shard:
     return rc;
 }
 
+/* How often the STATUS= line is brought up to date: often enough that
+ * `systemctl status` is current, and it is sent only when it changed. */
+#define PSD_STATUS_MS 2000
+
+/* The STATUS= line: where the shard is. */
+static void describe(struct psd *d, char *out, size_t len)
+{
+    struct psd_shard_brief b;
+    psd_shard_brief(d->shard, &b);
+    char ckpt[64] = "no checkpoint yet";
+    if (b.last_checkpoint > 0)
+        snprintf(ckpt, sizeof ckpt, "last checkpoint at step %llu",
+                 (unsigned long long)b.last_checkpoint);
+    snprintf(out, len, "serving on port %d: %zu variable%s, version %llu, "
+             "%llu updates since start, %s", d->port, b.variables,
+             b.variables == 1 ? "" : "s", (unsigned long long)b.max_version,
+             (unsigned long long)b.updates, ckpt);
+}
+
+static void status_line(void *ctx)
+{
+    char line[256];
+    describe(ctx, line, sizeof line);
+    ps_notify_status("%s", line);
+}
+
+/* Once psd serves with its store loaded (start): tells systemd it is
+ * ready, with a first STATUS= line, then from the control loop keeps the
+ * status current and sends the watchdog's keep-alives (common/notify.h).
+ * Nothing without systemd. A timer that cannot be added (out of memory)
+ * is logged and psd serves on. */
+static void supervise(struct psd *d)
+{
+    if (!ps_notify_enabled())
+        return;
+    char line[256];
+    describe(d, line, sizeof line);
+    ps_notify_ready("%s", line);
+    int rc;
+    if ((rc = ps_proc_loop_every(d->loop, PSD_STATUS_MS, status_line, d)) != 0 ||
+        (rc = ps_proc_loop_keepalive(d->loop)) != 0)
+        ps_log_err(rc, "cannot add the status and watchdog timers");
+}
+
 /* SIGTERM's shutdown: leave the job, answer the waiting calls, drain the
  * rest within the grace period, then flush to LMDB. Returns the exit
  * status. */
@@ -373,7 +422,8 @@ int main(int argc, char **argv)
     memset(&d, 0, sizeof d);
     d.cmd = (ps_proc_cmd){.name = "psd", .usage = "--data-dir DIR [options]",
                           .opts = psd_opts, .conf = &d.c,
-                          .log_level = &d.c.log_level};
+                          .log_level = &d.c.log_level,
+                          .log_format = &d.c.log_format};
     int status = ps_proc_prologue(&d.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;
@@ -383,9 +433,12 @@ int main(int argc, char **argv)
         return status;
     if (d.c.listen == NULL)
         d.c.listen = strdup("0.0.0.0:7070");
+    if (d.c.task_index >= 0)
+        ps_log_set_task("ps", d.c.task_index);
 
     status = start(&d);
     if (status == 0) {
+        supervise(&d);
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);

@@ -415,6 +415,24 @@ size_t psd_shard_nvars(psd_shard *s)
     return n;
 }
 
+void psd_shard_brief(psd_shard *s, struct psd_shard_brief *out)
+{
+    uint64_t max = 0;
+    pthread_rwlock_rdlock(&s->table_lock);
+    for (size_t i = 0; i < s->nvars; i++) {
+        psd_var *v = s->vars[i];
+        pthread_rwlock_rdlock(&v->lock);
+        if (v->version > max)
+            max = v->version;
+        pthread_rwlock_unlock(&v->lock);
+    }
+    out->variables = s->nvars;
+    pthread_rwlock_unlock(&s->table_lock);
+    out->max_version = max;
+    out->updates = atomic_load(&s->apply_seq);
+    out->last_checkpoint = atomic_load(&s->last_ckpt);
+}
+
 void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes)
 {
     s->fixed_overhead = bytes;

@@ -77,6 +77,15 @@ void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes);
 /* How many variables the shard holds now. */
 size_t psd_shard_nvars(psd_shard *s);
 
+/* Where the shard is, for the daemon's status line (systemd's STATUS=). */
+struct psd_shard_brief {
+    size_t variables;
+    uint64_t max_version;     /* the highest version of any variable */
+    uint64_t updates;         /* pushes applied since psd started */
+    uint64_t last_checkpoint; /* its step; 0: none */
+};
+void psd_shard_brief(psd_shard *s, struct psd_shard_brief *out);
+
 /* The process's resident set size in bytes (from /proc/self/statm). */
 uint64_t psd_rss_bytes(void);
 

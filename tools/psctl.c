@@ -89,6 +89,8 @@ struct global_cfg psctl_global;
 static const ps_opt global_opts[] = {
     {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), "warn",
      "least severe log lines shown on stderr", 0, 0, ps_proc_log_levels},
+    {"log-format", PS_OPT_ENUM, offsetof(struct global_cfg, log_format), "text",
+     PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
     {"server", PS_OPT_STRING, offsetof(struct global_cfg, server), NULL,
      "psd to talk to, HOST:PORT (default: $PSD_ADDR, else " DEFAULT_SERVER
      ")", 0, 0, NULL},
@@ -285,6 +287,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     ps_log_init("psctl", (enum ps_log_level)psctl_global.log_level);
+    ps_log_set_format((enum ps_log_format)psctl_global.log_format);
     if (psctl_global.server == NULL) {
         const char *env = getenv("PSD_ADDR");
         psctl_global.server = strdup(env != NULL && env[0] != '\0' ? env

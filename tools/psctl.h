@@ -68,6 +68,7 @@ int cmd_top(const struct command *self, int argc, char **argv);
 /* Options that come before the command. */
 struct global_cfg {
     int log_level;      /* an enum ps_log_level */
+    int log_format;     /* an enum ps_log_format */
     char *server;       /* NULL until main resolves $PSD_ADDR or the default */
     int64_t timeout_ms; /* each call's deadline */
 };

@@ -20,6 +20,7 @@
 #include "common/metrics_http.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
+#include "common/notify.h"
 #include "common/proc.h"
 #include "proto/ps.pb-c.h"
 #include "ps_config.h"
@@ -76,6 +77,7 @@ struct wd_conf {
     int log_level;
     char *logdir;
     int summary_steps;
+    int log_format;
 };
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
@@ -197,6 +199,8 @@ static const ps_opt wd_opts[] = {
     {"summary-steps", PS_OPT_INT, offsetof(struct wd_conf, summary_steps), "10",
      "chief with --logdir: one event per this many steps (their mean loss)",
      1, 1000000, NULL},
+    {"log-format", PS_OPT_ENUM, offsetof(struct wd_conf, log_format), "text",
+     PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
     {0},
 };
 
@@ -246,9 +250,44 @@ static int fail(int status, const char *fmt, ...)
     return status;
 }
 
+/* How often the STATUS= line is brought up to date. */
+#define WD_STATUS_MS 2000
+
+/* systemd (common/notify.h), from the training loop's progress point: its
+ * first call, after the first step, means workerd is connected and its
+ * first pull is done, so READY=1; then the status now and then, and a
+ * keep-alive whenever one is due. workerd trains on its main thread and
+ * runs no control loop, so the keep-alives prove that steps finish: a
+ * wedged step stops them (WatchdogSec in its unit is longer than the retry
+ * budget, so that a psd restart ridden out is no hang). */
+static void notify_progress(const char *what, uint64_t step, double exps,
+                            double loss)
+{
+    static bool ready;
+    static int64_t last_status_ms;
+    if (!ps_notify_enabled())
+        return;
+    int64_t now = ps_now_ms();
+    if (!ready) {
+        ready = true;
+        last_status_ms = now;
+        ps_notify_ready("%s: step %llu, %.0f examples/s, loss %.4f", what,
+                        (unsigned long long)step, exps, loss);
+    } else if (now - last_status_ms >= WD_STATUS_MS) {
+        last_status_ms = now;
+        ps_notify_status("%s: step %llu, %.0f examples/s, loss %.4f", what,
+                         (unsigned long long)step, exps, loss);
+    }
+    ps_notify_alive();
+}
+
+/* Each finished step: to the coordinator (ctx, NULL without one) and to
+ * systemd. */
 static void report_progress(void *ctx, uint64_t step, double exps, double loss)
 {
-    ps_coord_report(ctx, step, exps, loss);
+    if (ctx != NULL)
+        ps_coord_report(ctx, step, exps, loss);
+    notify_progress("training", step, exps, loss);
 }
 
 static void on_directive(void *ctx, int kind, uint64_t step)
@@ -384,6 +423,25 @@ static void eval_summary(wd_events *ev, uint64_t version, float loss, float acc)
     wd_events_write(ev, (int64_t)version, v, sizeof v / sizeof v[0]);
 }
 
+/* The evaluator's progress point for systemd: READY=1 after its first
+ * evaluation (connected, first pull done), then the status and a
+ * keep-alive after each; its wait between evaluations sends keep-alives
+ * too. */
+static void notify_evaluation(uint64_t version, float loss, float acc)
+{
+    static bool ready;
+    if (!ps_notify_enabled())
+        return;
+    if (!ready)
+        ps_notify_ready("evaluating: version %llu, test loss %.4f, test "
+                        "accuracy %.4f", (unsigned long long)version, loss, acc);
+    else
+        ps_notify_status("evaluating: version %llu, test loss %.4f, test "
+                         "accuracy %.4f", (unsigned long long)version, loss, acc);
+    ready = true;
+    ps_notify_alive();
+}
+
 static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
                          const struct ps_dataset *test, ps_coord *coord)
 {
@@ -402,6 +460,7 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
             ps_coord_metrics(coord, version, loss, acc);
         if (version != last_version)
             eval_summary(o->events, version, loss, acc);
+        notify_evaluation(version, loss, acc);
         if (c->json)
             printf("{\"role\":\"evaluator\",\"version\":%llu,\"test_loss\":%.6f,"
                    "\"test_accuracy\":%.6f}\n", (unsigned long long)version, loss, acc);
@@ -414,8 +473,10 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
                             (c->eval_count == 0 || n < c->eval_count); t += 50) {
             struct timespec ts = {0, 50 * 1000000L};
             nanosleep(&ts, NULL);
+            ps_notify_alive();
         }
     }
+    ps_notify_stopping("evaluated %lld times", (long long)n);
     return 0;
 }
 
@@ -529,7 +590,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
 {
     return (struct wd_train_opts){
         .placement = coord != NULL ? placement : NULL,
-        .on_progress = coord != NULL ? report_progress : NULL,
+        .on_progress = report_progress,
         .progress_ctx = coord,
         .ps = ps,
         .nps = c->local ? 0 : nps,
@@ -600,6 +661,9 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
     int rc = wd_train(o, train, &res, err, sizeof err);
     if (rc != 0)
         return fail(1, "%s", err);
+    ps_notify_stopping("%s after %lld steps", wd_stop_requested
+                       ? "stopped by a signal" : "done training",
+                       (long long)res.steps);
     float loss = NAN, acc = NAN;
     uint64_t version = 0;
     bool evaluate = c->evaluate && !c->local;
@@ -762,7 +826,7 @@ int main(int argc, char **argv)
     struct wd_conf c;
     memset(&c, 0, sizeof c);
     ps_proc_cmd cmd = {.name = "workerd", .usage = "[options]",
-                       .opts = wd_opts, .conf = &c};
+                       .opts = wd_opts, .conf = &c, .log_format = &c.log_format};
     int rc = ps_proc_prologue(&cmd, argc, argv);
     if (rc != PS_PROC_RUN)
         return rc;
@@ -801,6 +865,7 @@ int main(int argc, char **argv)
     if (status != 0)
         goto out;
     events = open_events(&c, evaluator);
+    ps_log_set_task(evaluator ? "evaluator" : "worker", (int)c.task_index);
     struct wd_train_opts o = train_opts(&c, coord, &placement, ps, nps);
     o.events = events;
     o.metrics = &wm;
