@@ -17,6 +17,11 @@
 
 #include <stddef.h>
 
+/* The most checkpoints a caller may ask a store to keep
+ * (CheckpointRequest.keep_at_least, pscoord's --checkpoint-keep): a
+ * caller asking for 10^6 would switch retention off for good. */
+#define PS_RETENTION_MAX_KEEP 1000
+
 /* How many checkpoints a store keeps: 0 (all) when own is 0, else the
  * larger of own and asked. */
 static inline size_t ps_retention_keep(size_t own, size_t asked)

@@ -743,3 +743,71 @@ int ps_wire_values_decode(const struct ps_piece *pieces, int np, bool push,
     }
     return 0;
 }
+
+/* ---- strings with a NUL byte ---------------------------------------------- */
+
+#define NUL_MAX_DEPTH 16 /* sub-messages deeper than this are not walked */
+#define NUL_COUNTED 64   /* fields whose repeats are numbered in the path */
+
+/* One level of ps_wire_pb_nul: walks the fields of c as a message of type
+ * d. Returns 1 with where and *at set, else 0. */
+static int nul_walk(cursor *c, const ProtobufCMessageDescriptor *d, char *where,
+                    size_t wherelen, size_t *at, int depth)
+{
+    unsigned seen[NUL_COUNTED] = {0};
+    while (c->left > 0) {
+        uint64_t key;
+        cursor s;
+        if (get_varint(c, &key) != 0)
+            return 0;
+        int wt = (int)(key & 7);
+        const ProtobufCFieldDescriptor *f =
+            key >> 3 <= UINT32_MAX
+                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
+                : NULL;
+        if (f == NULL || wt != WT_LEN ||
+            (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)) {
+            if (skip_field(c, wt) != 0)
+                return 0;
+            continue;
+        }
+        if (get_sub(c, &s) != 0)
+            return 0;
+        size_t fi = (size_t)(f - d->fields);
+        char name[160];
+        if (f->label == PROTOBUF_C_LABEL_REPEATED && fi < NUL_COUNTED)
+            snprintf(name, sizeof name, "%s[%u]", f->name, seen[fi]++);
+        else
+            snprintf(name, sizeof name, "%s", f->name);
+        if (f->type == PROTOBUF_C_TYPE_STRING) {
+            size_t off = 0, n;
+            const uint8_t *p;
+            while ((n = ps_wire_bytes_peek(&s, &p)) > 0) {
+                const uint8_t *z = memchr(p, 0, n);
+                if (z != NULL) {
+                    *at = off + (size_t)(z - p);
+                    snprintf(where, wherelen, "%s", name);
+                    return 1;
+                }
+                off += n;
+                ps_wire_bytes_take(&s, NULL, n);
+            }
+        } else if (depth < NUL_MAX_DEPTH) {
+            char sub[256];
+            if (nul_walk(&s, f->descriptor, sub, sizeof sub, at, depth + 1)) {
+                snprintf(where, wherelen, "%s.%s", name, sub);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int ps_wire_pb_nul(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                   char *where, size_t wherelen, size_t *at)
+{
+    struct ps_piece one = {buf, len};
+    cursor c;
+    ps_wire_bytes_init(&c, &one, 1);
+    return nul_walk(&c, d, where, wherelen, at, 0);
+}

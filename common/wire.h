@@ -30,6 +30,7 @@
 #include "common/rpc_msg.h"
 #include "common/shm.h"
 
+#include <protobuf-c/protobuf-c.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -215,5 +216,18 @@ typedef int (*ps_wire_value_fn)(void *ctx, enum ps_wire_event ev,
 int ps_wire_values_decode(const struct ps_piece *pieces, int np, bool push,
                           size_t nvalues, uint64_t *versions, size_t nversions,
                           ps_wire_value_fn fn, void *ctx, char *err, size_t errlen);
+
+/* ---- strings with a NUL byte ---------------------------------------------- */
+
+/* protobuf-c unpacks a string field into a NUL-terminated char * and drops
+ * its length, so a name "a\0b" on the wire arrives as "a". This walks the
+ * bytes buf[0..len) of a message of type d, sub-messages included, for the
+ * first string field whose bytes hold a NUL. Returns 0 when none does (and
+ * for bytes that do not parse: the unpacker refuses those), or 1 with the
+ * field's path in where ("spec.name", "items[1].name") and the NUL's offset
+ * in that string in *at. Call it on a request before or after unpacking it;
+ * the bytes must be the ones unpacked. */
+int ps_wire_pb_nul(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                   char *where, size_t wherelen, size_t *at);
 
 #endif

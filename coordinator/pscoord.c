@@ -24,6 +24,7 @@
 #include "coordinator/coord.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/retention.h"
 #include "common/metrics_http.h"
 #include "common/notify.h"
 #include "common/proc.h"
@@ -97,7 +98,7 @@ static const ps_opt pscoord_opts[] = {
     /* 3: the latest, plus two to fall back on if it turns out bad. */
     {"checkpoint-keep", PS_OPT_INT,
      offsetof(struct pscoord_conf, checkpoint_keep), "3",
-     "job checkpoint manifests kept", 1, 1000000, NULL},
+     "job checkpoint manifests kept", 1, PS_RETENTION_MAX_KEEP, NULL},
     /* 512 KiB: a part per shard pays off once a variable is big enough that
      * one shard's bandwidth, not the call overhead, bounds a pull. It is
      * PS_PLACE_SPLIT_DEFAULT, which a worker without a coordinator uses. */

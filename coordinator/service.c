@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "proto/ps.pb-c.h"
 
 #include <errno.h>
@@ -548,6 +549,16 @@ static void dispatch(ps_rpc_call *call, const uint8_t *req, size_t len,
         ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT,
                     "%s: %zu bytes that do not parse", b->m->req->c_name,
                     len);
+        return;
+    }
+    /* protobuf-c cuts a string at its first NUL ("job\0x" is "job"): a
+     * name or address that holds one is refused, never taken cut short. */
+    char where[256];
+    size_t at;
+    if (ps_wire_pb_nul(req, len, b->m->req, where, sizeof where, &at)) {
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %s has a NUL byte at %zu",
+                    b->m->req->short_name, where, at);
+        protobuf_c_message_free_unpacked(r, NULL);
         return;
     }
     b->m->fn(b->s, call, r);

@@ -527,6 +527,8 @@ int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *cou
     return 0;
 }
 
+static int prune(const char *data_dir, size_t keep_last, bool have_spare, uint64_t spare);
+
 /* A *.tmp-<pid>* directory whose writer is gone: not this process, and no
  * process of that id exists. */
 static bool stale_tmp(const char *name)
@@ -546,6 +548,16 @@ static bool stale_tmp(const char *name)
 
 int psd_ckpt_prune(const char *data_dir, size_t keep_last)
 {
+    return prune(data_dir, keep_last, false, 0);
+}
+
+int psd_ckpt_prune_sparing(const char *data_dir, size_t keep_last, uint64_t spare)
+{
+    return prune(data_dir, keep_last, true, spare);
+}
+
+static int prune(const char *data_dir, size_t keep_last, bool have_spare, uint64_t spare)
+{
     if (!data_dir)
         return PS_EINVAL_ARG;
     struct listing l;
@@ -555,7 +567,7 @@ int psd_ckpt_prune(const char *data_dir, size_t keep_last)
     uint64_t keep;
     bool have_keep = l.n > 0 && psd_ckpt_latest(data_dir, &keep) == 0;
     for (size_t i = 0; i + keep_last < l.n; i++) {
-        if (have_keep && l.steps[i] == keep)
+        if ((have_keep && l.steps[i] == keep) || (have_spare && l.steps[i] == spare))
             continue;
         char name[24];
         snprintf(name, sizeof name, "%llu", (unsigned long long)l.steps[i]);

@@ -69,5 +69,8 @@ int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *cou
  * gone. Directories that are not complete checkpoints are left alone.
  * Returns 0 or the first error; it goes on past errors. */
 int psd_ckpt_prune(const char *data_dir, size_t keep_last);
+/* psd_ckpt_prune that never removes the checkpoint of step spare either
+ * (the one just written: a checkpoint is not deleted by its own call). */
+int psd_ckpt_prune_sparing(const char *data_dir, size_t keep_last, uint64_t spare);
 
 #endif

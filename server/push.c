@@ -467,6 +467,15 @@ static enum ps_rpc_code check_name(psd_shard *s, const ps_wire_grad *g, size_t i
 {
     psd_var *v = g->name_len > PS_WIRE_MAX_NAME
                      ? NULL : shard_find_var(s, g->name, g->name_len, NULL);
+    const char *nul = g->name_len > PS_WIRE_MAX_NAME
+                          ? NULL : memchr(g->name, 0, g->name_len);
+    if (nul != NULL) {
+        /* Said as the other methods say it (shard_unpack), not as a mere
+         * control character: protobuf-c clients would see "a" for "a\0b". */
+        snprintf(err, errlen, "Push: grads[%zu].name has a NUL byte at %zu", i,
+                 (size_t)(nul - g->name));
+        return PS_RPC_INVALID_ARGUMENT;
+    }
     if (v == NULL) {
         const char *np = shard_name_problem(g->name, g->name_len);
         if (np)

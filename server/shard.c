@@ -50,12 +50,32 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
 {
     Ps__V1__CheckpointRequest *r = shard_unpack(ctx, call, "Checkpoint",
                                                 &ps__v1__checkpoint_request__descriptor, req, len);
-    if (r != NULL)
+    if (r != NULL && r->keep_at_least > PS_RETENTION_MAX_KEEP) {
+        shard_count_bad(ctx);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Checkpoint: keep_at_least %u is "
+                    "more than %d; keep more with psd's --checkpoint-keep",
+                    r->keep_at_least, PS_RETENTION_MAX_KEEP);
+    } else if (r != NULL) {
         job_enqueue(ctx, call, JOB_CHECKPOINT, r->step, r->keep_at_least, "Checkpoint");
+    }
     ps__v1__checkpoint_request__free_unpacked(r, NULL);
 }
 
-/* Takes one checkpoint and answers its call. On the checkpoint thread. */
+/* How far a Checkpoint's step may run ahead of the highest variable
+ * version on this psd. The step names the directory and orders retention,
+ * so a caller's step near 2^63 would outrank every honest checkpoint to
+ * come. An honest step can still exceed the versions: pscoord sends its
+ * global step (coordinator/jobckpt.c: the highest step any worker
+ * reported), and in async mode a shard holding no variable, or variables a
+ * restarted psd recreated at version 0 while workers go on counting, has
+ * versions far below it. So the bound is a margin no job reaches: 2^40
+ * steps is 35 years at 1,000 steps a second, and still leaves a forged
+ * step 2^23 times below 2^63. */
+#define CKPT_STEP_AHEAD ((uint64_t)1 << 40)
+
+/* Takes one checkpoint and answers its call. On the checkpoint thread.
+ * Retention never deletes the checkpoint this call just wrote, whatever
+ * the steps of the others. */
 static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
                            size_t keep_at_least)
 {
@@ -65,14 +85,23 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     pthread_mutex_lock(&s->flush_mu);
     int rc = shard_flush_locked(s);
     uint64_t nvars = 0;
+    uint64_t top = 0; /* the highest variable version */
     pthread_rwlock_rdlock(&s->table_lock);
     nvars = s->nvars;
-    if (step == 0)
-        for (size_t i = 0; i < s->nvars; i++)
-            if (s->vars[i]->version > step)
-                step = s->vars[i]->version;
+    for (size_t i = 0; i < s->nvars; i++)
+        if (s->vars[i]->version > top)
+            top = s->vars[i]->version;
     pthread_rwlock_unlock(&s->table_lock);
     pthread_mutex_unlock(&s->flush_mu);
+    if (step == 0)
+        step = top;
+    if (step > top && step - top > CKPT_STEP_AHEAD) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Checkpoint: step %llu is far "
+                    "ahead of the variables' highest version %llu (at most that "
+                    "plus 2^40)", (unsigned long long)step, (unsigned long long)top);
+        return;
+    }
     if (rc != 0) {
         ps_rpc_fail(call, ps_rpc_code_from_err(rc),
                     "Checkpoint: flushing to LMDB failed: %s", ps_strerror(rc));
@@ -94,7 +123,7 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     ps_histogram_observe(&s->ckpt_seconds, ps_metrics_now() - t0);
     size_t keep = ps_retention_keep(s->o.checkpoint_keep, keep_at_least);
     if (keep > 0)
-        psd_ckpt_prune(s->ckpt_root, keep);
+        psd_ckpt_prune_sparing(s->ckpt_root, keep, step);
     ps_log_info("checkpoint at step %llu: %s (%llu bytes)",
                 (unsigned long long)step, path, (unsigned long long)bytes);
     Ps__V1__CheckpointResponse resp = PS__V1__CHECKPOINT_RESPONSE__INIT;

@@ -232,10 +232,19 @@ static inline void *shard_unpack(psd_shard *s, ps_rpc_call *call, const char *me
                                  size_t len)
 {
     ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, req);
+    char where[256];
+    size_t at;
     if (m == NULL) {
         shard_count_bad(s);
         ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a %sRequest",
                     method, len, method);
+    } else if (ps_wire_pb_nul(req, len, d, where, sizeof where, &at)) {
+        /* protobuf-c would cut the string short there ("a\0b" is "a"). */
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %s has a NUL byte at %zu",
+                    method, where, at);
+        protobuf_c_message_free_unpacked(m, NULL);
+        m = NULL;
     }
     return m;
 }

@@ -350,6 +350,13 @@ def test_dynamic():
     st = c.cluster()
     r.check(st.num_workers == 3 and st.live_workers == 3,
             "dynamic: 3 workers, 3 live")
+    # protobuf-c would cut "dyn\0x" to "dyn" and register a fourth worker.
+    ok, why = refused(lambda: reg(s, "dyn\0x", W), grpc.StatusCode.INVALID_ARGUMENT,
+                      "job_id has a NUL byte at 3")
+    st = c.cluster()
+    r.check(ok and st.num_workers == 3,
+            "dynamic: a job id with a NUL byte is INVALID_ARGUMENT and registers "
+            "nothing (%s; %d workers)" % (why, st.num_workers))
     beat = Beater(s, "dyn")
     for g in got:
         beat.add(W, g.index, g.incarnation)
@@ -496,6 +503,12 @@ def test_job():
                       "variable 'w' has shape [8, 17], the placed model's has [8, 16]")
     r.check(ok, "place: a different model is FAILED_PRECONDITION naming the "
             "difference (%s)" % why)
+    # "w\0x" cut short would be the placed model's "w", and answered.
+    nul = [(n if n != "w" else "w\0x", sh) for n, sh in MODEL]
+    ok, why = refused(lambda: s.Place(proposal(nul), timeout=5),
+                      grpc.StatusCode.INVALID_ARGUMENT,
+                      "variables[3].name has a NUL byte at 1")
+    r.check(ok, "place: a variable name with a NUL byte is INVALID_ARGUMENT (%s)" % why)
     ok, why = refused(lambda: s.Place(proposal(MODEL[:-1]), timeout=5),
                       grpc.StatusCode.FAILED_PRECONDITION, "'c' is missing")
     r.check(ok, "place: a model missing a variable is refused (%s)" % why)

@@ -22,11 +22,14 @@ def main():
         pb, "w", (4, 3), lr=1.0,
         init=pb.Initializer(kind=pb.Initializer.CONSTANT, value=2.0))), timeout=5)
     stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones((4, 3)))]), timeout=5)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "bw", (3,))),
+                        timeout=5)
 
     def snapshot():
-        got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+        got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w"),
+                                              pb.PullItem(name="bw")]), timeout=5)
         lv = stub.ListVariables(pb.ListVariablesRequest(), timeout=5)
-        return (got.values[0].version, pstest.value(got.values[0]).tobytes(),
+        return ([(v.version, pstest.value(v).tobytes()) for v in got.values],
                 [v.spec.name for v in lv.variables])
 
     before = snapshot()
@@ -84,6 +87,20 @@ def main():
         expect("%s with bytes that are not a message" % method,
                lambda raw=raw: raw(b"\xff\xff\xff\xff\x0f\x08", timeout=5),
                C.INVALID_ARGUMENT, method)
+    # A name with a NUL byte: protobuf-c would cut it there, creating "a"
+    # for "a\0b" and answering "bw\0x" with bw. Checkpoint and Restore take
+    # no names.
+    expect("CreateVariable of 'a\\0b'", create(pstest.spec(pb, "a\0b", (3,))),
+           C.INVALID_ARGUMENT, "spec.name has a NUL byte at 1")
+    expect("Pull of 'bw\\0x'",
+           lambda: stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w"),
+                                                   pb.PullItem(name="bw\0x")]), timeout=5),
+           C.INVALID_ARGUMENT, "items[1].name has a NUL byte at 2")
+    expect("Push to 'bw\\0x'", push(pstest.grad(pb, "bw\0x", np.ones(3))),
+           C.INVALID_ARGUMENT, "grads[0].name has a NUL byte at 2")
+    expect("Push to 'w\\0' beside a good gradient",
+           push(pstest.grad(pb, "bw", np.ones(3)), pstest.grad(pb, "w\0", np.ones((4, 3)))),
+           C.INVALID_ARGUMENT, "grads[1].name has a NUL byte at 1")
     expect("an empty name", create(pstest.spec(pb, "", (3,))), C.INVALID_ARGUMENT, "empty")
     expect("an over-long name", create(pstest.spec(pb, "x" * 300, (3,))),
            C.INVALID_ARGUMENT, "255")

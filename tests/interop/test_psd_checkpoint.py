@@ -17,6 +17,67 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pstest  # noqa: E402
 
 
+def forged_steps(pb, pbg, r):
+    """The audit's attack (issue 13 b): the steps of the Checkpoint calls
+    decide retention. Checkpoints 100, 200 and 300 are taken; three at steps
+    near 2^63 must be refused and leave them; an honest 400 must survive its
+    own call and be what Restore(0) loads; keep_at_least 10^6 is refused."""
+    data = pstest.tmpdir()
+    d = pstest.start_psd(data, "--checkpoint-keep", "3")
+    ch = pstest.channel(d.address)
+    stub = pbg.ParameterServerStub(ch)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "w", (8,), lr=1.0)), timeout=10)
+    ck = os.path.join(data, "checkpoints")
+
+    def kept():
+        return sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+
+    def ckpt(step, keep=0):
+        return stub.Checkpoint(pb.CheckpointRequest(step=step, keep_at_least=keep),
+                               timeout=30)
+
+    for st in (100, 200, 300):
+        stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+        ckpt(st)
+    r.check(kept() == [100, 200, 300], "checkpoints 100, 200 and 300 are taken "
+            "at versions 1..3 (%s)" % kept())
+    for k in range(3):
+        forged = (1 << 63) - 1 - k
+        r.refused("Checkpoint at step %d" % forged, lambda f=forged: ckpt(f),
+                  grpc.StatusCode.INVALID_ARGUMENT, str(forged), "version 3")
+    r.check(kept() == [100, 200, 300], "the refused steps near 2^63 leave 100, 200 "
+            "and 300 (%s)" % kept())
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+    resp = ckpt(400)
+    r.check(resp.step == 400 and kept() == [200, 300, 400],
+            "an honest checkpoint at 400 answers OK and survives its own call (%s)"
+            % kept())
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+    r.check(resp.step == 400 and got.values[0].version == 4,
+            "Restore(0) loads checkpoint 400 (step %d, version %d)"
+            % (resp.step, got.values[0].version))
+    r.refused("keep_at_least 10^6", lambda: ckpt(500, keep=10 ** 6),
+              grpc.StatusCode.INVALID_ARGUMENT, "1000000", "1000")
+    r.check(kept() == [200, 300, 400], "the refused keep_at_least wrote nothing (%s)"
+            % kept())
+    # Steps within the bound (2^40 past the highest version) are still the
+    # caller's: three of them outrank 500, which must survive its own call
+    # all the same.
+    top = (1 << 40) + 4
+    for st in (top, top - 1, top - 2):
+        ckpt(st)
+    resp = ckpt(500)
+    r.check(resp.step == 500 and 500 in kept(), "a checkpoint below three newer ones "
+            "by step is not deleted by its own call (%s)" % kept())
+    r.refused("Checkpoint one step past the bound", lambda: ckpt(top + 1),
+              grpc.StatusCode.INVALID_ARGUMENT, str(top + 1))
+    ch.close()
+    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+
+
 def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-checkpoint")
@@ -169,6 +230,8 @@ def main():
             "again (%s)" % kept3)
     ch.close()
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+
+    forged_steps(pb, pbg, r)
 
     # A full disk.
     data2 = pstest.tmpdir()

@@ -526,7 +526,45 @@ START_TEST(test_values_refused)
 }
 END_TEST
 
+/* Whether ps_wire_pb_nul finds a NUL in buf[0..len), as a message of d,
+ * at the path want (NULL: none) and offset want_at. */
+static void nul_case(const char *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                     const char *want, size_t want_at)
+{
+    char where[256] = "";
+    size_t at = 999;
+    int got = ps_wire_pb_nul((const uint8_t *)buf, len, d, where, sizeof where, &at);
+    if (want == NULL) {
+        ck_assert_msg(got == 0, "found a NUL at %s:%zu", where, at);
+        return;
+    }
+    ck_assert_int_eq(got, 1);
+    ck_assert_str_eq(where, want);
+    ck_assert_uint_eq(at, want_at);
+}
+
+START_TEST(test_pb_nul)
+{
+    /* PullRequest{items: [{name "w"}, {name "bw\0x"}]}: protobuf-c would
+     * unpack the second name as "bw". */
+    nul_case("\x0a\x03\x0a\x01w\x0a\x06\x0a\x04" "bw\0x", 13,
+             &ps__v1__pull_request__descriptor, "items[1].name", 2);
+    nul_case("\x0a\x03\x0a\x01w\x0a\x06\x0a\x04" "bwox", 13,
+             &ps__v1__pull_request__descriptor, NULL, 0);
+    /* RegisterRequest.job_id "j\0x"; a NUL in the first byte too. */
+    nul_case("\x0a\x03j\0x", 5, &ps__v1__register_request__descriptor, "job_id", 1);
+    nul_case("\x0a\x01\0", 3, &ps__v1__register_request__descriptor, "job_id", 0);
+    /* A bytes field may hold NULs (Tensor.data), an unknown field too. */
+    nul_case("\x1a\x02\0\0", 4, &ps__v1__tensor__descriptor, NULL, 0);
+    nul_case("\x7a\x02\0\0", 4, &ps__v1__register_request__descriptor, NULL, 0);
+    /* Bytes that do not parse are the unpacker's to refuse. */
+    nul_case("\x0a\x09j\0", 4, &ps__v1__register_request__descriptor, NULL, 0);
+    nul_case("", 0, &ps__v1__register_request__descriptor, NULL, 0);
+}
+END_TEST
+
 PSCHECK_MAIN("wire",
+    {"ps_wire_pb_nul", {test_pb_nul}},
     {"ps_wire_push_put", {test_push_encode}},
     {"ps_wire_push_decode", {test_push_decode}},
     {"ps_wire_values_decode", {test_values}},
