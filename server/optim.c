@@ -3,6 +3,7 @@
 #include "common/errors.h"
 #include "common/simd.h" /* VECTOR_CLONES */
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,6 +71,8 @@ int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
     }
     if (!(isfinite(o->lr) && o->lr > 0.0f))
         return refuse(why, whylen, "learning_rate", "> 0 and finite", o->lr);
+    if (o->lr > PSD_OPT_MAX_LR)
+        return refuse(why, whylen, "learning_rate", "at most 1000", o->lr);
 
     /* Fields the kind ignores must still be finite: a NaN anywhere in a spec
      * is a client bug, and it would make two identical specs compare
@@ -80,6 +83,10 @@ int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
     if (momentum ? !in_unit_interval(o->momentum) : !isfinite(o->momentum))
         return refuse(why, whylen, "momentum",
                       momentum ? "in [0, 1)" : "finite", o->momentum);
+    if (adagrad && isfinite(o->initial_accumulator) &&
+        o->initial_accumulator > PSD_OPT_MAX_INITIAL_ACCUMULATOR)
+        return refuse(why, whylen, "initial_accumulator", "at most 1e+30",
+                      o->initial_accumulator);
     if (adagrad ? !(isfinite(o->initial_accumulator) &&
                     o->initial_accumulator >= 0.0f)
                 : !isfinite(o->initial_accumulator))
@@ -97,6 +104,8 @@ int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
         return refuse(why, whylen, "epsilon",
                       adagrad || adam ? "> 0 and finite" : "finite",
                       o->epsilon);
+    if ((adagrad || adam) && o->epsilon < PSD_OPT_MIN_EPSILON)
+        return refuse(why, whylen, "epsilon", "at least 1e-30", o->epsilon);
     return 0;
 }
 
@@ -140,73 +149,168 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n)
  * Only "avx2", not "fma", so no multiply-add is fused and both clones give
  * the same bits.
  */
-VECTOR_CLONES
-static void apply_sgd(float *restrict w, const psd_ufloat *restrict g, size_t n,
-                      float lr_scale)
+/* The magnitude of x as its bits without the sign: for finite floats the
+ * order of these integers is the order of |x|, and Inf and NaN are at or
+ * above EXP_MASK. An integer max over them vectorizes where a float max
+ * (NaN rules) does not. */
+#define EXP_MASK 0x7f800000u
+
+static inline __attribute__((always_inline)) int32_t mag(float x)
 {
-    for (size_t i = 0; i < n; i++)
-        w[i] -= lr_scale * g[i];
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return (int32_t)(b & 0x7fffffffu);
+}
+
+static inline __attribute__((always_inline)) int32_t max32(int32_t a, int32_t b)
+{
+    return a > b ? a : b;
+}
+
+/* One element's update for each kind, written once and inlined both into
+ * the loops that write (apply_*) and into the loop that only looks
+ * (check_*), so that the check sees exactly the bits the update would
+ * write. */
+static inline __attribute__((always_inline)) void
+sgd_elem(float w, float g, float c, float *wn)
+{
+    *wn = w - c * g;
+}
+
+static inline __attribute__((always_inline)) void
+momentum_elem(float w, float v, float g, float lr, float mu, float scale,
+              bool nesterov, float *wn, float *vn)
+{
+    float gi = scale * g;
+    float vi = mu * v + gi;
+    *vn = vi;
+    *wn = w - lr * (nesterov ? gi + mu * vi : vi);
+}
+
+static inline __attribute__((always_inline)) void
+adagrad_elem(float w, float a, float g, float lr, float eps, float scale,
+             float *wn, float *an)
+{
+    float gi = scale * g;
+    float ai = a + gi * gi;
+    *an = ai;
+    *wn = w - lr * gi / (sqrtf(ai) + eps);
+}
+
+static inline __attribute__((always_inline)) void
+adam_elem(float w, float m, float v, float g, float lr_t, float b1, float b2,
+          float eps, float scale, float *wn, float *mn, float *vn)
+{
+    float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    float gi = scale * g;
+    float mi = b1 * m + c1 * gi;
+    float vi = b2 * v + c2 * gi * gi;
+    *mn = mi;
+    *vn = vi;
+    *wn = w - lr_t * mi / (sqrtf(vi) + eps);
+}
+
+/*
+ * The update loops. Each is one pass that reads every array once and writes
+ * each output once, with restrict pointers and no branch inside, so that the
+ * compiler vectorizes it (server/meson.build builds this file at -O3 without
+ * errno from sqrtf, which is what lets sqrt vectorize). A push of a 64 MiB
+ * variable runs through here while the variable's lock is held, so these
+ * loops bound the server's update rate.
+ *
+ * Each loop also returns the largest magnitude it wrote (mag(), over the
+ * values and the slots): an integer max reduction in registers, free in a
+ * loop bound by memory. The server keeps it with the variable, and the
+ * next update's psd_opt_safe proves from it that the update stays finite
+ * without a pass of its own (psd_opt_safe).
+ *
+ * On x86-64 each loop is also compiled for AVX2 and the loader picks the
+ * clone the CPU runs (an ifunc): measured 1.1x (ADAM) to 1.5x (SGD) faster
+ * than the SSE2 baseline on 64 MiB arrays, where both are memory-bound.
+ * Only "avx2", not "fma", so no multiply-add is fused and both clones give
+ * the same bits.
+ */
+VECTOR_CLONES
+static int32_t apply_sgd(float *restrict w, const psd_ufloat *restrict g,
+                         size_t n, float lr_scale)
+{
+    int32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        float wn;
+        sgd_elem(w[i], g[i], lr_scale, &wn);
+        w[i] = wn;
+        mx = max32(mx, mag(wn));
+    }
+    return mx;
 }
 
 /* Momentum and Nesterov momentum differ only in the step taken along the new
  * velocity. The loop is written once and inlined into each of the two cloned
  * functions below with nesterov a constant, so the choice is made at compile
  * time and each loop stays branch-free (and vectorized). */
-static inline __attribute__((always_inline)) void
+static inline __attribute__((always_inline)) int32_t
 momentum_loop(float *restrict w, float *restrict v, const psd_ufloat *restrict g,
               size_t n, float lr, float mu, float scale, bool nesterov)
 {
+    int32_t mx = 0;
     for (size_t i = 0; i < n; i++) {
-        float gi = scale * g[i];
-        float vi = mu * v[i] + gi;
-        v[i] = vi;
-        w[i] -= lr * (nesterov ? gi + mu * vi : vi);
+        float wn, vn;
+        momentum_elem(w[i], v[i], g[i], lr, mu, scale, nesterov, &wn, &vn);
+        v[i] = vn;
+        w[i] = wn;
+        mx = max32(mx, max32(mag(wn), mag(vn)));
     }
+    return mx;
 }
 
 VECTOR_CLONES
-static void apply_momentum(float *restrict w, float *restrict v,
-                           const psd_ufloat *restrict g, size_t n, float lr,
-                           float mu, float scale)
+static int32_t apply_momentum(float *restrict w, float *restrict v,
+                              const psd_ufloat *restrict g, size_t n, float lr,
+                              float mu, float scale)
 {
-    momentum_loop(w, v, g, n, lr, mu, scale, false);
+    return momentum_loop(w, v, g, n, lr, mu, scale, false);
 }
 
 VECTOR_CLONES
-static void apply_nesterov(float *restrict w, float *restrict v,
-                           const psd_ufloat *restrict g, size_t n, float lr,
-                           float mu, float scale)
+static int32_t apply_nesterov(float *restrict w, float *restrict v,
+                              const psd_ufloat *restrict g, size_t n, float lr,
+                              float mu, float scale)
 {
-    momentum_loop(w, v, g, n, lr, mu, scale, true);
+    return momentum_loop(w, v, g, n, lr, mu, scale, true);
 }
 
 VECTOR_CLONES
-static void apply_adagrad(float *restrict w, float *restrict a,
-                          const psd_ufloat *restrict g, size_t n, float lr,
-                          float eps, float scale)
+static int32_t apply_adagrad(float *restrict w, float *restrict a,
+                             const psd_ufloat *restrict g, size_t n, float lr,
+                             float eps, float scale)
 {
+    int32_t mx = 0;
     for (size_t i = 0; i < n; i++) {
-        float gi = scale * g[i];
-        float ai = a[i] + gi * gi;
-        a[i] = ai;
-        w[i] -= lr * gi / (sqrtf(ai) + eps);
+        float wn, an;
+        adagrad_elem(w[i], a[i], g[i], lr, eps, scale, &wn, &an);
+        a[i] = an;
+        w[i] = wn;
+        mx = max32(mx, max32(mag(wn), mag(an)));
     }
+    return mx;
 }
 
 VECTOR_CLONES
-static void apply_adam(float *restrict w, float *restrict m,
-                       float *restrict v, const psd_ufloat *restrict g, size_t n,
-                       float lr_t, float b1, float b2, float eps, float scale)
+static int32_t apply_adam(float *restrict w, float *restrict m,
+                          float *restrict v, const psd_ufloat *restrict g,
+                          size_t n, float lr_t, float b1, float b2, float eps,
+                          float scale)
 {
-    float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    int32_t mx = 0;
     for (size_t i = 0; i < n; i++) {
-        float gi = scale * g[i];
-        float mi = b1 * m[i] + c1 * gi;
-        float vi = b2 * v[i] + c2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        w[i] -= lr_t * mi / (sqrtf(vi) + eps);
+        float wn, mn, vn;
+        adam_elem(w[i], m[i], v[i], g[i], lr_t, b1, b2, eps, scale, &wn, &mn, &vn);
+        m[i] = mn;
+        v[i] = vn;
+        w[i] = wn;
+        mx = max32(mx, max32(mag(wn), max32(mag(mn), mag(vn))));
     }
+    return mx;
 }
 
 /* Adam's bias-corrected step size for update t, computed in double because
@@ -219,42 +323,176 @@ static float adam_lr_t(const psd_opt *o, uint64_t t)
     return (float)((double)o->lr * sqrt(bc2) / bc1);
 }
 
-void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
-                   const psd_ufloat *restrict g, size_t n, float scale, uint64_t t)
+uint32_t psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
+                       const psd_ufloat *restrict g, size_t n, float scale,
+                       uint64_t t)
 {
-    psd_opt_apply_part(o, w, slots, n, g, n, scale, t);
+    return psd_opt_apply_part(o, w, slots, n, g, n, scale, t);
 }
 
-void psd_opt_apply_part(const psd_opt *o, float *restrict w,
-                        float *restrict slots, size_t slot_stride,
-                        const psd_ufloat *restrict g, size_t n, float scale,
-                        uint64_t t)
+uint32_t psd_opt_apply_part(const psd_opt *o, float *restrict w,
+                            float *restrict slots, size_t slot_stride,
+                            const psd_ufloat *restrict g, size_t n, float scale,
+                            uint64_t t)
 {
     switch (o->kind) {
     case PSD_OPT_SGD:
-        apply_sgd(w, g, n, o->lr * scale);
-        break;
+        return (uint32_t)apply_sgd(w, g, n, o->lr * scale);
     case PSD_OPT_MOMENTUM:
         if (o->nesterov)
-            apply_nesterov(w, slots, g, n, o->lr, o->momentum, scale);
-        else
-            apply_momentum(w, slots, g, n, o->lr, o->momentum, scale);
+            return (uint32_t)apply_nesterov(w, slots, g, n, o->lr, o->momentum,
+                                            scale);
+        return (uint32_t)apply_momentum(w, slots, g, n, o->lr, o->momentum, scale);
+    case PSD_OPT_ADAGRAD:
+        return (uint32_t)apply_adagrad(w, slots, g, n, o->lr, o->epsilon, scale);
+    case PSD_OPT_ADAM:
+        return (uint32_t)apply_adam(w, slots, slots + slot_stride, g, n,
+                                    adam_lr_t(o, t), o->beta1, o->beta2,
+                                    o->epsilon, scale);
+    }
+    return 0;
+}
+
+/* The look-only twins of the update loops: the same element functions, an
+ * OR over "this output is Inf or NaN", nothing written. Run in blocks so
+ * that a bad block stops the scan and is then searched one element at a
+ * time (the same arithmetic, so the same verdict). */
+#define CHECK_BLOCK 4096
+
+static inline __attribute__((always_inline)) int32_t bad(float x)
+{
+    return mag(x) >= (int32_t)EXP_MASK;
+}
+
+VECTOR_CLONES
+static int32_t check_block(const psd_opt *o, const float *restrict w,
+                           const float *restrict s0, const float *restrict s1,
+                           const psd_ufloat *restrict g, size_t n, float scale,
+                           float lr_t)
+{
+    int32_t any = 0;
+    float lr = o->lr, mu = o->momentum, eps = o->epsilon;
+    float wn, an, bn;
+    switch (o->kind) {
+    case PSD_OPT_SGD:
+        for (size_t i = 0; i < n; i++) {
+            sgd_elem(w[i], g[i], lr * scale, &wn);
+            any |= bad(wn);
+        }
+        break;
+    case PSD_OPT_MOMENTUM:
+        if (o->nesterov) {
+            for (size_t i = 0; i < n; i++) {
+                momentum_elem(w[i], s0[i], g[i], lr, mu, scale, true, &wn, &an);
+                any |= bad(wn) | bad(an);
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                momentum_elem(w[i], s0[i], g[i], lr, mu, scale, false, &wn, &an);
+                any |= bad(wn) | bad(an);
+            }
+        }
         break;
     case PSD_OPT_ADAGRAD:
-        apply_adagrad(w, slots, g, n, o->lr, o->epsilon, scale);
+        for (size_t i = 0; i < n; i++) {
+            adagrad_elem(w[i], s0[i], g[i], lr, eps, scale, &wn, &an);
+            any |= bad(wn) | bad(an);
+        }
         break;
     case PSD_OPT_ADAM:
-        apply_adam(w, slots, slots + slot_stride, g, n, adam_lr_t(o, t), o->beta1,
-                   o->beta2, o->epsilon, scale);
+        for (size_t i = 0; i < n; i++) {
+            adam_elem(w[i], s0[i], s1[i], g[i], lr_t, o->beta1, o->beta2, eps,
+                      scale, &wn, &an, &bn);
+            any |= bad(wn) | bad(an) | bad(bn);
+        }
         break;
     }
+    return any;
+}
+
+size_t psd_opt_check_part(const psd_opt *o, const float *w, const float *slots,
+                          size_t slot_stride, const psd_ufloat *g, size_t n,
+                          float scale, uint64_t t)
+{
+    float lr_t = o->kind == PSD_OPT_ADAM ? adam_lr_t(o, t) : 0.0f;
+    const float *s0 = slots, *s1 = slots ? slots + slot_stride : NULL;
+    for (size_t i = 0; i < n; i += CHECK_BLOCK) {
+        size_t k = n - i < CHECK_BLOCK ? n - i : CHECK_BLOCK;
+        if (!check_block(o, w + i, s0 ? s0 + i : NULL, s1 ? s1 + i : NULL,
+                         g + i, k, scale, lr_t))
+            continue;
+        for (size_t j = 0; j < k; j++)
+            if (check_block(o, w + i + j, s0 ? s0 + i + j : NULL,
+                            s1 ? s1 + i + j : NULL, g + i + j, 1, scale, lr_t))
+                return i + j;
+    }
+    return n;
+}
+
+/* A float's magnitude back from mag()'s bits. */
+static double from_mag(uint32_t m)
+{
+    float f;
+    m &= 0x7fffffffu;
+    memcpy(&f, &m, sizeof f);
+    return (double)f;
+}
+
+/*
+ * Bounds, in double, on every intermediate and output of one update of
+ * elements whose values and slots are at most S in magnitude with a
+ * gradient at most G (already scaled). Each bound is over the worst
+ * element, so one true answer covers them all. Kept below FLT_MAX / 4: the
+ * float arithmetic rounds each of its few operations by at most a factor
+ * 1 + 2^-23, far inside that margin.
+ */
+bool psd_opt_safe(const psd_opt *o, uint32_t state_mag, uint32_t grad_mag,
+                  float scale, uint64_t t)
+{
+    if (state_mag >= EXP_MASK || grad_mag >= EXP_MASK || !isfinite(scale))
+        return false;
+    const double lim = (double)FLT_MAX / 4;
+    double S = from_mag(state_mag), G = from_mag(grad_mag) * fabs((double)scale);
+    double lr = o->lr, mu = o->momentum, eps = o->epsilon, worst;
+    switch (o->kind) {
+    case PSD_OPT_SGD:
+        worst = fmax(G, S + lr * G); /* lr * g, w - lr * g */
+        break;
+    case PSD_OPT_MOMENTUM: {
+        double v = mu * S + G;        /* |v'| */
+        worst = fmax(v, S + lr * (G + mu * v + v));
+        break;
+    }
+    case PSD_OPT_ADAGRAD:
+        /* |g| / (sqrt(a') + eps) <= |g| / eps; a' >= 0 since a starts >= 0
+         * and only grows. */
+        worst = fmax(S + G * G, fmax(lr * G, S + lr * G / eps));
+        break;
+    case PSD_OPT_ADAM: {
+        double lr_t = adam_lr_t(o, t);
+        double m = S + G, v = S + G * G; /* beta < 1 */
+        worst = fmax(fmax(m, v), fmax(lr_t * m, S + lr_t * m / eps));
+        break;
+    }
+    default:
+        return false;
+    }
+    return worst < lim;
+}
+
+VECTOR_CLONES
+uint32_t psd_max_mag(const psd_ufloat *x, size_t n)
+{
+    int32_t mx = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = max32(mx, mag(x[i]));
+    return (uint32_t)mx;
 }
 
 /* Elements are checked in blocks: within a block the test is a branch-free
  * OR over the exponent bits (all ones means Inf or NaN), which vectorizes;
  * between blocks a bad gradient stops the scan early. */
 #define FINITE_BLOCK 4096
-#define EXP_MASK 0x7f800000u
 
 VECTOR_CLONES
 bool psd_all_finite(const psd_ufloat *x, size_t n)

@@ -33,6 +33,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bounds psd_opt_validate enforces. A learning rate of 1000 is already far
+ * past any schedule in use (warm-up peaks stay below 100); an epsilon below
+ * 1e-30 divides a gradient into overflow; an accumulator start above 1e30
+ * leaves no room for the squares added to it. */
+#define PSD_OPT_MAX_LR 1000.0f
+#define PSD_OPT_MIN_EPSILON 1e-30f
+#define PSD_OPT_MAX_INITIAL_ACCUMULATOR 1e30f
+
 /* The same numbering as proto Optimizer.Kind. */
 enum psd_opt_kind {
     PSD_OPT_SGD = 0,
@@ -67,9 +75,12 @@ void psd_opt_defaults(psd_opt *o);
  * sentence in `why` (NUL-terminated, truncated to whylen; why may be NULL)
  * naming the field, what was expected and what was given, e.g.
  * "learning_rate must be > 0 and finite, got -1". Refused: an unknown kind;
- * any non-finite float field; learning_rate <= 0; and, for the fields the
- * kind uses, momentum or beta1 or beta2 outside [0, 1), epsilon <= 0,
- * initial_accumulator < 0. Fields the kind does not use are not
+ * any non-finite float field; learning_rate <= 0 or above
+ * PSD_OPT_MAX_LR; and, for the fields the kind uses, momentum or beta1 or
+ * beta2 outside [0, 1), epsilon below PSD_OPT_MIN_EPSILON, initial_accumulator
+ * < 0 or above PSD_OPT_MAX_INITIAL_ACCUMULATOR. The bounds keep one update
+ * of ordinary gradients far from float overflow (issue 13 f: lr 1e38 made
+ * the value (-inf, inf) at the first push). Fields the kind does not use are not
  * range-checked (the proto gives them no meaning). */
 int psd_opt_validate(const psd_opt *o, char *why, size_t whylen);
 
@@ -92,18 +103,42 @@ void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n);
  * including this one (ADAM's bias correction; 0 is taken as 1). The spec must
  * have passed psd_opt_validate; an unknown kind changes nothing. w, slots and
  * g must not overlap. One pass over memory: each array is read once and
- * written at most once. */
-void psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
-                   const float *restrict g, size_t n, float scale, uint64_t t);
+ * written at most once. Returns the largest magnitude written, over the
+ * values and the slots, as the bits of a float without its sign (EXP_MASK
+ * 0x7f800000 or more: something written is Inf or NaN); psd_opt_safe takes
+ * it for the next update. */
+uint32_t psd_opt_apply(const psd_opt *o, float *restrict w, float *restrict slots,
+                       const float *restrict g, size_t n, float scale, uint64_t t);
 
 /* The same for a part of a variable: w and slots point at the part's first
  * element, slot k of element i is slots[k * slot_stride + i] (slot_stride is
  * the whole variable's element count). Applying every part of a gradient
- * gives the same bits as one psd_opt_apply. g may be at any address. */
-void psd_opt_apply_part(const psd_opt *o, float *restrict w,
-                        float *restrict slots, size_t slot_stride,
-                        const psd_ufloat *restrict g, size_t n, float scale,
-                        uint64_t t);
+ * gives the same bits as one psd_opt_apply, and the max of the parts'
+ * results is its result. g may be at any address. */
+uint32_t psd_opt_apply_part(const psd_opt *o, float *restrict w,
+                            float *restrict slots, size_t slot_stride,
+                            const psd_ufloat *restrict g, size_t n, float scale,
+                            uint64_t t);
+
+/* What psd_opt_apply_part would do, without writing: returns the index of
+ * the first element (< n) whose new value or slot would be Inf or NaN, or n
+ * when every one would be finite. The same arithmetic as the update, so the
+ * verdict is exact. About the cost of the update itself. */
+size_t psd_opt_check_part(const psd_opt *o, const float *w, const float *slots,
+                          size_t slot_stride, const psd_ufloat *g, size_t n,
+                          float scale, uint64_t t);
+
+/* Proves, from magnitudes alone, that an update leaves every value and slot
+ * finite: state_mag bounds every value and slot (psd_opt_apply's result for
+ * the update before), grad_mag every gradient element (psd_max_mag), both
+ * as float bits without the sign. True means proven (the update is safe);
+ * false means maybe not (check it with psd_opt_check_part). Constant time. */
+bool psd_opt_safe(const psd_opt *o, uint32_t state_mag, uint32_t grad_mag,
+                  float scale, uint64_t t);
+
+/* The largest |x[i]| as float bits without the sign (0 for n == 0; 0x7f800000
+ * or more when an element is Inf or NaN). */
+uint32_t psd_max_mag(const psd_ufloat *x, size_t n);
 
 /* True when none of x[0..n) is NaN, +Inf or -Inf (denormals and -0 are
  * finite). True for n == 0. The server refuses a gradient for which this is

@@ -113,6 +113,14 @@ static void complete_all(psd_shard *s, pending_push *ready)
 struct thread_bufs {
     ps_wire_push req;
     float straddle; /* a float split between two pieces, joined */
+    /* The largest magnitude of each gradient the check step read, in the
+     * order it read them (grad_finite_split), for the apply step's proof
+     * (grad_stays_finite); emptied at the start of each push. */
+    struct grad_mag {
+        ps_wire_bytes c;
+        uint32_t mag;
+    } *mags;
+    size_t nmags, cap_mags;
 };
 
 static pthread_key_t bufs_key;
@@ -122,6 +130,7 @@ static void bufs_free(void *p)
 {
     struct thread_bufs *b = p;
     ps_wire_push_free(&b->req);
+    free(b->mags);
     free(b);
 }
 
@@ -190,29 +199,71 @@ static void value_writable(psd_var *v)
     v->value = (float *)(void *)ps_rpc_msg_data(m);
 }
 
-static bool grad_finite(ps_wire_bytes c, float *straddle)
+/* The largest magnitude in gradient c (psd_max_mag): at or above
+ * PSD_NONFINITE_MAG when an element is NaN or Inf. One pass, the cost of a
+ * finiteness check. */
+#define PSD_NONFINITE_MAG 0x7f800000u
+
+static uint32_t grad_mag(ps_wire_bytes c, float *straddle)
 {
     const psd_ufloat *g;
     size_t k;
-    while ((k = grad_next(&c, straddle, &g)) > 0)
-        if (!psd_all_finite(g, k))
-            return false;
-    return true;
+    uint32_t mag = 0, m;
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
+        m = psd_max_mag(g, k);
+        mag = m > mag ? m : mag;
+    }
+    return mag;
+}
+
+/* Keeps the magnitude of gradient c, read by the check step, for the
+ * apply step of the same push (out of memory: not kept, and the apply
+ * step reads the gradient again). */
+static void keep_mag(ps_wire_bytes c, uint32_t mag)
+{
+    struct thread_bufs *tb = thread_bufs();
+    if (tb == NULL)
+        return;
+    if (tb->nmags == tb->cap_mags) {
+        size_t ncap = tb->cap_mags ? 2 * tb->cap_mags : 16;
+        struct grad_mag *m = realloc(tb->mags, ncap * sizeof *m);
+        if (m == NULL)
+            return;
+        tb->mags = m;
+        tb->cap_mags = ncap;
+    }
+    tb->mags[tb->nmags++] = (struct grad_mag){c, mag};
+}
+
+/* The magnitude of gradient c, the i-th the check step read, from
+ * keep_mag when it is that same gradient, else read now. */
+static uint32_t kept_mag(size_t i, ps_wire_bytes c, float *straddle)
+{
+    struct thread_bufs *tb = thread_bufs();
+    if (tb != NULL && i < tb->nmags && tb->mags[i].c.p == c.p &&
+        tb->mags[i].c.i == c.i && tb->mags[i].c.off == c.off &&
+        tb->mags[i].c.left == c.left)
+        return tb->mags[i].mag;
+    return grad_mag(c, straddle);
 }
 
 /* Applies the optimizer with gradient c to v's elements from off on, part
  * by part as the gradient arrived. Called with v->lock held for writing
- * (by this thread or the one that handed the job over). */
-static void grad_apply_at(psd_var *v, ps_wire_bytes c, size_t off, float *straddle,
-                          uint64_t t)
+ * (by this thread or the one that handed the job over). Returns the largest
+ * magnitude written (psd_opt_apply_part). */
+static uint32_t grad_apply_at(psd_var *v, ps_wire_bytes c, size_t off,
+                              float *straddle, uint64_t t)
 {
     const psd_ufloat *g;
     size_t k;
+    uint32_t mag = 0, m;
     while ((k = grad_next(&c, straddle, &g)) > 0) {
-        psd_opt_apply_part(&v->opt, v->value + off,
-                           v->slots ? v->slots + off : NULL, v->n, g, k, 1.0f, t);
+        m = psd_opt_apply_part(&v->opt, v->value + off,
+                               v->slots ? v->slots + off : NULL, v->n, g, k, 1.0f, t);
+        mag = m > mag ? m : mag;
         off += k;
     }
+    return mag;
 }
 
 /* A gradient at least this big is checked and applied in two halves, one
@@ -224,20 +275,20 @@ struct half {
     ps_wire_bytes c;
     size_t off; /* its first element */
     uint64_t t;
-    bool ok;    /* half_check: every float finite */
+    uint32_t mag; /* half_check: grad_mag; half_apply: grad_apply_at's */
     float straddle;
 };
 
 static void half_check(void *p)
 {
     struct half *h = p;
-    h->ok = grad_finite(h->c, &h->straddle);
+    h->mag = grad_mag(h->c, &h->straddle);
 }
 
 static void half_apply(void *p)
 {
     struct half *h = p;
-    grad_apply_at(h->v, h->c, h->off, &h->straddle, h->t);
+    h->mag = grad_apply_at(h->v, h->c, h->off, &h->straddle, h->t);
 }
 
 /* Splits gradient c of n floats at a cache-line boundary near its middle:
@@ -252,39 +303,103 @@ static size_t split_grad(ps_wire_bytes c, size_t n, ps_wire_bytes *lo, ps_wire_b
     return mid;
 }
 
+/* Whether every float of gradient c is finite: its largest magnitude,
+ * which the apply step's proof takes too (keep_mag), so that one pass over
+ * the gradient serves both steps. */
 static bool grad_finite_split(psd_shard *s, ps_wire_bytes c, size_t n, float *straddle)
 {
     struct half h = {0};
     ps_wire_bytes lo;
-    if (n * sizeof(float) < SPLIT_MIN_BYTES)
-        return grad_finite(c, straddle);
-    split_grad(c, n, &lo, &h.c);
-    if (!psd_assist_try(s->assist, half_check, &h))
-        return grad_finite(c, straddle);
-    bool ok = grad_finite(lo, straddle);
-    psd_assist_join(s->assist);
-    return ok && h.ok;
+    uint32_t mag;
+    if (n * sizeof(float) < SPLIT_MIN_BYTES) {
+        mag = grad_mag(c, straddle);
+    } else {
+        split_grad(c, n, &lo, &h.c);
+        if (!psd_assist_try(s->assist, half_check, &h)) {
+            mag = grad_mag(c, straddle);
+        } else {
+            mag = grad_mag(lo, straddle);
+            psd_assist_join(s->assist);
+            mag = h.mag > mag ? h.mag : mag;
+        }
+    }
+    keep_mag(c, mag);
+    return mag < PSD_NONFINITE_MAG;
 }
 
 /* Applies gradient c to v (the whole value). Called with v->lock held for
- * writing. Either way each element gets the same bits. */
+ * writing. Either way each element gets the same bits. Records the largest
+ * magnitude written with the version it will have (v->mag). */
 static void grad_apply(psd_shard *s, psd_var *v, ps_wire_bytes c, float *straddle,
                        uint64_t t)
 {
     struct half h = {.v = v, .t = t};
     ps_wire_bytes lo;
+    uint32_t mag;
     value_writable(v);
     if (v->n * sizeof(float) < SPLIT_MIN_BYTES) {
-        grad_apply_at(v, c, 0, straddle, t);
-        return;
+        mag = grad_apply_at(v, c, 0, straddle, t);
+    } else {
+        h.off = split_grad(c, v->n, &lo, &h.c);
+        if (!psd_assist_try(s->assist, half_apply, &h)) {
+            mag = grad_apply_at(v, c, 0, straddle, t);
+        } else {
+            mag = grad_apply_at(v, lo, 0, straddle, t);
+            psd_assist_join(s->assist);
+            mag = h.mag > mag ? h.mag : mag;
+        }
     }
-    h.off = split_grad(c, v->n, &lo, &h.c);
-    if (!psd_assist_try(s->assist, half_apply, &h)) {
-        grad_apply_at(v, c, 0, straddle, t);
-        return;
+    v->mag = mag;
+    v->mag_version = t;
+}
+
+/*
+ * Whether applying gradient c to v leaves every value and slot finite
+ * (issue 13 f: 120 pushes of 3.4e38 drove an SGD value to -inf; Adam's
+ * second moment overflowed and froze its element). Called with v->lock held
+ * for writing, before grad_apply, unless --allow-nonfinite.
+ *
+ * The updates run in place (in halves on the helper thread, from shared
+ * memory for big variables), so once a write turned an element non-finite
+ * the elements before it are already changed, and undoing would need a copy
+ * of the old values on every push. Instead the update is proven finite
+ * before it starts, at almost no cost: every apply loop returns, for free
+ * (an integer max in registers), the largest magnitude it wrote, kept as
+ * v->mag; the check step's finiteness pass over the gradient gives its
+ * largest magnitude at the same cost (grad_finite_split, kept_mag), and
+ * psd_opt_safe bounds the whole update from
+ * the two numbers and the hyperparameters in constant time. Only when that
+ * proof fails (v->mag unknown: the first update after create or restore;
+ * or magnitudes near float's range) does the exact check run: the update's
+ * own arithmetic without writing (psd_opt_check_part), a second pass, after
+ * which the update is applied or refused with nothing changed. Returns
+ * true, or false with err written.
+ */
+static bool grad_stays_finite(psd_var *v, size_t i, ps_wire_bytes c,
+                              float *straddle, uint64_t t, char *err, size_t errlen)
+{
+    const psd_ufloat *g;
+    size_t k, off = 0;
+    uint32_t gmag = kept_mag(i, c, straddle);
+    if (v->mag_version != 0 && v->mag_version == v->version &&
+        psd_opt_safe(&v->opt, v->mag, gmag, 1.0f, t))
+        return true;
+    while ((k = grad_next(&c, straddle, &g)) > 0) {
+        size_t bad = psd_opt_check_part(&v->opt, v->value + off,
+                                        v->slots ? v->slots + off : NULL, v->n,
+                                        g, k, 1.0f, t);
+        if (bad < k) {
+            snprintf(err, errlen, "variable '%s': this update would make "
+                     "element %zu non-finite (value %g, gradient %g, %s); "
+                     "refused, the variable is unchanged (start psd with "
+                     "--allow-nonfinite to accept)", v->name, off + bad,
+                     (double)v->value[off + bad], (double)g[bad],
+                     psd_opt_name(v->opt.kind));
+            return false;
+        }
+        off += k;
     }
-    grad_apply_at(v, lo, 0, straddle, t);
-    psd_assist_join(s->assist);
+    return true;
 }
 
 /* accum = g (first push of a step) or accum += g. */
@@ -328,9 +443,9 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     if (v->accum_count < v->num_workers)
         return NULL;
     value_writable(v);
-    psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
-                  1.0f / (float)v->accum_count, v->version + 1);
-    __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    v->mag = psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
+                           1.0f / (float)v->accum_count, v->version + 1);
+    v->mag_version = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
     uint64_t done_step = v->step;
     v->step++;
     v->accum_count = 0;
@@ -579,16 +694,25 @@ static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
     return PS_RPC_OK;
 }
 
-/* Applies the async part i now. Called with v->lock held for writing;
- * lets it go. */
-static void apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g,
-                        float *straddle)
+/* Applies the async part i now, unless it would make the variable
+ * non-finite (grad_stays_finite): then returns false with err written and
+ * the variable unchanged. Called with v->lock held for writing; lets it
+ * go. */
+static bool apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g,
+                        float *straddle, char *err, size_t errlen)
 {
     psd_var *v = p->vars[i];
+    if (!s->o.allow_nonfinite &&
+        !grad_stays_finite(v, i, g, straddle, v->version + 1, err, errlen)) {
+        pthread_rwlock_unlock(&v->lock);
+        atomic_fetch_add(&s->nonfinite, 1);
+        return false;
+    }
     grad_apply(s, v, g, straddle, v->version + 1);
     p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
     shard_count_apply(s);
     pthread_rwlock_unlock(&v->lock);
+    return true;
 }
 
 /* Joins the sync part i to its step's aggregate, and applies the step
@@ -622,18 +746,36 @@ static void join_step(psd_shard *s, pending_push *p, size_t i,
     complete_all(s, ready);
 }
 
-/* Phase 2: applies every part, async ones now, sync ones into their step.
- * The pending push is listed before any part joins, with every sync part
- * counted, so that whichever thread applies the last part's step sees the
- * whole count; it completes the push only once armed (push_arm), that is
- * once this handler is done with it. Returns the number of sync parts.
- * Called with table_lock held for reading. */
+/* Phase 2: applies every part, async ones first, then sync ones into their
+ * step. The pending push is listed before any sync part joins, with every
+ * sync part counted, so that whichever thread applies the last part's step
+ * sees the whole count; it completes the push only once armed (push_arm),
+ * that is once this handler is done with it. An async part that would turn
+ * its variable non-finite stops the push before any sync part joins: the
+ * async parts before it stay applied (each variable is updated under its
+ * own lock), and the error says so. Returns the number of sync parts, or
+ * SIZE_MAX with err written. Called with table_lock held for reading. */
 static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
-                         float *straddle, uint64_t *bytes)
+                         float *straddle, uint64_t *bytes, char *err, size_t errlen)
 {
     size_t nsync = 0;
-    for (size_t i = 0; i < r->ngrads; i++)
-        nsync += p->vars[i]->consistency == PSD_SYNC;
+    for (size_t i = 0; i < r->ngrads; i++) {
+        psd_var *v = p->vars[i];
+        if (v->consistency == PSD_SYNC) {
+            nsync++;
+            continue;
+        }
+        pthread_rwlock_wrlock(&v->lock);
+        if (!apply_async(s, p, i, r->grads[i].data, straddle, err, errlen)) {
+            if (i > 0) {
+                size_t len = strlen(err);
+                snprintf(err + len, errlen - len, "; the gradients before "
+                         "grads[%zu] in this push were applied", i);
+            }
+            return SIZE_MAX;
+        }
+        *bytes += v->n * sizeof(float);
+    }
     if (nsync > 0) {
         pthread_mutex_lock(&s->wait_mu);
         p->nleft = nsync;
@@ -643,12 +785,11 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
     }
     for (size_t i = 0; i < r->ngrads; i++) {
         psd_var *v = p->vars[i];
+        if (v->consistency != PSD_SYNC)
+            continue;
         *bytes += v->n * sizeof(float);
         pthread_rwlock_wrlock(&v->lock);
-        if (v->consistency != PSD_SYNC)
-            apply_async(s, p, i, r->grads[i].data, straddle);
-        else
-            join_step(s, p, i, r, r->grads[i].data, straddle);
+        join_step(s, p, i, r, r->grads[i].data, straddle);
     }
     return nsync;
 }
@@ -681,6 +822,7 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         return;
     }
+    tb->nmags = 0; /* keep_mag's, for this push */
     uint64_t shm_in = 0;
     pending_push *p = push_begin(s, call, pieces, npieces, tb, t0, &shm_in);
     if (p == NULL)
@@ -706,7 +848,16 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
         return;
     }
     uint64_t bytes = 0;
-    size_t nsync = push_apply(s, p, r, &tb->straddle, &bytes);
+    size_t nsync = push_apply(s, p, r, &tb->straddle, &bytes, err, sizeof err);
+    if (nsync == SIZE_MAX) {
+        pthread_rwlock_unlock(&s->table_lock);
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s", err);
+        shard_pending_free(p);
+        atomic_fetch_add(&s->bytes_in, bytes);
+        shard_wake_waiters(s);
+        return;
+    }
     bool done = nsync == 0 || push_arm(s, p);
     /* Answered before table_lock is let go: a reply with values reads the
      * variables, which only a Restore (holding it for writing) frees. */

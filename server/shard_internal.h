@@ -87,6 +87,11 @@ typedef struct psd_var {
     ps_rpc_msg *vmsg;
     float *slots; /* (nslots, n) */
     uint64_t version;
+    /* The largest magnitude among value and slots (psd_opt_apply's result)
+     * as of version mag_version; 0 mag_version: not known. push.c proves
+     * the next update finite from it (psd_opt_safe). */
+    uint32_t mag;
+    uint64_t mag_version;
     uint64_t step;            /* sync: the step being aggregated */
     uint64_t persisted_version;
     uint64_t persisted_step;

@@ -135,6 +135,11 @@ START_TEST(test_validate_learning_rate)
         {PSD_OPT_SGD, {SET(lr, INFINITY)}, PS_EINVAL_ARG,
          "learning_rate must be > 0 and finite, got inf"},
         {PSD_OPT_SGD, {SET(lr, FLT_TRUE_MIN)}, 0},
+        /* issue 13 f: lr 1e38 turned one finite push into (-inf, inf) */
+        {PSD_OPT_SGD, {SET(lr, 1e38f)}, PS_EINVAL_ARG,
+         "learning_rate must be at most 1000, got 1e+38"},
+        {PSD_OPT_ADAM, {SET(lr, 1001.0f)}, PS_EINVAL_ARG, NULL, "at most 1000"},
+        {PSD_OPT_MOMENTUM, {SET(lr, 1000.0f)}, 0},
     };
     PS_CHECK_REFUSALS(t, validate_row);
 }
@@ -182,6 +187,9 @@ START_TEST(test_validate_epsilon)
             {k, {SET(epsilon, 0.0f)}, PS_EINVAL_ARG, "epsilon must be > 0 and finite, got 0"},
             {k, {SET(epsilon, -1e-8f)}, PS_EINVAL_ARG, NULL, "epsilon must be > 0"},
             {k, {SET(epsilon, NAN)}, PS_EINVAL_ARG},
+            {k, {SET(epsilon, 1e-38f)}, PS_EINVAL_ARG,
+             "epsilon must be at least 1e-30, got 1e-38"},
+            {k, {SET(epsilon, 1e-30f)}, 0},
         };
         PS_CHECK_REFUSALS(t, validate_row);
     }
@@ -197,6 +205,9 @@ START_TEST(test_validate_initial_accumulator)
          "initial_accumulator must be >= 0 and finite, got -0.1"},
         {PSD_OPT_ADAGRAD, {SET(initial_accumulator, INFINITY)}, PS_EINVAL_ARG},
         {PSD_OPT_ADAGRAD, {SET(initial_accumulator, 0.0f)}, 0}, /* >= 0 */
+        {PSD_OPT_ADAGRAD, {SET(initial_accumulator, 3e38f)}, PS_EINVAL_ARG,
+         "initial_accumulator must be at most 1e+30, got 3e+38"},
+        {PSD_OPT_ADAGRAD, {SET(initial_accumulator, 1e30f)}, 0},
         {PSD_OPT_ADAM, {SET(initial_accumulator, -0.1f)}, 0},
         {PSD_OPT_ADAM, {SET(initial_accumulator, NAN)}, PS_EINVAL_ARG,
          "initial_accumulator must be finite, got nan"},
@@ -607,6 +618,145 @@ START_TEST(test_l2_norm)
 }
 END_TEST
 
+/* ---- psd_opt_check_part, psd_opt_safe, psd_max_mag (issue 13 f) ------- */
+
+static uint32_t mag_of(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b & 0x7fffffffu;
+}
+
+/* The largest magnitude of n floats, and whether one is Inf or NaN. */
+static uint32_t max_mag_ref(const float *x, size_t n, bool *nonfinite)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = mag_of(x[i]) > m ? mag_of(x[i]) : m;
+        if (!isfinite(x[i]))
+            *nonfinite = true;
+    }
+    return m;
+}
+
+/* One spec of each kind (Nesterov as a fifth), with the issue's
+ * hyperparameters where it gave them. */
+static psd_opt kind_spec(int k)
+{
+    psd_opt o = {.kind = k == 4 ? PSD_OPT_MOMENTUM : (enum psd_opt_kind)k,
+                 .lr = 0.01f, .nesterov = k == 4};
+    psd_opt_defaults(&o);
+    return o;
+}
+
+/* For each kind: a gradient whose element `at` makes the update overflow
+ * (3e38 at lr 0.01 on a value of -3.39e38 for the linear kinds; the squares
+ * of ADAGRAD and ADAM overflow from any 3e38). psd_opt_check_part names
+ * that element and writes nothing; applying instead does turn exactly that
+ * element non-finite, so the check and the update agree. */
+START_TEST(test_check_finds_first_overflow)
+{
+    enum { M = 5000 }; /* past one check block */
+    static float w[M], slots[2 * M], g[M], w0[M], s0[2 * M];
+    for (int k = 0; k < 5; k++) {
+        psd_opt o = kind_spec(k);
+        size_t at = 4099;
+        for (size_t i = 0; i < M; i++) {
+            w[i] = i == at ? -3.39e38f : 0.25f;
+            g[i] = i == at ? 3e38f : 1.0f;
+        }
+        psd_opt_init_slots(&o, slots, M);
+        memcpy(w0, w, sizeof w);
+        memcpy(s0, slots, sizeof slots);
+        ck_assert_uint_eq(psd_opt_check_part(&o, w, slots, M, g, M, 1.0f, 1), at);
+        ck_assert(memcmp(w, w0, sizeof w) == 0 && memcmp(slots, s0, sizeof s0) == 0);
+        /* An element before it is not reported: the check is of the part. */
+        ck_assert_uint_eq(psd_opt_check_part(&o, w, slots, M, g, at, 1.0f, 1), at);
+        ck_assert(!psd_opt_safe(&o, mag_of(3.39e38f), mag_of(3e38f), 1.0f, 1));
+        bool bad = false;
+        uint32_t mag = psd_opt_apply(&o, w, slots, g, M, 1.0f, 1);
+        ck_assert_uint_ge(mag, 0x7f800000u);
+        for (size_t i = 0; i < M; i++) {
+            bool nf = !isfinite(w[i]);
+            for (int j = 0; j < psd_opt_slot_count(&o); j++)
+                nf = nf || !isfinite(slots[(size_t)j * M + i]);
+            ck_assert_msg(nf == (i == at), "kind %d element %zu", k, i);
+            bad = bad || nf;
+        }
+        ck_assert(bad);
+    }
+}
+END_TEST
+
+/* Adam's second moment: (1 - beta2) * g * g overflows for g = 3e38 though
+ * the value would stay finite (the issue: the element then never moved). */
+START_TEST(test_check_adam_second_moment)
+{
+    psd_opt o = kind_spec(PSD_OPT_ADAM);
+    float w[2] = {0.5f, 0.5f}, slots[4] = {0}, g[2] = {1.0f, 3e38f};
+    ck_assert_uint_eq(psd_opt_check_part(&o, w, slots, 2, g, 2, 1.0f, 1), 1);
+    g[1] = 1e18f; /* squares to 1e36 * 0.001: fine */
+    ck_assert_uint_eq(psd_opt_check_part(&o, w, slots, 2, g, 2, 1.0f, 1), 2);
+}
+END_TEST
+
+/* Random states and gradients over many magnitudes: whenever psd_opt_safe
+ * says an update is safe, the update writes nothing non-finite, the check
+ * agrees, and the magnitude psd_opt_apply returns is the largest it wrote;
+ * psd_max_mag is the largest magnitude of the gradient. */
+START_TEST(test_safe_is_sound)
+{
+    enum { M = 67 };
+    float w[M], slots[2 * M], g[M];
+    int proven = 0;
+    rng_seed(13);
+    for (int trial = 0; trial < 4000; trial++) {
+        psd_opt o = kind_spec(trial % 5);
+        o.lr = (float)pow(10.0, -4.0 + 7.0 * rng_unit()); /* up to 1000 */
+        double se = pow(10.0, 40.0 * rng_unit() - 2.0);
+        double ge = pow(10.0, 40.0 * rng_unit() - 2.0);
+        for (size_t i = 0; i < M; i++) {
+            w[i] = (float)((rng_unit() * 2.0 - 1.0) * se);
+            g[i] = (float)((rng_unit() * 2.0 - 1.0) * ge);
+            slots[i] = (float)(rng_unit() * se); /* ADAGRAD and ADAM's v: >= 0 */
+            slots[M + i] = (float)(rng_unit() * se);
+            if (o.kind == PSD_OPT_MOMENTUM)
+                slots[i] -= (float)(se / 2);
+        }
+        if (o.kind == PSD_OPT_ADAM)
+            for (size_t i = 0; i < M; i++) { /* m may have either sign */
+                float t = slots[i];
+                slots[i] = slots[M + i] - (float)(se / 2);
+                slots[M + i] = t;
+            }
+        bool nf = false;
+        uint32_t smag = max_mag_ref(w, M, &nf);
+        uint32_t sm = max_mag_ref(slots, (size_t)psd_opt_slot_count(&o) * M, &nf);
+        smag = sm > smag ? sm : smag;
+        uint32_t gmag = psd_max_mag(g, M);
+        ck_assert_uint_eq(gmag, max_mag_ref(g, M, &nf));
+        uint64_t t = 1 + (uint64_t)(rng_unit() * 100);
+        if (!psd_opt_safe(&o, smag, gmag, 0.5f, t))
+            continue;
+        proven++;
+        ck_assert_uint_eq(psd_opt_check_part(&o, w, slots, M, g, M, 0.5f, t), M);
+        uint32_t mag = psd_opt_apply(&o, w, slots, g, M, 0.5f, t);
+        nf = false;
+        uint32_t want = max_mag_ref(w, M, &nf);
+        sm = max_mag_ref(slots, (size_t)psd_opt_slot_count(&o) * M, &nf);
+        want = sm > want ? sm : want;
+        ck_assert_msg(!nf, "trial %d: proven safe, went non-finite", trial);
+        ck_assert_uint_eq(mag, want);
+    }
+    ck_assert_int_gt(proven, 1000); /* the proof holds for ordinary numbers */
+    ck_assert_uint_eq(psd_max_mag(NULL, 0), 0);
+    ck_assert_uint_ge(psd_max_mag((const float[]){1.0f, NAN}, 2), 0x7f800000u);
+    psd_opt o = kind_spec(PSD_OPT_SGD);
+    ck_assert(!psd_opt_safe(&o, 0x7f800000u, 0, 1.0f, 1)); /* Inf already */
+    ck_assert(psd_opt_safe(&o, mag_of(1.0f), mag_of(1.0f), 1.0f, 1));
+}
+END_TEST
+
 /* ---- psd_accumulate --------------------------------------------------- */
 
 START_TEST(test_accumulate)
@@ -638,6 +788,9 @@ PSCHECK_MAIN("optim",
                        test_apply_sync_average, test_apply_adam_first_step,
                        test_apply_adam_large_t, test_apply_empty_and_unknown,
                        test_apply_parts_same_bits}},
+    {"psd_opt_check_part", {test_check_finds_first_overflow,
+                            test_check_adam_second_moment}},
+    {"psd_opt_safe", {test_safe_is_sound}},
     {"psd_all_finite", {test_finite_values, test_finite_rejects}},
     {"psd_l2_norm", {test_l2_norm}},
     {"psd_accumulate", {test_accumulate}})
