@@ -32,7 +32,7 @@ static const char *human_bytes(uint64_t n, char *buf, size_t len)
     }
     double v = (double)n;
     int u = 0;
-    while (v >= 1024 && u < 5) {
+    while (v >= 1023.95 && u < 5) { /* not "1024.0 MiB" */
         v /= 1024;
         u++;
     }

@@ -76,7 +76,7 @@ def caps_on_create(pb, stub, r):
     # The audit's attack: one call that made psd allocate 1 GiB for good.
     t0 = time.monotonic()
     r.refused("a 1 GiB create over --max-bytes", lambda: create("huge", ((1 << 28) - 1024,)),
-              C.RESOURCE_EXHAUSTED, "'huge'", "1024.0 MiB more", "--max-bytes 64.0 KiB")
+              C.RESOURCE_EXHAUSTED, "'huge'", "1.0 GiB more", "--max-bytes 64.0 KiB")
     took = time.monotonic() - t0
     rss = stub.Stats(pb.StatsRequest(), timeout=5).resident_bytes
     r.check(took < 2 and rss < (256 << 20),
