@@ -78,6 +78,9 @@ typedef struct ps_rpc_server_opts {
                                  for clients on this host; NULL = none */
     int threads;              /* completion-queue threads; 0 = 2 */
     size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+    int max_streams;          /* calls in flight per connection (HTTP/2
+                                 SETTINGS_MAX_CONCURRENT_STREAMS: a client
+                                 queues the ones beyond); 0 = gRPC's, none */
 } ps_rpc_server_opts;
 
 /* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,

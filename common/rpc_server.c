@@ -285,7 +285,7 @@ static void *cq_thread_main(void *arg)
 int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
 {
     if (opts == NULL || opts->listen == NULL || opts->listen[0] == '\0' ||
-        opts->threads < 0 || opts->threads > MAX_THREADS ||
+        opts->threads < 0 || opts->threads > MAX_THREADS || opts->max_streams < 0 ||
         opts->max_message_bytes > PS_RPC_MAX_MESSAGE_CEILING)
         return PS_EINVAL_ARG;
     ps_rpc_server *srv = calloc(1, sizeof *srv);
@@ -406,8 +406,12 @@ static int server_make(ps_rpc_server *srv)
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          {.integer = 16 << 20}},
+        /* Last, and only when set: the cap on one connection's calls. */
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
+         {.integer = srv->opts.max_streams}},
     };
-    grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
+    size_t nargs = sizeof args / sizeof args[0] - (srv->opts.max_streams > 0 ? 0 : 1);
+    grpc_channel_args cargs = {nargs, args};
     srv->server = grpc_server_create(&cargs, NULL);
     if (srv->server == NULL)
         return -ENOMEM;

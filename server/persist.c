@@ -1,8 +1,8 @@
 /*
  * persist.c - the shard's variables in the store: loading them at open,
  * the write-behind flusher (one transaction per commit interval for every
- * variable that changed), the write of a new variable, the rewrite of the
- * store by a Restore, and the copy a checkpoint takes. The only file of
+ * variable that changed), the write of a new variable and its deletion,
+ * the rewrite of the store by a Restore, and the copy a checkpoint takes. The only file of
  * the shard module that includes store.h. The lock order is in
  * shard_internal.h.
  */
@@ -245,6 +245,7 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
     s->vars = lc.vars;
     s->nvars = lc.n;
     s->cap = lc.cap;
+    shard_caps_recount(s);
     return 0;
 }
 
@@ -270,6 +271,29 @@ int shard_store_add(psd_shard *s, const psd_var *v)
             psd_store_abort(t);
     }
     return rc;
+}
+
+/* Deletes variable name from the store in a transaction of its own,
+ * committed before it returns: gone after a restart. A name the store
+ * does not hold is not an error (nothing to do). Called with table_lock
+ * held for writing (DeleteVariable). Returns 0 or the store's error, with
+ * the store unchanged. */
+int shard_store_del(psd_shard *s, const char *name)
+{
+    psd_store_txn *t;
+    int rc = psd_store_begin(s->store, &t);
+    if (rc != 0)
+        return rc;
+    rc = psd_store_del(t, name);
+    if (rc == PS_ENOTFOUND) {
+        psd_store_abort(t);
+        return 0;
+    }
+    if (rc != 0) {
+        psd_store_abort(t);
+        return rc;
+    }
+    return psd_store_commit(t);
 }
 
 /* Replaces everything in the store by the variables of l, in one

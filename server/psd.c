@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 struct psd_conf {
     char *listen;
@@ -49,6 +50,11 @@ struct psd_conf {
     uint64_t map_size;
     int checkpoint_keep;
     int64_t shutdown_grace_ms;
+    int max_variables;
+    uint64_t max_bytes;
+    int max_waiting_pulls;
+    int64_t max_pull_wait_ms;
+    int max_streams;
     char *metrics_listen;
     int log_level;
     int log_format;
@@ -115,6 +121,37 @@ static const ps_opt psd_opts[] = {
     {"shutdown-grace", PS_OPT_DURATION_MS, offsetof(struct psd_conf, shutdown_grace_ms),
      "10s", "how long SIGTERM waits for calls in flight before cancelling them",
      0, 600000, NULL},
+    /* The caps: what any client may make psd hold (server/limits.c). Each
+     * is far above what a job needs and far below what exhausts a host. */
+    /* 65536: a big model has a few thousand variables per shard; each
+     * costs a commit (an fsync) to create and a look at every flush. */
+    {"max-variables", PS_OPT_INT, offsetof(struct psd_conf, max_variables), "65536",
+     "most variables this psd holds; a CreateVariable beyond is refused "
+     "(RESOURCE_EXHAUSTED)", 1, 16777216, NULL},
+    /* 0, half of physical memory: variables live in memory, and a restart
+     * holds their LMDB pages beside them while it loads (about twice the
+     * bytes), which must still fit. */
+    {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
+     "most bytes the variables hold (values, optimizer slots, sync "
+     "aggregates), e.g. 16G; a CreateVariable beyond is refused "
+     "(RESOURCE_EXHAUSTED); 0: half of this host's physical memory",
+     0, 1e18, NULL},
+    /* 4096: each worker waits on about one pull per shard at a time;
+     * thousands of workers per shard is beyond any job psd serves. */
+    {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
+     "4096", "most pulls waiting for a version at once; one beyond is refused "
+     "at once (RESOURCE_EXHAUSTED)", 1, 1000000, NULL},
+    /* 60 s: a sync step waits for the slowest worker, seconds at most; a
+     * pull still waiting after a minute waits for a worker that is gone
+     * (workerd's own deadline, --rpc-timeout, is 10 s). */
+    {"max-pull-wait", PS_OPT_DURATION_MS, offsetof(struct psd_conf, max_pull_wait_ms),
+     "60s", "longest a pull waits for a version before psd answers "
+     "DEADLINE_EXCEEDED, whatever deadline its client set", 1, 86400000, NULL},
+    /* 256: a worker runs a few calls at a time on a connection (its comm
+     * threads, a waiting pull); one connection may not hold thousands. */
+    {"max-streams", PS_OPT_INT, offsetof(struct psd_conf, max_streams), "256",
+     "most calls in flight on one connection (HTTP/2 max concurrent "
+     "streams; a client queues the ones beyond)", 1, 1000000, NULL},
     /* Loopback, any free port: every psd of a host (a local cluster runs
      * several) serves its metrics to a local scraper with nothing to set
      * and nothing to clash; a node Prometheus scrapes sets a fixed one. */
@@ -193,6 +230,15 @@ static int tf_config_defaults(struct psd *d)
     return PS_PROC_RUN;
 }
 
+/* --max-bytes 0: half of the host's physical memory (see psd_opts). */
+static uint64_t half_of_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return (uint64_t)16 << 30; /* unknown: a common host's */
+    return (uint64_t)pages * (uint64_t)size / 2;
+}
+
 /* Opens the store (and starts the shard's threads). Returns 0, or 1 after
  * the error line. */
 static int open_shard(struct psd *d, uint64_t *base_rss)
@@ -209,6 +255,10 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .allow_nonfinite = c->allow_nonfinite,
         .max_message_bytes = (size_t)c->max_message,
         .checkpoint_keep = (size_t)c->checkpoint_keep,
+        .max_variables = (size_t)c->max_variables,
+        .max_bytes = c->max_bytes != 0 ? c->max_bytes : half_of_memory(),
+        .max_waiting_pulls = (size_t)c->max_waiting_pulls,
+        .max_pull_wait_ms = c->max_pull_wait_ms,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
@@ -217,6 +267,10 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
                 c->data_dir, ps_strerror(rc));
         return 1;
     }
+    ps_log_info("caps: %zu variables, %.1f GiB held, %zu waiting pulls for at "
+                "most %lld ms, %d calls per connection", so.max_variables,
+                (double)so.max_bytes / (1 << 30), so.max_waiting_pulls,
+                (long long)so.max_pull_wait_ms, c->max_streams);
     return 0;
 }
 
@@ -244,7 +298,8 @@ static int serve(struct psd *d)
     const struct psd_conf *c = &d->c;
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
-                             .listen_also = d->also[0] ? d->also : NULL};
+                             .listen_also = d->also[0] ? d->also : NULL,
+                             .max_streams = c->max_streams};
     int rc;
     if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
         (rc = psd_shard_register(d->shard, d->srv)) != 0 ||

@@ -211,19 +211,24 @@ struct sweep {
     bool stopping;
 };
 
-/* Moves the waits that are due off the lists into sw. Called with wait_mu
- * held. */
+/* Moves the waits that are due off the lists into sw: pulls whose versions
+ * arrived, and pulls whose client went away or whose --max-pull-wait ran
+ * out. Called with wait_mu held. */
 static void sweep_take(psd_shard *s, struct sweep *sw)
 {
     *sw = (struct sweep){NULL, NULL, NULL, false};
+    int64_t now = ps_now_ms();
     for (pull_waiter **pw = &s->waiters; *pw != NULL;) {
         pull_waiter *w = *pw;
         if (first_unmet(w->vars, w->min_versions, w->nitems) == w->nitems) {
             *pw = w->next;
+            s->nwaiters--;
             w->next = sw->ready;
             sw->ready = w;
-        } else if (ps_rpc_call_cancelled(w->call) || s->stopping) {
+        } else if (ps_rpc_call_cancelled(w->call) || s->stopping ||
+                   shard_pull_timed_out(w, now)) {
             *pw = w->next;
+            s->nwaiters--;
             w->next = sw->expired;
             sw->expired = w;
         } else {
@@ -259,7 +264,10 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
             ps_rpc_fail(w->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         } else {
             size_t i = first_unmet(w->vars, w->min_versions, w->nitems);
-            if (i < w->nitems)
+            bool client = ps_rpc_call_cancelled(w->call);
+            if (i < w->nitems && !client)
+                shard_pull_expired(s, w, w->vars[i], w->min_versions[i]);
+            else if (i < w->nitems)
                 fail_unmet(w->call, w->vars[i], w->min_versions[i]);
             else
                 reply_values(s, w->call, w->vars, w->nitems, w->into, w->t0);
@@ -288,8 +296,10 @@ static void sweep_fail_pushes(struct sweep *sw)
 }
 
 /* The sweeper answers pulls whose versions arrived and fails waits whose
- * deadline passed or whose client went away. The table read lock keeps the
- * variables alive while it looks at them. */
+ * deadline passed or whose client went away. The table read lock, taken
+ * before the waits are (the lock order) and held until they are answered,
+ * keeps their variables alive: DeleteVariable and Restore free variables
+ * only with it held for writing, after taking their waits off the lists. */
 void *shard_sweeper_main(void *arg)
 {
     psd_shard *s = arg;
@@ -301,11 +311,13 @@ void *shard_sweeper_main(void *arg)
         pthread_cond_timedwait(&s->wait_cond, &s->wait_mu, &until);
         if (s->closing)
             break;
-        struct sweep sw;
-        sweep_take(s, &sw);
         pthread_mutex_unlock(&s->wait_mu);
 
+        struct sweep sw;
         pthread_rwlock_rdlock(&s->table_lock);
+        pthread_mutex_lock(&s->wait_mu);
+        sweep_take(s, &sw);
+        pthread_mutex_unlock(&s->wait_mu);
         sweep_answer_pulls(s, &sw);
         pthread_rwlock_unlock(&s->table_lock);
         if (ps_now_ms() - last_shm_sweep >= SHM_SWEEP_MS) {
@@ -399,8 +411,9 @@ static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullReque
     return true;
 }
 
-/* Lists the pull as a waiter, taking over its arrays. Called with
- * table_lock held for reading. */
+/* Lists the pull as a waiter, taking over its arrays, unless
+ * --max-waiting-pulls wait already (limits.c). Called with table_lock held
+ * for reading. */
 static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
                       double t0)
 {
@@ -417,6 +430,12 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
     w->into = it->into;
     *it = (struct pull_items){0};
     pthread_mutex_lock(&s->wait_mu);
+    if (!shard_pull_admit(s, w)) {
+        pthread_mutex_unlock(&s->wait_mu);
+        shard_pull_refuse(s, call);
+        shard_waiter_free(w);
+        return;
+    }
     w->next = s->waiters;
     s->waiters = w;
     /* A version may have arrived between the check and the listing. */

@@ -173,6 +173,7 @@ static void fail_all_waits(psd_shard *s, enum ps_rpc_code code, const char *msg)
     pthread_mutex_lock(&s->wait_mu);
     pull_waiter *w = s->waiters;
     s->waiters = NULL;
+    s->nwaiters = 0;
     pending_push *p = s->pending;
     s->pending = NULL;
     /* Pushes waiting for their commit: their updates are gone with the
@@ -271,6 +272,7 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
         s->vars = lc->vars;
         s->nvars = s->cap = lc->n;
         shard_sort_vars(s->vars, s->nvars);
+        shard_caps_recount(s);
         atomic_store(&s->committed_seq, atomic_load(&s->apply_seq));
         atomic_store(&s->dirty_since_ms, 0);
         s->restoring = false;
@@ -346,6 +348,7 @@ static const struct {
     [SHARD_M_CHECKPOINT] = {"Checkpoint", checkpoint},
     [SHARD_M_RESTORE] = {"Restore", restore},
     [SHARD_M_SET_SYNC_WORKERS] = {"SetSyncWorkers", shard_set_sync_workers},
+    [SHARD_M_DELETE_VARIABLE] = {"DeleteVariable", shard_delete_variable},
 };
 
 /* The counters /metrics reads, zero before anything is served. */
@@ -412,6 +415,7 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
+    pthread_mutex_init(&s->caps_mu, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
     metrics_init(s);
@@ -530,6 +534,7 @@ int psd_shard_close(psd_shard *s)
     pthread_cond_destroy(&s->wait_cond);
     pthread_mutex_destroy(&s->flush_mu);
     pthread_cond_destroy(&s->flush_cond);
+    pthread_mutex_destroy(&s->caps_mu);
     free(s->data_dir);
     free(s->ckpt_root);
     free(s);

@@ -50,6 +50,11 @@ typedef struct psd_shard_opts {
     bool allow_nonfinite;        /* accept NaN/Inf gradients */
     size_t max_message_bytes;    /* the rpc limit: bounds a variable's size */
     size_t checkpoint_keep;      /* complete checkpoints kept; 0 = all */
+    /* Caps (limits.c), each 0 for none; psd sets them all. */
+    size_t max_variables;        /* variables held */
+    uint64_t max_bytes;          /* bytes held: values, slots, sync aggregates */
+    size_t max_waiting_pulls;    /* pulls waiting for a version at once */
+    int64_t max_pull_wait_ms;    /* the longest a pull waits for a version */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

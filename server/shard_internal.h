@@ -11,6 +11,9 @@
  *               module that includes store.h)
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
+ *   limits.c    the caps: variables and bytes held, waiting pulls and how
+ *               long they wait
+ *   delete.c    DeleteVariable
  *   metrics.c   psd's /metrics page, read from the counters below
  *
  * Locks, always taken in this order and never the reverse:
@@ -21,6 +24,9 @@
  *   s->wait_mu          the lists of calls that wait (pulls for a version,
  *                       sync pushes for their step, durable pushes for their
  *                       commit)
+ *   s->caps_mu          the counts of what is held and reserved (limits.c)
+ * DeleteVariable, like Restore, takes s->flush_mu before table_lock: a
+ * durable push is answered (its values read) with flush_mu held.
  * The store's write transaction is begun only with table_lock held.
  *
  * Threads: the handlers run on the rpc server's threads; the flusher
@@ -128,6 +134,8 @@ typedef struct pull_waiter {
     uint64_t *min_versions;
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
+    int64_t give_up_ms;       /* --max-pull-wait: ps_now_ms it is answered
+                                 DEADLINE_EXCEEDED at; INT64_MAX never */
 } pull_waiter;
 
 /* ParameterServer's methods, each counted as its calls arrive (shard.c's
@@ -141,6 +149,7 @@ enum shard_method_id {
     SHARD_M_CHECKPOINT,
     SHARD_M_RESTORE,
     SHARD_M_SET_SYNC_WORKERS,
+    SHARD_M_DELETE_VARIABLE,
     SHARD_NMETHODS
 };
 
@@ -174,6 +183,7 @@ struct psd_shard {
     pull_waiter *waiters;
     pending_push *pending;   /* sync pushes waiting for their step */
     pending_push *durable;   /* pushes waiting for a commit */
+    size_t nwaiters;         /* pulls on waiters (--max-waiting-pulls) */
     bool stopping;
     bool closing;
 
@@ -206,6 +216,11 @@ struct psd_shard {
     int64_t started_ms;
     psd_assist *assist;  /* takes half of a big push (assist.h) */
     psd_shmmap *shm;     /* co-located clients' shared memory (shmmap.h) */
+    /* What the table holds, and what CreateVariables about to insert have
+     * reserved, against --max-variables and --max-bytes (limits.c). */
+    pthread_mutex_t caps_mu;
+    size_t held_vars, reserved_vars;
+    uint64_t held_bytes, reserved_bytes;
 };
 
 /* A request that is refused for what it holds. */
@@ -289,6 +304,7 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 int shard_store_open(psd_shard *s, uint64_t map_size);
 void shard_store_close(psd_shard *s);
 int shard_store_add(psd_shard *s, const psd_var *v);
+int shard_store_del(psd_shard *s, const char *name);
 int shard_store_replace(psd_shard *s, const struct var_list *l);
 uint64_t shard_store_commits(psd_shard *s);
 int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
@@ -309,6 +325,23 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
 void shard_waiter_free(pull_waiter *w);
 void shard_wake_waiters(psd_shard *s);
 void *shard_sweeper_main(void *arg);
+
+/* limits.c */
+uint64_t shard_var_bytes(const psd_var *v);
+uint64_t shard_spec_bytes(const Ps__V1__VariableSpec *sp, size_t n);
+bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,
+                        uint64_t bytes);
+void shard_caps_settle(psd_shard *s, uint64_t bytes, bool held);
+void shard_caps_release(psd_shard *s, uint64_t bytes);
+void shard_caps_recount(psd_shard *s);
+bool shard_pull_admit(psd_shard *s, pull_waiter *w);
+void shard_pull_refuse(psd_shard *s, ps_rpc_call *call);
+bool shard_pull_timed_out(const pull_waiter *w, int64_t now_ms);
+void shard_pull_expired(psd_shard *s, pull_waiter *w, psd_var *v, uint64_t minv);
+
+/* delete.c */
+void shard_delete_variable(ps_rpc_call *call, const uint8_t *req, size_t len,
+                           void *ctx);
 
 /* push.c */
 void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,

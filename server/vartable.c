@@ -506,7 +506,8 @@ static void create_existing(psd_shard *s, ps_rpc_call *call, psd_var *old,
 }
 
 /* Stores the new variable v, durable before it is acknowledged, inserts it
- * at pos and answers. Called with table_lock held for writing; lets it go. */
+ * at pos, settles its reservation (limits.c) and answers. Called with
+ * table_lock held for writing; lets it go. */
 static void create_insert(psd_shard *s, ps_rpc_call *call, psd_var *v, size_t pos)
 {
     int rc = shard_store_add(s, v);
@@ -514,6 +515,7 @@ static void create_insert(psd_shard *s, ps_rpc_call *call, psd_var *v, size_t po
         v->persisted_version = 0;
         rc = table_insert(s, v, pos);
     }
+    shard_caps_settle(s, shard_var_bytes(v), rc == 0);
     pthread_rwlock_unlock(&s->table_lock);
     if (rc != 0) {
         ps_rpc_fail(call, ps_rpc_code_from_err(rc),
@@ -530,6 +532,31 @@ static void create_insert(psd_shard *s, ps_rpc_call *call, psd_var *v, size_t po
     ps_tensor_shape_str(v->shape, v->ndim, shp, sizeof shp);
     ps_log_info("created variable '%s' %s %s %s", v->name, shp,
                 psd_opt_name(v->opt.kind), consistency_name(v->consistency));
+}
+
+/* Answers a CreateVariable whose new variable v (NULL: none was built)
+ * is not inserted: old exists by its name (and v, built meanwhile, is
+ * dropped with its reservation of bytes), or none does but none was built
+ * (it was deleted since the first look), or a Restore is rewriting the
+ * store, in which a variable created now would be in the store but not
+ * among the restored ones. Called with table_lock held, which keeps old
+ * alive. */
+static void create_not_inserted(psd_shard *s, ps_rpc_call *call, psd_var *old,
+                                psd_var *v, const Ps__V1__VariableSpec *spec,
+                                uint64_t bytes)
+{
+    if (v != NULL) {
+        shard_var_free(v);
+        shard_caps_settle(s, bytes, false);
+    }
+    if (old != NULL)
+        create_existing(s, call, old, spec);
+    else if (v == NULL)
+        ps_rpc_fail(call, PS_RPC_ABORTED, "variable '%s' was deleted or restored "
+                    "away while this CreateVariable ran; create it again", spec->name);
+    else
+        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "variable '%s': psd is restoring a "
+                    "checkpoint; create it again once that is done", spec->name);
 }
 
 /* CreateVariable; on_job_thread: run by the checkpoint thread, where a big
@@ -549,13 +576,22 @@ void shard_create_variable_run(psd_shard *s, ps_rpc_call *call, const uint8_t *r
     bool exists = shard_find_var(s, name, strlen(name), NULL) != NULL;
     pthread_rwlock_unlock(&s->table_lock);
 
+    /* The caps, before anything is allocated (limits.c); a new variable
+     * holds a reservation until create_insert settles it. */
+    uint64_t bytes = shard_spec_bytes(&ns.spec, n);
+    if (!exists && !shard_caps_reserve(s, call, name, bytes))
+        goto out;
     psd_var *v = NULL;
     if (!exists && !on_job_thread && create_is_big(&ns.spec, n)) {
+        /* The job thread reserves again: checked here, a refusal is
+         * answered at once. */
+        shard_caps_settle(s, bytes, false);
         create_offload(s, call, req, len);
         goto out;
     }
     if (!exists) {
         if (shard_var_new(&ns.spec, n, &v) != 0) {
+            shard_caps_settle(s, bytes, false);
             ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
                         "variable '%s': cannot allocate its %zu elements and "
                         "their optimizer slots", name, n);
@@ -567,19 +603,11 @@ void shard_create_variable_run(psd_shard *s, ps_rpc_call *call, const uint8_t *r
     pthread_rwlock_wrlock(&s->table_lock);
     size_t pos;
     psd_var *old = shard_find_var(s, name, strlen(name), &pos);
-    if (old != NULL) {
+    /* A variable that existed at the first look may be deleted since: this
+     * call built nothing to insert. */
+    if (old != NULL || v == NULL || s->restoring) {
+        create_not_inserted(s, call, old, v, &ns.spec, bytes);
         pthread_rwlock_unlock(&s->table_lock);
-        shard_var_free(v);
-        create_existing(s, call, old, &ns.spec);
-        goto out;
-    }
-    /* A Restore is rewriting the store: a variable created now would be in
-     * it but not among the restored ones. */
-    if (s->restoring) {
-        pthread_rwlock_unlock(&s->table_lock);
-        shard_var_free(v);
-        ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "variable '%s': psd is restoring a "
-                    "checkpoint; create it again once that is done", name);
         goto out;
     }
     create_insert(s, call, v, pos);

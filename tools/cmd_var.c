@@ -1,6 +1,6 @@
 /*
- * cmd_var.c - the commands about variables: list (all of them), show, pull
- * and create (one). See psctl.h.
+ * cmd_var.c - the commands about variables: list (all of them), show, pull,
+ * create and delete (one). See psctl.h.
  */
 #include "tools/psctl.h"
 
@@ -700,5 +700,41 @@ int cmd_create(const struct command *self, int argc, char **argv)
     session_close(&s);
 out:
     ps_conf_free(create_opts, &cfg);
+    return rc;
+}
+
+/* ---- delete ----------------------------------------------------------- */
+
+static void print_deleted(const char *name, const Ps__V1__DeleteVariableResponse *r)
+{
+    char human[32];
+    printf("deleted %s (version %" PRIu64 ", %s freed)\n", name, r->version,
+           human_bytes(r->bytes, human, sizeof human));
+}
+
+/* delete: removes one variable from the server, its store included, for
+ * good (an operator's command: checkpoints taken before still hold it). */
+int cmd_delete(const struct command *self, int argc, char **argv)
+{
+    struct conn_only_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    struct session s;
+    char *name;
+    int rc = server_command(self, conn_opts, &cfg, &cfg.conn, argc, argv,
+                            "NAME", 1, 1, &name, &s);
+    if (rc >= 0)
+        goto out;
+    Ps__V1__DeleteVariableRequest req = PS__V1__DELETE_VARIABLE_REQUEST__INIT;
+    req.name = name;
+    void *resp;
+    rc = session_call(&s, PS_METHOD("DeleteVariable"), &req,
+                      &ps__v1__delete_variable_response__descriptor, &resp);
+    if (rc == 0) {
+        print_deleted(name, resp);
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    session_close(&s);
+out:
+    ps_conf_free(conn_opts, &cfg);
     return rc;
 }

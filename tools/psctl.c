@@ -9,10 +9,10 @@
  * it can parse its own options with ps_conf_load and a table of its own, and
  * returns the process exit status.
  *
- * The commands that talk to a psd (list, show, pull, create, checkpoint,
- * restore, stats, health) take --server HOST:PORT and --timeout either
- * before the command (psctl's own options) or among the command's options;
- * the command's own wins. --server defaults to $PSD_ADDR, else
+ * The commands that talk to a psd (list, show, pull, create, delete,
+ * checkpoint, restore, stats, health) take --server HOST:PORT and --timeout
+ * either before the command (psctl's own options) or among the command's
+ * options; the command's own wins. --server defaults to $PSD_ADDR, else
  * 127.0.0.1:7070. Before its real call, a command asks grpc.health.v1 with a
  * deadline of at most PROBE_MS, so that an address where nothing answers is
  * reported in seconds as "cannot reach psd at ..." and not after --timeout.
@@ -55,6 +55,8 @@ static const struct command commands[] = {
      cmd_pull},
     {"create", "NAME --shape DIMS",
      "create a variable (idempotent for an identical spec)", cmd_create},
+    {"delete", "NAME",
+     "delete a variable for good, from memory and the store", cmd_delete},
     {"checkpoint", "",
      "checkpoint every variable on the server; prints path, step and bytes",
      NULL, &checkpoint_call},

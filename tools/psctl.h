@@ -8,7 +8,8 @@
  *   session.c      connecting to psd or pscoord, the first probe, calls and
  *                  how their failures are reported
  *   format.c       bytes, durations, shapes, optimizer and consistency labels
- *   cmd_var.c      list, show, pull, create (one variable or all of them)
+ *   cmd_var.c      list, show, pull, create, delete (one variable or all of
+ *                  them)
  *   cmd_server.c   checkpoint, restore, stats, health (the server as a whole)
  *   cmd_cluster.c  cluster validate, status (the job)
  *   cmd_top.c      top (a live view of the job)
@@ -60,6 +61,7 @@ extern const struct one_call list_call, checkpoint_call, restore_call,
 int cmd_show(const struct command *self, int argc, char **argv);
 int cmd_pull(const struct command *self, int argc, char **argv);
 int cmd_create(const struct command *self, int argc, char **argv);
+int cmd_delete(const struct command *self, int argc, char **argv);
 int cmd_health(const struct command *self, int argc, char **argv);
 int cmd_cluster_validate(const struct command *self, int argc, char **argv);
 int cmd_status(const struct command *self, int argc, char **argv);

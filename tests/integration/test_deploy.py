@@ -47,7 +47,8 @@ def main():
                         "validate", spec], capture_output=True, text=True, timeout=30)
     r.check(p.returncode == 0, "the compose cluster spec validates (%s)"
             % (p.stderr.strip() or p.stdout.strip().splitlines()[0]))
-    for unit in sorted(os.listdir(os.path.join(DEPLOY, "systemd"))):
+    for unit in sorted(u for u in os.listdir(os.path.join(DEPLOY, "systemd"))
+                       if u.endswith(".service")):
         cp = configparser.ConfigParser(strict=False, interpolation=None)
         cp.read(os.path.join(DEPLOY, "systemd", unit))
         ok = cp.has_section("Unit") and cp.has_section("Service") and cp.has_section("Install")

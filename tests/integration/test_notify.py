@@ -402,7 +402,7 @@ def test_units(root):
     os.mkdir(out)
     bins = {"psd": PSD, "pscoord": PSCOORD, "workerd": WORKERD}
     paths = []
-    for name in sorted(os.listdir(units)):
+    for name in sorted(n for n in os.listdir(units) if n.endswith(".service")):
         text = open(os.path.join(units, name)).read()
         for b, path in bins.items():
             text = text.replace("/usr/local/bin/%s " % b, path + " ")

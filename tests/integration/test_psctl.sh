@@ -1,6 +1,6 @@
 #!/bin/bash
 # psctl against a real psd: every operator command (create, list, show, pull,
-# checkpoint, restore, stats, health) on a fresh server started on
+# checkpoint, restore, delete, stats, health) on a fresh server started on
 # 127.0.0.1:0 with a temporary data directory, then the failures an operator
 # meets (unknown variable, unreachable server, bad flags, unknown command,
 # missing argument), each of which must exit with its status and print
@@ -213,6 +213,21 @@ else
     fail restore-list "after restore, want w and no 'later': $(cat "$tmp/out" "$tmp/err")"
 fi
 expect_ok restore-step 'restored step 7: 3 variables' "${ctl[@]}" restore --step 7
+
+# delete: gone from the list, its bytes named; a second delete is NOT_FOUND.
+expect_ok create-doomed 'created doomed' "${ctl[@]}" create doomed --shape 5 \
+    --optimizer adam
+expect_ok delete 'deleted doomed (version 0, 60 B freed)' "${ctl[@]}" delete doomed
+run "${ctl[@]}" list
+if [ "$rc" -eq 0 ] && ! grep -q '^doomed ' "$tmp/out" && grep -q '^w ' "$tmp/out"; then
+    ok delete-list
+else
+    fail delete-list "after delete, want w and no 'doomed': $(cat "$tmp/out" "$tmp/err")"
+fi
+expect_err delete-again 1 \
+    "psctl: delete: NOT_FOUND: DeleteVariable: variable 'doomed' does not exist" \
+    "${ctl[@]}" delete doomed
+expect_err delete-missing-name 2 'psctl: delete: missing NAME' "${ctl[@]}" delete
 
 run "${ctl[@]}" stats
 if [ "$rc" -ne 0 ]; then

@@ -300,6 +300,41 @@ START_TEST(test_del)
 }
 END_TEST
 
+/* DeleteVariable's promise: a deleted variable stays deleted across a
+ * reopen (a psd restart), and the space it took is reused: "y" fits in a
+ * map that "x" filled only once "x" is deleted (LMDB reuses the pages a
+ * commit freed from the second commit after it on, as psd's next flushes
+ * are: "z" stands for one). */
+START_TEST(test_del_persists_and_frees)
+{
+    struct var v[3];
+    /* Each 2.5 MiB, in a 4 MiB map: one fits, not both. */
+    psd_store *s = open_rw(4 << 20);
+    vars_make(v, 3, (const struct var_spec[]){{"x", 640 << 10, 0, 1.0f},
+                                              {"y", 640 << 10, 0, 2.0f},
+                                              {"z", 10, 0, 3.0f}});
+    commit_vars(s, v, 1);
+    psd_store_txn *t = begin(s);
+    psd_var_rec r = var_rec(&v[1]);
+    ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
+    psd_store_abort(t);
+
+    t = begin(s);
+    ck_assert_int_eq(psd_store_del(t, "x"), 0);
+    ck_assert_int_eq(psd_store_commit(t), 0);
+    psd_store_close(s);
+
+    s = open_rw(4 << 20);
+    ck_assert_int_eq(count_vars(s), 0);
+    struct expect e = {v, 1, 0};
+    ck_assert_int_eq(psd_store_get(s, "x", visit_expect, &e), PS_ENOTFOUND);
+    commit_vars(s, &v[2], 1);
+    commit_vars(s, &v[1], 1);
+    load_expect(s, &v[1], 2);
+    close_with(s, v, 3);
+}
+END_TEST
+
 START_TEST(test_clear)
 {
     struct var v[3];
@@ -771,7 +806,7 @@ static const struct pscheck_opts fx = {setup, pscheck_tmp_teardown, 0};
 PSCHECK_MAIN("store",
     {"psd_store_put", {test_put_commit_load_roundtrip, test_put_replace, test_put_invalid},
      &fx},
-    {"psd_store_del", {test_del}, &fx},
+    {"psd_store_del", {test_del, test_del_persists_and_frees}, &fx},
     {"psd_store_clear", {test_clear}, &fx},
     {"psd_store_abort", {test_abort_leaves_nothing}, &fx},
     {"psd_store_load", {test_load_sorted_by_name, test_load_visitor_stops, test_corrupt_magic,
