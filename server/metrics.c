@@ -67,7 +67,8 @@ static void calls(ps_metrics *m, psd_shard *s, const ps_rpc_server *srv)
     ps_metrics_counter(m, "psd_stale_pushes_total", "Sync pushes refused for a "
                        "step already applied.", (double)load(&s->stale));
     ps_metrics_counter(m, "psd_nonfinite_pushes_total", "Pushes refused for a "
-                       "gradient holding NaN or Inf.", (double)load(&s->nonfinite));
+                       "gradient holding NaN or Inf, or an update that would "
+                       "make a value or slot non-finite.", (double)load(&s->nonfinite));
 }
 
 static void latencies(ps_metrics *m, psd_shard *s)
