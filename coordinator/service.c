@@ -67,9 +67,10 @@ static void role_in(Ps__V1__Role pb, int *role, int *sent)
 }
 
 static struct coord_task_ref task_ref_in(const char *job_id, Ps__V1__Role role,
-                                         uint32_t index)
+                                         uint32_t index, const char *secret)
 {
-    struct coord_task_ref ref = {.job_id = job_id, .index = index};
+    struct coord_task_ref ref = {.job_id = job_id, .index = index,
+                                 .secret = secret};
     role_in(role, &ref.role, &ref.role_sent);
     return ref;
 }
@@ -262,7 +263,8 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
     struct coord_register_req in = {.job_id = r->job_id,
                                     .index = r->index,
                                     .address = r->address,
-                                    .empty = r->empty};
+                                    .empty = r->empty,
+                                    .secret = r->task_secret};
     role_in(r->role, &in.role, &in.role_sent);
     struct coord_register_resp out;
     struct coord_ps_call restore;
@@ -277,6 +279,7 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
         resp.index = (uint32_t)out.index;
         resp.incarnation = out.incarnation;
         resp.heartbeat_interval_ms = out.heartbeat_interval_ms;
+        resp.task_secret = out.secret;
         /* NULL when out of memory: registered all the same; the task
          * fetches the cluster later. */
         resp.cluster = out.cluster != NULL ? cluster_pb(out.cluster) : NULL;
@@ -293,7 +296,7 @@ static void on_heartbeat(coord_service *s, ps_rpc_call *call, const void *req)
 {
     const Ps__V1__HeartbeatRequest *r = req;
     struct coord_heartbeat_req in = {
-        .from = task_ref_in(r->job_id, r->role, r->index),
+        .from = task_ref_in(r->job_id, r->role, r->index, r->task_secret),
         .incarnation = r->incarnation, .step = r->step,
         .examples_per_second = r->examples_per_second, .loss = r->loss};
     Ps__V1__HeartbeatResponse resp = PS__V1__HEARTBEAT_RESPONSE__INIT;
@@ -400,7 +403,8 @@ static void on_report_metrics(coord_service *s, ps_rpc_call *call,
 {
     const Ps__V1__ReportMetricsRequest *r = req;
     struct coord_metrics_req in = {
-        .from = task_ref_in(r->job_id, r->role, r->index), .step = r->step,
+        .from = task_ref_in(r->job_id, r->role, r->index, r->task_secret),
+        .step = r->step,
         .loss = r->loss, .accuracy = r->accuracy};
     struct coord_status st;
     if (coord_report_metrics(s->c, &in, &st) != 0) {

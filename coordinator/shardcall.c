@@ -94,3 +94,18 @@ int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
                    &ps__v1__restore_response__descriptor, read_restore, &a,
                    deadline_ms, st);
 }
+
+static void read_stats(const void *resp, void *out)
+{
+    const Ps__V1__StatsResponse *r = resp;
+    *(uint64_t *)out = r->variables;
+}
+
+int coord_call_stats(const char *addr, int deadline_ms, uint64_t *variables,
+                     ps_rpc_status *st)
+{
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    return ps_call(addr, PS_METHOD("Stats"), &req,
+                   &ps__v1__stats_response__descriptor, read_stats, variables,
+                   deadline_ms, st);
+}

@@ -223,7 +223,8 @@ def register_worker(address, step):
         timeout=5)
     s.Heartbeat(pb.HeartbeatRequest(
         job_id="notify", role=pb.WORKER, index=0,
-        incarnation=reg.incarnation, step=step), timeout=5)
+        incarnation=reg.incarnation, step=step, task_secret=reg.task_secret),
+        timeout=5)
     ch.close()
 
 
