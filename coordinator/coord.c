@@ -108,7 +108,8 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
                                   .index = index,
                                   .address = addr,
                                   .state = CT_NEVER_SEEN,
-                                  .heard_ms = -1};
+                                  .heard_ms = -1,
+                                  .registered_ms = -1};
     return &c->tasks[at];
 }
 

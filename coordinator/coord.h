@@ -19,7 +19,9 @@
  * PERMISSION_DENIED. An address proves nothing (GetCluster publishes them
  * all). A restarted process has lost its secret: it gets its slot once the
  * holder has missed heartbeats for the timeout (ps_coord_join retries that
- * long), and with it a new secret. The secrets are kept in state.json (mode
+ * long), and with it a new secret; a restarted ps at once, once its own
+ * Stats shows it started after the holder registered (probe_incarnation
+ * below). The secrets are kept in state.json (mode
  * 0600) so that a restarted coordinator still knows its running tasks.
  *
  * Steps. A reported step more than COORD_STEP_AHEAD_MAX past the global step
@@ -139,6 +141,10 @@ struct coord_register_req {
     const char *address;  /* host:port it serves on; "" = none */
     bool empty;           /* a ps that holds no variables (restore it) */
     const char *secret;   /* the task secret it was given; NULL or "" */
+    /* The edge's finding (see probe_incarnation below): the ps serving the
+     * holder's address started after incarnation holder_gone of the slot
+     * registered, so that holder's process is gone. 0: none. */
+    uint64_t holder_gone;
 };
 
 /* A task as clients see it. */
@@ -177,6 +183,17 @@ struct coord_register_resp {
     uint64_t incarnation;
     uint32_t heartbeat_interval_ms;
     char secret[COORD_SECRET_HEX + 1]; /* the task's secret */
+    /* Set on a refusal only: a ps registered without a secret from the
+     * address of the live ps holding its slot, incarnation
+     * probe_incarnation, registered probe_age_ms ago. A process that
+     * started since then answers at that address only if the holder's
+     * process is gone (one process binds a port): the edge asks the
+     * address's Stats, and if its uptime is shorter, registers again with
+     * holder_gone = probe_incarnation. So a restarted psd (its secret lost)
+     * takes its slot back at once, and an impostor, whose claim the live
+     * psd itself answers, never does. */
+    uint64_t probe_incarnation;
+    int64_t probe_age_ms;
     /* NULL when out of memory (registered all the same: the task fetches
      * the cluster later); free with coord_cluster_free. */
     struct coord_cluster *cluster;

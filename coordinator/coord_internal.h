@@ -38,6 +38,7 @@ struct ctask {
     uint32_t sync_told;     /* ps: the sync count it has (0 = not told) */
     bool warned;            /* static: "has not registered" logged */
     char secret[COORD_SECRET_HEX + 1]; /* hex; "" = none issued */
+    int64_t registered_ms;  /* ps_now_ms() of its registration; -1 unknown */
 };
 
 struct ckpt_rec {

@@ -224,13 +224,15 @@ static void *restore_main(void *arg)
     int backoff = 200;
     bool told = false;
     while (coord_restore_wanted(s->c, k)) {
-        uint64_t restored = 0, variables = 0, held = 0;
+        uint64_t restored = 0, variables = 0;
+        struct coord_stats_answer now = {0};
         ps_rpc_status st;
         /* "empty" is the registration's word; the shard's own answer
          * decides, so that a registration in a live shard's name cannot
          * roll its variables back. */
         int rc = coord_call_stats(k->address, s->o.restore_deadline_ms,
-                                  &held, &st);
+                                  &now, &st);
+        uint64_t held = now.variables;
         if (rc == 0 && held > 0) {
             char detail[200];
             snprintf(detail, sizeof detail, "not restored: it registered "

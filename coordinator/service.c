@@ -4,6 +4,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "coordinator/shardcall.h"
 #include "proto/ps.pb-c.h"
 
 #include <errno.h>
@@ -257,6 +258,25 @@ static void refused(ps_rpc_call *call, const struct coord_status *st)
     ps_rpc_fail(call, (enum ps_rpc_code)st->code, "%s", st->msg);
 }
 
+/* A ps registered without its secret from the address of the live ps that
+ * holds its slot (coord.h, probe_incarnation): whether the process that
+ * answers Stats there started after the holder registered. Its uptime is
+ * measured after the holder's age was, so an answer from the holder itself
+ * is always the longer. A process of the same user on that host with
+ * SO_REUSEPORT could answer in its place; that user owns psd anyway. */
+static bool holder_gone(const struct coord_register_resp *out,
+                        const char *addr)
+{
+    if (out->probe_incarnation == 0 || addr == NULL || addr[0] == '\0')
+        return false;
+    struct coord_stats_answer a;
+    ps_rpc_status st;
+    if (coord_call_stats(addr, 1000, &a, &st) != 0)
+        return false;
+    return a.uptime_seconds >= 0 &&
+           a.uptime_seconds * 1000.0 < (double)out->probe_age_ms;
+}
+
 static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
 {
     const Ps__V1__RegisterRequest *r = req;
@@ -270,8 +290,15 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
     struct coord_ps_call restore;
     struct coord_status st;
     bool want_restore = false;
-    if (coord_register(s->c, &in, ps_rpc_call_peer(call), &out, &restore,
-                       &want_restore, &st) != 0) {
+    const char *peer = ps_rpc_call_peer(call);
+    int rc = coord_register(s->c, &in, peer, &out, &restore, &want_restore,
+                            &st);
+    if (rc != 0 && holder_gone(&out, in.address)) {
+        in.holder_gone = out.probe_incarnation;
+        rc = coord_register(s->c, &in, peer, &out, &restore, &want_restore,
+                            &st);
+    }
+    if (rc != 0) {
         refused(call, &st);
     } else {
         Ps__V1__RegisterResponse resp = PS__V1__REGISTER_RESPONSE__INIT;

@@ -888,9 +888,26 @@ def test_identity():
                        "variable", 10) and version() == before,
             "identity: a ps that registers empty but holds variables is not "
             "restored (version %s)" % (version()[0],))
+
+    # A psd restarted at the same address has lost its secret, yet takes its
+    # slot back at once while the old holder still counts as alive: its own
+    # Stats shows a process started after the holder registered.
+    beat.add(PS, 0, q.incarnation)
+    time.sleep(0.3)
+    d.kill()
+    d2 = start_psd(pstest.tmpdir(), "--checkpoint-root", root, "--listen", addr)
+    held = task(c.cluster(), PS, 0).alive
+    t0 = time.monotonic()
+    n = reg(s, "id", PS, 0, addr, empty=True, secret="")
+    r.check(held and n.incarnation == q.incarnation + 1 and
+            n.task_secret not in ("", q.task_secret) and time.monotonic() - t0 < 2,
+            "identity: a psd restarted at the holder's address takes the live "
+            "slot back at once, with a new secret (incarnation %d)" % n.incarnation)
+    r.check(c.wait_log("restored ps[0] at %s from job checkpoint 10" % addr, 20),
+            "identity: ... and, empty, is restored from the job checkpoint")
     beat.stop()
     c.stop()
-    d.stop()
+    d2.stop()
 
 
 def test_psctl_errors():
