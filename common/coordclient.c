@@ -18,6 +18,7 @@ struct ps_coord {
     ps_rpc_client *rpc;
     int index;
     uint64_t incarnation;
+    char secret[64];    /* the coordinator's task secret; "" before */
     uint32_t interval_ms;
     pthread_t th;
     pthread_mutex_t mu;
@@ -50,6 +51,11 @@ static int do_register(ps_coord *c, int index, ps_rpc_status *st)
     req.index = index;
     req.address = c->address;
     req.empty = c->o.is_empty != NULL ? c->o.is_empty(c->o.ctx) : c->o.empty;
+    pthread_mutex_lock(&c->mu);
+    char secret[sizeof c->secret];
+    memcpy(secret, c->secret, sizeof secret);
+    pthread_mutex_unlock(&c->mu);
+    req.task_secret = secret;
     void *resp = NULL;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/RegisterTask", &req,
                               &ps__v1__register_response__descriptor, &resp,
@@ -57,9 +63,13 @@ static int do_register(ps_coord *c, int index, ps_rpc_status *st)
     if (rc != 0)
         return rc;
     Ps__V1__RegisterResponse *r = resp;
+    pthread_mutex_lock(&c->mu);
     c->index = (int)r->index;
     c->incarnation = r->incarnation;
     c->interval_ms = r->heartbeat_interval_ms ? r->heartbeat_interval_ms : 500;
+    snprintf(c->secret, sizeof c->secret, "%s",
+             r->task_secret != NULL ? r->task_secret : "");
+    pthread_mutex_unlock(&c->mu);
     ps__v1__register_response__free_unpacked(r, NULL);
     return 0;
 }
@@ -81,6 +91,9 @@ static void *heartbeat_main(void *arg)
         req.step = c->step;
         req.examples_per_second = c->exps;
         req.loss = c->loss;
+        char secret[sizeof c->secret];
+        memcpy(secret, c->secret, sizeof secret);
+        req.task_secret = secret;
         pthread_mutex_unlock(&c->mu);
 
         void *resp = NULL;
@@ -146,8 +159,12 @@ int ps_coord_join(const ps_coord_opts *o, ps_coord **out, int *index_out,
         rc = do_register(c, o->index, &st);
         if (rc == 0)
             break;
+        /* PERMISSION_DENIED: the slot's holder is this task's previous
+         * process, whose secret died with it; the slot is free once that
+         * one has missed heartbeats for the coordinator's timeout. */
         bool retry = st.code == PS_RPC_UNAVAILABLE || st.code == PS_RPC_DEADLINE_EXCEEDED ||
-                     st.code == PS_RPC_ALREADY_EXISTS;
+                     st.code == PS_RPC_ALREADY_EXISTS ||
+                     st.code == PS_RPC_PERMISSION_DENIED;
         if (!retry || ps_now_ms() >= until) {
             snprintf(err, errlen, "coordinator %s refused %s[%d]: %s: %s",
                      o->coordinator, role_name(o->role), o->index,
@@ -206,6 +223,11 @@ int ps_coord_metrics(ps_coord *c, uint64_t step, double loss, double accuracy)
     req.step = step;
     req.loss = loss;
     req.accuracy = accuracy;
+    pthread_mutex_lock(&c->mu);
+    char secret[sizeof c->secret];
+    memcpy(secret, c->secret, sizeof secret);
+    pthread_mutex_unlock(&c->mu);
+    req.task_secret = secret;
     void *resp = NULL;
     ps_rpc_status st;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/ReportMetrics", &req,

@@ -7,6 +7,13 @@
  * a coordinator that restarted and lost track of the task answers
  * REREGISTER, and the thread registers again with the same role and index.
  *
+ * The coordinator's answer to the first registration carries a task secret,
+ * kept here in memory only and sent with every heartbeat, metrics report and
+ * re-registration. A restarted process has lost it: its registration is
+ * refused (PERMISSION_DENIED or ALREADY_EXISTS) until its previous process
+ * has missed heartbeats for the coordinator's timeout, and ps_coord_join
+ * retries that long within register_budget_ms.
+ *
  * Threads and lifetime: ps_coord_join registers on the calling thread and
  * starts the heartbeat thread; ps_coord_report may be called from any
  * thread; ps_coord_leave stops the thread and frees.
@@ -39,8 +46,9 @@ typedef struct ps_coord_opts {
     void *ctx;
 } ps_coord_opts;
 
-/* Registers (retrying UNAVAILABLE, and ALREADY_EXISTS while an old
- * incarnation of this task times out, within register_budget_ms) and starts
+/* Registers (retrying UNAVAILABLE, and ALREADY_EXISTS or PERMISSION_DENIED
+ * while an old incarnation of this task times out, within
+ * register_budget_ms) and starts
  * heartbeats. On success *index_out (may be NULL) is the assigned index.
  * Returns 0, or PS_ERPC with one line in err (the coordinator's refusal). */
 int ps_coord_join(const ps_coord_opts *o, ps_coord **out, int *index_out,

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 const char *coord_role_label(int role)
@@ -107,7 +108,8 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
                                   .index = index,
                                   .address = addr,
                                   .state = CT_NEVER_SEEN,
-                                  .heard_ms = -1};
+                                  .heard_ms = -1,
+                                  .registered_ms = -1};
     return &c->tasks[at];
 }
 
@@ -371,6 +373,36 @@ void coord_cluster_free(struct coord_cluster *s)
     free(s);
 }
 
+/* ---- task secrets ------------------------------------------------------ */
+
+bool coord_secret_ok(const struct ctask *t, const char *given)
+{
+    if (t->secret[0] == '\0' || given == NULL ||
+        strlen(given) != COORD_SECRET_HEX)
+        return false;
+    unsigned char diff = 0;
+    for (int i = 0; i < COORD_SECRET_HEX; i++)
+        diff |= (unsigned char)(t->secret[i] ^ given[i]);
+    return diff == 0;
+}
+
+int coord_secret_new(struct ctask *t)
+{
+    unsigned char raw[COORD_SECRET_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(t->secret + 2 * i, 3, "%02x", raw[i]);
+    return 0;
+}
+
 /* ---- Heartbeat, ReportMetrics ------------------------------------------ */
 
 int coord_check_job(coord *c, const char *job_id, const char *what,
@@ -404,6 +436,32 @@ static int check_task_report(coord *c, const char *verb,
     if (!isfinite(a) || !isfinite(b))
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
                             "%s must be finite", finite_names);
+    return 0;
+}
+
+/* The checks of a heartbeat or a metrics report from a task the coordinator
+ * knows: its secret, and a step not far past the global step (which drives
+ * the checkpoint schedule; see COORD_STEP_AHEAD_MAX). Called with c->mu
+ * held. */
+static int check_reporter_locked(coord *c, const struct ctask *t,
+                                 const char *what, const char *secret,
+                                 uint64_t step, struct coord_status *st)
+{
+    const char *rn = ps_role_name(t->role);
+    if (secret == NULL || secret[0] == '\0')
+        return coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                            "no task_secret: send the one %s[%d]'s "
+                            "RegisterTask answered with", rn, t->index);
+    if (!coord_secret_ok(t, secret))
+        return coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                            "the task_secret sent is not %s[%d]'s (it is "
+                            "the one its RegisterTask answered with)", rn,
+                            t->index);
+    uint64_t g = c->global_step;
+    if (step > g && step - g > COORD_STEP_AHEAD_MAX)
+        return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
+                            "step %" PRIu64 " is more than 2^40 past the "
+                            "job's global step %" PRIu64, step, g);
     return 0;
 }
 
@@ -453,6 +511,12 @@ int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
     pthread_mutex_lock(&c->mu);
     struct ctask *t = coord_find_locked(c, (enum ps_role)req->from.role,
                                         (int)req->from.index);
+    if (t != NULL && t->incarnation != 0 &&
+        (rc = check_reporter_locked(c, t, what, req->from.secret, req->step,
+                                    st)) != 0) {
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
     if (t == NULL || t->incarnation == 0 ||
         t->incarnation != req->incarnation) {
         ps_log_info("%s: incarnation %" PRIu64 " is not the registered one "
@@ -479,8 +543,19 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
     pthread_mutex_lock(&c->mu);
     enum ps_role role = (enum ps_role)req->from.role;
     struct ctask *t = coord_find_locked(c, role, (int)req->from.index);
-    if (t != NULL)
-        t->loss = req->loss;
+    if (t == NULL || t->incarnation == 0)
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "%s[%u] has not registered; register first and "
+                          "send the task_secret RegisterTask answers with",
+                          ps_role_name(role), req->from.index);
+    else
+        rc = check_reporter_locked(c, t, what, req->from.secret, req->step,
+                                   st);
+    if (rc != 0) {
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    t->loss = req->loss;
     if (role == PS_ROLE_EVALUATOR) {
         c->has_eval = true;
         c->eval_accuracy = req->accuracy;

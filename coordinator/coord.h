@@ -9,8 +9,25 @@
  * incarnation, and one the coordinator does not know (a task it forgot, or
  * an older process of a re-registered task) is answered REREGISTER. A task
  * not heard from for the heartbeat timeout is dead; a dead task's slot is
- * free for the next registration. A live task's slot is refused to anyone
- * else, except to a registration from the holder's own address (a restart).
+ * free for the next registration.
+ *
+ * Identity. Each registration that takes a free slot is given a task
+ * secret: 128 random bits (COORD_SECRET_HEX hex digits) from getrandom.
+ * Heartbeats and metrics reports must carry it, and a slot held by a live
+ * task (or one not heard from since a coordinator restart) goes only to a
+ * registration that presents it; a missing or wrong secret is
+ * PERMISSION_DENIED. An address proves nothing (GetCluster publishes them
+ * all). A restarted process has lost its secret: it gets its slot once the
+ * holder has missed heartbeats for the timeout (ps_coord_join retries that
+ * long), and with it a new secret; a restarted ps at once, once its own
+ * Stats shows it started after the holder registered (probe_incarnation
+ * below). The secrets are kept in state.json (mode
+ * 0600) so that a restarted coordinator still knows its running tasks.
+ *
+ * Steps. A reported step more than COORD_STEP_AHEAD_MAX past the global step
+ * is refused (INVALID_ARGUMENT) and moves nothing: the global step drives the
+ * checkpoint schedule, and psd itself refuses a checkpoint step that far
+ * past its variables' versions.
  *
  * The epoch rises whenever membership (registered, dead, alive again),
  * placement or the latest checkpoint changes; watchers wait on it.
@@ -54,6 +71,13 @@
 #include <stdint.h>
 
 typedef struct coord coord;
+
+/* A task secret in hex: 128 bits. */
+#define COORD_SECRET_HEX 32
+/* How far past the global step a reported step may be: psd's own Checkpoint
+ * bound (2^40 past its versions). No honest worker jumps that far (2^40 steps
+ * are 127 days at 10^5 steps/s), yet 2^63-1 is refused. */
+#define COORD_STEP_AHEAD_MAX (UINT64_C(1) << 40)
 
 struct coord_opts {
     const char *job_id;           /* required */
@@ -116,6 +140,11 @@ struct coord_register_req {
     int index;            /* -1: the coordinator picks */
     const char *address;  /* host:port it serves on; "" = none */
     bool empty;           /* a ps that holds no variables (restore it) */
+    const char *secret;   /* the task secret it was given; NULL or "" */
+    /* The edge's finding (see probe_incarnation below): the ps serving the
+     * holder's address started after incarnation holder_gone of the slot
+     * registered, so that holder's process is gone. 0: none. */
+    uint64_t holder_gone;
 };
 
 /* A task as clients see it. */
@@ -153,6 +182,18 @@ struct coord_register_resp {
     int index;
     uint64_t incarnation;
     uint32_t heartbeat_interval_ms;
+    char secret[COORD_SECRET_HEX + 1]; /* the task's secret */
+    /* Set on a refusal only: a ps registered without a secret from the
+     * address of the live ps holding its slot, incarnation
+     * probe_incarnation, registered probe_age_ms ago. A process that
+     * started since then answers at that address only if the holder's
+     * process is gone (one process binds a port): the edge asks the
+     * address's Stats, and if its uptime is shorter, registers again with
+     * holder_gone = probe_incarnation. So a restarted psd (its secret lost)
+     * takes its slot back at once, and an impostor, whose claim the live
+     * psd itself answers, never does. */
+    uint64_t probe_incarnation;
+    int64_t probe_age_ms;
     /* NULL when out of memory (registered all the same: the task fetches
      * the cluster later); free with coord_cluster_free. */
     struct coord_cluster *cluster;
@@ -164,6 +205,7 @@ struct coord_task_ref {
     int role;             /* enum ps_role or COORD_ROLE_BAD */
     int role_sent;        /* the role's number as sent, for a refusal */
     uint32_t index;
+    const char *secret;   /* the task secret; NULL or "" when none sent */
 };
 
 struct coord_heartbeat_req {

@@ -37,6 +37,8 @@ struct ctask {
     bool restoring;         /* ps: a restore is under way */
     uint32_t sync_told;     /* ps: the sync count it has (0 = not told) */
     bool warned;            /* static: "has not registered" logged */
+    char secret[COORD_SECRET_HEX + 1]; /* hex; "" = none issued */
+    int64_t registered_ms;  /* ps_now_ms() of its registration; -1 unknown */
 };
 
 struct ckpt_rec {
@@ -107,6 +109,11 @@ struct coord {
 };
 
 /* coord.c */
+/* Whether given (NULL or "" when none was sent) is t's secret, compared in
+ * constant time. False when t has none. */
+bool coord_secret_ok(const struct ctask *t, const char *given);
+/* Fills t->secret with 128 new random bits. Returns 0 or -errno. */
+int coord_secret_new(struct ctask *t);
 struct ctask *coord_find_locked(coord *c, enum ps_role role, int index);
 struct ctask *coord_add_locked(coord *c, enum ps_role role, int index);
 /* Records a task's address (a copy). Returns 0 or -ENOMEM. */

@@ -290,7 +290,8 @@ static int write_manifest_locked(const coord *c, uint64_t step,
                              (json_int_t)step, "created_unix",
                              (json_int_t)rec->created_unix, "shards", shards);
     char err[600];
-    int rc = root != NULL ? coord_json_write(rec->path, root, err, sizeof err)
+    int rc = root != NULL ? coord_json_write(rec->path, root, 0644, err,
+                                            sizeof err)
                           : -ENOMEM;
     json_decref(root);
     if (rc != 0) {

@@ -26,8 +26,8 @@ static int fsync_dir_of(const char *path)
     return rc;
 }
 
-int coord_json_write(const char *path, const json_t *root, char *err,
-                     size_t errlen)
+int coord_json_write(const char *path, const json_t *root, int mode,
+                     char *err, size_t errlen)
 {
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (text == NULL) {
@@ -41,11 +41,18 @@ int coord_json_write(const char *path, const json_t *root, char *err,
         free(text);
         return -ENAMETOOLONG;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                  (mode_t)mode);
     if (fd < 0) {
         rc = -errno;
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
+    }
+    /* A .tmp left by a crash keeps its old mode through O_TRUNC. */
+    if (fchmod(fd, (mode_t)mode) != 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: cannot chmod: %s", tmp, strerror(errno));
+        goto close;
     }
     size_t len = strlen(text), done = 0;
     while (done < len) {

@@ -15,10 +15,11 @@
 #include <jansson.h>
 #include <stddef.h>
 
-/* Writes root (indented) to path atomically. Returns 0, or -errno / -ENOMEM
- * with one line in err naming the file and the problem. */
-int coord_json_write(const char *path, const json_t *root, char *err,
-                     size_t errlen);
+/* Writes root (indented) to path atomically, the file with the given mode
+ * (0600 for one that holds secrets). Returns 0, or -errno / -ENOMEM with
+ * one line in err naming the file and the problem. */
+int coord_json_write(const char *path, const json_t *root, int mode,
+                     char *err, size_t errlen);
 
 /* Reads a JSON object from path into *out (the caller json_decref's it).
  * Returns 0; -ENOENT when the file does not exist (err says so); PS_EPARSE

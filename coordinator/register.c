@@ -208,31 +208,58 @@ static int pick_dynamic_locked(coord *c, struct claim *k,
 }
 
 /* Whether the slot's holder lets it go: a slot held by a live (or not yet
- * heard from) task goes only to that task restarting, which only an address
- * the registration gave proves. Sets *restart. */
+ * heard from) task goes only to that task registering again, which only
+ * the task secret it was given proves (an address is public: GetCluster
+ * shows them all), or, for a ps, to a new process at the holder's address
+ * once the edge has found the holder's process gone there (coord.h,
+ * probe_incarnation; sets *replaced). A registration that gives a secret,
+ * or the holder's address, claims to be the holder, and a wrong or missing
+ * secret is PERMISSION_DENIED; one from elsewhere without one is an
+ * ordinary competing claim (ALREADY_EXISTS). Sets *restart. */
 static int check_holder_locked(const struct claim *k, const struct ctask *t,
-                               int64_t now, bool *restart,
+                               int64_t now, bool *restart, bool *replaced,
+                               struct coord_register_resp *resp,
                                struct coord_status *st)
 {
-    *restart = false;
+    *restart = *replaced = false;
     if (t == NULL || (t->state != CT_ALIVE && t->state != CT_UNKNOWN))
         return 0;
-    *restart = k->given[0] != '\0' && strcmp(k->given, t->address) == 0;
+    const char *secret = k->req->secret != NULL ? k->req->secret : "";
+    *restart = coord_secret_ok(t, secret);
     if (*restart)
         return 0;
+    bool same_addr = k->given[0] != '\0' && strcmp(k->given, t->address) == 0;
+    if (k->role == PS_ROLE_PS && same_addr && secret[0] == '\0' &&
+        t->registered_ms >= 0) {
+        *replaced = k->req->holder_gone == t->incarnation;
+        if (*replaced)
+            return 0;
+        resp->probe_incarnation = t->incarnation;
+        resp->probe_age_ms = now - t->registered_ms;
+    }
     const char *rn = ps_role_name(k->role);
+    char held[160];
     if (t->state == CT_ALIVE)
+        snprintf(held, sizeof held, "held by a live task at %s, heard %.1f s "
+                 "ago", coord_addr_or_none(t->address), coord_age_s(t, now));
+    else
+        snprintf(held, sizeof held, "held by a task at %s that has not been "
+                 "heard from since the coordinator restarted; it is free if "
+                 "it stays silent for %.1f s more",
+                 coord_addr_or_none(t->address),
+                 (double)(t->grace_until_ms - now) / 1000.0);
+    bool claims_holder = secret[0] != '\0' || same_addr;
+    if (!claims_holder)
         return coord_refuse(st, PS_RPC_ALREADY_EXISTS, k->what,
-                            "%s[%d] is held by a live task at %s, heard "
-                            "%.1f s ago", rn, k->index,
-                            coord_addr_or_none(t->address),
-                            coord_age_s(t, now));
-    return coord_refuse(st, PS_RPC_ALREADY_EXISTS, k->what,
-                        "%s[%d] is held by a task at %s that has not been "
-                        "heard from since the coordinator restarted; it is "
-                        "free if it stays silent for %.1f s more", rn,
-                        k->index, coord_addr_or_none(t->address),
-                        (double)(t->grace_until_ms - now) / 1000.0);
+                            "%s[%d] is %s", rn, k->index, held);
+    return coord_refuse(st, PS_RPC_PERMISSION_DENIED, k->what,
+                        "%s[%d] is %s; registering it again needs the "
+                        "task_secret its registration was given, and %s "
+                        "(a restarted task gets the slot once the holder "
+                        "has missed heartbeats for the timeout)", rn,
+                        k->index, held,
+                        secret[0] == '\0' ? "none was sent"
+                                           : "the one sent is not it");
 }
 
 /* The slot becomes the registering task's: a new incarnation, alive now,
@@ -242,6 +269,7 @@ static void take_slot_locked(coord *c, struct ctask *t, int64_t now)
     t->incarnation++;
     t->state = CT_ALIVE;
     t->heard_ms = now;
+    t->registered_ms = now;
     t->restoring = false;
     t->sync_told = 0;
     t->examples_per_second = 0;
@@ -294,8 +322,9 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
         return rc;
     int64_t now = ps_now_ms();
     struct ctask *t = coord_find_locked(c, k->role, k->index);
-    bool restart;
-    if ((rc = check_holder_locked(k, t, now, &restart, st)) != 0)
+    bool restart, replaced;
+    if ((rc = check_holder_locked(k, t, now, &restart, &replaced, resp,
+                                  st)) != 0)
         return rc;
     if (t == NULL && (t = coord_add_locked(c, k->role, k->index)) == NULL)
         return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, k->what,
@@ -304,12 +333,19 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
         return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, k->what,
                             "out of memory");
     enum ctask_state was = t->state;
+    /* A new holder gets a new secret; the holder itself keeps its own. */
+    if (!restart && (rc = coord_secret_new(t)) != 0)
+        return coord_refuse(st, PS_RPC_INTERNAL, k->what,
+                            "no random bits for its task secret: %s",
+                            ps_strerror(rc));
     take_slot_locked(c, t, now);
     ps_log_info("registered %s[%d] at %s, incarnation %" PRIu64 " (%s%s)",
                 ps_role_name(k->role), k->index, coord_addr_or_none(k->addr),
                 t->incarnation,
-                restart ? "a restart: same address as the holder; "
-                        : was == CT_DEAD ? "was dead; " : "",
+                restart ? "the holder again, with its task secret; "
+                : replaced ? "a new process at the holder's address, "
+                             "started after the holder registered; "
+                : was == CT_DEAD ? "was dead; " : "",
                 peer != NULL ? peer : "?");
     if (k->role == PS_ROLE_PS && k->req->empty)
         plan_restore_locked(c, t, k->addr, restore, want_restore);
@@ -319,6 +355,7 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
     resp->index = k->index;
     resp->incarnation = t->incarnation;
     resp->heartbeat_interval_ms = (uint32_t)c->o.heartbeat_interval_ms;
+    memcpy(resp->secret, t->secret, sizeof resp->secret);
     resp->cluster = coord_snapshot_locked(c);
     return 0;
 }

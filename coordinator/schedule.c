@@ -225,9 +225,27 @@ static void *restore_main(void *arg)
     bool told = false;
     while (coord_restore_wanted(s->c, k)) {
         uint64_t restored = 0, variables = 0;
+        struct coord_stats_answer now = {0};
         ps_rpc_status st;
-        if (coord_call_restore(k->address, k->step, s->o.restore_deadline_ms,
-                               &restored, &variables, &st) == 0) {
+        /* "empty" is the registration's word; the shard's own answer
+         * decides, so that a registration in a live shard's name cannot
+         * roll its variables back. */
+        int rc = coord_call_stats(k->address, s->o.restore_deadline_ms,
+                                  &now, &st);
+        uint64_t held = now.variables;
+        if (rc == 0 && held > 0) {
+            char detail[200];
+            snprintf(detail, sizeof detail, "not restored: it registered "
+                     "empty, but its Stats answers %" PRIu64 " variable%s",
+                     held, held == 1 ? "" : "s");
+            coord_restore_done(s->c, k, false, 0, detail);
+            goto out;
+        }
+        if (rc == 0)
+            rc = coord_call_restore(k->address, k->step,
+                                    s->o.restore_deadline_ms, &restored,
+                                    &variables, &st);
+        if (rc == 0) {
             char detail[128];
             snprintf(detail, sizeof detail, "restored step %" PRIu64
                      ", %" PRIu64 " variables", restored, variables);

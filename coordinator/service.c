@@ -4,6 +4,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "coordinator/shardcall.h"
 #include "proto/ps.pb-c.h"
 
 #include <errno.h>
@@ -67,9 +68,10 @@ static void role_in(Ps__V1__Role pb, int *role, int *sent)
 }
 
 static struct coord_task_ref task_ref_in(const char *job_id, Ps__V1__Role role,
-                                         uint32_t index)
+                                         uint32_t index, const char *secret)
 {
-    struct coord_task_ref ref = {.job_id = job_id, .index = index};
+    struct coord_task_ref ref = {.job_id = job_id, .index = index,
+                                 .secret = secret};
     role_in(role, &ref.role, &ref.role_sent);
     return ref;
 }
@@ -256,20 +258,47 @@ static void refused(ps_rpc_call *call, const struct coord_status *st)
     ps_rpc_fail(call, (enum ps_rpc_code)st->code, "%s", st->msg);
 }
 
+/* A ps registered without its secret from the address of the live ps that
+ * holds its slot (coord.h, probe_incarnation): whether the process that
+ * answers Stats there started after the holder registered. Its uptime is
+ * measured after the holder's age was, so an answer from the holder itself
+ * is always the longer. A process of the same user on that host with
+ * SO_REUSEPORT could answer in its place; that user owns psd anyway. */
+static bool holder_gone(const struct coord_register_resp *out,
+                        const char *addr)
+{
+    if (out->probe_incarnation == 0 || addr == NULL || addr[0] == '\0')
+        return false;
+    struct coord_stats_answer a;
+    ps_rpc_status st;
+    if (coord_call_stats(addr, 1000, &a, &st) != 0)
+        return false;
+    return a.uptime_seconds >= 0 &&
+           a.uptime_seconds * 1000.0 < (double)out->probe_age_ms;
+}
+
 static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
 {
     const Ps__V1__RegisterRequest *r = req;
     struct coord_register_req in = {.job_id = r->job_id,
                                     .index = r->index,
                                     .address = r->address,
-                                    .empty = r->empty};
+                                    .empty = r->empty,
+                                    .secret = r->task_secret};
     role_in(r->role, &in.role, &in.role_sent);
     struct coord_register_resp out;
     struct coord_ps_call restore;
     struct coord_status st;
     bool want_restore = false;
-    if (coord_register(s->c, &in, ps_rpc_call_peer(call), &out, &restore,
-                       &want_restore, &st) != 0) {
+    const char *peer = ps_rpc_call_peer(call);
+    int rc = coord_register(s->c, &in, peer, &out, &restore, &want_restore,
+                            &st);
+    if (rc != 0 && holder_gone(&out, in.address)) {
+        in.holder_gone = out.probe_incarnation;
+        rc = coord_register(s->c, &in, peer, &out, &restore, &want_restore,
+                            &st);
+    }
+    if (rc != 0) {
         refused(call, &st);
     } else {
         Ps__V1__RegisterResponse resp = PS__V1__REGISTER_RESPONSE__INIT;
@@ -277,6 +306,7 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
         resp.index = (uint32_t)out.index;
         resp.incarnation = out.incarnation;
         resp.heartbeat_interval_ms = out.heartbeat_interval_ms;
+        resp.task_secret = out.secret;
         /* NULL when out of memory: registered all the same; the task
          * fetches the cluster later. */
         resp.cluster = out.cluster != NULL ? cluster_pb(out.cluster) : NULL;
@@ -293,7 +323,7 @@ static void on_heartbeat(coord_service *s, ps_rpc_call *call, const void *req)
 {
     const Ps__V1__HeartbeatRequest *r = req;
     struct coord_heartbeat_req in = {
-        .from = task_ref_in(r->job_id, r->role, r->index),
+        .from = task_ref_in(r->job_id, r->role, r->index, r->task_secret),
         .incarnation = r->incarnation, .step = r->step,
         .examples_per_second = r->examples_per_second, .loss = r->loss};
     Ps__V1__HeartbeatResponse resp = PS__V1__HEARTBEAT_RESPONSE__INIT;
@@ -400,7 +430,8 @@ static void on_report_metrics(coord_service *s, ps_rpc_call *call,
 {
     const Ps__V1__ReportMetricsRequest *r = req;
     struct coord_metrics_req in = {
-        .from = task_ref_in(r->job_id, r->role, r->index), .step = r->step,
+        .from = task_ref_in(r->job_id, r->role, r->index, r->task_secret),
+        .step = r->step,
         .loss = r->loss, .accuracy = r->accuracy};
     struct coord_status st;
     if (coord_report_metrics(s->c, &in, &st) != 0) {

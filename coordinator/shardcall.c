@@ -94,3 +94,20 @@ int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
                    &ps__v1__restore_response__descriptor, read_restore, &a,
                    deadline_ms, st);
 }
+
+static void read_stats(const void *resp, void *out)
+{
+    const Ps__V1__StatsResponse *r = resp;
+    struct coord_stats_answer *a = out;
+    a->variables = r->variables;
+    a->uptime_seconds = r->uptime_seconds;
+}
+
+int coord_call_stats(const char *addr, int deadline_ms,
+                     struct coord_stats_answer *out, ps_rpc_status *st)
+{
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    return ps_call(addr, PS_METHOD("Stats"), &req,
+                   &ps__v1__stats_response__descriptor, read_stats, out,
+                   deadline_ms, st);
+}

@@ -35,6 +35,16 @@ int coord_call_checkpoint(const char *addr, uint64_t step,
                           uint32_t keep_at_least, int deadline_ms,
                           struct coord_ckpt_answer *out, ps_rpc_status *st);
 
+/* What a shard answers to Stats, of what the coordinator asks. */
+struct coord_stats_answer {
+    uint64_t variables;    /* how many variables it holds */
+    double uptime_seconds; /* how long its process has run */
+};
+
+/* Stats. */
+int coord_call_stats(const char *addr, int deadline_ms,
+                     struct coord_stats_answer *out, ps_rpc_status *st);
+
 /* Restore(step): *restored is the step loaded, *variables how many. */
 int coord_call_restore(const char *addr, uint64_t step, int deadline_ms,
                        uint64_t *restored, uint64_t *variables,

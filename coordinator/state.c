@@ -6,7 +6,7 @@
  *   {"format": 1, "job_id": "mnist-42", "membership": "static",
  *    "saved_unix": 1767225600, "epoch": 12, "global_step": 1200,
  *    "tasks": [{"role": "ps", "index": 0, "address": "h3:2222",
- *               "incarnation": 2, "step": 0}, ...],
+ *               "incarnation": 2, "step": 0, "secret": "9f..."}, ...],
  *    "placement": {"num_ps": 2, "variables": [{"name": "w1",
  *                  "shape": [784, 128], "parts": [{"name": "w1/part0",
  *                  "shard": 0, "row_begin": 0, "row_end": 392}, ...]}]},
@@ -17,7 +17,10 @@
  *    "restores": [{"index": 1, "incarnation": 3, "step": 1000, "ok": true,
  *                  "detail": "...", "unix": ...}]}
  *
- * "placement" and "last_eval" are null until set. The checkpoint list is
+ * "secret" is the task's secret (coord.h): the file is written with mode
+ * 0600 so that only pscoord's user reads it. A task without one (a state
+ * file from before secrets) is refused until it has missed heartbeats and
+ * registers afresh. "placement" and "last_eval" are null until set. The checkpoint list is
  * written for people and tools; at start the manifests themselves are the
  * truth (jobckpt.c scans them).
  */
@@ -85,9 +88,10 @@ int coord_state_save_locked(coord *c)
     for (int i = 0; i < c->ntasks; i++) {
         const struct ctask *t = &c->tasks[i];
         json_array_append_new(tasks, json_pack(
-            "{s:s, s:i, s:s, s:I, s:I}", "role", ps_role_name(t->role),
+            "{s:s, s:i, s:s, s:I, s:I, s:s}", "role", ps_role_name(t->role),
             "index", t->index, "address", t->address, "incarnation",
-            (json_int_t)t->incarnation, "step", (json_int_t)t->step));
+            (json_int_t)t->incarnation, "step", (json_int_t)t->step,
+            "secret", t->secret));
     }
     for (int i = 0; i < c->nckpts; i++)
         json_array_append_new(ckpts, json_pack(
@@ -118,7 +122,7 @@ int coord_state_save_locked(coord *c)
         return -ENOMEM;
     }
     char err[600];
-    int rc = coord_json_write(c->state_path, root, err, sizeof err);
+    int rc = coord_json_write(c->state_path, root, 0600, err, sizeof err);
     json_decref(root);
     if (rc != 0)
         ps_log_error("cannot save the coordinator's state: %s", err);
@@ -159,7 +163,7 @@ int coord_summary_write_locked(coord *c)
     json_object_set_new(root, "placed_variables",
                         json_integer(c->placed ? c->placement.nvars : 0));
     char err[600];
-    int rc = coord_json_write(c->summary_path, root, err, sizeof err);
+    int rc = coord_json_write(c->summary_path, root, 0644, err, sizeof err);
     json_decref(root);
     if (rc != 0)
         ps_log_error("cannot write the training summary: %s", err);
@@ -278,6 +282,11 @@ static int load_tasks(coord *c, json_t *tasks, char *err, size_t errlen)
             free(t->address);
             t->address = a;
         }
+        json_t *sec = json_object_get(tj, "secret");
+        const char *sv = json_is_string(sec) ? json_string_value(sec) : "";
+        if (strlen(sv) != COORD_SECRET_HEX)
+            sv = "";
+        snprintf(t->secret, sizeof t->secret, "%s", sv);
         t->incarnation = inc;
         t->step = step;
         if (inc > 0) {

@@ -215,15 +215,20 @@ def coord_argv(state, spec):
             "--log-level", "error"]
 
 
+WORKER_SECRET = [""]  # the task secret worker[0] was given, kept as workerd does
+
+
 def register_worker(address, step):
     ch = pstest.channel(address)
     s = pbg.CoordinatorStub(ch)
     reg = s.RegisterTask(pb.RegisterRequest(
-        job_id="notify", role=pb.WORKER, index=0, address=WORKER_ADDR),
-        timeout=5)
+        job_id="notify", role=pb.WORKER, index=0, address=WORKER_ADDR,
+        task_secret=WORKER_SECRET[0]), timeout=5)
+    WORKER_SECRET[0] = reg.task_secret
     s.Heartbeat(pb.HeartbeatRequest(
         job_id="notify", role=pb.WORKER, index=0,
-        incarnation=reg.incarnation, step=step), timeout=5)
+        incarnation=reg.incarnation, step=step, task_secret=reg.task_secret),
+        timeout=5)
     ch.close()
 
 

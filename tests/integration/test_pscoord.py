@@ -19,6 +19,12 @@ temporary state and data directories:
              one only while the global step advances;
   restore    a psd started on a fresh data directory with the same
              --checkpoint-root registers empty and is restored;
+  identity   the task secret: a RegisterTask in a live psd's name (its
+             address, empty=true) without it or with a wrong one is refused
+             and the psd untouched; heartbeats and metrics without it or
+             with a wrong one are refused; a step of 2^63-1 is refused and
+             takes no checkpoint; a ps that registers empty but whose Stats
+             shows variables is not restored;
   restart    kill -9 and restart on the same state directory: tasks,
              placement and checkpoints are still there; a state directory of
              another job is refused;
@@ -123,16 +129,35 @@ def refused(fn, code, *words):
     return False, "accepted"
 
 
-def reg(stub, job, role, index=-1, address="", empty=False):
-    return stub.RegisterTask(pb.RegisterRequest(
-        job_id=job, role=role, index=index, address=address, empty=empty),
-        timeout=5)
+SECRETS = {}  # (job, role, index) -> the task secret its registration got
 
 
-def hb(stub, job, role, index, inc, step=0, eps=0.0, loss=0.0):
+def reg(stub, job, role, index=-1, address="", empty=False, secret=None):
+    """RegisterTask; by default with the secret of the slot named by an
+    explicit role and index, as the task itself would send it."""
+    if secret is None:
+        secret = SECRETS.get((job, role, index), "") if index >= 0 else ""
+    resp = stub.RegisterTask(pb.RegisterRequest(
+        job_id=job, role=role, index=index, address=address, empty=empty,
+        task_secret=secret), timeout=5)
+    SECRETS[(job, resp.role, resp.index)] = resp.task_secret
+    return resp
+
+
+def hb(stub, job, role, index, inc, step=0, eps=0.0, loss=0.0, secret=None):
+    if secret is None:
+        secret = SECRETS.get((job, role, index), "")
     return stub.Heartbeat(pb.HeartbeatRequest(
         job_id=job, role=role, index=index, incarnation=inc, step=step,
-        examples_per_second=eps, loss=loss), timeout=5)
+        examples_per_second=eps, loss=loss, task_secret=secret), timeout=5)
+
+
+def metrics(stub, job, role, index, step, loss, accuracy, secret=None):
+    if secret is None:
+        secret = SECRETS.get((job, role, index), "")
+    return stub.ReportMetrics(pb.ReportMetricsRequest(
+        job_id=job, role=role, index=index, step=step, loss=loss,
+        accuracy=accuracy, task_secret=secret), timeout=5)
 
 
 def task(state, role, index):
@@ -246,10 +271,16 @@ def test_static():
     ok, why = refused(lambda: reg(s, "jobA", W, 5), grpc.StatusCode.INVALID_ARGUMENT,
                       "worker[5]", "2 worker tasks")
     r.check(ok, "static: an index out of range is INVALID_ARGUMENT (%s)" % why)
-    ok, why = refused(lambda: reg(s, "jobA", W, 0, "127.0.0.1:9"),
+    ok, why = refused(lambda: reg(s, "jobA", W, 0, "127.0.0.1:9", secret=""),
                       grpc.StatusCode.ALREADY_EXISTS,
                       "worker[0] is held by a live task at %s, heard" % addrs["worker"][0])
     r.check(ok, "static: a second claim on a live task is ALREADY_EXISTS (%s)" % why)
+    ok, why = refused(lambda: reg(s, "jobA", W, 0, addrs["worker"][0], secret=""),
+                      grpc.StatusCode.PERMISSION_DENIED, "worker[0] is held by a live",
+                      "task_secret", "none was sent")
+    r.check(ok and SECRETS[("jobA", W, 0)] not in why,
+            "static: a claim from the holder's address without its secret is "
+            "PERMISSION_DENIED, the secret not echoed (%s)" % why)
     ok, why = refused(lambda: reg(s, "jobA", PS, 1, "127.0.0.1:1"),
                       grpc.StatusCode.INVALID_ARGUMENT, "ps[1]", "127.0.0.1:1",
                       addrs["ps"][1])
@@ -259,9 +290,10 @@ def test_static():
             "static: each refusal is logged (%d lines)" % log.count("refused: "))
 
     again = reg(s, "jobA", W, 0, addrs["worker"][0])
-    r.check(again.incarnation == 2 and again.index == 0,
-            "static: a registration from the holder's own address is a restart "
-            "(incarnation 2)")
+    r.check(again.incarnation == 2 and again.index == 0 and
+            again.task_secret == resp.task_secret and len(resp.task_secret) == 32,
+            "static: a registration with the holder's secret is a restart "
+            "(incarnation 2, the same 32-hex-digit secret)")
     d = hb(s, "jobA", W, 0, 1, step=3)
     r.check([x.kind for x in d.directives] == [pb.Directive.REREGISTER],
             "static: a heartbeat with the old incarnation is told REREGISTER")
@@ -299,7 +331,8 @@ def test_static():
     w1 = reg(s, "jobA", W, 1)
     r.check(w1.index == 1 and task(c.cluster(), W, 1).address == addrs["worker"][1],
             "static: a worker that gives no address is shown at the spec's")
-    ok, why = refused(lambda: reg(s, "jobA", W, 1), grpc.StatusCode.ALREADY_EXISTS,
+    ok, why = refused(lambda: reg(s, "jobA", W, 1, secret=""),
+                      grpc.StatusCode.ALREADY_EXISTS,
                       "worker[1] is held by a live task")
     r.check(ok, "static: ... and a second addressless claim on it is refused (%s)" % why)
     # worker[0] stops: dead after the 1 s timeout.
@@ -622,8 +655,7 @@ def test_job():
     e0 = msgs[0].epoch if msgs else 0
     ev = reg(s, "ck", EV)
     beat.add(EV, ev.index, ev.incarnation)
-    s.ReportMetrics(pb.ReportMetricsRequest(job_id="ck", role=EV, index=0, step=31,
-                                            loss=0.3, accuracy=0.875), timeout=5)
+    metrics(s, "ck", EV, 0, 31, 0.3, 0.875)
     got = wait_until(lambda: any(not isinstance(x, grpc.StatusCode) and x.epoch > e0
                                  for x in msgs), 5)
     r.check(msgs and got, "watch: the state comes at once (epoch %d) and again when "
@@ -680,13 +712,16 @@ def test_job():
             "restart: the last checkpoint, global step and evaluation are recovered")
     r.check(before["job_id"] == "ck" and len(before["tasks"]) == 4,
             "restart: state.json held the job and its 4 tasks")
+    mode = os.stat(os.path.join(state, "state.json")).st_mode & 0o777
+    r.check(mode == 0o600 and before["tasks"][0].get("secret"),
+            "restart: state.json keeps the task secrets, mode %o (0600)" % mode)
     again = s.Place(proposal(MODEL), timeout=5).placement
     r.check(placement_map(again) == m, "restart: Place answers the kept placement")
     # The beater still heartbeats with the old incarnations: accepted, alive.
     alive = wait_until(lambda: task(c.cluster(), W, 0).alive and task(c.cluster(), PS, 1).alive, 5)
     r.check(alive and not beat.reregister,
-            "restart: tasks heartbeating with their incarnation are alive again, "
-            "no REREGISTER")
+            "restart: tasks heartbeating with their incarnation and secret are "
+            "alive again, no REREGISTER")
     got = wait_until(lambda: manifests() == [31, 40], 10)
     r.check(got and c.cluster().last_checkpoint_step == 40,
             "restart: the round that failed at step 40 runs once both shards are "
@@ -759,6 +794,122 @@ def test_timed():
     d.stop()
 
 
+# ---- identity: the task secret, the shard's own word, bounded steps -----------
+
+def test_identity():
+    W, PS, EV = pb.WORKER, pb.PS, pb.EVALUATOR
+    root = pstest.tmpdir("pscoord-idroot-")
+    d = start_psd(pstest.tmpdir(), "--checkpoint-root", root)
+    ps = pbg.ParameterServerStub(pstest.channel(d.address))
+    state = pstest.tmpdir("pscoord-id-")
+    c = start_coord(state, "--job-id", "id", "--heartbeat-interval", "100ms",
+                    "--heartbeat-timeout", "1s", "--checkpoint-every-steps", "10")
+    s = c.stub
+    beat = Beater(s, "id")
+    p = reg(s, "id", PS, -1, d.address, empty=True)
+    beat.add(PS, 0, p.incarnation)
+    ps.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "v", (4,), lr=1.0,
+        init=pb.Initializer(kind=pb.Initializer.CONSTANT, value=1.0))), timeout=10)
+    w = reg(s, "id", W)
+    beat.add(W, 0, w.incarnation, step=10)
+    ckdir = os.path.join(state, "checkpoints")
+    got = wait_until(lambda: os.listdir(ckdir) == ["job-10.json"], 10)
+    r.check(got, "identity: a job checkpoint at step 10 (%s)" % os.listdir(ckdir))
+    for _ in range(5):  # version 5: after the checkpoint (version 0)
+        ps.Push(pb.PushRequest(grads=[pstest.grad(pb, "v", np.ones(4))]), timeout=10)
+
+    def version():
+        v = ps.Pull(pb.PullRequest(items=[pb.PullItem(name="v")]), timeout=10).values[0]
+        return v.version, list(pstest.value(v))
+
+    before = version()
+    # The audit's attack: the real psd's address (GetCluster publishes it),
+    # empty=true, no secret.
+    addr = task(c.cluster(), PS, 0).address
+    ok, why = refused(lambda: reg(s, "id", PS, 0, addr, empty=True, secret=""),
+                      grpc.StatusCode.PERMISSION_DENIED, "ps[0]", "task_secret",
+                      "none was sent")
+    r.check(ok and p.task_secret not in why,
+            "identity: RegisterTask(PS, 0, the psd's address, empty) without the "
+            "secret is PERMISSION_DENIED (%s)" % why)
+    ok, why = refused(lambda: reg(s, "id", PS, 0, addr, empty=True, secret="0" * 32),
+                      grpc.StatusCode.PERMISSION_DENIED, "ps[0]", "not it")
+    r.check(ok and p.task_secret not in why,
+            "identity: ... and with a wrong secret (%s)" % why)
+    time.sleep(0.5)
+    r.check(version() == before and before[0] == 5 and "restoring it" not in c.stderr(),
+            "identity: the real psd's variable is untouched (version %s)" % (version()[0],))
+    r.check(task(c.cluster(), PS, 0).incarnation == p.incarnation,
+            "identity: the holder keeps its incarnation")
+
+    # Heartbeats and metrics without or with a wrong secret.
+    ok, why = refused(lambda: hb(s, "id", W, 0, w.incarnation, step=11, secret=""),
+                      grpc.StatusCode.PERMISSION_DENIED, "no task_secret")
+    r.check(ok, "identity: a heartbeat without the secret is PERMISSION_DENIED (%s)" % why)
+    ok, why = refused(lambda: hb(s, "id", W, 0, w.incarnation, step=11, secret="ab" * 16),
+                      grpc.StatusCode.PERMISSION_DENIED, "is not worker[0]'s")
+    r.check(ok and "ab" * 16 not in why,
+            "identity: a heartbeat with a wrong secret is PERMISSION_DENIED (%s)" % why)
+    ok, why = refused(lambda: metrics(s, "id", W, 0, 10, 0.1, 0.5, secret=""),
+                      grpc.StatusCode.PERMISSION_DENIED, "no task_secret")
+    r.check(ok, "identity: ReportMetrics without the secret is PERMISSION_DENIED (%s)" % why)
+    ok, why = refused(lambda: metrics(s, "id", EV, 0, 10, 0.1, 1e300),
+                      grpc.StatusCode.PERMISSION_DENIED, "evaluator[0] has not registered")
+    r.check(ok, "identity: ReportMetrics from a task never registered is "
+            "PERMISSION_DENIED (%s)" % why)
+
+    # A step of 2^63-1 is refused and drives no checkpoint.
+    big = 2 ** 63 - 1
+    ok, why = refused(lambda: hb(s, "id", W, 0, w.incarnation, step=big),
+                      grpc.StatusCode.INVALID_ARGUMENT, "step %d" % big,
+                      "global step 10")
+    r.check(ok, "identity: a heartbeat with step 2^63-1 is INVALID_ARGUMENT (%s)" % why)
+    ok, why = refused(lambda: metrics(s, "id", W, 0, big, 0.1, 0.5),
+                      grpc.StatusCode.INVALID_ARGUMENT, "step %d" % big)
+    r.check(ok, "identity: ... and a metrics report with it (%s)" % why)
+    time.sleep(0.6)
+    r.check(c.cluster().global_step == 10 and os.listdir(ckdir) == ["job-10.json"],
+            "identity: the global step stays 10 and no checkpoint is taken at "
+            "2^63-1 (%s)" % os.listdir(ckdir))
+    hb(s, "id", W, 0, w.incarnation, step=10 + 2 ** 40)
+    r.check(c.cluster().global_step == 10 + 2 ** 40,
+            "identity: a step 2^40 past the global step is still taken")
+
+    # The slot freed (the holder silent past the timeout): a registration
+    # that says empty for a psd that is not is not restored, on the shard's
+    # own word.
+    beat.drop(PS, 0)
+    wait_until(lambda: not task(c.cluster(), PS, 0).alive, 5)
+    q = reg(s, "id", PS, 0, addr, empty=True, secret="")
+    r.check(q.incarnation == p.incarnation + 1 and q.task_secret != p.task_secret,
+            "identity: a dead holder's slot goes to a new registration, with a new secret")
+    r.check(c.wait_log("not restored: it registered empty, but its Stats answers 1 "
+                       "variable", 10) and version() == before,
+            "identity: a ps that registers empty but holds variables is not "
+            "restored (version %s)" % (version()[0],))
+
+    # A psd restarted at the same address has lost its secret, yet takes its
+    # slot back at once while the old holder still counts as alive: its own
+    # Stats shows a process started after the holder registered.
+    beat.add(PS, 0, q.incarnation)
+    time.sleep(0.3)
+    d.kill()
+    d2 = start_psd(pstest.tmpdir(), "--checkpoint-root", root, "--listen", addr)
+    held = task(c.cluster(), PS, 0).alive
+    t0 = time.monotonic()
+    n = reg(s, "id", PS, 0, addr, empty=True, secret="")
+    r.check(held and n.incarnation == q.incarnation + 1 and
+            n.task_secret not in ("", q.task_secret) and time.monotonic() - t0 < 2,
+            "identity: a psd restarted at the holder's address takes the live "
+            "slot back at once, with a new secret (incarnation %d)" % n.incarnation)
+    r.check(c.wait_log("restored ps[0] at %s from job checkpoint 10" % addr, 20),
+            "identity: ... and, empty, is restored from the job checkpoint")
+    beat.stop()
+    c.stop()
+    d2.stop()
+
+
 def test_psctl_errors():
     port = free_port()
     p = psctl("status", "--coordinator", "127.0.0.1:%d" % port, "--timeout", "2s")
@@ -779,7 +930,7 @@ def main():
     r = pstest.Results("pscoord")
     try:
         for t in (test_static, test_dynamic, test_sync, test_job, test_timed,
-                  test_psctl_errors):
+                  test_identity, test_psctl_errors):
             try:
                 t()
             except Exception as e:  # one broken case must not hide the others
