@@ -74,40 +74,48 @@ static void format_line(char *out, size_t len, const char *fmt, va_list ap)
             *p = ' ';
 }
 
+/* Sends head (a state line and its newline, or "") followed by
+ * STATUS=<fmt...>. remember keeps the status as the last one sent; with
+ * only_changed too, nothing is sent when it equals the last one. */
+static void send_with_status(const char *head, bool remember, bool only_changed,
+                             const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static void send_with_status(const char *head, bool remember, bool only_changed,
+                             const char *fmt, va_list ap)
+{
+    char status[sizeof last_status], state[sizeof status + 32];
+    format_line(status, sizeof status, fmt, ap);
+    if (remember) {
+        pthread_mutex_lock(&status_mu);
+        bool same = strcmp(status, last_status) == 0;
+        if (!same)
+            memcpy(last_status, status, sizeof status);
+        pthread_mutex_unlock(&status_mu);
+        if (same && only_changed)
+            return;
+    }
+    snprintf(state, sizeof state, "%sSTATUS=%s", head, status);
+    send_state(state);
+}
+
 void ps_notify_ready(const char *fmt, ...)
 {
     if (!ps_notify_enabled())
         return;
-    char status[sizeof last_status], state[sizeof status + 32];
     va_list ap;
     va_start(ap, fmt);
-    format_line(status, sizeof status, fmt, ap);
+    send_with_status("READY=1\n", true, false, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&status_mu);
-    memcpy(last_status, status, sizeof status);
-    pthread_mutex_unlock(&status_mu);
-    snprintf(state, sizeof state, "READY=1\nSTATUS=%s", status);
-    send_state(state);
 }
 
 void ps_notify_status(const char *fmt, ...)
 {
     if (!ps_notify_enabled())
         return;
-    char status[sizeof last_status], state[sizeof status + 32];
     va_list ap;
     va_start(ap, fmt);
-    format_line(status, sizeof status, fmt, ap);
+    send_with_status("", true, true, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&status_mu);
-    bool same = strcmp(status, last_status) == 0;
-    if (!same)
-        memcpy(last_status, status, sizeof status);
-    pthread_mutex_unlock(&status_mu);
-    if (same)
-        return;
-    snprintf(state, sizeof state, "STATUS=%s", status);
-    send_state(state);
 }
 
 void ps_notify_watchdog(void)
@@ -133,11 +141,8 @@ void ps_notify_stopping(const char *fmt, ...)
 {
     if (!ps_notify_enabled())
         return;
-    char status[sizeof last_status], state[sizeof status + 32];
     va_list ap;
     va_start(ap, fmt);
-    format_line(status, sizeof status, fmt, ap);
+    send_with_status("STOPPING=1\n", false, false, fmt, ap);
     va_end(ap);
-    snprintf(state, sizeof state, "STOPPING=1\nSTATUS=%s", status);
-    send_state(state);
 }
