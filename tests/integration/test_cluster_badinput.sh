@@ -11,7 +11,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/cluster-badinput.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 unset TF_CONFIG
 
-. "$(dirname "$0")/psctl_checks.sh"
+. "$(dirname "$0")/checks.sh"
 
 # bad NAME KEYWORD JSON: the spec in a file must be refused with one stderr
 # line "psctl: ..." containing KEYWORD.

@@ -23,18 +23,7 @@ command -v readelf >/dev/null || { echo "test_hardening: readelf (binutils) is n
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hardening.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-passed=0
-failed=0
-
-ok() {
-    echo "ok   $1"
-    passed=$((passed + 1))
-}
-
-fail() {
-    echo "FAIL $1: $2"
-    failed=$((failed + 1))
-}
+. "$(dirname "$0")/checks.sh"
 
 # check NAME DETAIL COMMAND...: ok when COMMAND succeeds, else FAIL with
 # DETAIL.

@@ -29,7 +29,7 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 unset PSD_ADDR
 
-. "$(dirname "$0")/psctl_checks.sh"
+. "$(dirname "$0")/checks.sh"
 
 # expect_ok NAME KEYWORD CMD...: CMD exits 0, prints nothing on stderr, and
 # its stdout contains KEYWORD.

@@ -1,6 +1,6 @@
-# psctl_checks.sh - the checks the psctl shell tests share: counters, one
-# line per result, and what a psctl failure must look like. Sourced by
-# test_psctl.sh and test_cluster_badinput.sh, which set $tmp first.
+# checks.sh - what the shell tests share: counters, one line per result,
+# and what a failing command must look like. Sourced by test_psctl.sh,
+# test_cluster_badinput.sh and test_hardening.sh, which set $tmp first.
 
 passed=0
 failed=0
