@@ -12,6 +12,7 @@
 #include "common/proc.h"
 
 #include "common/errors.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "ps_config.h"
@@ -65,6 +66,22 @@ int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     fprintf(stderr, "%s: %s\n", cmd->name, line);
     ps_conf_free(cmd->opts, cmd->conf);
     return status;
+}
+
+int ps_proc_lock_dir(const ps_proc_cmd *cmd, const char *flag, const char *dir)
+{
+    pid_t holder = 0;
+    int fd = ps_dir_lock(dir, "LOCK", &holder);
+    if (fd >= 0)
+        return PS_PROC_RUN; /* held until exit: the descriptor stays open */
+    if (fd == -EWOULDBLOCK && holder > 0)
+        return ps_proc_quit(cmd, 1, "%s %s is in use by pid %ld (it holds %s/LOCK)",
+                            flag, dir, (long)holder, dir);
+    if (fd == -EWOULDBLOCK)
+        return ps_proc_quit(cmd, 1, "%s %s is in use by another process (it holds "
+                            "%s/LOCK)", flag, dir, dir);
+    return ps_proc_quit(cmd, 1, "%s %s: cannot lock %s/LOCK: %s", flag, dir, dir,
+                        ps_strerror(fd));
 }
 
 void ps_proc_announce(int port)

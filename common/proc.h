@@ -75,6 +75,14 @@ int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv);
 int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Takes the daemon's exclusive lock on its directory (ps_dir_lock: the file
+ * LOCK in dir, made with the directory if missing), so that a second daemon
+ * given the same directory stops before it touches anything there. Returns
+ * PS_PROC_RUN with the lock held until the process ends; otherwise 1 after
+ * one line naming the directory, the flag that gave it and the pid of the
+ * holder (exit status 1, configuration freed). */
+int ps_proc_lock_dir(const ps_proc_cmd *cmd, const char *flag, const char *dir);
+
 /* Tells whoever started the daemon that it serves: one line "PORT <n>" on
  * stdout, flushed (scripts and tests start daemons on port 0 and read it). */
 void ps_proc_announce(int port);

@@ -385,6 +385,10 @@ int main(int argc, char **argv)
         return status;
     if ((status = check_conf(&p)) != PS_PROC_RUN)
         return status;
+    if ((status = ps_proc_lock_dir(&p.cmd, "--state-dir", p.c.state_dir)) != PS_PROC_RUN) {
+        ps_cluster_close(&p.spec);
+        return status;
+    }
     /* TF_CONFIG's chief: the coordinator does the chief's duties. */
     ps_log_set_task("chief", -1);
 

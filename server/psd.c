@@ -484,6 +484,8 @@ int main(int argc, char **argv)
         return status;
     if (d.c.data_dir == NULL || d.c.data_dir[0] == '\0')
         return ps_proc_quit(&d.cmd, 2, "--data-dir is required");
+    if ((status = ps_proc_lock_dir(&d.cmd, "--data-dir", d.c.data_dir)) != PS_PROC_RUN)
+        return status;
     if ((status = tf_config_defaults(&d)) != PS_PROC_RUN)
         return status;
     if (d.c.listen == NULL)
