@@ -59,7 +59,24 @@ def main():
         if binary in known:
             bad = [a for a in start[1:] if a.startswith("--") and a not in known[binary]]
             r.check(not bad, "%s: every flag is one %s accepts %s" % (unit, binary, bad or ""))
+    check_examples(r, known)
     r.finish()
+
+
+def check_examples(r, known):
+    """deploy/etc: each example configuration uses only options its daemon
+    accepts, and the example cluster spec validates."""
+    import json
+    etc = os.path.join(DEPLOY, "etc")
+    for name, binary in (("psd-0.json", "psd"), ("workerd-0.json", "workerd")):
+        keys = json.load(open(os.path.join(etc, name)))
+        if binary in known:
+            bad = ["--" + k for k in keys if "--" + k not in known[binary]]
+            r.check(not bad, "etc/%s: every key is an option of %s %s" % (name, binary, bad or ""))
+    p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
+                        "validate", os.path.join(etc, "cluster.json")],
+                       capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0, "etc/cluster.json validates (%s)" % p.stderr.strip())
 
 
 if __name__ == "__main__":
