@@ -309,6 +309,7 @@ static int tasks_info_locked(coord *c, struct coord_cluster *s, int64_t now)
         ti->step = t->step;
         ti->examples_per_second = t->examples_per_second;
         ti->loss = t->loss;
+        ti->accuracy = t->accuracy;
         ti->last_heartbeat_age_seconds = coord_age_s(t, now);
     }
     return 0;
@@ -489,7 +490,10 @@ static void heard_locked(coord *c, struct ctask *t,
         c->progress++;
     t->step = req->step;
     t->examples_per_second = req->examples_per_second;
-    t->loss = req->loss;
+    /* An evaluator's loss is its evaluation's, which ReportMetrics brings;
+     * its heartbeats carry none. */
+    if (t->role != PS_ROLE_EVALUATOR)
+        t->loss = req->loss;
     if ((t->role == PS_ROLE_WORKER || t->role == PS_ROLE_CHIEF) &&
         req->step > c->global_step)
         c->global_step = req->step;
@@ -557,6 +561,7 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
     }
     t->loss = req->loss;
     if (role == PS_ROLE_EVALUATOR) {
+        t->accuracy = req->accuracy;
         c->has_eval = true;
         c->eval_accuracy = req->accuracy;
         c->eval_loss = req->loss;

@@ -157,6 +157,7 @@ struct coord_task_info {
     uint64_t step;
     double examples_per_second;
     double loss;
+    double accuracy;      /* evaluators: their last evaluation's; else 0 */
     double last_heartbeat_age_seconds; /* -1: never heard */
 };
 

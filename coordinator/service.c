@@ -166,6 +166,7 @@ static int task_pb(const struct coord_task_info *t, Ps__V1__TaskInfo *ti)
     ti->step = t->step;
     ti->examples_per_second = t->examples_per_second;
     ti->loss = t->loss;
+    ti->accuracy = t->accuracy;
     ti->last_heartbeat_age_seconds = t->last_heartbeat_age_seconds;
     return 0;
 }

@@ -669,6 +669,11 @@ def test_job():
     st = c.cluster()
     r.check(abs(st.eval_accuracy - 0.875) < 1e-9 and st.eval_step == 31,
             "metrics: the evaluator's accuracy and step are in the cluster state")
+    time.sleep(0.35)  # three of the Beater's heartbeats, each with loss 0
+    et = task(c.cluster(), EV, 0)
+    r.check(et is not None and abs(et.loss - 0.3) < 1e-9 and abs(et.accuracy - 0.875) < 1e-9,
+            "metrics: the evaluator's own loss and accuracy outlast its heartbeats "
+            "(%r)" % ((et and (et.loss, et.accuracy)),))
 
     # psctl status against the live job, then --watch.
     p = psctl("status", "--coordinator", c.address)
@@ -738,13 +743,15 @@ def test_job():
             and any(x[:2] == ["worker", "0"] and "alive" in x for x in rows),
             "psctl status after the restart: evaluator dead, worker alive")
 
-    # A second coordinator of another job on this state directory is refused.
+    # A second coordinator on this state directory, while it is in use, is
+    # refused by the directory's lock, naming the holder.
     p = subprocess.run([PSCOORD, "--state-dir", state, "--listen", "127.0.0.1:0",
-                        "--job-id", "other"], capture_output=True, text=True, timeout=20)
+                        "--job-id", "ck"], capture_output=True, text=True, timeout=20)
     lines = p.stderr.strip().splitlines()
-    r.check(p.returncode == 1 and len(lines) == 1 and "holds the state of job 'ck'" in lines[0],
-            "restart: a state directory of another job is refused with one line (%s)"
-            % lines[:1])
+    r.check(p.returncode == 1 and len(lines) == 1 and
+            "in use by pid %d" % c.proc.pid in lines[0],
+            "restart: a second pscoord on a state directory in use is refused with "
+            "one line naming the holder (%s)" % lines[:1])
 
     # Shutdown ends an open watch with UNAVAILABLE and writes the summary.
     msgs = []
@@ -762,6 +769,14 @@ def test_job():
     r.check(summ["job_id"] == "ck" and summ["last_checkpoint"]["step"] == 40 and
             summ["last_eval"]["accuracy"] == 0.875 and len(summ["tasks"]) == 4,
             "shutdown: summary.json has the tasks, last checkpoint and evaluation")
+
+    # A coordinator of another job on this (now free) state directory.
+    p = subprocess.run([PSCOORD, "--state-dir", state, "--listen", "127.0.0.1:0",
+                        "--job-id", "other"], capture_output=True, text=True, timeout=20)
+    lines = p.stderr.strip().splitlines()
+    r.check(p.returncode == 1 and len(lines) == 1 and "holds the state of job 'ck'" in lines[0],
+            "restart: a state directory of another job is refused with one line (%s)"
+            % lines[:1])
     r.check(all("answered twice" not in x.stderr() for x in LIVE if isinstance(x, Coord)),
             "no call was answered twice")
     for x in shards + [fresh]:
