@@ -139,6 +139,17 @@ static int pems_read(const ps_tls_opts *o, struct pems *p, char *err,
     return 0;
 }
 
+int ps_tls_check_files(const ps_tls_opts *o, char *err, size_t errlen)
+{
+    struct pems p;
+    if (o == NULL)
+        return 0;
+    if (pems_read(o, &p, err, errlen) != 0)
+        return -1;
+    pems_free(&p);
+    return 0;
+}
+
 /* ---- the server's fetcher ----------------------------------------------- */
 
 /* What one server's credentials re-read. On a static list, so that it

@@ -89,6 +89,11 @@ grpc_channel_credentials *ps_tls_channel_creds(const ps_tls_opts *o, char *err,
 /* The TLS target name override for a channel, or NULL. */
 const char *ps_tls_target_name(const ps_tls_opts *o);
 
+/* Reads the files o names as ps_tls_server_creds or ps_tls_channel_creds
+ * would, so that main can refuse a bad one at start with one line.
+ * Returns 0, or -1 with err naming the flag and file. */
+int ps_tls_check_files(const ps_tls_opts *o, char *err, size_t errlen);
+
 /* Asks every TLS server of the process to re-read its files at its next
  * handshake (see Reload). Async-signal-safe (one atomic increment). */
 void ps_tls_reload(void);

@@ -239,7 +239,8 @@ static int transport(const ps_proc_cmd *cmd, const char *listen,
 {
     char err[512];
     ps_tls_opts tls = ps_tls_opts_of(tc);
-    if (ps_tls_check_listen(listen, &tls, tc->insecure, err, sizeof err) != 0)
+    if (ps_tls_check_listen(listen, &tls, tc->insecure, err, sizeof err) != 0 ||
+        ps_tls_check_files(&tls, err, sizeof err) != 0)
         return ps_proc_quit(cmd, 2, "%s", err);
     if (ps_tls_set_client_default(&tls) != 0)
         return ps_proc_quit(cmd, 1, "out of memory");

@@ -292,6 +292,11 @@ int main(int argc, char **argv)
     ps_log_init("psctl", (enum ps_log_level)psctl_global.log_level);
     ps_log_set_format((enum ps_log_format)psctl_global.log_format);
     ps_tls_opts tls = ps_tls_opts_of(&psctl_global.tls);
+    if (ps_tls_check_files(&tls, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        ps_conf_free(global_opts, &psctl_global);
+        return EXIT_USAGE;
+    }
     if (ps_tls_set_client_default(&tls) != 0) {
         fprintf(stderr, "psctl: out of memory\n");
         return EXIT_FAIL;

@@ -853,6 +853,12 @@ int main(int argc, char **argv)
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
     /* Every call, to psd and to pscoord, with the same TLS. */
     ps_tls_opts tls = ps_tls_opts_of(&c.tls);
+    char tls_err[512];
+    if (ps_tls_check_files(&tls, tls_err, sizeof tls_err) != 0) {
+        fprintf(stderr, "workerd: %s\n", tls_err);
+        status = 2;
+        goto out;
+    }
     if (ps_tls_set_client_default(&tls) != 0) {
         status = 1;
         goto out;
