@@ -21,7 +21,8 @@ DEB_PACKAGES := \
 	libuv1-dev libjansson-dev zlib1g-dev libopenblas-dev \
 	check libsubunit-dev valgrind lmdb-utils \
 	python3-grpcio python3-grpc-tools python3-numpy python3-yaml \
-	dataset-fashion-mnist iproute2 procps openssl \
+	dataset-fashion-mnist iproute2 procps \
+	openssl \
 	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus
 
 # Only the benchmarks compare against PyTorch; its install is large.
