@@ -253,6 +253,18 @@ def check_loopback_rule(r, pb, pbg, a):
     r.check("--insecure" in p.stdout, "psctl stats shows --insecure")
     r.check("--insecure" in d.stderr() and "WARN" in d.stderr(), "--insecure logs a warning")
     d.stop()
+    coord = Logged([PSCOORD, "--state-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "off", "--job-id", "plain"])
+    d = Logged([pstest.psd_path(), "--data-dir", data, "--listen", "0.0.0.0:0",
+                "--metrics-listen", "off", "--insecure", "--coordinator", coord.address,
+                "--job-id", "plain", "--task-index", "0"])
+    p = subprocess.run([PSCTL, "status", "--coordinator", coord.address],
+                       capture_output=True, text=True, timeout=30)
+    t = [l for l in p.stdout.splitlines() if l.startswith("transport ")]
+    r.check(p.returncode == 0 and t and t[0].split(None, 1)[1] == "ps[0] plaintext (--insecure)",
+            "psctl status shows the shard served with --insecure: %s" % (t or p.stderr.strip()))
+    d.stop()
+    coord.stop()
     d = Logged([pstest.psd_path(), "--data-dir", data, "--listen", "0.0.0.0:0",
                 "--metrics-listen", "off"] + tls_flags(a, "psd"))
     r.check(d.port is not None, "psd --listen 0.0.0.0:0 with TLS needs no --insecure")
@@ -284,6 +296,14 @@ def check_pscoord(r, pb, pbg, a):
                  "127.0.0.1:0", "--metrics-listen", "off", "--coordinator", coord.address,
                  "--job-id", "tls", "--task-index", "0"] + tls_flags(a, "psd"))
     r.check(ps.port is not None, "psd registers with pscoord over mutual TLS")
+    flags = ["--tls-ca", os.path.join(a, "ca.pem"), "--tls-cert",
+             os.path.join(a, "client.pem"), "--tls-key", os.path.join(a, "client.key")]
+    p = subprocess.run([PSCTL] + flags + ["status", "--coordinator", coord.address],
+                       capture_output=True, text=True, timeout=30)
+    t = [l for l in p.stdout.splitlines() if l.startswith("transport ")]
+    r.check(p.returncode == 0 and t and t[0].split(None, 1)[1] == "ps[0] mtls",
+            "psctl status over mutual TLS names each shard's transport: %s"
+            % (t or p.stderr.strip()))
     p = subprocess.run([WORKERD, "--coordinator", coord.address, "--job-id", "tls",
                         "--task-index", "0", "--steps", "20", "--epochs", "0",
                         "--limit", "2000", "--evaluate=false", "--model", "softmax"] +
