@@ -265,9 +265,20 @@ def check_loopback_rule(r, pb, pbg, a):
             "psctl status shows the shard served with --insecure: %s" % (t or p.stderr.strip()))
     d.stop()
     coord.stop()
+    # worker0's certificate names only "worker0": a client that calls
+    # 127.0.0.1 must be told the name to expect.
     d = Logged([pstest.psd_path(), "--data-dir", data, "--listen", "0.0.0.0:0",
-                "--metrics-listen", "off"] + tls_flags(a, "psd"))
+                "--metrics-listen", "off"] + tls_flags(a, "worker0"))
     r.check(d.port is not None, "psd --listen 0.0.0.0:0 with TLS needs no --insecure")
+    flags = ["--tls-ca", os.path.join(a, "ca.pem"), "--tls-cert",
+             os.path.join(a, "client.pem"), "--tls-key", os.path.join(a, "client.key")]
+    p = subprocess.run([PSCTL, "--server", d.address] + flags + ["health"],
+                       capture_output=True, text=True, timeout=30)
+    q = subprocess.run([PSCTL, "--server", d.address, "--tls-target-name", "worker0"] +
+                       flags + ["health"], capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 1 and q.returncode == 0,
+            "a certificate without the address's name is refused, and accepted with "
+            "--tls-target-name (exit %d, then %d)" % (p.returncode, q.returncode))
     d.stop()
     p = subprocess.run([pstest.psd_path(), "--data-dir", data, "--listen", "127.0.0.1:0",
                         "--tls-cert", "/nonexistent/psd.pem", "--tls-key",
