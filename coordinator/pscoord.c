@@ -187,13 +187,13 @@ static int check_conf(struct pscoord *p)
                             c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
     char err[512];
     ps_tls_opts tls = ps_tls_opts_of(&c->tls);
-    if (ps_tls_check_listen(c->listen, &tls, c->tls.insecure, err, sizeof err) != 0 ||
-        ps_tls_check_files(&tls, err, sizeof err) != 0)
+    bool exposed = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((exposed && !c->tls.insecure) || ps_tls_check_files(&tls, err, sizeof err) != 0)
         return ps_proc_quit(&p->cmd, 2, "%s", err);
     /* Its calls to psd (shardcall.c) go with the same identity. */
     if (ps_tls_set_client_default(&tls) != 0)
         return ps_proc_quit(&p->cmd, 1, "out of memory");
-    if (c->tls.insecure && !ps_tls_server_enabled(&tls))
+    if (exposed)
         ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
                     "can register tasks and drive checkpoints and restores",
                     c->listen);

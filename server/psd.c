@@ -190,6 +190,7 @@ struct psd {
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     psd_metrics_src msrc;     /* what the metrics collector reads */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
+    bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
 };
 
@@ -233,20 +234,22 @@ static int tf_config_defaults(struct psd *d)
 }
 
 /* The loopback rule and the process's identity as a client (its calls to
- * pscoord). Returns PS_PROC_RUN, or 2 after the error line. */
-static int transport(const ps_proc_cmd *cmd, const char *listen,
-                     const ps_tls_conf *tc)
+ * pscoord); d->insecure says that --insecure was needed. Returns
+ * PS_PROC_RUN, or 2 after the error line. */
+static int transport(struct psd *d)
 {
+    const struct psd_conf *c = &d->c;
     char err[512];
-    ps_tls_opts tls = ps_tls_opts_of(tc);
-    if (ps_tls_check_listen(listen, &tls, tc->insecure, err, sizeof err) != 0 ||
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    d->insecure = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((d->insecure && !c->tls.insecure) ||
         ps_tls_check_files(&tls, err, sizeof err) != 0)
-        return ps_proc_quit(cmd, 2, "%s", err);
+        return ps_proc_quit(&d->cmd, 2, "%s", err);
     if (ps_tls_set_client_default(&tls) != 0)
-        return ps_proc_quit(cmd, 1, "out of memory");
-    if (tc->insecure && !ps_tls_server_enabled(&tls) && !ps_tls_is_unix(listen))
+        return ps_proc_quit(&d->cmd, 1, "out of memory");
+    if (d->insecure)
         ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
-                    "can read and change every variable", listen);
+                    "can read and change every variable", c->listen);
     return PS_PROC_RUN;
 }
 
@@ -280,7 +283,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .max_bytes = c->max_bytes != 0 ? c->max_bytes : half_of_memory(),
         .max_waiting_pulls = (size_t)c->max_waiting_pulls,
         .max_pull_wait_ms = c->max_pull_wait_ms,
-        .insecure = c->tls.insecure && !ps_tls_server_enabled(&tls),
+        .insecure = d->insecure,
         .transport_security = ps_tls_server_mode(&tls),
     };
     *base_rss = psd_rss_bytes();
@@ -515,7 +518,7 @@ int main(int argc, char **argv)
     /* Loopback: a psd serves the network only when told to, with TLS. */
     if (d.c.listen == NULL)
         d.c.listen = strdup("127.0.0.1:7070");
-    if ((status = transport(&d.cmd, d.c.listen, &d.c.tls)) != PS_PROC_RUN)
+    if ((status = transport(&d)) != PS_PROC_RUN)
         return status;
     if (d.c.task_index >= 0)
         ps_log_set_task("ps", d.c.task_index);
