@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/notify.h"
+#include "common/tls.h"
 #include "ps_config.h"
 
 #include <errno.h>
@@ -127,10 +128,17 @@ static void mask_signals(int how)
     pthread_sigmask(how, &set, NULL);
 }
 
-/* The only thing a signal does: stop the loop (STYLE.md, Daemons). */
+/* The only thing a signal does: stop the loop (STYLE.md, Daemons), or for
+ * SIGHUP have the TLS certificates re-read at the next handshake (tls.h). */
 static void on_signal(uv_signal_t *h, int signum)
 {
     ps_proc_loop *l = h->data;
+    if (signum == SIGHUP) {
+        ps_tls_reload();
+        ps_log_info("SIGHUP: TLS certificates are read again at the next "
+                    "handshake");
+        return;
+    }
     l->got = signum;
     uv_stop(&l->loop);
 }

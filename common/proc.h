@@ -12,7 +12,8 @@
  * The control loop is a libuv loop (the only user of libuv: nothing else
  * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
  * every thread and taken only while ps_proc_loop_run runs, by uv_signal
- * handlers that stop the loop. Periodic work that belongs to the process
+ * handlers: SIGINT and SIGTERM stop the loop, SIGHUP has the TLS
+ * certificates read again (ps_tls_reload, tls.h) and the loop goes on. Periodic work that belongs to the process
  * rather than to a module (keep-alives, metrics) hangs on it as timers:
  * ps_proc_loop_keepalive sends systemd's watchdog keep-alives from it, so
  * that a loop that stops turning is restarted (common/notify.h), and when a
@@ -113,7 +114,7 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
  * a watchdog, adding nothing), or as ps_proc_loop_every. */
 int ps_proc_loop_keepalive(ps_proc_loop *l);
 
-/* Runs the loop (its timers) until one of the signals arrives, tells
+/* Runs the loop (its timers) until SIGINT or SIGTERM arrives, tells
  * systemd the daemon is stopping (STOPPING=1; nothing outside systemd) and
  * returns the signal's number; the signals are blocked again when it
  * returns, so a second one during the shutdown that follows is not taken. */

@@ -41,6 +41,7 @@
 #include "common/buf.h"
 #include "common/rpc_code.h"
 #include "common/rpc_msg.h"
+#include "common/tls.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -81,6 +82,9 @@ typedef struct ps_rpc_server_opts {
     int max_streams;          /* calls in flight per connection (HTTP/2
                                  SETTINGS_MAX_CONCURRENT_STREAMS: a client
                                  queues the ones beyond); 0 = gRPC's, none */
+    const ps_tls_opts *tls;   /* TLS of the listen address (tls.h), read at
+                                 start; NULL or no certificate = plaintext.
+                                 A unix: address is always plaintext. */
 } ps_rpc_server_opts;
 
 /* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,
@@ -174,6 +178,10 @@ typedef struct ps_rpc_client_opts {
     int64_t retry_budget_ms;  /* total time for all attempts; 0 = no limit
                                  beyond max_attempts */
     size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+    const ps_tls_opts *tls;   /* TLS to the target (tls.h), read at create;
+                                 NULL = the process default
+                                 (ps_tls_set_client_default). A unix: target
+                                 is always plaintext. */
 } ps_rpc_client_opts;
 
 typedef struct ps_rpc_status {
@@ -183,7 +191,8 @@ typedef struct ps_rpc_status {
 } ps_rpc_status;
 
 /* Creates a client for "host:port" (any gRPC target). The connection is
- * made lazily. Returns 0, PS_EINVAL_ARG, -ENOMEM. */
+ * made lazily. Returns 0, PS_EINVAL_ARG, -ENOMEM, or PS_EINVAL_ARG when a
+ * TLS file cannot be read (logged as an error naming it). */
 int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
                          ps_rpc_client **out);
 void ps_rpc_client_destroy(ps_rpc_client *c);

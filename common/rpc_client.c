@@ -80,9 +80,23 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          {.integer = 16 << 20}},
+        /* Last, and only with TLS to a name other than the target's host. */
+        {GRPC_ARG_STRING, (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, {.string = NULL}},
     };
-    grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    const ps_tls_opts *tls = ps_tls_is_unix(target) ? NULL
+                             : o.tls != NULL ? o.tls : ps_tls_client_default();
+    const char *name = ps_tls_target_name(tls);
+    size_t nargs = sizeof args / sizeof args[0] - (name != NULL ? 0 : 1);
+    if (name != NULL)
+        args[nargs - 1].value.string = (char *)name;
+    grpc_channel_args cargs = {nargs, args};
+    char err[512];
+    grpc_channel_credentials *creds = ps_tls_channel_creds(tls, err, sizeof err);
+    if (creds == NULL) {
+        ps_log_error("rpc: client for %s: %s", target, err);
+        ps_rpc_client_destroy(c);
+        return PS_EINVAL_ARG;
+    }
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     if (c->ch == NULL) {

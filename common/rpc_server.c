@@ -428,24 +428,43 @@ static int server_make(ps_rpc_server *srv)
     return ps_health_add(srv->health, "");
 }
 
+/* Adds one listening port with its credentials: TLS as the options say,
+ * plaintext for a unix socket. Returns the bound port, or 0 (err set when
+ * the credentials could not be made). */
+static int add_port(ps_rpc_server *srv, const char *addr, char *err,
+                    size_t errlen)
+{
+    grpc_server_credentials *creds =
+        ps_tls_server_creds(ps_tls_is_unix(addr) ? NULL : srv->opts.tls, err, errlen);
+    if (creds == NULL)
+        return 0;
+    int port = grpc_server_add_http2_port(srv->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    return port;
+}
+
 /* Binds the listen address(es). Returns the bound port, or 0 after undoing
  * the server and its queues (gRPC only lets go of a server with a listener
  * once it was started and shut down). */
 static int server_bind(ps_rpc_server *srv)
 {
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
+    char err[512] = "";
+    int port = add_port(srv, srv->listen, err, sizeof err);
     const char *bad = port == 0 ? srv->listen : NULL;
     if (port != 0 && srv->listen_also != NULL &&
-        grpc_server_add_http2_port(srv->server, srv->listen_also, creds) == 0) {
+        add_port(srv, srv->listen_also, err, sizeof err) == 0) {
         bad = srv->listen_also;
         port = 0;
     }
-    grpc_server_credentials_release(creds);
     if (port != 0)
         return port;
-    ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
-                 "host:port or unix:PATH)", bad);
+    if (err[0] != '\0')
+        ps_log_error("rpc: cannot listen on '%s': %s", bad, err);
+    else
+        ps_log_error("rpc: cannot listen on '%s' (address in use, or not "
+                     "host:port or unix:PATH%s)", bad,
+                     ps_tls_server_enabled(srv->opts.tls)
+                         ? ", or a TLS key that does not match its certificate" : "");
     if (bad == srv->listen_also) {
         /* The first address is bound. */
         int done_tag;

@@ -30,6 +30,7 @@
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "coordinator/schedule.h"
 #include "coordinator/service.h"
 
@@ -57,17 +58,19 @@ struct pscoord_conf {
     int threads;
     int64_t shutdown_grace_ms;
     char *metrics_listen;
+    ps_tls_conf tls;
     int log_level;
     int log_format;
 };
 
 /* Defaults, each with why. */
 static const ps_opt pscoord_opts[] = {
-    /* 7071: beside psd's 7070, so a one-host job needs no port list. */
+    /* 7071: beside psd's 7070, so a one-host job needs no port list.
+     * Loopback: the network only when told to, with TLS. */
     {"listen", PS_OPT_STRING, offsetof(struct pscoord_conf, listen),
-     "0.0.0.0:7071",
-     "host:port to serve on; port 0 picks a free one (printed as PORT <n>)",
-     0, 0, NULL},
+     "127.0.0.1:7071",
+     "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
+     "an address other than loopback needs TLS or --insecure", 0, 0, NULL},
     {"cluster", PS_OPT_STRING, offsetof(struct pscoord_conf, cluster), NULL,
      "TF_CONFIG-shaped cluster spec (static membership); default: "
      "$TF_CONFIG, else dynamic membership", 0, 0, NULL},
@@ -122,6 +125,7 @@ static const ps_opt pscoord_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct pscoord_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    PS_TLS_SERVER_OPTS(struct pscoord_conf, tls),
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
      "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_format),
@@ -181,6 +185,18 @@ static int check_conf(struct pscoord *p)
         return ps_proc_quit(&p->cmd, 2, "--heartbeat-timeout (%" PRId64 " ms) "
                             "must exceed --heartbeat-interval (%" PRId64 " ms)",
                             c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
+    char err[512];
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    bool exposed = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((exposed && !c->tls.insecure) || ps_tls_check_files(&tls, err, sizeof err) != 0)
+        return ps_proc_quit(&p->cmd, 2, "%s", err);
+    /* Its calls to psd (shardcall.c) go with the same identity. */
+    if (ps_tls_set_client_default(&tls) != 0)
+        return ps_proc_quit(&p->cmd, 1, "out of memory");
+    if (exposed)
+        ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
+                    "can register tasks and drive checkpoints and restores",
+                    c->listen);
     if (load_cluster(p) != 0) {
         ps_conf_free(pscoord_opts, &p->c);
         return 2;
@@ -262,7 +278,9 @@ static int serve(struct pscoord *p)
         fprintf(stderr, "pscoord: out of memory\n");
         return 1;
     }
-    ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads};
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads,
+                             .tls = &tls};
     if ((rc = ps_rpc_server_create(&ro, &p->srv)) != 0 ||
         (rc = coord_service_register(p->svc, p->srv)) != 0 ||
         (rc = ps_rpc_server_start(p->srv, &p->port)) != 0) {
@@ -282,8 +300,9 @@ static int serve(struct pscoord *p)
         ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
                     ps_metrics_http_port(p->metrics));
     }
-    ps_log_info("pscoord %s serving job '%s' on %s (port %d), %s membership"
+    ps_log_info("pscoord %s serving job '%s' on %s (port %d, %s), %s membership"
                 "%s, state in %s", PS_VERSION, p->job_id, c->listen, p->port,
+                ps_tls_server_mode(&tls),
                 p->have_spec ? "static" : "dynamic",
                 p->have_spec ? (c->cluster != NULL ? " from --cluster"
                                                    : " from TF_CONFIG") : "",

@@ -19,6 +19,7 @@
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "server/shard.h"
 
 #include <errno.h>
@@ -56,6 +57,7 @@ struct psd_conf {
     int64_t max_pull_wait_ms;
     int max_streams;
     char *metrics_listen;
+    ps_tls_conf tls;
     int log_level;
     int log_format;
 };
@@ -67,7 +69,8 @@ static const ps_opt psd_opts[] = {
     {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), NULL,
      "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
      "or unix:PATH, a unix socket for workers on this host (no TCP stack; "
-     "PORT 0); default: this ps task's port in TF_CONFIG, else 0.0.0.0:7070",
+     "PORT 0); an address other than loopback needs TLS or --insecure; "
+     "default: this ps task's address in TF_CONFIG, else 127.0.0.1:7070",
      0, 0, NULL},
     {"local-socket", PS_OPT_STRING, offsetof(struct psd_conf, local_socket), NULL,
      "also serve on this unix socket path, for workers on this host "
@@ -158,6 +161,8 @@ static const ps_opt psd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
+    PS_TLS_SERVER_OPTS(struct psd_conf, tls),
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
@@ -185,6 +190,7 @@ struct psd {
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     psd_metrics_src msrc;     /* what the metrics collector reads */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
+    bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
 };
 
@@ -210,13 +216,10 @@ static int tf_config_defaults(struct psd *d)
     }
     if (tf.has_task) {
         const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
-        char host[256];
-        int port = 0;
-        if (c->listen == NULL && ps_addr_split(addr, host, sizeof host, &port) == 0) {
-            char l[64];
-            snprintf(l, sizeof l, "0.0.0.0:%d", port);
-            c->listen = strdup(l);
-        }
+        /* The task's own address, as given: a name or address others
+         * reach it at, so not loopback unless the cluster is one host. */
+        if (c->listen == NULL && addr != NULL)
+            c->listen = strdup(addr);
         if (c->advertise == NULL)
             c->advertise = strdup(addr);
         if (c->task_index < 0)
@@ -227,6 +230,26 @@ static int tf_config_defaults(struct psd *d)
         }
     }
     ps_cluster_close(&tf);
+    return PS_PROC_RUN;
+}
+
+/* The loopback rule and the process's identity as a client (its calls to
+ * pscoord); d->insecure says that --insecure was needed. Returns
+ * PS_PROC_RUN, or 2 after the error line. */
+static int transport(struct psd *d)
+{
+    const struct psd_conf *c = &d->c;
+    char err[512];
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    d->insecure = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((d->insecure && !c->tls.insecure) ||
+        ps_tls_check_files(&tls, err, sizeof err) != 0)
+        return ps_proc_quit(&d->cmd, 2, "%s", err);
+    if (ps_tls_set_client_default(&tls) != 0)
+        return ps_proc_quit(&d->cmd, 1, "out of memory");
+    if (d->insecure)
+        ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
+                    "can read and change every variable", c->listen);
     return PS_PROC_RUN;
 }
 
@@ -244,6 +267,7 @@ static uint64_t half_of_memory(void)
 static int open_shard(struct psd *d, uint64_t *base_rss)
 {
     const struct psd_conf *c = &d->c;
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
     psd_shard_opts so = {
         .data_dir = c->data_dir,
         .checkpoint_root = c->checkpoint_root,
@@ -259,6 +283,8 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .max_bytes = c->max_bytes != 0 ? c->max_bytes : half_of_memory(),
         .max_waiting_pulls = (size_t)c->max_waiting_pulls,
         .max_pull_wait_ms = c->max_pull_wait_ms,
+        .insecure = d->insecure,
+        .transport_security = ps_tls_server_mode(&tls),
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
@@ -296,10 +322,11 @@ static int local_socket(struct psd *d)
 static int serve(struct psd *d)
 {
     const struct psd_conf *c = &d->c;
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
                              .listen_also = d->also[0] ? d->also : NULL,
-                             .max_streams = c->max_streams};
+                             .max_streams = c->max_streams, .tls = &tls};
     int rc;
     if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
         (rc = psd_shard_register(d->shard, d->srv)) != 0 ||
@@ -396,9 +423,11 @@ static int start(struct psd *d)
         ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
                     ps_metrics_http_port(d->metrics));
     }
-    ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
-                "%lld ms", PS_VERSION, c->listen, port, d->also[0] ? " and " : "",
-                d->also, c->data_dir, c->durable ? "durable" : "write-behind",
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_log_info("psd %s serving on %s (port %d, %s)%s%s, data in %s, %s commits "
+                "every %lld ms", PS_VERSION, c->listen, port, ps_tls_server_mode(&tls),
+                d->also[0] ? " and " : "", d->also, c->data_dir,
+                c->durable ? "durable" : "write-behind",
                 (long long)c->commit_interval_ms);
     return 0;
 close_shard:
@@ -488,8 +517,11 @@ int main(int argc, char **argv)
         return status;
     if ((status = tf_config_defaults(&d)) != PS_PROC_RUN)
         return status;
+    /* Loopback: a psd serves the network only when told to, with TLS. */
     if (d.c.listen == NULL)
-        d.c.listen = strdup("0.0.0.0:7070");
+        d.c.listen = strdup("127.0.0.1:7070");
+    if ((status = transport(&d)) != PS_PROC_RUN)
+        return status;
     if (d.c.task_index >= 0)
         ps_log_set_task("ps", d.c.task_index);
 

@@ -90,6 +90,10 @@ static void print_stats(const Ps__V1__StatsResponse *r)
         ROW("last checkpoint step", "%" PRIu64, r->last_checkpoint_step);
     else
         ROW("last checkpoint step", "%s", "0 (none, or at step 0)");
+    /* An older psd sends neither field. */
+    if (r->transport_security != NULL && r->transport_security[0] != '\0')
+        ROW("transport", "%s%s", r->transport_security,
+            r->insecure ? " (--insecure: not loopback, no TLS)" : "");
 #undef ROW
 }
 

@@ -100,6 +100,7 @@ static const ps_opt global_opts[] = {
      * script waiting for minutes. */
     {"timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
      "10s", "deadline of each call to psd", 1, 3600000, NULL},
+    PS_TLS_CLIENT_OPTS(struct global_cfg, tls),
     {0},
 };
 
@@ -290,6 +291,16 @@ int main(int argc, char **argv)
     }
     ps_log_init("psctl", (enum ps_log_level)psctl_global.log_level);
     ps_log_set_format((enum ps_log_format)psctl_global.log_format);
+    ps_tls_opts tls = ps_tls_opts_of(&psctl_global.tls);
+    if (ps_tls_check_files(&tls, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        ps_conf_free(global_opts, &psctl_global);
+        return EXIT_USAGE;
+    }
+    if (ps_tls_set_client_default(&tls) != 0) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_FAIL;
+    }
     if (psctl_global.server == NULL) {
         const char *env = getenv("PSD_ADDR");
         psctl_global.server = strdup(env != NULL && env[0] != '\0' ? env

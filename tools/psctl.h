@@ -24,6 +24,7 @@
 #include "common/conf.h"
 #include "proto/ps.pb-c.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -73,6 +74,7 @@ struct global_cfg {
     int log_format;     /* an enum ps_log_format */
     char *server;       /* NULL until main resolves $PSD_ADDR or the default */
     int64_t timeout_ms; /* each call's deadline */
+    ps_tls_conf tls;    /* TLS of every call (the process default) */
 };
 
 extern struct global_cfg psctl_global;

@@ -22,6 +22,7 @@
 #include "worker/model.h"
 #include "common/notify.h"
 #include "common/proc.h"
+#include "common/tls.h"
 #include "proto/ps.pb-c.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -74,6 +75,7 @@ struct wd_conf {
     int shm;                    /* 0 auto, 1 on, 2 off */
     bool json;
     char *metrics_listen;
+    ps_tls_conf tls;
     int log_level;
     char *logdir;
     int summary_steps;
@@ -182,6 +184,8 @@ static const ps_opt wd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct wd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* Plaintext unless a CA is given: as psd's loopback default. */
+    PS_TLS_CLIENT_OPTS(struct wd_conf, tls),
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     /* The chief is worker task 0: workerd has no chief role of its own (a
@@ -847,6 +851,18 @@ int main(int argc, char **argv)
     if (status != 0)
         goto out;
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    /* Every call, to psd and to pscoord, with the same TLS. */
+    ps_tls_opts tls = ps_tls_opts_of(&c.tls);
+    char tls_err[512];
+    if (ps_tls_check_files(&tls, tls_err, sizeof tls_err) != 0) {
+        fprintf(stderr, "workerd: %s\n", tls_err);
+        status = 2;
+        goto out;
+    }
+    if (ps_tls_set_client_default(&tls) != 0) {
+        status = 1;
+        goto out;
+    }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);

@@ -15,7 +15,8 @@ import pstest  # noqa: E402
 
 DEPLOY = os.path.join(pstest.SOURCE_ROOT, "deploy")
 BINS = {"psd": ("server", "psd"), "pscoord": ("coordinator", "pscoord"),
-        "workerd": ("worker", "workerd"), "psctl": ("tools", "psctl")}
+        "workerd": ("worker", "workerd"), "psctl": ("tools", "psctl"),
+        "pscerts": ("tools", "pscerts")}
 
 
 def flags_of(binary):
@@ -42,6 +43,13 @@ def main():
             r.check(not bad, "%s: every flag is one %s accepts %s" % (name, binary, bad or ""))
         for dep in svc.get("depends_on", []):
             r.check(dep in services, "%s depends on a defined service %s" % (name, dep))
+        # TLS: every task has a certificate that the certs service makes.
+        if binary in ("psd", "pscoord", "workerd"):
+            made = services.get("certs", {}).get("command", [])
+            cert = cmd[cmd.index("--tls-cert") + 1] if "--tls-cert" in cmd else ""
+            r.check(os.path.basename(cert)[:-4] in made and "--tls-ca" in cmd,
+                    "%s runs with mutual TLS, its certificate made by certs (%s)"
+                    % (name, cert or "no --tls-cert"))
     spec = os.path.join(DEPLOY, "compose-cluster.json")
     p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
                         "validate", spec], capture_output=True, text=True, timeout=30)
