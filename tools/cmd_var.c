@@ -161,6 +161,13 @@ static void print_optimizer(const Ps__V1__Optimizer *o)
         printf(", beta1 %g, beta2 %g, epsilon %g", (double)o->beta1,
                (double)o->beta2, (double)o->epsilon);
         break;
+    case PS__V1__OPTIMIZER__KIND__FTRL:
+        printf(", initial_accumulator %g, learning_rate_power %g, l1 %g, "
+               "l2 %g, l2_shrinkage %g, beta %g",
+               (double)o->initial_accumulator, (double)o->learning_rate_power,
+               (double)o->l1, (double)o->l2, (double)o->l2_shrinkage,
+               (double)o->beta);
+        break;
     default:
         break;
     }
@@ -396,13 +403,14 @@ struct create_cfg {
     double beta2;
     double epsilon;
     double initial_accumulator;
+    double lr_power, l1, l2, l2_shrinkage, beta; /* ftrl */
     int consistency; /* index into consistency_choices = the proto's value */
     int workers;
 };
 
-enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAGRAD, OPT_ADAM };
+enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL };
 static const char *const optimizer_choices[] = {
-    "sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
+    "sgd", "momentum", "nesterov", "adagrad", "adam", "ftrl", NULL};
 static const char *const consistency_choices[] = {"default", "async", "sync",
                                                   NULL};
 
@@ -431,7 +439,19 @@ static const ps_opt create_opts[] = {
      "adagrad, adam: > 0 (default 1e-7)", 0, 0, NULL},
     {"initial-accumulator", PS_OPT_DOUBLE,
      offsetof(struct create_cfg, initial_accumulator), NULL,
-     "adagrad: >= 0 (default 0.1)", 0, 0, NULL},
+     "adagrad, ftrl: >= 0 (default 0.1)", 0, 0, NULL},
+    {"lr-power", PS_OPT_DOUBLE, offsetof(struct create_cfg, lr_power), NULL,
+     "ftrl: learning_rate_power in [-10, 0] (default -0.5; -1e-38 for TF's 0)",
+     0, 0, NULL},
+    {"l1", PS_OPT_DOUBLE, offsetof(struct create_cfg, l1), NULL,
+     "ftrl: l1 regularization strength, >= 0 (default 0)", 0, 0, NULL},
+    {"l2", PS_OPT_DOUBLE, offsetof(struct create_cfg, l2), NULL,
+     "ftrl: l2 regularization strength, >= 0 (default 0)", 0, 0, NULL},
+    {"l2-shrinkage", PS_OPT_DOUBLE, offsetof(struct create_cfg, l2_shrinkage),
+     NULL, "ftrl: l2 shrinkage regularization strength, >= 0 (default 0)",
+     0, 0, NULL},
+    {"beta", PS_OPT_DOUBLE, offsetof(struct create_cfg, beta), NULL,
+     "ftrl: Keras' beta, >= 0 (default 0)", 0, 0, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct create_cfg, consistency),
      "default", "async (each push applied on arrival) or sync (pushes "
      "averaged per step); 'default' leaves it to the server's --consistency",
@@ -599,8 +619,12 @@ static int check_applies(const struct create_cfg *c, char *err, size_t errlen)
         flag = "--beta2", applies = "adam";
     else if (c->epsilon != 0 && o != OPT_ADAGRAD && o != OPT_ADAM)
         flag = "--epsilon", applies = "adagrad or adam";
-    else if (c->initial_accumulator != 0 && o != OPT_ADAGRAD)
-        flag = "--initial-accumulator", applies = "adagrad";
+    else if (c->initial_accumulator != 0 && o != OPT_ADAGRAD && o != OPT_FTRL)
+        flag = "--initial-accumulator", applies = "adagrad or ftrl";
+    else if ((c->lr_power != 0 || c->l1 != 0 || c->l2 != 0 ||
+              c->l2_shrinkage != 0 || c->beta != 0) && o != OPT_FTRL)
+        flag = "--lr-power, --l1, --l2, --l2-shrinkage or --beta",
+        applies = "ftrl";
     if (flag != NULL) {
         snprintf(err, errlen, "%s applies to --optimizer %s only, not %s",
                  flag, applies, optimizer_choices[o]);
@@ -623,6 +647,7 @@ static void fill_optimizer(const struct create_cfg *c, Ps__V1__Optimizer *opt)
         [OPT_NESTEROV] = PS__V1__OPTIMIZER__KIND__MOMENTUM,
         [OPT_ADAGRAD] = PS__V1__OPTIMIZER__KIND__ADAGRAD,
         [OPT_ADAM] = PS__V1__OPTIMIZER__KIND__ADAM,
+        [OPT_FTRL] = PS__V1__OPTIMIZER__KIND__FTRL,
     };
     opt->kind = kinds[c->optimizer];
     opt->nesterov = c->optimizer == OPT_NESTEROV;
@@ -632,6 +657,11 @@ static void fill_optimizer(const struct create_cfg *c, Ps__V1__Optimizer *opt)
     opt->beta2 = (float)c->beta2;
     opt->epsilon = (float)c->epsilon;
     opt->initial_accumulator = (float)c->initial_accumulator;
+    opt->learning_rate_power = (float)c->lr_power;
+    opt->l1 = (float)c->l1;
+    opt->l2 = (float)c->l2;
+    opt->l2_shrinkage = (float)c->l2_shrinkage;
+    opt->beta = (float)c->beta;
 }
 
 int cmd_create(const struct command *self, int argc, char **argv)

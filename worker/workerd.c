@@ -80,7 +80,8 @@ struct wd_conf {
     int log_format;
 };
 
-static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
+static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
+                                           NULL};
 static const char *const cons_choices[] = {"async", "sync", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
@@ -132,7 +133,8 @@ static const ps_opt wd_opts[] = {
     {"lr", PS_OPT_DOUBLE, offsetof(struct wd_conf, lr), "0.1",
      "learning rate (applied on the server)", 1e-12, 1e6, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct wd_conf, optimizer), "sgd",
-     "sgd, momentum, adagrad or adam", 0, 0, opt_choices},
+     "sgd, momentum, adagrad, adam or ftrl (the server's defaults for the "
+     "rest)", 0, 0, opt_choices},
     {"momentum", PS_OPT_DOUBLE, offsetof(struct wd_conf, momentum), "0.9",
      "momentum (with --optimizer momentum)", 0, 0.999999, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct wd_conf, consistency), "async",
