@@ -213,7 +213,8 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
     } else {
         out->spec.num_workers = 0;
     }
-    out->spec.staleness = 0;
+    if (out->spec.consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS)
+        out->spec.staleness = 0;
 }
 
 /* Validates a normalized spec. Returns 0, or a project error with one line
@@ -285,13 +286,16 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
         snprintf(why, whylen, "variable '%s': initializer: %s", sp->name, w);
         return PS_EINVAL_ARG;
     }
-    if (sp->consistency == PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
-        snprintf(why, whylen, "variable '%s': BOUNDED_STALENESS is not served "
-                 "yet; use ASYNC or SYNC", sp->name);
+    if (sp->consistency == PS__V1__CONSISTENCY__BOUNDED_STALENESS &&
+        sp->staleness > PSD_MAX_STALENESS) {
+        snprintf(why, whylen, "variable '%s': BOUNDED_STALENESS needs "
+                 "staleness in [0, %u], got %u", sp->name, PSD_MAX_STALENESS,
+                 sp->staleness);
         return PS_EINVAL_ARG;
     }
     if (sp->consistency != PS__V1__CONSISTENCY__ASYNC &&
-        sp->consistency != PS__V1__CONSISTENCY__SYNC) {
+        sp->consistency != PS__V1__CONSISTENCY__SYNC &&
+        sp->consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
         snprintf(why, whylen, "variable '%s': unknown consistency %d",
                  sp->name, (int)sp->consistency);
         return PS_EINVAL_ARG;
@@ -367,6 +371,7 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     opt_from_pb(v->spec->optimizer, &v->opt);
     v->nslots = psd_opt_slot_count(&v->opt);
     v->consistency = (int)v->spec->consistency;
+    v->staleness = v->spec->staleness;
     v->num_workers = v->spec->num_workers;
     if (n * sizeof(float) >= VALUE_IN_PLACE_MIN) {
         v->vmsg = ps_rpc_msg_new(n * sizeof(float));
