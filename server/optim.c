@@ -599,7 +599,8 @@ bool psd_opt_safe(const psd_opt *o, uint32_t state_mag, uint32_t grad_mag,
     double lr = o->lr, mu = o->momentum, eps = o->epsilon, worst;
     switch (o->kind) {
     case PSD_OPT_SGD:
-        worst = fmax(G, S + lr * G); /* lr * g, w - lr * g */
+        /* lr * g, w - lr * g; |lr|: push.c applies a delta as lr -1 */
+        worst = fmax(fabs(lr) * G, S + fabs(lr) * G);
         break;
     case PSD_OPT_MOMENTUM: {
         double v = mu * S + G;        /* |v'| */
