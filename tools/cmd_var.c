@@ -406,13 +406,14 @@ struct create_cfg {
     double lr_power, l1, l2, l2_shrinkage, beta; /* ftrl */
     int consistency; /* index into consistency_choices = the proto's value */
     int workers;
+    int staleness;
 };
 
 enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL };
 static const char *const optimizer_choices[] = {
     "sgd", "momentum", "nesterov", "adagrad", "adam", "ftrl", NULL};
 static const char *const consistency_choices[] = {"default", "async", "sync",
-                                                  NULL};
+                                                  "bounded", NULL};
 
 static const ps_opt create_opts[] = {
     {"shape", PS_OPT_STRING, offsetof(struct create_cfg, shape), NULL,
@@ -453,13 +454,17 @@ static const ps_opt create_opts[] = {
     {"beta", PS_OPT_DOUBLE, offsetof(struct create_cfg, beta), NULL,
      "ftrl: Keras' beta, >= 0 (default 0)", 0, 0, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct create_cfg, consistency),
-     "default", "async (each push applied on arrival) or sync (pushes "
-     "averaged per step); 'default' leaves it to the server's --consistency",
+     "default", "async (each push applied on arrival), sync (pushes "
+     "averaged per step) or bounded (async, pulls held to --staleness); "
+     "'default' leaves it to the server's --consistency",
      0, 0,
      consistency_choices},
     {"workers", PS_OPT_INT, offsetof(struct create_cfg, workers), NULL,
      "sync: pushes averaged per step (default: the server's --workers)",
      1, 65536, NULL},
+    {"staleness", PS_OPT_INT, offsetof(struct create_cfg, staleness), NULL,
+     "bounded: steps a worker may run ahead of the slowest live one "
+     "(default 0, lock-step)", 0, 1000000, NULL},
     CONN_OPTS(struct create_cfg),
     {0},
 };
@@ -630,6 +635,11 @@ static int check_applies(const struct create_cfg *c, char *err, size_t errlen)
                  flag, applies, optimizer_choices[o]);
         return -1;
     }
+    if (c->staleness != 0 &&
+        c->consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
+        snprintf(err, errlen, "--staleness applies to --consistency bounded only");
+        return -1;
+    }
     if (c->workers != 0 && c->consistency == PS__V1__CONSISTENCY__ASYNC) {
         snprintf(err, errlen, "--workers applies to --consistency sync only");
         return -1;
@@ -710,6 +720,7 @@ int cmd_create(const struct command *self, int argc, char **argv)
     spec.optimizer = &opt;
     spec.consistency = (Ps__V1__Consistency)cfg.consistency;
     spec.num_workers = (uint32_t)cfg.workers;
+    spec.staleness = (uint32_t)cfg.staleness;
     Ps__V1__CreateVariableRequest req = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &spec;
 
