@@ -55,6 +55,7 @@ struct psd_conf {
     uint64_t max_bytes;
     int max_waiting_pulls;
     int64_t max_pull_wait_ms;
+    int64_t worker_timeout_ms;
     int max_streams;
     char *metrics_listen;
     ps_tls_conf tls;
@@ -150,6 +151,12 @@ static const ps_opt psd_opts[] = {
     {"max-pull-wait", PS_OPT_DURATION_MS, offsetof(struct psd_conf, max_pull_wait_ms),
      "60s", "longest a pull waits for a version before psd answers "
      "DEADLINE_EXCEEDED, whatever deadline its client set", 1, 86400000, NULL},
+    /* 10 s: a worker's step takes well under a second; ten seconds of
+     * silence is a worker gone, not a slow one (pscoord's heartbeat
+     * timeout is 3 s; its workers pull every step). */
+    {"worker-timeout", PS_OPT_DURATION_MS, offsetof(struct psd_conf, worker_timeout_ms),
+     "10s", "BOUNDED_STALENESS: a worker not heard from (no pull) this long "
+     "stops holding the faster ones back", 1, 86400000, NULL},
     /* 256: a worker runs a few calls at a time on a connection (its comm
      * threads, a waiting pull); one connection may not hold thousands. */
     {"max-streams", PS_OPT_INT, offsetof(struct psd_conf, max_streams), "256",
@@ -285,6 +292,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .max_pull_wait_ms = c->max_pull_wait_ms,
         .insecure = d->insecure,
         .transport_security = ps_tls_server_mode(&tls),
+        .worker_timeout_ms = c->worker_timeout_ms,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);

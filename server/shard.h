@@ -37,6 +37,7 @@ typedef struct psd_shard psd_shard;
 enum psd_consistency {
     PSD_ASYNC = 1,
     PSD_SYNC = 2,
+    PSD_BOUNDED = 3, /* BOUNDED_STALENESS: applied as ASYNC, pulls wait */
 };
 
 typedef struct psd_shard_opts {
@@ -58,6 +59,8 @@ typedef struct psd_shard_opts {
     /* What Stats reports of the transport (psd's --insecure and TLS). */
     bool insecure;               /* a non-loopback address in plaintext */
     const char *transport_security; /* "tls", "mtls", "plaintext"; static */
+    int64_t worker_timeout_ms;   /* BOUNDED_STALENESS: a worker silent this
+                                    long stops holding the others back */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

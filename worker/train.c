@@ -4,6 +4,7 @@
  * train.h for the picture.
  */
 #include "worker/train_internal.h"
+#include "worker/relaxed.h"
 
 #include "common/clock.h"
 #include "common/errors.h"
@@ -233,7 +234,10 @@ static int create_variables(struct session *s, char *err, size_t errlen)
         spec.initializer = &init;
         spec.optimizer = &opt;
         spec.consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
-                                               : PS__V1__CONSISTENCY__ASYNC;
+                           : o->consistency == WD_BOUNDED
+                               ? PS__V1__CONSISTENCY__BOUNDED_STALENESS
+                               : PS__V1__CONSISTENCY__ASYNC;
+        spec.staleness = o->consistency == WD_BOUNDED ? (uint32_t)o->staleness : 0;
         spec.num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
         struct shard *sh = &s->shards[pt->shard];
         ps_rpc_status st = {0};
@@ -739,6 +743,7 @@ struct run {
     uint64_t version;   /* of the values the replicas compute with: the
                            job's global step as this worker last saw it */
     struct summary sm;  /* TensorBoard (--logdir) */
+    struct wd_local local; /* --local-steps (relaxed.h) */
     bool sync;
     bool self_update;
     bool pending;       /* a job is posted and not waited for */
@@ -788,6 +793,9 @@ static int run_open(struct run *r, const struct wd_train_opts *o,
     r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
                      r->s.nrep == 1 &&
                      ps_model_backend(r->s.replicas[0])->host_memory;
+    if (o->local_steps > 0 &&
+        (rc = wd_local_open(&r->s, &r->local, err, errlen)) != 0)
+        return rc;
     if (ps_batcher_steps(&r->b) == 0) {
         snprintf(err, errlen, "worker %d of %d has no full batch of %d in %lld "
                  "examples", o->task_index, o->num_workers, global,
@@ -802,6 +810,7 @@ static void run_close(struct run *r)
 {
     free(r->xb);
     free(r->yb);
+    wd_local_close(&r->local);
     ps_batcher_close(&r->b);
     session_close(&r->s);
 }
@@ -814,6 +823,7 @@ static void run_close(struct run *r)
 static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
 {
     struct session *s = &r->s;
+    wd_step_delay(r->o);
     double c0 = now_s(), waited0 = r->waited;
     int rc = compute_step(s, r->xb, r->yb, n, loss);
     double c1 = now_s();
@@ -822,6 +832,13 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         snprintf(err, errlen, "step %lld: %s", (long long)r->steps,
                  ps_model_errmsg(s->replicas[0]));
         return rc;
+    }
+    if (r->local.anchor != NULL) {
+        if ((rc = wd_local_step(s, &r->local, r->step, false)) != 0)
+            return comm_error(r, rc, err, errlen);
+        r->waited += now_s() - c1;
+        r->version = s->shards[0].pull_items[0].version;
+        goto counted;
     }
     if (r->pending && (rc = wd_wait_job(s)) != 0)
         return comm_error(r, rc, err, errlen);
@@ -844,8 +861,9 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         const struct ps_backend *be = ps_model_backend(s->replicas[0]);
         be->axpy(be, s->params_live, -r->o->lr, s->grads_send, s->nparams);
     }
-    if (r->sync) {
-        /* The next step needs this step's update. */
+    if (r->sync || r->o->consistency == WD_BOUNDED) {
+        /* The next step needs this step's update (sync), or must not start
+         * before psd let this worker go on (bounded). */
         if ((rc = wd_wait_job(s)) != 0)
             return comm_error(r, rc, err, errlen);
         wd_take_pulled(s);
@@ -853,6 +871,7 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         r->pending = false;
         r->waited += now_s() - c2;
     }
+counted:
     wd_metrics_step_times(r->o->metrics, c1 - c0, r->waited - waited0);
     r->step++;
     r->steps++;
@@ -899,6 +918,8 @@ static int run_finish(struct run *r, struct wd_train_result *res, char *err,
     if (r->pending && (rc = wd_wait_job(&r->s)) != 0)
         return comm_error(r, rc, err, errlen);
     r->pending = false;
+    if ((rc = wd_local_finish(&r->s, &r->local, r->step)) != 0)
+        return comm_error(r, rc, err, errlen);
     res->steps = r->steps;
     res->examples = r->examples;
     res->seconds = now_s() - r->t0;

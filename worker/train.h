@@ -74,7 +74,10 @@ struct wd_train_opts {
     float lr;
     int optimizer;             /* ps.v1 Optimizer.Kind */
     float momentum;
-    int consistency;           /* 1 async, 2 sync */
+    int consistency;           /* 1 async, 2 sync, 3 bounded (relaxed.h) */
+    int staleness;             /* bounded: steps ahead of the slowest */
+    int local_steps;           /* local SGD: steps between exchanges; 0 off */
+    int step_delay_ms;         /* sleep before each step (tests) */
     int num_workers;           /* cluster size (sharding, sync count) */
     int task_index;            /* this worker's index */
     uint64_t seed;             /* shuffle */

@@ -60,6 +60,7 @@ struct wd_conf {
     int optimizer;
     double momentum;
     int consistency;
+    int64_t staleness, local_steps, step_delay_ms; /* relaxed.h */
     int num_workers;
     int task_index;
     uint64_t seed;
@@ -82,8 +83,9 @@ struct wd_conf {
     int log_format;
 };
 
-static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
-static const char *const cons_choices[] = {"async", "sync", NULL};
+static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
+                                           NULL};
+static const char *const cons_choices[] = {"async", "sync", "bounded", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
 
@@ -134,11 +136,24 @@ static const ps_opt wd_opts[] = {
     {"lr", PS_OPT_DOUBLE, offsetof(struct wd_conf, lr), "0.1",
      "learning rate (applied on the server)", 1e-12, 1e6, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct wd_conf, optimizer), "sgd",
-     "sgd, momentum, adagrad or adam", 0, 0, opt_choices},
+     "sgd, momentum, adagrad, adam or ftrl (the server's defaults for the "
+     "rest)", 0, 0, opt_choices},
     {"momentum", PS_OPT_DOUBLE, offsetof(struct wd_conf, momentum), "0.9",
      "momentum (with --optimizer momentum)", 0, 0.999999, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct wd_conf, consistency), "async",
-     "async (apply each push) or sync (average every worker's step)", 0, 0, cons_choices},
+     "async (apply each push), sync (average every worker's step) or bounded "
+     "(async, but at most --staleness steps ahead of the slowest worker)", 0, 0,
+     cons_choices},
+    {"staleness", PS_OPT_INT, offsetof(struct wd_conf, staleness), "0",
+     "bounded: steps this worker may run ahead of the slowest live one "
+     "(0: lock-step)", 0, 1000000, NULL},
+    {"local-steps", PS_OPT_INT, offsetof(struct wd_conf, local_steps), "0",
+     "local SGD (PaddlePaddle's GEO mode): train this many steps with SGD on "
+     "the worker's own copy, then push the change since the last exchange "
+     "for psd to add (0: off; async SGD on one CPU replica)", 0, 1000000, NULL},
+    {"step-delay-ms", PS_OPT_INT, offsetof(struct wd_conf, step_delay_ms), "0",
+     "sleep this long before each step: a deliberately slow worker, for "
+     "tests of bounded staleness", 0, 3600000, NULL},
     {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
      "workers in the job (data sharding, sync aggregation); 0: TF_CONFIG's "
      "worker count, else 1", 0, 65536, NULL},
@@ -609,7 +624,10 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .lr = (float)c->lr,
         .optimizer = c->optimizer,
         .momentum = (float)c->momentum,
-        .consistency = c->consistency == 1 ? 2 : 1,
+        .consistency = c->consistency == 1 ? 2 : c->consistency == 2 ? 3 : 1,
+        .staleness = (int)c->staleness,
+        .local_steps = (int)c->local_steps,
+        .step_delay_ms = (int)c->step_delay_ms,
         .num_workers = (int)c->num_workers,
         .task_index = (int)c->task_index,
         .seed = c->seed,
@@ -756,6 +774,15 @@ static int check_compute_flags(const struct wd_conf *c)
                     (long long)c->replicas, c->device);
     if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0)
         return fail(2, "--device: '%s' is not cpu or cuda:N", c->device);
+    if (c->local_steps > 0 && (c->optimizer != 0 || c->consistency != 0 ||
+                               c->replicas > 1 || strcmp(c->device, "cpu") != 0))
+        return fail(2, "--local-steps needs async SGD on one CPU replica "
+                    "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
+                    opt_choices[c->optimizer], cons_choices[c->consistency],
+                    (long long)c->replicas, c->device);
+    if (c->staleness != 0 && c->consistency != 2)
+        return fail(2, "--staleness applies to --consistency bounded only, not %s",
+                    cons_choices[c->consistency]);
     return 0;
 }
 
