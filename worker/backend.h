@@ -11,7 +11,12 @@
  *   backend_cuda.cu  ps_backend_cuda(device), the same kernels on a GPU
  *                    (cuBLAS for the GEMMs); built when nvcc is found;
  *   backend_nocuda.c ps_backend_cuda in a build without CUDA: NULL and the
- *                    reason.
+ *                    reason;
+ *   backend_pjrt.c   ps_backend_pjrt(plugin, device), a PJRT plugin's device
+ *                    (libtpu, XLA's CPU plugin) dlopened at run time: the
+ *                    whole training step of a dense model as one compiled
+ *                    program (the step slots below), the rest on the host
+ *                    with the CPU kernels; always built.
  * All of them link into one binary, so a test can run each kernel on two
  * backends and compare (llm.c's dev/cuda idiom, tests/gpu). A further
  * backend is one more file of the same shape and one constructor here;
@@ -127,6 +132,24 @@ struct ps_backend {
     void (*maxpool_backward)(const struct ps_backend *be, int batch, int h,
                              int w, int c, const float *dy,
                              const int32_t *argmax, float *dx);
+
+    /* ---- Whole-step programs (NULL on the kernel backends) ---- */
+    /* A backend that compiles the whole training step (backend_pjrt.c) sets
+     * these; its memory slots are then host memory behind host_memory =
+     * false, and model.c hands ps_model_forward_backward of a dense model
+     * (widths[0..nwidths): softmax, MLP) to them. step_open returns the
+     * model's step (NULL with a one-line reason); step_params makes params
+     * (host, nparams floats in block order) the values the step reads;
+     * step_run computes the mean loss's gradient of batch (host x, y) into
+     * grads (host) and the loss; both return 0 or PS_ENODEV with the
+     * reason in err. */
+    void *(*step_open)(const struct ps_backend *be, const int *widths,
+                       int nwidths, char *err, size_t errlen);
+    int (*step_params)(void *step, const float *params, char *err,
+                       size_t errlen);
+    int (*step_run)(void *step, const float *x, const int32_t *y, int batch,
+                    float *grads, float *loss, char *err, size_t errlen);
+    void (*step_close)(void *step);
 };
 
 /* The CPU reference backend. */
@@ -146,5 +169,25 @@ void ps_backend_cpu_set_threads(int n);
  */
 const struct ps_backend *ps_backend_cuda(int device, char *err,
                                          size_t errlen);
+
+/*
+ * The PJRT backends (backend_pjrt.c). ps_pjrt_plugin_path turns a --device
+ * value into a plugin path: "pjrt:PATH" is PATH; "tpu" is TPU_LIBRARY_PATH
+ * or libtpu/libtpu.so of the pip package `libtpu` (a virtualenv's, the
+ * user's or the system's site-packages); else PS_EINVAL_ARG or PS_ENODEV
+ * with the reason. ps_pjrt_open loads the plugin (once per process; later
+ * calls with the same path return at once) and returns its addressable
+ * device count (>= 1), or PS_ENODEV with one line in err: the file missing,
+ * not a shared library, without GetPjrtApi, of another PJRT C API major
+ * version, the plugin's own error (initialize, client), no device.
+ * ps_backend_pjrt is device `device` of that plugin (NULL and the reason).
+ * ps_pjrt_compile_seconds: time spent compiling steps so far.
+ */
+int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
+                        char *err, size_t errlen);
+int ps_pjrt_open(const char *path, char *err, size_t errlen);
+const struct ps_backend *ps_backend_pjrt(const char *path, int device,
+                                         char *err, size_t errlen);
+double ps_pjrt_compile_seconds(void);
 
 #endif
