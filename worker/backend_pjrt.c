@@ -84,7 +84,9 @@ static char load_err[512];
 
 /* ---- Errors ------------------------------------------------------------ */
 
-/* Logs e's message, puts "what: message" (first line) into err, frees e.
+/* Logs e's whole message, puts "what: message" (its first line) into err,
+ * frees e. The log line is at debug level when err carries the message on
+ * to the caller (who reports it: workerd's one line), else a warning.
  * Returns 0 for no error, else PS_ENODEV. */
 static int pjrt_fail(const PJRT_Api *api, PJRT_Error *e, const char *what,
                      char *err, size_t errlen)
@@ -97,7 +99,8 @@ static int pjrt_fail(const PJRT_Api *api, PJRT_Error *e, const char *what,
     int n = (int)m.message_size;
     const char *nl = memchr(m.message, '\n', m.message_size);
     int first = nl != NULL ? (int)(nl - m.message) : n;
-    ps_log_write(PS_LOG_ERROR, 0, "pjrt: %s: %.*s", what, n, m.message);
+    PS_LOG(err != NULL ? PS_LOG_DEBUG : PS_LOG_WARN, "pjrt: %s: %.*s", what, n,
+                 m.message);
     if (err != NULL && errlen > 0)
         snprintf(err, errlen, "%s: %.*s", what, first, m.message);
     PJRT_Error_Destroy_Args d = {.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE,
@@ -151,8 +154,6 @@ static int check_api(const char *path, const PJRT_Api *api, char *err,
                        "plugin %s (PJRT C API %d.%d) lacks functions workerd calls "
                        "(its table has %zu bytes, %zu needed)", path, major, minor,
                        api->struct_size, offsetof(PJRT_Api, LAST_USED) + sizeof(void *));
-    ps_log_write(PS_LOG_INFO, 0, "pjrt: %s speaks PJRT C API %d.%d (workerd %d.%d)",
-                 path, major, minor, PJRT_API_MAJOR, PJRT_API_MINOR);
     return 0;
 }
 
@@ -223,8 +224,10 @@ static int open_client(struct plugin *p, char *err, size_t errlen)
         p->devs[i].dev = d.addressable_devices[i];
         snprintf(p->devs[i].name, sizeof p->devs[i].name, "pjrt-%s:%d", platform, i);
     }
-    ps_log_write(PS_LOG_INFO, 0, "pjrt: %s: platform %s, %d addressable device(s)",
-                 p->path, platform, p->ndevs);
+    ps_log_info("pjrt: %s: PJRT C API %d.%d (workerd %d.%d), platform %s, "
+                 "%d addressable device(s)", p->path, api->pjrt_api_version.major_version,
+                 api->pjrt_api_version.minor_version, PJRT_API_MAJOR, PJRT_API_MINOR,
+                 platform, p->ndevs);
     return 0;
 }
 
@@ -373,7 +376,7 @@ static int get_exe(struct plugin *p, const struct step *s, int batch,
     if (rc != 0)
         return rc;
     p->compile_s += dt;
-    ps_log_write(PS_LOG_INFO, 0, "pjrt: compiled the %d-layer step for batch %d in %.3f s",
+    ps_log_info("pjrt: compiled the %d-layer step for batch %d in %.3f s",
                  s->nw - 1, batch, dt);
     if (p->nexes == MAX_EXES) { /* full: drop the oldest */
         PJRT_LoadedExecutable_Destroy_Args d = {
