@@ -14,8 +14,7 @@
  *                    reason;
  *   backend_pjrt.c   ps_backend_pjrt(plugin, device), a PJRT plugin's device
  *                    (libtpu, XLA's CPU plugin) dlopened at run time: the
- *                    whole training step of a dense model as one compiled
- *                    program (the step slots below), the rest on the host
+ *                    whole training step as one compiled program (the step slots below), the rest on the host
  *                    with the CPU kernels; always built.
  * All of them link into one binary, so a test can run each kernel on two
  * backends and compare (llm.c's dev/cuda idiom, tests/gpu). A further
@@ -44,6 +43,17 @@ struct ps_conv_geom {
     int batch, h, w, c;       /* input */
     int kh, kw, pad, stride;  /* kernel; zero padding on every side */
     int oh, ow;               /* output: (h + 2 * pad - kh) / stride + 1, ... */
+};
+
+/* A model as a whole-step backend sees it (model.c fills it; unused fields
+ * zero): the dense models by their widths, the CNN by its image and its
+ * widths (conv0, conv1, dense, classes). */
+#define PS_STEP_MAX_WIDTHS 17
+struct ps_step_net {
+    bool cnn;
+    int h, w, c;                        /* cnn: the input images */
+    int widths[PS_STEP_MAX_WIDTHS];
+    int nwidths;
 };
 
 /*
@@ -136,15 +146,15 @@ struct ps_backend {
     /* ---- Whole-step programs (NULL on the kernel backends) ---- */
     /* A backend that compiles the whole training step (backend_pjrt.c) sets
      * these; its memory slots are then host memory behind host_memory =
-     * false, and model.c hands ps_model_forward_backward of a dense model
-     * (widths[0..nwidths): softmax, MLP) to them. step_open returns the
+     * false, and model.c hands ps_model_forward_backward to them. step_open
+     * returns the
      * model's step (NULL with a one-line reason); step_params makes params
      * (host, nparams floats in block order) the values the step reads;
      * step_run computes the mean loss's gradient of batch (host x, y) into
      * grads (host) and the loss; both return 0 or PS_ENODEV with the
      * reason in err. */
-    void *(*step_open)(const struct ps_backend *be, const int *widths,
-                       int nwidths, char *err, size_t errlen);
+    void *(*step_open)(const struct ps_backend *be,
+                       const struct ps_step_net *net, char *err, size_t errlen);
     int (*step_params)(void *step, const float *params, char *err,
                        size_t errlen);
     int (*step_run)(void *step, const float *x, const int32_t *y, int batch,

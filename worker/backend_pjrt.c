@@ -2,7 +2,7 @@
  * backend_pjrt.c - the PJRT backend (backend.h): a PJRT plugin (XLA's C
  * plugin API; libtpu on TPU hosts, xla_cpu_pjrt here) dlopened at run time,
  * one backend per addressable device, running the training step of a dense
- * model as one compiled StableHLO program (worker/hlo_gen.c).
+ * model or the CNN as one compiled StableHLO program (worker/hlo_gen.c).
  *
  * The plugin is loaded once per process (ps_pjrt_open): dlopen, GetPjrtApi,
  * the API version check, PJRT_Plugin_Initialize, PJRT_Client_Create, the
@@ -39,9 +39,10 @@
 #define MAX_TENSORS (2 * PS_HLO_MAX_LAYERS)
 #define MAX_EXES 32
 
-/* One compiled step: the dense widths and the batch it was built for. */
+/* One compiled step: the model and the batch it was built for. */
 struct exe {
-    int widths[PS_HLO_MAX_LAYERS + 1], nw, batch;
+    struct ps_step_net net;
+    int batch;
     PJRT_LoadedExecutable *exe;
 };
 
@@ -71,9 +72,12 @@ struct plugin {
 /* A model's step on one device: its tensors' shapes and device buffers. */
 struct step {
     struct device *d;
-    int widths[PS_HLO_MAX_LAYERS + 1], nw, nt;
-    int64_t dims[MAX_TENSORS][2];
+    struct ps_step_net net;
+    int nt;
+    int64_t dims[MAX_TENSORS][4];
     int ndims[MAX_TENSORS];
+    int64_t xdims[4];           /* one example's, after the batch */
+    int xndims;
     size_t offset[MAX_TENSORS], count[MAX_TENSORS];
     PJRT_Buffer *params[MAX_TENSORS];
 };
@@ -307,7 +311,7 @@ int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
         globfree(&g);
     }
     return ps_errf(PS_ENODEV, err, errlen,
-                   "--device tpu: no libtpu.so (pip install libtpu, or set "
+                   "no libtpu.so (pip install libtpu, or set "
                    "TPU_LIBRARY_PATH)");
 }
 
@@ -346,13 +350,15 @@ static int get_exe(struct plugin *p, const struct step *s, int batch,
 {
     for (int i = 0; i < p->nexes; i++) {
         const struct exe *e = &p->exes[i];
-        if (e->batch == batch && e->nw == s->nw &&
-            memcmp(e->widths, s->widths, (size_t)s->nw * sizeof *s->widths) == 0) {
+        if (e->batch == batch && memcmp(&e->net, &s->net, sizeof s->net) == 0) {
             *exe = e->exe;
             return 0;
         }
     }
-    char *text = ps_hlo_dense_step(s->widths, s->nw, batch, err, errlen);
+    const struct ps_step_net *n = &s->net;
+    char *text = n->cnn ? ps_hlo_cnn_step(n->h, n->w, n->c, n->widths, n->widths[3], batch,
+                                          err, errlen)
+                        : ps_hlo_dense_step(n->widths, n->nwidths, batch, err, errlen);
     if (text == NULL)
         return PS_EINVAL_ARG;
     uint8_t *opts;
@@ -376,8 +382,8 @@ static int get_exe(struct plugin *p, const struct step *s, int batch,
     if (rc != 0)
         return rc;
     p->compile_s += dt;
-    ps_log_info("pjrt: compiled the %d-layer step for batch %d in %.3f s",
-                 s->nw - 1, batch, dt);
+    ps_log_info("pjrt: compiled the %s step for batch %d in %.3f s",
+                n->cnn ? "CNN" : "dense", batch, dt);
     if (p->nexes == MAX_EXES) { /* full: drop the oldest */
         PJRT_LoadedExecutable_Destroy_Args d = {
             .struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE,
@@ -388,8 +394,7 @@ static int get_exe(struct plugin *p, const struct step *s, int batch,
         p->nexes--;
     }
     struct exe *e = &p->exes[p->nexes++];
-    memcpy(e->widths, s->widths, sizeof e->widths);
-    e->nw = s->nw;
+    e->net = s->net;
     e->batch = batch;
     e->exe = c.executable;
     *exe = e->exe;
@@ -446,12 +451,53 @@ static int to_host(struct device *d, PJRT_Buffer *b, void *dst, size_t bytes,
     return await_event(api, a.event, "device to host copy", err, errlen);
 }
 
-static void *pjrt_step_open(const struct ps_backend *be, const int *widths,
-                            int nwidths, char *err, size_t errlen)
+/* Tensor t of the step: its shape. */
+static void add_tensor(struct step *s, int ndims, const int64_t *dims)
 {
-    if (nwidths < 2 || nwidths > PS_HLO_MAX_LAYERS + 1) {
-        ps_errf(PS_EINVAL_ARG, err, errlen, "%s: a dense step of %d widths", be->name,
-                nwidths);
+    int t = s->nt++;
+    s->ndims[t] = ndims;
+    s->count[t] = 1;
+    for (int i = 0; i < ndims; i++) {
+        s->dims[t][i] = dims[i];
+        s->count[t] *= (size_t)dims[i];
+    }
+    s->offset[t] = t == 0 ? 0 : s->offset[t - 1] + s->count[t - 1];
+}
+
+/* The tensors in model.h's block order: kernel then bias per layer. */
+static void plan_tensors(struct step *s)
+{
+    const struct ps_step_net *n = &s->net;
+    int dense0 = 0;
+    if (n->cnn) {
+        int64_t c[3] = {n->c, n->widths[0], n->widths[1]};
+        for (int l = 0; l < 2; l++) {
+            add_tensor(s, 4, (int64_t[]){3, 3, c[l], c[l + 1]});
+            add_tensor(s, 1, (int64_t[]){c[l + 1]});
+        }
+        int64_t flat = (int64_t)(n->h / 4) * (n->w / 4) * n->widths[1];
+        add_tensor(s, 2, (int64_t[]){flat, n->widths[2]});
+        add_tensor(s, 1, (int64_t[]){n->widths[2]});
+        dense0 = 2;
+        s->xndims = 3;
+        memcpy(s->xdims, (int64_t[]){n->h, n->w, n->c}, 3 * sizeof(int64_t));
+    } else {
+        s->xndims = 1;
+        s->xdims[0] = n->widths[0];
+    }
+    for (int l = dense0; l + 1 < n->nwidths; l++) {
+        add_tensor(s, 2, (int64_t[]){n->widths[l], n->widths[l + 1]});
+        add_tensor(s, 1, (int64_t[]){n->widths[l + 1]});
+    }
+}
+
+static void *pjrt_step_open(const struct ps_backend *be, const struct ps_step_net *net,
+                            char *err, size_t errlen)
+{
+    if (net->nwidths < 2 || net->nwidths > PS_HLO_MAX_LAYERS + 1 ||
+        (net->cnn && net->nwidths != 4)) {
+        ps_errf(PS_EINVAL_ARG, err, errlen, "%s: a %s step of %d widths", be->name,
+                net->cnn ? "CNN" : "dense", net->nwidths);
         return NULL;
     }
     struct step *s = calloc(1, sizeof *s);
@@ -460,24 +506,8 @@ static void *pjrt_step_open(const struct ps_backend *be, const int *widths,
         return NULL;
     }
     s->d = be->state;
-    s->nw = nwidths;
-    memcpy(s->widths, widths, (size_t)nwidths * sizeof *widths);
-    size_t off = 0;
-    for (int l = 0; l + 1 < nwidths; l++) {
-        int k = 2 * l, b = k + 1;
-        s->ndims[k] = 2;
-        s->dims[k][0] = widths[l];
-        s->dims[k][1] = widths[l + 1];
-        s->count[k] = (size_t)widths[l] * (size_t)widths[l + 1];
-        s->ndims[b] = 1;
-        s->dims[b][0] = widths[l + 1];
-        s->count[b] = (size_t)widths[l + 1];
-        s->offset[k] = off;
-        off += s->count[k];
-        s->offset[b] = off;
-        off += s->count[b];
-    }
-    s->nt = 2 * (nwidths - 1);
+    s->net = *net;
+    plan_tensors(s);
     return s;
 }
 
@@ -539,8 +569,10 @@ static int pjrt_step_run(void *h, const float *x, const int32_t *y, int batch,
         return rc;
     PJRT_Buffer *args[MAX_TENSORS + 2] = {0}, *outs[MAX_TENSORS + 1] = {0};
     memcpy(args, s->params, (size_t)s->nt * sizeof *args);
-    int64_t xd[2] = {batch, s->widths[0]}, yd[1] = {batch};
-    rc = to_device(s->d, x, PJRT_Buffer_Type_F32, xd, 2, &args[s->nt], err, errlen);
+    int64_t xd[5] = {batch}, yd[1] = {batch};
+    memcpy(xd + 1, s->xdims, (size_t)s->xndims * sizeof *xd);
+    rc = to_device(s->d, x, PJRT_Buffer_Type_F32, xd, 1 + s->xndims, &args[s->nt], err,
+                   errlen);
     if (rc == 0)
         rc = to_device(s->d, y, PJRT_Buffer_Type_S32, yd, 1, &args[s->nt + 1], err,
                        errlen);

@@ -76,13 +76,17 @@ static void signature(struct text *t, const int *w, int nl, int batch)
            "    %%ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>\n");
 }
 
-/* h0 = x; z_l = h_l W_l + b_l; h_{l+1} = max(z_l, 0) but for the last. */
-static void forward(struct text *t, const int *w, int nl, int batch)
+/* h0 = in (%x, or the CNN's %flat); z_l = h_l W_l + b_l; h_{l+1} =
+ * max(z_l, 0) but for the last. */
+static void forward(struct text *t, const int *w, int nl, int batch, const char *in0)
 {
     for (int l = 0; l < nl; l++) {
         const char *in = ty(batch, w[l], "f32"), *out = ty(batch, w[l + 1], "f32");
         char src[16];
-        snprintf(src, sizeof src, l == 0 ? "%%x" : "%%h%d", l);
+        if (l == 0)
+            snprintf(src, sizeof src, "%s", in0);
+        else
+            snprintf(src, sizeof src, "%%h%d", l);
         put(t, "    %%mm%d = stablehlo.dot_general %s, %%w%d, contracting_dims = [1] x [0]"
                " : (%s, %s) -> %s\n", l, src, l, in, ty(w[l], w[l + 1], "f32"), out);
         put(t, "    %%bb%d = stablehlo.broadcast_in_dim %%b%d, dims = [1] : (%s) -> %s\n",
@@ -136,19 +140,26 @@ static void loss(struct text *t, int nl, int batch, int nc)
     put(t, "    %%d%d = stablehlo.multiply %%pmo, %%invb : %s\n", z, m);
 }
 
-/* From d_l = d loss / d z_l down: the kernel and bias gradients, and
- * through each ReLU to d_{l-1}. */
-static void backward(struct text *t, const int *w, int nl, int batch)
+/* From d_l = d loss / d z_l down: the kernel and bias gradients, through
+ * each ReLU to d_{l-1}, and with dflat to %dflat, d loss / d in0. */
+static void backward(struct text *t, const int *w, int nl, int batch, const char *in0,
+                     bool dflat)
 {
     for (int l = nl - 1; l >= 0; l--) {
         const char *dl = ty(batch, w[l + 1], "f32"), *hl = ty(batch, w[l], "f32");
         char src[16];
-        snprintf(src, sizeof src, l == 0 ? "%%x" : "%%h%d", l);
+        if (l == 0)
+            snprintf(src, sizeof src, "%s", in0);
+        else
+            snprintf(src, sizeof src, "%%h%d", l);
         put(t, "    %%gw%d = stablehlo.dot_general %s, %%d%d, contracting_dims = [0] x [0]"
                " : (%s, %s) -> %s\n", l, src, l, hl, dl, ty(w[l], w[l + 1], "f32"));
         put(t, "    %%gb%d = stablehlo.reduce(%%d%d init: %%zero) applies stablehlo.add "
                "across dimensions = [0] : (%s, tensor<f32>) -> %s\n", l, l, dl,
             ty(w[l + 1], -1, "f32"));
+        if (l == 0 && dflat)
+            put(t, "    %%dflat = stablehlo.dot_general %%d0, %%w0, contracting_dims = [1] x [1]"
+                   " : (%s, %s) -> %s\n", dl, ty(w[0], w[1], "f32"), hl);
         if (l == 0)
             break;
         put(t, "    %%dh%d = stablehlo.dot_general %%d%d, %%w%d, contracting_dims = [1] x [1]"
@@ -158,13 +169,32 @@ static void backward(struct text *t, const int *w, int nl, int batch)
         put(t, "    %%d%d = stablehlo.select %%pos%d, %%dh%d, %%zeros%d : %s, %s\n",
             l - 1, l, l, l, ty(batch, w[l], "i1"), hl);
     }
-    put(t, "    return ");
+}
+
+/* The gradients of the dense layers and the loss; conv, the CNN's part
+ * before them ("%gck0, %gcb0, ..." and their types). */
+static void ret(struct text *t, const int *w, int nl, const char *conv,
+                const char *conv_types)
+{
+    put(t, "    return %s", conv);
     for (int l = 0; l < nl; l++)
         put(t, "%%gw%d, %%gb%d, ", l, l);
-    put(t, "%%loss : ");
+    put(t, "%%loss : %s", conv_types);
     for (int l = 0; l < nl; l++)
         put(t, "%s, %s, ", ty(w[l], w[l + 1], "f32"), ty(w[l + 1], -1, "f32"));
     put(t, "tensor<f32>\n  }\n}\n");
+}
+
+/* The text, or NULL when memory ran out. */
+static char *finish(struct text *t, char *err, size_t errlen)
+{
+    if (t->nomem) {
+        free(t->s);
+        if (err != NULL && errlen > 0)
+            snprintf(err, errlen, "out of memory building the step's text");
+        return NULL;
+    }
+    return t->s;
 }
 
 char *ps_hlo_dense_step(const int *widths, int nwidths, int batch, char *err,
@@ -189,14 +219,147 @@ char *ps_hlo_dense_step(const int *widths, int nwidths, int batch, char *err,
     struct text t = {.s = malloc(4096), .cap = 4096};
     t.nomem = t.s == NULL;
     signature(&t, widths, nl, batch);
-    forward(&t, widths, nl, batch);
+    forward(&t, widths, nl, batch, "%x");
     loss(&t, nl, batch, widths[nl]);
-    backward(&t, widths, nl, batch);
-    if (t.nomem) {
-        free(t.s);
-        if (err != NULL && errlen > 0)
-            snprintf(err, errlen, "out of memory building the step's text");
-        return NULL;
+    backward(&t, widths, nl, batch, "%x", false);
+    ret(&t, widths, nl, "", "");
+    return finish(&t, err, errlen);
+}
+
+/* ---- The CNN ----------------------------------------------------------- */
+
+static const char *ty4(int a, int b, int c, int d)
+{
+    static __thread char ring[8][64];
+    static __thread int next;
+    char *buf = ring[next++ % 8];
+    snprintf(buf, sizeof ring[0], "tensor<%dx%dx%dx%dxf32>", a, b, c, d);
+    return buf;
+}
+
+#define CONV_ATTRS "window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, " \
+                   "feature_group_count = 1 : i64}"
+#define POOL_ATTRS "{window_dimensions = array<i64: 1, 2, 2, 1>, " \
+                   "window_strides = array<i64: 1, 2, 2, 1>}"
+
+/* The shapes: image (n, h, w, c), conv l's input (h[l], w[l], c[l]) and
+ * output channels c[l + 1]; after both pools (h[2], w[2], c[2]). */
+struct cnn {
+    int n, h[3], w[3], c[3];
+};
+
+static void cnn_signature(struct text *t, const struct cnn *g, const int *dw)
+{
+    put(t, "module @ps_train_step {\n  func.func public @main(");
+    for (int l = 0; l < 2; l++)
+        put(t, "%%ck%d: %s, %%cb%d: %s, ", l, ty4(3, 3, g->c[l], g->c[l + 1]), l,
+            ty(g->c[l + 1], -1, "f32"));
+    for (int l = 0; l < 2; l++)
+        put(t, "%%w%d: %s, %%b%d: %s, ", l, ty(dw[l], dw[l + 1], "f32"), l,
+            ty(dw[l + 1], -1, "f32"));
+    put(t, "%%x: %s, %%y: %s) -> (", ty4(g->n, g->h[0], g->w[0], g->c[0]),
+        ty(g->n, -1, "i32"));
+    for (int l = 0; l < 2; l++)
+        put(t, "%s, %s, ", ty4(3, 3, g->c[l], g->c[l + 1]), ty(g->c[l + 1], -1, "f32"));
+    for (int l = 0; l < 2; l++)
+        put(t, "%s, %s, ", ty(dw[l], dw[l + 1], "f32"), ty(dw[l + 1], -1, "f32"));
+    put(t, "tensor<f32>) {\n");
+    put(t, "    %%zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>\n"
+           "    %%ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>\n");
+}
+
+/* conv l (3x3, pad 1) -> + bias -> ReLU (%cr) -> 2x2 max-pool (%cp). */
+static void cnn_forward(struct text *t, const struct cnn *g, int l)
+{
+    int n = g->n, h = g->h[l], w = g->w[l], ci = g->c[l], co = g->c[l + 1];
+    const char *in = l == 0 ? "%x" : "%cp0", *out = ty4(n, h, w, co);
+    put(t, "    %%cv%d = stablehlo.convolution(%s, %%ck%d) dim_numbers = [b, 0, 1, f]x"
+           "[0, 1, i, o]->[b, 0, 1, f], " CONV_ATTRS " : (%s, %s) -> %s\n", l, in, l,
+        ty4(n, h, w, ci), ty4(3, 3, ci, co), out);
+    put(t, "    %%cbb%d = stablehlo.broadcast_in_dim %%cb%d, dims = [3] : (%s) -> %s\n",
+        l, l, ty(co, -1, "f32"), out);
+    put(t, "    %%ca%d = stablehlo.add %%cv%d, %%cbb%d : %s\n", l, l, l, out);
+    put(t, "    %%czero%d = stablehlo.broadcast_in_dim %%zero, dims = [] : (tensor<f32>)"
+           " -> %s\n", l, out);
+    put(t, "    %%cr%d = stablehlo.maximum %%ca%d, %%czero%d : %s\n", l, l, l, out);
+    put(t, "    %%cp%d = \"stablehlo.reduce_window\"(%%cr%d, %%ninf) ({\n"
+           "    ^bb0(%%rwa%d: tensor<f32>, %%rwb%d: tensor<f32>):\n"
+           "      %%rwm%d = stablehlo.maximum %%rwa%d, %%rwb%d : tensor<f32>\n"
+           "      stablehlo.return %%rwm%d : tensor<f32>\n"
+           "    }) " POOL_ATTRS " : (%s, tensor<f32>) -> %s\n", l, l, l, l, l, l, l, l,
+        out, ty4(n, h / 2, w / 2, co));
+}
+
+/* From %dcp (d loss / d pool output) of conv block l: through the pool
+ * and the ReLU, the kernel and bias gradients, and for l = 1 on to
+ * %dcp0. */
+static void cnn_backward(struct text *t, const struct cnn *g, int l)
+{
+    int n = g->n, h = g->h[l], w = g->w[l], ci = g->c[l], co = g->c[l + 1];
+    const char *in = l == 0 ? "%x" : "%cp0", *out = ty4(n, h, w, co);
+    put(t, "    %%dcr%d = \"stablehlo.select_and_scatter\"(%%cr%d, %%dcp%d, %%zero) ({\n"
+           "    ^bb0(%%ssa%d: tensor<f32>, %%ssb%d: tensor<f32>):\n"
+           "      %%ssge%d = stablehlo.compare GE, %%ssa%d, %%ssb%d : (tensor<f32>, "
+           "tensor<f32>) -> tensor<i1>\n"
+           "      stablehlo.return %%ssge%d : tensor<i1>\n"
+           "    }, {\n"
+           "    ^bb0(%%ssc%d: tensor<f32>, %%ssd%d: tensor<f32>):\n"
+           "      %%sssum%d = stablehlo.add %%ssc%d, %%ssd%d : tensor<f32>\n"
+           "      stablehlo.return %%sssum%d : tensor<f32>\n"
+           "    }) " POOL_ATTRS " : (%s, %s, tensor<f32>) -> %s\n",
+        l, l, l, l, l, l, l, l, l, l, l, l, l, l, l, out, ty4(n, h / 2, w / 2, co), out);
+    put(t, "    %%cpos%d = stablehlo.compare GT, %%cr%d, %%czero%d : (%s, %s) -> "
+           "tensor<%dx%dx%dx%dxi1>\n", l, l, l, out, out, n, h, w, co);
+    put(t, "    %%dca%d = stablehlo.select %%cpos%d, %%dcr%d, %%czero%d : "
+           "tensor<%dx%dx%dx%dxi1>, %s\n", l, l, l, l, n, h, w, co, out);
+    put(t, "    %%gck%d = stablehlo.convolution(%s, %%dca%d) dim_numbers = [f, 0, 1, b]x"
+           "[i, 0, 1, o]->[0, 1, b, f], " CONV_ATTRS " : (%s, %s) -> %s\n", l, in, l,
+        ty4(n, h, w, ci), out, ty4(3, 3, ci, co));
+    put(t, "    %%gcb%d = stablehlo.reduce(%%dca%d init: %%zero) applies stablehlo.add "
+           "across dimensions = [0, 1, 2] : (%s, tensor<f32>) -> %s\n", l, l, out,
+        ty(co, -1, "f32"));
+    if (l == 0)
+        return;
+    put(t, "    %%ckr%d = stablehlo.reverse %%ck%d, dims = [0, 1] : %s\n", l, l,
+        ty4(3, 3, ci, co));
+    put(t, "    %%dcp%d = stablehlo.convolution(%%dca%d, %%ckr%d) dim_numbers = "
+           "[b, 0, 1, f]x[0, 1, o, i]->[b, 0, 1, f], " CONV_ATTRS " : (%s, %s) -> %s\n",
+        l - 1, l, l, out, ty4(3, 3, ci, co), ty4(n, h, w, ci));
+}
+
+char *ps_hlo_cnn_step(int h, int w, int c, const int cw[3], int nclasses, int batch,
+                      char *err, size_t errlen)
+{
+    const int v[] = {h, w, c, cw[0], cw[1], cw[2], nclasses, batch};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        if (v[i] < 1 || v[i] > MAX_DIM || (i < 2 && v[i] < 4)) {
+            if (err != NULL && errlen > 0)
+                snprintf(err, errlen, "a CNN step needs images of at least 4x4 and "
+                         "sizes in [1, %d], got %d", MAX_DIM, v[i]);
+            return NULL;
+        }
     }
-    return t.s;
+    struct cnn g = {.n = batch, .h = {h, h / 2, h / 4}, .w = {w, w / 2, w / 4},
+                    .c = {c, cw[0], cw[1]}};
+    int flat = g.h[2] * g.w[2] * g.c[2];
+    int dw[3] = {flat, cw[2], nclasses};
+    struct text t = {.s = malloc(8192), .cap = 8192};
+    t.nomem = t.s == NULL;
+    cnn_signature(&t, &g, dw);
+    cnn_forward(&t, &g, 0);
+    cnn_forward(&t, &g, 1);
+    put(&t, "    %%flat = stablehlo.reshape %%cp1 : (%s) -> %s\n",
+        ty4(batch, g.h[2], g.w[2], g.c[2]), ty(batch, flat, "f32"));
+    forward(&t, dw, 2, batch, "%flat");
+    loss(&t, 2, batch, nclasses);
+    backward(&t, dw, 2, batch, "%flat", true);
+    put(&t, "    %%dcp1 = stablehlo.reshape %%dflat : (%s) -> %s\n",
+        ty(batch, flat, "f32"), ty4(batch, g.h[2], g.w[2], g.c[2]));
+    cnn_backward(&t, &g, 1);
+    cnn_backward(&t, &g, 0);
+    char types[256];
+    snprintf(types, sizeof types, "%s, %s, %s, %s, ", ty4(3, 3, c, cw[0]),
+             ty(cw[0], -1, "f32"), ty4(3, 3, cw[0], cw[1]), ty(cw[1], -1, "f32"));
+    ret(&t, dw, 2, "%gck0, %gcb0, %gck1, %gcb1, ", types);
+    return finish(&t, err, errlen);
 }

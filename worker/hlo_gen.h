@@ -1,7 +1,8 @@
 /*
  * hlo_gen.h - the training step of a dense model (softmax regression, the
- * MLP) as a StableHLO module in MLIR text, generated from the layer widths,
- * for backends that compile whole programs (worker/backend_pjrt.c).
+ * MLP) and of the CNN as a StableHLO module in MLIR text, generated from the
+ * layer sizes, for backends that compile whole programs
+ * (worker/backend_pjrt.c).
  *
  * The module's one function, @main, takes the model's tensors in block order
  * (model.h: dense0/kernel (in, out), dense0/bias (out), dense1/kernel, ...),
@@ -31,5 +32,17 @@
  */
 char *ps_hlo_dense_step(const int *widths, int nwidths, int batch, char *err,
                         size_t errlen);
+
+/*
+ * The training step of model.h's CNN on (h, w, c) images: conv 3x3 pad 1
+ * (cw[0]) -> ReLU -> 2x2 max-pool -> conv (cw[1]) -> ReLU -> pool -> dense
+ * (cw[2]) -> ReLU -> dense (nclasses). Its arguments are conv0/kernel
+ * (3, 3, c, cw[0]), conv0/bias, conv1/kernel, conv1/bias, dense0/kernel,
+ * dense0/bias, dense1/kernel, dense1/bias, then x (batch, h, w, c) and y
+ * (batch); its results their gradients and the loss. NULL with a reason
+ * as ps_hlo_dense_step (images under 4x4 too).
+ */
+char *ps_hlo_cnn_step(int h, int w, int c, const int cw[3], int nclasses,
+                      int batch, char *err, size_t errlen);
 
 #endif

@@ -367,25 +367,24 @@ int ps_model_create(const char *spec, int in_h, int in_w, int in_c,
                               nclasses, max_batch, out, err, errlen);
 }
 
-/* On a whole-step backend: the dense widths, and the backend's step. */
+/* On a whole-step backend: the model as it sees it, and its step. */
 static int open_step(ps_model *m, char *err, size_t errlen)
 {
-    if (m->is_cnn)
-        return ps_errf(PS_ESHAPE, err, errlen, "model '%s' cannot run on %s: it "
-                       "compiles the dense models only (softmax, mlp:...)", m->spec,
-                       m->be->name);
-    int widths[MLP_MAX_WIDTHS], nw = 0;
-    for (int i = 0; i < m->nlayers; i++) {
+    struct ps_step_net net = {.cnn = m->is_cnn, .h = m->in_h, .w = m->in_w,
+                              .c = m->in_c};
+    for (int i = 0; i < m->nlayers && net.nwidths < PS_STEP_MAX_WIDTHS; i++) {
         const struct layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV)
+            net.widths[net.nwidths++] = l->oc;
         if (l->kind != LAYER_DENSE)
             continue;
-        if (nw == 0)
-            widths[nw++] = l->ic;
-        widths[nw++] = l->oc;
+        if (net.nwidths == 0)
+            net.widths[net.nwidths++] = l->ic;
+        net.widths[net.nwidths++] = l->oc;
     }
-    m->step = m->be->step_open(m->be, widths, nw, err, errlen);
+    m->step = m->be->step_open(m->be, &net, err, errlen);
     m->step_stale = true;
-    return m->step != NULL ? 0 : PS_ENODEV;
+    return m->step != NULL ? 0 : PS_ESHAPE;
 }
 
 int ps_model_create_on(const struct ps_backend *be, const char *spec,

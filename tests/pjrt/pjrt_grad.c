@@ -1,7 +1,7 @@
 /*
  * pjrt_grad - the PJRT backend's gradients against the CPU backend's on
- * fixed batches: `pjrt_grad PLUGIN SPEC BATCH...` builds SPEC for 28x28x1
- * inputs and 10 classes on both backends with the same values, runs one
+ * fixed batches: `pjrt_grad [--image HxWxC] PLUGIN SPEC BATCH...` builds
+ * SPEC for 28x28x1 (or HxWxC) inputs and 10 classes on both backends with the same values, runs one
  * step per BATCH on the same pseudo-random examples and compares every
  * gradient tensor and the loss. A tensor passes when
  * max |pjrt - cpu| <= 1e-5 * max |cpu| (relative to the tensor's scale:
@@ -98,13 +98,20 @@ static void time_steps(ps_model *cpu, ps_model *pj, int batch, const float *x,
 
 int main(int argc, char **argv)
 {
-    int timed = 0, a = 1;
-    if (argc > 2 && strcmp(argv[1], "--time") == 0) {
-        timed = atoi(argv[2]);
-        a = 3;
+    int timed = 0, a = 1, ih = 28, iw = 28, ic = 1;
+    for (;;) {
+        if (argc > a + 1 && strcmp(argv[a], "--time") == 0)
+            timed = atoi(argv[a + 1]);
+        else if (argc > a + 1 && strcmp(argv[a], "--image") == 0)
+            sscanf(argv[a + 1], "%dx%dx%d", &ih, &iw, &ic);
+        else
+            break;
+        a += 2;
     }
+    int insz = ih * iw * ic;
     if (argc - a < 3) {
-        fprintf(stderr, "usage: pjrt_grad [--time N] PLUGIN SPEC BATCH...\n");
+        fprintf(stderr, "usage: pjrt_grad [--time N] [--image HxWxC] PLUGIN SPEC "
+                "BATCH...\n");
         return 2;
     }
     const char *plugin = argv[a], *spec = argv[a + 1];
@@ -118,8 +125,8 @@ int main(int argc, char **argv)
     for (int i = a + 2; i < argc; i++)
         maxb = atoi(argv[i]) > maxb ? atoi(argv[i]) : maxb;
     ps_model *cpu, *pj;
-    if (ps_model_create(spec, 28, 28, 1, 10, maxb, &cpu, err, sizeof err) != 0 ||
-        ps_model_create_on(be, spec, 28, 28, 1, 10, maxb, &pj, err, sizeof err) != 0) {
+    if (ps_model_create(spec, ih, iw, ic, 10, maxb, &cpu, err, sizeof err) != 0 ||
+        ps_model_create_on(be, spec, ih, iw, ic, 10, maxb, &pj, err, sizeof err) != 0) {
         fprintf(stderr, "pjrt_grad: %s\n", err);
         return 2;
     }
@@ -134,9 +141,9 @@ int main(int argc, char **argv)
                 params[in->offset + k] = ((float)(next_u32() % 2001) - 1000.0f) * 1e-4f;
     }
     ps_model_params_from_host(pj, params);
-    float *x = malloc((size_t)maxb * 784 * sizeof *x), *gp = malloc(np * sizeof *gp);
+    float *x = malloc((size_t)maxb * insz * sizeof *x), *gp = malloc(np * sizeof *gp);
     int32_t *y = malloc((size_t)maxb * sizeof *y);
-    for (int i = 0; i < maxb * 784; i++)
+    for (int i = 0; i < maxb * insz; i++)
         x[i] = (float)(next_u32() % 256) / 255.0f;
     for (int i = 0; i < maxb; i++)
         y[i] = (int32_t)(next_u32() % 10);

@@ -2,15 +2,16 @@
 into build/venv-pjrt by the first part that runs and reused after):
 
   grad    the PJRT gradients equal the CPU backend's within 1e-5 relative on
-          fixed batches, for softmax and the MLP (tests/pjrt/pjrt_grad.c);
+          fixed batches, for softmax, the MLP and the CNN
+          (tests/pjrt/pjrt_grad.c);
   train   one epoch of workerd --device pjrt:PLUGIN against a real psd
           reaches the CPU backend's test accuracy within half a point, for
           softmax and the MLP, with as many CPU replicas as the plugin has
           devices (the same global batch);
   refuse  a missing plugin, files that are not plugins, a plugin of another
           API major version, one without devices, one whose client fails,
-          --device tpu without libtpu, and a model the backend cannot
-          express: each one line on stderr and exit 2, nothing pushed.
+          --device tpu without libtpu: each one line on stderr and exit 2,
+          nothing pushed.
 
 Each part skips (exit 77) with one line when PyPI cannot be reached or the
 dataset is missing."""
@@ -102,16 +103,19 @@ def part_grad(r):
     so = plugin_or_skip()
     grad = os.environ.get("PS_PJRT_GRAD") or os.path.join(
         pstest.BUILD_ROOT, "tests", "pjrt", "pjrt_grad")
-    for spec, batches in (("softmax", ["64", "7"]), (MLP, ["128", "37", "1"])):
-        p = subprocess.run([grad, so, spec, *batches], capture_output=True, text=True,
-                           timeout=600)
+    for spec, image, batches in (("softmax", "28x28x1", ["64", "7"]),
+                                 (MLP, "28x28x1", ["128", "37", "1"]),
+                                 ("cnn", "28x28x1", ["8", "3"]),
+                                 ("cnn:4-5-6", "9x11x3", ["5"])):
+        p = subprocess.run([grad, "--image", image, so, spec, *batches],
+                           capture_output=True, text=True, timeout=600)
         rows = [l for l in p.stdout.splitlines() if l.startswith("batch")]
         worst = max((float(l.split(" rel ")[1].split()[0]) for l in rows
                      if " rel " in l), default=-1)
         r.check(p.returncode == 0 and rows and all(l.endswith(" ok") for l in rows),
-                "%s, batches %s: PJRT gradients and loss equal the CPU backend's "
-                "within 1e-5 relative (worst %.2e over %d rows)%s" % (
-                    spec, "/".join(batches), worst, len(rows),
+                "%s on %s, batches %s: PJRT gradients and loss equal the CPU "
+                "backend's within 1e-5 relative (worst %.2e over %d rows)%s" % (
+                    spec, image, "/".join(batches), worst, len(rows),
                     "" if p.returncode == 0 else ": " + (p.stderr.strip()[-300:] or
                                                          "\n".join(rows))))
 
@@ -193,13 +197,6 @@ def part_refuse(r):
                 env=notpu)
     refused(r, "--device tpu with TPU_LIBRARY_PATH on a plugin without devices", "tpu",
             ["has no addressable device"], env=dict(notpu, TPU_LIBRARY_PATH=fake))
-    so, why = cpu_plugin()
-    if so is None:
-        print("skip: the CNN on the CPU plugin: %s" % why)
-        return
-    if os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
-        refused(r, "the CNN (not expressed by the PJRT backend)", "pjrt:" + so,
-                ["cnn", "dense models only"], extra=("--model", "cnn"))
 
 
 def main():

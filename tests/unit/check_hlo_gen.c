@@ -39,6 +39,19 @@ static const char *undefined_name(const char *text)
         const char *end = strchr(line, '\n');
         if (end == NULL)
             break;
+        const char *bb = strstr(line, "^bb0(");
+        if (bb != NULL && bb < end) { /* a region's arguments */
+            for (const char *p = bb; p < end; p++) {
+                if (*p != '%')
+                    continue;
+                int k = 0;
+                while (isalnum((unsigned char)p[1 + k]) || p[1 + k] == '_')
+                    k++;
+                snprintf(defined[nd++], 24, "%.*s", k, p + 1);
+            }
+            line = end + 1;
+            continue;
+        }
         const char *eq = strstr(line, " = ");
         const char *rhs = eq != NULL && eq < end ? eq + 3 : line;
         for (const char *p = rhs; p < end; p++) {
@@ -133,5 +146,37 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+START_TEST(test_cnn)
+{
+    char err[128];
+    char *t = ps_hlo_cnn_step(28, 28, 1, (int[]){32, 64, 128}, 10, 8, err, sizeof err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_ptr_nonnull(strstr(t, "@main(%ck0: tensor<3x3x1x32xf32>, %cb0: tensor<32xf32>, "
+                                    "%ck1: tensor<3x3x32x64xf32>, %cb1: tensor<64xf32>, "
+                                    "%w0: tensor<3136x128xf32>, %b0: tensor<128xf32>, "
+                                    "%w1: tensor<128x10xf32>, %b1: tensor<10xf32>, "
+                                    "%x: tensor<8x28x28x1xf32>, %y: tensor<8xi32>)"));
+    /* Two convs forward, two kernel gradients, one back to the first pool
+     * (the image needs none). */
+    ck_assert_int_eq(count(t, "stablehlo.convolution"), 5);
+    ck_assert_int_eq(count(t, "reduce_window"), 2);
+    ck_assert_int_eq(count(t, "select_and_scatter"), 2);
+    ck_assert_ptr_nonnull(strstr(t, "-> tensor<8x7x7x64xf32>"));
+    ck_assert_ptr_nonnull(strstr(t, "return %gck0, %gcb0, %gck1, %gcb1, %gw0, %gb0, %gw1, "
+                                    "%gb1, %loss"));
+    const char *bad = undefined_name(t);
+    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
+    free(t);
+    /* Odd sizes pool as VALID: 9 -> 4 -> 2. */
+    t = ps_hlo_cnn_step(9, 9, 3, (int[]){4, 5, 6}, 3, 2, err, sizeof err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_ptr_nonnull(strstr(t, "%w0: tensor<20x6xf32>"));
+    free(t);
+    ck_assert_ptr_null(ps_hlo_cnn_step(3, 28, 1, (int[]){4, 5, 6}, 3, 2, err, sizeof err));
+    ck_assert_ptr_nonnull(strstr(err, "at least 4x4"));
+}
+END_TEST
+
 PSCHECK_MAIN("hlo_gen",
-    {"ps_hlo_dense_step", {test_softmax_signature, test_mlp_layers, test_refusals}})
+    {"ps_hlo_dense_step", {test_softmax_signature, test_mlp_layers, test_refusals}},
+    {"ps_hlo_cnn_step", {test_cnn}})
