@@ -26,7 +26,10 @@
  * count is process-wide (ps_backend_cpu_set_threads). A CUDA backend is one
  * stream on one device, shared by every model created on it: calls from
  * several threads are safe but queue behind each other, and a sync waits
- * for all of them. Backends live until the process exits.
+ * for all of them. A PJRT plugin is loaded once per process with one
+ * client; its devices' backends may run steps from several threads at once
+ * (the PJRT C API is thread-safe), and a compile holds a lock so that each
+ * shape compiles once. Backends live until the process exits.
  */
 #ifndef PS_WORKER_BACKEND_H
 #define PS_WORKER_BACKEND_H

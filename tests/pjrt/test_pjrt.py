@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "interop"))
@@ -165,7 +164,7 @@ def refused(r, what, device, words, env=None, extra=()):
 
 
 def part_refuse(r):
-    tmp = tempfile.mkdtemp(prefix="pjrt-test-")
+    tmp = pstest.tmpdir("pjrt-test-")
     fake = os.environ.get("PS_PJRT_FAKE") or os.path.join(
         pstest.BUILD_ROOT, "tests", "pjrt", "libfake_pjrt.so")
     text = os.path.join(tmp, "plugin.so")
@@ -197,6 +196,13 @@ def part_refuse(r):
                 env=notpu)
     refused(r, "--device tpu with TPU_LIBRARY_PATH on a plugin without devices", "tpu",
             ["has no addressable device"], env=dict(notpu, TPU_LIBRARY_PATH=fake))
+    # pip install --user libtpu: ~/.local/lib/python3.X/site-packages/libtpu.
+    site = os.path.join(tmp, ".local", "lib", "python3.11", "site-packages", "libtpu")
+    os.makedirs(site)
+    os.symlink(fake, os.path.join(site, "libtpu.so"))
+    refused(r, "--device tpu finds ~/.local's libtpu/libtpu.so (here a plugin without "
+            "devices)", "tpu", [os.path.join(site, "libtpu.so"), "has no addressable device"],
+            env=notpu)
 
 
 def main():
