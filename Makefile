@@ -24,7 +24,8 @@ DEB_PACKAGES := \
 	dataset-fashion-mnist iproute2 procps \
 	openssl \
 	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus \
-	help2man man-db
+	help2man man-db \
+	python3-venv
 
 # Only the benchmarks compare against PyTorch; its install is large.
 BENCH_PACKAGES := python3-torch

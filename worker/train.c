@@ -360,7 +360,8 @@ static void session_close(struct session *s)
     pthread_cond_destroy(&s->cond);
 }
 
-/* Where replica r computes: the CPU, or GPU N+r for --device cuda:N. */
+/* Where replica r computes: the CPU, GPU N+r for --device cuda:N, or the
+ * PJRT plugin's device r for tpu or pjrt:PATH. */
 static int pick_backends(struct session *s, const struct wd_train_opts *o, int nrep,
                          char *err, size_t errlen)
 {
@@ -369,15 +370,20 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
         return -ENOMEM;
     int dev0 = 0;
     bool cuda = strncmp(o->device, "cuda:", 5) == 0;
+    bool pjrt = strcmp(o->device, "tpu") == 0 || strncmp(o->device, "pjrt:", 5) == 0;
+    char plugin[4096];
+    if (pjrt && ps_pjrt_plugin_path(o->device, plugin, sizeof plugin, err, errlen) != 0)
+        return PS_ENODEV;
     if (cuda)
         dev0 = atoi(o->device + 5);
     for (int r = 0; r < nrep; r++) {
-        if (!cuda) {
+        if (!cuda && !pjrt) {
             s->backends[r] = &ps_backend_cpu;
             continue;
         }
         char why[256];
-        s->backends[r] = ps_backend_cuda(dev0 + r, why, sizeof why);
+        s->backends[r] = pjrt ? ps_backend_pjrt(plugin, r, why, sizeof why)
+                              : ps_backend_cuda(dev0 + r, why, sizeof why);
         if (s->backends[r] == NULL) {
             snprintf(err, errlen, "--device %s%s: %s", o->device,
                      nrep > 1 ? " with --replicas" : "", why);

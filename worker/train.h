@@ -67,7 +67,7 @@ struct wd_train_opts {
     int nclasses;              /* classes the model predicts */
     int batch;                 /* per replica */
     int replicas;              /* local replicas (CPU threads or GPUs) */
-    const char *device;        /* "cpu" or "cuda:N" */
+    const char *device;        /* "cpu", "cuda:N", "tpu" or "pjrt:PATH" */
     int blas_threads;          /* OpenBLAS threads per replica */
     int epochs;                /* 0 = until max_steps */
     int64_t max_steps;         /* 0 = no limit */

@@ -126,7 +126,8 @@ static const ps_opt wd_opts[] = {
     {"replicas", PS_OPT_INT, offsetof(struct wd_conf, replicas), "1",
      "local replicas: CPU threads (or GPUs) splitting each batch", 1, 64, NULL},
     {"device", PS_OPT_STRING, offsetof(struct wd_conf, device), "cpu",
-     "cpu or cuda:N", 0, 0, NULL},
+     "cpu, cuda:N, tpu (libtpu) or pjrt:PATH (a PJRT plugin; one replica per "
+     "device, --replicas N > 1: the first N)", 0, 0, NULL},
     {"threads", PS_OPT_INT, offsetof(struct wd_conf, threads), "1",
      "OpenBLAS threads per replica", 1, 256, NULL},
     {"epochs", PS_OPT_INT, offsetof(struct wd_conf, epochs), "1",
@@ -542,6 +543,18 @@ static int check_model(const struct wd_conf *c, const struct ps_dataset *d)
     if (rc != 0)
         return fail(1, "--model %s: %s", c->model, err);
     ps_model_destroy(probe);
+    /* A PJRT device compiles only some models: ask its backend, before
+     * anything is created on psd. */
+    char path[4096];
+    if ((strcmp(c->device, "tpu") == 0 || strncmp(c->device, "pjrt:", 5) == 0) &&
+        ps_pjrt_plugin_path(c->device, path, sizeof path, err, sizeof err) == 0) {
+        const struct ps_backend *be = ps_backend_pjrt(path, 0, err, sizeof err);
+        if (be == NULL ||
+            ps_model_create_on(be, c->model, d->h, d->w, d->c, (int)c->classes, 1,
+                               &probe, err, sizeof err) != 0)
+            return fail(2, "--model %s: %s", c->model, err);
+        ps_model_destroy(probe);
+    }
     return 0;
 }
 
@@ -772,8 +785,9 @@ static int check_compute_flags(const struct wd_conf *c)
                     "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
                     opt_choices[c->optimizer], c->consistency == 1 ? "sync" : "async",
                     (long long)c->replicas, c->device);
-    if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0)
-        return fail(2, "--device: '%s' is not cpu or cuda:N", c->device);
+    if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0 &&
+        strcmp(c->device, "tpu") != 0 && strncmp(c->device, "pjrt:", 5) != 0)
+        return fail(2, "--device: '%s' is not cpu, cuda:N, tpu or pjrt:PATH", c->device);
     if (c->local_steps > 0 && (c->optimizer != 0 || c->consistency != 0 ||
                                c->replicas > 1 || strcmp(c->device, "cpu") != 0))
         return fail(2, "--local-steps needs async SGD on one CPU replica "
@@ -783,6 +797,27 @@ static int check_compute_flags(const struct wd_conf *c)
     if (c->staleness != 0 && c->consistency != 2)
         return fail(2, "--staleness applies to --consistency bounded only, not %s",
                     cons_choices[c->consistency]);
+    return 0;
+}
+
+/* --device tpu or pjrt:PATH: loads the plugin before anything connects and
+ * makes the replicas its devices (the first --replicas when that is > 1).
+ * Returns 0, or 2 after one line on stderr naming the cause. */
+static int open_pjrt(struct wd_conf *c)
+{
+    if (strcmp(c->device, "tpu") != 0 && strncmp(c->device, "pjrt:", 5) != 0)
+        return 0;
+    char path[4096], err[600];
+    int n = ps_pjrt_plugin_path(c->device, path, sizeof path, err, sizeof err);
+    if (n == 0)
+        n = ps_pjrt_open(path, err, sizeof err);
+    if (n < 0)
+        return fail(2, "--device %s: %s", c->device, err);
+    if (c->replicas > n)
+        return fail(2, "--replicas %lld: --device %s has %d device(s)",
+                    (long long)c->replicas, c->device, n);
+    if (c->replicas <= 1)
+        c->replicas = n;
     return 0;
 }
 
@@ -894,6 +929,9 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
 
+    status = open_pjrt(&c);
+    if (status != 0)
+        goto out;
     wd_metrics_init(&wm, evaluator);
     status = serve_metrics(&c, &wm, &metrics);
     if (status == 0)
