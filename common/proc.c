@@ -99,6 +99,8 @@ struct ps_proc_loop {
     int closing;     /* close callbacks still to come */
     int got;         /* the signal that stopped the loop */
     struct timer *timers;
+    void (*on_hup)(void *ctx); /* SIGHUP runs this instead of stopping */
+    void *hup_ctx;
 };
 
 static void mask_signals(int how)
@@ -110,12 +112,24 @@ static void mask_signals(int how)
     pthread_sigmask(how, &set, NULL);
 }
 
-/* The only thing a signal does: stop the loop (STYLE.md, Daemons). */
+/* The only thing a signal does: stop the loop (STYLE.md, Daemons), or for
+ * SIGHUP with a reload set, run it. libuv calls this from the loop, not
+ * from the signal handler, so the reload may do anything the loop may. */
 static void on_signal(uv_signal_t *h, int signum)
 {
     ps_proc_loop *l = h->data;
+    if (signum == SIGHUP && l->on_hup != NULL) {
+        l->on_hup(l->hup_ctx);
+        return;
+    }
     l->got = signum;
     uv_stop(&l->loop);
+}
+
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx)
+{
+    l->on_hup = fn;
+    l->hup_ctx = ctx;
 }
 
 static void on_timer(uv_timer_t *h)

@@ -105,6 +105,10 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
  * a watchdog, adding nothing), or as ps_proc_loop_every. */
 int ps_proc_loop_keepalive(ps_proc_loop *l);
 
+/* Makes SIGHUP run fn(ctx) on the loop's thread (a reload: of the token
+ * file, say) instead of stopping the loop. */
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx);
+
 /* Runs the loop (its timers) until one of the signals arrives, tells
  * systemd the daemon is stopping (STOPPING=1; nothing outside systemd) and
  * returns the signal's number; the signals are blocked again when it

@@ -81,6 +81,9 @@ typedef struct ps_rpc_server_opts {
     int max_streams;          /* calls in flight per connection (HTTP/2
                                  SETTINGS_MAX_CONCURRENT_STREAMS: a client
                                  queues the ones beyond); 0 = gRPC's, none */
+    struct ps_auth *auth;     /* tokens and roles (common/auth.h) checked on
+                                 every call of every listener, kept not owned
+                                 (it must outlive the server); NULL: open */
 } ps_rpc_server_opts;
 
 /* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,
@@ -158,6 +161,9 @@ int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *call);
 bool ps_rpc_call_cancelled(const ps_rpc_call *call);
 /* The full method path of the call ("/ps.v1.ParameterServer/Push"). */
 const char *ps_rpc_call_method(const ps_rpc_call *call);
+/* The role the call's token gave it (enum ps_auth_role, common/auth.h);
+ * PS_AUTH_NONE (0) on a server without tokens. */
+int ps_rpc_call_role(ps_rpc_call *call);
 /* The client's address ("ipv4:127.0.0.1:51234"), for logs. Valid while the
  * call is. */
 const char *ps_rpc_call_peer(ps_rpc_call *call);
@@ -174,6 +180,8 @@ typedef struct ps_rpc_client_opts {
     int64_t retry_budget_ms;  /* total time for all attempts; 0 = no limit
                                  beyond max_attempts */
     size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+    const char *token;        /* sent as "authorization: Bearer TOKEN" with
+                                 every call (copied); NULL or "": none */
 } ps_rpc_client_opts;
 
 typedef struct ps_rpc_status {

@@ -7,6 +7,7 @@
  */
 #include "common/rpc_server_internal.h"
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/health.h"
@@ -434,6 +435,10 @@ static int server_make(ps_rpc_server *srv)
 static int server_bind(ps_rpc_server *srv)
 {
     grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    /* Tokens: gRPC 1.51 runs the processor for plaintext credentials too
+     * (auth.h). Credentials made elsewhere (TLS) take it the same way. */
+    if (srv->opts.auth != NULL)
+        ps_auth_attach(srv->opts.auth, creds, PS_AUTH_NONE);
     int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
     const char *bad = port == 0 ? srv->listen : NULL;
     if (port != 0 && srv->listen_also != NULL &&
@@ -588,6 +593,11 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv)
 {
     return atomic_load(&((ps_rpc_server *)srv)->calls_total);
+}
+
+struct ps_auth *rpc_server_auth(ps_rpc_server *srv)
+{
+    return srv->opts.auth;
 }
 
 void rpc_server_count_failure(ps_rpc_server *srv, int code)
