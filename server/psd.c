@@ -8,6 +8,7 @@
  * SIGINT drains the calls in flight, flushes everything acknowledged to LMDB
  * and exits 0.
  */
+#include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
@@ -56,6 +57,8 @@ struct psd_conf {
     int64_t max_pull_wait_ms;
     int max_streams;
     char *metrics_listen;
+    char *tokens;
+    char *token_file;
     int log_level;
     int log_format;
 };
@@ -158,6 +161,15 @@ static const ps_opt psd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* None: open, as before tokens existed; a warning when the address is
+     * not loopback. */
+    {"tokens", PS_OPT_STRING, offsetof(struct psd_conf, tokens), NULL,
+     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
+     "then needs a token whose role may call its method; reloaded on SIGHUP; "
+     "default: none, any caller may call anything", 0, 0, NULL},
+    {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
+     "file holding the token psd sends to --coordinator (a worker's); "
+     "default: none", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
@@ -184,6 +196,8 @@ struct psd {
     ps_coord *coord;
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     psd_metrics_src msrc;     /* what the metrics collector reads */
+    ps_auth *auth;            /* --tokens; NULL: open */
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* --token-file's, or "" */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
     int port;
 };
@@ -230,6 +244,24 @@ static int tf_config_defaults(struct psd *d)
     return PS_PROC_RUN;
 }
 
+/* --tokens (the table every call is checked against) and --token-file
+ * (what psd sends to its coordinator). Returns PS_PROC_RUN, or 2 after one
+ * line naming the file (and line). */
+static int load_tokens(struct psd *d)
+{
+    char err[600];
+    if (ps_auth_server_setup(d->c.tokens, d->c.listen, &d->auth, err,
+                             sizeof err) != 0)
+        return ps_proc_quit(&d->cmd, 2, "--tokens: %s", err);
+    if (d->c.token_file != NULL && d->c.token_file[0] != '\0' &&
+        ps_auth_read_token(d->c.token_file, d->token, sizeof d->token, err,
+                           sizeof err) != 0) {
+        ps_auth_destroy(d->auth);
+        return ps_proc_quit(&d->cmd, 2, "--token-file: %s", err);
+    }
+    return PS_PROC_RUN;
+}
+
 /* --max-bytes 0: half of the host's physical memory (see psd_opts). */
 static uint64_t half_of_memory(void)
 {
@@ -259,6 +291,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .max_bytes = c->max_bytes != 0 ? c->max_bytes : half_of_memory(),
         .max_waiting_pulls = (size_t)c->max_waiting_pulls,
         .max_pull_wait_ms = c->max_pull_wait_ms,
+        .tokens_required = d->auth != NULL,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
@@ -299,7 +332,7 @@ static int serve(struct psd *d)
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
                              .listen_also = d->also[0] ? d->also : NULL,
-                             .max_streams = c->max_streams};
+                             .max_streams = c->max_streams, .auth = d->auth};
     int rc;
     if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
         (rc = psd_shard_register(d->shard, d->srv)) != 0 ||
@@ -354,7 +387,8 @@ static int join_coordinator(struct psd *d)
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
                         .address = adv, .is_empty = shard_empty, .ctx = d->shard,
-                        .register_budget_ms = 60000};
+                        .register_budget_ms = 60000,
+                        .token = d->token[0] ? d->token : NULL};
     int idx;
     if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
@@ -490,13 +524,19 @@ int main(int argc, char **argv)
         d.c.listen = strdup("0.0.0.0:7070");
     if (d.c.task_index >= 0)
         ps_log_set_task("ps", d.c.task_index);
+    if ((status = load_tokens(&d)) != PS_PROC_RUN)
+        return status;
 
     status = start(&d);
     if (status == 0) {
         supervise(&d);
+        ps_proc_loop_on_hup(d.loop, ps_auth_reload_logged, d.auth);
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);
     }
-    return ps_proc_epilogue(&d.cmd, d.loop, status);
+    status = ps_proc_epilogue(&d.cmd, d.loop, status);
+    ps_auth_destroy(d.auth); /* after the server that checked with it */
+    explicit_bzero(d.token, sizeof d.token);
+    return status;
 }

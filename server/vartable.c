@@ -727,5 +727,6 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.fixed_overhead_bytes = s->fixed_overhead;
     resp.uptime_seconds = (double)(ps_now_ms() - s->started_ms) / 1000.0;
     resp.last_checkpoint_step = atomic_load(&s->last_ckpt);
+    resp.tokens_required = s->o.tokens_required;
     ps_rpc_reply_pb(call, &resp);
 }
