@@ -33,12 +33,20 @@
  * with plain tokens that others may read is refused. Presented tokens are
  * hashed and compared with every entry in constant time.
  *
+ * The processor refuses a call before its message is read (an
+ * unauthenticated 1 GiB push costs its headers). common/rpc_server.c checks
+ * every call again before its handler (ps_auth_decide): gRPC 1.51 does not
+ * run the processor for a channel added from a file descriptor
+ * (grpc_server_add_channel_from_fd; found by experiment, its calls arrive
+ * unchecked), so for those that second check is the only one.
+ *
  * Trusted transports: a connection whose peer was checked otherwise (psd's
  * unix socket, the peer's uid by SO_PEERCRED: the same uid as psd, or root)
- * may be served through credentials attached with an implicit role
- * (ps_auth_attach): a call on it that presents no token gets that role
- * (worker is the intended one); a call that presents a token is checked as
- * anywhere else.
+ * may give a call without a token an implicit role (worker is the intended
+ * one); a call that presents a token is checked as anywhere else. For a
+ * channel added from a file descriptor (peer "fd:N") that role is
+ * ps_rpc_server_opts.fd_channel_role (rpc.h); for credentials of a listener
+ * of its own, ps_auth_attach's implicit_role.
  *
  * Threads and lifetime: a ps_auth is created before the server that uses it
  * and destroyed after that server; lookups (on gRPC's threads) and

@@ -84,6 +84,11 @@ typedef struct ps_rpc_server_opts {
     struct ps_auth *auth;     /* tokens and roles (common/auth.h) checked on
                                  every call of every listener, kept not owned
                                  (it must outlive the server); NULL: open */
+    int fd_channel_role;      /* with auth: the role (enum ps_auth_role) a
+                                 call without a token gets on a channel added
+                                 from a file descriptor whose peer was
+                                 checked (psd's unix socket, SO_PEERCRED);
+                                 0: none, such a call needs a token too */
 } ps_rpc_server_opts;
 
 /* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,
@@ -161,8 +166,10 @@ int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *call);
 bool ps_rpc_call_cancelled(const ps_rpc_call *call);
 /* The full method path of the call ("/ps.v1.ParameterServer/Push"). */
 const char *ps_rpc_call_method(const ps_rpc_call *call);
-/* The role the call's token gave it (enum ps_auth_role, common/auth.h);
- * PS_AUTH_NONE (0) on a server without tokens. */
+/* The role of the token the call sent (enum ps_auth_role, common/auth.h),
+ * looked up again from its authorization metadata; PS_AUTH_NONE (0) on a
+ * server without tokens, and for a call admitted without a token by a
+ * trusted transport's implicit role. */
 int ps_rpc_call_role(ps_rpc_call *call);
 /* The client's address ("ipv4:127.0.0.1:51234"), for logs. Valid while the
  * call is. */
