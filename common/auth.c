@@ -207,12 +207,16 @@ static int parse_line(const char *line, struct entry *e, bool *plain,
     return 0;
 }
 
-/* Strips a comment and the line end; true when something is left. */
+/* Strips a comment (a '#' that starts a word: a token may hold one) and
+ * the line end; true when something is left. */
 static bool content(char *line)
 {
-    char *hash = strchr(line, '#');
-    if (hash != NULL)
-        *hash = '\0';
+    for (char *p = line; *p != '\0'; p++) {
+        if (*p == '#' && (p == line || p[-1] == ' ' || p[-1] == '\t')) {
+            *p = '\0';
+            break;
+        }
+    }
     size_t n = strlen(line);
     while (n > 0 && isspace((unsigned char)line[n - 1]))
         line[--n] = '\0';

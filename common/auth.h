@@ -28,7 +28,8 @@
  * A method not in the table is refused to every role.
  *
  * The token file: one `ROLE TOKEN` or `ROLE sha256:HEX` per line (HEX the
- * 64 hex digits of the token's SHA-256), `#` comments and blank lines.
+ * 64 hex digits of the token's SHA-256), blank lines, and comments from a
+ * `#` that starts a word (a token may hold a `#`).
  * Tokens are 16 to 512 printable ASCII characters without spaces. A file
  * with plain tokens that others may read is refused. Presented tokens are
  * hashed and compared with every entry in constant time.

@@ -108,6 +108,11 @@ START_TEST(test_create_lookup)
     ck_assert_int_eq(ps_auth_lookup(a, "hashed-reader-token-01", 22), PS_AUTH_READER);
     ck_assert_int_eq(ps_auth_lookup(a, TW, strlen(TW) - 1), PS_AUTH_NONE);
     ck_assert_int_eq(ps_auth_lookup(a, "", 0), PS_AUTH_NONE);
+    ps_auth_destroy(a);
+    /* A '#' inside a token is the token's; one that starts a word, a comment. */
+    a = load_ok("worker abc#defghijklmnopq #comment\n#worker " TO "\n");
+    ck_assert_int_eq(ps_auth_lookup(a, "abc#defghijklmnopq", 18), PS_AUTH_WORKER);
+    ck_assert_int_eq(ps_auth_lookup(a, TO, strlen(TO)), PS_AUTH_NONE);
     /* The same token twice under one role is harmless. */
     tokens("worker " TW "\nworker " TW "\n", 0600);
     ck_assert_int_eq(ps_auth_reload(a, err, sizeof err), 0);
