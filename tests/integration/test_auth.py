@@ -300,6 +300,11 @@ def test_job(d, files):
                                         "" if w.returncode == 0 else ": " + w.stderr[-300:]))
     r.check(not any(t in w.stderr + w.stdout for t in ALL_TOKENS),
             "job: workerd's output holds no token")
+    log = coord.log()
+    r.check("sync steps wait for 1 worker" in log and "UNAUTHENTICATED" not in log
+            and "PERMISSION_DENIED" not in log,
+            "job: pscoord's operator token sets the psd's sync count (SetSyncWorkers, "
+            "an operator's method; no refusal in its log)")
     nw = subprocess.run([WORKERD, "--ps", psd.address, "--model", "mlp:784-32-10",
                          "--epochs", "0", "--steps", "5", "--no-evaluate",
                          "--retry-budget", "0", "--progress", "0"],
