@@ -12,7 +12,8 @@
  * The control loop is a libuv loop (the only user of libuv: nothing else
  * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
  * every thread and taken only while ps_proc_loop_run runs, by uv_signal
- * handlers that stop the loop. Periodic work that belongs to the process
+ * handlers that stop the loop (SIGHUP runs a reload instead once one is
+ * set, ps_proc_loop_on_hup). Periodic work that belongs to the process
  * rather than to a module (keep-alives, metrics) hangs on it as timers:
  * ps_proc_loop_keepalive sends systemd's watchdog keep-alives from it, so
  * that a loop that stops turning is restarted (common/notify.h), and when a

@@ -14,7 +14,7 @@
  * it serves Prometheus' /metrics (--metrics-listen), logs one line per
  * event on stderr, and on SIGTERM or SIGINT ends the watch streams, drains the calls
  * in flight, stops its threads, writes state.json and summary.json and
- * exits 0.
+ * exits 0. SIGHUP reloads the --tokens file.
  *
  * Exit status: 0 after a clean shutdown; 1 when it cannot start (state of
  * another job, address in use); 2 for a bad command line or cluster spec.

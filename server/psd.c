@@ -6,7 +6,7 @@
  * it on port 0), then "METRICS_PORT <n>" when it serves Prometheus' /metrics
  * (--metrics-listen), logs one line per event on stderr, and on SIGTERM or
  * SIGINT drains the calls in flight, flushes everything acknowledged to LMDB
- * and exits 0.
+ * and exits 0. SIGHUP reloads the --tokens file.
  */
 #include "common/auth.h"
 #include "common/cluster.h"
