@@ -14,6 +14,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +124,7 @@ struct ps_auth {
     char *path;
     pthread_rwlock_t lock; /* over tab: a reload swaps it */
     struct table tab;
+    atomic_uint_fast64_t unauthenticated, denied; /* by the processor */
 };
 
 static bool token_char(int c)
@@ -350,6 +352,16 @@ size_t ps_auth_count(const ps_auth *a)
     return n;
 }
 
+uint64_t ps_auth_refused(const ps_auth *a, int code)
+{
+    ps_auth *m = (ps_auth *)a;
+    if (code == PS_RPC_UNAUTHENTICATED)
+        return atomic_load_explicit(&m->unauthenticated, memory_order_relaxed);
+    if (code == PS_RPC_PERMISSION_DENIED)
+        return atomic_load_explicit(&m->denied, memory_order_relaxed);
+    return 0;
+}
+
 const char *ps_auth_path(const ps_auth *a)
 {
     return a->path;
@@ -491,6 +503,9 @@ static void process(void *state, grpc_auth_context *ctx, const grpc_metadata *md
         authz ? GRPC_SLICE_LENGTH(authz->value) : 0, p->implicit_role, &role,
         msg, sizeof msg);
     if (code != 0) {
+        atomic_fetch_add_explicit(code == PS_RPC_UNAUTHENTICATED ? &p->a->unauthenticated
+                                                                 : &p->a->denied,
+                                  1, memory_order_relaxed);
         ps_log_debug("auth: refused: %s", msg);
         cb(user_data, NULL, 0, NULL, 0, (grpc_status_code)code, msg);
         return;

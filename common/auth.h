@@ -59,6 +59,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Roles, as bits, so that a method's entry is the set of roles that may
  * call it. */
@@ -97,6 +98,11 @@ int ps_auth_reload(ps_auth *a, char *err, size_t errlen);
 
 /* NULL is a no-op. Only once no server uses it. */
 void ps_auth_destroy(ps_auth *a);
+
+/* Calls the processor refused with code (PS_RPC_UNAUTHENTICATED or
+ * PS_RPC_PERMISSION_DENIED; 0 for any other): they never reach a handler,
+ * and ps_rpc_server_failures adds them to its own counts. */
+uint64_t ps_auth_refused(const ps_auth *a, int code);
 
 /* How many tokens the table holds; the file it was read from. */
 size_t ps_auth_count(const ps_auth *a);

@@ -125,8 +125,9 @@ void ps_rpc_server_destroy(ps_rpc_server *srv);
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv);
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv);
 /* Calls ended with status `code` (enum ps_rpc_code) by ps_rpc_fail since
- * start: a daemon's /metrics reports them as refused, by reason. 0 for a
- * code outside 1..16. */
+ * start, and those the token check refused before any handler: a daemon's
+ * /metrics reports them as refused, by reason. 0 for a code outside
+ * 1..16. */
 uint64_t ps_rpc_server_failures(const ps_rpc_server *srv, int code);
 
 /* ---- Answering a call (any thread, exactly once) ---------------------- */

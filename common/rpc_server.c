@@ -650,7 +650,8 @@ uint64_t ps_rpc_server_failures(const ps_rpc_server *srv, int code)
 {
     if (code <= 0 || code > PS_RPC_UNAUTHENTICATED)
         return 0;
-    return atomic_load(&((ps_rpc_server *)srv)->failures[code]);
+    uint64_t n = atomic_load(&((ps_rpc_server *)srv)->failures[code]);
+    return n + (srv->opts.auth != NULL ? ps_auth_refused(srv->opts.auth, code) : 0);
 }
 
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv)

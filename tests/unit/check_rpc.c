@@ -597,6 +597,9 @@ START_TEST(test_tokens)
         ps_buf_free(&resp);
         ps_rpc_client_destroy(c);
     }
+    /* Refused before any handler, and counted (/metrics' refused). */
+    ck_assert_uint_eq(ps_rpc_server_failures(s, PS_RPC_UNAUTHENTICATED), 4);
+    ck_assert_uint_eq(ps_rpc_server_failures(s, PS_RPC_PERMISSION_DENIED), 1);
     ps_rpc_server_destroy(s);
     ps_auth_destroy(a);
 }
