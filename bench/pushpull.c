@@ -34,6 +34,7 @@
  * signal thread removes both if we are interrupted. Each case's threads own
  * their client, buffers and samples until main has summarized them.
  */
+#include "common/auth.h"
 #include "common/buf.h"
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
@@ -121,7 +122,9 @@ static void usage(FILE *f)
         "                    psd (ShmRef), as workerd moves them on one host\n"
         "  --pscerts PATH    the certificate maker for the TLS comparison\n"
         "                    (default: <build>/tools/pscerts)\n"
-        "  --no-tls          skip the 4 MiB comparison with mutual TLS\n");
+        "  --no-tls          skip the 4 MiB comparison with mutual TLS\n"
+        "  --token-file F    send the token in F (an operator's: Stats too),\n"
+        "                    for a psd given --psd-arg=--tokens=FILE\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -216,6 +219,10 @@ static const char *find_default_psd(void)
     return default_psd;
 }
 
+/* --token-file's token, sent with every call; "" for none. Set once by
+ * parse_opts before any thread starts. */
+static char bench_token[PS_AUTH_TOKEN_MAX + 1];
+
 static void parse_opts(int argc, char **argv, struct opts *o)
 {
     static const size_t full_sizes[] = {4 << 10, 1 << 20, 4 << 20, 64 << 20};
@@ -245,6 +252,13 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->no_tls = true;
         } else if ((v = opt_value(argc, argv, &i, "--pscerts")) != NULL) {
             o->pscerts = v;
+        } else if ((v = opt_value(argc, argv, &i, "--token-file")) != NULL) {
+            char err[600];
+            if (ps_auth_read_token(v, bench_token, sizeof bench_token, err,
+                                   sizeof err) != 0) {
+                fprintf(stderr, "pushpull: --token-file: %s\n", err);
+                exit(2);
+            }
         } else if ((v = opt_value(argc, argv, &i, "--psd")) != NULL) {
             o->psd = v;
         } else if ((v = opt_value(argc, argv, &i, "--sizes")) != NULL) {
@@ -939,6 +953,7 @@ static int stream_setup(struct stream *s)
         .deadline_ms = 120000,
         .max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE - (size_t)s->idx,
         .tls = bc->o->tls,
+        .token = bench_token,
     };
     int rc = ps_rpc_client_create(target, &co, &s->cli);
     if (rc != 0)
@@ -1421,7 +1436,8 @@ static int print_stats(const struct opts *o, int port, pid_t pid)
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
     ps_rpc_client *cli = NULL;
-    int rc = ps_rpc_client_create(target, NULL, &cli);
+    ps_rpc_client_opts co = {.token = bench_token};
+    int rc = ps_rpc_client_create(target, &co, &cli);
     if (rc != 0)
         return rc;
     Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;

@@ -52,6 +52,10 @@
 #pragma GCC poison cudaMalloc cublasCreate_v2
 #endif
 
+#ifndef PS_OWNS_OPENSSL
+#pragma GCC poison EVP_Digest
+#endif
+
 #ifndef PS_OWNS_PJRT
 #pragma GCC poison PJRT_Api_Version
 #endif

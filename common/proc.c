@@ -117,6 +117,8 @@ struct ps_proc_loop {
     int closing;     /* close callbacks still to come */
     int got;         /* the signal that stopped the loop */
     struct timer *timers;
+    void (*on_hup)(void *ctx); /* SIGHUP runs this instead of stopping */
+    void *hup_ctx;
 };
 
 static void mask_signals(int how)
@@ -129,7 +131,10 @@ static void mask_signals(int how)
 }
 
 /* The only thing a signal does: stop the loop (STYLE.md, Daemons), or for
- * SIGHUP have the TLS certificates re-read at the next handshake (tls.h). */
+ * SIGHUP have the TLS certificates re-read at the next handshake (tls.h)
+ * and, with a reload set, run it (the token file, say). libuv calls this
+ * from the loop, not from the signal handler, so the reload may do anything
+ * the loop may. */
 static void on_signal(uv_signal_t *h, int signum)
 {
     ps_proc_loop *l = h->data;
@@ -137,10 +142,18 @@ static void on_signal(uv_signal_t *h, int signum)
         ps_tls_reload();
         ps_log_info("SIGHUP: TLS certificates are read again at the next "
                     "handshake");
+        if (l->on_hup != NULL)
+            l->on_hup(l->hup_ctx);
         return;
     }
     l->got = signum;
     uv_stop(&l->loop);
+}
+
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx)
+{
+    l->on_hup = fn;
+    l->hup_ctx = ctx;
 }
 
 static void on_timer(uv_timer_t *h)

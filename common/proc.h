@@ -13,7 +13,8 @@
  * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
  * every thread and taken only while ps_proc_loop_run runs, by uv_signal
  * handlers: SIGINT and SIGTERM stop the loop, SIGHUP has the TLS
- * certificates read again (ps_tls_reload, tls.h) and the loop goes on. Periodic work that belongs to the process
+ * certificates read again (ps_tls_reload, tls.h), runs the reload set with
+ * ps_proc_loop_on_hup, and the loop goes on. Periodic work that belongs to the process
  * rather than to a module (keep-alives, metrics) hangs on it as timers:
  * ps_proc_loop_keepalive sends systemd's watchdog keep-alives from it, so
  * that a loop that stops turning is restarted (common/notify.h), and when a
@@ -113,6 +114,10 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
  * process that is stopped) lets the watchdog fire. Returns 0 (also without
  * a watchdog, adding nothing), or as ps_proc_loop_every. */
 int ps_proc_loop_keepalive(ps_proc_loop *l);
+
+/* Makes SIGHUP run fn(ctx) on the loop's thread (a reload: of the token
+ * file, say) instead of stopping the loop. */
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx);
 
 /* Runs the loop (its timers) until SIGINT or SIGTERM arrives, tells
  * systemd the daemon is stopping (STOPPING=1; nothing outside systemd) and

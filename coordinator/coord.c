@@ -374,6 +374,9 @@ void coord_cluster_free(struct coord_cluster *s)
     free(s);
 }
 
+/* The largest loss a report may carry: FLT_MAX, rounded down. */
+#define COORD_LOSS_MAX 3.4e38
+
 /* ---- task secrets ------------------------------------------------------ */
 
 bool coord_secret_ok(const struct ctask *t, const char *given)
@@ -555,6 +558,15 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
     else
         rc = check_reporter_locked(c, t, what, req->from.secret, req->step,
                                    st);
+    /* What GetCluster and psctl show as the job's result: a fraction, and
+     * a loss within a float's range (a model's loss is a float). Checked
+     * once the reporter is known to be the task. */
+    if (rc == 0 && !(req->accuracy >= 0.0 && req->accuracy <= 1.0))
+        rc = coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
+                          "accuracy %g is not in [0, 1]", req->accuracy);
+    if (rc == 0 && !(req->loss >= 0.0 && req->loss <= COORD_LOSS_MAX))
+        rc = coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
+                          "loss %g is not in [0, 3.4e38]", req->loss);
     if (rc != 0) {
         pthread_mutex_unlock(&c->mu);
         return rc;
@@ -635,7 +647,22 @@ static int place_first_locked(coord *c, const struct ps_place_var *vars,
     return 0;
 }
 
+/* True when secret is that of a registered task that may propose a model
+ * (any but a ps). Every task is compared (no early exit). Called with c->mu
+ * held. */
+static bool proposer_locked(coord *c, const char *secret)
+{
+    bool ok = false;
+    for (int i = 0; i < c->ntasks; i++) {
+        const struct ctask *t = &c->tasks[i];
+        ok |= t->role != PS_ROLE_PS && t->incarnation != 0 &&
+              coord_secret_ok(t, secret);
+    }
+    return ok;
+}
+
 int coord_place(coord *c, const struct ps_place_var *vars, int n,
+                const char *secret, bool operator,
                 struct ps_placement *out, struct coord_status *st)
 {
     memset(st, 0, sizeof *st);
@@ -645,7 +672,14 @@ int coord_place(coord *c, const struct ps_place_var *vars, int n,
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, "Place", "%s", why);
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    if (!c->placed)
+    if (!operator && !proposer_locked(c, secret))
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                          "%s: only a registered worker, chief or evaluator "
+                          "that sends the task_secret its RegisterTask "
+                          "answered with (or an operator token) may propose "
+                          "the job's model", secret == NULL || secret[0] == '\0'
+                          ? "no task_secret" : "the task_secret is no worker's, chief's or evaluator's");
+    else if (!c->placed)
         rc = place_first_locked(c, vars, n, st);
     else if (ps_place_same(&c->placement, vars, n, why, sizeof why) != 0)
         rc = coord_refuse(st, PS_RPC_FAILED_PRECONDITION, "Place",

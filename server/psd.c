@@ -6,8 +6,9 @@
  * it on port 0), then "METRICS_PORT <n>" when it serves Prometheus' /metrics
  * (--metrics-listen), logs one line per event on stderr, and on SIGTERM or
  * SIGINT drains the calls in flight, flushes everything acknowledged to LMDB
- * and exits 0.
+ * and exits 0. SIGHUP reloads the --tokens file.
  */
+#include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
@@ -59,6 +60,8 @@ struct psd_conf {
     int max_streams;
     char *metrics_listen;
     ps_tls_conf tls;
+    char *tokens;
+    char *token_file;
     int log_level;
     int log_format;
 };
@@ -170,6 +173,15 @@ static const ps_opt psd_opts[] = {
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
     PS_TLS_SERVER_OPTS(struct psd_conf, tls),
+    /* None: open, as before tokens existed; a warning when the address is
+     * not loopback. */
+    {"tokens", PS_OPT_STRING, offsetof(struct psd_conf, tokens), NULL,
+     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
+     "then needs a token whose role may call its method; reloaded on SIGHUP; "
+     "default: none, any caller may call anything", 0, 0, NULL},
+    {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
+     "file holding the token psd sends to --coordinator (a worker's); "
+     "default: none", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
@@ -196,6 +208,8 @@ struct psd {
     ps_coord *coord;
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     psd_metrics_src msrc;     /* what the metrics collector reads */
+    ps_auth *auth;            /* --tokens; NULL: open */
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* --token-file's, or "" */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
     bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
@@ -260,6 +274,24 @@ static int transport(struct psd *d)
     return PS_PROC_RUN;
 }
 
+/* --tokens (the table every call is checked against) and --token-file
+ * (what psd sends to its coordinator). Returns PS_PROC_RUN, or 2 after one
+ * line naming the file (and line). */
+static int load_tokens(struct psd *d)
+{
+    char err[600];
+    if (ps_auth_server_setup(d->c.tokens, d->c.listen, &d->auth, err,
+                             sizeof err) != 0)
+        return ps_proc_quit(&d->cmd, 2, "--tokens: %s", err);
+    if (d->c.token_file != NULL && d->c.token_file[0] != '\0' &&
+        ps_auth_read_token(d->c.token_file, d->token, sizeof d->token, err,
+                           sizeof err) != 0) {
+        ps_auth_destroy(d->auth);
+        return ps_proc_quit(&d->cmd, 2, "--token-file: %s", err);
+    }
+    return PS_PROC_RUN;
+}
+
 /* --max-bytes 0: half of the host's physical memory (see psd_opts). */
 static uint64_t half_of_memory(void)
 {
@@ -293,6 +325,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .insecure = d->insecure,
         .transport_security = ps_tls_server_mode(&tls),
         .worker_timeout_ms = c->worker_timeout_ms,
+        .tokens_required = d->auth != NULL,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
@@ -334,7 +367,8 @@ static int serve(struct psd *d)
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
                              .listen_also = d->also[0] ? d->also : NULL,
-                             .max_streams = c->max_streams, .tls = &tls};
+                             .max_streams = c->max_streams, .tls = &tls,
+                             .auth = d->auth};
     int rc;
     if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
         (rc = psd_shard_register(d->shard, d->srv)) != 0 ||
@@ -389,7 +423,8 @@ static int join_coordinator(struct psd *d)
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
                         .address = adv, .is_empty = shard_empty, .ctx = d->shard,
-                        .register_budget_ms = 60000};
+                        .register_budget_ms = 60000,
+                        .token = d->token[0] ? d->token : NULL};
     int idx;
     if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
@@ -532,13 +567,19 @@ int main(int argc, char **argv)
         return status;
     if (d.c.task_index >= 0)
         ps_log_set_task("ps", d.c.task_index);
+    if ((status = load_tokens(&d)) != PS_PROC_RUN)
+        return status;
 
     status = start(&d);
     if (status == 0) {
         supervise(&d);
+        ps_proc_loop_on_hup(d.loop, ps_auth_reload_logged, d.auth);
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);
     }
-    return ps_proc_epilogue(&d.cmd, d.loop, status);
+    status = ps_proc_epilogue(&d.cmd, d.loop, status);
+    ps_auth_destroy(d.auth); /* after the server that checked with it */
+    explicit_bzero(d.token, sizeof d.token);
+    return status;
 }

@@ -902,6 +902,21 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     psd_shmmap_leave(s->shm);
 }
 
+/* The most workers a step may wait for: the job's size as its variables
+ * were created for it (the largest num_workers of a SYNC variable's spec),
+ * or --workers. A count above it would wait for workers the job does not
+ * have, and stall every sync step. Called with the table lock held. */
+static uint32_t sync_workers_cap_locked(const psd_shard *s)
+{
+    uint32_t cap = s->o.workers;
+    for (size_t i = 0; i < s->nvars; i++) {
+        const psd_var *v = s->vars[i];
+        if (v->consistency == PSD_SYNC && v->spec->num_workers > cap)
+            cap = v->spec->num_workers;
+    }
+    return cap;
+}
+
 /* The coordinator's word on how many workers are alive: every SYNC
  * variable's step now waits for that many pushes, and a step that already
  * holds them is applied at once. */
@@ -923,6 +938,15 @@ void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
     uint32_t n = r->workers, previous = s->o.workers;
     ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
     pthread_rwlock_rdlock(&s->table_lock);
+    uint32_t cap = sync_workers_cap_locked(s);
+    if (n > cap) {
+        pthread_rwlock_unlock(&s->table_lock);
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SetSyncWorkers: %u workers "
+                    "is more than the job has: at most %u (the most any SYNC "
+                    "variable was created for, or --workers)", n, cap);
+        return;
+    }
     for (size_t i = 0; i < s->nvars; i++) {
         psd_var *v = s->vars[i];
         if (v->consistency != PSD_SYNC)

@@ -61,6 +61,7 @@ typedef struct psd_shard_opts {
     const char *transport_security; /* "tls", "mtls", "plaintext"; static */
     int64_t worker_timeout_ms;   /* BOUNDED_STALENESS: a worker silent this
                                     long stops holding the others back */
+    bool tokens_required;        /* psd --tokens: shown in Stats */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

@@ -747,5 +747,6 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.insecure = s->o.insecure;
     resp.transport_security = (char *)(s->o.transport_security != NULL
                                            ? s->o.transport_security : "plaintext");
+    resp.tokens_required = s->o.tokens_required;
     ps_rpc_reply_pb(call, &resp);
 }

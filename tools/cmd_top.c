@@ -299,7 +299,7 @@ static void lost(struct top *t, ps_rpc_status *st, double now)
         draw(t, NULL, line);
     ps_rpc_client *fresh;
     ps_rpc_client_opts o = {.deadline_ms = t->s.timeout_ms,
-                            .max_attempts = 1};
+                            .max_attempts = 1, .token = psctl_global.token};
     if (ps_rpc_client_create(t->s.target, &o, &fresh) == 0) {
         ps_rpc_client_destroy(t->s.client);
         t->s.client = fresh;

@@ -591,6 +591,7 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         .backoff_initial_ms = 100,
         .backoff_max_ms = 2000,
         .retry_budget_ms = o->retry_budget_ms,
+        .token = o->token,
     };
     if ((rc = connect_shards(s, &co, shm_with, err, errlen)) != 0)
         return rc;

@@ -102,6 +102,7 @@ struct wd_train_opts {
                                   every summary_steps steps, at the job's
                                   global step as this worker last saw it */
     int summary_steps;
+    const char *token;         /* sent to every psd (auth.h); NULL: none */
 };
 
 struct wd_train_result {

@@ -11,6 +11,7 @@
  */
 #include "common/clock.h"
 #include "common/cluster.h"
+#include "common/auth.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
 #include "worker/data.h"
@@ -81,6 +82,8 @@ struct wd_conf {
     char *logdir;
     int summary_steps;
     int log_format;
+    char *token_file;
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* what token_file holds, or "" */
 };
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
@@ -194,6 +197,9 @@ static const ps_opt wd_opts[] = {
      "address or one of this host's), on = with every psd (one that cannot "
      "map it says so, and the worker sends inline), off = never", 0, 0,
      shm_choices},
+    {"token-file", PS_OPT_STRING, offsetof(struct wd_conf, token_file), NULL,
+     "file holding the token sent to psd and pscoord (a worker's; servers "
+     "started with --tokens need one); default: none", 0, 0, NULL},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     /* Loopback, any free port, as psd's: a host runs several workers. */
@@ -572,7 +578,8 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
                                           : PS__V1__ROLE__WORKER,
                         .index = (int)c->task_index, .address = "",
                         .register_budget_ms = 60000,
-                        .on_directive = on_directive};
+                        .on_directive = on_directive,
+                        .token = c->token[0] ? c->token : NULL};
     int idx = 0;
     int rc = ps_coord_join(&co, coord, &idx, err, sizeof err);
     if (rc != 0)
@@ -652,6 +659,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .self_update = c->self_update != 2,
         .shm = c->shm,
         .summary_steps = (int)c->summary_steps,
+        .token = c->token[0] ? c->token : NULL,
     };
 }
 
@@ -868,6 +876,19 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
     return parse_ps(c->ps, ps, nps);
 }
 
+/* --token-file into c->token. Returns 0, or 2 after one line naming the
+ * file (and line). */
+static int read_token(struct wd_conf *c)
+{
+    char err[600];
+    if (c->token_file == NULL || c->token_file[0] == '\0')
+        return 0;
+    if (ps_auth_read_token(c->token_file, c->token, sizeof c->token, err,
+                           sizeof err) != 0)
+        return fail(2, "--token-file: %s", err);
+    return 0;
+}
+
 /* Serves /metrics on --metrics-listen, unless it is off, and prints
  * "METRICS_PORT <n>". Returns 0, or after one line naming the address 2
  * for a value that is not HOST:PORT, 1 for one that cannot be served. */
@@ -910,6 +931,8 @@ int main(int argc, char **argv)
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
+    if (status == 0)
+        status = read_token(&c);
     if (status != 0)
         goto out;
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
@@ -964,5 +987,6 @@ out:
     ps_dataset_close(&train);
     ps_dataset_close(&test);
     ps_conf_free(wd_opts, &c);
+    explicit_bzero(c.token, sizeof c.token);
     return status;
 }

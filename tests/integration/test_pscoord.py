@@ -373,13 +373,14 @@ def test_dynamic():
     c = start_coord(pstest.tmpdir("pscoord-dyn-"), "--job-id", "dyn",
                     "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")
     s = c.stub
-    ok, why = refused(lambda: s.Place(pb.PlaceRequest(job_id="dyn", variables=[
-        pb.VariablePlacement(name="w", shape=[4])]), timeout=5),
-        grpc.StatusCode.UNAVAILABLE, "no ps task has registered yet")
-    r.check(ok, "dynamic: Place before any ps is UNAVAILABLE (%s)" % why)
     got = [reg(s, "dyn", W) for _ in range(3)]
     r.check([g.index for g in got] == [0, 1, 2] and all(g.incarnation == 1 for g in got),
             "dynamic: three workers registering with index -1 get 0, 1, 2")
+    ok, why = refused(lambda: s.Place(pb.PlaceRequest(job_id="dyn", variables=[
+        pb.VariablePlacement(name="w", shape=[4])],
+        task_secret=got[0].task_secret), timeout=5),
+        grpc.StatusCode.UNAVAILABLE, "no ps task has registered yet")
+    r.check(ok, "dynamic: Place before any ps is UNAVAILABLE (%s)" % why)
     st = c.cluster()
     r.check(st.num_workers == 3 and st.live_workers == 3,
             "dynamic: 3 workers, 3 live")
@@ -485,8 +486,11 @@ MODEL = [("emb", [100, 8]), ("odd", [7, 100]), ("big1", [1, 600]),
 
 
 def proposal(model):
+    """A worker's proposal, with worker[0]'s secret (pscoord places only for
+    a registered task)."""
     return pb.PlaceRequest(job_id="ck", variables=[
-        pb.VariablePlacement(name=n, shape=s) for n, s in model])
+        pb.VariablePlacement(name=n, shape=s) for n, s in model],
+        task_secret=SECRETS.get(("ck", pb.WORKER, 0), ""))
 
 
 def placement_map(pl):
@@ -512,7 +516,9 @@ def test_job():
     r.check(c.wait_log("ps[1] registered empty; there is no job checkpoint", 1),
             "ckpt: an empty ps with no job checkpoint yet is only logged")
 
-    # Placement.
+    # Placement, proposed by a registered worker.
+    wk = reg(s, "ck", W)
+    beat.add(W, wk.index, wk.incarnation, step=5)
     first = s.Place(proposal(MODEL), timeout=5).placement
     m = placement_map(first)
     r.check(m["emb"] == [("emb/part0", 0, 0, 50), ("emb/part1", 1, 50, 100)],
@@ -572,8 +578,6 @@ def test_job():
     push_all()  # every value 0, version 1
 
     # Checkpoint schedule: every 10 steps, keep 2.
-    wk = reg(s, "ck", W)
-    beat.add(W, wk.index, wk.incarnation, step=5)
     ckdir = os.path.join(state, "checkpoints")
 
     def manifests():
