@@ -29,7 +29,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=int(os.environ.get("DEMO_EPOCHS", "5")))
     ap.add_argument("--keep", help="keep the cluster's files in this directory")
     ap.add_argument("--plaintext", action="store_true",
-                    help="no TLS (by default every task uses mutual TLS)")
+                    help="no TLS and no tokens (by default every task uses mutual "
+                         "TLS, and every call carries its role's token)")
     a = ap.parse_args()
     root = a.keep or tempfile.mkdtemp(prefix="psd-demo-")
     os.makedirs(root, exist_ok=True)
@@ -50,7 +51,8 @@ def main():
         cluster.start()
         print("demo: coordinator at %s (%s); training MLP 784-256-256-10 for %d epochs"
               % (cluster.coord_addr, "plaintext" if a.plaintext else
-                 "mutual TLS, certificates in %s" % cluster.certs, a.epochs), flush=True)
+                 "mutual TLS and tokens, certificates in %s, tokens in %s"
+                 % (cluster.certs, cluster.token_dir), a.epochs), flush=True)
         print("demo: TensorBoard, live: %s" % tensorboard_command(a.build, logdir),
               flush=True)
         last = None

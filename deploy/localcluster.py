@@ -8,7 +8,9 @@ evaluator, each a real process, for `make demo` and the fault tests.
     cluster.wait_workers()       # until every worker exits
     cluster.stop()               # SIGTERM everything, then SIGKILL stragglers
 
-With tls=True every daemon serves and calls with mutual TLS: a CA and a
+With tls=True every daemon serves and calls with mutual TLS, and checks
+tokens (tokens=False leaves them out): ROOT/tokens holds one per role made
+by `psctl token` and the servers' table of them. A CA and a
 certificate per task (SANs localhost and 127.0.0.1) are made into
 ROOT/certs by tools/pscerts, and each task gets --tls-cert, --tls-key and
 --tls-ca (security_args, where the tokens' flags go too).
@@ -104,7 +106,7 @@ class LocalCluster:
                  model="mlp:784-256-256-10", epochs=3, batch=64, lr=0.1,
                  consistency="async", seed=1, checkpoint_every_steps=0,
                  checkpoint_every="0", heartbeat_timeout="2s", worker_args=(),
-                 job_id="demo", logdir=None, tls=False):
+                 job_id="demo", logdir=None, tls=False, tokens=None):
         self.build, self.root = os.path.abspath(build), os.path.abspath(root)
         self.num_ps, self.num_workers = num_ps, num_workers
         self.evaluator = evaluator
@@ -119,6 +121,11 @@ class LocalCluster:
         self.logdir = logdir
         self.tls = tls
         self.certs = os.path.join(self.root, "certs") if tls else None
+        # Tokens come with TLS unless told otherwise: psd and pscoord check
+        # every call against ROOT/tokens/server (one line per role), and each
+        # task sends its role's token (security_args).
+        self.tokens = tls if tokens is None else tokens
+        self.token_dir = os.path.join(self.root, "tokens") if self.tokens else None
         self.tasks = {}
         self.coord_addr = None
         self.ps_ports = [free_port() for _ in range(num_ps)]
@@ -144,24 +151,78 @@ class LocalCluster:
                        ["%s=localhost,127.0.0.1" % n for n in names],
                        check=True, stdout=subprocess.DEVNULL, timeout=120)
 
-    def security_args(self, role, index):
-        """The flags that make a task's transport secure: mutual TLS with
-        its own certificate. (Tokens, issue 13: their flags go here.)"""
-        if not self.tls:
-            return []
-        name = self._task_name(role, index)
-        return ["--tls-cert", os.path.join(self.certs, name + ".pem"),
-                "--tls-key", os.path.join(self.certs, name + ".key"),
-                "--tls-ca", os.path.join(self.certs, "ca.pem")]
+    def make_tokens(self):
+        """One token per role with `psctl token`, each in its own file (mode
+        0600), and the servers' table of the three (plain tokens, so 0600 as
+        well: psd refuses a table others may read)."""
+        os.makedirs(self.token_dir, mode=0o700, exist_ok=True)
+        lines = []
+        for role in ("reader", "worker", "operator"):
+            out = subprocess.run([self._bin("tools", "psctl"), "token", role],
+                                 check=True, capture_output=True, text=True,
+                                 timeout=30).stdout
+            lines.append(out)
+            path = os.path.join(self.token_dir, role)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(out)
+        fd = os.open(os.path.join(self.token_dir, "server"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(lines))
 
-    def channel(self, address):
-        """A Python gRPC channel to a task, with the cluster's transport."""
+    def token(self, role):
+        """The token of a role ("reader", "worker", "operator"), or None."""
+        if not self.tokens:
+            return None
+        return open(os.path.join(self.token_dir, role)).read().split()[1]
+
+    def security_args(self, role, index):
+        """The flags that make a task secure: mutual TLS with its own
+        certificate, and tokens: the servers check every call against the
+        table, and each task sends its role's token (pscoord an operator's,
+        for it checkpoints and restores the shards; psd and the workers a
+        worker's)."""
+        args = []
+        if self.tls:
+            name = self._task_name(role, index)
+            args += ["--tls-cert", os.path.join(self.certs, name + ".pem"),
+                     "--tls-key", os.path.join(self.certs, name + ".key"),
+                     "--tls-ca", os.path.join(self.certs, "ca.pem")]
+        if self.tokens:
+            if role in ("coordinator", "ps"):
+                args += ["--tokens", os.path.join(self.token_dir, "server")]
+            sends = "operator" if role == "coordinator" else "worker"
+            args += ["--token-file", os.path.join(self.token_dir, sends)]
+        return args
+
+    def client_args(self, role="reader"):
+        """psctl's global flags for this cluster: the client certificate and
+        a token of the role asked for."""
+        args = []
+        if self.tls:
+            args += ["--tls-ca", os.path.join(self.certs, "ca.pem"),
+                     "--tls-cert", os.path.join(self.certs, "client.pem"),
+                     "--tls-key", os.path.join(self.certs, "client.key")]
+        if self.tokens:
+            args += ["--token-file", os.path.join(self.token_dir, role)]
+        return args
+
+    def channel(self, address, role="reader"):
+        """A Python gRPC channel to a task, with the cluster's transport and,
+        when tokens are on, a token of the role asked for on every call."""
         import grpc
         if not self.tls:
+            if self.tokens:
+                raise ValueError("tokens without TLS: grpcio sends call "
+                                 "credentials over TLS only")
             return grpc.insecure_channel(address)
         read = lambda n: open(os.path.join(self.certs, n), "rb").read()  # noqa: E731
         creds = grpc.ssl_channel_credentials(read("ca.pem"), read("client.key"),
                                              read("client.pem"))
+        if self.tokens:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(self.token(role)))
         return grpc.secure_channel(address, creds)
 
     def _argv(self, role, index):
@@ -220,6 +281,8 @@ class LocalCluster:
     def start(self, workers=True):
         if self.tls and not os.path.exists(os.path.join(self.certs, "ca.pem")):
             self.make_certs()
+        if self.tokens and not os.path.exists(os.path.join(self.token_dir, "server")):
+            self.make_tokens()
         self.start_task("coordinator", 0)
         for i in range(self.num_ps):
             self.start_task("ps", i)

@@ -2,7 +2,7 @@
 # pscerts - makes a CA and a certificate per task for psd, pscoord,
 # workerd and psctl (README, "Transport security (TLS)").
 #
-#   pscerts --out DIR [--days N] [--new-ca] NAME[=SAN,SAN...]...
+#   pscerts --out DIR [--days N] [--new-ca] [--tokens] NAME[=SAN,SAN...]...
 #
 # DIR/ca.pem and DIR/ca.key: the CA (made on first use, reused after, so
 # that tasks can be added later; --new-ca makes a fresh one). For each NAME,
@@ -10,6 +10,12 @@
 # alternative names NAME and each SAN (an IPv4 or IPv6 address is an IP
 # SAN, anything else a DNS name), usable both to serve (serverAuth) and to
 # call other daemons with mutual TLS (clientAuth). Keys are P-256, mode 0600.
+#
+# --tokens also makes DIR/tokens/: one token per role (reader, worker,
+# operator: 256 random bits each, from openssl rand) in a file of that name
+# holding "ROLE TOKEN", for a client's --token-file, and DIR/tokens/server
+# holding the three lines, for psd's and pscoord's --tokens; all mode 0600.
+# Tokens already there are kept (a restart must not lock tasks out).
 #
 # Why the openssl command rather than libcrypto in psctl: the certificates
 # are made once per cluster, by an operator or a deploy script, where the
@@ -21,11 +27,11 @@
 set -eu
 
 usage() {
-    echo "usage: pscerts --out DIR [--days N] [--new-ca] NAME[=SAN,SAN...]..." >&2
+    echo "usage: pscerts --out DIR [--days N] [--new-ca] [--tokens] NAME[=SAN,SAN...]..." >&2
     exit 2
 }
 
-out="" days=825 new_ca=0
+out="" days=825 new_ca=0 tokens=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --out) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
@@ -33,7 +39,8 @@ while [ $# -gt 0 ]; do
     --days) [ $# -ge 2 ] || usage; days=$2; shift 2 ;;
     --days=*) days=${1#--days=}; shift ;;
     --new-ca) new_ca=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --tokens) tokens=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     -*) echo "pscerts: unknown option '$1'" >&2; usage ;;
     *) break ;;
@@ -108,3 +115,17 @@ EOF
     chmod 644 "$out/$name.pem"
     echo "pscerts: made $out/$name.pem ($sans)"
 done
+
+if [ "$tokens" = 1 ]; then
+    mkdir -p "$out/tokens"
+    if [ ! -s "$out/tokens/server" ]; then
+        for role in reader worker operator; do
+            echo "$role $(openssl rand -hex 32)" >"$tmp/$role" ||
+                { echo "pscerts: openssl could not make a token" >&2; exit 1; }
+        done
+        for role in reader worker operator; do mv "$tmp/$role" "$out/tokens/$role"; done
+        cat "$out/tokens/reader" "$out/tokens/worker" "$out/tokens/operator" >"$tmp/server"
+        mv "$tmp/server" "$out/tokens/server"
+        echo "pscerts: made tokens for reader, worker, operator in $out/tokens"
+    fi
+fi

@@ -50,6 +50,15 @@ def main():
             r.check(os.path.basename(cert)[:-4] in made and "--tls-ca" in cmd,
                     "%s runs with mutual TLS, its certificate made by certs (%s)"
                     % (name, cert or "no --tls-cert"))
+            # Tokens: made by certs (pscerts --tokens); servers check them.
+            tok = cmd[cmd.index("--token-file") + 1] if "--token-file" in cmd else ""
+            table = cmd[cmd.index("--tokens") + 1] if "--tokens" in cmd else ""
+            serves = binary in ("psd", "pscoord")
+            r.check("--tokens" in made and tok.startswith("/etc/psd/tls/tokens/") and
+                    (table == "/etc/psd/tls/tokens/server") == serves,
+                    "%s sends a token%s, made by certs (%s%s)"
+                    % (name, " and checks every call's" if serves else "", tok or
+                       "no --token-file", ", " + table if table else ""))
     spec = os.path.join(DEPLOY, "compose-cluster.json")
     p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
                         "validate", spec], capture_output=True, text=True, timeout=30)

@@ -101,6 +101,21 @@ def check_certs(r):
     p = pscerts(a, "ps1")
     r.check(p.returncode == 0 and read(os.path.join(a, "ca.pem")) == ca_before,
             "a second run reuses the CA for a new task")
+    t = pstest.tmpdir("tls-tokens-")
+    p = pscerts(t, "--tokens", "x")
+    tok = os.path.join(t, "tokens")
+    lines = read(os.path.join(tok, "server")).decode().split("\n")
+    roles = [l.split()[0] for l in lines if l.strip()]
+    modes = {f: os.stat(os.path.join(tok, f)).st_mode & 0o777 for f in os.listdir(tok)}
+    r.check(p.returncode == 0 and roles == ["reader", "worker", "operator"] and
+            all(read(os.path.join(tok, x)).decode().strip() in lines for x in roles) and
+            set(modes.values()) == {0o600},
+            "pscerts --tokens: a token per role and the servers' table, mode 0600 (%s)"
+            % modes)
+    before = read(os.path.join(tok, "server"))
+    pscerts(t, "--tokens", "y")
+    r.check(read(os.path.join(tok, "server")) == before,
+            "pscerts --tokens keeps the tokens already made")
     p = pscerts(a, "../evil")
     r.check(p.returncode == 2 and "not a task name" in p.stderr,
             "a name with a slash is refused, exit 2 (%s)" % p.stderr.strip())
