@@ -133,6 +133,8 @@ struct wd_train_result {
      * their test figures */
     uint64_t checksum;
     bool evaluated;
+    bool left_out;             /* the job finished while this worker was out
+                                  of its group: nothing trained here counts */
     float test_loss, test_accuracy;
 };
 

@@ -68,7 +68,10 @@ struct mwm {
     int rank, size;
     bool formed_once;
     int64_t last_poll_ms;
-    int64_t failed_at_ms;    /* when the group last failed; 0: none */
+    int64_t failed_at_ms;    /* when this worker last left a group; 0: none */
+    const char *left_why;    /* "a failure" or "a new generation" */
+    bool reported;           /* the failed generation was reported */
+    bool left_out;           /* the job finished while this worker was out */
     char model_desc[4096];
     struct wd_coll_store store;
 };
@@ -301,7 +304,9 @@ static int form(struct mwm *w, char *err, size_t errlen)
 {
     int64_t t0 = ps_now_ms();
     int64_t budget = w->formed_once ? w->mo->reform_ms : w->mo->rendezvous_ms;
-    int want = w->formed_once ? 1 : w->o->num_workers;
+    /* The job's first group waits for all --num-workers; once it started
+     * ("started"), any group of the live workers will do. */
+    int want = w->formed_once || kv_get_u64(w, "started", 0) >= 0 ? 1 : w->o->num_workers;
     uint32_t mem[1024];
     int n = 0;
     char why[1024] = "no generation yet";
@@ -314,8 +319,18 @@ static int form(struct mwm *w, char *err, size_t errlen)
                      miss[0] ? miss : "none", why);
             return PS_ETIMEDOUT;
         }
-        if (w->formed_once && kv_get_u64(w, "done", 0) >= 0)
+        if (kv_get_u64(w, "done", 0) >= 0) {
+            w->left_out = true;
             return 1;
+        }
+        /* A failed group: first wait for pscoord's next generation (its
+         * heartbeat timeout names the dead); past our own timeout, report
+         * the failure, which starts one at once with the same members. */
+        if (w->failed_at_ms && !w->reported &&
+            ps_now_ms() - w->failed_at_ms > w->mo->timeout_ms && w->skip_below > 0) {
+            report_failed(w, w->skip_below - 1);
+            w->reported = true;
+        }
         int64_t g = kv_get_u64(w, "generation", MWM_WAIT_SLICE_MS);
         if (g < 0 || (uint64_t)g < w->skip_below) {
             char key[64];
@@ -350,10 +365,13 @@ static int form(struct mwm *w, char *err, size_t errlen)
             printf("worker %d: generation %" PRIu64 " formed: %d worker(s), rank %d, "
                    "step %" PRId64 ", %.2f s after %s\n", w->o->task_index, w->gen,
                    w->size, w->rank, w->step, since,
-                   w->failed_at_ms ? "the failure" : "the rendezvous began");
+                   w->failed_at_ms ? w->left_why : "the rendezvous began");
             fflush(stdout);
+            if (!w->formed_once)
+                kv_set(w->mo->coord, "started", "1", 1, why, sizeof why);
             w->formed_once = true;
             w->failed_at_ms = 0;
+            w->reported = false;
             return 0;
         }
         if (rc != PS_EUNAVAIL) {
@@ -441,7 +459,9 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
                o->task_index, w->gen, w->step, why);
         fflush(stdout);
         w->failed_at_ms = ps_now_ms();
-        report_failed(w, w->gen);
+        w->left_why = "a failure";
+        if (w->skip_below <= w->gen)
+            w->skip_below = w->gen + 1;
         return 1;
     }
     float inv = 1.0f / (float)w->size;
@@ -457,6 +477,8 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
     w->pos += (int64_t)w->size * b;
     if (w->buf[w->np + 1] > 0) {
         w->failed_at_ms = ps_now_ms();
+        w->left_why = "a new generation";
+        w->reported = true; /* nothing failed */
         return 1;
     }
     return 0;
@@ -604,7 +626,10 @@ int wd_train_mwm(const struct wd_train_opts *o, const struct ps_dataset *train,
     res->seconds = (double)(ps_now_ms() - t0) / 1000.0;
     res->examples_per_second = res->seconds > 0 ? (double)res->examples / res->seconds : 0;
     res->version = (uint64_t)w->step;
-    if (rc == 0 && w->m != NULL) {
+    res->left_out = w->left_out;
+    if (w->left_out)
+        res->version = (uint64_t)(kv_get_u64(w, "done", 0) > 0 ? kv_get_u64(w, "done", 0) : 0);
+    if (rc == 0 && w->m != NULL && !w->left_out) {
         res->checksum = checksum(w);
         if (test != NULL && test->n > 0) {
             rc = ps_model_evaluate(w->m, test->x, test->y, test->n, &res->test_loss,

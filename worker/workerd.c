@@ -668,6 +668,12 @@ static int run_mwm(struct wd_train_opts *o, const struct wd_conf *c, ps_coord *c
                        ? "stopped by a signal" : "done training", (long long)res.steps);
     if (res.evaluated)
         wd_metrics_eval(o->metrics, res.version, res.test_loss, res.test_accuracy);
+    if (res.left_out) {
+        printf("worker %lld: the job finished (step %llu) while this worker was out "
+               "of its group\n", (long long)c->task_index, (unsigned long long)res.version);
+        fflush(stdout);
+        return 0;
+    }
     if (c->json)
         printf("{\"role\":\"worker\",\"strategy\":\"multi_worker_mirrored\","
                "\"task_index\":%lld,\"model\":\"%s\",\"batch\":%lld,\"steps\":%lld,"
