@@ -453,10 +453,12 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
     w->buf[w->np] = *loss;
     w->buf[w->np + 1] = newer_generation(w) ? 1.0f : 0.0f;
     char why[1024];
+    int64_t t0 = ps_now_ms();
     if (w->coll->allreduce_f32(w->coll, w->buf, w->np + 2, why, sizeof why) != 0) {
         ps_log_warn("generation %" PRIu64 " step %" PRId64 ": %s", w->gen, w->step, why);
-        printf("worker %d: generation %" PRIu64 " failed at step %" PRId64 ": %s\n",
-               o->task_index, w->gen, w->step, why);
+        printf("worker %d: generation %" PRIu64 " failed at step %" PRId64 " after "
+               "%.2f s: %s\n", o->task_index, w->gen, w->step,
+               (double)(ps_now_ms() - t0) / 1000.0, why);
         fflush(stdout);
         w->failed_at_ms = ps_now_ms();
         w->left_why = "a failure";

@@ -17,7 +17,7 @@ import pstest  # noqa: E402
 FORMED = re.compile(r"worker (\d+): generation (\d+) formed: (\d+) worker\(s\), rank (\d+), "
                     r"step (\d+), ([0-9.]+) s after (.*)$")
 CHECKSUM = re.compile(r"worker (\d+): step (\d+) generation (\d+) checksum ([0-9a-f]+)$")
-FAILED = re.compile(r"worker (\d+): generation (\d+) failed at step (\d+)")
+FAILED = re.compile(r"worker (\d+): generation (\d+) failed at step (\d+) after ([0-9.]+) s")
 
 
 def build_path(*parts):
@@ -108,6 +108,7 @@ def parse(text):
         m = FAILED.match(line)
         if m:
             out["failed"].append(int(m.group(3)))
+            out["detect"] = float(m.group(4))
         if line.startswith("{"):
             out["final"] = json.loads(line)
         if "while this worker was out of its group" in line:
