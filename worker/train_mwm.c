@@ -36,6 +36,8 @@
 #include "worker/backend.h"
 #include "worker/collective.h"
 #include "worker/metrics.h"
+#include "common/psclient.h"
+#include "proto/ps.pb-c.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -74,6 +76,14 @@ struct mwm {
     bool left_out;           /* the job finished while this worker was out */
     char model_desc[4096];
     struct wd_coll_store store;
+    /* The checkpoint psd (o->nps > 0): the job's variables, which the
+     * group's rank 0 keeps equal to the workers' by pushing each step's
+     * averaged gradient (SGD, the same rate), so that pscoord's job
+     * checkpoints and restores work as for a parameter-server job. */
+    ps_client *ps;
+    ps_client_item *items;
+    int nitems;
+    bool ps_warned;
 };
 
 /* ---- the store: pscoord's KvSet / KvGet ------------------------------- */
@@ -384,6 +394,93 @@ static int form(struct mwm *w, char *err, size_t errlen)
     return 1;
 }
 
+/* ---- the checkpoint psd ------------------------------------------------- */
+
+/* Creates the variables on the checkpoint psd (idempotent for the same
+ * spec) and starts from its values and version: a fresh job from psd's
+ * initializers, a restored or resumed one from where it was. */
+static int mirror_open(struct mwm *w, char *err, size_t errlen)
+{
+    const struct wd_train_opts *o = w->o;
+    ps_rpc_client_opts co = {.deadline_ms = o->rpc_timeout_ms, .max_attempts = 1000000,
+                             .backoff_initial_ms = 100, .backoff_max_ms = 2000,
+                             .retry_budget_ms = o->retry_budget_ms};
+    int rc = ps_client_create(o->ps[0], &co, &w->ps);
+    if (rc != 0) {
+        snprintf(err, errlen, "checkpoint psd %s: %s", o->ps[0], ps_strerror(rc));
+        return rc;
+    }
+    w->nitems = ps_model_param_count(w->m);
+    w->items = calloc((size_t)w->nitems, sizeof *w->items);
+    if (w->items == NULL)
+        return -ENOMEM;
+    for (int k = 0; k < w->nitems; k++) {
+        const struct ps_param_info *pi = ps_model_param_info(w->m, k);
+        Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
+        Ps__V1__Initializer init = PS__V1__INITIALIZER__INIT;
+        Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
+        spec.name = (char *)pi->name;
+        spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+        spec.n_shape = (size_t)pi->ndim;
+        spec.shape = (int64_t *)pi->shape;
+        init.kind = (Ps__V1__Initializer__Kind)pi->init;
+        init.seed = o->init_seed * 1000003u + (uint64_t)k;
+        opt.kind = PS__V1__OPTIMIZER__KIND__SGD;
+        opt.learning_rate = o->lr;
+        spec.initializer = &init;
+        spec.optimizer = &opt;
+        spec.consistency = PS__V1__CONSISTENCY__ASYNC;
+        ps_rpc_status st = {0};
+        if ((rc = ps_client_create_variable(w->ps, &spec, NULL, NULL, o->rpc_timeout_ms,
+                                            &st)) != 0) {
+            snprintf(err, errlen, "checkpoint psd %s: CreateVariable '%s': %s", o->ps[0],
+                     pi->name, rc == PS_ERPC ? st.message : ps_strerror(rc));
+            return rc == PS_ERPC && st.code == PS_RPC_ALREADY_EXISTS ? PS_ESHAPE : rc;
+        }
+        w->items[k] = (ps_client_item){.name = pi->name, .data = w->state + pi->offset,
+                                       .n = pi->count};
+    }
+    ps_rpc_status st = {0};
+    if ((rc = ps_client_pull(w->ps, w->items, (size_t)w->nitems, o->rpc_timeout_ms,
+                             &st)) != 0) {
+        snprintf(err, errlen, "checkpoint psd %s: Pull: %s", o->ps[0],
+                 rc == PS_ERPC ? st.message : ps_strerror(rc));
+        return rc;
+    }
+    if ((rc = ps_model_params_from_host(w->m, w->state)) != 0) {
+        snprintf(err, errlen, "%s", ps_model_errmsg(w->m));
+        return rc;
+    }
+    /* Resumed: the position the job would have reached with all its
+     * workers (the exact one travels only between live groups). */
+    w->step = (int64_t)w->items[0].version;
+    int64_t global = (int64_t)(o->num_workers > 0 ? o->num_workers : 1) * o->batch;
+    int64_t per_epoch = w->train->n / global;
+    if (w->step > 0 && per_epoch > 0) {
+        w->epoch = w->step / per_epoch;
+        w->pos = (w->step % per_epoch) * global;
+    }
+    return 0;
+}
+
+/* Rank 0: this step's averaged gradient (in buf) to the checkpoint psd. A
+ * psd that is away costs a warning, not the step: the checkpoints lag
+ * until it is back. */
+static void mirror_push(struct mwm *w)
+{
+    if (w->ps == NULL || w->rank != 0)
+        return;
+    for (int k = 0; k < w->nitems; k++)
+        w->items[k].data = w->buf + ps_model_param_info(w->m, k)->offset;
+    ps_rpc_status st = {0};
+    int rc = ps_client_push(w->ps, (uint32_t)w->o->task_index, (uint64_t)w->step, w->items,
+                            (size_t)w->nitems, w->o->rpc_timeout_ms, &st);
+    if (rc != 0 && !w->ps_warned)
+        ps_log_warn("checkpoint psd %s: Push of step %" PRId64 ": %s", w->o->ps[0],
+                    w->step, rc == PS_ERPC ? st.message : ps_strerror(rc));
+    w->ps_warned = rc != 0;
+}
+
 /* ---- the steps --------------------------------------------------------- */
 
 static uint64_t splitmix(uint64_t *s)
@@ -474,6 +571,7 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
         return rc;
     }
     ps_model_sgd_step(w->m, o->lr);
+    mirror_push(w);
     *loss = w->buf[w->np] * inv;
     w->step++;
     w->pos += (int64_t)w->size * b;
@@ -489,6 +587,8 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
 static void mwm_close(struct mwm *w)
 {
     wd_coll_destroy(w->coll);
+    ps_client_destroy(w->ps);
+    free(w->items);
     ps_model_destroy(w->m);
     free(w->buf);
     free(w->state);
@@ -529,6 +629,8 @@ static int mwm_open(struct mwm *w, const struct wd_train_opts *o,
     if (!w->buf || !w->state || !w->perm || !w->xb || !w->yb)
         return -ENOMEM;
     describe_model(w);
+    if (o->nps > 0 && (rc = mirror_open(w, err, errlen)) != 0)
+        return rc;
     char key[64];
     snprintf(key, sizeof key, "model/%d", o->task_index);
     return kv_set(o->mwm->coord, key, w->model_desc, strlen(w->model_desc) + 1, err,

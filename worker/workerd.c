@@ -616,7 +616,8 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
 /* multi_worker_mirrored: registers (the heartbeats tell pscoord who is
  * alive, which decides the generations) and learns the worker count unless
  * --num-workers gave it. Returns the exit status. */
-static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord)
+static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char **ps,
+                    int *nps, char *store, size_t storelen)
 {
     char err[1024];
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
@@ -627,16 +628,21 @@ static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord)
     if (ps_coord_join(&co, coord, &idx, err, sizeof err) != 0)
         return fail(1, "%s", err);
     c->task_index = idx;
-    if (nw_flag > 0)
-        return 0;
     void *p = NULL;
     ps_rpc_status st;
     if (ps_coord_cluster(*coord, &p, &st) != 0)
         return fail(1, "coordinator: GetCluster: %s: %s", ps_rpc_code_name(st.code),
                     st.message);
     Ps__V1__ClusterState *cs = p;
-    c->num_workers = cs->num_workers > 0 ? (int)cs->num_workers : 1;
+    if (nw_flag == 0)
+        c->num_workers = cs->num_workers > 0 ? (int)cs->num_workers : 1;
+    bool has_ps = cs->num_ps > 0;
     ps__v1__cluster_state__free_unpacked(cs, NULL);
+    /* A job with a ps task: that psd (shard 0) holds the job's checkpoints. */
+    int nw = 0;
+    if (*nps == 0 && has_ps &&
+        learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err) != 0)
+        return fail(1, "%s", err);
     return 0;
 }
 
@@ -1029,6 +1035,7 @@ int main(int argc, char **argv)
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int nw_flag = (int)c.num_workers;
     bool mwm = c.strategy == STRAT_MULTI_WORKER_MIRRORED;
+    bool ps_given = c.ps != NULL;
     int status = settle_strategy(&c, use_coord);
     if (status == 0)
         status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
@@ -1047,9 +1054,13 @@ int main(int argc, char **argv)
     if (status == 0)
         status = check_model(&c, d);
     char ps_store[64 * 300];
-    if (status == 0 && mwm && !evaluator)
-        status = join_mwm(&c, nw_flag, &coord);
-    else if (status == 0 && use_coord && !c.local)
+    if (status == 0 && mwm && !evaluator) {
+        /* multi_worker_mirrored has no psd on the data path: --ps (or the
+         * coordinator's ps task) is only the checkpoint psd. */
+        if (!ps_given)
+            nps = 0;
+        status = join_mwm(&c, nw_flag, &coord, ps, &nps, ps_store, sizeof ps_store);
+    } else if (status == 0 && use_coord && !c.local)
         status = join_coordinator(&c, evaluator, d, &coord, ps, &nps, ps_store,
                                   sizeof ps_store, &placement);
     if (status != 0)

@@ -25,16 +25,23 @@ def build_path(*parts):
 
 
 class Job:
-    def __init__(self, name, heartbeat_timeout="3s", wrapper=None, listen="127.0.0.1:0"):
+    def __init__(self, name, heartbeat_timeout="3s", wrapper=None, listen="127.0.0.1:0",
+                 extra=()):
         self.root = pstest.tmpdir("mwm-%s-" % name)
-        argv = list(wrapper or []) + [
+        self.coord_argv = list(wrapper or []) + [
             build_path("coordinator", "pscoord"), "--state-dir",
             os.path.join(self.root, "coord"), "--listen", listen,
             "--heartbeat-timeout", heartbeat_timeout, "--metrics-listen", "off",
-            "--log-level", "info"]
-        self.coord_log = open(os.path.join(self.root, "pscoord.log"), "w")
-        self.coord = pstest.Daemon(argv, stderr=self.coord_log)
+            "--log-level", "info"] + list(extra)
+        self.coord_log = open(os.path.join(self.root, "pscoord.log"), "a")
+        self.coord = pstest.Daemon(self.coord_argv, stderr=self.coord_log)
         self.workers = {}   # index -> list of (Popen, log path)
+
+    def restart_coord(self):
+        """Stops pscoord (SIGTERM) and starts it again on the same state
+        directory (a new port)."""
+        self.coord.stop()
+        self.coord = pstest.Daemon(self.coord_argv, stderr=self.coord_log)
 
     def coord_addr(self, host="127.0.0.1"):
         return "%s:%d" % (host, self.coord.port)
