@@ -26,6 +26,7 @@
 #include "proto/ps.pb-c.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "worker/strategy.h"
 #include "worker/train.h"
 
 #include <math.h>
@@ -79,7 +80,7 @@ struct wd_conf {
     char *logdir;
     int summary_steps;
     int log_format;
-    int strategy;               /* enum strategy */
+    int strategy;               /* enum wd_strategy (worker/strategy.h) */
     char *allreduce_host;
     int64_t allreduce_timeout_ms;
     int64_t rendezvous_timeout_ms;
@@ -88,24 +89,12 @@ struct wd_conf {
     int checksum_every;
 };
 
-/* --strategy: TensorFlow's names, each a setting of the finer flags
- * (settle_strategy; README "Strategies and multi-worker all-reduce"). */
-enum strategy {
-    STRAT_AUTO,                 /* the finer flags alone decide */
-    STRAT_ONE_DEVICE,
-    STRAT_MIRRORED,
-    STRAT_CENTRAL_STORAGE,
-    STRAT_PARAMETER_SERVER,
-    STRAT_MULTI_WORKER_MIRRORED,
-};
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
 static const char *const cons_choices[] = {"async", "sync", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
-static const char *const strategy_choices[] = {
-    "auto", "one_device", "mirrored", "central_storage", "parameter_server",
-    "multi_worker_mirrored", NULL};
+
 static const char *const algo_choices[] = {"ring", "halving_doubling", NULL};
 static const char *const engine_choices[] = {"auto", "gloo", "nccl", NULL};
 
@@ -231,7 +220,7 @@ static const ps_opt wd_opts[] = {
      "one worker, sync against a psd on this host), central_storage (mirrored "
      "with --shm on), parameter_server (--ps or --coordinator, --consistency), "
      "multi_worker_mirrored (all-reduce among the workers, no psd; needs "
-     "--coordinator); auto = the flags alone", 0, 0, strategy_choices},
+     "--coordinator); auto = the flags alone", 0, 0, wd_strategy_names},
     {"allreduce-host", PS_OPT_STRING, offsetof(struct wd_conf, allreduce_host),
      "127.0.0.1", "multi_worker_mirrored: the address this worker's all-reduce "
      "listens on (its peers connect to it; a free port is picked)", 0, 0, NULL},
@@ -674,31 +663,7 @@ static int run_mwm(struct wd_train_opts *o, const struct wd_conf *c, ps_coord *c
                        ? "stopped by a signal" : "done training", (long long)res.steps);
     if (res.evaluated)
         wd_metrics_eval(o->metrics, res.version, res.test_loss, res.test_accuracy);
-    if (res.left_out) {
-        printf("worker %lld: the job finished (step %llu) while this worker was out "
-               "of its group\n", (long long)c->task_index, (unsigned long long)res.version);
-        fflush(stdout);
-        return 0;
-    }
-    if (c->json)
-        printf("{\"role\":\"worker\",\"strategy\":\"multi_worker_mirrored\","
-               "\"task_index\":%lld,\"model\":\"%s\",\"batch\":%lld,\"steps\":%lld,"
-               "\"examples\":%lld,\"seconds\":%.3f,\"examples_per_second\":%.1f,"
-               "\"final_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f,"
-               "\"job_step\":%llu,\"checksum\":\"%016llx\"}\n",
-               (long long)c->task_index, c->model, (long long)c->batch,
-               (long long)res.steps, (long long)res.examples, res.seconds,
-               res.examples_per_second, res.final_loss,
-               res.evaluated ? res.test_loss : -1.0, res.evaluated ? res.test_accuracy : -1.0,
-               (unsigned long long)res.version, (unsigned long long)res.checksum);
-    else
-        printf("worker %lld: done: %lld steps of the job's %llu, %lld examples in %.1f s "
-               "(%.0f examples/s), loss %.4f, test accuracy %.4f, checksum %016llx\n",
-               (long long)c->task_index, (long long)res.steps,
-               (unsigned long long)res.version, (long long)res.examples, res.seconds,
-               res.examples_per_second, res.final_loss,
-               res.evaluated ? res.test_accuracy : -1.0, (unsigned long long)res.checksum);
-    fflush(stdout);
+    wd_strategy_print_mwm(&res, (int)c->task_index, c->model, (int)c->batch, c->json);
     return 0;
 }
 
@@ -896,52 +861,18 @@ static int check_compute_flags(const struct wd_conf *c)
     return 0;
 }
 
-/* --strategy onto the finer flags. Returns 0, or 2 after one line on
- * stderr for a flag the strategy contradicts. */
+/* --strategy onto the finer flags (worker/strategy.h). Returns 0, or 2
+ * after one line on stderr. */
 static int settle_strategy(struct wd_conf *c, bool use_coord)
 {
-    const char *name = strategy_choices[c->strategy];
-    switch (c->strategy) {
-    case STRAT_ONE_DEVICE:
-        if (c->replicas > 1)
-            return fail(2, "--strategy one_device: --replicas %lld is more than one "
-                        "device (use mirrored)", (long long)c->replicas);
-        c->local = true;
-        break;
-    case STRAT_CENTRAL_STORAGE:
-        c->shm = 1; /* and replicated on this host's devices, as mirrored */
-        __attribute__((fallthrough));
-    case STRAT_MIRRORED:
-        if (c->local)
-            return fail(2, "--strategy %s keeps the variables in a psd on this host: "
-                        "not with --local", name);
-        if (c->num_workers > 1)
-            return fail(2, "--strategy %s is one worker: --num-workers %lld (use "
-                        "multi_worker_mirrored)", name, (long long)c->num_workers);
-        if (c->replicas == 1)
-            c->replicas = 2;
-        c->num_workers = 1;
-        c->consistency = 1; /* sync: one update per step */
-        break;
-    case STRAT_PARAMETER_SERVER:
-        if (c->local)
-            return fail(2, "--strategy parameter_server needs psd: not with --local");
-        break;
-    case STRAT_MULTI_WORKER_MIRRORED:
-        if (!use_coord)
-            return fail(2, "--strategy multi_worker_mirrored needs --coordinator (its "
-                        "rendezvous and generations)");
-        if (c->local || c->replicas > 1 || c->optimizer != 0)
-            return fail(2, "--strategy multi_worker_mirrored trains one replica per "
-                        "worker with SGD applied on the worker: not with --local, "
-                        "--replicas %lld or --optimizer %s", (long long)c->replicas,
-                        opt_choices[c->optimizer]);
-        if (c->allreduce_engine == 2 && strncmp(c->device, "cuda:", 5) != 0)
-            return fail(2, "--allreduce-engine nccl needs --device cuda:N");
-        break;
-    default:
-        break;
-    }
+    struct wd_strategy_flags f = {
+        .local = &c->local, .replicas = &c->replicas, .num_workers = &c->num_workers,
+        .consistency = &c->consistency, .shm = &c->shm,
+        .optimizer = opt_choices[c->optimizer], .device = c->device,
+        .nccl_asked = c->allreduce_engine == 2, .use_coord = use_coord};
+    char err[512];
+    if (wd_strategy_settle(c->strategy, &f, err, sizeof err) != 0)
+        return fail(2, "%s", err);
     return 0;
 }
 
@@ -1034,7 +965,7 @@ int main(int argc, char **argv)
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int nw_flag = (int)c.num_workers;
-    bool mwm = c.strategy == STRAT_MULTI_WORKER_MIRRORED;
+    bool mwm = c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED;
     bool ps_given = c.ps != NULL;
     int status = settle_strategy(&c, use_coord);
     if (status == 0)
