@@ -219,6 +219,14 @@ static void tick_generation(coord_kv *kv)
     free(kv->members);
     kv->members = m;
     kv->nmembers = n;
+    /* The first generation is numbered from the clock (milliseconds since
+     * 1970), so that a restarted pscoord, which has lost the store, still
+     * numbers above every generation its workers have seen. */
+    if (kv->gen == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        kv->gen = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    }
     kv->gen++;
     char list[KV_MAX_MEMBERS * 11 + 1], key[64], val[32];
     size_t used = 0;

@@ -15,6 +15,10 @@
  * the generation rises to G+1 and the store gets "gen/<G+1>/members" (the
  * worker indices, comma-separated, ascending) and "generation" ("<G+1>").
  * Keys under "gen/<g>/" of generations two or more behind are dropped.
+ * The store lives in memory only: the first generation is numbered from
+ * the clock (milliseconds since 1970), so that after a pscoord restart the
+ * numbers still rise past those the workers have seen, and the workers
+ * write their keys again when they next form a group.
  * GetCluster reports the generation and its members (ClusterState fields
  * 16 and 17).
  *

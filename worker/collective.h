@@ -77,6 +77,12 @@ struct wd_coll {
 int wd_coll_gloo_create(const struct wd_coll_opts *o, wd_coll **out, char *err,
                         size_t errlen);
 
+/* Whether Gloo can listen on host (an address of this machine): 0, or
+ * PS_EINVAL_ARG with one line in err. A worker checks its --allreduce-host
+ * once at start, so that its own bad address fails the process, while a
+ * peer that cannot be reached fails only the generation. */
+int wd_coll_gloo_check_host(const char *host, char *err, size_t errlen);
+
 /* Forms an NCCL group on CUDA device o->device: rank 0's unique id goes
  * through the store. Returns 0, PS_ENODEV (built without NCCL, or no device
  * answers), PS_EUNAVAIL. */

@@ -20,6 +20,9 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -97,6 +100,21 @@ struct GlooColl {
     float *hd_buf;
     size_t hd_n;
 };
+
+/* Gloo's device crashes on a host name that does not resolve (seen with
+ * 0.0~git20220518): resolved here first. */
+bool resolves(const char *host, char *err, size_t errlen)
+{
+    struct addrinfo hints = {}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, nullptr, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "--allreduce-host %s: %s", host, gai_strerror(rc));
+        return false;
+    }
+    freeaddrinfo(res);
+    return true;
+}
 
 GlooColl *self(wd_coll *c)
 {
@@ -197,6 +215,10 @@ extern "C" int wd_coll_gloo_create(const struct wd_coll_opts *o, wd_coll **out,
     g->base.destroy = destroy;
     g->algorithm = o->algorithm;
     g->timeout = std::chrono::milliseconds(o->timeout_ms);
+    if (!resolves(o->host != nullptr ? o->host : "127.0.0.1", err, errlen)) {
+        delete g;
+        return PS_EUNAVAIL;
+    }
     try {
         gloo::transport::tcp::attr attr(o->host != nullptr ? o->host : "127.0.0.1");
         g->dev = gloo::transport::tcp::CreateDevice(attr);
@@ -212,4 +234,19 @@ extern "C" int wd_coll_gloo_create(const struct wd_coll_opts *o, wd_coll **out,
     }
     *out = &g->base;
     return 0;
+}
+
+extern "C" int wd_coll_gloo_check_host(const char *host, char *err, size_t errlen)
+{
+    if (!resolves(host, err, errlen))
+        return PS_EINVAL_ARG;
+    try {
+        gloo::transport::tcp::attr attr(host);
+        auto dev = gloo::transport::tcp::CreateDevice(attr);
+        return 0;
+    } catch (const std::exception &e) {
+        snprintf(err, errlen, "--allreduce-host %s: Gloo cannot listen there: %s", host,
+                 e.what());
+        return PS_EINVAL_ARG;
+    }
 }

@@ -273,6 +273,10 @@ static void missing_workers(const uint32_t *mem, int n, int want, char *out, siz
 static int form_gen(struct mwm *w, uint64_t g, const uint32_t *mem, int n, char *err,
                     size_t errlen)
 {
+    /* Again at every group: a restarted pscoord has lost the store. */
+    char key[64];
+    snprintf(key, sizeof key, "model/%d", w->o->task_index);
+    kv_set(w->mo->coord, key, w->model_desc, strlen(w->model_desc) + 1, err, errlen);
     int rc = check_models(w, mem, n, err, errlen);
     if (rc != 0)
         return rc;
@@ -629,6 +633,8 @@ static int mwm_open(struct mwm *w, const struct wd_train_opts *o,
     if (!w->buf || !w->state || !w->perm || !w->xb || !w->yb)
         return -ENOMEM;
     describe_model(w);
+    if (!w->mo->nccl && (rc = wd_coll_gloo_check_host(w->mo->host, err, errlen)) != 0)
+        return rc;
     if (o->nps > 0 && (rc = mirror_open(w, err, errlen)) != 0)
         return rc;
     char key[64];

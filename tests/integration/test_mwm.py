@@ -121,6 +121,18 @@ def refusals(r):
                 "a rendezvous without worker 1 ends with one line naming it (%s)" % out[-1:])
     finally:
         job.close()
+    # This worker's own --allreduce-host unusable: the process fails at once.
+    for host, words in [("10.255.255.1", "cannot listen"),
+                        ("nosuchhost.invalid", "nosuchhost.invalid")]:
+        job = mwmjob.Job("host")
+        try:
+            job.start(0, ["--num-workers", "1", "--allreduce-host", host])
+            codes = job.wait(60)
+            out = job.log(0).strip().splitlines()
+            r.check(codes == {0: 1} and len(out) == 1 and words in out[0],
+                    "--allreduce-host %s: exit 1, one line (%s)" % (host, out))
+        finally:
+            job.close()
     workerd = mwmjob.build_path("worker", "workerd")
     for args, words in [
             (["--strategy", "multi_worker_mirrored"], "needs --coordinator"),
