@@ -25,7 +25,8 @@ DEB_PACKAGES := \
 	openssl libssl-dev \
 	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus \
 	help2man man-db \
-	python3-venv
+	python3-venv \
+	libgloo-dev
 
 # Only the benchmarks compare against PyTorch; its install is large.
 BENCH_PACKAGES := python3-torch

@@ -4,8 +4,10 @@
  * STYLE.md gives every dependency one home: only server/store.c talks to
  * LMDB, only the RPC files of common/ to gRPC core, only common/proc.c to
  * libuv, only worker/backend_cpu.c to BLAS, only common/notify.c to
- * libsystemd, and CUDA stays in the .cu files; only worker/backend_pjrt.c
- * sees the PJRT C API (third_party/pjrt).
+ * libsystemd, NCCL to worker/collective_nccl.cu, and CUDA stays in the .cu
+ * files (Gloo, being C++, cannot reach a C file at all: only
+ * worker/collective_gloo.cc includes it); only worker/backend_pjrt.c sees
+ * the PJRT C API (third_party/pjrt).
  * Their headers sit in /usr/include, where every compiler finds them, so an
  * include path alone cannot keep them out. The build therefore force-includes
  * this header into every C file of the project (-include, meson.build) and
@@ -46,6 +48,10 @@
 
 #ifndef PS_OWNS_MHD
 #pragma GCC poison MHD_start_daemon
+#endif
+
+#ifndef PS_OWNS_NCCL
+#pragma GCC poison ncclCommInitRank
 #endif
 
 #ifndef PS_OWNS_CUDA

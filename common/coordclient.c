@@ -207,6 +207,68 @@ int ps_coord_cluster(ps_coord *c, void **state_out, ps_rpc_status *st)
                             &ps__v1__cluster_state__descriptor, state_out, 5000, st);
 }
 
+int ps_coord_kv_set(ps_coord *c, const char *key, const void *val, size_t len,
+                    ps_rpc_status *st)
+{
+    Ps__V1__KvSetRequest req = PS__V1__KV_SET_REQUEST__INIT;
+    req.job_id = c->job_id;
+    req.key = (char *)key;
+    req.value.data = (uint8_t *)val;
+    req.value.len = len;
+    void *resp = NULL;
+    int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/KvSet", &req,
+                              &ps__v1__kv_set_response__descriptor, &resp, 10000, st);
+    if (resp != NULL)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+int ps_coord_kv_get(ps_coord *c, const char *key, int timeout_ms, void **val,
+                    size_t *len, uint64_t *generation, ps_rpc_status *st)
+{
+    Ps__V1__KvGetRequest req = PS__V1__KV_GET_REQUEST__INIT;
+    char *keys[1] = {(char *)key};
+    req.job_id = c->job_id;
+    req.keys = keys;
+    req.n_keys = 1;
+    req.timeout_ms = (uint32_t)(timeout_ms > 0 ? timeout_ms : 0);
+    void *p = NULL;
+    *val = NULL;
+    *len = 0;
+    int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/KvGet", &req,
+                              &ps__v1__kv_get_response__descriptor, &p,
+                              (timeout_ms > 0 ? timeout_ms : 0) + 10000, st);
+    if (rc != 0)
+        return rc;
+    Ps__V1__KvGetResponse *r = p;
+    if (r->n_values != 1) {
+        protobuf_c_message_free_unpacked(p, NULL);
+        if (st != NULL) {
+            st->code = PS_RPC_INTERNAL;
+            snprintf(st->message, sizeof st->message, "KvGet: %zu values for 1 key",
+                     r->n_values);
+        }
+        return PS_ERPC;
+    }
+    *val = malloc(r->values[0].len + 1);
+    if (*val == NULL) {
+        protobuf_c_message_free_unpacked(p, NULL);
+        return -ENOMEM;
+    }
+    memcpy(*val, r->values[0].data, r->values[0].len);
+    ((char *)*val)[r->values[0].len] = '\0';
+    *len = r->values[0].len;
+    if (generation != NULL)
+        *generation = r->generation;
+    protobuf_c_message_free_unpacked(p, NULL);
+    return 0;
+}
+
+int ps_coord_index(const ps_coord *c)
+{
+    return c->index;
+}
+
 int ps_coord_place(ps_coord *c, void *req, void **resp_out, ps_rpc_status *st)
 {
     Ps__V1__PlaceRequest *r = req;

@@ -71,6 +71,20 @@ int ps_coord_place(ps_coord *c, void *req, void **resp_out, ps_rpc_status *st);
 /* ReportMetrics for an evaluator. */
 int ps_coord_metrics(ps_coord *c, uint64_t step, double loss, double accuracy);
 
+/* The coordinator's key/value store (multi_worker_mirrored's rendezvous,
+ * coordinator/kvstore.h). KvSet: 0 or PS_ERPC. KvGet waits up to
+ * timeout_ms (0: not at all) for key; *val (malloc'd, freed by the caller)
+ * and *len, and *generation (may be NULL) the store's generation. PS_ERPC
+ * with st->code DEADLINE_EXCEEDED (or NOT_FOUND for timeout 0) when the key
+ * is not set. UNAVAILABLE is retried within the call's deadline. */
+int ps_coord_kv_set(ps_coord *c, const char *key, const void *val, size_t len,
+                    ps_rpc_status *st);
+int ps_coord_kv_get(ps_coord *c, const char *key, int timeout_ms, void **val,
+                    size_t *len, uint64_t *generation, ps_rpc_status *st);
+
+/* This task's index as the coordinator assigned it. */
+int ps_coord_index(const ps_coord *c);
+
 void ps_coord_leave(ps_coord *c);
 
 #endif

@@ -5,6 +5,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "coordinator/kvstore.h"
 #include "coordinator/shardcall.h"
 #include "proto/ps.pb-c.h"
 
@@ -34,7 +35,7 @@ struct method {
     void (*fn)(coord_service *s, ps_rpc_call *call, const void *req);
 };
 
-#define NMETHODS 6
+#define NMETHODS 8
 
 /* What the server hands dispatch for one method. */
 struct bound_method {
@@ -45,6 +46,7 @@ struct bound_method {
 struct coord_service {
     coord *c;
     coord_sched *sched;
+    coord_kv *kv;         /* KvSet, KvGet and the all-reduce generations */
     int interval_ms;
     pthread_mutex_t mu;   /* guards the fields below; taken before coord's */
     struct watcher *watchers;
@@ -224,6 +226,16 @@ static Ps__V1__ClusterState *snapshot_pb(coord *c)
     return s;
 }
 
+/* The snapshot with the all-reduce generation (kvstore.h). */
+static Ps__V1__ClusterState *snapshot_gen_pb(coord_service *sv)
+{
+    Ps__V1__ClusterState *s = snapshot_pb(sv->c);
+    if (s != NULL && sv->kv != NULL)
+        s->generation = coord_kv_generation(sv->kv, &s->generation_workers,
+                                            &s->n_generation_workers);
+    return s;
+}
+
 /* A Place proposal as variables (names borrowed from req). Refuses, as the
  * core does, one with too many dimensions. */
 static int proposal_in(const Ps__V1__PlaceRequest *req,
@@ -353,7 +365,7 @@ static void on_get_cluster(coord_service *s, ps_rpc_call *call,
     if (coord_check_job(s->c, r->job_id, "GetCluster", &st) != 0) {
         refused(call, &st);
     } else {
-        Ps__V1__ClusterState *snap = snapshot_pb(s->c);
+        Ps__V1__ClusterState *snap = snapshot_gen_pb(s);
         if (snap == NULL) {
             ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
                         "out of memory building the cluster state");
@@ -486,6 +498,16 @@ static void on_place(coord_service *s, ps_rpc_call *call, const void *req)
     }
 }
 
+static void on_kv_set(coord_service *s, ps_rpc_call *call, const void *req)
+{
+    coord_kv_on_set(s->kv, call, req);
+}
+
+static void on_kv_get(coord_service *s, ps_rpc_call *call, const void *req)
+{
+    coord_kv_on_get(s->kv, call, req);
+}
+
 /* ---- the watch thread -------------------------------------------------- */
 
 /* One pass over the watchers: ends cancelled streams and sends the state to
@@ -553,6 +575,11 @@ int coord_service_create(coord *c, coord_sched *sched, int interval_ms,
     s->c = c;
     s->sched = sched;
     s->interval_ms = interval_ms > 0 ? interval_ms : 500;
+    int rc = coord_kv_create(c, &s->kv);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
     pthread_mutex_init(&s->mu, NULL);
     *out = s;
     return 0;
@@ -571,6 +598,10 @@ static const struct method methods[NMETHODS] = {
      &ps__v1__report_metrics_request__descriptor, on_report_metrics},
     {COORD_METHOD("Place"), PS_RPC_UNARY, &ps__v1__place_request__descriptor,
      on_place},
+    {COORD_METHOD("KvSet"), PS_RPC_UNARY, &ps__v1__kv_set_request__descriptor,
+     on_kv_set},
+    {COORD_METHOD("KvGet"), PS_RPC_UNARY, &ps__v1__kv_get_request__descriptor,
+     on_kv_get},
 };
 
 /* Every method's entry: parses the request and runs its handler. A request
@@ -632,6 +663,7 @@ void coord_service_stop(coord_service *s)
     pthread_mutex_unlock(&s->mu);
     if (was)
         return;
+    coord_kv_stop(s->kv);
     coord_kick(s->c);
     if (s->started)
         pthread_join(s->th, NULL);
@@ -654,6 +686,7 @@ void coord_service_destroy(coord_service *s)
     if (s == NULL)
         return;
     coord_service_stop(s);
+    coord_kv_destroy(s->kv);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

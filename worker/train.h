@@ -52,6 +52,22 @@ struct wd_placement {
 };
 
 struct wd_metrics; /* worker/metrics.h */
+struct ps_coord;   /* common/coordclient.h */
+
+/* multi_worker_mirrored (worker/train_mwm.c): all-reduce among the workers,
+ * rendezvous and generations through the coordinator. */
+struct wd_mwm_opts {
+    struct ps_coord *coord;    /* joined; its Kv store is the rendezvous */
+    const char *host;          /* address this worker's Gloo listens on */
+    int timeout_ms;            /* each collective and rendezvous */
+    int rendezvous_ms;         /* the first group's budget */
+    int reform_ms;             /* a later group's budget */
+    int algorithm;             /* enum wd_coll_algo (worker/collective.h) */
+    bool nccl;                 /* NCCL (GPU workers) instead of Gloo */
+    int device;                /* NCCL's CUDA device */
+    int checksum_every;        /* print the parameters' checksum every N
+                                  steps; 0 never */
+};
 
 /* Reports progress (from the training thread) and evaluations. */
 typedef void (*wd_progress_fn)(void *ctx, uint64_t step, double examples_per_second,
@@ -103,6 +119,7 @@ struct wd_train_opts {
                                   global step as this worker last saw it */
     int summary_steps;
     const char *token;         /* sent to every psd (auth.h); NULL: none */
+    const struct wd_mwm_opts *mwm; /* NULL: not multi_worker_mirrored */
 };
 
 struct wd_train_result {
@@ -116,6 +133,13 @@ struct wd_train_result {
     uint64_t version;          /* of the first variable at the end */
     int shm_shards;            /* shards whose tensors went through shared
                                   memory to the end */
+    /* wd_train_mwm: the final parameters' checksum and, given a test set,
+     * their test figures */
+    uint64_t checksum;
+    bool evaluated;
+    bool left_out;             /* the job finished while this worker was out
+                                  of its group: nothing trained here counts */
+    float test_loss, test_accuracy;
 };
 
 /* Trains on `train` and fills *res. Returns 0, or a project error with one
@@ -124,6 +148,17 @@ struct wd_train_result {
  * PS_ENODEV (no usable device), PS_EINVAL_ARG, -ENOMEM. */
 int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
              struct wd_train_result *res, char *err, size_t errlen);
+
+/* multi_worker_mirrored (o->mwm set): trains with the workers of the
+ * coordinator's current generation, re-forming after failures, then
+ * evaluates the final parameters on test (NULL: not). Returns 0 (also when
+ * the job finished while this worker was out of it), PS_ETIMEDOUT (no group
+ * within the rendezvous budget; err names the missing workers), PS_ESHAPE
+ * (a member trains another model; err names the first difference),
+ * PS_ENODEV, -ENOMEM. */
+int wd_train_mwm(const struct wd_train_opts *o, const struct ps_dataset *train,
+                 const struct ps_dataset *test, struct wd_train_result *res,
+                 char *err, size_t errlen);
 
 /* Pulls the current parameters into a fresh CPU model and evaluates it on
  * `test`. Fills loss, accuracy and the first variable's version. */

@@ -14,6 +14,7 @@
 #include "common/auth.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
+#include "worker/collective.h"
 #include "worker/data.h"
 #include "common/errors.h"
 #include "worker/events.h"
@@ -27,6 +28,7 @@
 #include "proto/ps.pb-c.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "worker/strategy.h"
 #include "worker/train.h"
 
 #include <math.h>
@@ -84,6 +86,13 @@ struct wd_conf {
     int log_format;
     char *token_file;
     char token[PS_AUTH_TOKEN_MAX + 1]; /* what token_file holds, or "" */
+    int strategy;               /* enum wd_strategy (worker/strategy.h) */
+    char *allreduce_host;
+    int64_t allreduce_timeout_ms;
+    int64_t rendezvous_timeout_ms;
+    int allreduce_algorithm;
+    int allreduce_engine;       /* 0 auto, 1 gloo, 2 nccl */
+    int checksum_every;
 };
 
 static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
@@ -91,6 +100,9 @@ static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", 
 static const char *const cons_choices[] = {"async", "sync", "bounded", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
+
+static const char *const algo_choices[] = {"ring", "halving_doubling", NULL};
+static const char *const engine_choices[] = {"auto", "gloo", "nccl", NULL};
 
 #define FM "/usr/share/datasets/fashion-mnist"
 
@@ -227,6 +239,34 @@ static const ps_opt wd_opts[] = {
      1, 1000000, NULL},
     {"log-format", PS_OPT_ENUM, offsetof(struct wd_conf, log_format), "text",
      PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
+    {"strategy", PS_OPT_ENUM, offsetof(struct wd_conf, strategy), "auto",
+     "TensorFlow's distribution strategy, as settings of the flags above: "
+     "one_device (--local, one replica), mirrored (--replicas, default 2, "
+     "one worker, sync against a psd on this host), central_storage (mirrored "
+     "with --shm on), parameter_server (--ps or --coordinator, --consistency), "
+     "multi_worker_mirrored (all-reduce among the workers, no psd; needs "
+     "--coordinator); auto = the flags alone", 0, 0, wd_strategy_names},
+    {"allreduce-host", PS_OPT_STRING, offsetof(struct wd_conf, allreduce_host),
+     "127.0.0.1", "multi_worker_mirrored: the address this worker's all-reduce "
+     "listens on (its peers connect to it; a free port is picked)", 0, 0, NULL},
+    /* 5 s: well past a loaded step on 2 cores, and short enough that a dead
+     * peer costs little beside the coordinator's heartbeat timeout (3 s). */
+    {"allreduce-timeout", PS_OPT_DURATION_MS, offsetof(struct wd_conf, allreduce_timeout_ms),
+     "5s", "multi_worker_mirrored: a collective (or a group's rendezvous) that "
+     "takes longer fails, and the group re-forms", 100, 3600000, NULL},
+    {"rendezvous-timeout", PS_OPT_DURATION_MS,
+     offsetof(struct wd_conf, rendezvous_timeout_ms), "120s",
+     "multi_worker_mirrored: how long to wait for the first group of "
+     "--num-workers workers, and for any later group", 1000, 86400000, NULL},
+    {"allreduce-algorithm", PS_OPT_ENUM, offsetof(struct wd_conf, allreduce_algorithm),
+     "ring", "multi_worker_mirrored on Gloo: ring or halving_doubling", 0, 0,
+     algo_choices},
+    {"allreduce-engine", PS_OPT_ENUM, offsetof(struct wd_conf, allreduce_engine),
+     "auto", "multi_worker_mirrored: gloo (TCP, CPU), nccl (GPUs), auto = nccl "
+     "for --device cuda:N when a device answers, else gloo", 0, 0, engine_choices},
+    {"checksum-every", PS_OPT_INT, offsetof(struct wd_conf, checksum_every), "0",
+     "multi_worker_mirrored: print the parameters' checksum every N steps "
+     "(equal on every worker; 0 = never)", 0, 2147483647.0, NULL},
     {0},
 };
 
@@ -600,6 +640,71 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
     return 0;
 }
 
+/* multi_worker_mirrored: registers (the heartbeats tell pscoord who is
+ * alive, which decides the generations) and learns the worker count unless
+ * --num-workers gave it. Returns the exit status. */
+static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char **ps,
+                    int *nps, char *store, size_t storelen)
+{
+    char err[1024];
+    ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
+                        .role = PS__V1__ROLE__WORKER, .index = (int)c->task_index,
+                        .address = c->allreduce_host, .register_budget_ms = 60000,
+                        .on_directive = on_directive};
+    int idx = 0;
+    if (ps_coord_join(&co, coord, &idx, err, sizeof err) != 0)
+        return fail(1, "%s", err);
+    c->task_index = idx;
+    void *p = NULL;
+    ps_rpc_status st;
+    if (ps_coord_cluster(*coord, &p, &st) != 0)
+        return fail(1, "coordinator: GetCluster: %s: %s", ps_rpc_code_name(st.code),
+                    st.message);
+    Ps__V1__ClusterState *cs = p;
+    if (nw_flag == 0)
+        c->num_workers = cs->num_workers > 0 ? (int)cs->num_workers : 1;
+    bool has_ps = cs->num_ps > 0;
+    ps__v1__cluster_state__free_unpacked(cs, NULL);
+    /* A job with a ps task: that psd (shard 0) holds the job's checkpoints. */
+    int nw = 0;
+    if (*nps == 0 && has_ps &&
+        learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err) != 0)
+        return fail(1, "%s", err);
+    return 0;
+}
+
+/* multi_worker_mirrored's run: train with the group, evaluate the final
+ * parameters here (every worker holds them), print the summary. */
+static int run_mwm(struct wd_train_opts *o, const struct wd_conf *c, ps_coord *coord,
+                   const struct ps_dataset *train, const struct ps_dataset *test)
+{
+    bool cuda = strncmp(c->device, "cuda:", 5) == 0;
+    struct wd_mwm_opts mo = {
+        .coord = coord, .host = c->allreduce_host,
+        .timeout_ms = (int)c->allreduce_timeout_ms,
+        .rendezvous_ms = (int)c->rendezvous_timeout_ms,
+        .reform_ms = (int)c->rendezvous_timeout_ms,
+        .algorithm = c->allreduce_algorithm,
+        .nccl = c->allreduce_engine == 2 || (c->allreduce_engine == 0 && cuda &&
+                                             wd_coll_nccl_built()),
+        .device = cuda ? atoi(c->device + 5) : 0,
+        .checksum_every = (int)c->checksum_every,
+    };
+    o->mwm = &mo;
+    o->quiet = false;
+    char err[1024];
+    struct wd_train_result res;
+    int rc = wd_train_mwm(o, train, c->evaluate ? test : NULL, &res, err, sizeof err);
+    if (rc != 0)
+        return fail(1, "%s", err);
+    ps_notify_stopping("%s after %lld steps", wd_stop_requested
+                       ? "stopped by a signal" : "done training", (long long)res.steps);
+    if (res.evaluated)
+        wd_metrics_eval(o->metrics, res.version, res.test_loss, res.test_accuracy);
+    wd_strategy_print_mwm(&res, (int)c->task_index, c->model, (int)c->batch, c->json);
+    return 0;
+}
+
 /* --logdir: the chief's or the evaluator's event file (NULL for other
  * workers, without --logdir, or after the one warning of a directory that
  * cannot be written). */
@@ -829,6 +934,21 @@ static int open_pjrt(struct wd_conf *c)
     return 0;
 }
 
+/* --strategy onto the finer flags (worker/strategy.h). Returns 0, or 2
+ * after one line on stderr. */
+static int settle_strategy(struct wd_conf *c, bool use_coord)
+{
+    struct wd_strategy_flags f = {
+        .local = &c->local, .replicas = &c->replicas, .num_workers = &c->num_workers,
+        .consistency = &c->consistency, .shm = &c->shm,
+        .optimizer = opt_choices[c->optimizer], .device = c->device,
+        .nccl_asked = c->allreduce_engine == 2, .use_coord = use_coord};
+    char err[512];
+    if (wd_strategy_settle(c->strategy, &f, err, sizeof err) != 0)
+        return fail(2, "%s", err);
+    return 0;
+}
+
 /* Splits --ps (list, modified) into ps[0..*nps) and checks each address.
  * Returns 0, or 2 after one line on stderr. */
 static int parse_ps(char *list, const char **ps, int *nps)
@@ -930,7 +1050,12 @@ int main(int argc, char **argv)
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
-    int status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
+    int nw_flag = (int)c.num_workers;
+    bool mwm = c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED;
+    bool ps_given = c.ps != NULL;
+    int status = settle_strategy(&c, use_coord);
+    if (status == 0)
+        status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
     if (status == 0)
         status = read_token(&c);
     if (status != 0)
@@ -963,7 +1088,13 @@ int main(int argc, char **argv)
     if (status == 0)
         status = check_model(&c, d);
     char ps_store[64 * 300];
-    if (status == 0 && use_coord && !c.local)
+    if (status == 0 && mwm && !evaluator) {
+        /* multi_worker_mirrored has no psd on the data path: --ps (or the
+         * coordinator's ps task) is only the checkpoint psd. */
+        if (!ps_given)
+            nps = 0;
+        status = join_mwm(&c, nw_flag, &coord, ps, &nps, ps_store, sizeof ps_store);
+    } else if (status == 0 && use_coord && !c.local)
         status = join_coordinator(&c, evaluator, d, &coord, ps, &nps, ps_store,
                                   sizeof ps_store, &placement);
     if (status != 0)
@@ -976,6 +1107,8 @@ int main(int argc, char **argv)
     if (evaluator) {
         o.evaluator_only = true;
         status = run_evaluator(&o, &c, &test, coord);
+    } else if (mwm) {
+        status = run_mwm(&o, &c, coord, &train, &test);
     } else {
         status = run_worker(&o, &c, &train, &test);
     }
