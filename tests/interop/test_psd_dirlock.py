@@ -29,7 +29,9 @@ def second(argv):
 
 def psd_case():
     d = pstest.tmpdir()
-    first = pstest.start_psd(d)
+    # --durable: a push is acknowledged once committed, so the kill -9
+    # below cannot take it with the write-behind window.
+    first = pstest.start_psd(d, "--durable")
     stub = pb_grpc.ParameterServerStub(pstest.channel(first.address))
     stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "w", [4], lr=1.0)))
     stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", [1, 2, 3, 4])]))
