@@ -28,6 +28,7 @@ void shard_pending_free(pending_push *p)
     free(p->vars);
     free(p->versions);
     free(p->into);
+    free(p->refused);
     free(p);
 }
 
@@ -36,6 +37,11 @@ void shard_pending_free(pending_push *p)
  * (Restore takes both before it frees any). */
 static void reply_push(psd_shard *s, pending_push *p)
 {
+    if (p->refused != NULL) {
+        shard_count_bad(s);
+        ps_rpc_fail(p->call, PS_RPC_INVALID_ARGUMENT, "%s", p->refused);
+        return;
+    }
     if (!p->return_values) {
         Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
         resp.n_versions = p->nitems;
@@ -435,22 +441,70 @@ static bool mark_pushed(psd_var *v, uint32_t worker)
     return true;
 }
 
+/* Whether applying the step's aggregate (v->accum, count pushes) leaves
+ * every value and slot finite, as grad_stays_finite asks of an async push
+ * (issue 13 e): each push of the step was finite, but their sum need not be
+ * (3e38 + 3e38 is Inf in float). Called with v->lock held for writing.
+ * Returns true, or false with err written. */
+static bool step_stays_finite(psd_var *v, float scale, uint64_t t, char *err,
+                              size_t errlen)
+{
+    uint32_t amag = psd_max_mag(v->accum, v->n);
+    if (amag < PSD_NONFINITE_MAG && v->mag_version != 0 &&
+        v->mag_version == v->version && psd_opt_safe(&v->opt, v->mag, amag, scale, t))
+        return true;
+    size_t bad = v->n;
+    if (amag >= PSD_NONFINITE_MAG) {
+        for (bad = 0; bad < v->n && psd_all_finite(v->accum + bad, 1); bad++)
+            ;
+        snprintf(err, errlen, "variable '%s': step %llu: the sum of its %u "
+                 "gradients is non-finite at element %zu (each push was finite); "
+                 "refused, the variable is unchanged (start psd with "
+                 "--allow-nonfinite to accept)", v->name,
+                 (unsigned long long)v->step, v->accum_count, bad);
+        return false;
+    }
+    bad = psd_opt_check_part(&v->opt, v->value, v->slots, v->n, v->accum, v->n,
+                             scale, t);
+    if (bad >= v->n)
+        return true;
+    snprintf(err, errlen, "variable '%s': step %llu: its aggregate would make "
+             "element %zu non-finite (value %g, mean gradient %g, %s); refused, "
+             "the variable is unchanged (start psd with --allow-nonfinite to "
+             "accept)", v->name, (unsigned long long)v->step, bad,
+             (double)v->value[bad], (double)(v->accum[bad] * scale),
+             psd_opt_name(v->opt.kind));
+    return false;
+}
+
 /* Applies the step's aggregate when every worker has pushed, and completes
- * the pushes that waited for it. Called with v->lock held for writing;
- * returns the pushes to complete (the caller does, after unlocking). */
+ * the pushes that waited for it. An aggregate that would make the variable
+ * non-finite (step_stays_finite) is dropped instead: the value stays, the
+ * step is over, and each push of it is answered INVALID_ARGUMENT. Called
+ * with v->lock held for writing; returns the pushes to complete (the caller
+ * does, after unlocking). */
 static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 {
     if (v->accum_count < v->num_workers)
         return NULL;
-    value_writable(v);
-    v->mag = psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
-                           1.0f / (float)v->accum_count, v->version + 1);
-    v->mag_version = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    float scale = 1.0f / (float)v->accum_count;
+    char err[512];
+    bool refused = !s->o.allow_nonfinite &&
+                   !step_stays_finite(v, scale, v->version + 1, err, sizeof err);
+    if (refused) {
+        atomic_fetch_add(&s->nonfinite, 1);
+        ps_log_warn("%s", err);
+    } else {
+        value_writable(v);
+        v->mag = psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n, scale,
+                               v->version + 1);
+        v->mag_version = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+        shard_count_apply(s);
+    }
     uint64_t done_step = v->step;
     v->step++;
     v->accum_count = 0;
     v->npushed = 0;
-    shard_count_apply(s);
     /* Collect the pushes of this step that now have every part applied. */
     pending_push *ready = NULL;
     pthread_mutex_lock(&s->wait_mu);
@@ -463,6 +517,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
                     p->versions[i] = v->version;
                     p->nleft--;
                     mine = true;
+                    if (refused && p->refused == NULL)
+                        p->refused = strdup(err);
                 }
         if (mine && p->nleft == 0 && p->armed) {
             *pp = p->next;

@@ -123,6 +123,9 @@ typedef struct pending_push {
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     bool armed;               /* its handler is done with it (under wait_mu) */
     double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */
+    char *refused;            /* set: a sync step it joined was refused (its
+                                 aggregate would make a value non-finite);
+                                 the push is answered INVALID_ARGUMENT with it */
 } pending_push;
 
 /* A Pull waiting for a version. */
