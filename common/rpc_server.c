@@ -11,6 +11,7 @@
 #include "common/errors.h"
 #include "common/health.h"
 #include "common/log.h"
+#include "common/rpc_local.h"
 #include "common/rpc_slice.h"
 
 #include <errno.h>
@@ -60,6 +61,7 @@ struct ps_rpc_server {
     atomic_uint_fast64_t calls_total;
     atomic_uint_fast64_t failures[PS_RPC_UNAUTHENTICATED + 1]; /* by code */
     ps_health *health;
+    rpc_local *local; /* the unix listen_also, accepted by us; NULL: none */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -219,11 +221,30 @@ static void dispatch(ps_rpc_call *c)
         ps_buf_free(&thr->buf);
 }
 
+/* Notes the credentials of a call over the unix socket as it arrives,
+ * while its connection is surely still open (rpc_local.h). */
+static void note_peer(ps_rpc_call *c)
+{
+    c->cred_state = -1;
+    if (c->srv->local != NULL &&
+        rpc_local_lookup(c->srv->local, ps_rpc_call_peer(c), &c->cred) == 0)
+        c->cred_state = 1;
+}
+
+int ps_rpc_call_peer_cred(ps_rpc_call *call, ps_rpc_peer_cred *out)
+{
+    if (call->cred_state != 1)
+        return -ENOENT;
+    *out = call->cred;
+    return 0;
+}
+
 /* A client's call arrived on c: another is requested in its place before
  * this one is handled, so that the method stays served meanwhile. */
 static void on_new_call(ps_rpc_call *c)
 {
     ps_rpc_server *srv = c->srv;
+    note_peer(c);
     request_call(srv, c->m, c->thr);
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
@@ -436,7 +457,7 @@ static int server_bind(ps_rpc_server *srv)
     grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
     int port = grpc_server_add_http2_port(srv->server, srv->listen, creds);
     const char *bad = port == 0 ? srv->listen : NULL;
-    if (port != 0 && srv->listen_also != NULL &&
+    if (port != 0 && srv->listen_also != NULL && srv->local == NULL &&
         grpc_server_add_http2_port(srv->server, srv->listen_also, creds) == 0) {
         bad = srv->listen_also;
         port = 0;
@@ -491,6 +512,32 @@ static int threads_start(ps_rpc_server *srv)
     return 0;
 }
 
+/* A unix listen_also is bound and accepted by us (rpc_local.h), so that
+ * each of its calls knows its peer. Returns 0, or -EADDRINUSE after the
+ * error line. */
+static int local_bind(ps_rpc_server *srv)
+{
+    const char *a = srv->listen_also;
+    if (a == NULL || strncmp(a, "unix:", 5) != 0)
+        return 0;
+    int rc = rpc_local_listen(a + 5, srv->opts.max_connections, &srv->local);
+    if (rc != 0) {
+        ps_log_error("rpc: cannot listen on '%s': %s", a, strerror(-rc));
+        return -EADDRINUSE;
+    }
+    return 0;
+}
+
+int ps_rpc_server_local_open(const ps_rpc_server *srv)
+{
+    return srv->local != NULL ? rpc_local_open(srv->local) : 0;
+}
+
+uint64_t ps_rpc_server_local_refused(const ps_rpc_server *srv)
+{
+    return srv->local != NULL ? rpc_local_refused(srv->local) : 0;
+}
+
 int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
 {
     if (srv->started)
@@ -509,11 +556,18 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
         grpc_server_register_completion_queue(srv->server,
                                               srv->threads[i].cq, NULL);
     }
+    if ((rc = local_bind(srv)) != 0)
+        return rc;
     int port = server_bind(srv);
-    if (port == 0)
+    if (port == 0) {
+        rpc_local_free(srv->local);
+        srv->local = NULL;
         return -EADDRINUSE;
+    }
     grpc_server_start(srv->server);
     srv->started = true;
+    if (srv->local != NULL && (rc = rpc_local_start(srv->local, srv->server)) != 0)
+        return rc;
     if ((rc = threads_start(srv)) != 0)
         return rc;
     ps_health_set_all(srv->health, true);
@@ -526,6 +580,8 @@ void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms)
 {
     if (!srv->started || atomic_exchange(&srv->shutting_down, true))
         return;
+    /* No new connections on the unix socket: its file goes now. */
+    rpc_local_stop(srv->local);
 
     /* Watchers are told NOT_SERVING and ended, or they would hold the
      * drain open forever. */
@@ -570,6 +626,7 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
     ps_rpc_server_shutdown(srv, 0);
     if (srv->server != NULL)
         grpc_server_destroy(srv->server);
+    rpc_local_free(srv->local);
     for (int i = 0; i < srv->nmethods; i++) {
         free(srv->methods[i].path);
         free(srv->methods[i].service);

@@ -94,6 +94,11 @@ struct ps_rpc_call {
     grpc_byte_buffer *write_bb;
 
     bool is_health_watcher; /* a Watch call: health.c may list it */
+
+    /* The peer over the unix socket, noted as the call arrives
+     * (ps_rpc_call_peer_cred): 1 known, -1 not a unix-socket call. */
+    int cred_state;
+    ps_rpc_peer_cred cred;
 };
 
 /* ---- rpc_call.c ------------------------------------------------------- */

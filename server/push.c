@@ -127,6 +127,9 @@ struct thread_bufs {
         uint32_t mag;
     } *mags;
     size_t nmags, cap_mags;
+    /* The push's gradients copied out of shared memory (push_shm). */
+    uint8_t *shm_copy;
+    size_t shm_cap;
 };
 
 static pthread_key_t bufs_key;
@@ -137,6 +140,7 @@ static void bufs_free(void *p)
     struct thread_bufs *b = p;
     ps_wire_push_free(&b->req);
     free(b->mags);
+    free(b->shm_copy);
     free(b);
 }
 
@@ -532,14 +536,40 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     return ready;
 }
 
-/* Makes the gradients that lie in shared memory cursors over it, and keeps
- * the push's value_into references in p. Called between psd_shmmap_enter
- * and _leave; returns false with call failed. */
+/* Room for bytes of gradients copied out of shared memory in tb. A copy
+ * held after a push is at most SHM_COPY_KEEP (the next push of the same
+ * size reuses it warm); a bigger one is let go after its push. */
+#define SHM_COPY_KEEP ((size_t)64 << 20)
+
+static uint8_t *shm_room(struct thread_bufs *tb, size_t bytes)
+{
+    if (bytes > tb->shm_cap) {
+        uint8_t *b = malloc(bytes);
+        if (b == NULL)
+            return NULL;
+        free(tb->shm_copy);
+        tb->shm_copy = b;
+        tb->shm_cap = bytes;
+    }
+    return tb->shm_copy;
+}
+
+/* Makes the gradients that lie in shared memory cursors over a copy of
+ * them, and keeps the push's value_into references in p. The copy is the
+ * one read of the client's memory (issue 13 a): the gradient is checked
+ * (finite), proven safe and applied from psd's own bytes, so a client
+ * rewriting its memory between the check and the apply changes nothing
+ * (before, a thread flipping it to NaN got all 262,144 elements of a
+ * variable past the check). Called between psd_shmmap_enter and _leave;
+ * returns false with call failed. */
 static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
                      pending_push *p, uint64_t *shm_in_out)
 {
     char err[400];
     uint64_t shm_in = 0;
+    ps_rpc_peer_cred who;
+    bool local = ps_rpc_call_peer_cred(call, &who) == 0;
+    void **at = NULL;
     for (size_t i = 0; i < r->ngrads; i++) {
         ps_wire_grad *g = &r->grads[i];
         if (g->value_into.set) {
@@ -547,12 +577,10 @@ static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
                 atomic_fetch_add(&s->bad, 1);
                 ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: "
                             "value_into without return_values", i);
-                return false;
+                goto fail;
             }
-            if (p->into == NULL && (p->into = calloc(r->ngrads, sizeof *p->into)) == NULL) {
-                ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
-                return false;
-            }
+            if (p->into == NULL && (p->into = calloc(r->ngrads, sizeof *p->into)) == NULL)
+                goto oom;
             p->into[i] = g->value_into;
         }
         if (!g->shm.set)
@@ -561,23 +589,44 @@ static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
             atomic_fetch_add(&s->bad, 1);
             ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: the "
                         "gradient has both data and shm; send one", i);
-            return false;
+            goto fail;
         }
-        void *at;
-        int code = psd_shmmap_get(s->shm, &g->shm, &at, err, sizeof err);
+        if (at == NULL && (at = calloc(r->ngrads, sizeof *at)) == NULL)
+            goto oom;
+        int code = psd_shmmap_get(s->shm, local ? &who : NULL, &g->shm, &at[i], err,
+                                  sizeof err);
         if (code != 0) {
             if (code == PS_RPC_INVALID_ARGUMENT)
                 atomic_fetch_add(&s->bad, 1);
             ps_rpc_fail(call, code, "Push: grads[%zu]: %s", i, err);
-            return false;
+            goto fail;
         }
-        g->shm_piece = (struct ps_piece){at, g->shm.length};
-        ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
-        g->nbytes = g->shm.length;
         shm_in += g->shm.length;
     }
+    if (shm_in > 0) {
+        struct thread_bufs *tb = thread_bufs();
+        uint8_t *copy = shm_room(tb, (size_t)shm_in);
+        if (copy == NULL)
+            goto oom;
+        for (size_t i = 0; i < r->ngrads; i++) {
+            ps_wire_grad *g = &r->grads[i];
+            if (!g->shm.set)
+                continue;
+            memcpy(copy, at[i], g->shm.length);
+            g->shm_piece = (struct ps_piece){copy, g->shm.length};
+            ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
+            g->nbytes = g->shm.length;
+            copy += g->shm.length;
+        }
+    }
+    free(at);
     *shm_in_out = shm_in;
     return true;
+oom:
+    ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
+fail:
+    free(at);
+    return false;
 }
 
 /* Decodes a Push into the thread's buffers and makes the pending push that
@@ -935,6 +984,12 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     psd_shmmap_enter(s->shm);
     push_locked(s, call, pieces, npieces, t0);
     psd_shmmap_leave(s->shm);
+    struct thread_bufs *tb = thread_bufs();
+    if (tb != NULL && tb->shm_cap > SHM_COPY_KEEP) {
+        free(tb->shm_copy);
+        tb->shm_copy = NULL;
+        tb->shm_cap = 0;
+    }
 }
 
 /* The coordinator's word on how many workers are alive: every SYNC
