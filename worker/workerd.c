@@ -172,9 +172,10 @@ static const ps_opt wd_opts[] = {
      self_choices},
     {"shm", PS_OPT_ENUM, offsetof(struct wd_conf, shm), "auto",
      "move gradients and values through memory shared with psd, not its "
-     "socket: auto = with a psd on this host (a unix socket, a loopback "
-     "address or one of this host's), on = with every psd (one that cannot "
-     "map it says so, and the worker sends inline), off = never", 0, 0,
+     "socket: auto = with a psd reached by its unix socket (--ps unix:PATH; "
+     "psd takes shared memory over nothing else), on = with every psd (one "
+     "that will not map it says so, and the worker sends inline), off = "
+     "never", 0, 0,
      shm_choices},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
