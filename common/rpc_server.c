@@ -307,6 +307,8 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
 {
     if (opts == NULL || opts->listen == NULL || opts->listen[0] == '\0' ||
         opts->threads < 0 || opts->threads > MAX_THREADS || opts->max_streams < 0 ||
+        opts->max_connections < 0 || opts->handshake_timeout_ms < 0 ||
+        opts->idle_timeout_ms < 0 || opts->keepalive_ms < 0 ||
         opts->max_message_bytes > PS_RPC_MAX_MESSAGE_CEILING)
         return PS_EINVAL_ARG;
     ps_rpc_server *srv = calloc(1, sizeof *srv);
@@ -411,6 +413,30 @@ static void cq_discard(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
+/* The channel arguments that close the connections that hold descriptors
+ * for nothing (issue 13 d): one that never finishes its HTTP/2 preface, one
+ * with no call for a while, one whose peer stopped answering pings. Writes
+ * at most 5 into out; returns how many. */
+static size_t conn_args(const ps_rpc_server_opts *o, grpc_arg *out)
+{
+    size_t n = 0;
+    if (o->handshake_timeout_ms > 0)
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              {.integer = o->handshake_timeout_ms}};
+    if (o->idle_timeout_ms > 0)
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              {.integer = o->idle_timeout_ms}};
+    if (o->keepalive_ms > 0) {
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+                              {.integer = o->keepalive_ms}};
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                              {.integer = o->keepalive_ms < 20000 ? o->keepalive_ms : 20000}};
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER,
+                              (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}};
+    }
+    return n;
+}
+
 /* The gRPC server with our channel arguments, its methods registered and
  * each method's service (and "") listed for health. */
 static int server_make(ps_rpc_server *srv)
@@ -427,11 +453,14 @@ static int server_make(ps_rpc_server *srv)
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          {.integer = 16 << 20}},
-        /* Last, and only when set: the cap on one connection's calls. */
+        /* Last, and only when set: the cap on one connection's calls, and
+         * the connection timeouts (conn_args). */
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
          {.integer = srv->opts.max_streams}},
+        {0}, {0}, {0}, {0}, {0},
     };
-    size_t nargs = sizeof args / sizeof args[0] - (srv->opts.max_streams > 0 ? 0 : 1);
+    size_t nargs = sizeof args / sizeof args[0] - 6 + (srv->opts.max_streams > 0 ? 1 : 0);
+    nargs += conn_args(&srv->opts, args + nargs);
     grpc_channel_args cargs = {nargs, args};
     srv->server = grpc_server_create(&cargs, NULL);
     if (srv->server == NULL)

@@ -219,6 +219,8 @@ struct psd_shard {
     int64_t started_ms;
     psd_assist *assist;  /* takes half of a big push (assist.h) */
     psd_shmmap *shm;     /* co-located clients' shared memory (shmmap.h) */
+    const ps_rpc_server *srv; /* serving it (psd_shard_register): Stats'
+                                 connection counts */
     /* What the table holds, and what CreateVariables about to insert have
      * reserved, against --max-variables and --max-bytes (limits.c). */
     pthread_mutex_t caps_mu;
