@@ -16,6 +16,7 @@
 #include "common/wire.h"
 #include "common/tensor.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,9 +128,13 @@ struct thread_bufs {
         uint32_t mag;
     } *mags;
     size_t nmags, cap_mags;
-    /* The push's gradients copied out of shared memory (push_shm). */
+    /* The push's gradients copied out of shared memory (push_shm), and
+     * the largest magnitude of each, found as it was copied (UINT32_MAX:
+     * not from shared memory); (ngrads). */
     uint8_t *shm_copy;
     size_t shm_cap;
+    uint32_t *shm_mag;
+    size_t cap_shm_mag;
 };
 
 static pthread_key_t bufs_key;
@@ -141,6 +146,7 @@ static void bufs_free(void *p)
     ps_wire_push_free(&b->req);
     free(b->mags);
     free(b->shm_copy);
+    free(b->shm_mag);
     free(b);
 }
 
@@ -536,22 +542,77 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     return ready;
 }
 
-/* Room for bytes of gradients copied out of shared memory in tb. A copy
- * held after a push is at most SHM_COPY_KEEP (the next push of the same
- * size reuses it warm); a bigger one is let go after its push. */
+/* Room for bytes of gradients copied out of shared memory in tb, and for
+ * the magnitudes of n gradients (all unknown). A copy held after a push is
+ * at most SHM_COPY_KEEP (the next push of the same size reuses it warm); a
+ * bigger one is let go after its push. */
 #define SHM_COPY_KEEP ((size_t)64 << 20)
 
-static uint8_t *shm_room(struct thread_bufs *tb, size_t bytes)
+static int shm_room(struct thread_bufs *tb, size_t bytes, size_t n)
 {
+    if (n > tb->cap_shm_mag) {
+        uint32_t *m = realloc(tb->shm_mag, n * sizeof *m);
+        if (m == NULL)
+            return -ENOMEM;
+        tb->shm_mag = m;
+        tb->cap_shm_mag = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        tb->shm_mag[i] = UINT32_MAX;
     if (bytes > tb->shm_cap) {
         uint8_t *b = malloc(bytes);
         if (b == NULL)
-            return NULL;
+            return -ENOMEM;
         free(tb->shm_copy);
         tb->shm_copy = b;
         tb->shm_cap = bytes;
     }
-    return tb->shm_copy;
+    return 0;
+}
+
+/* Copies bytes from the client's memory and returns the largest magnitude
+ * of the floats copied, read back from the copy chunk by chunk while it is
+ * in L1: the copy and the check in one pass over memory. */
+#define COPY_CHUNK ((size_t)16 << 10)
+
+struct copy_part {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t bytes;
+    uint32_t mag;
+};
+
+static void copy_mag(void *arg)
+{
+    struct copy_part *c = arg;
+    uint32_t mag = 0;
+    for (size_t off = 0; off < c->bytes; off += COPY_CHUNK) {
+        size_t k = c->bytes - off < COPY_CHUNK ? c->bytes - off : COPY_CHUNK;
+        memcpy(c->dst + off, c->src + off, k);
+        uint32_t m = psd_max_mag((const psd_ufloat *)(const void *)(c->dst + off),
+                                 k / sizeof(float));
+        mag = m > mag ? m : mag;
+    }
+    c->mag = mag;
+}
+
+/* copy_mag of a whole gradient, in two halves (one on the helper thread
+ * when it is idle) for a big one, as the check used to be. */
+static uint32_t copy_grad(psd_shard *s, uint8_t *dst, const uint8_t *src, size_t bytes)
+{
+    struct copy_part lo = {dst, src, bytes, 0}, hi;
+    if (bytes >= SPLIT_MIN_BYTES) {
+        size_t mid = bytes / 2 & ~(size_t)63;
+        hi = (struct copy_part){dst + mid, src + mid, bytes - mid, 0};
+        if (psd_assist_try(s->assist, copy_mag, &hi)) {
+            lo.bytes = mid;
+            copy_mag(&lo);
+            psd_assist_join(s->assist);
+            return hi.mag > lo.mag ? hi.mag : lo.mag;
+        }
+    }
+    copy_mag(&lo);
+    return lo.mag;
 }
 
 /* Makes the gradients that lie in shared memory cursors over a copy of
@@ -603,16 +664,16 @@ static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
         }
         shm_in += g->shm.length;
     }
+    struct thread_bufs *tb = thread_bufs();
+    if (shm_room(tb, (size_t)shm_in, r->ngrads) != 0)
+        goto oom;
+    uint8_t *copy = tb->shm_copy;
     if (shm_in > 0) {
-        struct thread_bufs *tb = thread_bufs();
-        uint8_t *copy = shm_room(tb, (size_t)shm_in);
-        if (copy == NULL)
-            goto oom;
         for (size_t i = 0; i < r->ngrads; i++) {
             ps_wire_grad *g = &r->grads[i];
             if (!g->shm.set)
                 continue;
-            memcpy(copy, at[i], g->shm.length);
+            tb->shm_mag[i] = copy_grad(s, copy, at[i], g->shm.length);
             g->shm_piece = (struct ps_piece){copy, g->shm.length};
             ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
             g->nbytes = g->shm.length;
@@ -719,9 +780,18 @@ static enum ps_rpc_code check_name(psd_shard *s, const ps_wire_grad *g, size_t i
 /* Checks gradient g against its variable v: present, FLOAT32, as many
  * elements, the same shape when it has one, finite unless
  * --allow-nonfinite. Returns PS_RPC_OK, or a code with err written. */
+static bool grad_finite_known(psd_shard *s, ps_wire_bytes c, size_t n,
+                              float *straddle, uint32_t known)
+{
+    if (known == UINT32_MAX)
+        return grad_finite_split(s, c, n, straddle);
+    keep_mag(c, known);
+    return known < PSD_NONFINITE_MAG;
+}
+
 static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
                                      const psd_var *v, float *straddle,
-                                     char *err, size_t errlen)
+                                     uint32_t known, char *err, size_t errlen)
 {
     if (!g->has_tensor) {
         snprintf(err, errlen, "variable '%s': the gradient tensor is "
@@ -744,7 +814,8 @@ static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
         ps_tensor_shape_str(v->shape, v->ndim, b, sizeof b);
         snprintf(err, errlen, "variable '%s': gradient shape %s, variable "
                  "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
-    } else if (!s->o.allow_nonfinite && !grad_finite_split(s, g->data, v->n, straddle)) {
+    } else if (!s->o.allow_nonfinite &&
+               !grad_finite_known(s, g->data, v->n, straddle, known)) {
         atomic_fetch_add(&s->nonfinite, 1);
         snprintf(err, errlen, "variable '%s': the gradient holds NaN or "
                  "Inf; refused (start psd with --allow-nonfinite to accept)",
@@ -784,13 +855,14 @@ static enum ps_rpc_code check_step(psd_shard *s, psd_var *v, uint64_t step,
  * held for reading. */
 static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
                                    pending_push *p, float *straddle,
-                                   char *err, size_t errlen)
+                                   const uint32_t *shm_mag, char *err, size_t errlen)
 {
     for (size_t i = 0; i < r->ngrads; i++) {
         const ps_wire_grad *g = &r->grads[i];
         enum ps_rpc_code code = check_name(s, g, i, p, err, errlen);
         if (code == PS_RPC_OK)
-            code = check_tensor(s, g, p->vars[i], straddle, err, errlen);
+            code = check_tensor(s, g, p->vars[i], straddle,
+                                shm_mag != NULL ? shm_mag[i] : UINT32_MAX, err, errlen);
         if (code == PS_RPC_OK && p->vars[i]->consistency == PSD_SYNC)
             code = check_step(s, p->vars[i], r->step, err, errlen);
         if (code != PS_RPC_OK)
@@ -936,7 +1008,8 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
 
     pthread_rwlock_rdlock(&s->table_lock);
     char err[512];
-    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, err, sizeof err);
+    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, tb->shm_mag, err,
+                                       sizeof err);
     if (code != PS_RPC_OK) {
         pthread_rwlock_unlock(&s->table_lock);
         if (code == PS_RPC_INVALID_ARGUMENT)

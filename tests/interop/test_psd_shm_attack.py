@@ -157,9 +157,13 @@ def main():
     fine = np.full(N, 1e-3, np.float32)
 
     def flipper():
+        # Mostly finite, NaN for the time of one write now and then: some
+        # pushes see it whole (applied), some catch the NaN (refused), and
+        # before the fix some caught it between the check and the apply.
         while not stop.is_set():
             race.f[:] = nan
             race.f[:] = fine
+            time.sleep(0.0005)
     threads = [threading.Thread(target=flipper)]
     threads[0].start()
     counts = {"ok": 0, "refused": 0, "other": []}
