@@ -90,17 +90,30 @@ int ps_probe_listener(const char *host, int port, int timeout_ms, char *err,
         snprintf(err, errlen, "a connection to port %d failed: %s", port,
                  strerror(-rc));
     } else {
-        /* Connected; accepted only if the server speaks first. */
+        /* Connected; accepted only if the server answers. The HTTP/2
+         * preface prompts one from any server: a plaintext one sends its
+         * SETTINGS anyway, a TLS one answers the bytes that are no
+         * ClientHello with an alert or a close. A close (EOF, or a reset)
+         * is an answer too: only an accepted connection is closed by the
+         * server; one waiting in the backlog hears nothing. */
+        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         char b;
-        int w = wait_for(fd, POLLIN, deadline);
-        ssize_t n = w > 0 ? recv(fd, &b, 1, 0) : -1;
-        if (n != 1) {
-            rc = w == 0 ? -ETIMEDOUT : n == 0 ? -ECONNRESET : -EIO;
-            snprintf(err, errlen, "a connection to port %d %s", port,
-                     w == 0 ? "was not answered in time: the listener is not "
-                              "accepting"
-                            : "was closed without an answer");
+        if (send(fd, preface, sizeof preface - 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+            rc = errno == EPIPE || errno == ECONNRESET ? 0 : -errno;
+        int w = rc != 0 ? -1 : wait_for(fd, POLLIN, deadline);
+        if (w == 0) {
+            rc = -ETIMEDOUT;
+            snprintf(err, errlen, "a connection to port %d was not answered in "
+                     "%d ms: the listener is not accepting", port, timeout_ms);
+        } else if (w < 0 && rc == 0) {
+            rc = w;
+        } else if (w > 0 && recv(fd, &b, 1, MSG_DONTWAIT) < 0 && errno != ECONNRESET &&
+                   errno != EAGAIN) {
+            rc = -errno;
         }
+        if (rc != 0 && rc != -ETIMEDOUT)
+            snprintf(err, errlen, "a connection to port %d failed: %s", port,
+                     strerror(-rc));
     }
     close(fd);
     return rc;

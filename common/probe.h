@@ -7,8 +7,10 @@
  * connections it has go on, so the process looks healthy to everything
  * but a new client. The kernel still completes the TCP handshake of a
  * connection nobody accepts (it waits in the backlog), so a connect()
- * alone proves nothing: the probe waits for the server's first bytes (an
- * HTTP/2 server sends its SETTINGS frame as soon as it accepts).
+ * alone proves nothing: the probe sends the HTTP/2 client preface and
+ * waits for the server to answer (a plaintext HTTP/2 server sends its
+ * SETTINGS frame as soon as it accepts, a TLS one an alert or a close:
+ * either shows the connection was accepted).
  *
  * Threads and lifetime: no state; any thread. It blocks for at most
  * timeout_ms.
@@ -18,11 +20,13 @@
 
 #include <stddef.h>
 
-/* Connects to host:port (an IPv4 or IPv6 literal; "0.0.0.0" and "::" mean
- * this host's loopback), and waits up to timeout_ms for the server to send
- * a byte. Returns 0 when it did; otherwise a negative errno (-ETIMEDOUT:
- * connected, nothing came; -EMFILE: this process has no descriptor left)
- * with one line in err. */
+/* Connects to host:port (an IPv4 or IPv6 literal, or "localhost"; "0.0.0.0"
+ * and "::" mean this host's loopback), sends the HTTP/2 preface and waits
+ * up to timeout_ms for the server to answer (a byte, or a close). Returns
+ * 0 when it did; otherwise a negative errno with one line in err:
+ * -ETIMEDOUT (connected, nothing came: not accepted), -EMFILE (this process
+ * has no descriptor left), -EINVAL (host is not an address literal: the
+ * caller cannot probe it). */
 int ps_probe_listener(const char *host, int port, int timeout_ms, char *err,
                       size_t errlen);
 

@@ -227,7 +227,8 @@ struct psd {
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
     int port;
     int probe_failures; /* in a row (probe) */
-    bool probe_failed;  /* the listener stopped accepting: exit 1 */
+    bool probe_failed;  /* probing is over ... */
+    bool probe_exit;    /* ... because the listener stopped accepting: exit 1 */
 };
 
 /* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
@@ -513,15 +514,22 @@ static void probe(void *ctx)
         return;
     memcpy(host, l, hl);
     host[hl] = '\0';
-    if (ps_probe_listener(host, d->port, PROBE_TIMEOUT_MS, err, sizeof err) == 0) {
+    int rc = ps_probe_listener(host, d->port, PROBE_TIMEOUT_MS, err, sizeof err);
+    if (rc == 0) {
         d->probe_failures = 0;
+        return;
+    }
+    if (rc == -EINVAL) {
+        /* A host name: probing its address is not psd's to decide. */
+        ps_log_warn("listener probe off: %s", err);
+        d->probe_failed = true;
         return;
     }
     if (++d->probe_failures < PROBE_TRIES) {
         ps_log_warn("listener probe: %s; trying again", err);
         return;
     }
-    d->probe_failed = true;
+    d->probe_failed = d->probe_exit = true;
     fprintf(stderr, "psd: the listener on %s stopped accepting connections (%d "
             "probes in a row: %s); exiting to be restarted\n", d->c.listen,
             PROBE_TRIES, err);
@@ -603,7 +611,7 @@ int main(int argc, char **argv)
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);
-        if (d.probe_failed)
+        if (d.probe_exit)
             status = 1;
     }
     return ps_proc_epilogue(&d.cmd, d.loop, status);
