@@ -22,7 +22,10 @@ DEB_PACKAGES := \
 	check libsubunit-dev valgrind lmdb-utils \
 	python3-grpcio python3-grpc-tools python3-numpy python3-yaml \
 	dataset-fashion-mnist iproute2 procps \
-	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus
+	openssl libssl-dev \
+	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus \
+	help2man man-db \
+	python3-venv
 
 # Only the benchmarks compare against PyTorch; its install is large.
 BENCH_PACKAGES := python3-torch

@@ -14,6 +14,10 @@
  * psd and of this process, which say where an RTT goes without a profiler.
  * At the end it measures TCP again (on a shared host the two can differ
  * widely) and prints psd's Stats, so that its memory overhead is visible.
+ * Last, it runs the 4 MiB case again in plaintext and against a second psd
+ * with mutual TLS (certificates made by tools/pscerts into a temporary
+ * directory), and ends with "pushpull tls: 4 MiB push+pull R of
+ * plaintext", R the ratio of the two throughputs.
  *
  * The Push request is encoded once per stream into one buffer (common/wire.h,
  * psd's own codec); an iteration rewrites only the step and one gradient
@@ -23,18 +27,21 @@
  *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
+ *            [--pscerts PATH] [--no-tls]
  *
  * Threads and lifetime: main owns psd (started and stopped here; it also
  * dies with us through PR_SET_PDEATHSIG) and its temporary directory; a
  * signal thread removes both if we are interrupted. Each case's threads own
  * their client, buffers and samples until main has summarized them.
  */
+#include "common/auth.h"
 #include "common/buf.h"
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
 #include "common/psclient.h"
 #include "common/rpc.h"
 #include "common/shm.h"
+#include "common/tls.h"
 #include "common/wire.h"
 
 #include <arpa/inet.h>
@@ -91,6 +98,9 @@ struct opts {
     const char *psd_args[MAX_PSD_ARGS];
     int npsd_args;
     size_t tcp_bytes;
+    const char *pscerts;      /* NULL: <build>/tools/pscerts */
+    bool no_tls;              /* skip the TLS comparison */
+    const ps_tls_opts *tls;   /* the clients' TLS (the TLS case only) */
 };
 
 static void usage(FILE *f)
@@ -109,7 +119,12 @@ static void usage(FILE *f)
         "                    request (what an unaware encoder may do)\n"
         "  --tcp-bytes N     bytes per loopback TCP ceiling run (default 1G)\n"
         "  --shm             gradients and values through shared memory with\n"
-        "                    psd (ShmRef), as workerd moves them on one host\n");
+        "                    psd (ShmRef), as workerd moves them on one host\n"
+        "  --pscerts PATH    the certificate maker for the TLS comparison\n"
+        "                    (default: <build>/tools/pscerts)\n"
+        "  --no-tls          skip the 4 MiB comparison with mutual TLS\n"
+        "  --token-file F    send the token in F (an operator's: Stats too),\n"
+        "                    for a psd given --psd-arg=--tokens=FILE\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -204,6 +219,10 @@ static const char *find_default_psd(void)
     return default_psd;
 }
 
+/* --token-file's token, sent with every call; "" for none. Set once by
+ * parse_opts before any thread starts. */
+static char bench_token[PS_AUTH_TOKEN_MAX + 1];
+
 static void parse_opts(int argc, char **argv, struct opts *o)
 {
     static const size_t full_sizes[] = {4 << 10, 1 << 20, 4 << 20, 64 << 20};
@@ -229,6 +248,17 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->raw = true;
         } else if (strcmp(argv[i], "--shm") == 0) {
             o->shm = true;
+        } else if (strcmp(argv[i], "--no-tls") == 0) {
+            o->no_tls = true;
+        } else if ((v = opt_value(argc, argv, &i, "--pscerts")) != NULL) {
+            o->pscerts = v;
+        } else if ((v = opt_value(argc, argv, &i, "--token-file")) != NULL) {
+            char err[600];
+            if (ps_auth_read_token(v, bench_token, sizeof bench_token, err,
+                                   sizeof err) != 0) {
+                fprintf(stderr, "pushpull: --token-file: %s\n", err);
+                exit(2);
+            }
         } else if ((v = opt_value(argc, argv, &i, "--psd")) != NULL) {
             o->psd = v;
         } else if ((v = opt_value(argc, argv, &i, "--sizes")) != NULL) {
@@ -934,6 +964,8 @@ static int stream_setup(struct stream *s)
     ps_rpc_client_opts co = {
         .deadline_ms = 120000,
         .max_message_bytes = PS_RPC_DEFAULT_MAX_MESSAGE - (size_t)s->idx,
+        .tls = bc->o->tls,
+        .token = bench_token,
     };
     int rc = ps_rpc_client_create(target, &co, &s->cli);
     if (rc != 0)
@@ -1416,7 +1448,8 @@ static int print_stats(const struct opts *o, int port, pid_t pid)
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
     ps_rpc_client *cli = NULL;
-    int rc = ps_rpc_client_create(target, NULL, &cli);
+    ps_rpc_client_opts co = {.token = bench_token};
+    int rc = ps_rpc_client_create(target, &co, &cli);
     if (rc != 0)
         return rc;
     Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
@@ -1469,6 +1502,122 @@ static int print_stats(const struct opts *o, int port, pid_t pid)
     }
     protobuf_c_message_free_unpacked(out, NULL);
     return 0;
+}
+
+/* ---- the 4 MiB case with mutual TLS -------------------------------------- */
+
+/* Runs pscerts --out dir for psd (127.0.0.1) and a client. Returns 0, or
+ * -1 after a line saying why. */
+static int make_certs(const struct opts *o, const char *dir)
+{
+    char path[PATH_MAX];
+    if (o->pscerts != NULL) {
+        snprintf(path, sizeof path, "%s", o->pscerts);
+    } else {
+        /* <build>/server/psd -> <build>/tools/pscerts */
+        snprintf(path, sizeof path, "%s", o->psd);
+        char *slash = strrchr(path, '/');
+        *(slash != NULL ? slash : path) = '\0';
+        slash = strrchr(path, '/');
+        size_t at = slash != NULL ? (size_t)(slash - path) + 1 : 0;
+        snprintf(path + at, sizeof path - at, "%stools/pscerts", at ? "" : "../");
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0)
+            dup2(null, 1);
+        execl(path, path, "--out", dir, "psd=localhost,127.0.0.1", "client",
+              (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "pushpull tls: %s could not make certificates (status %d)\n",
+                path, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return -1;
+    }
+    return 0;
+}
+
+static void print_tls(const struct opts *o, const struct case_result *plain,
+                      const struct case_result *tls)
+{
+    double r = plain->gbps > 0 ? tls->gbps / plain->gbps : 0;
+    if (o->json) {
+        printf("{\"bench\":\"pushpull\",\"kind\":\"tls\",\"bytes\":%zu,"
+               "\"plaintext_gbps\":%.4f,\"tls_gbps\":%.4f,\"ratio\":%.4f,"
+               "\"plaintext_rtt_median_ms\":%.4f,\"tls_rtt_median_ms\":%.4f,"
+               "\"plaintext_psd_cpu_ms_per_call\":%.4f,\"tls_psd_cpu_ms_per_call\":%.4f,"
+               "\"plaintext_client_cpu_ms_per_call\":%.4f,"
+               "\"tls_client_cpu_ms_per_call\":%.4f}\n",
+               tls->bytes, plain->gbps, tls->gbps, r, plain->rtt_med * 1e3,
+               tls->rtt_med * 1e3, plain->psd_cpu_ms, tls->psd_cpu_ms,
+               plain->cli_cpu_ms, tls->cli_cpu_ms);
+    } else {
+        printf("\n4 MiB x 1 stream, plaintext then mutual TLS (a second psd, "
+               "P-256 certificates):\n");
+        print_case(o, plain);
+        print_case(o, tls);
+        printf("  RTT median %.3f ms plaintext, %.3f ms TLS; per call psd %.2f vs "
+               "%.2f ms CPU, client %.2f vs %.2f ms\n", plain->rtt_med * 1e3,
+               tls->rtt_med * 1e3, plain->psd_cpu_ms, tls->psd_cpu_ms,
+               plain->cli_cpu_ms, tls->cli_cpu_ms);
+    }
+    printf("pushpull tls: 4 MiB push+pull %.2f of plaintext\n", r);
+    fflush(stdout);
+}
+
+/* The 4 MiB case on the plaintext psd, then at once on a psd with mutual
+ * TLS, so that both see the same host. Skipped (0) with --shm, whose data
+ * bypasses the transport, and --no-tls. Returns 0, or nonzero when a case
+ * fails. */
+static int run_tls(const struct opts *o, const struct psd_proc *plain_psd,
+                   const struct ceilings *lim)
+{
+    if (o->shm || o->no_tls)
+        return 0;
+    if (o->npsd_args + 6 > MAX_PSD_ARGS) {
+        fprintf(stderr, "pushpull tls: skipped: too many --psd-arg\n");
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    char dir[256], f[5][320];
+    snprintf(dir, sizeof dir, "%s/pushpull-tls.XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(dir) == NULL) {
+        fprintf(stderr, "pushpull tls: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    static const char *const names[5] = {"psd.pem", "psd.key", "ca.pem",
+                                         "client.pem", "client.key"};
+    for (int i = 0; i < 5; i++)
+        snprintf(f[i], sizeof f[i], "%s/%s", dir, names[i]);
+    struct case_result plain, tls;
+    struct psd_proc tp;
+    int rc = make_certs(o, dir);
+    if (rc == 0)
+        rc = run_case(o, plain_psd->pid, plain_psd->port, TARGET_BYTES, 1, lim, &plain);
+    struct opts to = *o;
+    const char *flags[6] = {"--tls-cert", f[0], "--tls-key", f[1], "--tls-ca", f[2]};
+    for (int i = 0; i < 6; i++)
+        to.psd_args[to.npsd_args++] = flags[i];
+    ps_tls_opts copts = {.cert = f[3], .key = f[4], .ca = f[2]};
+    to.tls = &copts;
+    if (rc == 0 && (rc = psd_start(&to, &tp)) == 0) {
+        rc = run_case(&to, tp.pid, tp.port, TARGET_BYTES, 1, lim, &tls);
+        int st = psd_stop(&tp);
+        if (rc == 0 && st != 0)
+            rc = PS_EUNAVAIL;
+    }
+    /* The plaintext psd is again the one an interruption takes down. */
+    snprintf(live_root, sizeof live_root, "%s", plain_psd->root);
+    atomic_store(&live_psd, plain_psd->pid);
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (rc == 0)
+        print_tls(o, &plain, &tls);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -1531,6 +1680,8 @@ int main(int argc, char **argv)
         print_recheck(&o, &lim);
     if (rc == 0)
         rc = print_stats(&o, p.port, p.pid);
+    if (rc == 0)
+        rc = run_tls(&o, &p, &lim);
     int st = psd_stop(&p);
     if (st != 0) {
         fprintf(stderr, "pushpull: psd exited with status %d\n", st);

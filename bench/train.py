@@ -12,6 +12,13 @@ compute thread everywhere:
          unix:PATH, workerd --ps unix:PATH)
   (b)    one psd and two workerd (each half of the data)
   (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
+  (e)    the PJRT backend (workerd --device pjrt:PLUGIN, XLA's CPU plugin
+         from build/venv-pjrt, made by the pjrt tests, or --pjrt PATH): one
+         workerd against one psd, the same model and global batch split
+         over the plugin's devices (the plugin runs its own thread pool:
+         it is not held to one thread), and the training step alone on one
+         device beside the CPU backend's (tests/pjrt/pjrt_grad --time), with
+         the step's compile time, once
   (d)    TensorFlow's ParameterServerStrategy, only with --tensorflow:
          one ps and one worker task and the coordinator on this host
          (bench/tf_ps.py, run by the python of the virtualenv named by
@@ -23,7 +30,9 @@ Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
                                        [--tensorflow [--only-tf]]
 """
 import argparse
+import glob
 import json
+import re
 import os
 import subprocess
 import sys
@@ -80,6 +89,8 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in range(nworkers)]
             outs = [p.communicate(timeout=1800) for p in procs]
+            compile_s = sum(float(x) for _, e in outs for x in
+                            re.findall(r"pjrt: compiled .* in ([0-9.]+) s", e))
             wall = time.monotonic() - t0
             for p, (o, e) in zip(procs, outs):
                 if p.returncode != 0:
@@ -93,7 +104,38 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
             "test_accuracy": min(r["test_accuracy"] for r in res),
             "comm_wait_seconds": sum(r["comm_wait_seconds"] for r in res),
             "compute_seconds": sum(r["compute_seconds"] for r in res),
-            "shm": all(r.get("shm_shards", 0) > 0 for r in res)}
+            "shm": all(r.get("shm_shards", 0) > 0 for r in res),
+            "replicas": res[0].get("replicas", 1), "compile_seconds": compile_s}
+
+
+def pjrt_plugin(build, given):
+    """The PJRT plugin to bench: --pjrt, else the CPU plugin in
+    build/venv-pjrt; None for --pjrt none or when there is none."""
+    if given:
+        return None if given == "none" else given
+    found = glob.glob(os.path.join(build, "venv-pjrt", "lib", "python3*", "site-packages",
+                                   "xla_plugins", "xla_cpu_pjrt", "xla_cpu_pjrt.so"))
+    return found[0] if found else None
+
+
+def run_pjrt(build, so, batch, env):
+    """(e): workerd on the plugin against psd (the same global batch over its
+    devices), and the step alone on one device beside the CPU backend's."""
+    probe = run_ps(build, 1, batch, 1, extra=["--device", "pjrt:" + so, "--steps", "1"])
+    ndev = probe["replicas"]
+    per = max(1, batch // ndev)
+    e2e = run_ps(build, 1, per, 1, extra=["--device", "pjrt:" + so, "--log-level", "info"])
+    grad = os.path.join(build, "tests", "pjrt", "pjrt_grad")
+    r = subprocess.run([grad, "--time", "200", so, "mlp:784-256-256-10", str(batch)],
+                       capture_output=True, text=True, timeout=1800, env=env)
+    step = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    return {"e_devices": ndev, "e_batch_per_device": per,
+            "e_examples_per_second": e2e["examples_per_second"],
+            "e_test_accuracy_1": e2e["test_accuracy"],
+            "e_compile_seconds": e2e["compile_seconds"],
+            "e_step_examples_per_second": step.get("pjrt_examples_per_s"),
+            "e_step_compile_seconds": step.get("pjrt_compile_s"),
+            "cpu_step_examples_per_second": step.get("cpu_examples_per_s")}
 
 
 def run_torch(batch, epochs):
@@ -167,6 +209,9 @@ def main():
     ap.add_argument("--cnn", action="store_true",
                     help="also train the CNN (Adam, lr 0.001, 5 epochs, ~2.5 min) "
                          "against one psd and report its test accuracy")
+    ap.add_argument("--pjrt", default="",
+                    help="PJRT plugin for (e) (default: XLA's CPU plugin in BUILD/venv-pjrt, "
+                         "made by `meson test --suite pjrt`; none: skip (e))")
     ap.add_argument("--tensorflow", action="store_true",
                     help="also run TensorFlow's ParameterServerStrategy (d)")
     ap.add_argument("--tf-python", default=os.path.join(HERE, "..", ".venv-tf", "bin", "python"),
@@ -238,6 +283,9 @@ def main():
             row["a_unix_vs_torch"] = au["examples_per_second"] / t_rate
             row["a_tcp_vs_torch"] = at["examples_per_second"] / t_rate
             row["b_vs_torch"] = b1["examples_per_second"] / t_rate
+        so = pjrt_plugin(build, a.pjrt)
+        if so:
+            row.update(run_pjrt(build, so, batch, env1))
         if a.tensorflow:
             add_tf(row, run_tf(a.tf_python, batch, epochs, env1), epochs)
         rows.append(row)
@@ -302,6 +350,28 @@ def main():
                   "1.00x", r["torch_test_accuracy_1"], r["torch_test_accuracy_%d" % epochs]))
         else:
             print("%-6d %-34s %12s" % (r["batch"], "(c) PyTorch", "not installed"))
+        if r.get("e_devices"):
+            print("%-6d %-34s %12.0f %10s %9.4f %9s" % (
+                  r["batch"], "(e) ... --device pjrt, %d dev x %d" % (
+                      r["e_devices"], r["e_batch_per_device"]),
+                  r["e_examples_per_second"], vs(r["e_examples_per_second"]),
+                  r["e_test_accuracy_1"], "-"))
+            if r.get("e_step_examples_per_second"):
+                print("%-6d %-34s %12.0f %10s %9s %9s" % (
+                      r["batch"], "(e) step alone: CPU backend",
+                      r["cpu_step_examples_per_second"],
+                      vs(r["cpu_step_examples_per_second"]), "-", "-"))
+                print("%-6d %-34s %12.0f %10s %9s %9s" % (
+                      r["batch"], "(e) step alone: PJRT, 1 device",
+                      r["e_step_examples_per_second"],
+                      vs(r["e_step_examples_per_second"]), "-", "-"))
+            print("%-6s (e) the step's compile time, once: %.2f s for batch %d (step "
+                  "alone); %.2f s in workerd (batch %d and the last, smaller one)"
+                  % ("", r.get("e_step_compile_seconds") or 0, r["batch"],
+                     r["e_compile_seconds"], r["e_batch_per_device"]))
+        else:
+            print("%-6d %-34s %12s" % (r["batch"], "(e) --device pjrt",
+                                       "no plugin (run the pjrt tests, or --pjrt)"))
         if a.tensorflow:
             print_tf(r, epochs, vs)
         print("%-6s overlap gap of (a) to local: %.1f%% (target < 15%%); with --shm off "

@@ -4,7 +4,8 @@
  * STYLE.md gives every dependency one home: only server/store.c talks to
  * LMDB, only the RPC files of common/ to gRPC core, only common/proc.c to
  * libuv, only worker/backend_cpu.c to BLAS, only common/notify.c to
- * libsystemd, and CUDA stays in the .cu files.
+ * libsystemd, and CUDA stays in the .cu files; only worker/backend_pjrt.c
+ * sees the PJRT C API (third_party/pjrt).
  * Their headers sit in /usr/include, where every compiler finds them, so an
  * include path alone cannot keep them out. The build therefore force-includes
  * this header into every C file of the project (-include, meson.build) and
@@ -49,6 +50,14 @@
 
 #ifndef PS_OWNS_CUDA
 #pragma GCC poison cudaMalloc cublasCreate_v2
+#endif
+
+#ifndef PS_OWNS_OPENSSL
+#pragma GCC poison EVP_Digest
+#endif
+
+#ifndef PS_OWNS_PJRT
+#pragma GCC poison PJRT_Api_Version
 #endif
 
 #endif

@@ -144,7 +144,8 @@ int ps_coord_join(const ps_coord_opts *o, ps_coord **out, int *index_out,
     c->address = strdup(o->address ? o->address : "");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
-    ps_rpc_client_opts co = {.deadline_ms = 5000};
+    ps_rpc_client_opts co = {.deadline_ms = 5000, .token = o->token};
+    c->o.token = NULL; /* the client keeps its own copy */
     int rc = ps_rpc_client_create(c->coordinator, &co, &c->rpc);
     if (rc != 0) {
         snprintf(err, errlen, "--coordinator '%s': %s", o->coordinator,
@@ -210,8 +211,16 @@ int ps_coord_place(ps_coord *c, void *req, void **resp_out, ps_rpc_status *st)
 {
     Ps__V1__PlaceRequest *r = req;
     r->job_id = c->job_id;
-    return ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/Place", r,
-                            &ps__v1__place_response__descriptor, resp_out, 10000, st);
+    /* pscoord places only for a registered task that proves it is one. */
+    pthread_mutex_lock(&c->mu);
+    char secret[sizeof c->secret];
+    memcpy(secret, c->secret, sizeof secret);
+    pthread_mutex_unlock(&c->mu);
+    r->task_secret = secret;
+    int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/Place", r,
+                              &ps__v1__place_response__descriptor, resp_out, 10000, st);
+    r->task_secret = (char *)protobuf_c_empty_string;
+    return rc;
 }
 
 int ps_coord_metrics(ps_coord *c, uint64_t step, double loss, double accuracy)

@@ -44,6 +44,7 @@ typedef struct ps_coord_opts {
     int64_t register_budget_ms;/* keep retrying registration this long */
     ps_coord_directive_fn on_directive;
     void *ctx;
+    const char *token;         /* sent with every call (auth.h); NULL: none */
 } ps_coord_opts;
 
 /* Registers (retrying UNAVAILABLE, and ALREADY_EXISTS or PERMISSION_DENIED

@@ -12,8 +12,10 @@
 #include "common/proc.h"
 
 #include "common/errors.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/notify.h"
+#include "common/tls.h"
 #include "ps_config.h"
 
 #include <errno.h>
@@ -67,6 +69,22 @@ int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     return status;
 }
 
+int ps_proc_lock_dir(const ps_proc_cmd *cmd, const char *flag, const char *dir)
+{
+    pid_t holder = 0;
+    int fd = ps_dir_lock(dir, "LOCK", &holder);
+    if (fd >= 0)
+        return PS_PROC_RUN; /* held until exit: the descriptor stays open */
+    if (fd == -EWOULDBLOCK && holder > 0)
+        return ps_proc_quit(cmd, 1, "%s %s is in use by pid %ld (it holds %s/LOCK)",
+                            flag, dir, (long)holder, dir);
+    if (fd == -EWOULDBLOCK)
+        return ps_proc_quit(cmd, 1, "%s %s is in use by another process (it holds "
+                            "%s/LOCK)", flag, dir, dir);
+    return ps_proc_quit(cmd, 1, "%s %s: cannot lock %s/LOCK: %s", flag, dir, dir,
+                        ps_strerror(fd));
+}
+
 void ps_proc_announce(int port)
 {
     printf("PORT %d\n", port);
@@ -99,6 +117,8 @@ struct ps_proc_loop {
     int closing;     /* close callbacks still to come */
     int got;         /* the signal that stopped the loop */
     struct timer *timers;
+    void (*on_hup)(void *ctx); /* SIGHUP runs this instead of stopping */
+    void *hup_ctx;
 };
 
 static void mask_signals(int how)
@@ -110,12 +130,30 @@ static void mask_signals(int how)
     pthread_sigmask(how, &set, NULL);
 }
 
-/* The only thing a signal does: stop the loop (STYLE.md, Daemons). */
+/* The only thing a signal does: stop the loop (STYLE.md, Daemons), or for
+ * SIGHUP have the TLS certificates re-read at the next handshake (tls.h)
+ * and, with a reload set, run it (the token file, say). libuv calls this
+ * from the loop, not from the signal handler, so the reload may do anything
+ * the loop may. */
 static void on_signal(uv_signal_t *h, int signum)
 {
     ps_proc_loop *l = h->data;
+    if (signum == SIGHUP) {
+        ps_tls_reload();
+        ps_log_info("SIGHUP: TLS certificates are read again at the next "
+                    "handshake");
+        if (l->on_hup != NULL)
+            l->on_hup(l->hup_ctx);
+        return;
+    }
     l->got = signum;
     uv_stop(&l->loop);
+}
+
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx)
+{
+    l->on_hup = fn;
+    l->hup_ctx = ctx;
 }
 
 static void on_timer(uv_timer_t *h)

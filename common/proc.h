@@ -12,7 +12,9 @@
  * The control loop is a libuv loop (the only user of libuv: nothing else
  * includes uv.h). It owns SIGINT, SIGTERM and SIGHUP: they are blocked in
  * every thread and taken only while ps_proc_loop_run runs, by uv_signal
- * handlers that stop the loop. Periodic work that belongs to the process
+ * handlers: SIGINT and SIGTERM stop the loop, SIGHUP has the TLS
+ * certificates read again (ps_tls_reload, tls.h), runs the reload set with
+ * ps_proc_loop_on_hup, and the loop goes on. Periodic work that belongs to the process
  * rather than to a module (keep-alives, metrics) hangs on it as timers:
  * ps_proc_loop_keepalive sends systemd's watchdog keep-alives from it, so
  * that a loop that stops turning is restarted (common/notify.h), and when a
@@ -75,6 +77,14 @@ int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv);
 int ps_proc_quit(const ps_proc_cmd *cmd, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Takes the daemon's exclusive lock on its directory (ps_dir_lock: the file
+ * LOCK in dir, made with the directory if missing), so that a second daemon
+ * given the same directory stops before it touches anything there. Returns
+ * PS_PROC_RUN with the lock held until the process ends; otherwise 1 after
+ * one line naming the directory, the flag that gave it and the pid of the
+ * holder (exit status 1, configuration freed). */
+int ps_proc_lock_dir(const ps_proc_cmd *cmd, const char *flag, const char *dir);
+
 /* Tells whoever started the daemon that it serves: one line "PORT <n>" on
  * stdout, flushed (scripts and tests start daemons on port 0 and read it). */
 void ps_proc_announce(int port);
@@ -105,7 +115,11 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
  * a watchdog, adding nothing), or as ps_proc_loop_every. */
 int ps_proc_loop_keepalive(ps_proc_loop *l);
 
-/* Runs the loop (its timers) until one of the signals arrives, tells
+/* Makes SIGHUP run fn(ctx) on the loop's thread (a reload: of the token
+ * file, say) instead of stopping the loop. */
+void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx);
+
+/* Runs the loop (its timers) until SIGINT or SIGTERM arrives, tells
  * systemd the daemon is stopping (STOPPING=1; nothing outside systemd) and
  * returns the signal's number; the signals are blocked again when it
  * returns, so a second one during the shutdown that follows is not taken. */

@@ -23,7 +23,35 @@ struct ps_client {
     ps_buf req;   /* encoded requests, reused */
     const ps_shm *shm; /* tensors in it go by reference (ps_client_set_shm) */
     bool shm_off;      /* psd could not map it: inline from then on */
+    bool delta;        /* pushes carry PushRequest.delta (ps_client_set_delta) */
 };
+
+/* The fields written after the gradients, two bytes each: return_values
+ * (4) and delta (5). */
+enum { TAIL_RETURN_VALUES = 1, TAIL_DELTA = 2 };
+
+static size_t tail_len(unsigned tail)
+{
+    return (tail & TAIL_RETURN_VALUES ? 2 : 0) + (tail & TAIL_DELTA ? 2 : 0);
+}
+
+static uint8_t *put_tail(uint8_t *p, unsigned tail)
+{
+    if (tail & TAIL_RETURN_VALUES) {
+        *p++ = (4 << 3) | 0;
+        *p++ = 1;
+    }
+    if (tail & TAIL_DELTA) {
+        *p++ = (5 << 3) | 0;
+        *p++ = 1;
+    }
+    return p;
+}
+
+void ps_client_set_delta(ps_client *c, bool delta)
+{
+    c->delta = delta;
+}
 
 void ps_client_set_shm(ps_client *c, const ps_shm *shm)
 {
@@ -166,7 +194,7 @@ static void layout(const ps_client_item *it, size_t off, struct grad_layout *L)
 /* With return_values, its field (two bytes) goes last, so that the
  * gradients' offsets do not depend on it. */
 static size_t push_len(uint32_t worker, uint64_t step,
-                       const ps_client_item *items, size_t n, bool return_values)
+                       const ps_client_item *items, size_t n, unsigned tail)
 {
     size_t total = 1 + ps_wire_varint_len(worker) + 1 + ps_wire_varint_len(step);
     for (size_t i = 0; i < n; i++) {
@@ -174,7 +202,7 @@ static size_t push_len(uint32_t worker, uint64_t step,
         layout(&items[i], total, &L);
         total += L.total;
     }
-    return total + (return_values ? 2 : 0);
+    return total + tail_len(tail);
 }
 
 /* Writes the PushRequest at p (push_len bytes); returns its end. With
@@ -183,7 +211,7 @@ static size_t push_len(uint32_t worker, uint64_t step,
  * parts, *nparts set). */
 static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
                            const ps_client_item *items, size_t n,
-                           bool return_values, ps_rpc_part *parts, int *nparts)
+                           unsigned tail, ps_rpc_part *parts, int *nparts)
 {
     uint8_t *part_start = p;
     size_t skipped = 0; /* bytes left out of p, for the message offsets */
@@ -235,10 +263,7 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
         memcpy(p, it->data, bytes);
         p += bytes;
     }
-    if (return_values) {
-        *p++ = (4 << 3) | 0;
-        *p++ = 1;
-    }
+    p = put_tail(p, tail);
     if (parts != NULL) {
         if (p > part_start)
             parts[np++] = (ps_rpc_part){part_start, (size_t)(p - part_start), NULL, NULL};
@@ -250,10 +275,10 @@ static uint8_t *push_write(uint8_t *p, uint32_t worker, uint64_t step,
 int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,
                    const ps_client_item *items, size_t n)
 {
-    int rc = ps_buf_reserve(b, push_len(worker, step, items, n, false));
+    int rc = ps_buf_reserve(b, push_len(worker, step, items, n, 0));
     if (rc != 0)
         return rc;
-    b->len = (size_t)(push_write(b->data, worker, step, items, n, false, NULL,
+    b->len = (size_t)(push_write(b->data, worker, step, items, n, 0, NULL,
                                  NULL) - b->data);
     return 0;
 }
@@ -302,8 +327,9 @@ static int push_encode_shm(ps_client *c, uint32_t worker, uint64_t step,
                            const ps_client_item *items, const ps_client_item *pulls,
                            size_t n, ps_rpc_msg **out)
 {
+    unsigned tail = (pulls ? TAIL_RETURN_VALUES : 0) | (c->delta ? TAIL_DELTA : 0);
     size_t total = 1 + ps_wire_varint_len(worker) + 1 + ps_wire_varint_len(step) +
-                   (pulls ? 2 : 0);
+                   tail_len(tail);
     for (size_t i = 0; i < n; i++)
         total += field_len(shm_grad_len(c, &items[i], pulls ? &pulls[i] : NULL));
     ps_rpc_msg *m = ps_rpc_msg_new(total);
@@ -347,10 +373,7 @@ static int push_encode_shm(ps_client *c, uint32_t worker, uint64_t step,
         if (pulls != NULL && by_ref(c, pulls[i].data, pulls[i].n, &off))
             p = put_shmref(p, 3, c->shm, off, pulls[i].n * sizeof(float));
     }
-    if (pulls != NULL) {
-        *p++ = (4 << 3) | 0;
-        *p++ = 1;
-    }
+    p = put_tail(p, tail);
     ps_rpc_msg_set_len(m, (size_t)(p - ps_rpc_msg_data(m)));
     *out = m;
     return 0;
@@ -375,10 +398,11 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
                        int deadline_ms, ps_rpc_status *st)
 {
     bool rv = pulls != NULL;
+    unsigned tail = (rv ? TAIL_RETURN_VALUES : 0) | (c->delta ? TAIL_DELTA : 0);
     /* Gradients in message buffers go out in place, between small header
      * parts; a big one in plain memory makes the whole request one pooled
      * buffer that gRPC sends from (one copy, into warm memory). */
-    size_t len = push_len(worker, step, items, n, rv), in_place = 0;
+    size_t len = push_len(worker, step, items, n, tail), in_place = 0;
     bool big_plain = false;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = items[i].n * sizeof(float);
@@ -409,7 +433,7 @@ again:
         rc = parts ? ps_buf_reserve(&c->req, len - in_place) : -ENOMEM;
         if (rc == 0) {
             int np = 0;
-            push_write(c->req.data, worker, step, items, n, rv, parts, &np);
+            push_write(c->req.data, worker, step, items, n, tail, parts, &np);
             rc = ps_rpc_invoke_parts(c->rpc, "/ps.v1.ParameterServer/Push", parts,
                                      np, decode_pieces, &pc, deadline_ms, st);
         }
@@ -420,7 +444,7 @@ again:
             rc = -ENOMEM;
         } else {
             uint8_t *end = push_write(ps_rpc_msg_data(m), worker, step, items, n,
-                                      rv, NULL, NULL);
+                                      tail, NULL, NULL);
             ps_rpc_msg_set_len(m, (size_t)(end - ps_rpc_msg_data(m)));
             rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
                                    decode_pieces, &pc, deadline_ms, st);
@@ -466,11 +490,13 @@ static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
 }
 
 static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *items,
-                       size_t n)
+                       size_t n, uint32_t worker, uint64_t step)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += field_len(pull_item_len(c, &items[i]));
+    if (step != 0) /* PullRequest.worker = 2, step = 3 */
+        total += 2 + ps_wire_varint_len(worker) + ps_wire_varint_len(step);
     int rc = ps_buf_reserve(b, total ? total : 1);
     if (rc != 0)
         return rc;
@@ -490,6 +516,12 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
         }
         if (c != NULL && by_ref(c, items[i].data, items[i].n, &off))
             p = put_shmref(p, 3, c->shm, off, items[i].n * sizeof(float));
+    }
+    if (step != 0) {
+        *p++ = (2 << 3) | 0;
+        p = ps_wire_put_varint(p, worker);
+        *p++ = (3 << 3) | 0;
+        p = ps_wire_put_varint(p, step);
     }
     b->len = (size_t)(p - b->data);
     return 0;
@@ -576,9 +608,16 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
                    int deadline_ms, ps_rpc_status *st)
 {
+    return ps_client_pull_at(c, 0, 0, items, n, deadline_ms, st);
+}
+
+int ps_client_pull_at(ps_client *c, uint32_t worker, uint64_t step,
+                      ps_client_item *items, size_t n, int deadline_ms,
+                      ps_rpc_status *st)
+{
     int rc;
 again:
-    rc = encode_pull(c, &c->req, items, n);
+    rc = encode_pull(c, &c->req, items, n, worker, step);
     if (rc != 0)
         return rc;
     char err[256] = "";

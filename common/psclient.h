@@ -91,6 +91,19 @@ int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
                    int deadline_ms, ps_rpc_status *st);
 
+/* From now on this client's pushes are deltas (PushRequest.delta): psd
+ * adds each tensor to its variable, w += d, with no optimizer (local SGD's
+ * exchange). false: gradients again. */
+void ps_client_set_delta(ps_client *c, bool delta);
+
+/* The same as worker `worker` at clock `step` (PullRequest.worker, step:
+ * the steps it has pushed), so that psd holds the pull of a
+ * BOUNDED_STALENESS variable until the slowest live worker is within its
+ * staleness. step 0 is ps_client_pull. */
+int ps_client_pull_at(ps_client *c, uint32_t worker, uint64_t step,
+                      ps_client_item *items, size_t n, int deadline_ms,
+                      ps_rpc_status *st);
+
 /* Encodes a PushRequest into b (reused); exposed for the benchmarks and the
  * fuzz tests. Returns 0 or -ENOMEM. */
 int ps_push_encode(ps_buf *b, uint32_t worker, uint64_t step,

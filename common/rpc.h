@@ -41,6 +41,7 @@
 #include "common/buf.h"
 #include "common/rpc_code.h"
 #include "common/rpc_msg.h"
+#include "common/tls.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -93,6 +94,17 @@ typedef struct ps_rpc_server_opts {
                                  closed (GRPC_ARG_MAX_CONNECTION_IDLE_MS) */
     int keepalive_ms;         /* pings an idle connection this often and
                                  closes it when unanswered for as long */
+    const ps_tls_opts *tls;   /* TLS of the listen address (tls.h), read at
+                                 start; NULL or no certificate = plaintext.
+                                 A unix: address is always plaintext. */
+    struct ps_auth *auth;     /* tokens and roles (common/auth.h) checked on
+                                 every call of every listener, kept not owned
+                                 (it must outlive the server); NULL: open */
+    int fd_channel_role;      /* with auth: the role (enum ps_auth_role) a
+                                 call without a token gets on a channel added
+                                 from a file descriptor whose peer was
+                                 checked (psd's unix socket, SO_PEERCRED);
+                                 0: none, such a call needs a token too */
 } ps_rpc_server_opts;
 
 /* Creates a server; nothing listens until ps_rpc_server_start. Returns 0,
@@ -135,8 +147,9 @@ uint64_t ps_rpc_server_local_refused(const ps_rpc_server *srv);
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv);
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv);
 /* Calls ended with status `code` (enum ps_rpc_code) by ps_rpc_fail since
- * start: a daemon's /metrics reports them as refused, by reason. 0 for a
- * code outside 1..16. */
+ * start, and those the token check refused before any handler: a daemon's
+ * /metrics reports them as refused, by reason. 0 for a code outside
+ * 1..16. */
 uint64_t ps_rpc_server_failures(const ps_rpc_server *srv, int code);
 
 /* ---- Answering a call (any thread, exactly once) ---------------------- */
@@ -176,6 +189,11 @@ int64_t ps_rpc_call_deadline_ms(const ps_rpc_call *call);
 bool ps_rpc_call_cancelled(const ps_rpc_call *call);
 /* The full method path of the call ("/ps.v1.ParameterServer/Push"). */
 const char *ps_rpc_call_method(const ps_rpc_call *call);
+/* The role of the token the call sent (enum ps_auth_role, common/auth.h),
+ * looked up again from its authorization metadata; PS_AUTH_NONE (0) on a
+ * server without tokens, and for a call admitted without a token by a
+ * trusted transport's implicit role. */
+int ps_rpc_call_role(ps_rpc_call *call);
 /* The client's address ("ipv4:127.0.0.1:51234"), for logs. Valid while the
  * call is. */
 const char *ps_rpc_call_peer(ps_rpc_call *call);
@@ -209,6 +227,12 @@ typedef struct ps_rpc_client_opts {
     int64_t retry_budget_ms;  /* total time for all attempts; 0 = no limit
                                  beyond max_attempts */
     size_t max_message_bytes; /* 0 = PS_RPC_DEFAULT_MAX_MESSAGE */
+    const ps_tls_opts *tls;   /* TLS to the target (tls.h), read at create;
+                                 NULL = the process default
+                                 (ps_tls_set_client_default). A unix: target
+                                 is always plaintext. */
+    const char *token;        /* sent as "authorization: Bearer TOKEN" with
+                                 every call (copied); NULL or "": none */
 } ps_rpc_client_opts;
 
 typedef struct ps_rpc_status {
@@ -218,7 +242,8 @@ typedef struct ps_rpc_status {
 } ps_rpc_status;
 
 /* Creates a client for "host:port" (any gRPC target). The connection is
- * made lazily. Returns 0, PS_EINVAL_ARG, -ENOMEM. */
+ * made lazily. Returns 0, PS_EINVAL_ARG, -ENOMEM, or PS_EINVAL_ARG when a
+ * TLS file cannot be read (logged as an error naming it). */
 int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
                          ps_rpc_client **out);
 void ps_rpc_client_destroy(ps_rpc_client *c);

@@ -5,6 +5,7 @@
  */
 #include "common/rpc_server_internal.h"
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void fill_pb(void *ctx, uint8_t *dst)
 {
@@ -413,4 +415,26 @@ const char *ps_rpc_call_peer(ps_rpc_call *c)
         c->peer = grpc_call_get_peer(c->call);
     pthread_mutex_unlock(&c->mu);
     return c->peer;
+}
+
+/* The processor (auth.c) admitted the call; the role is looked up again
+ * here from the call's own metadata, because gRPC 1.51 gives the processor
+ * the connection's auth context, shared by every call on it, not one of
+ * the call's own. */
+int ps_rpc_call_role(ps_rpc_call *c)
+{
+    struct ps_auth *a = rpc_server_auth(c->srv);
+    if (a == NULL)
+        return PS_AUTH_NONE;
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_metadata *m = &c->md.metadata[i];
+        size_t n = GRPC_SLICE_LENGTH(m->value);
+        const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
+        if (GRPC_SLICE_LENGTH(m->key) == 13 &&
+            memcmp(GRPC_SLICE_START_PTR(m->key), "authorization", 13) == 0 &&
+            n > 7 && strncasecmp(v, "Bearer ", 7) == 0)
+            return ps_auth_lookup(a, v + 7, n - 7);
+    }
+    int r = rpc_server_fd_role(c);
+    return r != 0 ? r : PS_AUTH_NONE;
 }

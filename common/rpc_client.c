@@ -33,6 +33,8 @@ struct ps_rpc_client {
     char *target;
     ps_rpc_client_opts o;
     atomic_uint_fast64_t rng; /* jitter state, shared by the calling threads */
+    grpc_metadata auth_md;    /* "authorization: Bearer TOKEN" */
+    size_t n_md;              /* 1 with a token, else 0 */
 };
 
 int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
@@ -64,6 +66,16 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
         return -ENOMEM;
     }
     c->o = o;
+    c->o.token = NULL; /* held only as auth_md */
+    if (o.token != NULL && o.token[0] != '\0') {
+        size_t tn = strlen(o.token);
+        grpc_slice v = grpc_slice_malloc(7 + tn);
+        memcpy(GRPC_SLICE_START_PTR(v), "Bearer ", 7);
+        memcpy(GRPC_SLICE_START_PTR(v) + 7, o.token, tn);
+        c->auth_md.key = grpc_slice_from_static_string("authorization");
+        c->auth_md.value = v;
+        c->n_md = 1;
+    }
     atomic_init(&c->rng, (uint64_t)ps_now_ms() * 0x9E3779B97F4A7C15ull ^
                              (uint64_t)(uintptr_t)c);
     ps_rpc_init_logging();
@@ -80,9 +92,23 @@ int ps_rpc_client_create(const char *target, const ps_rpc_client_opts *opts,
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          {.integer = 16 << 20}},
+        /* Last, and only with TLS to a name other than the target's host. */
+        {GRPC_ARG_STRING, (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, {.string = NULL}},
     };
-    grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    const ps_tls_opts *tls = ps_tls_is_unix(target) ? NULL
+                             : o.tls != NULL ? o.tls : ps_tls_client_default();
+    const char *name = ps_tls_target_name(tls);
+    size_t nargs = sizeof args / sizeof args[0] - (name != NULL ? 0 : 1);
+    if (name != NULL)
+        args[nargs - 1].value.string = (char *)name;
+    grpc_channel_args cargs = {nargs, args};
+    char err[512];
+    grpc_channel_credentials *creds = ps_tls_channel_creds(tls, err, sizeof err);
+    if (creds == NULL) {
+        ps_log_error("rpc: client for %s: %s", target, err);
+        ps_rpc_client_destroy(c);
+        return PS_EINVAL_ARG;
+    }
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     if (c->ch == NULL) {
@@ -99,6 +125,8 @@ void ps_rpc_client_destroy(ps_rpc_client *c)
         return;
     if (c->ch != NULL)
         grpc_channel_destroy(c->ch);
+    if (c->n_md > 0)
+        grpc_slice_unref(c->auth_md.value);
     free(c->target);
     free(c);
     grpc_shutdown();
@@ -157,12 +185,16 @@ static grpc_call *start_call(ps_rpc_client *c, const char *method,
     return call;
 }
 
-/* The first four ops of a call with one request message: send it and the
- * close, and receive the server's initial metadata into init_md. */
-static void put_request_ops(grpc_op ops[4], grpc_byte_buffer *send_bb,
+/* The first four ops of a call with one request message: send it (with
+ * the client's token, if it has one) and the close, and receive the
+ * server's initial metadata into init_md. */
+static void put_request_ops(ps_rpc_client *c, grpc_op ops[4],
+                            grpc_byte_buffer *send_bb,
                             grpc_metadata_array *init_md)
 {
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = c->n_md;
+    ops[0].data.send_initial_metadata.metadata = c->n_md ? &c->auth_md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -209,7 +241,7 @@ static int call_once(ps_rpc_client *c, const char *method,
 
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
-    put_request_ops(ops, send_bb, &init_md);
+    put_request_ops(c, ops, send_bb, &init_md);
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &recv_bb;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -445,7 +477,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
 
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
-    put_request_ops(ops, send_bb, &init_md);
+    put_request_ops(c, ops, send_bb, &init_md);
     int tag_send = 1, tag_msg = 2, tag_status = 3;
     grpc_call_start_batch(call, ops, 4, &tag_send, NULL);
     grpc_completion_queue_pluck(cq, &tag_send,

@@ -126,6 +126,11 @@ void rpc_call_write_done(ps_rpc_call *c, bool ok);
 
 /* A call of srv was freed: one call fewer in flight. */
 void rpc_server_call_done(ps_rpc_server *srv);
+/* The token table srv checks calls against (opts.auth); NULL: none. */
+struct ps_auth *rpc_server_auth(ps_rpc_server *srv);
+/* opts.fd_channel_role for a call over the unix socket from psd's uid or
+ * root (its peer's SO_PEERCRED); 0 (none) for any other call. */
+int rpc_server_fd_role(ps_rpc_call *c);
 /* A call of srv was failed with code (ps_rpc_server_failures). */
 void rpc_server_count_failure(ps_rpc_server *srv, int code);
 

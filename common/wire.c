@@ -400,6 +400,7 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
     req->worker = 0;
     req->step = 0;
     req->return_values = 0;
+    req->delta = 0;
     req->ngrads = 0;
     while (c.left > 0) {
         size_t at = total - c.left;
@@ -417,6 +418,8 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
             rc = get_varint(&c, &req->step);
         } else if (field == 4 && wt == WT_VARINT) {
             rc = get_bool(&c, &req->return_values);
+        } else if (field == 5 && wt == WT_VARINT) {
+            rc = get_bool(&c, &req->delta);
         } else if (field == 3 && wt == WT_LEN) {
             if ((rc = read_push_grad(&c, req, err, errlen)) != 0)
                 return rc;

@@ -118,6 +118,7 @@ typedef struct ps_wire_push {
     uint32_t worker;
     uint64_t step;
     int return_values;     /* answer with the values too */
+    int delta;             /* w += grad, no optimizer (PushRequest.delta) */
     ps_wire_grad *grads;   /* ngrads entries; reused across decodes */
     size_t ngrads;
     size_t cap;

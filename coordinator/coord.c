@@ -309,6 +309,7 @@ static int tasks_info_locked(coord *c, struct coord_cluster *s, int64_t now)
         ti->step = t->step;
         ti->examples_per_second = t->examples_per_second;
         ti->loss = t->loss;
+        ti->accuracy = t->accuracy;
         ti->last_heartbeat_age_seconds = coord_age_s(t, now);
     }
     return 0;
@@ -372,6 +373,9 @@ void coord_cluster_free(struct coord_cluster *s)
     free(s->last_checkpoint_path);
     free(s);
 }
+
+/* The largest loss a report may carry: FLT_MAX, rounded down. */
+#define COORD_LOSS_MAX 3.4e38
 
 /* ---- task secrets ------------------------------------------------------ */
 
@@ -489,7 +493,10 @@ static void heard_locked(coord *c, struct ctask *t,
         c->progress++;
     t->step = req->step;
     t->examples_per_second = req->examples_per_second;
-    t->loss = req->loss;
+    /* An evaluator's loss is its evaluation's, which ReportMetrics brings;
+     * its heartbeats carry none. */
+    if (t->role != PS_ROLE_EVALUATOR)
+        t->loss = req->loss;
     if ((t->role == PS_ROLE_WORKER || t->role == PS_ROLE_CHIEF) &&
         req->step > c->global_step)
         c->global_step = req->step;
@@ -551,12 +558,22 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
     else
         rc = check_reporter_locked(c, t, what, req->from.secret, req->step,
                                    st);
+    /* What GetCluster and psctl show as the job's result: a fraction, and
+     * a loss within a float's range (a model's loss is a float). Checked
+     * once the reporter is known to be the task. */
+    if (rc == 0 && !(req->accuracy >= 0.0 && req->accuracy <= 1.0))
+        rc = coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
+                          "accuracy %g is not in [0, 1]", req->accuracy);
+    if (rc == 0 && !(req->loss >= 0.0 && req->loss <= COORD_LOSS_MAX))
+        rc = coord_refuse(st, PS_RPC_INVALID_ARGUMENT, what,
+                          "loss %g is not in [0, 3.4e38]", req->loss);
     if (rc != 0) {
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
     t->loss = req->loss;
     if (role == PS_ROLE_EVALUATOR) {
+        t->accuracy = req->accuracy;
         c->has_eval = true;
         c->eval_accuracy = req->accuracy;
         c->eval_loss = req->loss;
@@ -630,7 +647,22 @@ static int place_first_locked(coord *c, const struct ps_place_var *vars,
     return 0;
 }
 
+/* True when secret is that of a registered task that may propose a model
+ * (any but a ps). Every task is compared (no early exit). Called with c->mu
+ * held. */
+static bool proposer_locked(coord *c, const char *secret)
+{
+    bool ok = false;
+    for (int i = 0; i < c->ntasks; i++) {
+        const struct ctask *t = &c->tasks[i];
+        ok |= t->role != PS_ROLE_PS && t->incarnation != 0 &&
+              coord_secret_ok(t, secret);
+    }
+    return ok;
+}
+
 int coord_place(coord *c, const struct ps_place_var *vars, int n,
+                const char *secret, bool operator,
                 struct ps_placement *out, struct coord_status *st)
 {
     memset(st, 0, sizeof *st);
@@ -640,7 +672,14 @@ int coord_place(coord *c, const struct ps_place_var *vars, int n,
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, "Place", "%s", why);
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    if (!c->placed)
+    if (!operator && !proposer_locked(c, secret))
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                          "%s: only a registered worker, chief or evaluator "
+                          "that sends the task_secret its RegisterTask "
+                          "answered with (or an operator token) may propose "
+                          "the job's model", secret == NULL || secret[0] == '\0'
+                          ? "no task_secret" : "the task_secret is no worker's, chief's or evaluator's");
+    else if (!c->placed)
         rc = place_first_locked(c, vars, n, st);
     else if (ps_place_same(&c->placement, vars, n, why, sizeof why) != 0)
         rc = coord_refuse(st, PS_RPC_FAILED_PRECONDITION, "Place",

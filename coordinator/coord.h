@@ -157,6 +157,7 @@ struct coord_task_info {
     uint64_t step;
     double examples_per_second;
     double loss;
+    double accuracy;      /* evaluators: their last evaluation's; else 0 */
     double last_heartbeat_age_seconds; /* -1: never heard */
 };
 
@@ -243,9 +244,12 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
                          struct coord_status *st);
 /* Places a proposal (the first one made fixes the job's placement; later
  * ones must name the same model). The caller has checked the job id with
- * coord_check_job. On success *out holds the job's placement, which the
- * caller frees with ps_placement_free. */
+ * coord_check_job. Only a registered task other than a ps that presents
+ * its task secret, or an operator (operator true: the caller's token), may
+ * propose: PERMISSION_DENIED otherwise. On success *out holds the job's
+ * placement, which the caller frees with ps_placement_free. */
 int coord_place(coord *c, const struct ps_place_var *vars, int n,
+                const char *secret, bool operator,
                 struct ps_placement *out, struct coord_status *st);
 /* Refuses a job id that is not "" and not this job's. */
 int coord_check_job(coord *c, const char *job_id, const char *what,

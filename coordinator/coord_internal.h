@@ -33,7 +33,10 @@ struct ctask {
     int64_t grace_until_ms; /* CT_UNKNOWN: dead after this */
     uint64_t step;
     double examples_per_second;
-    double loss;
+    double loss;            /* workers: the heartbeat's; evaluators: their last
+                               evaluation's (ReportMetrics), which heartbeats
+                               do not overwrite */
+    double accuracy;        /* evaluators: their last evaluation's */
     bool restoring;         /* ps: a restore is under way */
     uint32_t sync_told;     /* ps: the sync count it has (0 = not told) */
     bool warned;            /* static: "has not registered" logged */

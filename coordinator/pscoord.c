@@ -14,11 +14,12 @@
  * it serves Prometheus' /metrics (--metrics-listen), logs one line per
  * event on stderr, and on SIGTERM or SIGINT ends the watch streams, drains the calls
  * in flight, stops its threads, writes state.json and summary.json and
- * exits 0.
+ * exits 0. SIGHUP reloads the --tokens file.
  *
  * Exit status: 0 after a clean shutdown; 1 when it cannot start (state of
  * another job, address in use); 2 for a bad command line or cluster spec.
  */
+#include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
 #include "coordinator/coord.h"
@@ -30,7 +31,9 @@
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "coordinator/schedule.h"
+#include "coordinator/shardcall.h"
 #include "coordinator/service.h"
 
 #include <errno.h>
@@ -57,17 +60,21 @@ struct pscoord_conf {
     int threads;
     int64_t shutdown_grace_ms;
     char *metrics_listen;
+    ps_tls_conf tls;
+    char *tokens;
+    char *token_file;
     int log_level;
     int log_format;
 };
 
 /* Defaults, each with why. */
 static const ps_opt pscoord_opts[] = {
-    /* 7071: beside psd's 7070, so a one-host job needs no port list. */
+    /* 7071: beside psd's 7070, so a one-host job needs no port list.
+     * Loopback: the network only when told to, with TLS. */
     {"listen", PS_OPT_STRING, offsetof(struct pscoord_conf, listen),
-     "0.0.0.0:7071",
-     "host:port to serve on; port 0 picks a free one (printed as PORT <n>)",
-     0, 0, NULL},
+     "127.0.0.1:7071",
+     "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
+     "an address other than loopback needs TLS or --insecure", 0, 0, NULL},
     {"cluster", PS_OPT_STRING, offsetof(struct pscoord_conf, cluster), NULL,
      "TF_CONFIG-shaped cluster spec (static membership); default: "
      "$TF_CONFIG, else dynamic membership", 0, 0, NULL},
@@ -122,6 +129,16 @@ static const ps_opt pscoord_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct pscoord_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    PS_TLS_SERVER_OPTS(struct pscoord_conf, tls),
+    /* None: open, as before tokens existed; a warning when the address is
+     * not loopback. */
+    {"tokens", PS_OPT_STRING, offsetof(struct pscoord_conf, tokens), NULL,
+     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
+     "then needs a token whose role may call its method; reloaded on SIGHUP; "
+     "default: none, any caller may call anything", 0, 0, NULL},
+    {"token-file", PS_OPT_STRING, offsetof(struct pscoord_conf, token_file), NULL,
+     "file holding the token pscoord sends to the psd shards (an operator's: "
+     "it checkpoints, restores and sets sync counts); default: none", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
      "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_format),
@@ -143,6 +160,7 @@ struct pscoord {
     coord_service *svc;
     ps_rpc_server *srv;
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
+    ps_auth *auth;            /* --tokens; NULL: open */
     int port;
 };
 
@@ -169,6 +187,27 @@ static int load_cluster(struct pscoord *p)
     return 0;
 }
 
+/* --tokens (the table every call is checked against) and --token-file
+ * (what pscoord sends to the shards). Returns 0, or 2 after one line
+ * naming the file (and line), with the configuration freed. */
+static int load_tokens(struct pscoord *p)
+{
+    char err[600], token[PS_AUTH_TOKEN_MAX + 1] = "";
+    if (ps_auth_server_setup(p->c.tokens, p->c.listen, &p->auth, err,
+                             sizeof err) != 0)
+        return ps_proc_quit(&p->cmd, 2, "--tokens: %s", err);
+    if (p->c.token_file != NULL && p->c.token_file[0] != '\0' &&
+        ps_auth_read_token(p->c.token_file, token, sizeof token, err,
+                           sizeof err) != 0) {
+        ps_auth_destroy(p->auth);
+        p->auth = NULL;
+        return ps_proc_quit(&p->cmd, 2, "--token-file: %s", err);
+    }
+    coord_call_set_token(token);
+    explicit_bzero(token, sizeof token);
+    return 0;
+}
+
 /* The checks the options table cannot make, the cluster spec and the job
  * id. Returns PS_PROC_RUN, or 2 after the error line (configuration and
  * spec freed). */
@@ -181,8 +220,24 @@ static int check_conf(struct pscoord *p)
         return ps_proc_quit(&p->cmd, 2, "--heartbeat-timeout (%" PRId64 " ms) "
                             "must exceed --heartbeat-interval (%" PRId64 " ms)",
                             c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
+    char err[512];
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    bool exposed = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((exposed && !c->tls.insecure) || ps_tls_check_files(&tls, err, sizeof err) != 0)
+        return ps_proc_quit(&p->cmd, 2, "%s", err);
+    /* Its calls to psd (shardcall.c) go with the same identity. */
+    if (ps_tls_set_client_default(&tls) != 0)
+        return ps_proc_quit(&p->cmd, 1, "out of memory");
+    if (exposed)
+        ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
+                    "can register tasks and drive checkpoints and restores",
+                    c->listen);
     if (load_cluster(p) != 0) {
         ps_conf_free(pscoord_opts, &p->c);
+        return 2;
+    }
+    if (load_tokens(p) != 0) {
+        ps_cluster_close(&p->spec);
         return 2;
     }
     const char *spec_job = p->have_spec ? p->spec.job_id : NULL;
@@ -262,7 +317,9 @@ static int serve(struct pscoord *p)
         fprintf(stderr, "pscoord: out of memory\n");
         return 1;
     }
-    ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads};
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads,
+                             .tls = &tls, .auth = p->auth};
     if ((rc = ps_rpc_server_create(&ro, &p->srv)) != 0 ||
         (rc = coord_service_register(p->svc, p->srv)) != 0 ||
         (rc = ps_rpc_server_start(p->srv, &p->port)) != 0) {
@@ -282,8 +339,9 @@ static int serve(struct pscoord *p)
         ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
                     ps_metrics_http_port(p->metrics));
     }
-    ps_log_info("pscoord %s serving job '%s' on %s (port %d), %s membership"
+    ps_log_info("pscoord %s serving job '%s' on %s (port %d, %s), %s membership"
                 "%s, state in %s", PS_VERSION, p->job_id, c->listen, p->port,
+                ps_tls_server_mode(&tls),
                 p->have_spec ? "static" : "dynamic",
                 p->have_spec ? (c->cluster != NULL ? " from --cluster"
                                                    : " from TF_CONFIG") : "",
@@ -385,6 +443,10 @@ int main(int argc, char **argv)
         return status;
     if ((status = check_conf(&p)) != PS_PROC_RUN)
         return status;
+    if ((status = ps_proc_lock_dir(&p.cmd, "--state-dir", p.c.state_dir)) != PS_PROC_RUN) {
+        ps_cluster_close(&p.spec);
+        return status;
+    }
     /* TF_CONFIG's chief: the coordinator does the chief's duties. */
     ps_log_set_task("chief", -1);
 
@@ -397,6 +459,7 @@ int main(int argc, char **argv)
     else if (start_core(&p) == 0 && (metrics_status = serve_metrics(&p)) == 0 &&
              serve(&p) == 0) {
         supervise(&p);
+        ps_proc_loop_on_hup(p.loop, ps_auth_reload_logged, p.auth);
         int sig = ps_proc_loop_run(p.loop);
         ps_log_info("signal %d: ending watches, draining calls, saving state",
                     sig);
@@ -406,5 +469,7 @@ int main(int argc, char **argv)
     if (metrics_status != 0)
         status = metrics_status;
     ps_cluster_close(&p.spec);
-    return ps_proc_epilogue(&p.cmd, p.loop, status);
+    status = ps_proc_epilogue(&p.cmd, p.loop, status);
+    ps_auth_destroy(p.auth); /* after the server that checked with it */
+    return status;
 }

@@ -1,5 +1,6 @@
 #include "coordinator/service.h"
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -166,6 +167,7 @@ static int task_pb(const struct coord_task_info *t, Ps__V1__TaskInfo *ti)
     ti->step = t->step;
     ti->examples_per_second = t->examples_per_second;
     ti->loss = t->loss;
+    ti->accuracy = t->accuracy;
     ti->last_heartbeat_age_seconds = t->last_heartbeat_age_seconds;
     return 0;
 }
@@ -445,7 +447,7 @@ static void on_report_metrics(coord_service *s, ps_rpc_call *call,
 
 /* Answers a Place request: the job check first, then the proposal's own
  * shape, then the core. */
-static int place(coord *c, const Ps__V1__PlaceRequest *req,
+static int place(coord *c, const Ps__V1__PlaceRequest *req, bool operator,
                  Ps__V1__PlaceResponse *resp, struct coord_status *st)
 {
     struct ps_place_var *vars = NULL;
@@ -454,7 +456,8 @@ static int place(coord *c, const Ps__V1__PlaceRequest *req,
     if (rc == 0)
         rc = proposal_in(req, &vars, st);
     if (rc == 0)
-        rc = coord_place(c, vars, (int)req->n_variables, &placed, st);
+        rc = coord_place(c, vars, (int)req->n_variables, req->task_secret,
+                         operator, &placed, st);
     free(vars);
     if (rc != 0)
         return rc;
@@ -474,7 +477,8 @@ static void on_place(coord_service *s, ps_rpc_call *call, const void *req)
     const Ps__V1__PlaceRequest *r = req;
     Ps__V1__PlaceResponse resp = PS__V1__PLACE_RESPONSE__INIT;
     struct coord_status st;
-    if (place(s->c, r, &resp, &st) != 0) {
+    bool operator = ps_rpc_call_role(call) == PS_AUTH_OPERATOR;
+    if (place(s->c, r, operator, &resp, &st) != 0) {
         refused(call, &st);
     } else {
         ps_rpc_reply_pb(call, &resp);

@@ -1,11 +1,20 @@
 #include "coordinator/shardcall.h"
 
+#include "common/auth.h"
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
 
 #include <stdio.h>
 
 #define PS_METHOD(m) "/ps.v1.ParameterServer/" m
+
+/* pscoord's token for the shards: written once before any call. */
+static char call_token[PS_AUTH_TOKEN_MAX + 1];
+
+void coord_call_set_token(const char *token)
+{
+    snprintf(call_token, sizeof call_token, "%s", token != NULL ? token : "");
+}
 
 /* One unary call to a ps, on a client of its own: read copies what the
  * caller needs out of the answer (into out) before it is freed. Returns 0,
@@ -16,7 +25,8 @@ static int ps_call(const char *addr, const char *method, const void *req,
                    int deadline_ms, ps_rpc_status *st)
 {
     ps_rpc_client *cl;
-    ps_rpc_client_opts o = {.deadline_ms = deadline_ms, .max_attempts = 1};
+    ps_rpc_client_opts o = {.deadline_ms = deadline_ms, .max_attempts = 1,
+                            .token = call_token};
     int rc = ps_rpc_client_create(addr, &o, &cl);
     if (rc != 0) {
         st->code = PS_RPC_UNAVAILABLE;

@@ -8,8 +8,9 @@
  * that failed or did not parse) with st filled; a local failure (no client
  * could be made) is reported as UNAVAILABLE.
  *
- * Threads and lifetime: no state; any thread may call, each call blocks
- * until its answer or deadline.
+ * Threads and lifetime: one piece of state, the token sent with every call
+ * (set once at start, before any call); any thread may call, each call
+ * blocks until its answer or deadline.
  */
 #ifndef COORD_SHARDCALL_H
 #define COORD_SHARDCALL_H
@@ -18,6 +19,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The token every later call sends (pscoord --token-file: an operator's,
+ * since the coordinator checkpoints, restores and sets sync counts), copied;
+ * NULL or "": none. Call before any thread calls. */
+void coord_call_set_token(const char *token);
 
 /* SetSyncWorkers(workers): *previous is the count the shard had. */
 int coord_call_set_sync(const char *addr, uint32_t workers, int deadline_ms,

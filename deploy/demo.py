@@ -28,12 +28,15 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--epochs", type=int, default=int(os.environ.get("DEMO_EPOCHS", "5")))
     ap.add_argument("--keep", help="keep the cluster's files in this directory")
+    ap.add_argument("--plaintext", action="store_true",
+                    help="no TLS (by default every task uses mutual TLS)")
     a = ap.parse_args()
     root = a.keep or tempfile.mkdtemp(prefix="psd-demo-")
     os.makedirs(root, exist_ok=True)
     logdir = os.path.join(os.path.abspath(root), "tensorboard")
     cluster = LocalCluster(a.build, root, num_ps=2, num_workers=2, evaluator=True,
-                           epochs=a.epochs, checkpoint_every="5s", logdir=logdir)
+                           epochs=a.epochs, checkpoint_every="5s", logdir=logdir,
+                           tls=not a.plaintext)
     interrupted = False
 
     def on_signal(sig, frame):
@@ -45,8 +48,9 @@ def main():
         print("demo: starting pscoord, 2 psd shards, 1 evaluator and 2 workerd "
               "in %s" % root, flush=True)
         cluster.start()
-        print("demo: coordinator at %s; training MLP 784-256-256-10 for %d epochs"
-              % (cluster.coord_addr, a.epochs), flush=True)
+        print("demo: coordinator at %s (%s); training MLP 784-256-256-10 for %d epochs"
+              % (cluster.coord_addr, "plaintext" if a.plaintext else
+                 "mutual TLS, certificates in %s" % cluster.certs, a.epochs), flush=True)
         print("demo: TensorBoard, live: %s" % tensorboard_command(a.build, logdir),
               flush=True)
         last = None

@@ -8,6 +8,11 @@ evaluator, each a real process, for `make demo` and the fault tests.
     cluster.wait_workers()       # until every worker exits
     cluster.stop()               # SIGTERM everything, then SIGKILL stragglers
 
+With tls=True every daemon serves and calls with mutual TLS: a CA and a
+certificate per task (SANs localhost and 127.0.0.1) are made into
+ROOT/certs by tools/pscerts, and each task gets --tls-cert, --tls-key and
+--tls-ca (security_args, where the tokens' flags go too).
+
 Every process runs in its own process group and is killed by stop(), also
 when the caller is interrupted. Ports are 0 (each process prints PORT <n>),
 except psd's, which must keep its address across a restart: those are
@@ -99,7 +104,7 @@ class LocalCluster:
                  model="mlp:784-256-256-10", epochs=3, batch=64, lr=0.1,
                  consistency="async", seed=1, checkpoint_every_steps=0,
                  checkpoint_every="0", heartbeat_timeout="2s", worker_args=(),
-                 job_id="demo", logdir=None):
+                 job_id="demo", logdir=None, tls=False):
         self.build, self.root = os.path.abspath(build), os.path.abspath(root)
         self.num_ps, self.num_workers = num_ps, num_workers
         self.evaluator = evaluator
@@ -112,6 +117,8 @@ class LocalCluster:
         # TensorBoard event files: the chief (worker 0) and the evaluator
         # write them under logdir (the other workers ignore the flag).
         self.logdir = logdir
+        self.tls = tls
+        self.certs = os.path.join(self.root, "certs") if tls else None
         self.tasks = {}
         self.coord_addr = None
         self.ps_ports = [free_port() for _ in range(num_ps)]
@@ -124,7 +131,43 @@ class LocalCluster:
     def _log(self, role, index):
         return os.path.join(self.root, "logs", "%s-%d.log" % (role, index))
 
+    def _task_name(self, role, index):
+        return "coordinator" if role == "coordinator" else "%s%d" % (role, index)
+
+    def make_certs(self):
+        """A CA and one certificate per task, with tools/pscerts."""
+        names = [self._task_name("coordinator", 0)]
+        names += [self._task_name("ps", i) for i in range(self.num_ps)]
+        names += [self._task_name("worker", i) for i in range(self.num_workers)]
+        names += [self._task_name("evaluator", 0), "client"]
+        subprocess.run([self._bin("tools", "pscerts"), "--out", self.certs] +
+                       ["%s=localhost,127.0.0.1" % n for n in names],
+                       check=True, stdout=subprocess.DEVNULL, timeout=120)
+
+    def security_args(self, role, index):
+        """The flags that make a task's transport secure: mutual TLS with
+        its own certificate. (Tokens, issue 13: their flags go here.)"""
+        if not self.tls:
+            return []
+        name = self._task_name(role, index)
+        return ["--tls-cert", os.path.join(self.certs, name + ".pem"),
+                "--tls-key", os.path.join(self.certs, name + ".key"),
+                "--tls-ca", os.path.join(self.certs, "ca.pem")]
+
+    def channel(self, address):
+        """A Python gRPC channel to a task, with the cluster's transport."""
+        import grpc
+        if not self.tls:
+            return grpc.insecure_channel(address)
+        read = lambda n: open(os.path.join(self.certs, n), "rb").read()  # noqa: E731
+        creds = grpc.ssl_channel_credentials(read("ca.pem"), read("client.key"),
+                                             read("client.pem"))
+        return grpc.secure_channel(address, creds)
+
     def _argv(self, role, index):
+        return self._argv_plain(role, index) + self.security_args(role, index)
+
+    def _argv_plain(self, role, index):
         if role == "coordinator":
             spec = {"job_id": self.job_id, "cluster": {
                 "ps": ["127.0.0.1:%d" % p for p in self.ps_ports],
@@ -175,6 +218,8 @@ class LocalCluster:
         return t
 
     def start(self, workers=True):
+        if self.tls and not os.path.exists(os.path.join(self.certs, "ca.pem")):
+            self.make_certs()
         self.start_task("coordinator", 0)
         for i in range(self.num_ps):
             self.start_task("ps", i)
@@ -218,7 +263,7 @@ class LocalCluster:
                                         "..", "tests", "interop"))
         import pstest  # noqa: E402
         pb, pbg, _, _ = pstest.generate_stubs()
-        ch = pstest.channel(self.coord_addr)
+        ch = self.channel(self.coord_addr)
         try:
             return pbg.CoordinatorStub(ch).GetCluster(
                 pb.GetClusterRequest(job_id=self.job_id), timeout=5)

@@ -15,12 +15,14 @@
 #define DEFAULT_BETA1 0.9f
 #define DEFAULT_BETA2 0.999f
 #define DEFAULT_EPSILON 1e-7f
+#define DEFAULT_LR_POWER (-0.5f) /* Keras' and TF's FtrlOptimizer's */
 
-static const char *const kind_names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM"};
+static const char *const kind_names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM",
+                                             "FTRL"};
 
 static bool kind_known(enum psd_opt_kind kind)
 {
-    return (unsigned)kind <= (unsigned)PSD_OPT_ADAM;
+    return (unsigned)kind <= (unsigned)PSD_OPT_FTRL;
 }
 
 const char *psd_opt_name(enum psd_opt_kind kind)
@@ -42,6 +44,7 @@ void psd_opt_defaults(psd_opt *o)
     default_if_zero(&o->beta1, DEFAULT_BETA1);
     default_if_zero(&o->beta2, DEFAULT_BETA2);
     default_if_zero(&o->epsilon, DEFAULT_EPSILON);
+    default_if_zero(&o->lr_power, DEFAULT_LR_POWER);
 }
 
 /* Formats the reason for a refusal and returns PS_EINVAL_ARG, so that each
@@ -60,13 +63,34 @@ static bool in_unit_interval(float x) /* [0, 1) */
     return x >= 0.0f && x < 1.0f;
 }
 
+/* FTRL's fields, as TF's ApplyFtrlV2 and Keras' Ftrl check them (lr_power
+ * <= 0, the strengths >= 0) within the bounds of optim.h. Other kinds only
+ * need them finite. */
+static int validate_ftrl(const psd_opt *o, bool ftrl, char *why, size_t whylen)
+{
+    if (ftrl ? !(o->lr_power >= PSD_OPT_MIN_LR_POWER && o->lr_power <= 0.0f)
+             : !isfinite(o->lr_power))
+        return refuse(why, whylen, "learning_rate_power",
+                      ftrl ? "in [-10, 0]" : "finite", o->lr_power);
+    const struct { const char *name; float v; } f[] = {
+        {"l1", o->l1}, {"l2", o->l2}, {"l2_shrinkage", o->l2_shrinkage},
+        {"beta", o->beta}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (!ftrl && !isfinite(f[i].v))
+            return refuse(why, whylen, f[i].name, "finite", f[i].v);
+        if (ftrl && !(f[i].v >= 0.0f && f[i].v <= PSD_OPT_MAX_REGULARIZATION))
+            return refuse(why, whylen, f[i].name, "in [0, 1e+30]", f[i].v);
+    }
+    return 0;
+}
+
 int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
 {
     if (!kind_known(o->kind)) {
         if (why != NULL && whylen > 0)
             snprintf(why, whylen,
                      "optimizer kind %d is unknown (expected 0 SGD, 1 "
-                     "MOMENTUM, 2 ADAGRAD or 3 ADAM)", (int)o->kind);
+                     "MOMENTUM, 2 ADAGRAD, 3 ADAM or 4 FTRL)", (int)o->kind);
         return PS_EINVAL_ARG;
     }
     if (!(isfinite(o->lr) && o->lr > 0.0f))
@@ -80,18 +104,19 @@ int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
     bool momentum = o->kind == PSD_OPT_MOMENTUM;
     bool adagrad = o->kind == PSD_OPT_ADAGRAD;
     bool adam = o->kind == PSD_OPT_ADAM;
+    bool ftrl = o->kind == PSD_OPT_FTRL;
     if (momentum ? !in_unit_interval(o->momentum) : !isfinite(o->momentum))
         return refuse(why, whylen, "momentum",
                       momentum ? "in [0, 1)" : "finite", o->momentum);
-    if (adagrad && isfinite(o->initial_accumulator) &&
+    if ((adagrad || ftrl) && isfinite(o->initial_accumulator) &&
         o->initial_accumulator > PSD_OPT_MAX_INITIAL_ACCUMULATOR)
         return refuse(why, whylen, "initial_accumulator", "at most 1e+30",
                       o->initial_accumulator);
-    if (adagrad ? !(isfinite(o->initial_accumulator) &&
-                    o->initial_accumulator >= 0.0f)
-                : !isfinite(o->initial_accumulator))
+    if (adagrad || ftrl ? !(isfinite(o->initial_accumulator) &&
+                            o->initial_accumulator >= 0.0f)
+                        : !isfinite(o->initial_accumulator))
         return refuse(why, whylen, "initial_accumulator",
-                      adagrad ? ">= 0 and finite" : "finite",
+                      adagrad || ftrl ? ">= 0 and finite" : "finite",
                       o->initial_accumulator);
     if (adam ? !in_unit_interval(o->beta1) : !isfinite(o->beta1))
         return refuse(why, whylen, "beta1", adam ? "in [0, 1)" : "finite",
@@ -106,7 +131,7 @@ int psd_opt_validate(const psd_opt *o, char *why, size_t whylen)
                       o->epsilon);
     if ((adagrad || adam) && o->epsilon < PSD_OPT_MIN_EPSILON)
         return refuse(why, whylen, "epsilon", "at least 1e-30", o->epsilon);
-    return 0;
+    return validate_ftrl(o, ftrl, why, whylen);
 }
 
 int psd_opt_slot_count(const psd_opt *o)
@@ -118,6 +143,7 @@ int psd_opt_slot_count(const psd_opt *o)
     case PSD_OPT_ADAGRAD:
         return 1;
     case PSD_OPT_ADAM:
+    case PSD_OPT_FTRL:
         return 2;
     }
     return 0;
@@ -126,10 +152,12 @@ int psd_opt_slot_count(const psd_opt *o)
 void psd_opt_init_slots(const psd_opt *o, float *slots, size_t n)
 {
     size_t count = (size_t)psd_opt_slot_count(o) * n;
-    if (o->kind == PSD_OPT_ADAGRAD) {
+    if (o->kind == PSD_OPT_ADAGRAD || o->kind == PSD_OPT_FTRL) {
         float a0 = o->initial_accumulator;
-        for (size_t i = 0; i < count; i++)
+        for (size_t i = 0; i < n; i++)
             slots[i] = a0;
+        if (count > n) /* FTRL's linear */
+            memset(slots + n, 0, (count - n) * sizeof *slots);
     } else if (count > 0) {
         memset(slots, 0, count * sizeof *slots); /* all-zero bits are +0.0f */
     }
@@ -208,6 +236,45 @@ adam_elem(float w, float m, float v, float g, float lr_t, float b1, float b2,
     *mn = mi;
     *vn = vi;
     *wn = w - lr_t * mi / (sqrtf(vi) + eps);
+}
+
+/* FTRL's constants, computed once per update in float as Keras and the
+ * kernel compute them: l2 gains beta / (2 lr) (Keras' "adjusted l2"), the
+ * kernel doubles it and doubles l2_shrinkage. */
+struct ftrl_k {
+    float lr, l1, l2x2, l2sx2, p; /* p = -lr_power */
+    bool shrink;                  /* l2_shrinkage > 0: ApplyFtrlV2 */
+};
+
+static struct ftrl_k ftrl_consts(const psd_opt *o)
+{
+    float l2 = o->l2 + o->beta / (2.0f * o->lr);
+    return (struct ftrl_k){.lr = o->lr, .l1 = o->l1, .l2x2 = 2.0f * l2,
+                           .l2sx2 = 2.0f * o->l2_shrinkage, .p = -o->lr_power,
+                           .shrink = o->l2_shrinkage > 0.0f};
+}
+
+/* One element of TF's ApplyFtrl / ApplyFtrlV2 (training_ops.cc), the same
+ * operations in the same order: Keras calls ApplyFtrl when l2_shrinkage is
+ * 0, whose gradient has no shrinkage term (not even + 0 * w, which would
+ * turn a -0 gradient into +0). `half` is the kernel's special case for
+ * lr_power -0.5 (sqrt instead of pow), a constant in each caller so that
+ * the sqrt loop vectorizes. */
+static inline __attribute__((always_inline)) void
+ftrl_elem(float w, float n, float z, float g, struct ftrl_k k, float scale,
+          bool half, float *wn, float *nn, float *zn)
+{
+    float gi = scale * g;
+    float gs = k.shrink ? gi + k.l2sx2 * w : gi;
+    float na = n + gi * gi;
+    float pn = half ? sqrtf(na) : powf(na, k.p);
+    float po = half ? sqrtf(n) : powf(n, k.p);
+    float zi = z + (gs - (pn - po) / k.lr * w);
+    float x = (zi > 0.0f ? k.l1 : -k.l1) - zi; /* sign(z) * l1 - z */
+    float y = pn / k.lr + k.l2x2;
+    *zn = zi;
+    *nn = na;
+    *wn = fabsf(zi) > k.l1 ? x / y : 0.0f;
 }
 
 /*
@@ -313,6 +380,40 @@ static int32_t apply_adam(float *restrict w, float *restrict m,
     return mx;
 }
 
+/* FTRL with lr_power -0.5 (sqrt, vectorized) and with any other (powf, one
+ * element at a time: glibc's powf has no vector form without -ffast-math). */
+static inline __attribute__((always_inline)) int32_t
+ftrl_loop(float *restrict w, float *restrict a, float *restrict z,
+          const psd_ufloat *restrict g, size_t n, struct ftrl_k k, float scale,
+          bool half)
+{
+    int32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        float wn, an, zn;
+        ftrl_elem(w[i], a[i], z[i], g[i], k, scale, half, &wn, &an, &zn);
+        a[i] = an;
+        z[i] = zn;
+        w[i] = wn;
+        mx = max32(mx, max32(mag(wn), max32(mag(an), mag(zn))));
+    }
+    return mx;
+}
+
+VECTOR_CLONES
+static int32_t apply_ftrl_half(float *restrict w, float *restrict a,
+                               float *restrict z, const psd_ufloat *restrict g,
+                               size_t n, struct ftrl_k k, float scale)
+{
+    return ftrl_loop(w, a, z, g, n, k, scale, true);
+}
+
+static int32_t apply_ftrl_pow(float *restrict w, float *restrict a,
+                              float *restrict z, const psd_ufloat *restrict g,
+                              size_t n, struct ftrl_k k, float scale)
+{
+    return ftrl_loop(w, a, z, g, n, k, scale, false);
+}
+
 /* Adam's bias-corrected step size for update t, computed in double because
  * beta^t for large t and 1 - beta^t for small t both lose float precision. */
 static float adam_lr_t(const psd_opt *o, uint64_t t)
@@ -349,6 +450,12 @@ uint32_t psd_opt_apply_part(const psd_opt *o, float *restrict w,
         return (uint32_t)apply_adam(w, slots, slots + slot_stride, g, n,
                                     adam_lr_t(o, t), o->beta1, o->beta2,
                                     o->epsilon, scale);
+    case PSD_OPT_FTRL:
+        if (o->lr_power == -0.5f)
+            return (uint32_t)apply_ftrl_half(w, slots, slots + slot_stride, g,
+                                             n, ftrl_consts(o), scale);
+        return (uint32_t)apply_ftrl_pow(w, slots, slots + slot_stride, g, n,
+                                        ftrl_consts(o), scale);
     }
     return 0;
 }
@@ -371,6 +478,7 @@ static int32_t check_block(const psd_opt *o, const float *restrict w,
                            float lr_t)
 {
     int32_t any = 0;
+    struct ftrl_k fk = ftrl_consts(o);
     float lr = o->lr, mu = o->momentum, eps = o->epsilon;
     float wn, an, bn;
     switch (o->kind) {
@@ -406,6 +514,19 @@ static int32_t check_block(const psd_opt *o, const float *restrict w,
             any |= bad(wn) | bad(an) | bad(bn);
         }
         break;
+    case PSD_OPT_FTRL:
+        if (o->lr_power == -0.5f) {
+            for (size_t i = 0; i < n; i++) {
+                ftrl_elem(w[i], s0[i], s1[i], g[i], fk, scale, true, &wn, &an, &bn);
+                any |= bad(wn) | bad(an) | bad(bn);
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                ftrl_elem(w[i], s0[i], s1[i], g[i], fk, scale, false, &wn, &an, &bn);
+                any |= bad(wn) | bad(an) | bad(bn);
+            }
+        }
+        break;
     }
     return any;
 }
@@ -438,6 +559,28 @@ static double from_mag(uint32_t m)
     return (double)f;
 }
 
+/* FTRL's bound: the accumulator n never falls below initial_accumulator (it
+ * starts there and only grows), so the denominator n'^p / lr + 2 l2' is at
+ * least min(1, a0)^p / lr; the powers of n and n' are at most
+ * max(1, S + G^2)^p. Every intermediate of ftrl_elem is within the
+ * returned bound. */
+static double ftrl_worst(const psd_opt *o, double S, double G)
+{
+    double lr = o->lr, p = -(double)o->lr_power;
+    double l2 = (double)o->l2 + (double)o->beta / (2.0 * lr);
+    double na = S + G * G;
+    double P = pow(fmax(1.0, na), p);
+    double gs = G + 2.0 * (double)o->l2_shrinkage * S;
+    double d = 2.0 * P / lr * S;          /* (n'^p - n^p) / lr * w */
+    double z = S + gs + d;
+    double ymin = fmax(pow(fmin(1.0, (double)o->initial_accumulator), p) / lr,
+                       2.0 * l2);
+    if (!(ymin > 1e-30)) /* float might round it to 0: not proven */
+        return INFINITY;
+    double y = P / lr + 2.0 * l2, x = z + (double)o->l1;
+    return fmax(fmax(na, fmax(gs, d)), fmax(x, fmax(y, x / ymin)));
+}
+
 /*
  * Bounds, in double, on every intermediate and output of one update of
  * elements whose values and slots are at most S in magnitude with a
@@ -456,7 +599,8 @@ bool psd_opt_safe(const psd_opt *o, uint32_t state_mag, uint32_t grad_mag,
     double lr = o->lr, mu = o->momentum, eps = o->epsilon, worst;
     switch (o->kind) {
     case PSD_OPT_SGD:
-        worst = fmax(G, S + lr * G); /* lr * g, w - lr * g */
+        /* lr * g, w - lr * g; |lr|: push.c applies a delta as lr -1 */
+        worst = fmax(fabs(lr) * G, S + fabs(lr) * G);
         break;
     case PSD_OPT_MOMENTUM: {
         double v = mu * S + G;        /* |v'| */
@@ -474,6 +618,9 @@ bool psd_opt_safe(const psd_opt *o, uint32_t state_mag, uint32_t grad_mag,
         worst = fmax(fmax(m, v), fmax(lr_t * m, S + lr_t * m / eps));
         break;
     }
+    case PSD_OPT_FTRL:
+        worst = ftrl_worst(o, S, G);
+        break;
     default:
         return false;
     }

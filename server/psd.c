@@ -6,8 +6,9 @@
  * it on port 0), then "METRICS_PORT <n>" when it serves Prometheus' /metrics
  * (--metrics-listen), logs one line per event on stderr, and on SIGTERM or
  * SIGINT drains the calls in flight, flushes everything acknowledged to LMDB
- * and exits 0.
+ * and exits 0. SIGHUP reloads the --tokens file.
  */
+#include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
@@ -20,6 +21,7 @@
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "server/shard.h"
 
 #include <errno.h>
@@ -56,6 +58,7 @@ struct psd_conf {
     uint64_t max_bytes;
     int max_waiting_pulls;
     int64_t max_pull_wait_ms;
+    int64_t worker_timeout_ms;
     int max_streams;
     int max_connections;
     int64_t handshake_timeout_ms;
@@ -63,6 +66,9 @@ struct psd_conf {
     int64_t keepalive_ms;
     int64_t probe_interval_ms;
     char *metrics_listen;
+    ps_tls_conf tls;
+    char *tokens;
+    char *token_file;
     int log_level;
     int log_format;
 };
@@ -74,7 +80,8 @@ static const ps_opt psd_opts[] = {
     {"listen", PS_OPT_STRING, offsetof(struct psd_conf, listen), NULL,
      "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
      "or unix:PATH, a unix socket for workers on this host (no TCP stack; "
-     "PORT 0); default: this ps task's port in TF_CONFIG, else 0.0.0.0:7070",
+     "PORT 0); an address other than loopback needs TLS or --insecure; "
+     "default: this ps task's address in TF_CONFIG, else 127.0.0.1:7070",
      0, 0, NULL},
     {"local-socket", PS_OPT_STRING, offsetof(struct psd_conf, local_socket), NULL,
      "also serve on this unix socket path, for workers on this host "
@@ -154,6 +161,12 @@ static const ps_opt psd_opts[] = {
     {"max-pull-wait", PS_OPT_DURATION_MS, offsetof(struct psd_conf, max_pull_wait_ms),
      "60s", "longest a pull waits for a version before psd answers "
      "DEADLINE_EXCEEDED, whatever deadline its client set", 1, 86400000, NULL},
+    /* 10 s: a worker's step takes well under a second; ten seconds of
+     * silence is a worker gone, not a slow one (pscoord's heartbeat
+     * timeout is 3 s; its workers pull every step). */
+    {"worker-timeout", PS_OPT_DURATION_MS, offsetof(struct psd_conf, worker_timeout_ms),
+     "10s", "BOUNDED_STALENESS: a worker not heard from (no pull) this long "
+     "stops holding the faster ones back", 1, 86400000, NULL},
     /* 256: a worker runs a few calls at a time on a connection (its comm
      * threads, a waiting pull); one connection may not hold thousands. */
     {"max-streams", PS_OPT_INT, offsetof(struct psd_conf, max_streams), "256",
@@ -198,6 +211,17 @@ static const ps_opt psd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
+    PS_TLS_SERVER_OPTS(struct psd_conf, tls),
+    /* None: open, as before tokens existed; a warning when the address is
+     * not loopback. */
+    {"tokens", PS_OPT_STRING, offsetof(struct psd_conf, tokens), NULL,
+     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
+     "then needs a token whose role may call its method; reloaded on SIGHUP; "
+     "default: none, any caller may call anything", 0, 0, NULL},
+    {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
+     "file holding the token psd sends to --coordinator (a worker's); "
+     "default: none", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
@@ -224,7 +248,10 @@ struct psd {
     ps_coord *coord;
     ps_metrics_http *metrics; /* NULL: --metrics-listen off */
     psd_metrics_src msrc;     /* what the metrics collector reads */
+    ps_auth *auth;            /* --tokens; NULL: open */
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* --token-file's, or "" */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
+    bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
     int probe_failures; /* in a row (probe) */
     bool probe_failed;  /* probing is over ... */
@@ -253,13 +280,10 @@ static int tf_config_defaults(struct psd *d)
     }
     if (tf.has_task) {
         const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
-        char host[256];
-        int port = 0;
-        if (c->listen == NULL && ps_addr_split(addr, host, sizeof host, &port) == 0) {
-            char l[64];
-            snprintf(l, sizeof l, "0.0.0.0:%d", port);
-            c->listen = strdup(l);
-        }
+        /* The task's own address, as given: a name or address others
+         * reach it at, so not loopback unless the cluster is one host. */
+        if (c->listen == NULL && addr != NULL)
+            c->listen = strdup(addr);
         if (c->advertise == NULL)
             c->advertise = strdup(addr);
         if (c->task_index < 0)
@@ -270,6 +294,44 @@ static int tf_config_defaults(struct psd *d)
         }
     }
     ps_cluster_close(&tf);
+    return PS_PROC_RUN;
+}
+
+/* The loopback rule and the process's identity as a client (its calls to
+ * pscoord); d->insecure says that --insecure was needed. Returns
+ * PS_PROC_RUN, or 2 after the error line. */
+static int transport(struct psd *d)
+{
+    const struct psd_conf *c = &d->c;
+    char err[512];
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    d->insecure = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
+    if ((d->insecure && !c->tls.insecure) ||
+        ps_tls_check_files(&tls, err, sizeof err) != 0)
+        return ps_proc_quit(&d->cmd, 2, "%s", err);
+    if (ps_tls_set_client_default(&tls) != 0)
+        return ps_proc_quit(&d->cmd, 1, "out of memory");
+    if (d->insecure)
+        ps_log_warn("--insecure: serving %s in plaintext: anyone who reaches it "
+                    "can read and change every variable", c->listen);
+    return PS_PROC_RUN;
+}
+
+/* --tokens (the table every call is checked against) and --token-file
+ * (what psd sends to its coordinator). Returns PS_PROC_RUN, or 2 after one
+ * line naming the file (and line). */
+static int load_tokens(struct psd *d)
+{
+    char err[600];
+    if (ps_auth_server_setup(d->c.tokens, d->c.listen, &d->auth, err,
+                             sizeof err) != 0)
+        return ps_proc_quit(&d->cmd, 2, "--tokens: %s", err);
+    if (d->c.token_file != NULL && d->c.token_file[0] != '\0' &&
+        ps_auth_read_token(d->c.token_file, d->token, sizeof d->token, err,
+                           sizeof err) != 0) {
+        ps_auth_destroy(d->auth);
+        return ps_proc_quit(&d->cmd, 2, "--token-file: %s", err);
+    }
     return PS_PROC_RUN;
 }
 
@@ -287,6 +349,7 @@ static uint64_t half_of_memory(void)
 static int open_shard(struct psd *d, uint64_t *base_rss)
 {
     const struct psd_conf *c = &d->c;
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
     psd_shard_opts so = {
         .data_dir = c->data_dir,
         .checkpoint_root = c->checkpoint_root,
@@ -302,6 +365,10 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .max_bytes = c->max_bytes != 0 ? c->max_bytes : half_of_memory(),
         .max_waiting_pulls = (size_t)c->max_waiting_pulls,
         .max_pull_wait_ms = c->max_pull_wait_ms,
+        .insecure = d->insecure,
+        .transport_security = ps_tls_server_mode(&tls),
+        .worker_timeout_ms = c->worker_timeout_ms,
+        .tokens_required = d->auth != NULL,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
@@ -339,6 +406,7 @@ static int local_socket(struct psd *d)
 static int serve(struct psd *d)
 {
     const struct psd_conf *c = &d->c;
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
     long files = ps_probe_raise_files();
     int maxc = c->max_connections;
     if (maxc == 0)
@@ -346,7 +414,11 @@ static int serve(struct psd *d)
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
                              .listen_also = d->also[0] ? d->also : NULL,
-                             .max_streams = c->max_streams,
+                             .max_streams = c->max_streams, .tls = &tls,
+                             .auth = d->auth,
+                             /* Over the unix socket, psd's own uid (or
+                              * root) is a worker without a token. */
+                             .fd_channel_role = PS_AUTH_WORKER,
                              .max_connections = maxc,
                              .handshake_timeout_ms = (int)c->handshake_timeout_ms,
                              .idle_timeout_ms = (int)c->idle_timeout_ms,
@@ -410,7 +482,8 @@ static int join_coordinator(struct psd *d)
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
                         .address = adv, .is_empty = shard_empty, .ctx = d->shard,
-                        .register_budget_ms = 60000};
+                        .register_budget_ms = 60000,
+                        .token = d->token[0] ? d->token : NULL};
     int idx;
     if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
@@ -452,9 +525,11 @@ static int start(struct psd *d)
         ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
                     ps_metrics_http_port(d->metrics));
     }
-    ps_log_info("psd %s serving on %s (port %d)%s%s, data in %s, %s commits every "
-                "%lld ms", PS_VERSION, c->listen, port, d->also[0] ? " and " : "",
-                d->also, c->data_dir, c->durable ? "durable" : "write-behind",
+    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_log_info("psd %s serving on %s (port %d, %s)%s%s, data in %s, %s commits "
+                "every %lld ms", PS_VERSION, c->listen, port, ps_tls_server_mode(&tls),
+                d->also[0] ? " and " : "", d->also, c->data_dir,
+                c->durable ? "durable" : "write-behind",
                 (long long)c->commit_interval_ms);
     return 0;
 close_shard:
@@ -597,16 +672,24 @@ int main(int argc, char **argv)
         return status;
     if (d.c.data_dir == NULL || d.c.data_dir[0] == '\0')
         return ps_proc_quit(&d.cmd, 2, "--data-dir is required");
+    if ((status = ps_proc_lock_dir(&d.cmd, "--data-dir", d.c.data_dir)) != PS_PROC_RUN)
+        return status;
     if ((status = tf_config_defaults(&d)) != PS_PROC_RUN)
         return status;
+    /* Loopback: a psd serves the network only when told to, with TLS. */
     if (d.c.listen == NULL)
-        d.c.listen = strdup("0.0.0.0:7070");
+        d.c.listen = strdup("127.0.0.1:7070");
+    if ((status = transport(&d)) != PS_PROC_RUN)
+        return status;
     if (d.c.task_index >= 0)
         ps_log_set_task("ps", d.c.task_index);
+    if ((status = load_tokens(&d)) != PS_PROC_RUN)
+        return status;
 
     status = start(&d);
     if (status == 0) {
         supervise(&d);
+        ps_proc_loop_on_hup(d.loop, ps_auth_reload_logged, d.auth);
         start_probe(&d);
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
@@ -614,5 +697,8 @@ int main(int argc, char **argv)
         if (d.probe_exit)
             status = 1;
     }
-    return ps_proc_epilogue(&d.cmd, d.loop, status);
+    status = ps_proc_epilogue(&d.cmd, d.loop, status);
+    ps_auth_destroy(d.auth); /* after the server that checked with it */
+    explicit_bzero(d.token, sizeof d.token);
+    return status;
 }

@@ -206,6 +206,19 @@ void shard_wake_waiters(psd_shard *s)
     pthread_mutex_unlock(&s->wait_mu);
 }
 
+/* Whether w may be answered: its versions reached, and its worker within
+ * the staleness bound. A pull that still waits keeps its worker live.
+ * Called with wait_mu held. */
+static bool waiter_ready(psd_shard *s, pull_waiter *w, int64_t now)
+{
+    if (first_unmet(w->vars, w->min_versions, w->nitems) != w->nitems)
+        return false;
+    if (!w->bounded)
+        return true;
+    shard_clock_note(s, w->worker, w->step, now);
+    return shard_clock_ok(s, w->step, w->staleness, now);
+}
+
 /* What one round of the sweeper takes off the lists: pulls to answer,
  * pulls to fail, sync pushes to fail. */
 struct sweep {
@@ -223,7 +236,7 @@ static void sweep_take(psd_shard *s, struct sweep *sw)
     int64_t now = ps_now_ms();
     for (pull_waiter **pw = &s->waiters; *pw != NULL;) {
         pull_waiter *w = *pw;
-        if (first_unmet(w->vars, w->min_versions, w->nitems) == w->nitems) {
+        if (waiter_ready(s, w, now)) {
             *pw = w->next;
             s->nwaiters--;
             w->next = sw->ready;
@@ -268,7 +281,10 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
         } else {
             size_t i = first_unmet(w->vars, w->min_versions, w->nitems);
             bool client = ps_rpc_call_cancelled(w->call);
-            if (i < w->nitems && !client)
+            if (i == w->nitems && w->bounded)
+                shard_clock_fail(s, w->call, w->worker, w->step, w->staleness,
+                                 !client);
+            else if (i < w->nitems && !client)
                 shard_pull_expired(s, w, w->vars[i], w->min_versions[i]);
             else if (i < w->nitems)
                 fail_unmet(w->call, w->vars[i], w->min_versions[i]);
@@ -382,6 +398,40 @@ static bool pull_items_init(ps_rpc_call *call, const Ps__V1__PullRequest *r,
     return true;
 }
 
+/* The staleness bound of a pull: the least staleness of the bounded
+ * variables it names; false when it names none, or carries no clock. */
+static bool pull_bound(const Ps__V1__PullRequest *r, const struct pull_items *it,
+                       uint32_t *staleness)
+{
+    bool any = false;
+    if (r->step == 0)
+        return false;
+    for (size_t i = 0; i < it->n; i++) {
+        const psd_var *v = it->vars[i];
+        if (v->consistency != PSD_BOUNDED)
+            continue;
+        if (!any || v->staleness < *staleness)
+            *staleness = v->staleness;
+        any = true;
+    }
+    return any;
+}
+
+/* Notes the pulling worker's clock and tells whether the bound lets the
+ * pull be answered now (true also for an unbounded pull). */
+static bool pull_clock(psd_shard *s, const Ps__V1__PullRequest *r, bool bounded,
+                       uint32_t staleness)
+{
+    if (!bounded)
+        return true;
+    pthread_mutex_lock(&s->wait_mu);
+    int64_t now = ps_now_ms();
+    shard_clock_note(s, r->worker, r->step, now);
+    bool ok = shard_clock_ok(s, r->step, staleness, now);
+    pthread_mutex_unlock(&s->wait_mu);
+    return ok;
+}
+
 /* Finds the variables r names, each once. Returns false with call failed.
  * Called with table_lock held for reading. */
 static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullRequest *r,
@@ -418,7 +468,8 @@ static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullReque
  * --max-waiting-pulls wait already (limits.c). Called with table_lock held
  * for reading. */
 static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
-                      double t0)
+                      double t0, const Ps__V1__PullRequest *r, bool bounded,
+                      uint32_t staleness)
 {
     pull_waiter *w = calloc(1, sizeof *w);
     if (w == NULL) {
@@ -431,6 +482,10 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
     w->vars = it->vars;
     w->min_versions = it->minv;
     w->into = it->into;
+    w->bounded = bounded;
+    w->worker = r->worker;
+    w->step = r->step;
+    w->staleness = staleness;
     *it = (struct pull_items){0};
     pthread_mutex_lock(&s->wait_mu);
     if (!shard_pull_admit(s, w)) {
@@ -465,17 +520,22 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         goto out;
     pthread_rwlock_rdlock(&s->table_lock);
     if (pull_lookup(s, call, r, &it)) {
+        uint32_t staleness = 0;
+        bool bounded = pull_bound(r, &it, &staleness);
+        bool clock_ok = pull_clock(s, r, bounded, staleness);
         size_t n = it.n, unmet = first_unmet(it.vars, it.minv, n);
-        if (unmet == n)
+        if (unmet == n && clock_ok)
             reply_values(s, call, it.vars, n, it.into, t0);
         else if (s->stopping)
             ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
+        else if (ps_rpc_call_cancelled(call) && unmet == n)
+            shard_clock_fail(s, call, r->worker, r->step, staleness, false);
         else if (ps_rpc_call_cancelled(call))
             fail_unmet(call, it.vars[unmet], it.minv[unmet]);
         /* (Shared memory that will not do fails the call now, not after
          * the wait; an answer at once checks it as it writes.) */
         else if (it.into == NULL || shard_into_ok(s, call, it.vars, it.into, n))
-            pull_wait(s, call, &it, t0);
+            pull_wait(s, call, &it, t0, r, bounded, staleness);
     }
     pthread_rwlock_unlock(&s->table_lock);
     pull_items_free(&it);

@@ -706,6 +706,13 @@ static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
         if (code == PS_RPC_OK)
             code = check_tensor(s, g, p->vars[i], straddle,
                                 shm_mag != NULL ? shm_mag[i] : UINT32_MAX, err, errlen);
+        if (code == PS_RPC_OK && p->vars[i]->consistency == PSD_SYNC && r->delta) {
+            shard_count_bad(s);
+            snprintf(err, errlen, "variable '%s': a delta push (local SGD) "
+                     "needs an ASYNC or BOUNDED_STALENESS variable, not SYNC",
+                     p->vars[i]->name);
+            code = PS_RPC_INVALID_ARGUMENT;
+        }
         if (code == PS_RPC_OK && p->vars[i]->consistency == PSD_SYNC)
             code = check_step(s, p->vars[i], r->step, err, errlen);
         if (code != PS_RPC_OK)
@@ -719,16 +726,29 @@ static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
  * the variable unchanged. Called with v->lock held for writing; lets it
  * go. */
 static bool apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g,
-                        float *straddle, char *err, size_t errlen)
+                        float *straddle, bool delta, char *err, size_t errlen)
 {
     psd_var *v = p->vars[i];
+    /* A delta push (local SGD) is SGD at learning rate -1, w - (-1) g,
+     * which is w + g exactly, through the same checked and split update;
+     * the variable's own optimizer is set back before the lock goes. The
+     * magnitude it records covers the value only, not the slots, so the
+     * next update proves nothing from it (mag_version 0). */
+    psd_opt own = v->opt;
+    if (delta)
+        v->opt = (psd_opt){.kind = PSD_OPT_SGD, .lr = -1.0f};
     if (!s->o.allow_nonfinite &&
         !grad_stays_finite(v, i, g, straddle, v->version + 1, err, errlen)) {
+        v->opt = own;
         pthread_rwlock_unlock(&v->lock);
         atomic_fetch_add(&s->nonfinite, 1);
         return false;
     }
     grad_apply(s, v, g, straddle, v->version + 1);
+    if (delta) {
+        v->opt = own;
+        v->mag_version = 0;
+    }
     p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
     shard_count_apply(s);
     pthread_rwlock_unlock(&v->lock);
@@ -786,7 +806,8 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
             continue;
         }
         pthread_rwlock_wrlock(&v->lock);
-        if (!apply_async(s, p, i, r->grads[i].data, straddle, err, errlen)) {
+        if (!apply_async(s, p, i, r->grads[i].data, straddle, r->delta, err,
+                         errlen)) {
             if (i > 0) {
                 size_t len = strlen(err);
                 snprintf(err + len, errlen - len, "; the gradients before "
@@ -903,6 +924,21 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     shard_push_shm_trim();
 }
 
+/* The most workers a step may wait for: the job's size as its variables
+ * were created for it (the largest num_workers of a SYNC variable's spec),
+ * or --workers. A count above it would wait for workers the job does not
+ * have, and stall every sync step. Called with the table lock held. */
+static uint32_t sync_workers_cap_locked(const psd_shard *s)
+{
+    uint32_t cap = s->o.workers;
+    for (size_t i = 0; i < s->nvars; i++) {
+        const psd_var *v = s->vars[i];
+        if (v->consistency == PSD_SYNC && v->spec->num_workers > cap)
+            cap = v->spec->num_workers;
+    }
+    return cap;
+}
+
 /* The coordinator's word on how many workers are alive: every SYNC
  * variable's step now waits for that many pushes, and a step that already
  * holds them is applied at once. */
@@ -924,6 +960,15 @@ void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
     uint32_t n = r->workers, previous = s->o.workers;
     ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
     pthread_rwlock_rdlock(&s->table_lock);
+    uint32_t cap = sync_workers_cap_locked(s);
+    if (n > cap) {
+        pthread_rwlock_unlock(&s->table_lock);
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SetSyncWorkers: %u workers "
+                    "is more than the job has: at most %u (the most any SYNC "
+                    "variable was created for, or --workers)", n, cap);
+        return;
+    }
     for (size_t i = 0; i < s->nvars; i++) {
         psd_var *v = s->vars[i];
         if (v->consistency != PSD_SYNC)

@@ -530,6 +530,7 @@ int psd_shard_close(psd_shard *s)
     for (size_t i = 0; i < s->nvars; i++)
         shard_var_free(s->vars[i]);
     free(s->vars);
+    shard_clocks_free(s);
     pthread_rwlock_destroy(&s->table_lock);
     pthread_mutex_destroy(&s->wait_mu);
     pthread_cond_destroy(&s->wait_cond);

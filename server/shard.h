@@ -37,6 +37,7 @@ typedef struct psd_shard psd_shard;
 enum psd_consistency {
     PSD_ASYNC = 1,
     PSD_SYNC = 2,
+    PSD_BOUNDED = 3, /* BOUNDED_STALENESS: applied as ASYNC, pulls wait */
 };
 
 typedef struct psd_shard_opts {
@@ -55,6 +56,12 @@ typedef struct psd_shard_opts {
     uint64_t max_bytes;          /* bytes held: values, slots, sync aggregates */
     size_t max_waiting_pulls;    /* pulls waiting for a version at once */
     int64_t max_pull_wait_ms;    /* the longest a pull waits for a version */
+    /* What Stats reports of the transport (psd's --insecure and TLS). */
+    bool insecure;               /* a non-loopback address in plaintext */
+    const char *transport_security; /* "tls", "mtls", "plaintext"; static */
+    int64_t worker_timeout_ms;   /* BOUNDED_STALENESS: a worker silent this
+                                    long stops holding the others back */
+    bool tokens_required;        /* psd --tokens: shown in Stats */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

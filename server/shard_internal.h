@@ -11,6 +11,7 @@
  *               module that includes store.h)
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
+ *   staleness.c BOUNDED_STALENESS: the workers' clocks and the bound
  *   limits.c    the caps: variables and bytes held, waiting pulls and how
  *               long they wait
  *   delete.c    DeleteVariable
@@ -51,6 +52,8 @@
 #include <stdbool.h>
 
 #define MAX_NAME 255
+/* BOUNDED_STALENESS: a larger bound is no bound (a million steps). */
+#define PSD_MAX_STALENESS 1000000u
 /* Values at least this big are sent in place by Pull (see psd_var.vmsg). */
 #define VALUE_IN_PLACE_MIN ((size_t)64 << 10)
 /* A new variable at least this big (values and slots) is created on the
@@ -83,6 +86,7 @@ typedef struct psd_var {
     int nslots;
     int consistency;
     uint32_t num_workers;
+    uint32_t staleness;  /* BOUNDED_STALENESS: steps ahead of the slowest */
 
     pthread_rwlock_t lock;
     float *value; /* (n); in vmsg when it is set */
@@ -139,7 +143,19 @@ typedef struct pull_waiter {
     double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
     int64_t give_up_ms;       /* --max-pull-wait: ps_now_ms it is answered
                                  DEADLINE_EXCEEDED at; INT64_MAX never */
+    /* BOUNDED_STALENESS: the pulling worker and its clock, and the least
+     * staleness of the variables pulled; bounded false: no such wait. */
+    bool bounded;
+    uint32_t worker, staleness;
+    uint64_t step;
 } pull_waiter;
+
+/* One worker's clock as this shard heard it (staleness.c). */
+struct shard_clock {
+    uint32_t worker;
+    uint64_t step;     /* the highest PullRequest.step it sent */
+    int64_t seen_ms;   /* when it last pulled, or last waited in a pull */
+};
 
 /* ParameterServer's methods, each counted as its calls arrive (shard.c's
  * method table; /metrics). */
@@ -187,6 +203,8 @@ struct psd_shard {
     pending_push *pending;   /* sync pushes waiting for their step */
     pending_push *durable;   /* pushes waiting for a commit */
     size_t nwaiters;         /* pulls on waiters (--max-waiting-pulls) */
+    struct shard_clock *clocks; /* BOUNDED_STALENESS (staleness.c) */
+    size_t nclocks, cap_clocks;
     bool stopping;
     bool closing;
 
@@ -343,6 +361,14 @@ bool shard_pull_admit(psd_shard *s, pull_waiter *w);
 void shard_pull_refuse(psd_shard *s, ps_rpc_call *call);
 bool shard_pull_timed_out(const pull_waiter *w, int64_t now_ms);
 void shard_pull_expired(psd_shard *s, pull_waiter *w, psd_var *v, uint64_t minv);
+
+/* staleness.c: note and ok with wait_mu held; fail takes it. */
+void shard_clock_note(psd_shard *s, uint32_t worker, uint64_t step, int64_t now_ms);
+bool shard_clock_ok(const psd_shard *s, uint64_t step, uint32_t staleness,
+                    int64_t now_ms);
+void shard_clock_fail(psd_shard *s, ps_rpc_call *call, uint32_t worker,
+                      uint64_t step, uint32_t staleness, bool server_gave_up);
+void shard_clocks_free(psd_shard *s);
 
 /* delete.c */
 void shard_delete_variable(ps_rpc_call *call, const uint8_t *req, size_t len,

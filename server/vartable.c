@@ -126,7 +126,12 @@ static void opt_from_pb(const Ps__V1__Optimizer *p, psd_opt *o)
                    .initial_accumulator = p->initial_accumulator,
                    .beta1 = p->beta1,
                    .beta2 = p->beta2,
-                   .epsilon = p->epsilon};
+                   .epsilon = p->epsilon,
+                   .lr_power = p->learning_rate_power,
+                   .l1 = p->l1,
+                   .l2 = p->l2,
+                   .l2_shrinkage = p->l2_shrinkage,
+                   .beta = p->beta};
     psd_opt_defaults(o);
 }
 
@@ -175,7 +180,14 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
      * irrelevant field cannot make two SGD specs differ. */
     out->opt.momentum = o.kind == PSD_OPT_MOMENTUM ? o.momentum : 0;
     out->opt.nesterov = o.kind == PSD_OPT_MOMENTUM ? o.nesterov : 0;
-    out->opt.initial_accumulator = o.kind == PSD_OPT_ADAGRAD ? o.initial_accumulator : 0;
+    bool ftrl = o.kind == PSD_OPT_FTRL;
+    out->opt.initial_accumulator =
+        o.kind == PSD_OPT_ADAGRAD || ftrl ? o.initial_accumulator : 0;
+    out->opt.learning_rate_power = ftrl ? o.lr_power : 0;
+    out->opt.l1 = ftrl ? o.l1 : 0;
+    out->opt.l2 = ftrl ? o.l2 : 0;
+    out->opt.l2_shrinkage = ftrl ? o.l2_shrinkage : 0;
+    out->opt.beta = ftrl ? o.beta : 0;
     out->opt.beta1 = o.kind == PSD_OPT_ADAM ? o.beta1 : 0;
     out->opt.beta2 = o.kind == PSD_OPT_ADAM ? o.beta2 : 0;
     out->opt.epsilon = o.kind == PSD_OPT_ADAM || o.kind == PSD_OPT_ADAGRAD ? o.epsilon : 0;
@@ -203,7 +215,8 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
     } else {
         out->spec.num_workers = 0;
     }
-    out->spec.staleness = 0;
+    if (out->spec.consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS)
+        out->spec.staleness = 0;
 }
 
 /* Validates a normalized spec. Returns 0, or a project error with one line
@@ -252,7 +265,7 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
                  n * sizeof(float), s->o.max_message_bytes);
         return PS_ESHAPE;
     }
-    if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__ADAM) {
+    if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__FTRL) {
         snprintf(why, whylen, "variable '%s': unknown optimizer kind %d",
                  sp->name, (int)sp->optimizer->kind);
         return PS_EINVAL_ARG;
@@ -275,13 +288,16 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
         snprintf(why, whylen, "variable '%s': initializer: %s", sp->name, w);
         return PS_EINVAL_ARG;
     }
-    if (sp->consistency == PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
-        snprintf(why, whylen, "variable '%s': BOUNDED_STALENESS is not served "
-                 "yet; use ASYNC or SYNC", sp->name);
+    if (sp->consistency == PS__V1__CONSISTENCY__BOUNDED_STALENESS &&
+        sp->staleness > PSD_MAX_STALENESS) {
+        snprintf(why, whylen, "variable '%s': BOUNDED_STALENESS needs "
+                 "staleness in [0, %u], got %u", sp->name, PSD_MAX_STALENESS,
+                 sp->staleness);
         return PS_EINVAL_ARG;
     }
     if (sp->consistency != PS__V1__CONSISTENCY__ASYNC &&
-        sp->consistency != PS__V1__CONSISTENCY__SYNC) {
+        sp->consistency != PS__V1__CONSISTENCY__SYNC &&
+        sp->consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
         snprintf(why, whylen, "variable '%s': unknown consistency %d",
                  sp->name, (int)sp->consistency);
         return PS_EINVAL_ARG;
@@ -357,6 +373,7 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     opt_from_pb(v->spec->optimizer, &v->opt);
     v->nslots = psd_opt_slot_count(&v->opt);
     v->consistency = (int)v->spec->consistency;
+    v->staleness = v->spec->staleness;
     v->num_workers = v->spec->num_workers;
     if (n * sizeof(float) >= VALUE_IN_PLACE_MIN) {
         v->vmsg = ps_rpc_msg_new(n * sizeof(float));
@@ -729,6 +746,10 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.fixed_overhead_bytes = s->fixed_overhead;
     resp.uptime_seconds = (double)(ps_now_ms() - s->started_ms) / 1000.0;
     resp.last_checkpoint_step = atomic_load(&s->last_ckpt);
+    resp.insecure = s->o.insecure;
+    resp.transport_security = (char *)(s->o.transport_security != NULL
+                                           ? s->o.transport_security : "plaintext");
+    resp.tokens_required = s->o.tokens_required;
     if (s->srv != NULL) {
         resp.connections_refused = ps_rpc_server_local_refused(s->srv);
         resp.local_connections = (uint64_t)ps_rpc_server_local_open(s->srv);

@@ -193,6 +193,45 @@ static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
     fflush(stdout);
 }
 
+/* The closing "transport" line: each live shard's transport as its own
+ * Stats says, so that a psd serving the network in plaintext (--insecure)
+ * shows ("ps[0] mtls, ps[1] plaintext (--insecure)"). A shard that does
+ * not answer within timeout_ms reads "no answer". */
+static void print_transport(const Ps__V1__ClusterState *c, int timeout_ms)
+{
+    char line[1024] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < c->n_tasks && len < sizeof line - 64; i++) {
+        const Ps__V1__TaskInfo *t = c->tasks[i];
+        if (t->role != PS__V1__ROLE__PS || !t->alive || t->address[0] == '\0')
+            continue;
+        char what[96] = "no answer";
+        ps_rpc_client *cl;
+        ps_rpc_client_opts o = {.deadline_ms = timeout_ms, .max_attempts = 1};
+        if (ps_rpc_client_create(t->address, &o, &cl) == 0) {
+            Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+            void *resp;
+            ps_rpc_status st;
+            if (ps_rpc_invoke_pb(cl, "/ps.v1.ParameterServer/Stats", &req,
+                                 &ps__v1__stats_response__descriptor, &resp,
+                                 timeout_ms, &st) == 0) {
+                const Ps__V1__StatsResponse *r = resp;
+                snprintf(what, sizeof what, "%s%s",
+                         r->transport_security[0] != '\0' ? r->transport_security
+                                                          : "unknown",
+                         r->insecure ? " (--insecure)" : "");
+                protobuf_c_message_free_unpacked(resp, NULL);
+            }
+            ps_rpc_client_destroy(cl);
+        }
+        len += (size_t)snprintf(line + len, sizeof line - len, "%sps[%u] %s",
+                                len > 0 ? ", " : "", t->index, what);
+    }
+    if (len > 0)
+        printf("\n%-16s %s\n", "transport", line);
+    fflush(stdout);
+}
+
 /* --watch: prints each ClusterState as it comes; a blank line between
  * blocks. */
 static int on_cluster_msg(void *ctx, const uint8_t *msg, size_t len)
@@ -237,6 +276,7 @@ int cmd_status(const struct command *self, int argc, char **argv)
                           &ps__v1__cluster_state__descriptor, &resp);
         if (rc == 0) {
             print_cluster(resp, false);
+            print_transport(resp, s.timeout_ms < 2000 ? s.timeout_ms : 2000);
             protobuf_c_message_free_unpacked(resp, NULL);
         }
         goto close;

@@ -88,11 +88,16 @@ static void print_stats(const Ps__V1__StatsResponse *r)
             ((double)r->resident_bytes - (double)r->fixed_overhead_bytes) /
                 (double)held);
     ROW("uptime", "%s", human_duration(r->uptime_seconds, a, sizeof a));
+    ROW("tokens required", "%s", r->tokens_required ? "yes (--tokens)" : "no");
     /* The proto's 0 means "none", but a checkpoint may be at step 0. */
     if (r->last_checkpoint_step > 0)
         ROW("last checkpoint step", "%" PRIu64, r->last_checkpoint_step);
     else
         ROW("last checkpoint step", "%s", "0 (none, or at step 0)");
+    /* An older psd sends neither field. */
+    if (r->transport_security != NULL && r->transport_security[0] != '\0')
+        ROW("transport", "%s%s", r->transport_security,
+            r->insecure ? " (--insecure: not loopback, no TLS)" : "");
 #undef ROW
 }
 

@@ -170,9 +170,9 @@ static double step_rate(const struct top *t, const Ps__V1__TaskInfo *ti,
 }
 
 /* One task's row. Figures a role does not have are "-": a ps reports no
- * step; the evaluator's step, loss and accuracy are the job's latest
- * evaluation (the coordinator keeps one for the job, from whichever
- * evaluator reported last). */
+ * step; an evaluator shows its own last evaluation's loss and accuracy,
+ * at the job's latest evaluation step when it is the one that reported
+ * last. */
 static void print_task(FILE *f, const Ps__V1__ClusterState *c,
                        const Ps__V1__TaskInfo *ti, double rate)
 {
@@ -191,10 +191,12 @@ static void print_task(FILE *f, const Ps__V1__ClusterState *c,
         snprintf(loss, sizeof loss, "%.4f", ti->loss);
     }
     bool evaluated = c->eval_step > 0 || c->eval_accuracy != 0;
-    if (ti->role == PS__V1__ROLE__EVALUATOR && evaluated) {
-        snprintf(step, sizeof step, "%" PRIu64, c->eval_step);
-        snprintf(loss, sizeof loss, "%.4f", c->eval_loss);
-        snprintf(acc, sizeof acc, "%.4f", c->eval_accuracy);
+    bool own = ti->accuracy != 0 || ti->loss != 0;
+    if (ti->role == PS__V1__ROLE__EVALUATOR && evaluated && own) {
+        if (ti->accuracy == c->eval_accuracy && ti->loss == c->eval_loss)
+            snprintf(step, sizeof step, "%" PRIu64, c->eval_step);
+        snprintf(loss, sizeof loss, "%.4f", ti->loss);
+        snprintf(acc, sizeof acc, "%.4f", ti->accuracy);
     }
     fprintf(f, "%-9s %3u %-9s %9s %8s %6s %10s %8s %8s %9s\n",
             role_label(ti->role), ti->index,
@@ -297,7 +299,7 @@ static void lost(struct top *t, ps_rpc_status *st, double now)
         draw(t, NULL, line);
     ps_rpc_client *fresh;
     ps_rpc_client_opts o = {.deadline_ms = t->s.timeout_ms,
-                            .max_attempts = 1};
+                            .max_attempts = 1, .token = psctl_global.token};
     if (ps_rpc_client_create(t->s.target, &o, &fresh) == 0) {
         ps_rpc_client_destroy(t->s.client);
         t->s.client = fresh;

@@ -161,6 +161,13 @@ static void print_optimizer(const Ps__V1__Optimizer *o)
         printf(", beta1 %g, beta2 %g, epsilon %g", (double)o->beta1,
                (double)o->beta2, (double)o->epsilon);
         break;
+    case PS__V1__OPTIMIZER__KIND__FTRL:
+        printf(", initial_accumulator %g, learning_rate_power %g, l1 %g, "
+               "l2 %g, l2_shrinkage %g, beta %g",
+               (double)o->initial_accumulator, (double)o->learning_rate_power,
+               (double)o->l1, (double)o->l2, (double)o->l2_shrinkage,
+               (double)o->beta);
+        break;
     default:
         break;
     }
@@ -396,15 +403,17 @@ struct create_cfg {
     double beta2;
     double epsilon;
     double initial_accumulator;
+    double lr_power, l1, l2, l2_shrinkage, beta; /* ftrl */
     int consistency; /* index into consistency_choices = the proto's value */
     int workers;
+    int staleness;
 };
 
-enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAGRAD, OPT_ADAM };
+enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL };
 static const char *const optimizer_choices[] = {
-    "sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
+    "sgd", "momentum", "nesterov", "adagrad", "adam", "ftrl", NULL};
 static const char *const consistency_choices[] = {"default", "async", "sync",
-                                                  NULL};
+                                                  "bounded", NULL};
 
 static const ps_opt create_opts[] = {
     {"shape", PS_OPT_STRING, offsetof(struct create_cfg, shape), NULL,
@@ -431,15 +440,31 @@ static const ps_opt create_opts[] = {
      "adagrad, adam: > 0 (default 1e-7)", 0, 0, NULL},
     {"initial-accumulator", PS_OPT_DOUBLE,
      offsetof(struct create_cfg, initial_accumulator), NULL,
-     "adagrad: >= 0 (default 0.1)", 0, 0, NULL},
+     "adagrad, ftrl: >= 0 (default 0.1)", 0, 0, NULL},
+    {"lr-power", PS_OPT_DOUBLE, offsetof(struct create_cfg, lr_power), NULL,
+     "ftrl: learning_rate_power in [-10, 0] (default -0.5; -1e-38 for TF's 0)",
+     0, 0, NULL},
+    {"l1", PS_OPT_DOUBLE, offsetof(struct create_cfg, l1), NULL,
+     "ftrl: l1 regularization strength, >= 0 (default 0)", 0, 0, NULL},
+    {"l2", PS_OPT_DOUBLE, offsetof(struct create_cfg, l2), NULL,
+     "ftrl: l2 regularization strength, >= 0 (default 0)", 0, 0, NULL},
+    {"l2-shrinkage", PS_OPT_DOUBLE, offsetof(struct create_cfg, l2_shrinkage),
+     NULL, "ftrl: l2 shrinkage regularization strength, >= 0 (default 0)",
+     0, 0, NULL},
+    {"beta", PS_OPT_DOUBLE, offsetof(struct create_cfg, beta), NULL,
+     "ftrl: Keras' beta, >= 0 (default 0)", 0, 0, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct create_cfg, consistency),
-     "default", "async (each push applied on arrival) or sync (pushes "
-     "averaged per step); 'default' leaves it to the server's --consistency",
+     "default", "async (each push applied on arrival), sync (pushes "
+     "averaged per step) or bounded (async, pulls held to --staleness); "
+     "'default' leaves it to the server's --consistency",
      0, 0,
      consistency_choices},
     {"workers", PS_OPT_INT, offsetof(struct create_cfg, workers), NULL,
      "sync: pushes averaged per step (default: the server's --workers)",
      1, 65536, NULL},
+    {"staleness", PS_OPT_INT, offsetof(struct create_cfg, staleness), NULL,
+     "bounded: steps a worker may run ahead of the slowest live one "
+     "(default 0, lock-step)", 0, 1000000, NULL},
     CONN_OPTS(struct create_cfg),
     {0},
 };
@@ -599,11 +624,20 @@ static int check_applies(const struct create_cfg *c, char *err, size_t errlen)
         flag = "--beta2", applies = "adam";
     else if (c->epsilon != 0 && o != OPT_ADAGRAD && o != OPT_ADAM)
         flag = "--epsilon", applies = "adagrad or adam";
-    else if (c->initial_accumulator != 0 && o != OPT_ADAGRAD)
-        flag = "--initial-accumulator", applies = "adagrad";
+    else if (c->initial_accumulator != 0 && o != OPT_ADAGRAD && o != OPT_FTRL)
+        flag = "--initial-accumulator", applies = "adagrad or ftrl";
+    else if ((c->lr_power != 0 || c->l1 != 0 || c->l2 != 0 ||
+              c->l2_shrinkage != 0 || c->beta != 0) && o != OPT_FTRL)
+        flag = "--lr-power, --l1, --l2, --l2-shrinkage or --beta",
+        applies = "ftrl";
     if (flag != NULL) {
         snprintf(err, errlen, "%s applies to --optimizer %s only, not %s",
                  flag, applies, optimizer_choices[o]);
+        return -1;
+    }
+    if (c->staleness != 0 &&
+        c->consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS) {
+        snprintf(err, errlen, "--staleness applies to --consistency bounded only");
         return -1;
     }
     if (c->workers != 0 && c->consistency == PS__V1__CONSISTENCY__ASYNC) {
@@ -623,6 +657,7 @@ static void fill_optimizer(const struct create_cfg *c, Ps__V1__Optimizer *opt)
         [OPT_NESTEROV] = PS__V1__OPTIMIZER__KIND__MOMENTUM,
         [OPT_ADAGRAD] = PS__V1__OPTIMIZER__KIND__ADAGRAD,
         [OPT_ADAM] = PS__V1__OPTIMIZER__KIND__ADAM,
+        [OPT_FTRL] = PS__V1__OPTIMIZER__KIND__FTRL,
     };
     opt->kind = kinds[c->optimizer];
     opt->nesterov = c->optimizer == OPT_NESTEROV;
@@ -632,6 +667,11 @@ static void fill_optimizer(const struct create_cfg *c, Ps__V1__Optimizer *opt)
     opt->beta2 = (float)c->beta2;
     opt->epsilon = (float)c->epsilon;
     opt->initial_accumulator = (float)c->initial_accumulator;
+    opt->learning_rate_power = (float)c->lr_power;
+    opt->l1 = (float)c->l1;
+    opt->l2 = (float)c->l2;
+    opt->l2_shrinkage = (float)c->l2_shrinkage;
+    opt->beta = (float)c->beta;
 }
 
 int cmd_create(const struct command *self, int argc, char **argv)
@@ -680,6 +720,7 @@ int cmd_create(const struct command *self, int argc, char **argv)
     spec.optimizer = &opt;
     spec.consistency = (Ps__V1__Consistency)cfg.consistency;
     spec.num_workers = (uint32_t)cfg.workers;
+    spec.staleness = (uint32_t)cfg.staleness;
     Ps__V1__CreateVariableRequest req = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &spec;
 

@@ -70,6 +70,8 @@ const char *optimizer_label(const Ps__V1__Optimizer *o)
         return "adagrad";
     case PS__V1__OPTIMIZER__KIND__ADAM:
         return "adam";
+    case PS__V1__OPTIMIZER__KIND__FTRL:
+        return "ftrl";
     default:
         return "unknown";
     }

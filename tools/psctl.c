@@ -82,6 +82,10 @@ static const struct command commands[] = {
      "per task its state, step, steps/s, lag, examples/s, loss and accuracy "
      "(--once: one frame)",
      cmd_top},
+    {"token", "ROLE",
+     "print 'ROLE TOKEN', a fresh random token (256 bits) for a server's "
+     "--tokens file and a client's --token-file",
+     cmd_token},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -100,6 +104,10 @@ static const ps_opt global_opts[] = {
      * script waiting for minutes. */
     {"timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
      "10s", "deadline of each call to psd", 1, 3600000, NULL},
+    PS_TLS_CLIENT_OPTS(struct global_cfg, tls),
+    {"token-file", PS_OPT_STRING, offsetof(struct global_cfg, token_file), NULL,
+     "file holding the token to send (servers started with --tokens need "
+     "one; 'psctl token' makes one); default: none", 0, 0, NULL},
     {0},
 };
 
@@ -290,6 +298,23 @@ int main(int argc, char **argv)
     }
     ps_log_init("psctl", (enum ps_log_level)psctl_global.log_level);
     ps_log_set_format((enum ps_log_format)psctl_global.log_format);
+    ps_tls_opts tls = ps_tls_opts_of(&psctl_global.tls);
+    if (ps_tls_check_files(&tls, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        ps_conf_free(global_opts, &psctl_global);
+        return EXIT_USAGE;
+    }
+    if (ps_tls_set_client_default(&tls) != 0) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_FAIL;
+    }
+    if (psctl_global.token_file != NULL && psctl_global.token_file[0] != '\0' &&
+        ps_auth_read_token(psctl_global.token_file, psctl_global.token,
+                           sizeof psctl_global.token, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: --token-file: %s\n", err);
+        ps_conf_free(global_opts, &psctl_global);
+        return EXIT_USAGE;
+    }
     if (psctl_global.server == NULL) {
         const char *env = getenv("PSD_ADDR");
         psctl_global.server = strdup(env != NULL && env[0] != '\0' ? env
@@ -315,6 +340,7 @@ int main(int argc, char **argv)
                                     argv + first + n - 1, c->call);
     }
     ps_conf_free(global_opts, &psctl_global);
+    explicit_bzero(psctl_global.token, sizeof psctl_global.token);
     if (rc >= 0)
         return rc;
 

@@ -13,6 +13,7 @@
  *   cmd_server.c   checkpoint, restore, stats, health (the server as a whole)
  *   cmd_cluster.c  cluster validate, status (the job)
  *   cmd_top.c      top (a live view of the job)
+ *   cmd_token.c    token (a fresh token for a role)
  *
  * Threads and lifetime: one thread. psctl_global is set once by main before
  * a command runs; commands only read it. A session is opened and closed by
@@ -21,9 +22,11 @@
 #ifndef PSCTL_H
 #define PSCTL_H
 
+#include "common/auth.h"
 #include "common/conf.h"
 #include "proto/ps.pb-c.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,6 +69,7 @@ int cmd_health(const struct command *self, int argc, char **argv);
 int cmd_cluster_validate(const struct command *self, int argc, char **argv);
 int cmd_status(const struct command *self, int argc, char **argv);
 int cmd_top(const struct command *self, int argc, char **argv);
+int cmd_token(const struct command *self, int argc, char **argv);
 
 /* Options that come before the command. */
 struct global_cfg {
@@ -73,6 +77,10 @@ struct global_cfg {
     int log_format;     /* an enum ps_log_format */
     char *server;       /* NULL until main resolves $PSD_ADDR or the default */
     int64_t timeout_ms; /* each call's deadline */
+    ps_tls_conf tls;    /* TLS of every call (the process default) */
+    char *token_file;   /* --token-file */
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* what it holds (sent with every
+                                          call), or "" */
 };
 
 extern struct global_cfg psctl_global;

@@ -48,7 +48,8 @@ int session_open_at(struct session *s, const struct command *cmd,
                 s->target);
         return EXIT_USAGE;
     }
-    ps_rpc_client_opts o = {.deadline_ms = s->timeout_ms, .max_attempts = 1};
+    ps_rpc_client_opts o = {.deadline_ms = s->timeout_ms, .max_attempts = 1,
+                            .token = psctl_global.token};
     int rc = ps_rpc_client_create(s->target, &o, &s->client);
     if (rc != 0) {
         fprintf(stderr, "psctl: cannot reach %s at %s: %s\n", s->peer,

@@ -11,7 +11,11 @@
  *   backend_cuda.cu  ps_backend_cuda(device), the same kernels on a GPU
  *                    (cuBLAS for the GEMMs); built when nvcc is found;
  *   backend_nocuda.c ps_backend_cuda in a build without CUDA: NULL and the
- *                    reason.
+ *                    reason;
+ *   backend_pjrt.c   ps_backend_pjrt(plugin, device), a PJRT plugin's device
+ *                    (libtpu, XLA's CPU plugin) dlopened at run time: the
+ *                    whole training step as one compiled program (the step slots below), the rest on the host
+ *                    with the CPU kernels; always built.
  * All of them link into one binary, so a test can run each kernel on two
  * backends and compare (llm.c's dev/cuda idiom, tests/gpu). A further
  * backend is one more file of the same shape and one constructor here;
@@ -22,7 +26,10 @@
  * count is process-wide (ps_backend_cpu_set_threads). A CUDA backend is one
  * stream on one device, shared by every model created on it: calls from
  * several threads are safe but queue behind each other, and a sync waits
- * for all of them. Backends live until the process exits.
+ * for all of them. A PJRT plugin is loaded once per process with one
+ * client; its devices' backends may run steps from several threads at once
+ * (the PJRT C API is thread-safe), and a compile holds a lock so that each
+ * shape compiles once. Backends live until the process exits.
  */
 #ifndef PS_WORKER_BACKEND_H
 #define PS_WORKER_BACKEND_H
@@ -39,6 +46,17 @@ struct ps_conv_geom {
     int batch, h, w, c;       /* input */
     int kh, kw, pad, stride;  /* kernel; zero padding on every side */
     int oh, ow;               /* output: (h + 2 * pad - kh) / stride + 1, ... */
+};
+
+/* A model as a whole-step backend sees it (model.c fills it; unused fields
+ * zero): the dense models by their widths, the CNN by its image and its
+ * widths (conv0, conv1, dense, classes). */
+#define PS_STEP_MAX_WIDTHS 17
+struct ps_step_net {
+    bool cnn;
+    int h, w, c;                        /* cnn: the input images */
+    int widths[PS_STEP_MAX_WIDTHS];
+    int nwidths;
 };
 
 /*
@@ -127,6 +145,24 @@ struct ps_backend {
     void (*maxpool_backward)(const struct ps_backend *be, int batch, int h,
                              int w, int c, const float *dy,
                              const int32_t *argmax, float *dx);
+
+    /* ---- Whole-step programs (NULL on the kernel backends) ---- */
+    /* A backend that compiles the whole training step (backend_pjrt.c) sets
+     * these; its memory slots are then host memory behind host_memory =
+     * false, and model.c hands ps_model_forward_backward to them. step_open
+     * returns the
+     * model's step (NULL with a one-line reason); step_params makes params
+     * (host, nparams floats in block order) the values the step reads;
+     * step_run computes the mean loss's gradient of batch (host x, y) into
+     * grads (host) and the loss; both return 0 or PS_ENODEV with the
+     * reason in err. */
+    void *(*step_open)(const struct ps_backend *be,
+                       const struct ps_step_net *net, char *err, size_t errlen);
+    int (*step_params)(void *step, const float *params, char *err,
+                       size_t errlen);
+    int (*step_run)(void *step, const float *x, const int32_t *y, int batch,
+                    float *grads, float *loss, char *err, size_t errlen);
+    void (*step_close)(void *step);
 };
 
 /* The CPU reference backend. */
@@ -146,5 +182,25 @@ void ps_backend_cpu_set_threads(int n);
  */
 const struct ps_backend *ps_backend_cuda(int device, char *err,
                                          size_t errlen);
+
+/*
+ * The PJRT backends (backend_pjrt.c). ps_pjrt_plugin_path turns a --device
+ * value into a plugin path: "pjrt:PATH" is PATH; "tpu" is TPU_LIBRARY_PATH
+ * or libtpu/libtpu.so of the pip package `libtpu` (a virtualenv's, the
+ * user's or the system's site-packages); else PS_EINVAL_ARG or PS_ENODEV
+ * with the reason. ps_pjrt_open loads the plugin (once per process; later
+ * calls with the same path return at once) and returns its addressable
+ * device count (>= 1), or PS_ENODEV with one line in err: the file missing,
+ * not a shared library, without GetPjrtApi, of another PJRT C API major
+ * version, the plugin's own error (initialize, client), no device.
+ * ps_backend_pjrt is device `device` of that plugin (NULL and the reason).
+ * ps_pjrt_compile_seconds: time spent compiling steps so far.
+ */
+int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
+                        char *err, size_t errlen);
+int ps_pjrt_open(const char *path, char *err, size_t errlen);
+const struct ps_backend *ps_backend_pjrt(const char *path, int device,
+                                         char *err, size_t errlen);
+double ps_pjrt_compile_seconds(void);
 
 #endif

@@ -80,7 +80,8 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
     int rc;
     /* The push brings the values back in the same round trip, unless a
      * concurrent pull fetches them (async). */
-    *together = o->consistency == 2 || !o->concurrent_pull;
+    *together = o->consistency == 2 || o->local_steps > 0 ||
+                (!o->concurrent_pull && o->consistency != 3);
     double t0 = ps_metrics_now();
     if (*together)
         rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
@@ -147,10 +148,19 @@ static int push_then_pull(struct shard *sh, const struct job *j,
         sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
     *what = "Pull";
     if (sh->nitems > 0 && !together &&
-        (o->consistency == 2 || !o->concurrent_pull || j->pull_only)) {
+        (o->consistency != 1 || !o->concurrent_pull || j->pull_only)) {
         double t0 = ps_metrics_now();
-        if ((rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
-                                 o->rpc_timeout_ms, st)) != 0)
+        /* Bounded staleness (3): the pull names this worker's clock, the
+         * steps it has pushed, and psd holds it until the slowest live
+         * worker is close enough (relaxed.h). */
+        if (o->consistency == 3 && !j->pull_only)
+            rc = ps_client_pull_at(sh->client, (uint32_t)o->task_index,
+                                   j->step + 1, sh->pull_items, sh->nitems,
+                                   o->rpc_timeout_ms * 6, st);
+        else
+            rc = ps_client_pull(sh->client, sh->pull_items, sh->nitems,
+                                o->rpc_timeout_ms, st);
+        if (rc != 0)
             return rc;
         wd_metrics_call(o->metrics, false, ps_metrics_now() - t0);
     }
@@ -197,7 +207,8 @@ int wd_comm_start(struct session *s, const ps_rpc_client_opts *co, char *err,
         struct shard *sh = &s->shards[k];
         if (pthread_create(&sh->th, NULL, comm_main, sh) != 0)
             return -EAGAIN;
-        if (o->consistency == 2 || !o->concurrent_pull || sh->nitems == 0)
+        if (o->consistency != 1 || !o->concurrent_pull || o->local_steps > 0 ||
+            sh->nitems == 0)
             continue;
         /* A second channel: gRPC shares one connection between channels
          * with equal arguments, so give it a distinct message limit. */

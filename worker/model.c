@@ -72,6 +72,11 @@ struct ps_model {
     int32_t *host_pred; /* (max_batch) */
     float *host;        /* device backends: one block for all three */
 
+    /* A whole-step backend's program (backend.h's step slots), and whether
+     * params changed since it last read them. */
+    void *step;
+    bool step_stale;
+
     char errmsg[256];
 };
 
@@ -362,6 +367,26 @@ int ps_model_create(const char *spec, int in_h, int in_w, int in_c,
                               nclasses, max_batch, out, err, errlen);
 }
 
+/* On a whole-step backend: the model as it sees it, and its step. */
+static int open_step(ps_model *m, char *err, size_t errlen)
+{
+    struct ps_step_net net = {.cnn = m->is_cnn, .h = m->in_h, .w = m->in_w,
+                              .c = m->in_c};
+    for (int i = 0; i < m->nlayers && net.nwidths < PS_STEP_MAX_WIDTHS; i++) {
+        const struct layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV)
+            net.widths[net.nwidths++] = l->oc;
+        if (l->kind != LAYER_DENSE)
+            continue;
+        if (net.nwidths == 0)
+            net.widths[net.nwidths++] = l->ic;
+        net.widths[net.nwidths++] = l->oc;
+    }
+    m->step = m->be->step_open(m->be, &net, err, errlen);
+    m->step_stale = true;
+    return m->step != NULL ? 0 : PS_ESHAPE;
+}
+
 int ps_model_create_on(const struct ps_backend *be, const char *spec,
                        int in_h, int in_w, int in_c, int nclasses,
                        int max_batch, ps_model **out, char *err,
@@ -396,6 +421,8 @@ int ps_model_create_on(const struct ps_backend *be, const char *spec,
     int rc = plan(m, spec, err, errlen);
     if (rc == 0)
         rc = alloc_buffers(m, err, errlen);
+    if (rc == 0 && be->step_open != NULL)
+        rc = open_step(m, err, errlen);
     if (rc == 0)
         *out = m;
     else
@@ -408,6 +435,8 @@ void ps_model_destroy(ps_model *m)
     if (m == NULL)
         return;
     const struct ps_backend *be = m->be;
+    if (m->step != NULL)
+        be->step_close(m->step);
     be->free(be, m->own_grads);
     be->free(be, m->own_params);
     be->free(be, m->ints);
@@ -531,6 +560,7 @@ int ps_model_params_to_host(ps_model *m, float *dst)
 
 int ps_model_params_from_host(ps_model *m, const float *src)
 {
+    m->step_stale = true;
     return copy_block(m, m->params, src, true);
 }
 
@@ -573,6 +603,7 @@ void ps_model_init_params(ps_model *m, uint64_t seed)
     }
     if (!m->be->host_memory)
         m->be->upload(m->be, m->params, block, m->nparams * sizeof *block);
+    m->step_stale = true;
 }
 
 static int check_labels(ps_model *m, const int32_t *y, int64_t n)
@@ -705,6 +736,26 @@ static void stage_batch(ps_model *m, const float **x, const int32_t **y,
     *y = m->y;
 }
 
+/* The step on a whole-step backend: fresh values to it first if they
+ * changed, then the gradient straight into the (host) gradient block. */
+static int run_step(ps_model *m, const float *x, const int32_t *y, int batch,
+                    float *loss_out)
+{
+    char reason[200];
+    int rc = 0;
+    if (m->step_stale)
+        rc = m->be->step_params(m->step, m->params, reason, sizeof reason);
+    if (rc == 0) {
+        m->step_stale = false;
+        rc = m->be->step_run(m->step, x, y, batch, m->grads, loss_out, reason,
+                             sizeof reason);
+    }
+    if (rc != 0)
+        snprintf(m->errmsg, sizeof m->errmsg, "model '%s' on %s: %.150s",
+                 m->spec, m->be->name, reason);
+    return rc;
+}
+
 int ps_model_forward_backward(ps_model *m, const float *x, const int32_t *y,
                               int batch, float *loss_out)
 {
@@ -719,6 +770,8 @@ int ps_model_forward_backward(ps_model *m, const float *x, const int32_t *y,
     if (rc != 0)
         return rc;
     const struct ps_backend *be = m->be;
+    if (m->step != NULL)
+        return run_step(m, x, y, batch, loss_out);
     stage_batch(m, &x, &y, batch);
     forward(m, x, batch);
     struct layer *last = &m->layers[m->nlayers - 1];
@@ -786,6 +839,7 @@ int ps_model_evaluate(ps_model *m, const float *x, const int32_t *y, int64_t n,
 
 void ps_model_sgd_step(ps_model *m, float lr)
 {
+    m->step_stale = true;
     m->be->axpy(m->be, m->params, -lr, m->grads, m->nparams);
 }
 

@@ -4,6 +4,7 @@
  * train.h for the picture.
  */
 #include "worker/train_internal.h"
+#include "worker/relaxed.h"
 
 #include "common/clock.h"
 #include "common/errors.h"
@@ -233,7 +234,10 @@ static int create_variables(struct session *s, char *err, size_t errlen)
         spec.initializer = &init;
         spec.optimizer = &opt;
         spec.consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
-                                               : PS__V1__CONSISTENCY__ASYNC;
+                           : o->consistency == WD_BOUNDED
+                               ? PS__V1__CONSISTENCY__BOUNDED_STALENESS
+                               : PS__V1__CONSISTENCY__ASYNC;
+        spec.staleness = o->consistency == WD_BOUNDED ? (uint32_t)o->staleness : 0;
         spec.num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
         struct shard *sh = &s->shards[pt->shard];
         ps_rpc_status st = {0};
@@ -356,7 +360,8 @@ static void session_close(struct session *s)
     pthread_cond_destroy(&s->cond);
 }
 
-/* Where replica r computes: the CPU, or GPU N+r for --device cuda:N. */
+/* Where replica r computes: the CPU, GPU N+r for --device cuda:N, or the
+ * PJRT plugin's device r for tpu or pjrt:PATH. */
 static int pick_backends(struct session *s, const struct wd_train_opts *o, int nrep,
                          char *err, size_t errlen)
 {
@@ -365,15 +370,20 @@ static int pick_backends(struct session *s, const struct wd_train_opts *o, int n
         return -ENOMEM;
     int dev0 = 0;
     bool cuda = strncmp(o->device, "cuda:", 5) == 0;
+    bool pjrt = strcmp(o->device, "tpu") == 0 || strncmp(o->device, "pjrt:", 5) == 0;
+    char plugin[4096];
+    if (pjrt && ps_pjrt_plugin_path(o->device, plugin, sizeof plugin, err, errlen) != 0)
+        return PS_ENODEV;
     if (cuda)
         dev0 = atoi(o->device + 5);
     for (int r = 0; r < nrep; r++) {
-        if (!cuda) {
+        if (!cuda && !pjrt) {
             s->backends[r] = &ps_backend_cpu;
             continue;
         }
         char why[256];
-        s->backends[r] = ps_backend_cuda(dev0 + r, why, sizeof why);
+        s->backends[r] = pjrt ? ps_backend_pjrt(plugin, r, why, sizeof why)
+                              : ps_backend_cuda(dev0 + r, why, sizeof why);
         if (s->backends[r] == NULL) {
             snprintf(err, errlen, "--device %s%s: %s", o->device,
                      nrep > 1 ? " with --replicas" : "", why);
@@ -582,6 +592,7 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
         .backoff_initial_ms = 100,
         .backoff_max_ms = 2000,
         .retry_budget_ms = o->retry_budget_ms,
+        .token = o->token,
     };
     if ((rc = connect_shards(s, &co, shm_with, err, errlen)) != 0)
         return rc;
@@ -740,6 +751,7 @@ struct run {
     uint64_t version;   /* of the values the replicas compute with: the
                            job's global step as this worker last saw it */
     struct summary sm;  /* TensorBoard (--logdir) */
+    struct wd_local local; /* --local-steps (relaxed.h) */
     bool sync;
     bool self_update;
     bool pending;       /* a job is posted and not waited for */
@@ -789,6 +801,9 @@ static int run_open(struct run *r, const struct wd_train_opts *o,
     r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
                      r->s.nrep == 1 &&
                      ps_model_backend(r->s.replicas[0])->host_memory;
+    if (o->local_steps > 0 &&
+        (rc = wd_local_open(&r->s, &r->local, err, errlen)) != 0)
+        return rc;
     if (ps_batcher_steps(&r->b) == 0) {
         snprintf(err, errlen, "worker %d of %d has no full batch of %d in %lld "
                  "examples", o->task_index, o->num_workers, global,
@@ -803,6 +818,7 @@ static void run_close(struct run *r)
 {
     free(r->xb);
     free(r->yb);
+    wd_local_close(&r->local);
     ps_batcher_close(&r->b);
     session_close(&r->s);
 }
@@ -815,6 +831,7 @@ static void run_close(struct run *r)
 static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
 {
     struct session *s = &r->s;
+    wd_step_delay(r->o);
     double c0 = now_s(), waited0 = r->waited;
     int rc = compute_step(s, r->xb, r->yb, n, loss);
     double c1 = now_s();
@@ -823,6 +840,13 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         snprintf(err, errlen, "step %lld: %s", (long long)r->steps,
                  ps_model_errmsg(s->replicas[0]));
         return rc;
+    }
+    if (r->local.anchor != NULL) {
+        if ((rc = wd_local_step(s, &r->local, r->step, false)) != 0)
+            return comm_error(r, rc, err, errlen);
+        r->waited += now_s() - c1;
+        r->version = s->shards[0].pull_items[0].version;
+        goto counted;
     }
     if (r->pending && (rc = wd_wait_job(s)) != 0)
         return comm_error(r, rc, err, errlen);
@@ -845,8 +869,9 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         const struct ps_backend *be = ps_model_backend(s->replicas[0]);
         be->axpy(be, s->params_live, -r->o->lr, s->grads_send, s->nparams);
     }
-    if (r->sync) {
-        /* The next step needs this step's update. */
+    if (r->sync || r->o->consistency == WD_BOUNDED) {
+        /* The next step needs this step's update (sync), or must not start
+         * before psd let this worker go on (bounded). */
         if ((rc = wd_wait_job(s)) != 0)
             return comm_error(r, rc, err, errlen);
         wd_take_pulled(s);
@@ -854,6 +879,7 @@ static int run_step(struct run *r, int n, float *loss, char *err, size_t errlen)
         r->pending = false;
         r->waited += now_s() - c2;
     }
+counted:
     wd_metrics_step_times(r->o->metrics, c1 - c0, r->waited - waited0);
     r->step++;
     r->steps++;
@@ -900,6 +926,8 @@ static int run_finish(struct run *r, struct wd_train_result *res, char *err,
     if (r->pending && (rc = wd_wait_job(&r->s)) != 0)
         return comm_error(r, rc, err, errlen);
     r->pending = false;
+    if ((rc = wd_local_finish(&r->s, &r->local, r->step)) != 0)
+        return comm_error(r, rc, err, errlen);
     res->steps = r->steps;
     res->examples = r->examples;
     res->seconds = now_s() - r->t0;

@@ -67,14 +67,17 @@ struct wd_train_opts {
     int nclasses;              /* classes the model predicts */
     int batch;                 /* per replica */
     int replicas;              /* local replicas (CPU threads or GPUs) */
-    const char *device;        /* "cpu" or "cuda:N" */
+    const char *device;        /* "cpu", "cuda:N", "tpu" or "pjrt:PATH" */
     int blas_threads;          /* OpenBLAS threads per replica */
     int epochs;                /* 0 = until max_steps */
     int64_t max_steps;         /* 0 = no limit */
     float lr;
     int optimizer;             /* ps.v1 Optimizer.Kind */
     float momentum;
-    int consistency;           /* 1 async, 2 sync */
+    int consistency;           /* 1 async, 2 sync, 3 bounded (relaxed.h) */
+    int staleness;             /* bounded: steps ahead of the slowest */
+    int local_steps;           /* local SGD: steps between exchanges; 0 off */
+    int step_delay_ms;         /* sleep before each step (tests) */
     int num_workers;           /* cluster size (sharding, sync count) */
     int task_index;            /* this worker's index */
     uint64_t seed;             /* shuffle */
@@ -99,6 +102,7 @@ struct wd_train_opts {
                                   every summary_steps steps, at the job's
                                   global step as this worker last saw it */
     int summary_steps;
+    const char *token;         /* sent to every psd (auth.h); NULL: none */
 };
 
 struct wd_train_result {

@@ -11,6 +11,7 @@
  */
 #include "common/clock.h"
 #include "common/cluster.h"
+#include "common/auth.h"
 #include "common/conf.h"
 #include "common/coordclient.h"
 #include "worker/data.h"
@@ -22,6 +23,7 @@
 #include "worker/model.h"
 #include "common/notify.h"
 #include "common/proc.h"
+#include "common/tls.h"
 #include "proto/ps.pb-c.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -59,6 +61,7 @@ struct wd_conf {
     int optimizer;
     double momentum;
     int consistency;
+    int64_t staleness, local_steps, step_delay_ms; /* relaxed.h */
     int num_workers;
     int task_index;
     uint64_t seed;
@@ -74,14 +77,18 @@ struct wd_conf {
     int shm;                    /* 0 auto, 1 on, 2 off */
     bool json;
     char *metrics_listen;
+    ps_tls_conf tls;
     int log_level;
     char *logdir;
     int summary_steps;
     int log_format;
+    char *token_file;
+    char token[PS_AUTH_TOKEN_MAX + 1]; /* what token_file holds, or "" */
 };
 
-static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", NULL};
-static const char *const cons_choices[] = {"async", "sync", NULL};
+static const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
+                                           NULL};
+static const char *const cons_choices[] = {"async", "sync", "bounded", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
 
@@ -122,7 +129,8 @@ static const ps_opt wd_opts[] = {
     {"replicas", PS_OPT_INT, offsetof(struct wd_conf, replicas), "1",
      "local replicas: CPU threads (or GPUs) splitting each batch", 1, 64, NULL},
     {"device", PS_OPT_STRING, offsetof(struct wd_conf, device), "cpu",
-     "cpu or cuda:N", 0, 0, NULL},
+     "cpu, cuda:N, tpu (libtpu) or pjrt:PATH (a PJRT plugin; one replica per "
+     "device, --replicas N > 1: the first N)", 0, 0, NULL},
     {"threads", PS_OPT_INT, offsetof(struct wd_conf, threads), "1",
      "OpenBLAS threads per replica", 1, 256, NULL},
     {"epochs", PS_OPT_INT, offsetof(struct wd_conf, epochs), "1",
@@ -132,11 +140,24 @@ static const ps_opt wd_opts[] = {
     {"lr", PS_OPT_DOUBLE, offsetof(struct wd_conf, lr), "0.1",
      "learning rate (applied on the server)", 1e-12, 1e6, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct wd_conf, optimizer), "sgd",
-     "sgd, momentum, adagrad or adam", 0, 0, opt_choices},
+     "sgd, momentum, adagrad, adam or ftrl (the server's defaults for the "
+     "rest)", 0, 0, opt_choices},
     {"momentum", PS_OPT_DOUBLE, offsetof(struct wd_conf, momentum), "0.9",
      "momentum (with --optimizer momentum)", 0, 0.999999, NULL},
     {"consistency", PS_OPT_ENUM, offsetof(struct wd_conf, consistency), "async",
-     "async (apply each push) or sync (average every worker's step)", 0, 0, cons_choices},
+     "async (apply each push), sync (average every worker's step) or bounded "
+     "(async, but at most --staleness steps ahead of the slowest worker)", 0, 0,
+     cons_choices},
+    {"staleness", PS_OPT_INT, offsetof(struct wd_conf, staleness), "0",
+     "bounded: steps this worker may run ahead of the slowest live one "
+     "(0: lock-step)", 0, 1000000, NULL},
+    {"local-steps", PS_OPT_INT, offsetof(struct wd_conf, local_steps), "0",
+     "local SGD (PaddlePaddle's GEO mode): train this many steps with SGD on "
+     "the worker's own copy, then push the change since the last exchange "
+     "for psd to add (0: off; async SGD on one CPU replica)", 0, 1000000, NULL},
+    {"step-delay-ms", PS_OPT_INT, offsetof(struct wd_conf, step_delay_ms), "0",
+     "sleep this long before each step: a deliberately slow worker, for "
+     "tests of bounded staleness", 0, 3600000, NULL},
     {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
      "workers in the job (data sharding, sync aggregation); 0: TF_CONFIG's "
      "worker count, else 1", 0, 65536, NULL},
@@ -177,12 +198,17 @@ static const ps_opt wd_opts[] = {
      "that will not map it says so, and the worker sends inline), off = "
      "never", 0, 0,
      shm_choices},
+    {"token-file", PS_OPT_STRING, offsetof(struct wd_conf, token_file), NULL,
+     "file holding the token sent to psd and pscoord (a worker's; servers "
+     "started with --tokens need one); default: none", 0, 0, NULL},
     {"json", PS_OPT_BOOL, offsetof(struct wd_conf, json), "false",
      "print the summary as one JSON object", 0, 0, NULL},
     /* Loopback, any free port, as psd's: a host runs several workers. */
     {"metrics-listen", PS_OPT_STRING, offsetof(struct wd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* Plaintext unless a CA is given: as psd's loopback default. */
+    PS_TLS_CLIENT_OPTS(struct wd_conf, tls),
     {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     /* The chief is worker task 0: workerd has no chief role of its own (a
@@ -524,6 +550,18 @@ static int check_model(const struct wd_conf *c, const struct ps_dataset *d)
     if (rc != 0)
         return fail(1, "--model %s: %s", c->model, err);
     ps_model_destroy(probe);
+    /* A PJRT device compiles only some models: ask its backend, before
+     * anything is created on psd. */
+    char path[4096];
+    if ((strcmp(c->device, "tpu") == 0 || strncmp(c->device, "pjrt:", 5) == 0) &&
+        ps_pjrt_plugin_path(c->device, path, sizeof path, err, sizeof err) == 0) {
+        const struct ps_backend *be = ps_backend_pjrt(path, 0, err, sizeof err);
+        if (be == NULL ||
+            ps_model_create_on(be, c->model, d->h, d->w, d->c, (int)c->classes, 1,
+                               &probe, err, sizeof err) != 0)
+            return fail(2, "--model %s: %s", c->model, err);
+        ps_model_destroy(probe);
+    }
     return 0;
 }
 
@@ -541,7 +579,8 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
                                           : PS__V1__ROLE__WORKER,
                         .index = (int)c->task_index, .address = "",
                         .register_budget_ms = 60000,
-                        .on_directive = on_directive};
+                        .on_directive = on_directive,
+                        .token = c->token[0] ? c->token : NULL};
     int idx = 0;
     int rc = ps_coord_join(&co, coord, &idx, err, sizeof err);
     if (rc != 0)
@@ -606,7 +645,10 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .lr = (float)c->lr,
         .optimizer = c->optimizer,
         .momentum = (float)c->momentum,
-        .consistency = c->consistency == 1 ? 2 : 1,
+        .consistency = c->consistency == 1 ? 2 : c->consistency == 2 ? 3 : 1,
+        .staleness = (int)c->staleness,
+        .local_steps = (int)c->local_steps,
+        .step_delay_ms = (int)c->step_delay_ms,
         .num_workers = (int)c->num_workers,
         .task_index = (int)c->task_index,
         .seed = c->seed,
@@ -618,6 +660,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .self_update = c->self_update != 2,
         .shm = c->shm,
         .summary_steps = (int)c->summary_steps,
+        .token = c->token[0] ? c->token : NULL,
     };
 }
 
@@ -751,8 +794,39 @@ static int check_compute_flags(const struct wd_conf *c)
                     "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
                     opt_choices[c->optimizer], c->consistency == 1 ? "sync" : "async",
                     (long long)c->replicas, c->device);
-    if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0)
-        return fail(2, "--device: '%s' is not cpu or cuda:N", c->device);
+    if (strcmp(c->device, "cpu") != 0 && strncmp(c->device, "cuda:", 5) != 0 &&
+        strcmp(c->device, "tpu") != 0 && strncmp(c->device, "pjrt:", 5) != 0)
+        return fail(2, "--device: '%s' is not cpu, cuda:N, tpu or pjrt:PATH", c->device);
+    if (c->local_steps > 0 && (c->optimizer != 0 || c->consistency != 0 ||
+                               c->replicas > 1 || strcmp(c->device, "cpu") != 0))
+        return fail(2, "--local-steps needs async SGD on one CPU replica "
+                    "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
+                    opt_choices[c->optimizer], cons_choices[c->consistency],
+                    (long long)c->replicas, c->device);
+    if (c->staleness != 0 && c->consistency != 2)
+        return fail(2, "--staleness applies to --consistency bounded only, not %s",
+                    cons_choices[c->consistency]);
+    return 0;
+}
+
+/* --device tpu or pjrt:PATH: loads the plugin before anything connects and
+ * makes the replicas its devices (the first --replicas when that is > 1).
+ * Returns 0, or 2 after one line on stderr naming the cause. */
+static int open_pjrt(struct wd_conf *c)
+{
+    if (strcmp(c->device, "tpu") != 0 && strncmp(c->device, "pjrt:", 5) != 0)
+        return 0;
+    char path[4096], err[600];
+    int n = ps_pjrt_plugin_path(c->device, path, sizeof path, err, sizeof err);
+    if (n == 0)
+        n = ps_pjrt_open(path, err, sizeof err);
+    if (n < 0)
+        return fail(2, "--device %s: %s", c->device, err);
+    if (c->replicas > n)
+        return fail(2, "--replicas %lld: --device %s has %d device(s)",
+                    (long long)c->replicas, c->device, n);
+    if (c->replicas <= 1)
+        c->replicas = n;
     return 0;
 }
 
@@ -803,6 +877,19 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
     return parse_ps(c->ps, ps, nps);
 }
 
+/* --token-file into c->token. Returns 0, or 2 after one line naming the
+ * file (and line). */
+static int read_token(struct wd_conf *c)
+{
+    char err[600];
+    if (c->token_file == NULL || c->token_file[0] == '\0')
+        return 0;
+    if (ps_auth_read_token(c->token_file, c->token, sizeof c->token, err,
+                           sizeof err) != 0)
+        return fail(2, "--token-file: %s", err);
+    return 0;
+}
+
 /* Serves /metrics on --metrics-listen, unless it is off, and prints
  * "METRICS_PORT <n>". Returns 0, or after one line naming the address 2
  * for a value that is not HOST:PORT, 1 for one that cannot be served. */
@@ -845,13 +932,30 @@ int main(int argc, char **argv)
     memset(&test, 0, sizeof test);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
+    if (status == 0)
+        status = read_token(&c);
     if (status != 0)
         goto out;
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    /* Every call, to psd and to pscoord, with the same TLS. */
+    ps_tls_opts tls = ps_tls_opts_of(&c.tls);
+    char tls_err[512];
+    if (ps_tls_check_files(&tls, tls_err, sizeof tls_err) != 0) {
+        fprintf(stderr, "workerd: %s\n", tls_err);
+        status = 2;
+        goto out;
+    }
+    if (ps_tls_set_client_default(&tls) != 0) {
+        status = 1;
+        goto out;
+    }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
 
+    status = open_pjrt(&c);
+    if (status != 0)
+        goto out;
     wd_metrics_init(&wm, evaluator);
     status = serve_metrics(&c, &wm, &metrics);
     if (status == 0)
@@ -884,5 +988,6 @@ out:
     ps_dataset_close(&train);
     ps_dataset_close(&test);
     ps_conf_free(wd_opts, &c);
+    explicit_bzero(c.token, sizeof c.token);
     return status;
 }

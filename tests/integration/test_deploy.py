@@ -15,7 +15,8 @@ import pstest  # noqa: E402
 
 DEPLOY = os.path.join(pstest.SOURCE_ROOT, "deploy")
 BINS = {"psd": ("server", "psd"), "pscoord": ("coordinator", "pscoord"),
-        "workerd": ("worker", "workerd"), "psctl": ("tools", "psctl")}
+        "workerd": ("worker", "workerd"), "psctl": ("tools", "psctl"),
+        "pscerts": ("tools", "pscerts")}
 
 
 def flags_of(binary):
@@ -91,6 +92,13 @@ def main():
             r.check(not bad, "%s: every flag is one %s accepts %s" % (name, binary, bad or ""))
         for dep in svc.get("depends_on", []):
             r.check(dep in services, "%s depends on a defined service %s" % (name, dep))
+        # TLS: every task has a certificate that the certs service makes.
+        if binary in ("psd", "pscoord", "workerd"):
+            made = services.get("certs", {}).get("command", [])
+            cert = cmd[cmd.index("--tls-cert") + 1] if "--tls-cert" in cmd else ""
+            r.check(os.path.basename(cert)[:-4] in made and "--tls-ca" in cmd,
+                    "%s runs with mutual TLS, its certificate made by certs (%s)"
+                    % (name, cert or "no --tls-cert"))
     check_dockerfile(r, services)
     spec = os.path.join(DEPLOY, "compose-cluster.json")
     p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
@@ -109,7 +117,24 @@ def main():
         if binary in known:
             bad = [a for a in start[1:] if a.startswith("--") and a not in known[binary]]
             r.check(not bad, "%s: every flag is one %s accepts %s" % (unit, binary, bad or ""))
+    check_examples(r, known)
     r.finish()
+
+
+def check_examples(r, known):
+    """deploy/etc: each example configuration uses only options its daemon
+    accepts, and the example cluster spec validates."""
+    import json
+    etc = os.path.join(DEPLOY, "etc")
+    for name, binary in (("psd-0.json", "psd"), ("workerd-0.json", "workerd")):
+        keys = json.load(open(os.path.join(etc, name)))
+        if binary in known:
+            bad = ["--" + k for k in keys if "--" + k not in known[binary]]
+            r.check(not bad, "etc/%s: every key is an option of %s %s" % (name, binary, bad or ""))
+    p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
+                        "validate", os.path.join(etc, "cluster.json")],
+                       capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0, "etc/cluster.json validates (%s)" % p.stderr.strip())
 
 
 if __name__ == "__main__":

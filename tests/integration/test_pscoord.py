@@ -373,13 +373,14 @@ def test_dynamic():
     c = start_coord(pstest.tmpdir("pscoord-dyn-"), "--job-id", "dyn",
                     "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s")
     s = c.stub
-    ok, why = refused(lambda: s.Place(pb.PlaceRequest(job_id="dyn", variables=[
-        pb.VariablePlacement(name="w", shape=[4])]), timeout=5),
-        grpc.StatusCode.UNAVAILABLE, "no ps task has registered yet")
-    r.check(ok, "dynamic: Place before any ps is UNAVAILABLE (%s)" % why)
     got = [reg(s, "dyn", W) for _ in range(3)]
     r.check([g.index for g in got] == [0, 1, 2] and all(g.incarnation == 1 for g in got),
             "dynamic: three workers registering with index -1 get 0, 1, 2")
+    ok, why = refused(lambda: s.Place(pb.PlaceRequest(job_id="dyn", variables=[
+        pb.VariablePlacement(name="w", shape=[4])],
+        task_secret=got[0].task_secret), timeout=5),
+        grpc.StatusCode.UNAVAILABLE, "no ps task has registered yet")
+    r.check(ok, "dynamic: Place before any ps is UNAVAILABLE (%s)" % why)
     st = c.cluster()
     r.check(st.num_workers == 3 and st.live_workers == 3,
             "dynamic: 3 workers, 3 live")
@@ -485,8 +486,11 @@ MODEL = [("emb", [100, 8]), ("odd", [7, 100]), ("big1", [1, 600]),
 
 
 def proposal(model):
+    """A worker's proposal, with worker[0]'s secret (pscoord places only for
+    a registered task)."""
     return pb.PlaceRequest(job_id="ck", variables=[
-        pb.VariablePlacement(name=n, shape=s) for n, s in model])
+        pb.VariablePlacement(name=n, shape=s) for n, s in model],
+        task_secret=SECRETS.get(("ck", pb.WORKER, 0), ""))
 
 
 def placement_map(pl):
@@ -512,7 +516,9 @@ def test_job():
     r.check(c.wait_log("ps[1] registered empty; there is no job checkpoint", 1),
             "ckpt: an empty ps with no job checkpoint yet is only logged")
 
-    # Placement.
+    # Placement, proposed by a registered worker.
+    wk = reg(s, "ck", W)
+    beat.add(W, wk.index, wk.incarnation, step=5)
     first = s.Place(proposal(MODEL), timeout=5).placement
     m = placement_map(first)
     r.check(m["emb"] == [("emb/part0", 0, 0, 50), ("emb/part1", 1, 50, 100)],
@@ -572,8 +578,6 @@ def test_job():
     push_all()  # every value 0, version 1
 
     # Checkpoint schedule: every 10 steps, keep 2.
-    wk = reg(s, "ck", W)
-    beat.add(W, wk.index, wk.incarnation, step=5)
     ckdir = os.path.join(state, "checkpoints")
 
     def manifests():
@@ -669,6 +673,11 @@ def test_job():
     st = c.cluster()
     r.check(abs(st.eval_accuracy - 0.875) < 1e-9 and st.eval_step == 31,
             "metrics: the evaluator's accuracy and step are in the cluster state")
+    time.sleep(0.35)  # three of the Beater's heartbeats, each with loss 0
+    et = task(c.cluster(), EV, 0)
+    r.check(et is not None and abs(et.loss - 0.3) < 1e-9 and abs(et.accuracy - 0.875) < 1e-9,
+            "metrics: the evaluator's own loss and accuracy outlast its heartbeats "
+            "(%r)" % ((et and (et.loss, et.accuracy)),))
 
     # psctl status against the live job, then --watch.
     p = psctl("status", "--coordinator", c.address)
@@ -738,13 +747,15 @@ def test_job():
             and any(x[:2] == ["worker", "0"] and "alive" in x for x in rows),
             "psctl status after the restart: evaluator dead, worker alive")
 
-    # A second coordinator of another job on this state directory is refused.
+    # A second coordinator on this state directory, while it is in use, is
+    # refused by the directory's lock, naming the holder.
     p = subprocess.run([PSCOORD, "--state-dir", state, "--listen", "127.0.0.1:0",
-                        "--job-id", "other"], capture_output=True, text=True, timeout=20)
+                        "--job-id", "ck"], capture_output=True, text=True, timeout=20)
     lines = p.stderr.strip().splitlines()
-    r.check(p.returncode == 1 and len(lines) == 1 and "holds the state of job 'ck'" in lines[0],
-            "restart: a state directory of another job is refused with one line (%s)"
-            % lines[:1])
+    r.check(p.returncode == 1 and len(lines) == 1 and
+            "in use by pid %d" % c.proc.pid in lines[0],
+            "restart: a second pscoord on a state directory in use is refused with "
+            "one line naming the holder (%s)" % lines[:1])
 
     # Shutdown ends an open watch with UNAVAILABLE and writes the summary.
     msgs = []
@@ -762,6 +773,14 @@ def test_job():
     r.check(summ["job_id"] == "ck" and summ["last_checkpoint"]["step"] == 40 and
             summ["last_eval"]["accuracy"] == 0.875 and len(summ["tasks"]) == 4,
             "shutdown: summary.json has the tasks, last checkpoint and evaluation")
+
+    # A coordinator of another job on this (now free) state directory.
+    p = subprocess.run([PSCOORD, "--state-dir", state, "--listen", "127.0.0.1:0",
+                        "--job-id", "other"], capture_output=True, text=True, timeout=20)
+    lines = p.stderr.strip().splitlines()
+    r.check(p.returncode == 1 and len(lines) == 1 and "holds the state of job 'ck'" in lines[0],
+            "restart: a state directory of another job is refused with one line (%s)"
+            % lines[:1])
     r.check(all("answered twice" not in x.stderr() for x in LIVE if isinstance(x, Coord)),
             "no call was answered twice")
     for x in shards + [fresh]:

@@ -165,6 +165,20 @@ else
 fi
 expect_ok show-sync 'sync (2 workers per step)' "${ctl[@]}" show m
 expect_ok show-nesterov 'nesterov (learning_rate 0.01, momentum 0.5)' "${ctl[@]}" show m
+# FTRL's flags reach the spec (then it goes, so the counts below hold).
+expect_ok create-ftrl 'created wide' "${ctl[@]}" create wide --shape 100 \
+    --optimizer ftrl --lr 0.05 --l1 0.01 --l2-shrinkage 0.5 --beta 1
+expect_ok show-ftrl 'ftrl (learning_rate 0.05, initial_accumulator 0.1, learning_rate_power -0.5, l1 0.01, l2 0, l2_shrinkage 0.5, beta 1)' \
+    "${ctl[@]}" show wide
+expect_err ftrl-flag-on-adam 2 '--l1, --l2, --l2-shrinkage or --beta applies to --optimizer ftrl only, not adam' \
+    "${ctl[@]}" create x --shape 1 --optimizer adam --l1 0.1
+expect_ok delete-ftrl 'deleted wide' "${ctl[@]}" delete wide
+expect_ok create-bounded 'created b' "${ctl[@]}" create b --shape 3 \
+    --consistency bounded --staleness 4
+expect_ok show-bounded 'bounded(4)' "${ctl[@]}" show b
+expect_err staleness-on-sync 2 '--staleness applies to --consistency bounded only' \
+    "${ctl[@]}" create x --shape 1 --consistency sync --staleness 2
+expect_ok delete-bounded 'deleted b' "${ctl[@]}" delete b
 
 expect_ok pull "wrote $tmp/w.npy (shape (3, 4), version 0)" \
     "${ctl[@]}" pull w -o "$tmp/w.npy"

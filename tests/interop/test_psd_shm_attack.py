@@ -206,6 +206,31 @@ def main():
         print("skip another uid: the test does not run as root")
     r.check(d.stop() == 0, "psd stops cleanly")
     r.check(not os.path.exists(sock), "the unix socket file is removed at exit")
+
+    # 6. With tokens on, the uid the unix socket names stands in for a
+    # worker's token (auth.h's trusted transport): this process (psd's own
+    # uid) pushes without one there, but may not Restore; over TCP a call
+    # without a token is UNAUTHENTICATED.
+    tok = os.path.join(tmp, "tokens")
+    with open(tok, "w") as f:
+        f.write("operator %s\n" % os.urandom(16).hex())
+    os.chmod(tok, 0o600)
+    sock2 = os.path.join(tmp, "psd2.sock")
+    d2 = pstest.start_psd(os.path.join(tmp, "data2"), "--local-socket", sock2,
+                          "--tokens", tok)
+    u2 = pbg.ParameterServerStub(pstest.channel("unix:" + sock2))
+    t2 = pbg.ParameterServerStub(pstest.channel(d2.address))
+    code, msg = refusal(lambda: u2.CreateVariable(pb.CreateVariableRequest(
+        spec=pstest.spec(pb, "w", (4,))), timeout=10))
+    r.check(code is None, "tokens on: over the unix socket psd's own uid is a worker "
+            "without a token (CreateVariable: %s %r)" % (code and code.name, msg))
+    code, msg = refusal(lambda: u2.Restore(pb.RestoreRequest(), timeout=10))
+    r.check(code == C.PERMISSION_DENIED, "... but not an operator (Restore: %s %r)"
+            % (code and code.name, msg))
+    code, msg = refusal(lambda: t2.Stats(pb.StatsRequest(), timeout=10))
+    r.check(code == C.UNAUTHENTICATED, "over TCP a call without a token is "
+            "UNAUTHENTICATED (%s)" % (code and code.name))
+    r.check(d2.stop() == 0, "the psd with tokens stops cleanly")
     r.finish()
 
 

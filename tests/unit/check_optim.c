@@ -49,6 +49,9 @@ START_TEST(test_defaults_fill_zero_fields)
     ck_assert_float_eq(o.beta1, 0.9f);
     ck_assert_float_eq(o.beta2, 0.999f);
     ck_assert_float_eq(o.epsilon, 1e-7f);
+    ck_assert_float_eq(o.lr_power, -0.5f);
+    ck_assert(o.l1 == 0.0f && o.l2 == 0.0f && o.l2_shrinkage == 0.0f &&
+              o.beta == 0.0f);
     ck_assert(!o.nesterov);
 }
 END_TEST
@@ -91,7 +94,7 @@ static psd_opt defaulted(enum psd_opt_kind kind)
 START_TEST(test_validate_accepts_defaults)
 {
     char why[256];
-    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++) {
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_FTRL; k++) {
         psd_opt o = defaulted((enum psd_opt_kind)k);
         ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), 0);
         o.nesterov = true;
@@ -104,9 +107,9 @@ START_TEST(test_validate_unknown_kind)
 {
     char why[256] = "";
     psd_opt o = defaulted(PSD_OPT_SGD);
-    o.kind = (enum psd_opt_kind)4;
+    o.kind = (enum psd_opt_kind)5;
     ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
-    ck_assert_ptr_nonnull(strstr(why, "optimizer kind 4 is unknown"));
+    ck_assert_ptr_nonnull(strstr(why, "optimizer kind 5 is unknown"));
     o.kind = (enum psd_opt_kind)-1;
     ck_assert_int_eq(psd_opt_validate(&o, why, sizeof why), PS_EINVAL_ARG);
     ck_assert_ptr_nonnull(strstr(why, "kind -1"));
@@ -216,6 +219,36 @@ START_TEST(test_validate_initial_accumulator)
 }
 END_TEST
 
+/* FTRL: TF's own checks (lr_power <= 0, strengths >= 0) within optim.h's
+ * bounds; other kinds only ask these fields to be finite. */
+START_TEST(test_validate_ftrl)
+{
+    const struct ps_refusal t[] = {
+        {PSD_OPT_FTRL, {SET(lr_power, 0.5f)}, PS_EINVAL_ARG,
+         "learning_rate_power must be in [-10, 0], got 0.5"},
+        {PSD_OPT_FTRL, {SET(lr_power, -11.0f)}, PS_EINVAL_ARG, NULL,
+         "learning_rate_power must be in [-10, 0]"},
+        {PSD_OPT_FTRL, {SET(lr_power, NAN)}, PS_EINVAL_ARG, NULL, "learning_rate_power"},
+        {PSD_OPT_FTRL, {SET(lr_power, -10.0f)}, 0},
+        {PSD_OPT_FTRL, {SET(lr_power, 0.0f)}, 0}, /* set after defaults */
+        {PSD_OPT_FTRL, {SET(lr_power, PSD_OPT_LR_POWER_ZERO)}, 0},
+        {PSD_OPT_FTRL, {SET(l1, -1.0f)}, PS_EINVAL_ARG, "l1 must be in [0, 1e+30], got -1"},
+        {PSD_OPT_FTRL, {SET(l2, INFINITY)}, PS_EINVAL_ARG, "l2 must be in [0, 1e+30], got inf"},
+        {PSD_OPT_FTRL, {SET(l2_shrinkage, -0.5f)}, PS_EINVAL_ARG, NULL, "l2_shrinkage"},
+        {PSD_OPT_FTRL, {SET(beta, 2e30f)}, PS_EINVAL_ARG, NULL, "beta must be in [0, 1e+30]"},
+        {PSD_OPT_FTRL, {SET(l1, 1e30f), SET(beta, 3.0f)}, 0},
+        {PSD_OPT_FTRL, {SET(initial_accumulator, -1.0f)}, PS_EINVAL_ARG, NULL,
+         "initial_accumulator must be >= 0"},
+        {PSD_OPT_FTRL, {SET(initial_accumulator, 2e30f)}, PS_EINVAL_ARG, NULL,
+         "initial_accumulator must be at most 1e+30"},
+        /* Unused by ADAM: any finite value, but not NaN. */
+        {PSD_OPT_ADAM, {SET(l1, -1.0f), SET(lr_power, 3.0f)}, 0},
+        {PSD_OPT_ADAM, {SET(beta, NAN)}, PS_EINVAL_ARG, "beta must be finite, got nan"},
+    };
+    PS_CHECK_REFUSALS(t, validate_row);
+}
+END_TEST
+
 #undef SET
 
 START_TEST(test_validate_why_null_or_short)
@@ -244,6 +277,8 @@ START_TEST(test_slot_count)
     ck_assert_int_eq(psd_opt_slot_count(&o), 1);
     o.kind = PSD_OPT_ADAM;
     ck_assert_int_eq(psd_opt_slot_count(&o), 2);
+    o.kind = PSD_OPT_FTRL;
+    ck_assert_int_eq(psd_opt_slot_count(&o), 2);
     o.kind = (enum psd_opt_kind)17;
     ck_assert_int_eq(psd_opt_slot_count(&o), 0);
 }
@@ -251,10 +286,11 @@ END_TEST
 
 START_TEST(test_name)
 {
-    static const char *const names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM"};
-    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++)
+    static const char *const names[] = {"SGD", "MOMENTUM", "ADAGRAD", "ADAM",
+                                        "FTRL"};
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_FTRL; k++)
         ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)k), names[k - PSD_OPT_SGD]);
-    ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)4), "UNKNOWN");
+    ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)5), "UNKNOWN");
     ck_assert_str_eq(psd_opt_name((enum psd_opt_kind)-1), "UNKNOWN");
 }
 END_TEST
@@ -284,6 +320,13 @@ START_TEST(test_init_slots)
     psd_opt_init_slots(&o, slots, N);
     for (size_t i = 0; i < 2 * N; i++)
         ck_assert(slots[i] == 0.0f && !signbit(slots[i]));
+
+    o = defaulted(PSD_OPT_FTRL); /* accumulator, then linear at 0 */
+    o.initial_accumulator = 0.5f;
+    memset(slots, 0x7f, sizeof slots);
+    psd_opt_init_slots(&o, slots, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert(slots[i] == 0.5f && slots[N + i] == 0.0f && !signbit(slots[N + i]));
 
     o = defaulted(PSD_OPT_SGD);
     psd_opt_init_slots(&o, NULL, N); /* no slots: nothing touched */
@@ -327,6 +370,8 @@ static void ref_apply(const psd_opt *o, double *w, double *slots,
             w[i] -= lr_t * m[i] / (sqrt(v[i]) + eps);
             break;
         }
+        case PSD_OPT_FTRL: /* ref_ftrl, in float */
+            break;
         }
     }
 }
@@ -390,10 +435,12 @@ START_TEST(test_apply_parts_same_bits)
 {
     enum { M = 10007 };
     static const enum psd_opt_kind kinds[] = {PSD_OPT_SGD, PSD_OPT_MOMENTUM,
-                                              PSD_OPT_ADAGRAD, PSD_OPT_ADAM};
+                                              PSD_OPT_ADAGRAD, PSD_OPT_ADAM,
+                                              PSD_OPT_FTRL};
     static float w1[M], w2[M], s1[2 * M], s2[2 * M], g[M];
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        psd_opt o = {.kind = kinds[k], .lr = 0.01f, .nesterov = k == 1};
+        psd_opt o = {.kind = kinds[k], .lr = 0.01f, .nesterov = k == 1,
+                     .l1 = 0.001f, .l2_shrinkage = 0.01f};
         psd_opt_defaults(&o);
         rng_seed(1000 + k);
         for (size_t i = 0; i < M; i++)
@@ -469,7 +516,7 @@ END_TEST
 /* `scale` multiplies the gradient before everything, g^2 included. */
 START_TEST(test_apply_scale)
 {
-    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++) {
+    for (int k = PSD_OPT_SGD; k <= PSD_OPT_ADAM; k++) { /* FTRL: test_apply_ftrl */
         psd_opt o = defaulted((enum psd_opt_kind)k);
         run_against_reference(o, 0.25f);
         run_against_reference(o, 3.0f);
@@ -541,6 +588,136 @@ START_TEST(test_apply_empty_and_unknown)
     psd_opt_apply(&o, w, NULL, g, 2, 1.0f, 1);
     ck_assert_float_eq(w[0], 1.0f);
     ck_assert_float_eq(w[1], 2.0f);
+}
+END_TEST
+
+/* ---- FTRL against a scalar transcription of TF's kernel --------------- */
+
+/* TensorFlow's ApplyFtrl / ApplyFtrlV2 (core/kernels/training_ops.cc), one
+ * element at a time in float, written from the kernel rather than from
+ * optim.c: Keras passes l2 + beta / (2 lr) as the kernel's l2 and calls
+ * ApplyFtrl (no shrinkage term) when l2_shrinkage is 0. Slots: n then z. */
+static void ref_ftrl(const psd_opt *o, float *w, float *slots, const float *g,
+                     size_t n, float scale)
+{
+    float *acc = slots, *lin = slots + n;
+    float lr = o->lr, l1 = o->l1, p = o->lr_power;
+    float l2 = o->l2 + o->beta / (2.0f * lr);
+    for (size_t i = 0; i < n; i++) {
+        float grad = g[i] * scale;
+        float gws = o->l2_shrinkage > 0.0f ? grad + 2.0f * o->l2_shrinkage * w[i]
+                                           : grad;
+        float new_acc = acc[i] + grad * grad;
+        float pn, po;
+        if (p == -0.5f) {
+            pn = sqrtf(new_acc);
+            po = sqrtf(acc[i]);
+        } else {
+            pn = powf(new_acc, -p);
+            po = powf(acc[i], -p);
+        }
+        lin[i] += gws - (pn - po) / lr * w[i];
+        float sign = lin[i] > 0.0f ? 1.0f : lin[i] < 0.0f ? -1.0f : 0.0f;
+        float x = l1 * sign - lin[i];
+        float y = pn / lr + 2.0f * l2;
+        w[i] = fabsf(lin[i]) > l1 ? x / y : 0.0f;
+        acc[i] += grad * grad;
+    }
+}
+
+/* STEPS updates of o by psd_opt_apply and by ref_ftrl from the same random
+ * state; every value and slot must have the same bits after each. */
+static void ftrl_against_reference(psd_opt o, float scale)
+{
+    static float w[N], s[2 * N], g[N], rw[N], rs[2 * N];
+    char why[256];
+    ck_assert_msg(psd_opt_validate(&o, why, sizeof why) == 0, "%s", why);
+    rng_seed(77);
+    for (size_t i = 0; i < N; i++)
+        w[i] = rw[i] = (float)(rng_unit() - 0.5);
+    psd_opt_init_slots(&o, s, N);
+    memcpy(rs, s, sizeof s);
+    for (int step = 1; step <= STEPS; step++) {
+        for (size_t i = 0; i < N; i++)
+            g[i] = rng_unit() < 0.1 ? 0.0f : (float)(rng_unit() * 2.0 - 1.0);
+        psd_opt_apply(&o, w, s, g, N, scale, (uint64_t)step);
+        ref_ftrl(&o, rw, rs, g, N, scale);
+        for (size_t i = 0; i < N; i++)
+            if (memcmp(&w[i], &rw[i], 4) || memcmp(&s[i], &rs[i], 4) ||
+                memcmp(&s[N + i], &rs[N + i], 4))
+                ck_abort_msg("lr_power %g l1 %g l2 %g l2s %g beta %g: element "
+                             "%zu after step %d: w %.9g n %.9g z %.9g, want "
+                             "%.9g %.9g %.9g", (double)o.lr_power, (double)o.l1,
+                             (double)o.l2, (double)o.l2_shrinkage,
+                             (double)o.beta, i, step, (double)w[i],
+                             (double)s[i], (double)s[N + i], (double)rw[i],
+                             (double)rs[i], (double)rs[N + i]);
+    }
+}
+
+START_TEST(test_apply_ftrl)
+{
+    static const float lr_powers[] = {-0.5f, -0.25f, -1.0f};
+    for (size_t p = 0; p < 3; p++) {
+        psd_opt o = {.kind = PSD_OPT_FTRL, .lr = 0.1f, .lr_power = lr_powers[p]};
+        psd_opt_defaults(&o);
+        ftrl_against_reference(o, 1.0f);
+        o.l1 = 0.01f;
+        ftrl_against_reference(o, 1.0f);
+        o.l2 = 0.1f;
+        ftrl_against_reference(o, 0.5f);
+        o.l2_shrinkage = 0.05f;
+        ftrl_against_reference(o, 1.0f);
+        o.beta = 1.0f;
+        o.initial_accumulator = 0.5f;
+        ftrl_against_reference(o, 3.0f);
+    }
+}
+END_TEST
+
+/* TF's lr_power 0 is asked for as PSD_OPT_LR_POWER_ZERO: the same bits as
+ * the kernel at exactly 0, whose powers are all 1. */
+START_TEST(test_apply_ftrl_lr_power_zero)
+{
+    psd_opt o = {.kind = PSD_OPT_FTRL, .lr = 0.05f, .l1 = 0.001f,
+                 .lr_power = PSD_OPT_LR_POWER_ZERO};
+    psd_opt_defaults(&o);
+    ck_assert_float_eq(o.lr_power, PSD_OPT_LR_POWER_ZERO);
+    static float w[N], s[2 * N], g[N], rw[N], rs[2 * N];
+    rng_seed(5);
+    for (size_t i = 0; i < N; i++)
+        w[i] = rw[i] = (float)(rng_unit() - 0.5);
+    psd_opt_init_slots(&o, s, N);
+    memcpy(rs, s, sizeof s);
+    psd_opt z = o;
+    z.lr_power = 0.0f; /* the kernel's value, which the proto cannot carry */
+    for (int step = 1; step <= STEPS; step++) {
+        for (size_t i = 0; i < N; i++)
+            g[i] = (float)(rng_unit() * 2.0 - 1.0);
+        psd_opt_apply(&o, w, s, g, N, 1.0f, (uint64_t)step);
+        ref_ftrl(&z, rw, rs, g, N, 1.0f);
+    }
+    ck_assert_mem_eq(w, rw, sizeof w);
+    ck_assert_mem_eq(s, rs, sizeof s);
+    /* The claim behind it: n^1e-38 is 1 for positive floats of every scale. */
+    const float ns[] = {FLT_TRUE_MIN, 1e-30f, 0.1f, 1.0f, 7.0f, 1e20f, FLT_MAX};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        ck_assert_float_eq(powf(ns[i], -PSD_OPT_LR_POWER_ZERO), 1.0f);
+}
+END_TEST
+
+/* A linear term within [-l1, l1] gives exactly 0, the sparsity FTRL is for. */
+START_TEST(test_apply_ftrl_l1_zeroes)
+{
+    psd_opt o = {.kind = PSD_OPT_FTRL, .lr = 0.1f, .l1 = 1.0f};
+    psd_opt_defaults(&o);
+    float w[2] = {0.0f, 0.0f}, s[4], g[2] = {0.5f, 4.0f};
+    psd_opt_init_slots(&o, s, 2);
+    psd_opt_apply(&o, w, s, g, 2, 1.0f, 1);
+    ck_assert(w[0] == 0.0f); /* z = 0.5: |z| <= l1 */
+    /* z = 4: w = (l1 - z) / (sqrt(n') / lr), against the gradient */
+    ck_assert_float_eq_tol(w[1], -3.0f / (sqrtf(16.1f) / 0.1f), 1e-7f);
+    ck_assert_float_eq(s[0], 0.1f + 0.25f);
 }
 END_TEST
 
@@ -639,12 +816,13 @@ static uint32_t max_mag_ref(const float *x, size_t n, bool *nonfinite)
     return m;
 }
 
-/* One spec of each kind (Nesterov as a fifth), with the issue's
+/* One spec of each kind (Nesterov as a sixth), with the issue's
  * hyperparameters where it gave them. */
+#define KIND_SPECS 6
 static psd_opt kind_spec(int k)
 {
-    psd_opt o = {.kind = k == 4 ? PSD_OPT_MOMENTUM : (enum psd_opt_kind)k,
-                 .lr = 0.01f, .nesterov = k == 4};
+    psd_opt o = {.kind = k == 5 ? PSD_OPT_MOMENTUM : (enum psd_opt_kind)k,
+                 .lr = 0.01f, .nesterov = k == 5};
     psd_opt_defaults(&o);
     return o;
 }
@@ -658,7 +836,7 @@ START_TEST(test_check_finds_first_overflow)
 {
     enum { M = 5000 }; /* past one check block */
     static float w[M], slots[2 * M], g[M], w0[M], s0[2 * M];
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < KIND_SPECS; k++) {
         psd_opt o = kind_spec(k);
         size_t at = 4099;
         for (size_t i = 0; i < M; i++) {
@@ -711,7 +889,13 @@ START_TEST(test_safe_is_sound)
     int proven = 0;
     rng_seed(13);
     for (int trial = 0; trial < 4000; trial++) {
-        psd_opt o = kind_spec(trial % 5);
+        psd_opt o = kind_spec(trial % KIND_SPECS);
+        if (o.kind == PSD_OPT_FTRL) { /* both paths, some regularization */
+            o.lr_power = trial % 12 == 4 ? -0.5f : -(float)rng_unit();
+            o.l1 = (float)rng_unit() * 0.01f;
+            o.l2 = trial % 3 ? 0.0f : (float)rng_unit();
+            o.l2_shrinkage = trial % 2 ? 0.0f : (float)rng_unit();
+        }
         o.lr = (float)pow(10.0, -4.0 + 7.0 * rng_unit()); /* up to 1000 */
         double se = pow(10.0, 40.0 * rng_unit() - 2.0);
         double ge = pow(10.0, 40.0 * rng_unit() - 2.0);
@@ -723,6 +907,11 @@ START_TEST(test_safe_is_sound)
             if (o.kind == PSD_OPT_MOMENTUM)
                 slots[i] -= (float)(se / 2);
         }
+        if (o.kind == PSD_OPT_FTRL) /* n >= initial_accumulator; z any sign */
+            for (size_t i = 0; i < M; i++) {
+                slots[i] = fmaxf(slots[i], o.initial_accumulator);
+                slots[M + i] -= (float)(se / 2);
+            }
         if (o.kind == PSD_OPT_ADAM)
             for (size_t i = 0; i < M; i++) { /* m may have either sign */
                 float t = slots[i];
@@ -779,7 +968,8 @@ PSCHECK_MAIN("optim",
     {"psd_opt_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
                           test_validate_learning_rate, test_validate_momentum,
                           test_validate_betas, test_validate_epsilon,
-                          test_validate_initial_accumulator, test_validate_why_null_or_short}},
+                          test_validate_initial_accumulator, test_validate_ftrl,
+                          test_validate_why_null_or_short}},
     {"psd_opt_slot_count", {test_slot_count}},
     {"psd_opt_name", {test_name}},
     {"psd_opt_init_slots", {test_init_slots}},
@@ -788,6 +978,8 @@ PSCHECK_MAIN("optim",
                        test_apply_sync_average, test_apply_adam_first_step,
                        test_apply_adam_large_t, test_apply_empty_and_unknown,
                        test_apply_parts_same_bits}},
+    {"psd_opt_apply FTRL", {test_apply_ftrl, test_apply_ftrl_lr_power_zero,
+                            test_apply_ftrl_l1_zeroes}},
     {"psd_opt_check_part", {test_check_finds_first_overflow,
                             test_check_adam_second_moment}},
     {"psd_opt_safe", {test_safe_is_sound}},

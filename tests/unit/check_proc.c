@@ -66,11 +66,14 @@ struct ticks {
     int n;
 };
 
-/* The third tick sends the process SIGTERM: the loop must return it. */
+/* The first tick sends SIGHUP, which must not stop the loop (it asks for
+ * a TLS reload); the third sends SIGTERM, which the loop must return. */
 static void tick(void *ctx)
 {
     struct ticks *t = ctx;
-    if (++t->n == 3)
+    if (++t->n == 1)
+        kill(getpid(), SIGHUP);
+    else if (t->n == 3)
         kill(getpid(), SIGTERM);
 }
 

@@ -2,6 +2,7 @@
  * check_rpc - the gRPC plumbing against itself: a real server on
  * 127.0.0.1 port 0 in this process, called through the real client.
  */
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "proto/health.pb-c.h"
@@ -584,6 +585,79 @@ END_TEST
 
 static const struct pscheck_opts server = {setup, teardown, 60};
 
+/* The caller's role as one byte. */
+static void reply_role(ps_rpc_call *call, const uint8_t *req, size_t len,
+                       void *ctx)
+{
+    uint8_t role = (uint8_t)ps_rpc_call_role(call);
+    ps_rpc_reply(call, &role, 1);
+}
+
+static int count_msgs(void *ctx, const uint8_t *msg, size_t len)
+{
+    (*(int *)ctx)++;
+    return 0;
+}
+
+/* A server with a token table: the processor on its credentials refuses
+ * or admits each call before the handler, for unary calls and streams, and
+ * the handler learns the role of the token that was sent. */
+START_TEST(test_tokens)
+{
+    char path[] = "/tmp/check_rpc_tokens.XXXXXX", err[512];
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    const char *text = "worker worker-token-0123456789\nreader reader-token-0123456789\n";
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    ps_auth *a;
+    ck_assert_int_eq(ps_auth_create(path, &a, err, sizeof err), 0);
+    unlink(path);
+    ps_rpc_server *s;
+    ps_rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 1, .auth = a};
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(s, "/ps.v1.ParameterServer/Push",
+                                              PS_RPC_UNARY, reply_role, NULL), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(s, "/ps.v1.Coordinator/WatchCluster",
+                                              PS_RPC_SERVER_STREAM, count, NULL), 0);
+    int p;
+    ck_assert_int_eq(ps_rpc_server_start(s, &p), 0);
+    char t[64];
+    snprintf(t, sizeof t, "127.0.0.1:%d", p);
+    const char *toks[] = {NULL, "worker-token-0123456789", "reader-token-0123456789",
+                          "other-token-0123456789"};
+    const int want[] = {PS_RPC_UNAUTHENTICATED, PS_RPC_OK, PS_RPC_PERMISSION_DENIED,
+                        PS_RPC_UNAUTHENTICATED};
+    for (int i = 0; i < 4; i++) {
+        ps_rpc_client *c;
+        ps_rpc_client_opts co = {.deadline_ms = 5000, .token = toks[i]};
+        ck_assert_int_eq(ps_rpc_client_create(t, &co, &c), 0);
+        ps_buf resp = {0};
+        ps_rpc_status st;
+        ps_rpc_invoke(c, "/ps.v1.ParameterServer/Push", "x", 1, &resp, 0, &st);
+        ck_assert_msg(st.code == want[i], "token %d: %d %s", i, st.code, st.message);
+        if (i == 1)
+            ck_assert(resp.len == 1 && resp.data[0] == PS_AUTH_WORKER);
+        if (toks[i] != NULL)
+            ck_assert_ptr_null(strstr(st.message, toks[i]));
+        int n = 0;
+        ps_rpc_invoke_stream(c, "/ps.v1.Coordinator/WatchCluster", "abc", 3, 0,
+                             count_msgs, &n, &st);
+        ck_assert_msg(st.code == (i == 3 ? PS_RPC_UNAUTHENTICATED : want[i] ==
+                                  PS_RPC_PERMISSION_DENIED ? PS_RPC_OK : want[i]),
+                      "stream, token %d: %d %s", i, st.code, st.message);
+        ck_assert_int_eq(n, st.code == PS_RPC_OK ? 3 : 0);
+        ps_buf_free(&resp);
+        ps_rpc_client_destroy(c);
+    }
+    /* Refused before any handler, and counted (/metrics' refused). */
+    ck_assert_uint_eq(ps_rpc_server_failures(s, PS_RPC_UNAUTHENTICATED), 4);
+    ck_assert_uint_eq(ps_rpc_server_failures(s, PS_RPC_PERMISSION_DENIED), 1);
+    ps_rpc_server_destroy(s);
+    ps_auth_destroy(a);
+}
+END_TEST
+
 PSCHECK_MAIN("rpc",
     {"unary", {test_echo}, &server},
     {"large", {test_large_message}, &server},
@@ -601,4 +675,5 @@ PSCHECK_MAIN("rpc",
     {"shutdown", {test_graceful_shutdown_drains}, &server},
     {"bad_options", {test_bad_options}, &server},
     {"code_mapping", {test_code_mapping}, &server},
-    {"peer_cred", {test_peer_cred}, &server})
+    {"peer_cred", {test_peer_cred}, &server},
+    {"tokens", {test_tokens}})
