@@ -624,8 +624,12 @@ static int read_port(struct psd_proc *p)
     return PS_ETIMEDOUT;
 }
 
-/* Starts psd on 127.0.0.1:0 with a fresh data directory. On failure the
- * directory is removed and psd's log tail printed. */
+/* --shm: psd's unix socket, the only way psd takes shared memory. */
+static char shm_sock[sizeof(((struct psd_proc *)0)->root) + 16];
+
+/* Starts psd on 127.0.0.1:0 with a fresh data directory (and, with --shm,
+ * its unix socket in it). On failure the directory is removed and psd's
+ * log tail printed. */
 static int psd_start(const struct opts *o, struct psd_proc *p)
 {
     memset(p, 0, sizeof *p);
@@ -644,13 +648,18 @@ static int psd_start(const struct opts *o, struct psd_proc *p)
         rc = -errno;
         goto remove_root;
     }
-    const char *argv[8 + MAX_PSD_ARGS];
+    const char *argv[10 + MAX_PSD_ARGS];
     int argc = 0;
     argv[argc++] = o->psd;
     argv[argc++] = "--listen";
     argv[argc++] = "127.0.0.1:0";
     argv[argc++] = "--data-dir";
     argv[argc++] = p->data;
+    if (o->shm) {
+        snprintf(shm_sock, sizeof shm_sock, "%s/psd.sock", p->root);
+        argv[argc++] = "--local-socket";
+        argv[argc++] = shm_sock;
+    }
     for (int i = 0; i < o->npsd_args; i++)
         argv[argc++] = o->psd_args[i];
     argv[argc] = NULL;
@@ -944,8 +953,11 @@ static int create_variable(struct stream *s, size_t n)
 static int stream_setup(struct stream *s)
 {
     struct bench_case *bc = s->bc;
-    char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", bc->port);
+    char target[sizeof shm_sock + 8];
+    if (bc->o->shm)
+        snprintf(target, sizeof target, "unix:%s", shm_sock);
+    else
+        snprintf(target, sizeof target, "127.0.0.1:%d", bc->port);
     /* gRPC shares one connection among channels whose arguments match; a
      * message limit that differs per stream keeps each stream on its own
      * channel *and* its own TCP connection, as separate workers would be. */

@@ -75,7 +75,9 @@ static bool by_ref(const ps_client *c, const float *p, size_t n, uint64_t *off)
  * goes on without it (the call changed nothing; the caller repeats it). */
 static bool shm_refused(ps_client *c, int rc, const ps_rpc_status *st)
 {
-    if (rc != PS_ERPC || st == NULL || st->code != PS_RPC_FAILED_PRECONDITION ||
+    if (rc != PS_ERPC || st == NULL ||
+        (st->code != PS_RPC_FAILED_PRECONDITION &&
+         st->code != PS_RPC_PERMISSION_DENIED) ||
         strstr(st->message, "shared memory") == NULL)
         return false;
     /* Said once per process (each session and connection finds out). */

@@ -47,6 +47,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Default message-size limit for both directions: 1 GiB, so that no tensor
  * meets gRPC's 4 MiB default. The hard ceiling is INT32_MAX (gRPC's own). */
@@ -82,6 +83,17 @@ typedef struct ps_rpc_server_opts {
     int max_streams;          /* calls in flight per connection (HTTP/2
                                  SETTINGS_MAX_CONCURRENT_STREAMS: a client
                                  queues the ones beyond); 0 = gRPC's, none */
+    /* Connections and their timeouts (issue 13 d); 0 = none. A unix
+     * listen_also is accepted by the server itself (rpc_local.h): it knows
+     * each connection's peer (ps_rpc_call_peer_cred), holds at most
+     * max_connections open and survives running out of descriptors. */
+    int max_connections;      /* on the unix socket */
+    int handshake_timeout_ms; /* a connection's HTTP/2 preface must come
+                                 within this (GRPC_ARG_SERVER_HANDSHAKE_...) */
+    int idle_timeout_ms;      /* a connection with no call for this long is
+                                 closed (GRPC_ARG_MAX_CONNECTION_IDLE_MS) */
+    int keepalive_ms;         /* pings an idle connection this often and
+                                 closes it when unanswered for as long */
     const ps_tls_opts *tls;   /* TLS of the listen address (tls.h), read at
                                  start; NULL or no certificate = plaintext.
                                  A unix: address is always plaintext. */
@@ -124,6 +136,12 @@ void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms);
 
 /* Shuts down (with no grace) if needed and frees. NULL is a no-op. */
 void ps_rpc_server_destroy(ps_rpc_server *srv);
+
+/* The unix socket's connections (listen_also "unix:..."): open now, and
+ * refused since start (over max_connections, or at the descriptor limit).
+ * 0 without one. */
+int ps_rpc_server_local_open(const ps_rpc_server *srv);
+uint64_t ps_rpc_server_local_refused(const ps_rpc_server *srv);
 
 /* Calls answered since start, and calls in flight now. */
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv);
@@ -179,6 +197,23 @@ int ps_rpc_call_role(ps_rpc_call *call);
 /* The client's address ("ipv4:127.0.0.1:51234"), for logs. Valid while the
  * call is. */
 const char *ps_rpc_call_peer(ps_rpc_call *call);
+
+/* Who is at the other end of a call over the server's unix socket (its
+ * listen_also): the connecting process as the kernel saw it at connect()
+ * (SO_PEERCRED), so that it cannot be claimed by the request. */
+typedef struct ps_rpc_peer_cred {
+    pid_t pid;      /* in the server's pid namespace */
+    uid_t uid;
+    gid_t gid;
+    uint64_t start; /* the process's start time, clock ticks since boot
+                       (/proc/PID/stat field 22): with pid, one process for
+                       the life of the host; 0 if it had exited already */
+    uint64_t conn;  /* the connection's number, unique in the server */
+} ps_rpc_peer_cred;
+
+/* 0 with *out for a call that came over the unix socket; -ENOENT for any
+ * other (TCP, or gRPC's own unix listener). */
+int ps_rpc_call_peer_cred(ps_rpc_call *call, ps_rpc_peer_cred *out);
 
 /* ---- Client ---------------------------------------------------------- */
 

@@ -435,7 +435,6 @@ int ps_rpc_call_role(ps_rpc_call *c)
             n > 7 && strncasecmp(v, "Bearer ", 7) == 0)
             return ps_auth_lookup(a, v + 7, n - 7);
     }
-    const char *peer = ps_rpc_call_peer(c);
-    return peer != NULL && strncmp(peer, "fd:", 3) == 0
-               ? rpc_server_fd_role(c->srv) : PS_AUTH_NONE;
+    int r = rpc_server_fd_role(c);
+    return r != 0 ? r : PS_AUTH_NONE;
 }

@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "common/health.h"
 #include "common/log.h"
+#include "common/rpc_local.h"
 #include "common/rpc_slice.h"
 
 #include <errno.h>
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Calls kept requested per method per thread: enough that a burst is
  * matched without waiting for the re-request after each arrival. */
@@ -61,6 +63,7 @@ struct ps_rpc_server {
     atomic_uint_fast64_t calls_total;
     atomic_uint_fast64_t failures[PS_RPC_UNAUTHENTICATED + 1]; /* by code */
     ps_health *health;
+    rpc_local *local; /* the unix listen_also, accepted by us; NULL: none */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -198,9 +201,7 @@ static bool admitted(ps_rpc_call *c)
             alen = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
         }
     }
-    const char *peer = ps_rpc_call_peer(c);
-    int implicit = peer != NULL && strncmp(peer, "fd:", 3) == 0
-                       ? srv->opts.fd_channel_role : PS_AUTH_NONE;
+    int implicit = rpc_server_fd_role(c);
     int role;
     char msg[512];
     int code = ps_auth_decide(srv->opts.auth, c->path, authz, alen, implicit,
@@ -255,11 +256,30 @@ static void dispatch(ps_rpc_call *c)
         ps_buf_free(&thr->buf);
 }
 
+/* Notes the credentials of a call over the unix socket as it arrives,
+ * while its connection is surely still open (rpc_local.h). */
+static void note_peer(ps_rpc_call *c)
+{
+    c->cred_state = -1;
+    if (c->srv->local != NULL &&
+        rpc_local_lookup(c->srv->local, ps_rpc_call_peer(c), &c->cred) == 0)
+        c->cred_state = 1;
+}
+
+int ps_rpc_call_peer_cred(ps_rpc_call *call, ps_rpc_peer_cred *out)
+{
+    if (call->cred_state != 1)
+        return -ENOENT;
+    *out = call->cred;
+    return 0;
+}
+
 /* A client's call arrived on c: another is requested in its place before
  * this one is handled, so that the method stays served meanwhile. */
 static void on_new_call(ps_rpc_call *c)
 {
     ps_rpc_server *srv = c->srv;
+    note_peer(c);
     request_call(srv, c->m, c->thr);
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
@@ -322,6 +342,8 @@ int ps_rpc_server_create(const ps_rpc_server_opts *opts, ps_rpc_server **out)
 {
     if (opts == NULL || opts->listen == NULL || opts->listen[0] == '\0' ||
         opts->threads < 0 || opts->threads > MAX_THREADS || opts->max_streams < 0 ||
+        opts->max_connections < 0 || opts->handshake_timeout_ms < 0 ||
+        opts->idle_timeout_ms < 0 || opts->keepalive_ms < 0 ||
         opts->max_message_bytes > PS_RPC_MAX_MESSAGE_CEILING)
         return PS_EINVAL_ARG;
     ps_rpc_server *srv = calloc(1, sizeof *srv);
@@ -426,6 +448,30 @@ static void cq_discard(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
+/* The channel arguments that close the connections that hold descriptors
+ * for nothing (issue 13 d): one that never finishes its HTTP/2 preface, one
+ * with no call for a while, one whose peer stopped answering pings. Writes
+ * at most 5 into out; returns how many. */
+static size_t conn_args(const ps_rpc_server_opts *o, grpc_arg *out)
+{
+    size_t n = 0;
+    if (o->handshake_timeout_ms > 0)
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              {.integer = o->handshake_timeout_ms}};
+    if (o->idle_timeout_ms > 0)
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              {.integer = o->idle_timeout_ms}};
+    if (o->keepalive_ms > 0) {
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+                              {.integer = o->keepalive_ms}};
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                              {.integer = o->keepalive_ms < 20000 ? o->keepalive_ms : 20000}};
+        out[n++] = (grpc_arg){GRPC_ARG_INTEGER,
+                              (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}};
+    }
+    return n;
+}
+
 /* The gRPC server with our channel arguments, its methods registered and
  * each method's service (and "") listed for health. */
 static int server_make(ps_rpc_server *srv)
@@ -442,11 +488,14 @@ static int server_make(ps_rpc_server *srv)
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_FRAME_SIZE, {.integer = 4 << 20}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          {.integer = 16 << 20}},
-        /* Last, and only when set: the cap on one connection's calls. */
+        /* Last, and only when set: the cap on one connection's calls, and
+         * the connection timeouts (conn_args). */
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
          {.integer = srv->opts.max_streams}},
+        {0}, {0}, {0}, {0}, {0},
     };
-    size_t nargs = sizeof args / sizeof args[0] - (srv->opts.max_streams > 0 ? 0 : 1);
+    size_t nargs = sizeof args / sizeof args[0] - 6 + (srv->opts.max_streams > 0 ? 1 : 0);
+    nargs += conn_args(&srv->opts, args + nargs);
     grpc_channel_args cargs = {nargs, args};
     srv->server = grpc_server_create(&cargs, NULL);
     if (srv->server == NULL)
@@ -491,7 +540,7 @@ static int server_bind(ps_rpc_server *srv)
     char err[512] = "";
     int port = add_port(srv, srv->listen, err, sizeof err);
     const char *bad = port == 0 ? srv->listen : NULL;
-    if (port != 0 && srv->listen_also != NULL &&
+    if (port != 0 && srv->listen_also != NULL && srv->local == NULL &&
         add_port(srv, srv->listen_also, err, sizeof err) == 0) {
         bad = srv->listen_also;
         port = 0;
@@ -550,6 +599,32 @@ static int threads_start(ps_rpc_server *srv)
     return 0;
 }
 
+/* A unix listen_also is bound and accepted by us (rpc_local.h), so that
+ * each of its calls knows its peer. Returns 0, or -EADDRINUSE after the
+ * error line. */
+static int local_bind(ps_rpc_server *srv)
+{
+    const char *a = srv->listen_also;
+    if (a == NULL || strncmp(a, "unix:", 5) != 0)
+        return 0;
+    int rc = rpc_local_listen(a + 5, srv->opts.max_connections, &srv->local);
+    if (rc != 0) {
+        ps_log_error("rpc: cannot listen on '%s': %s", a, strerror(-rc));
+        return -EADDRINUSE;
+    }
+    return 0;
+}
+
+int ps_rpc_server_local_open(const ps_rpc_server *srv)
+{
+    return srv->local != NULL ? rpc_local_open(srv->local) : 0;
+}
+
+uint64_t ps_rpc_server_local_refused(const ps_rpc_server *srv)
+{
+    return srv->local != NULL ? rpc_local_refused(srv->local) : 0;
+}
+
 int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
 {
     if (srv->started)
@@ -568,11 +643,18 @@ int ps_rpc_server_start(ps_rpc_server *srv, int *port_out)
         grpc_server_register_completion_queue(srv->server,
                                               srv->threads[i].cq, NULL);
     }
+    if ((rc = local_bind(srv)) != 0)
+        return rc;
     int port = server_bind(srv);
-    if (port == 0)
+    if (port == 0) {
+        rpc_local_free(srv->local);
+        srv->local = NULL;
         return -EADDRINUSE;
+    }
     grpc_server_start(srv->server);
     srv->started = true;
+    if (srv->local != NULL && (rc = rpc_local_start(srv->local, srv->server)) != 0)
+        return rc;
     if ((rc = threads_start(srv)) != 0)
         return rc;
     ps_health_set_all(srv->health, true);
@@ -585,6 +667,8 @@ void ps_rpc_server_shutdown(ps_rpc_server *srv, int grace_ms)
 {
     if (!srv->started || atomic_exchange(&srv->shutting_down, true))
         return;
+    /* No new connections on the unix socket: its file goes now. */
+    rpc_local_stop(srv->local);
 
     /* Watchers are told NOT_SERVING and ended, or they would hold the
      * drain open forever. */
@@ -629,6 +713,7 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
     ps_rpc_server_shutdown(srv, 0);
     if (srv->server != NULL)
         grpc_server_destroy(srv->server);
+    rpc_local_free(srv->local);
     for (int i = 0; i < srv->nmethods; i++) {
         free(srv->methods[i].path);
         free(srv->methods[i].service);
@@ -654,9 +739,14 @@ struct ps_auth *rpc_server_auth(ps_rpc_server *srv)
     return srv->opts.auth;
 }
 
-int rpc_server_fd_role(ps_rpc_server *srv)
+/* The implicit role of a call without a token (auth.h's trusted
+ * transports): only on the unix socket psd accepts itself, and only for a
+ * peer of psd's own uid or root, as the kernel names it (rpc_local.h). */
+int rpc_server_fd_role(ps_rpc_call *c)
 {
-    return srv->opts.fd_channel_role;
+    if (c->cred_state != 1 || (c->cred.uid != geteuid() && c->cred.uid != 0))
+        return 0;
+    return c->srv->opts.fd_channel_role;
 }
 
 void rpc_server_count_failure(ps_rpc_server *srv, int code)

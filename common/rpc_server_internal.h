@@ -94,6 +94,11 @@ struct ps_rpc_call {
     grpc_byte_buffer *write_bb;
 
     bool is_health_watcher; /* a Watch call: health.c may list it */
+
+    /* The peer over the unix socket, noted as the call arrives
+     * (ps_rpc_call_peer_cred): 1 known, -1 not a unix-socket call. */
+    int cred_state;
+    ps_rpc_peer_cred cred;
 };
 
 /* ---- rpc_call.c ------------------------------------------------------- */
@@ -123,8 +128,9 @@ void rpc_call_write_done(ps_rpc_call *c, bool ok);
 void rpc_server_call_done(ps_rpc_server *srv);
 /* The token table srv checks calls against (opts.auth); NULL: none. */
 struct ps_auth *rpc_server_auth(ps_rpc_server *srv);
-/* opts.fd_channel_role. */
-int rpc_server_fd_role(ps_rpc_server *srv);
+/* opts.fd_channel_role for a call over the unix socket from psd's uid or
+ * root (its peer's SO_PEERCRED); 0 (none) for any other call. */
+int rpc_server_fd_role(ps_rpc_call *c);
 /* A call of srv was failed with code (ps_rpc_server_failures). */
 void rpc_server_count_failure(ps_rpc_server *srv, int code);
 

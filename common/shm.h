@@ -14,9 +14,11 @@
  * "memfd:PID:FD:ps-<16 hex digits>": psd opens /proc/PID/fd/FD, and maps it
  * only if that is a memfd named ps-<the same digits> with its size sealed.
  * The random digits make a name that only the creator (or whoever may read
- * its /proc entries anyway) can know. Where psd cannot open it (another
- * host, another pid namespace, another user), it answers
- * FAILED_PRECONDITION "shared memory ..." and the client goes on without.
+ * its /proc entries anyway) can know. psd takes a reference only over its
+ * unix socket and only from process PID itself (SO_PEERCRED: server/
+ * shmmap.h). Where it will not or cannot (TCP, another host, another pid
+ * namespace, another user), it answers FAILED_PRECONDITION or
+ * PERMISSION_DENIED "shared memory ..." and the client goes on without.
  *
  * Threads and lifetime: a ps_shm is immutable once made; any thread may
  * use its memory under the caller's own rules.

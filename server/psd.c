@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "common/notify.h"
+#include "common/probe.h"
 #include "common/proc.h"
 #include "ps_config.h"
 #include "common/rpc.h"
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -58,6 +60,11 @@ struct psd_conf {
     int64_t max_pull_wait_ms;
     int64_t worker_timeout_ms;
     int max_streams;
+    int max_connections;
+    int64_t handshake_timeout_ms;
+    int64_t idle_timeout_ms;
+    int64_t keepalive_ms;
+    int64_t probe_interval_ms;
     char *metrics_listen;
     ps_tls_conf tls;
     char *tokens;
@@ -165,6 +172,39 @@ static const ps_opt psd_opts[] = {
     {"max-streams", PS_OPT_INT, offsetof(struct psd_conf, max_streams), "256",
      "most calls in flight on one connection (HTTP/2 max concurrent "
      "streams; a client queues the ones beyond)", 1, 1000000, NULL},
+    /* Connections (issue 13 d): what holds a descriptor for nothing is
+     * closed, and a listener that stops accepting is found and psd exits
+     * to be restarted (server/psd.c's probe, common/probe.h). */
+    /* 0: half the descriptor limit, which leaves the other half for the
+     * TCP connections, LMDB, checkpoints and the metrics endpoint. */
+    {"max-connections", PS_OPT_INT, offsetof(struct psd_conf, max_connections), "0",
+     "most connections open at once on the unix socket (--local-socket); one "
+     "beyond is closed at once and counted; 0: half the descriptor limit",
+     0, 1000000, NULL},
+    /* 10 s: a client on any network sends its HTTP/2 preface in
+     * milliseconds; one that does not only holds a descriptor. */
+    {"handshake-timeout", PS_OPT_DURATION_MS,
+     offsetof(struct psd_conf, handshake_timeout_ms), "10s",
+     "a new connection that has not finished its HTTP/2 handshake by then is "
+     "closed", 100, 3600000, NULL},
+    /* 15 min: a worker calls many times a second; a connection with no
+     * call for this long belongs to a client that is done (it reconnects
+     * by itself if not). 0: never. */
+    {"idle-timeout", PS_OPT_DURATION_MS, offsetof(struct psd_conf, idle_timeout_ms),
+     "15min", "a connection with no call for this long is closed (its client "
+     "reconnects when it calls again); 0: never", 0, 86400000, NULL},
+    /* 60 s: finds a peer that vanished (a host that died holds its
+     * connections open otherwise) within about a minute and a half. */
+    {"keepalive", PS_OPT_DURATION_MS, offsetof(struct psd_conf, keepalive_ms), "60s",
+     "ping each connection this often; one that does not answer within "
+     "min(this, 20s) is closed; 0: no pings", 0, 86400000, NULL},
+    /* 10 s: gRPC 1.51's listener stops accepting for good after running out
+     * of descriptors once (grpc/grpc#20418); psd finds it within two
+     * probes and exits 1 (systemd restarts it). */
+    {"probe-interval", PS_OPT_DURATION_MS, offsetof(struct psd_conf, probe_interval_ms),
+     "10s", "connect to the TCP listener this often; when two probes in a row "
+     "are not answered, psd exits 1 with one line, to be restarted; 0: no "
+     "probe", 0, 3600000, NULL},
     /* Loopback, any free port: every psd of a host (a local cluster runs
      * several) serves its metrics to a local scraper with nothing to set
      * and nothing to clash; a node Prometheus scrapes sets a fixed one. */
@@ -213,6 +253,9 @@ struct psd {
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
     bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
+    int probe_failures; /* in a row (probe) */
+    bool probe_failed;  /* probing is over ... */
+    bool probe_exit;    /* ... because the listener stopped accepting: exit 1 */
 };
 
 /* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
@@ -364,11 +407,27 @@ static int serve(struct psd *d)
 {
     const struct psd_conf *c = &d->c;
     ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    long files = ps_probe_raise_files();
+    int maxc = c->max_connections;
+    if (maxc == 0)
+        maxc = files > 32 ? (int)(files / 2) : 16;
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = (int)c->threads,
                              .max_message_bytes = (size_t)c->max_message,
                              .listen_also = d->also[0] ? d->also : NULL,
                              .max_streams = c->max_streams, .tls = &tls,
-                             .auth = d->auth};
+                             .auth = d->auth,
+                             /* Over the unix socket, psd's own uid (or
+                              * root) is a worker without a token. */
+                             .fd_channel_role = PS_AUTH_WORKER,
+                             .max_connections = maxc,
+                             .handshake_timeout_ms = (int)c->handshake_timeout_ms,
+                             .idle_timeout_ms = (int)c->idle_timeout_ms,
+                             .keepalive_ms = (int)c->keepalive_ms};
+    ps_log_info("connections: %ld descriptors, at most %d on the unix socket, "
+                "handshake within %lld ms, closed after %lld ms idle, pinged "
+                "every %lld ms, listener probed every %lld ms", files, maxc,
+                (long long)c->handshake_timeout_ms, (long long)c->idle_timeout_ms,
+                (long long)c->keepalive_ms, (long long)c->probe_interval_ms);
     int rc;
     if ((rc = ps_rpc_server_create(&ro, &d->srv)) != 0 ||
         (rc = psd_shard_register(d->shard, d->srv)) != 0 ||
@@ -506,6 +565,63 @@ static void status_line(void *ctx)
     ps_notify_status("%s", line);
 }
 
+/* Probes failed in a row before psd gives up on its listener. */
+#define PROBE_TRIES 2
+#define PROBE_TIMEOUT_MS 3000
+
+/* The listener's self-probe, on the control loop (common/probe.h): two
+ * probes in a row unanswered, and psd says so in one line and stops as on
+ * SIGTERM (answering and flushing what it has), then exits 1, so that
+ * systemd (Restart=) starts a psd that accepts again. */
+static void probe(void *ctx)
+{
+    struct psd *d = ctx;
+    char host[256], err[256];
+    /* The host of --listen ("[::]:0" -> "::"; ps_addr_split takes no port
+     * 0), at the port it bound. */
+    const char *l = d->c.listen, *colon = strrchr(l, ':');
+    size_t hl = colon != NULL ? (size_t)(colon - l) : 0;
+    if (hl >= 2 && l[0] == '[' && l[hl - 1] == ']') {
+        l++;
+        hl -= 2;
+    }
+    if (d->probe_failed || colon == NULL || hl >= sizeof host)
+        return;
+    memcpy(host, l, hl);
+    host[hl] = '\0';
+    int rc = ps_probe_listener(host, d->port, PROBE_TIMEOUT_MS, err, sizeof err);
+    if (rc == 0) {
+        d->probe_failures = 0;
+        return;
+    }
+    if (rc == -EINVAL) {
+        /* A host name: probing its address is not psd's to decide. */
+        ps_log_warn("listener probe off: %s", err);
+        d->probe_failed = true;
+        return;
+    }
+    if (++d->probe_failures < PROBE_TRIES) {
+        ps_log_warn("listener probe: %s; trying again", err);
+        return;
+    }
+    d->probe_failed = d->probe_exit = true;
+    fprintf(stderr, "psd: the listener on %s stopped accepting connections (%d "
+            "probes in a row: %s); exiting to be restarted\n", d->c.listen,
+            PROBE_TRIES, err);
+    kill(getpid(), SIGTERM);
+}
+
+/* Starts the probe on the control loop, for a TCP listener when
+ * --probe-interval is set. A timer that cannot be added is logged. */
+static void start_probe(struct psd *d)
+{
+    if (d->c.probe_interval_ms <= 0 || strncmp(d->c.listen, "unix:", 5) == 0)
+        return;
+    int rc = ps_proc_loop_every(d->loop, d->c.probe_interval_ms, probe, d);
+    if (rc != 0)
+        ps_log_err(rc, "cannot add the listener probe's timer");
+}
+
 /* Once psd serves with its store loaded (start): tells systemd it is
  * ready, with a first STATUS= line, then from the control loop keeps the
  * status current and sends the watchdog's keep-alives (common/notify.h).
@@ -574,9 +690,12 @@ int main(int argc, char **argv)
     if (status == 0) {
         supervise(&d);
         ps_proc_loop_on_hup(d.loop, ps_auth_reload_logged, d.auth);
+        start_probe(&d);
         int sig = ps_proc_loop_run(d.loop);
         ps_log_info("signal %d: draining calls and flushing to LMDB", sig);
         status = drain(&d);
+        if (d.probe_exit)
+            status = 1;
     }
     status = ps_proc_epilogue(&d.cmd, d.loop, status);
     ps_auth_destroy(d.auth); /* after the server that checked with it */

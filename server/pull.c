@@ -30,12 +30,15 @@
 static bool resolve_into(psd_shard *s, ps_rpc_call *call, psd_var **vars,
                          const psd_shm_ref *into, size_t n, void **dst)
 {
+    ps_rpc_peer_cred who;
+    bool local = ps_rpc_call_peer_cred(call, &who) == 0;
     for (size_t i = 0; i < n; i++) {
         dst[i] = NULL;
         if (into == NULL || !into[i].set)
             continue;
         char err[400];
-        int code = psd_shmmap_get(s->shm, &into[i], &dst[i], err, sizeof err);
+        int code = psd_shmmap_get(s->shm, local ? &who : NULL, &into[i], &dst[i], err,
+                                  sizeof err);
         if (code == 0 && into[i].length != vars[i]->n * sizeof(float)) {
             snprintf(err, sizeof err, "variable '%s': shared memory for its value "
                      "has %llu bytes, the value %zu", vars[i]->name,

@@ -16,6 +16,7 @@
 #include "common/wire.h"
 #include "common/tensor.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ void shard_pending_free(pending_push *p)
     free(p->vars);
     free(p->versions);
     free(p->into);
+    free(p->refused);
     free(p);
 }
 
@@ -36,6 +38,11 @@ void shard_pending_free(pending_push *p)
  * (Restore takes both before it frees any). */
 static void reply_push(psd_shard *s, pending_push *p)
 {
+    if (p->refused != NULL) {
+        shard_count_bad(s);
+        ps_rpc_fail(p->call, PS_RPC_INVALID_ARGUMENT, "%s", p->refused);
+        return;
+    }
     if (!p->return_values) {
         Ps__V1__PushResponse resp = PS__V1__PUSH_RESPONSE__INIT;
         resp.n_versions = p->nitems;
@@ -268,7 +275,7 @@ static uint32_t grad_apply_at(psd_var *v, ps_wire_bytes c, size_t off,
 
 /* A gradient at least this big is checked and applied in two halves, one
  * on the helper thread when it is idle (assist.h). */
-#define SPLIT_MIN_BYTES ((size_t)1 << 20)
+#define SPLIT_MIN_BYTES SHARD_SPLIT_MIN_BYTES
 
 struct half {
     psd_var *v;
@@ -435,22 +442,70 @@ static bool mark_pushed(psd_var *v, uint32_t worker)
     return true;
 }
 
+/* Whether applying the step's aggregate (v->accum, count pushes) leaves
+ * every value and slot finite, as grad_stays_finite asks of an async push
+ * (issue 13 e): each push of the step was finite, but their sum need not be
+ * (3e38 + 3e38 is Inf in float). Called with v->lock held for writing.
+ * Returns true, or false with err written. */
+static bool step_stays_finite(psd_var *v, float scale, uint64_t t, char *err,
+                              size_t errlen)
+{
+    uint32_t amag = psd_max_mag(v->accum, v->n);
+    if (amag < PSD_NONFINITE_MAG && v->mag_version != 0 &&
+        v->mag_version == v->version && psd_opt_safe(&v->opt, v->mag, amag, scale, t))
+        return true;
+    size_t bad = v->n;
+    if (amag >= PSD_NONFINITE_MAG) {
+        for (bad = 0; bad < v->n && psd_all_finite(v->accum + bad, 1); bad++)
+            ;
+        snprintf(err, errlen, "variable '%s': step %llu: the sum of its %u "
+                 "gradients is non-finite at element %zu (each push was finite); "
+                 "refused, the variable is unchanged (start psd with "
+                 "--allow-nonfinite to accept)", v->name,
+                 (unsigned long long)v->step, v->accum_count, bad);
+        return false;
+    }
+    bad = psd_opt_check_part(&v->opt, v->value, v->slots, v->n, v->accum, v->n,
+                             scale, t);
+    if (bad >= v->n)
+        return true;
+    snprintf(err, errlen, "variable '%s': step %llu: its aggregate would make "
+             "element %zu non-finite (value %g, mean gradient %g, %s); refused, "
+             "the variable is unchanged (start psd with --allow-nonfinite to "
+             "accept)", v->name, (unsigned long long)v->step, bad,
+             (double)v->value[bad], (double)(v->accum[bad] * scale),
+             psd_opt_name(v->opt.kind));
+    return false;
+}
+
 /* Applies the step's aggregate when every worker has pushed, and completes
- * the pushes that waited for it. Called with v->lock held for writing;
- * returns the pushes to complete (the caller does, after unlocking). */
+ * the pushes that waited for it. An aggregate that would make the variable
+ * non-finite (step_stays_finite) is dropped instead: the value stays, the
+ * step is over, and each push of it is answered INVALID_ARGUMENT. Called
+ * with v->lock held for writing; returns the pushes to complete (the caller
+ * does, after unlocking). */
 static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 {
     if (v->accum_count < v->num_workers)
         return NULL;
-    value_writable(v);
-    v->mag = psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n,
-                           1.0f / (float)v->accum_count, v->version + 1);
-    v->mag_version = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    float scale = 1.0f / (float)v->accum_count;
+    char err[512];
+    bool refused = !s->o.allow_nonfinite &&
+                   !step_stays_finite(v, scale, v->version + 1, err, sizeof err);
+    if (refused) {
+        atomic_fetch_add(&s->nonfinite, 1);
+        ps_log_warn("%s", err);
+    } else {
+        value_writable(v);
+        v->mag = psd_opt_apply(&v->opt, v->value, v->slots, v->accum, v->n, scale,
+                               v->version + 1);
+        v->mag_version = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+        shard_count_apply(s);
+    }
     uint64_t done_step = v->step;
     v->step++;
     v->accum_count = 0;
     v->npushed = 0;
-    shard_count_apply(s);
     /* Collect the pushes of this step that now have every part applied. */
     pending_push *ready = NULL;
     pthread_mutex_lock(&s->wait_mu);
@@ -463,6 +518,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
                     p->versions[i] = v->version;
                     p->nleft--;
                     mine = true;
+                    if (refused && p->refused == NULL)
+                        p->refused = strdup(err);
                 }
         if (mine && p->nleft == 0 && p->armed) {
             *pp = p->next;
@@ -476,56 +533,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     return ready;
 }
 
-/* Makes the gradients that lie in shared memory cursors over it, and keeps
- * the push's value_into references in p. Called between psd_shmmap_enter
- * and _leave; returns false with call failed. */
-static bool push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
-                     pending_push *p, uint64_t *shm_in_out)
-{
-    char err[400];
-    uint64_t shm_in = 0;
-    for (size_t i = 0; i < r->ngrads; i++) {
-        ps_wire_grad *g = &r->grads[i];
-        if (g->value_into.set) {
-            if (!r->return_values) {
-                atomic_fetch_add(&s->bad, 1);
-                ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: "
-                            "value_into without return_values", i);
-                return false;
-            }
-            if (p->into == NULL && (p->into = calloc(r->ngrads, sizeof *p->into)) == NULL) {
-                ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
-                return false;
-            }
-            p->into[i] = g->value_into;
-        }
-        if (!g->shm.set)
-            continue;
-        if (g->has_data && g->nbytes > 0) {
-            atomic_fetch_add(&s->bad, 1);
-            ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Push: grads[%zu]: the "
-                        "gradient has both data and shm; send one", i);
-            return false;
-        }
-        void *at;
-        int code = psd_shmmap_get(s->shm, &g->shm, &at, err, sizeof err);
-        if (code != 0) {
-            if (code == PS_RPC_INVALID_ARGUMENT)
-                atomic_fetch_add(&s->bad, 1);
-            ps_rpc_fail(call, code, "Push: grads[%zu]: %s", i, err);
-            return false;
-        }
-        g->shm_piece = (struct ps_piece){at, g->shm.length};
-        ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
-        g->nbytes = g->shm.length;
-        shm_in += g->shm.length;
-    }
-    *shm_in_out = shm_in;
-    return true;
-}
-
 /* Decodes a Push into the thread's buffers and makes the pending push that
- * will answer it, with its shared memory resolved (push_shm). Returns NULL
+ * will answer it, with its shared memory resolved (shard_push_shm). Returns NULL
  * with call failed. */
 static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
                                 const struct ps_piece *pieces, int npieces,
@@ -568,7 +577,7 @@ static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         return NULL;
     }
-    if (!push_shm(s, call, r, p, shm_in)) {
+    if (!shard_push_shm(s, call, r, p, shm_in)) {
         shard_pending_free(p);
         return NULL;
     }
@@ -614,9 +623,18 @@ static enum ps_rpc_code check_name(psd_shard *s, const ps_wire_grad *g, size_t i
 /* Checks gradient g against its variable v: present, FLOAT32, as many
  * elements, the same shape when it has one, finite unless
  * --allow-nonfinite. Returns PS_RPC_OK, or a code with err written. */
+static bool grad_finite_known(psd_shard *s, ps_wire_bytes c, size_t n,
+                              float *straddle, uint32_t known)
+{
+    if (known == UINT32_MAX)
+        return grad_finite_split(s, c, n, straddle);
+    keep_mag(c, known);
+    return known < PSD_NONFINITE_MAG;
+}
+
 static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
                                      const psd_var *v, float *straddle,
-                                     char *err, size_t errlen)
+                                     uint32_t known, char *err, size_t errlen)
 {
     if (!g->has_tensor) {
         snprintf(err, errlen, "variable '%s': the gradient tensor is "
@@ -639,7 +657,8 @@ static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
         ps_tensor_shape_str(v->shape, v->ndim, b, sizeof b);
         snprintf(err, errlen, "variable '%s': gradient shape %s, variable "
                  "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
-    } else if (!s->o.allow_nonfinite && !grad_finite_split(s, g->data, v->n, straddle)) {
+    } else if (!s->o.allow_nonfinite &&
+               !grad_finite_known(s, g->data, v->n, straddle, known)) {
         atomic_fetch_add(&s->nonfinite, 1);
         snprintf(err, errlen, "variable '%s': the gradient holds NaN or "
                  "Inf; refused (start psd with --allow-nonfinite to accept)",
@@ -679,13 +698,14 @@ static enum ps_rpc_code check_step(psd_shard *s, psd_var *v, uint64_t step,
  * held for reading. */
 static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
                                    pending_push *p, float *straddle,
-                                   char *err, size_t errlen)
+                                   const uint32_t *shm_mag, char *err, size_t errlen)
 {
     for (size_t i = 0; i < r->ngrads; i++) {
         const ps_wire_grad *g = &r->grads[i];
         enum ps_rpc_code code = check_name(s, g, i, p, err, errlen);
         if (code == PS_RPC_OK)
-            code = check_tensor(s, g, p->vars[i], straddle, err, errlen);
+            code = check_tensor(s, g, p->vars[i], straddle,
+                                shm_mag != NULL ? shm_mag[i] : UINT32_MAX, err, errlen);
         if (code == PS_RPC_OK && p->vars[i]->consistency == PSD_SYNC && r->delta) {
             shard_count_bad(s);
             snprintf(err, errlen, "variable '%s': a delta push (local SGD) "
@@ -852,7 +872,8 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
 
     pthread_rwlock_rdlock(&s->table_lock);
     char err[512];
-    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, err, sizeof err);
+    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, shard_push_shm_mags(),
+                                       err, sizeof err);
     if (code != PS_RPC_OK) {
         pthread_rwlock_unlock(&s->table_lock);
         if (code == PS_RPC_INVALID_ARGUMENT)
@@ -900,6 +921,7 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
     psd_shmmap_enter(s->shm);
     push_locked(s, call, pieces, npieces, t0);
     psd_shmmap_leave(s->shm);
+    shard_push_shm_trim();
 }
 
 /* The most workers a step may wait for: the job's size as its variables

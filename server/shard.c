@@ -473,6 +473,7 @@ void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes)
 
 int psd_shard_register(psd_shard *s, ps_rpc_server *srv)
 {
+    s->srv = srv;
     for (int i = 0; i < SHARD_NMETHODS; i++) {
         struct shard_method *m = &s->methods[i];
         char path[96];

@@ -127,6 +127,9 @@ typedef struct pending_push {
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     bool armed;               /* its handler is done with it (under wait_mu) */
     double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */
+    char *refused;            /* set: a sync step it joined was refused (its
+                                 aggregate would make a value non-finite);
+                                 the push is answered INVALID_ARGUMENT with it */
 } pending_push;
 
 /* A Pull waiting for a version. */
@@ -234,6 +237,8 @@ struct psd_shard {
     int64_t started_ms;
     psd_assist *assist;  /* takes half of a big push (assist.h) */
     psd_shmmap *shm;     /* co-located clients' shared memory (shmmap.h) */
+    const ps_rpc_server *srv; /* serving it (psd_shard_register): Stats'
+                                 connection counts */
     /* What the table holds, and what CreateVariables about to insert have
      * reserved, against --max-variables and --max-bytes (limits.c). */
     pthread_mutex_t caps_mu;
@@ -376,5 +381,23 @@ void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
                             void *ctx);
 void shard_pending_free(pending_push *p);
 void shard_answer_durable(psd_shard *s, uint64_t upto);
+
+/* ---- pushshm.c: a push's gradients in shared memory ------------------ */
+
+/* A gradient at least this big is checked, copied and applied in two
+ * halves, one on the helper thread when it is idle (assist.h). */
+#define SHARD_SPLIT_MIN_BYTES ((size_t)1 << 20)
+
+/* Makes the gradients of r that lie in shared memory cursors over a copy
+ * of them (read once, for the caller the unix socket names), and keeps the
+ * push's value_into references in p. Called between psd_shmmap_enter and
+ * _leave; returns false with call failed. */
+bool shard_push_shm(psd_shard *s, ps_rpc_call *call, ps_wire_push *r,
+                    pending_push *p, uint64_t *shm_in);
+/* The largest magnitude of each gradient of this thread's last
+ * shard_push_shm (UINT32_MAX: not from shared memory), or NULL. */
+const uint32_t *shard_push_shm_mags(void);
+/* Lets go of a big copy after its push. */
+void shard_push_shm_trim(void);
 
 #endif

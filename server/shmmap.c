@@ -17,6 +17,8 @@
 
 struct region {
     char name[PS_SHM_NAME_MAX];
+    pid_t pid;      /* its owner, who alone may name it */
+    uint64_t start; /* the owner's start time (ps_rpc_peer_cred) */
     void *base;
     size_t size;
     int64_t last_used_ms; /* atomic */
@@ -62,7 +64,11 @@ void psd_shmmap_leave(psd_shmmap *m)
     pthread_rwlock_unlock(&m->use);
 }
 
-/* Opens and maps the region called name; 0 or a ps_rpc_code with err. */
+/* Opens and maps the region called name, of process pid (the caller's:
+ * psd_shmmap_get checked); 0 or a ps_rpc_code with err. Nothing of what
+ * the descriptor turns out to be goes into err or the log: before issue 13
+ * a wrong name was answered with readlink's target, the secret name of a
+ * memfd or the path of any file another process had open. */
 static int map_region(const char *name, struct region *out, char *err, size_t errlen)
 {
     char path[64], want[64], ours[64], got[128];
@@ -72,19 +78,19 @@ static int map_region(const char *name, struct region *out, char *err, size_t er
                  "memfd:PID:FD:ps-<16 hex digits>", name);
         return PS_RPC_INVALID_ARGUMENT;
     }
-    /* Only a regular file (a memfd is one) is opened: the path names any
-     * fd of a process psd may read, and opening a device or a FIFO can have
-     * effects of its own. O_NONBLOCK | O_NOCTTY for one swapped in between. */
+    /* Only a regular file (a memfd is one) is opened: opening a device or
+     * a FIFO can have effects of its own. O_NONBLOCK | O_NOCTTY for one
+     * swapped in between. */
     struct stat pre;
     if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode)) {
-        snprintf(err, errlen, "shared memory '%s': %s is not a memfd", name, path);
+        snprintf(err, errlen, "shared memory '%s': not the memfd named", name);
         return PS_RPC_FAILED_PRECONDITION;
     }
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
-        snprintf(err, errlen, "shared memory '%s': cannot open %s: %s (is the "
-                 "client on another host, in another pid namespace, or another "
-                 "user's?)", name, path, strerror(errno));
+        snprintf(err, errlen, "shared memory '%s': cannot open it: %s (is the "
+                 "client in another pid namespace, or another user's?)", name,
+                 strerror(errno));
         return PS_RPC_FAILED_PRECONDITION;
     }
     /* What was opened, not what the path named a moment before. */
@@ -97,8 +103,7 @@ static int map_region(const char *name, struct region *out, char *err, size_t er
     int code = PS_RPC_FAILED_PRECONDITION;
     if (gl <= 0 || strncmp(got, want, wl) != 0 ||
         (got[wl] != '\0' && strcmp(got + wl, " (deleted)") != 0)) {
-        snprintf(err, errlen, "shared memory '%s': %s is not that memfd (%s)", name,
-                 path, got);
+        snprintf(err, errlen, "shared memory '%s': not the memfd named", name);
     } else if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
         snprintf(err, errlen, "shared memory '%s': its size is not sealed against "
                  "shrinking (F_SEAL_SHRINK)", name);
@@ -121,8 +126,35 @@ static int map_region(const char *name, struct region *out, char *err, size_t er
     return code;
 }
 
-int psd_shmmap_get(psd_shmmap *m, const psd_shm_ref *ref, void **p, char *err,
-                   size_t errlen)
+/* Whether who may name ref: it came over the unix socket, from the process
+ * the name carries. Returns 0, or a ps_rpc_code with err. */
+static int may_name(const ps_rpc_peer_cred *who, const psd_shm_ref *ref, char *err,
+                    size_t errlen)
+{
+    char path[64], want[64];
+    int pid;
+    if (ps_shm_parse_name(ref->name, path, sizeof path, want, sizeof want, &pid) != 0) {
+        snprintf(err, errlen, "shared memory name '%s' is not "
+                 "memfd:PID:FD:ps-<16 hex digits>", ref->name);
+        return PS_RPC_INVALID_ARGUMENT;
+    }
+    if (who == NULL) {
+        snprintf(err, errlen, "shared memory is accepted only over psd's unix "
+                 "socket (--local-socket), where the kernel names the caller; "
+                 "this call came over TCP: send the tensor inline");
+        return PS_RPC_FAILED_PRECONDITION;
+    }
+    if ((pid_t)pid != who->pid) {
+        snprintf(err, errlen, "shared memory '%s' is process %d's; this call "
+                 "comes from process %d, and a process may share only its own "
+                 "memory", ref->name, pid, (int)who->pid);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    return 0;
+}
+
+int psd_shmmap_get(psd_shmmap *m, const ps_rpc_peer_cred *who,
+                   const psd_shm_ref *ref, void **p, char *err, size_t errlen)
 {
     if (ref->name_len >= PS_SHM_NAME_MAX) {
         snprintf(err, errlen, "shared memory name of %zu bytes is too long "
@@ -134,12 +166,15 @@ int psd_shmmap_get(psd_shmmap *m, const psd_shm_ref *ref, void **p, char *err,
                  "of 4", ref->name, (unsigned long long)ref->offset);
         return PS_RPC_INVALID_ARGUMENT;
     }
+    int code = may_name(who, ref, err, errlen);
+    if (code != 0)
+        return code;
     pthread_mutex_lock(&m->mu);
     struct region *r = NULL;
     for (size_t i = 0; i < m->n && r == NULL; i++)
-        if (strcmp(m->r[i].name, ref->name) == 0)
+        if (strcmp(m->r[i].name, ref->name) == 0 && m->r[i].pid == who->pid &&
+            m->r[i].start == who->start)
             r = &m->r[i];
-    int code = 0;
     if (r == NULL) {
         struct region nr;
         if (m->n == MAX_REGIONS) {
@@ -156,6 +191,8 @@ int psd_shmmap_get(psd_shmmap *m, const psd_shm_ref *ref, void **p, char *err,
                 m->r = g;
                 r = &m->r[m->n++];
                 *r = nr;
+                r->pid = who->pid;
+                r->start = who->start;
             }
         }
     }

@@ -6,6 +6,8 @@
  */
 #include "server/shard_internal.h"
 
+#include "common/probe.h"
+
 #include "common/clock.h"
 #include "common/errors.h"
 #include "server/init.h"
@@ -748,5 +750,13 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.transport_security = (char *)(s->o.transport_security != NULL
                                            ? s->o.transport_security : "plaintext");
     resp.tokens_required = s->o.tokens_required;
+    if (s->srv != NULL) {
+        resp.connections_refused = ps_rpc_server_local_refused(s->srv);
+        resp.local_connections = (uint64_t)ps_rpc_server_local_open(s->srv);
+    }
+    int files = ps_probe_open_files();
+    long max_files = ps_probe_max_files();
+    resp.open_files = files > 0 ? (uint64_t)files : 0;
+    resp.max_open_files = max_files > 0 ? (uint64_t)max_files : 0;
     ps_rpc_reply_pb(call, &resp);
 }

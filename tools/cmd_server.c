@@ -73,6 +73,9 @@ static void print_stats(const Ps__V1__StatsResponse *r)
     ROW("nonfinite refused", "%" PRIu64, r->nonfinite_refused);
     ROW("via shared memory", "%s", human_bytes(r->shm_bytes, a, sizeof a));
     ROW("shared-memory maps", "%" PRIu64, r->shm_regions);
+    ROW("open files", "%" PRIu64 " of %" PRIu64, r->open_files, r->max_open_files);
+    ROW("unix connections", "%" PRIu64 " open, %" PRIu64 " refused",
+        r->local_connections, r->connections_refused);
     ROW("bad requests", "%" PRIu64, r->bad_requests);
     ROW("commits", "%" PRIu64, r->commits);
     ROW("resident", "%s", human_bytes(r->resident_bytes, a, sizeof a));

@@ -417,13 +417,14 @@ static int make_replicas(struct session *s, int in_h, int in_w, int in_c,
     return 0;
 }
 
-/* Marks the shards to share memory with (--shm; auto: those on this host,
- * which takes a name lookup each); whether there is any. */
+/* Marks the shards to share memory with (--shm; auto: those reached by
+ * their unix socket, since psd refuses shared memory over TCP: there the
+ * kernel cannot tell it who the caller is); whether there is any. */
 static bool want_shm(const struct wd_train_opts *o, bool *with)
 {
     bool any = false;
     for (int k = 0; k < o->nps; k++) {
-        with[k] = o->shm == 1 || (o->shm == 0 && ps_shm_target_is_local(o->ps[k]));
+        with[k] = o->shm == 1 || (o->shm == 0 && strncmp(o->ps[k], "unix:", 5) == 0);
         any = any || with[k];
     }
     return any;

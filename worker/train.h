@@ -110,9 +110,9 @@ struct wd_train_opts {
     struct wd_metrics *metrics; /* step times and progress for /metrics;
                                    NULL: none */
     int shm;                   /* shared memory with psd (common/shm.h):
-                                  0 auto (a psd on this host: unix:,
-                                  loopback, or this host's address), 1 on
-                                  (any address), 2 off */
+                                  0 auto (a psd reached by unix:, the only
+                                  way psd takes it), 1 on (any address),
+                                  2 off */
     wd_events *events;         /* the chief's TensorBoard event file (NULL:
                                   none): loss, examples/s and learning rate
                                   every summary_steps steps, at the job's

@@ -205,9 +205,10 @@ static const ps_opt wd_opts[] = {
      self_choices},
     {"shm", PS_OPT_ENUM, offsetof(struct wd_conf, shm), "auto",
      "move gradients and values through memory shared with psd, not its "
-     "socket: auto = with a psd on this host (a unix socket, a loopback "
-     "address or one of this host's), on = with every psd (one that cannot "
-     "map it says so, and the worker sends inline), off = never", 0, 0,
+     "socket: auto = with a psd reached by its unix socket (--ps unix:PATH; "
+     "psd takes shared memory over nothing else), on = with every psd (one "
+     "that will not map it says so, and the worker sends inline), off = "
+     "never", 0, 0,
      shm_choices},
     {"token-file", PS_OPT_STRING, offsetof(struct wd_conf, token_file), NULL,
      "file holding the token sent to psd and pscoord (a worker's; servers "

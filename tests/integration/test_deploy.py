@@ -25,6 +25,55 @@ def flags_of(binary):
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
+def dockerfile_final_stage(path):
+    """The instructions of the Dockerfile's last stage, as (KEYWORD, args),
+    continuation lines joined and comments dropped."""
+    lines, cur = [], ""
+    for raw in open(path):
+        line = raw.rstrip("\n")
+        if not cur and line.lstrip().startswith("#"):
+            continue
+        if line.endswith("\\"):
+            cur += line[:-1] + " "
+            continue
+        cur += line
+        if cur.strip():
+            lines.append(cur.strip())
+        cur = ""
+    stages = [[]]
+    for ln in lines:
+        kw, _, args = ln.partition(" ")
+        if kw.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((kw.upper(), args.strip()))
+    return stages[-1]
+
+
+def check_dockerfile(r, services):
+    """The image runs as a fixed non-root uid that owns every directory the
+    compose cluster mounts a volume on (issue 13: the image runs as a
+    non-root user)."""
+    final = dockerfile_final_stage(os.path.join(DEPLOY, "Dockerfile"))
+    users = [a for k, a in final if k == "USER"]
+    user = users[-1] if users else ""
+    uid = user.split(":")[0]
+    r.check(uid.isdigit() and int(uid) != 0,
+            "the image's last USER is a fixed non-root uid (%r)" % (user or None))
+    runs = " ".join(a for k, a in final if k == "RUN")
+    chowned = re.findall(r"chown\s+(?:-R\s+)?(\d+)(?::\d+)?\s+([^&;]+)", runs)
+    owned = [path for who, paths in chowned if who == uid for path in paths.split()]
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            parts = vol.split(":")
+            if len(parts) < 2 or parts[0].startswith("."):
+                continue  # a bind mount of a file from deploy/, read-only
+            target = parts[1]
+            r.check(any(target == o or target.startswith(o.rstrip("/") + "/")
+                        for o in owned),
+                    "%s: the volume on %s is a directory the image's user %s owns"
+                    % (name, target, uid))
+
+
 def main():
     r = pstest.Results("deploy")
     known = {b: flags_of(b) for b in BINS if os.path.exists(
@@ -59,6 +108,7 @@ def main():
                     "%s sends a token%s, made by certs (%s%s)"
                     % (name, " and checks every call's" if serves else "", tok or
                        "no --token-file", ", " + table if table else ""))
+    check_dockerfile(r, services)
     spec = os.path.join(DEPLOY, "compose-cluster.json")
     p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",
                         "validate", spec], capture_output=True, text=True, timeout=30)

@@ -37,8 +37,11 @@ class Region:
 def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-shm")
-    d = pstest.start_psd(pstest.tmpdir())
-    stub = pbg.ParameterServerStub(pstest.channel(d.address))
+    # Shared memory goes only over psd's unix socket (issue 13 a).
+    tmp = pstest.tmpdir()
+    sock = os.path.join(tmp, "psd.sock")
+    d = pstest.start_psd(os.path.join(tmp, "data"), "--local-socket", sock)
+    stub = pbg.ParameterServerStub(pstest.channel("unix:" + sock))
     rng = np.random.default_rng(7)
     w0 = rng.standard_normal(N).astype("<f4")
     for name in ("a", "b"):
@@ -120,11 +123,14 @@ def main():
     other_tag = "memfd:%d:%d:ps-%s" % (os.getpid(), reg.fd, "0" * 16)
     expect("a name not of the memfd form", push_ref(reg.ref(pb, 0, N, name="/dev/shm/x")),
            C.INVALID_ARGUMENT, "shared memory", "/dev/shm/x")
-    expect("a process that does not exist",
+    expect("a process that does not exist (not the caller)",
            push_ref(reg.ref(pb, 0, N, name="memfd:999999999:3:ps-" + reg.tag)),
+           C.PERMISSION_DENIED, "shared memory", "its own memory")
+    expect("an fd that does not exist",
+           push_ref(reg.ref(pb, 0, N, name="memfd:%d:999999:ps-%s" % (os.getpid(), reg.tag))),
            C.FAILED_PRECONDITION, "shared memory", "cannot open")
     expect("an fd that is another memfd (wrong tag)", push_ref(reg.ref(pb, 0, N, name=other_tag)),
-           C.FAILED_PRECONDITION, "shared memory", "not that memfd")
+           C.FAILED_PRECONDITION, "shared memory", "not the memfd named")
     expect("a memfd whose size is not sealed", push_ref(unsealed.ref(pb, 0, N)),
            C.FAILED_PRECONDITION, "shared memory", "F_SEAL_SHRINK")
     expect("a range past the region's end", push_ref(reg.ref(pb, 3 * N + 1, N)),
@@ -153,11 +159,14 @@ def main():
     # is one consistent snapshot, the value of the version it reports (the
     # value is the number of pushes: 0, then +1 per push of -1s).
     import threading
-    d4 = pstest.start_psd(pstest.tmpdir(), "--threads", "4")
-    stub4 = pbg.ParameterServerStub(pstest.channel(d4.address))
+    sock4 = os.path.join(tmp, "psd4.sock")
+    d4 = pstest.start_psd(os.path.join(tmp, "data4"), "--threads", "4",
+                          "--local-socket", sock4)
+    stub4 = pbg.ParameterServerStub(pstest.channel("unix:" + sock4))
     # The pushes on a connection of their own, as another worker's would be.
     push4 = pbg.ParameterServerStub(grpc.insecure_channel(
-        d4.address, options=pstest.CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]))
+        "unix:" + sock4,
+        options=pstest.CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]))
     BIG = 16 << 20  # floats: 64 MiB
     stub4.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
         pb, "big", (BIG,), lr=1.0)), timeout=30)

@@ -530,6 +530,59 @@ START_TEST(test_code_mapping)
 }
 END_TEST
 
+/* Answers with the caller's pid and uid as the unix socket knows them, or
+ * "none" for a call that came another way. */
+static void who(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
+{
+    ps_rpc_peer_cred c;
+    char out[64] = "none";
+    if (ps_rpc_call_peer_cred(call, &c) == 0)
+        snprintf(out, sizeof out, "%d %d %d", (int)c.pid, (int)c.uid, c.start > 0);
+    ps_rpc_reply(call, out, strlen(out));
+}
+
+/* A unix listen_also is accepted by the server itself: its calls know
+ * their peer (SO_PEERCRED), TCP calls do not; the socket file goes at
+ * shutdown. */
+START_TEST(test_peer_cred)
+{
+    char dir[] = "/tmp/check-rpc-XXXXXX", path[64], unix_target[80];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/s.sock", dir);
+    snprintf(unix_target, sizeof unix_target, "unix:%s", path);
+    ps_rpc_server *s;
+    ps_rpc_server_opts o = {.listen = "127.0.0.1:0", .listen_also = unix_target,
+                            .threads = 1, .max_connections = 4,
+                            .handshake_timeout_ms = 1000, .idle_timeout_ms = 60000,
+                            .keepalive_ms = 30000};
+    ck_assert_int_eq(ps_rpc_server_create(&o, &s), 0);
+    ck_assert_int_eq(ps_rpc_server_add_method(s, "/t.T/Who", PS_RPC_UNARY, who, NULL), 0);
+    int p;
+    ck_assert_int_eq(ps_rpc_server_start(s, &p), 0);
+    char tcp[64], want[64];
+    snprintf(tcp, sizeof tcp, "127.0.0.1:%d", p);
+    snprintf(want, sizeof want, "%d %d 1", (int)getpid(), (int)getuid());
+    ps_rpc_client *ct, *cu;
+    ck_assert_int_eq(ps_rpc_client_create(tcp, NULL, &ct), 0);
+    ck_assert_int_eq(ps_rpc_client_create(unix_target, NULL, &cu), 0);
+    ps_buf resp = {0};
+    ck_assert_int_eq(ps_rpc_invoke(cu, "/t.T/Who", "", 0, &resp, 0, NULL), 0);
+    ck_assert_uint_eq(resp.len, strlen(want));
+    ck_assert_mem_eq(resp.data, want, resp.len);
+    ck_assert_int_eq(ps_rpc_server_local_open(s), 1);
+    ck_assert_int_eq(ps_rpc_invoke(ct, "/t.T/Who", "", 0, &resp, 0, NULL), 0);
+    ck_assert_uint_eq(resp.len, 4);
+    ck_assert_mem_eq(resp.data, "none", 4);
+    ps_buf_free(&resp);
+    ps_rpc_client_destroy(cu);
+    ps_rpc_client_destroy(ct);
+    ps_rpc_server_shutdown(s, 1000);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    ps_rpc_server_destroy(s);
+    rmdir(dir);
+}
+END_TEST
+
 static const struct pscheck_opts server = {setup, teardown, 60};
 
 /* The caller's role as one byte. */
@@ -622,4 +675,5 @@ PSCHECK_MAIN("rpc",
     {"shutdown", {test_graceful_shutdown_drains}, &server},
     {"bad_options", {test_bad_options}, &server},
     {"code_mapping", {test_code_mapping}, &server},
+    {"peer_cred", {test_peer_cred}, &server},
     {"tokens", {test_tokens}})

@@ -141,8 +141,10 @@ START_TEST(test_map_own_region)
     char err[400];
     void *p = NULL;
     psd_shm_ref r = ref_of(s, 4096, 64);
+    /* The caller as the unix socket would name it: this process. */
+    ps_rpc_peer_cred me = {.pid = getpid(), .uid = getuid(), .start = 1};
     psd_shmmap_enter(m);
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &p, err, sizeof err), 0);
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &p, err, sizeof err), 0);
     /* The same memory through psd's mapping: a write shows on the other side. */
     ((float *)p)[3] = 2.5f;
     ck_assert(((float *)((uint8_t *)ps_shm_base(s) + 4096))[3] == 2.5f);
@@ -150,23 +152,26 @@ START_TEST(test_map_own_region)
     /* Mapped once, found again by name. */
     void *q = NULL;
     r.offset = 0;
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), 0);
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &q, err, sizeof err), 0);
     ck_assert_ptr_eq((uint8_t *)q + 4096, p);
     ck_assert_uint_eq(psd_shmmap_count(m), 1);
     /* Ranges and names that will not do. */
     r.offset = ps_shm_size(s) - 60;
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(err, "past its end"));
     r.offset = 6;
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(err, "multiple of 4"));
     r = ref_of(s, 0, 4);
     /* Another tag (still hex digits): not that memfd. */
     char *last = &r.name[strlen(r.name) - 1];
     *last = *last == '0' ? '1' : '0';
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err),
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &q, err, sizeof err),
                      PS_RPC_FAILED_PRECONDITION);
-    ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
+    ck_assert_ptr_nonnull(strstr(err, "not the memfd named"));
+    /* Nothing of what the descriptor is comes back (issue 13 a). */
+    ck_assert_ptr_null(strstr(err, "/proc"));
+    ck_assert_ptr_null(strstr(err, "/tmp"));
     /* An fd that is a pipe is not even opened; a plain file is not a memfd. */
     int pp[2];
     ck_assert_int_eq(pipe(pp), 0);
@@ -174,28 +179,46 @@ START_TEST(test_map_own_region)
     snprintf(bad.name, sizeof bad.name, "memfd:%d:%d:ps-0123456789abcdef",
              (int)getpid(), pp[0]);
     bad.name_len = strlen(bad.name);
-    ck_assert_int_eq(psd_shmmap_get(m, &bad, &q, err, sizeof err),
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &bad, &q, err, sizeof err),
                      PS_RPC_FAILED_PRECONDITION);
-    ck_assert_ptr_nonnull(strstr(err, "is not a memfd"));
+    ck_assert_ptr_nonnull(strstr(err, "not the memfd named"));
     FILE *tf = tmpfile();
     ck_assert_ptr_nonnull(tf);
     ck_assert_int_eq(ftruncate(fileno(tf), 4096), 0);
     snprintf(bad.name, sizeof bad.name, "memfd:%d:%d:ps-0123456789abcdef",
              (int)getpid(), fileno(tf));
     bad.name_len = strlen(bad.name);
-    ck_assert_int_eq(psd_shmmap_get(m, &bad, &q, err, sizeof err),
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &bad, &q, err, sizeof err),
                      PS_RPC_FAILED_PRECONDITION);
-    ck_assert_ptr_nonnull(strstr(err, "not that memfd"));
+    ck_assert_ptr_nonnull(strstr(err, "not the memfd named"));
+    /* Nothing of what the descriptor is comes back (issue 13 a). */
+    ck_assert_ptr_null(strstr(err, "/proc"));
+    ck_assert_ptr_null(strstr(err, "/tmp"));
     fclose(tf);
     close(pp[0]);
     close(pp[1]);
     ck_assert_uint_eq(psd_shmmap_count(m), 1);
+    /* Not over the unix socket (no caller known), another process, or
+     * this pid in another life (start time): refused before any lookup. */
+    r = ref_of(s, 0, 4);
+    ck_assert_int_eq(psd_shmmap_get(m, NULL, &r, &q, err, sizeof err),
+                     PS_RPC_FAILED_PRECONDITION);
+    ck_assert_ptr_nonnull(strstr(err, "only over psd's unix socket"));
+    ps_rpc_peer_cred other = me;
+    other.pid = me.pid + 1;
+    ck_assert_int_eq(psd_shmmap_get(m, &other, &r, &q, err, sizeof err),
+                     PS_RPC_PERMISSION_DENIED);
+    ck_assert_ptr_nonnull(strstr(err, "its own memory"));
+    other = me;
+    other.start = 2;
+    ck_assert_int_eq(psd_shmmap_get(m, &other, &r, &q, err, sizeof err), 0);
+    ck_assert_uint_eq(psd_shmmap_count(m), 2); /* its own mapping, not me's */
     r.name_len = PS_SHM_NAME_MAX;
-    ck_assert_int_eq(psd_shmmap_get(m, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
+    ck_assert_int_eq(psd_shmmap_get(m, &me, &r, &q, err, sizeof err), PS_RPC_INVALID_ARGUMENT);
     /* No unmapping while a caller is inside; after, an idle region goes. */
-    ck_assert_uint_eq(psd_shmmap_sweep(m, 0), 1);
+    ck_assert_uint_eq(psd_shmmap_sweep(m, 0), 2);
     psd_shmmap_leave(m);
-    ck_assert_uint_eq(psd_shmmap_sweep(m, 60000), 1);
+    ck_assert_uint_eq(psd_shmmap_sweep(m, 60000), 2);
     ck_assert_uint_eq(psd_shmmap_sweep(m, 0), 0);
     /* The client's memory is untouched by psd's unmapping. */
     ck_assert(((float *)((uint8_t *)ps_shm_base(s) + 4096))[3] == 2.5f);
