@@ -23,7 +23,7 @@ DEB_PACKAGES := \
 	python3-grpcio python3-grpc-tools python3-numpy python3-yaml \
 	dataset-fashion-mnist iproute2 procps \
 	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus \
-	python3-venv python3-setuptools python3-pip python3-torch openssl
+	python3-venv python3-setuptools python3-pip python3-torch openssl mypy
 
 # Only the benchmarks compare against PyTorch; its install is large.
 BENCH_PACKAGES := python3-torch

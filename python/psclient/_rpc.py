@@ -160,7 +160,8 @@ class Connection:
                     raise PsError(code, "%s (gave up after %d attempts in %.1f s)"
                                   % (details, attempt, time.monotonic() - start),
                                   self.address, name, attempt) from None
-                log.debug("%s %s: UNAVAILABLE (%s); retry %d in %.2f s", self.address, name, details, attempt, delay)
+                log.debug("%s %s: UNAVAILABLE (%s); retry %d in %.2f s", self.address,
+                          name, details, attempt, delay)
                 time.sleep(delay)
                 step = min(step * 2, self.retry.maximum)
 

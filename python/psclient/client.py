@@ -246,17 +246,33 @@ class Client:
                                         pb.CreateVariableRequest(spec=spec),
                                         pb.CreateVariableResponse)
         self._each(sorted(jobs), create)
+        self._adopt(placed)
+        self.consistency = consistency
+        return {pl.name: pl for pl in placed}
+
+    def attach(self, variables: Sequence[Variable],
+               consistency: str = "async") -> Dict[str, _place.Placement]:
+        """Places the variables as create_variables does but creates
+        nothing: for a reader (an evaluator) that must not fix the
+        variables' specs, or a client whose psd is not up yet. A variable
+        that is missing on its shard then fails the first call with
+        NOT_FOUND."""
+        consistency_pb(consistency)
+        placed = self._placement(variables)
+        self._adopt(placed)
+        self.consistency = consistency
+        return {pl.name: pl for pl in placed}
+
+    def _adopt(self, placed: Sequence[_place.Placement]) -> None:
         for pl in placed:
             self.variables[pl.name] = pl
             for p in pl.parts:
                 self._part_shapes[p.name] = \
                     (p.row_end - p.row_begin,) + pl.shape[1:] if pl.shape else ()
-        self.consistency = consistency
         for sh in self.shards:
             sh.layout([(p.name, 4 * _place.elements(self._part_shapes[p.name]))
                        for pl in self.variables.values() for p in pl.parts
                        if p.shard == sh.index])
-        return {pl.name: pl for pl in placed}
 
     def _each(self, shards: Sequence[int], fn: Callable[[int], Any]) -> Dict[int, Any]:
         """Runs fn(shard) for each shard, in parallel when several; raises
@@ -313,14 +329,14 @@ class Client:
                 out.versions[name] = v.version
                 continue
             whole = np.empty(pl.shape, dtype=np.float32)
-            ver = None
+            vers: List[int] = []
             for p in pl.parts:
                 s, v = got[p.name]
                 rows = (p.row_end - p.row_begin,) + pl.shape[1:]
                 whole[p.row_begin:p.row_end] = self._value(self.shards[s], v, rows)
-                ver = v.version if ver is None else min(ver, v.version)
+                vers.append(int(v.version))
             out[name] = whole
-            out.versions[name] = ver or 0
+            out.versions[name] = min(vers)
         return out
 
     def _parts_by_shard(self, names: Sequence[str]) -> Dict[int, List[Tuple[str, _place.Part]]]:

@@ -109,7 +109,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self._load(self.client.pull(list(self.named)))
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Pushes each parameter's gradient (those without one are left
         out) and loads the values psd returns into the module. With a
         closure, calls it first (with gradients enabled) and returns its

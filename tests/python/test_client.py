@@ -103,6 +103,13 @@ def test_place():
     v = c.pull(["emb", "s"])
     r.check(np.all(v["emb"] == 1) and v["emb"].shape == (100, 8) and v["s"].shape == (),
             "place: a pull through the coordinator's placement gives whole values")
+    reader = Client(coordinator=coord.address)
+    reader.attach([Variable(n, s) for n, s in MODEL])
+    rv = reader.pull(["emb", "odd"])
+    r.check(np.all(rv["emb"] == 1) and rv["odd"].shape == (7, 40) and
+            sum(st.variables for st in reader.stats()) == len(on),
+            "place: a reader that attaches (creates nothing) pulls through the same placement")
+    reader.close()
     c.close()
     for s in shards:
         s.stop()
@@ -261,7 +268,8 @@ def test_restart():
         took = time.monotonic() - t0
         r.check(np.array_equal(res.values["w"], np.full(4, -1, np.float32)) and
                 res.versions["w"] == 2 and took >= 1.0,
-                "restart: a push while psd is down succeeds once it is back (%.1f s, psd up at %.1f s), "
+                "restart: a push while psd is down succeeds once it is back (%.1f s, psd "
+                "up at %.1f s), "
                 "and the acknowledged push before the kill was kept (%s, version %d)"
                 % (took, box["up"] - t0, res.values["w"], res.versions["w"]))
     except PsError as e:
@@ -269,8 +277,7 @@ def test_restart():
     t.join()
     box["d"].stop()
     short = Client([box["d"].address], retry=Retry(initial=0.05, maximum=0.2, budget=1))
-    short.variables = c.variables
-    short._part_shapes = c._part_shapes
+    short.attach([Variable("w", (4,))])
     t0 = time.monotonic()
     try:
         short.pull(["w"])
@@ -350,7 +357,7 @@ def test_tls():
     r.check(np.all(c.pull()["t"] == 3),
             "tls: the client pulls over TLS%s" % (" with a bearer token" if token_file else ""))
     plain = Client([s.address], retry=Retry(budget=0))
-    plain.variables, plain._part_shapes = c.variables, c._part_shapes
+    plain.attach([Variable("t", (4,))])
     try:
         plain.pull(timeout=3)
         r.check(False, "tls: a plaintext client is refused")
