@@ -18,8 +18,12 @@ with temporary directories:
             raises UNAVAILABLE naming the attempts;
   shm       over psd's unix socket with shm=True, tensors go through shared
             memory (psd's shm_bytes) with the same numbers as inline;
-  tls       with TLS (and a bearer token where psd takes them): skipped with
-            one line while psd lacks the flags.
+  tls       over mutual TLS (CA, server and client certificates made with
+            openssl); a plaintext client and one without a certificate
+            cannot connect;
+  tokens    a worker token works, no token is UNAUTHENTICATED, a reader's
+            push PERMISSION_DENIED and changes nothing. tls and tokens skip
+            with one line each where psd lacks --tls-cert or --tokens.
 
 Prints ok/FAIL per check and "python-client: N passed, N failed".
 """
@@ -323,48 +327,93 @@ def psd_has(flag):
 
 
 def make_certs(d):
-    """A CA and a server certificate for localhost/127.0.0.1, with openssl."""
+    """A CA, a server certificate for localhost/127.0.0.1 and a client
+    certificate, with the openssl command."""
     def ossl(*a):
         subprocess.run(["openssl"] + list(a), check=True, capture_output=True, cwd=d)
     ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
          "ca.pem", "-days", "2", "-subj", "/CN=psclient test CA")
-    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-         "server.csr", "-subj", "/CN=localhost")
     with open(os.path.join(d, "ext"), "w") as f:
         f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-         "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext")
-    return {k: os.path.join(d, k) for k in ("ca.pem", "server.pem", "server.key")}
+    for who in ("server", "client"):
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", who + ".key", "-out",
+             who + ".csr", "-subj", "/CN=localhost")
+        ossl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", who + ".pem", "-days", "2", "-extfile", "ext")
+    return {k: os.path.join(d, k) for k in ("ca.pem", "server.pem", "server.key",
+                                            "client.pem", "client.key")}
+
+
+def refused_with(what, fn, code, *words):
+    try:
+        fn()
+        r.check(False, "%s is refused" % what)
+    except PsError as e:
+        r.check(e.code == code and all(w in e.details for w in words),
+                "%s is %s (%s)" % (what, code.name, e.details[:120]))
 
 
 def test_tls():
     if not psd_has("--tls-cert"):
-        print("skip: tls: psd has no --tls-cert yet (issue 13); the client side is "
-              "psclient.TLS", flush=True)
+        print("skip: tls: psd has no --tls-cert (issue 13)", flush=True)
         return
     certs = make_certs(pstest.tmpdir("pyc-tls-"))
-    args = ["--tls-cert", certs["server.pem"], "--tls-key", certs["server.key"]]
-    token_file = None
-    if psd_has("--token-file"):
-        tdir = pstest.tmpdir("pyc-tok-")
-        token_file = os.path.join(tdir, "worker.token")
-        with open(token_file, "w") as f:
-            f.write(os.urandom(16).hex() + "\n")
-        args += ["--token-file", token_file]
-    s = psd(*args)
-    c = Client([s.address], tls=TLS(ca_file=certs["ca.pem"]), token_file=token_file)
+    s = psd("--tls-cert", certs["server.pem"], "--tls-key", certs["server.key"],
+            "--tls-ca", certs["ca.pem"])
+    c = Client([s.address], tls=TLS(ca_file=certs["ca.pem"], cert_file=certs["client.pem"],
+                                    key_file=certs["client.key"]))
     c.create_variables([Variable("t", (4,), Initializer.constant(3.0))])
     r.check(np.all(c.pull()["t"] == 3),
-            "tls: the client pulls over TLS%s" % (" with a bearer token" if token_file else ""))
-    plain = Client([s.address], retry=Retry(budget=0))
-    plain.attach([Variable("t", (4,))])
-    try:
-        plain.pull(timeout=3)
-        r.check(False, "tls: a plaintext client is refused")
-    except PsError as e:
-        r.check(True, "tls: a plaintext client is refused (%s)" % e.code.name)
+            "tls: the client creates and pulls over mutual TLS")
+    for what, tls in (("a plaintext client", None),
+                      ("a TLS client without a certificate", TLS(ca_file=certs["ca.pem"]))):
+        other = Client([s.address], tls=tls, retry=Retry(budget=0))
+        other.attach([Variable("t", (4,))])
+        try:
+            other.pull(timeout=5)
+            r.check(False, "tls: %s is refused" % what)
+        except PsError as e:
+            r.check(e.code == grpc.StatusCode.UNAVAILABLE,
+                    "tls: %s cannot connect (%s)" % (what, e.code.name))
+        other.close()
     c.close()
-    plain.close()
+    s.stop()
+
+
+def test_tokens():
+    if not psd_has("--tokens"):
+        print("skip: tokens: psd has no --tokens (issue 13)", flush=True)
+        return
+    d = pstest.tmpdir("pyc-tok-")
+    toks = {"worker": os.urandom(16).hex(), "reader": os.urandom(16).hex()}
+    path = os.path.join(d, "tokens")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, "".join("%s %s\n" % kv for kv in toks.items()).encode())
+    os.close(fd)
+    files = {}
+    for role, tok in toks.items():
+        files[role] = os.path.join(d, role + ".token")
+        with open(files[role], "w") as f:
+            f.write(tok + "\n")
+    s = psd("--tokens", path)
+    w = Client([s.address], token_file=files["worker"])
+    w.create_variables([Variable("k", (4,), Initializer.constant(1.0))],
+                       optimizer=Optimizer.sgd(1.0))
+    res = w.push({"k": np.ones(4, np.float32)}, return_values=True)
+    r.check(np.all(res.values["k"] == 0),
+            "tokens: a worker token creates, pushes and gets the values back")
+    anon = Client([s.address], retry=Retry(budget=0))
+    anon.attach([Variable("k", (4,))])
+    refused_with("tokens: a pull without a token", lambda: anon.pull(),
+                 grpc.StatusCode.UNAUTHENTICATED)
+    reader = Client([s.address], token_file=files["reader"])
+    reader.attach([Variable("k", (4,))])
+    refused_with("tokens: a push with a reader token",
+                 lambda: reader.push({"k": np.ones(4, np.float32)}),
+                 grpc.StatusCode.PERMISSION_DENIED, "reader")
+    r.check(np.all(w.pull()["k"] == 0), "tokens: the refused push changed nothing")
+    for c in (w, anon, reader):
+        c.close()
     s.stop()
 
 
@@ -372,7 +421,7 @@ def main():
     print("psclient %s from %s" % (psclient.__version__, os.path.dirname(psclient.__file__)),
           flush=True)
     for t in (test_place, test_values, test_badinput, test_sync, test_restart, test_shm,
-              test_tls):
+              test_tls, test_tokens):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
