@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 
 from . import placement as _place
-from ._proto import pb
+from ._proto import health, pb
 from ._rpc import Connection, PsError, Retry, TLS, read_token
 from .shm import Region, is_local_socket
 from .specs import Initializer, Optimizer, Variable, consistency_pb
@@ -472,6 +472,19 @@ class Client:
         r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
             "ListVariables", pb.ListVariablesRequest(), pb.ListVariablesResponse))
         return [v for s in range(len(self.shards)) for v in r[s].variables]
+
+    def health(self) -> List[str]:
+        """Each shard's grpc.health.v1 status for ps.v1.ParameterServer
+        ("SERVING", "NOT_SERVING" while it restores or drains), by index."""
+        def check(s: int) -> str:
+            resp = self.shards[s].conn.call(
+                "grpc.health.v1.Health", "Check",
+                health.HealthCheckRequest(service=PS), health.HealthCheckResponse)
+            enum = resp.DESCRIPTOR.fields_by_name["status"].enum_type
+            v = enum.values_by_number.get(resp.status)
+            return v.name if v is not None else str(resp.status)
+        r = self._each(list(range(len(self.shards))), check)
+        return [r[s] for s in range(len(self.shards))]
 
     def cluster(self) -> Any:
         """pscoord's ClusterState (with a coordinator only)."""

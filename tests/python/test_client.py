@@ -142,6 +142,8 @@ def test_values():
     r.check(res2.values is None and res2.versions == {"b": 2} and res2.step == 1 and
             np.array_equal(c.pull(["b"])["b"], np.full(8, -3, np.float32)),
             "values: a push without return values; the async step counts up")
+    r.check(c.health() == ["SERVING", "SERVING"], "values: both shards answer the "
+            "health check SERVING (%s)" % c.health())
     st = c.stats()
     r.check(st[0].pushes == 2 and st[1].pushes == 1,
             "values: one Push per shard per push (%s)" % [s.pushes for s in st])
