@@ -5,6 +5,8 @@ Debian's python3-torch:
             from the same values, for every parameter; psd's first values
             are loaded into the module; a float64 module is refused naming
             the parameter;
+  sync      2 workers in lock-step (threads): after 3 steps both modules
+            hold SGD on the averaged gradients, as PyTorch computes it;
   train     an MLP 784-64-10 on 25,600 Fashion-MNIST images, 3 epochs,
             batch 32, SGD 0.1: 2 processes each with half the images
             pushing asynchronously through psd (their steps overlap in
@@ -64,6 +66,50 @@ def train(model, opt, x, y, worker, workers, seed):
             opt.step()
             steps += 1
     return steps, t0, time.time()
+
+
+def test_sync(r, address):
+    """2 workers in lock-step (consistency sync): after each step both
+    modules hold the update of the averaged gradients, as computed here."""
+    import threading
+    torch.manual_seed(2)
+    xs = torch.rand(3, 2, 16, 784)
+    ys = torch.randint(0, 10, (3, 2, 16))
+    models = [make_model() for _ in range(2)]
+    clients = [psclient.Client([address], worker=i) for i in range(2)]
+    opts = [PSOptimizer(models[i], clients[i], optimizer=psclient.Optimizer.sgd(0.1),
+                        consistency="sync", num_workers=2, prefix="sync/") for i in range(2)]
+    ref = make_model()
+    ref.load_state_dict(models[0].state_dict())
+    errors = []
+
+    def run(i):
+        try:
+            for k in range(3):
+                opts[i].zero_grad()
+                torch.nn.functional.cross_entropy(models[i](xs[k, i]), ys[k, i]).backward()
+                opts[i].step()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for k in range(3):
+        sgd.zero_grad()
+        loss = sum(torch.nn.functional.cross_entropy(ref(xs[k, i]), ys[k, i]) for i in range(2))
+        (loss / 2).backward()
+        sgd.step()
+    diff = max(float((a - b).abs().max()) for m in models
+               for a, b in zip(m.parameters(), ref.parameters()))
+    r.check(not errors and diff < 1e-5 and
+            all(o.last.versions["sync/0.weight"] == 3 for o in opts),
+            "sync: 2 workers in lock-step, 3 steps: both modules hold SGD on the averaged "
+            "gradients (max diff %.2g, %s)" % (diff, errors or "no errors"))
+    for c in clients:
+        c.close()
 
 
 def worker_main(i, address, seed):
@@ -171,7 +217,8 @@ def main():
         sys.exit(77)
     r = pstest.Results("python-torch")
     d = pstest.start_psd(pstest.tmpdir())
-    for t in (lambda: test_step(r, d.address), lambda: test_train(r, d.address)):
+    for t in (lambda: test_step(r, d.address), lambda: test_sync(r, d.address),
+              lambda: test_train(r, d.address)):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - reported, the rest still runs
