@@ -32,6 +32,7 @@ from ._proto import health, pb
 from ._rpc import Connection, PsError, Retry, TLS, read_token
 from .shm import Region, is_local_socket
 from .specs import Initializer, Optimizer, Variable, consistency_pb
+from .task import Task
 
 log = logging.getLogger("psclient")
 
@@ -117,7 +118,11 @@ class Client:
     addresses: the psd shards in index order ("host:port" or "unix:PATH"),
     or coordinator: pscoord's address, whose GetCluster gives them (and
     whose Place gives the placement). worker: this process's task index
-    (sync steps count distinct workers by it). tls / token_file (or token):
+    (sync steps count distinct workers by it; default 0, or with register
+    the one pscoord assigns). register: "worker", "chief" or "evaluator":
+    join the coordinator's job as that task (RegisterTask and heartbeats,
+    see psclient.task), which pscoord requires of whoever proposes the
+    job's placement first (Place). tls / token_file (or token):
     transport security and the bearer token sent as "authorization: Bearer
     ..." with every call. timeout: seconds per call (a sync push waits six
     times as long for the other workers). retry: backoff for UNAVAILABLE.
@@ -128,7 +133,8 @@ class Client:
     """
 
     def __init__(self, addresses: Optional[Sequence[str]] = None, *,
-                 coordinator: Optional[str] = None, job_id: str = "", worker: int = 0,
+                 coordinator: Optional[str] = None, job_id: str = "",
+                 worker: Optional[int] = None, register: Optional[str] = None,
                  tls: Optional[TLS] = None, token_file: Optional[str] = None,
                  token: Optional[str] = None, timeout: float = 30.0,
                  retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
@@ -141,8 +147,9 @@ class Client:
                 raise ValueError("give token or token_file, not both")
             token = read_token(token_file)
         self._conn_args = dict(tls=tls, token=token, retry=retry, timeout=timeout)
-        self.worker = worker
+        self.worker = worker if worker is not None else 0
         self.job_id = job_id
+        self.task: Optional[Task] = None
         self.timeout = timeout
         self.split_threshold = split_threshold
         self.step = 0
@@ -152,7 +159,17 @@ class Client:
         self.coord: Optional[Connection] = None
         if coordinator is not None:
             self.coord = Connection(coordinator, **self._conn_args)  # type: ignore[arg-type]
+            if register is not None:
+                if not self.job_id:  # RegisterTask must name it
+                    self.job_id = self.cluster().job_id
+                self.task = Task(self.coord, self.job_id, register,
+                                 worker if worker is not None else -1)
+                self.task.register()
+                self.worker = self.task.index
+                self.job_id = self.task.job_id
             addresses = self._learn_shards(wait_for_shards)
+        elif register is not None:
+            raise ValueError("register needs a coordinator")
         assert addresses is not None
         if len(addresses) == 0:
             raise ValueError("no psd addresses")
@@ -206,6 +223,10 @@ class Client:
         else:
             req = pb.PlaceRequest(job_id=self.job_id, variables=[
                 pb.VariablePlacement(name=n, shape=list(s)) for n, s in pairs])
+            # pscoord with task secrets takes Place only from a registered
+            # task (older contracts have no such field).
+            if self.task is not None and "task_secret" in req.DESCRIPTOR.fields_by_name:
+                setattr(req, "task_secret", self.task.secret)
             answer = list(self.coord.call(COORD, "Place", req, pb.PlaceResponse).placement)
         out = []
         for vp in answer:
@@ -502,8 +523,22 @@ class Client:
         return self.coord.call(COORD, "GetCluster", pb.GetClusterRequest(job_id=self.job_id),
                                pb.ClusterState)
 
+    def progress(self, step: int, loss: float = 0.0,
+                 examples_per_second: float = 0.0) -> None:
+        """With register: what the next heartbeat tells pscoord (its
+        ClusterState, psctl status and the checkpoint schedule use it)."""
+        if self.task is not None:
+            self.task.progress(step, loss, examples_per_second)
+
+    @property
+    def stop_requested(self) -> bool:
+        """With register: pscoord asked this task to stop."""
+        return self.task is not None and self.task.stop_requested
+
     def close(self) -> None:
-        """Ends every channel and frees the shared memory."""
+        """Ends the heartbeats, every channel, and frees the shared memory."""
+        if self.task is not None:
+            self.task.close()
         self._pool.shutdown(wait=True)
         for sh in self.shards:
             if sh.region is not None:

@@ -70,9 +70,22 @@ def test_place():
                            "--log-level", "warn"])
     shards = [psd("--coordinator", coord.address, "--job-id", "py", "--task-index", str(i))
               for i in range(2)]
-    c = Client(coordinator=coord.address, wait_for_shards=20)
-    r.check(sorted(c.addresses) == sorted(s.address for s in shards) and c.job_id == "py",
-            "place: the client learns both shards and the job from pscoord (%s)" % c.addresses)
+    c = Client(coordinator=coord.address, register="worker", wait_for_shards=20)
+    r.check(sorted(c.addresses) == sorted(s.address for s in shards) and c.job_id == "py"
+            and c.worker == 0,
+            "place: the client registers as worker 0 and learns both shards and the job "
+            "from pscoord (%s)" % c.addresses)
+    c.progress(41, 0.5)
+    deadline = time.monotonic() + 10
+    seen = None
+    while time.monotonic() < deadline:
+        seen = [t for t in c.cluster().tasks if t.role == 2 and t.index == 0]
+        if seen and seen[0].step == 41 and seen[0].alive:
+            break
+        time.sleep(0.2)
+    r.check(bool(seen) and seen[0].step == 41 and abs(seen[0].loss - 0.5) < 1e-9,
+            "place: its heartbeats carry the step and loss it reports (%s)"
+            % (seen[0].step if seen else None))
     got = c.create_variables([Variable(n, s, Initializer.constant(1.0)) for n, s in MODEL])
     mine = {p.name: p for p in place(MODEL, 2, 1024)}
     r.check(all(got[n].parts == mine[n].parts for n, _ in MODEL),
