@@ -26,9 +26,11 @@ DEB_PACKAGES := \
 	libmicrohttpd-dev libsystemd-dev libisal-dev python3-crc32c python3-protobuf prometheus \
 	help2man man-db \
 	python3-venv \
-	libgloo-dev
+	libgloo-dev \
+	python3-setuptools python3-pip python3-torch mypy
 
-# Only the benchmarks compare against PyTorch; its install is large.
+# The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
+# the benchmarks compare against PyTorch too.
 BENCH_PACKAGES := python3-torch
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -1,0 +1,18 @@
+"""psclient: the Python client of psd, the parameter server.
+
+A Client speaks to a whole job (a list of psd addresses, or pscoord):
+it places the model's variables over the shards as workerd does, splits big
+ones by rows, takes and gives numpy arrays, pushes gradients with the values
+back in one round trip, follows sync steps and retries across a psd
+restart. psclient.torch and psclient.keras make psd the parameter server of
+a PyTorch or Keras training loop.
+"""
+from ._rpc import PsError, Retry, TLS, read_token
+from .client import Client, PushResult, Values
+from .placement import Part, Placement, SPLIT_DEFAULT, place
+from .specs import Initializer, Optimizer, Variable
+
+__all__ = ["Client", "PushResult", "Values", "PsError", "Retry", "TLS", "read_token",
+           "Part", "Placement", "SPLIT_DEFAULT", "place", "Initializer", "Optimizer",
+           "Variable"]
+__version__ = "0.1.0"

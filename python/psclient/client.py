@@ -1,0 +1,555 @@
+"""A client of a whole psd job: the shards from a list of addresses or from
+pscoord, the model's variables placed over them as workerd places them
+(split by rows when large), numpy arrays in and out, push with the values
+back in one round trip, sync steps, and retries across a psd restart.
+
+    from psclient import Client, Variable, Initializer, Optimizer
+    with Client(["127.0.0.1:7070", "127.0.0.1:7071"]) as c:
+        c.create_variables([Variable("w", (784, 10), Initializer.glorot_uniform(1)),
+                            Variable("b", (10,))], optimizer=Optimizer.sgd(0.1))
+        values = c.pull()                              # {"w": ndarray, "b": ndarray}
+        res = c.push({"w": gw, "b": gb}, return_values=True)
+        res.values["w"], res.versions["w"]
+
+Threads and lifetime: one Client is used by one thread at a time (it keeps
+the sync step and the shared-memory regions); give each thread its own.
+Calls to different shards run in parallel on the client's own threads.
+close() (or leaving the with block) ends every channel.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import grpc
+import numpy as np
+
+from . import placement as _place
+from ._proto import health, pb
+from ._rpc import Connection, PsError, Retry, TLS, read_token
+from .shm import Region, is_local_socket
+from .specs import Initializer, Optimizer, Variable, consistency_pb
+from .task import Task
+
+log = logging.getLogger("psclient")
+
+PS = "ps.v1.ParameterServer"
+COORD = "ps.v1.Coordinator"
+
+
+class Values(Dict[str, np.ndarray]):
+    """Variables' values by name, with the version each was read at
+    (`versions`; for a split variable, the lowest of its parts')."""
+    versions: Dict[str, int]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions = {}
+
+
+@dataclass
+class PushResult:
+    """What a push did: each variable's version once the push was applied
+    (for a split variable, the lowest of its parts'), the values when asked
+    for (return_values), the step it was pushed as, and whether it was a
+    sync push refused as stale (the client then rejoined at the variables'
+    step and `values` holds their current values)."""
+    versions: Dict[str, int]
+    values: Optional[Values]
+    step: int
+    stale: bool = False
+
+
+class _Shard:
+    """One psd of the job: its connection, its sync step, its shm region."""
+
+    def __init__(self, index: int, conn: Connection, shm: bool) -> None:
+        self.index = index
+        self.conn = conn
+        self.want_shm = shm and is_local_socket(conn.address)
+        self.region: Optional[Region] = None
+        self.offsets: Dict[str, int] = {}   # part name -> byte offset (gradient half)
+        self.half = 0                       # bytes of the gradient half
+        self.sync_step = 0
+
+    def call(self, name: str, req: Any, resp_cls: Any, timeout: Optional[float] = None,
+             retry: bool = True) -> Any:
+        return self.conn.call(PS, name, req, resp_cls, timeout=timeout, retry=retry)
+
+    def layout(self, parts: Sequence[Tuple[str, int]]) -> None:
+        """Lays the parts (name, bytes) of this shard out in its region."""
+        at = 0
+        for name, nbytes in parts:
+            self.offsets[name] = at
+            at += (nbytes + 63) // 64 * 64
+        self.half = at
+
+    def shm_region(self) -> Optional[Region]:
+        if not self.want_shm or self.half == 0:
+            return None
+        if self.region is None:
+            self.region = Region(2 * self.half)
+        return self.region
+
+    def shm_refused(self, e: PsError) -> bool:
+        """Turns shm off for good if psd refused it; whether it did."""
+        if e.code == grpc.StatusCode.FAILED_PRECONDITION and \
+                e.details.startswith("shared memory"):
+            log.warning("psd at %s cannot use this process's shared memory (%s); "
+                        "sending tensors inline", self.conn.address, e.details)
+            self.want_shm = False
+            if self.region is not None:
+                self.region.close()
+                self.region = None
+            return True
+        return False
+
+
+def _tensor(a: np.ndarray) -> Any:
+    return pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(a.shape), data=a.tobytes())
+
+
+class Client:
+    """A client of one psd job.
+
+    addresses: the psd shards in index order ("host:port" or "unix:PATH"),
+    or coordinator: pscoord's address, whose GetCluster gives them (and
+    whose Place gives the placement). worker: this process's task index
+    (sync steps count distinct workers by it; default 0, or with register
+    the one pscoord assigns). register: "worker", "chief" or "evaluator":
+    join the coordinator's job as that task (RegisterTask and heartbeats,
+    see psclient.task), which pscoord requires of whoever proposes the
+    job's placement first (Place). tls / token_file (or token):
+    transport security and the bearer token sent as "authorization: Bearer
+    ..." with every call. timeout: seconds per call (a sync push waits six
+    times as long for the other workers). retry: backoff for UNAVAILABLE.
+    split_threshold: variables above it (bytes) are split by rows over all
+    shards, as pscoord's --split-threshold (without a coordinator).
+    shm: move tensors through shared memory with shards reached over a unix
+    socket (psd --local-socket).
+    """
+
+    def __init__(self, addresses: Optional[Sequence[str]] = None, *,
+                 coordinator: Optional[str] = None, job_id: str = "",
+                 worker: Optional[int] = None, register: Optional[str] = None,
+                 tls: Optional[TLS] = None, token_file: Optional[str] = None,
+                 token: Optional[str] = None, timeout: float = 30.0,
+                 retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
+                 shm: bool = False, wait_for_shards: float = 60.0) -> None:
+        if (addresses is None) == (coordinator is None):
+            raise ValueError("give either addresses (the psd shards) or coordinator "
+                             "(pscoord's address), not both or neither")
+        if token_file is not None:
+            if token is not None:
+                raise ValueError("give token or token_file, not both")
+            token = read_token(token_file)
+        self._conn_args = dict(tls=tls, token=token, retry=retry, timeout=timeout)
+        self.worker = worker if worker is not None else 0
+        self.job_id = job_id
+        self.task: Optional[Task] = None
+        self.timeout = timeout
+        self.split_threshold = split_threshold
+        self.step = 0
+        self.consistency = "async"
+        self.variables: Dict[str, _place.Placement] = {}
+        self._part_shapes: Dict[str, Tuple[int, ...]] = {}
+        self.coord: Optional[Connection] = None
+        if coordinator is not None:
+            self.coord = Connection(coordinator, **self._conn_args)  # type: ignore[arg-type]
+            if register is not None:
+                if not self.job_id:  # RegisterTask must name it
+                    self.job_id = self.cluster().job_id
+                self.task = Task(self.coord, self.job_id, register,
+                                 worker if worker is not None else -1)
+                self.task.register()
+                self.worker = self.task.index
+                self.job_id = self.task.job_id
+            addresses = self._learn_shards(wait_for_shards)
+        elif register is not None:
+            raise ValueError("register needs a coordinator")
+        assert addresses is not None
+        if len(addresses) == 0:
+            raise ValueError("no psd addresses")
+        self.shards = [_Shard(i, Connection(a, **self._conn_args), shm)  # type: ignore[arg-type]
+                       for i, a in enumerate(addresses)]
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(self.shards), thread_name_prefix="psclient")
+
+    # ---- the job ----------------------------------------------------------
+
+    def _learn_shards(self, wait: float) -> List[str]:
+        """The ps addresses by index from pscoord, once every ps task of the
+        job has one (waiting up to `wait` seconds)."""
+        assert self.coord is not None
+        until = time.monotonic() + wait
+        while True:
+            cs = self.coord.call(COORD, "GetCluster", pb.GetClusterRequest(job_id=self.job_id),
+                                 pb.ClusterState)
+            n = cs.num_ps
+            got: Dict[int, str] = {}
+            for t in cs.tasks:
+                if t.role == pb.PS and t.index < n and t.address and t.index not in got:
+                    got[t.index] = t.address
+            if n > 0 and len(got) == n:
+                if not self.job_id:
+                    self.job_id = cs.job_id
+                return [got[i] for i in range(n)]
+            if time.monotonic() >= until:
+                raise PsError(grpc.StatusCode.UNAVAILABLE,
+                              "%d of %d ps tasks have an address after %.0f s"
+                              % (len(got), n, wait), self.coord.address, "GetCluster")
+            time.sleep(0.2)
+
+    @property
+    def addresses(self) -> List[str]:
+        return [s.conn.address for s in self.shards]
+
+    def _placement(self, variables: Sequence[Variable]) -> List[_place.Placement]:
+        pairs = [(v.name, v.shape) for v in variables]
+        _place.check(pairs)
+        if self.coord is None:
+            return _place.place(pairs, len(self.shards), self.split_threshold)
+        # The job's placement when it is made already and holds this model
+        # (GetCluster is open to readers; Place, which fixes it, may need a
+        # worker's task secret or an operator token), else Place.
+        want = {n: tuple(int(d) for d in s) for n, s in pairs}
+        placed = {vp.name: vp for vp in self.cluster().placement}
+        if placed and all(n in placed and tuple(placed[n].shape) == s
+                          for n, s in want.items()):
+            answer = [placed[n] for n, _ in pairs]
+        else:
+            req = pb.PlaceRequest(job_id=self.job_id, variables=[
+                pb.VariablePlacement(name=n, shape=list(s)) for n, s in pairs])
+            # pscoord with task secrets takes Place only from a registered
+            # task (older contracts have no such field).
+            if self.task is not None and "task_secret" in req.DESCRIPTOR.fields_by_name:
+                setattr(req, "task_secret", self.task.secret)
+            answer = list(self.coord.call(COORD, "Place", req, pb.PlaceResponse).placement)
+        out = []
+        for vp in answer:
+            parts = tuple(_place.Part(p.name, p.shard, p.row_begin, p.row_end)
+                          for p in vp.parts)
+            for p in parts:
+                if p.shard >= len(self.shards):
+                    raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
+                                  "the placement puts '%s' on shard %d; the job has %d"
+                                  % (p.name, p.shard, len(self.shards)),
+                                  self.coord.address, "Place")
+            out.append(_place.Placement(vp.name, tuple(vp.shape), parts))
+        return out
+
+    def create_variables(self, variables: Sequence[Variable], *,
+                         optimizer: Optimizer = Optimizer(),
+                         consistency: str = "async", num_workers: int = 0,
+                         staleness: int = 0) -> Dict[str, _place.Placement]:
+        """Places the variables over the shards (as workerd would, or as
+        pscoord answers) and creates each part on its shard. Idempotent: every
+        worker of a job calls it with the same model; a variable that exists
+        with another spec raises PsError ALREADY_EXISTS naming the difference.
+        consistency: "async", "sync" (num_workers pushes per step; 0 = psd's
+        --workers) or "bounded_staleness". Returns the placement by name."""
+        cons = consistency_pb(consistency)
+        placed = self._placement(variables)
+        byname = {v.name: v for v in variables}
+        jobs: Dict[int, List[Any]] = {}
+        for pl in placed:
+            v = byname[pl.name]
+            init = v.initializer or Initializer.zeros()
+            opt = (v.optimizer or optimizer).to_pb()
+            for k, part in enumerate(pl.parts):
+                shape = list(pl.shape)
+                if shape:
+                    shape[0] = part.row_end - part.row_begin
+                spec = pb.VariableSpec(
+                    name=part.name, dtype=pb.DTYPE_FLOAT32, shape=shape,
+                    initializer=init.for_part(k, len(pl.parts), pl.shape).to_pb(),
+                    optimizer=opt, consistency=cons, num_workers=num_workers,
+                    staleness=staleness)
+                jobs.setdefault(part.shard, []).append(spec)
+
+        def create(shard: int) -> None:
+            for spec in jobs[shard]:
+                self.shards[shard].call("CreateVariable",
+                                        pb.CreateVariableRequest(spec=spec),
+                                        pb.CreateVariableResponse)
+        self._each(sorted(jobs), create)
+        self._adopt(placed)
+        self.consistency = consistency
+        return {pl.name: pl for pl in placed}
+
+    def attach(self, variables: Sequence[Variable],
+               consistency: str = "async") -> Dict[str, _place.Placement]:
+        """Places the variables as create_variables does but creates
+        nothing: for a reader (an evaluator) that must not fix the
+        variables' specs, or a client whose psd is not up yet. A variable
+        that is missing on its shard then fails the first call with
+        NOT_FOUND."""
+        consistency_pb(consistency)
+        placed = self._placement(variables)
+        self._adopt(placed)
+        self.consistency = consistency
+        return {pl.name: pl for pl in placed}
+
+    def _adopt(self, placed: Sequence[_place.Placement]) -> None:
+        for pl in placed:
+            self.variables[pl.name] = pl
+            for p in pl.parts:
+                self._part_shapes[p.name] = \
+                    (p.row_end - p.row_begin,) + pl.shape[1:] if pl.shape else ()
+        for sh in self.shards:
+            sh.layout([(p.name, 4 * _place.elements(self._part_shapes[p.name]))
+                       for pl in self.variables.values() for p in pl.parts
+                       if p.shard == sh.index])
+
+    def _each(self, shards: Sequence[int], fn: Callable[[int], Any]) -> Dict[int, Any]:
+        """Runs fn(shard) for each shard, in parallel when several; raises
+        the first failure (by shard order)."""
+        if len(shards) == 1:
+            return {shards[0]: fn(shards[0])}
+        futs = {s: self._pool.submit(fn, s) for s in shards}
+        return {s: f.result() for s, f in futs.items()}
+
+    # ---- pull and push ----------------------------------------------------
+
+    def _known(self, name: str) -> _place.Placement:
+        pl = self.variables.get(name)
+        if pl is None:
+            raise KeyError("variable '%s' is not one of this client's (create_variables "
+                           "first; it has %d)" % (name, len(self.variables)))
+        return pl
+
+    def _check_grad(self, name: str, g: Any) -> np.ndarray:
+        """The gradient as a C-ordered little-endian float32 array, refused
+        before it is sent when its dtype or shape is not the variable's."""
+        pl = self._known(name)
+        a = np.asarray(g)
+        if a.dtype != np.float32:
+            raise TypeError("variable '%s': gradient dtype is %s, the variable is float32"
+                            % (name, a.dtype))
+        if tuple(a.shape) != pl.shape:
+            raise ValueError("variable '%s': gradient shape is %s, the variable's is %s"
+                             % (name, list(a.shape), list(pl.shape)))
+        return np.ascontiguousarray(a, dtype="<f4")
+
+    def _value(self, sh: _Shard, v: Any, shape: Tuple[int, ...]) -> np.ndarray:
+        t = v.value
+        if t.shm.name:
+            region = sh.region
+            assert region is not None
+            off = t.shm.offset // 4
+            return region.floats[off:off + t.shm.length // 4].reshape(shape).copy()
+        return np.frombuffer(t.data, dtype="<f4").reshape(shape)
+
+    def _assemble(self, per_shard: Dict[int, List[Tuple[str, Any]]],
+                  names: Sequence[str]) -> Values:
+        """Builds whole values from the parts' VariableValues."""
+        out = Values()
+        got = {}
+        for s, items in per_shard.items():
+            for (part, v) in items:
+                got[part] = (s, v)
+        for name in names:
+            pl = self.variables[name]
+            if len(pl.parts) == 1:
+                s, v = got[pl.parts[0].name]
+                out[name] = self._value(self.shards[s], v, pl.shape)
+                out.versions[name] = v.version
+                continue
+            whole = np.empty(pl.shape, dtype=np.float32)
+            vers: List[int] = []
+            for p in pl.parts:
+                s, v = got[p.name]
+                rows = (p.row_end - p.row_begin,) + pl.shape[1:]
+                whole[p.row_begin:p.row_end] = self._value(self.shards[s], v, rows)
+                vers.append(int(v.version))
+            out[name] = whole
+            out.versions[name] = min(vers)
+        return out
+
+    def _parts_by_shard(self, names: Sequence[str]) -> Dict[int, List[Tuple[str, _place.Part]]]:
+        by: Dict[int, List[Tuple[str, _place.Part]]] = {}
+        for name in names:
+            for p in self._known(name).parts:
+                by.setdefault(p.shard, []).append((name, p))
+        return by
+
+    def pull(self, names: Optional[Sequence[str]] = None, *, min_version: int = 0,
+             timeout: Optional[float] = None) -> Values:
+        """The values of names (default: every variable), whole, as float32
+        arrays of their shapes. min_version waits (within the timeout) until
+        each part has at least that version."""
+        names = list(self.variables) if names is None else list(names)
+        by = self._parts_by_shard(names)
+
+        def pull_shard(s: int) -> List[Tuple[str, Any]]:
+            sh = self.shards[s]
+            while True:
+                region = sh.shm_region()
+                items = []
+                for _, p in by[s]:
+                    into = None
+                    if region is not None:
+                        into = pb.ShmRef(name=region.name, offset=sh.half + sh.offsets[p.name],
+                                         length=4 * _place.elements(self._part_shape(p)))
+                    items.append(pb.PullItem(name=p.name, min_version=min_version, into=into))
+                try:
+                    resp = sh.call("Pull", pb.PullRequest(items=items), pb.PullResponse,
+                                   timeout=timeout)
+                except PsError as e:
+                    if region is not None and sh.shm_refused(e):
+                        continue
+                    raise
+                return [(p.name, v) for (_, p), v in zip(by[s], resp.values)]
+        return self._assemble(self._each(sorted(by), pull_shard), names)
+
+    def _part_shape(self, p: _place.Part) -> Tuple[int, ...]:
+        return self._part_shapes[p.name]
+
+    def push(self, grads: Mapping[str, Any], *, step: Optional[int] = None,
+             return_values: bool = False, timeout: Optional[float] = None) -> PushResult:
+        """Pushes gradients (float32 arrays of the variables' shapes, by
+        name); each shard gets one PushRequest with its parts, in parallel.
+        return_values: also bring each variable's value once the push is
+        applied (sync: once the step's aggregate is), in the same round trip.
+        step: the step to push as; None: the client's own (async: a counter;
+        sync: the step the variables aggregate, which it follows, and a push
+        refused as stale rejoins the variables' step instead of failing)."""
+        checked = {n: self._check_grad(n, g) for n, g in grads.items()}
+        if not checked:
+            raise ValueError("push: no gradients")
+        names = list(checked)
+        by = self._parts_by_shard(names)
+        sync = self.consistency == "sync"
+        t = timeout if timeout is not None else self.timeout * (6 if sync else 1)
+
+        def push_shard(s: int) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:
+            sh = self.shards[s]
+            st = step if step is not None else (sh.sync_step if sync else self.step)
+            while True:
+                region = sh.shm_region()
+                gs = []
+                for name, p in by[s]:
+                    a = checked[name]
+                    rows = a[p.row_begin:p.row_end] if a.ndim else a
+                    g = pb.Gradient(name=p.name)
+                    if region is not None:
+                        off = sh.offsets[p.name]
+                        n = rows.size
+                        region.floats[off // 4:off // 4 + n] = rows.reshape(-1)
+                        g.grad.CopyFrom(pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(rows.shape),
+                                                  shm=pb.ShmRef(name=region.name, offset=off,
+                                                                length=4 * n)))
+                        if return_values:
+                            g.value_into.CopyFrom(pb.ShmRef(name=region.name,
+                                                            offset=sh.half + off, length=4 * n))
+                    else:
+                        g.grad.CopyFrom(_tensor(rows))
+                    gs.append(g)
+                req = pb.PushRequest(worker=self.worker, step=st, grads=gs,
+                                     return_values=return_values)
+                try:
+                    resp = sh.call("Push", req, pb.PushResponse, timeout=t)
+                except PsError as e:
+                    if region is not None and sh.shm_refused(e):
+                        continue
+                    if sync and step is None and e.code == grpc.StatusCode.FAILED_PRECONDITION:
+                        return self._rejoin(sh, by[s], e)
+                    raise
+                versions = [(p.name, v) for (_, p), v in zip(by[s], resp.versions)]
+                values = [(p.name, v) for (_, p), v in zip(by[s], resp.values)]
+                if sync and step is None:
+                    sh.sync_step = min(v for _, v in versions)
+                return values, versions, False
+
+        res = self._each(sorted(by), push_shard)
+        stale = any(r[2] for r in res.values())
+        part_versions = {p: v for r in res.values() for p, v in r[1]}
+        versions = {n: min(part_versions[p.name] for p in self.variables[n].parts)
+                    for n in names}
+        values = None
+        if return_values or stale:
+            values = self._assemble({s: r[0] for s, r in res.items()}, names)
+        pushed_as = step if step is not None else self.step
+        if not sync and step is None:
+            self.step += 1
+        return PushResult(versions, values, pushed_as, stale)
+
+    def _rejoin(self, sh: _Shard, parts: Sequence[Tuple[str, _place.Part]],
+                e: PsError) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:
+        """A sync push refused as stale: takes the variables' step instead,
+        as workerd does (this gradient is dropped)."""
+        log.info("step %d is not the one the variables aggregate (%s); rejoining at theirs",
+                 sh.sync_step, e.details)
+        resp = sh.call("Pull", pb.PullRequest(items=[pb.PullItem(name=p.name)
+                                                     for _, p in parts]), pb.PullResponse)
+        sh.sync_step = min(v.version for v in resp.values)
+        return ([(p.name, v) for (_, p), v in zip(parts, resp.values)],
+                [(p.name, v.version) for (_, p), v in zip(parts, resp.values)], True)
+
+    # ---- the rest of the service ------------------------------------------
+
+    def stats(self) -> List[Any]:
+        """Each shard's StatsResponse, by shard index."""
+        r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
+            "Stats", pb.StatsRequest(), pb.StatsResponse))
+        return [r[s] for s in range(len(self.shards))]
+
+    def list_variables(self) -> List[Any]:
+        """Every shard's VariableInfo, shard by shard."""
+        r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
+            "ListVariables", pb.ListVariablesRequest(), pb.ListVariablesResponse))
+        return [v for s in range(len(self.shards)) for v in r[s].variables]
+
+    def health(self) -> List[str]:
+        """Each shard's grpc.health.v1 status for ps.v1.ParameterServer
+        ("SERVING", "NOT_SERVING" while it restores or drains), by index."""
+        def check(s: int) -> str:
+            resp = self.shards[s].conn.call(
+                "grpc.health.v1.Health", "Check",
+                health.HealthCheckRequest(service=PS), health.HealthCheckResponse)
+            enum = resp.DESCRIPTOR.fields_by_name["status"].enum_type
+            v = enum.values_by_number.get(resp.status)
+            return v.name if v is not None else str(resp.status)
+        r = self._each(list(range(len(self.shards))), check)
+        return [r[s] for s in range(len(self.shards))]
+
+    def cluster(self) -> Any:
+        """pscoord's ClusterState (with a coordinator only)."""
+        if self.coord is None:
+            raise ValueError("this client was given psd addresses, not a coordinator")
+        return self.coord.call(COORD, "GetCluster", pb.GetClusterRequest(job_id=self.job_id),
+                               pb.ClusterState)
+
+    def progress(self, step: int, loss: float = 0.0,
+                 examples_per_second: float = 0.0) -> None:
+        """With register: what the next heartbeat tells pscoord (its
+        ClusterState, psctl status and the checkpoint schedule use it)."""
+        if self.task is not None:
+            self.task.progress(step, loss, examples_per_second)
+
+    @property
+    def stop_requested(self) -> bool:
+        """With register: pscoord asked this task to stop."""
+        return self.task is not None and self.task.stop_requested
+
+    def close(self) -> None:
+        """Ends the heartbeats, every channel, and frees the shared memory."""
+        if self.task is not None:
+            self.task.close()
+        self._pool.shutdown(wait=True)
+        for sh in self.shards:
+            if sh.region is not None:
+                sh.region.close()
+                sh.region = None
+            sh.conn.close()
+        if self.coord is not None:
+            self.coord.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
