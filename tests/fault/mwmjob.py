@@ -33,6 +33,10 @@ class Job:
             os.path.join(self.root, "coord"), "--listen", listen,
             "--heartbeat-timeout", heartbeat_timeout, "--metrics-listen", "off",
             "--log-level", "info"] + list(extra)
+        if not listen.startswith("127."):
+            # The namespaces' test network: plaintext there is on purpose
+            # (the loopback rule wants TLS or --insecure said aloud).
+            self.coord_argv.append("--insecure")
         self.coord_log = open(os.path.join(self.root, "pscoord.log"), "a")
         self.coord = pstest.Daemon(self.coord_argv, stderr=self.coord_log)
         self.workers = {}   # index -> list of (Popen, log path)
