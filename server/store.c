@@ -67,24 +67,8 @@ struct var_hdr {
 _Static_assert(sizeof(struct var_hdr) == 48, "var_hdr must have no padding");
 
 #define DENSE_KEY_LEN 5 /* u32 var_id BE + kind */
-#define ID_PREFIX_LEN 4 /* u32 var_id BE: the prefix of a variable's dense and row keys */
 
-struct psd_store {
-    MDB_env *env;
-    MDB_dbi meta;
-    MDB_dbi vars;
-    MDB_dbi dense;
-    MDB_dbi rows;
-    unsigned flags;
-    uint64_t commits; /* atomic: read from any thread */
-    char *dir;        /* for log lines */
-};
-
-struct psd_store_txn {
-    psd_store *s;
-    MDB_txn *txn;
-    int err; /* the failure that spoiled the transaction, or 0 */
-};
+#include "server/store_internal.h" /* struct psd_store, psd_store_txn */
 
 static bool is_space_error(int mrc)
 {
@@ -883,4 +867,20 @@ int psd_store_sync(psd_store *s)
 uint64_t psd_store_commits(const psd_store *s)
 {
     return s ? __atomic_load_n(&s->commits, __ATOMIC_RELAXED) : 0;
+}
+
+/* For store_rows.c, the other file of the store module. */
+int store_map_rc(int mrc, bool errno_ok)
+{
+    return map_rc(mrc, errno_ok);
+}
+
+int store_txn_begin(psd_store *s, unsigned flags, MDB_txn **out)
+{
+    return txn_begin(s, flags, out);
+}
+
+int store_txn_fail(psd_store_txn *t, int mrc, const char *what, const char *name)
+{
+    return txn_fail(t, mrc, what, name);
 }
