@@ -55,6 +55,7 @@ typedef struct psd_shard_opts {
     uint64_t max_bytes;          /* bytes held: values, slots, sync aggregates */
     size_t max_waiting_pulls;    /* pulls waiting for a version at once */
     int64_t max_pull_wait_ms;    /* the longest a pull waits for a version */
+    uint64_t memory_limit;       /* sparse tables' RAM tier gets a quarter; 0: 256 MiB tier */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

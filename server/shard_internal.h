@@ -106,6 +106,7 @@ typedef struct psd_var {
     uint32_t accum_count;
     uint32_t *pushed;         /* workers that pushed this step */
     size_t npushed, cap_pushed;
+    struct psd_sparse *sparse; /* a sparse table's rows (sparse.h), or NULL */
 } psd_var;
 
 /* A push that answers later: sync parts waiting for their step, or a
@@ -150,6 +151,8 @@ enum shard_method_id {
     SHARD_M_RESTORE,
     SHARD_M_SET_SYNC_WORKERS,
     SHARD_M_DELETE_VARIABLE,
+    SHARD_M_SPARSE_PULL,
+    SHARD_M_SPARSE_PUSH,
     SHARD_NMETHODS
 };
 
@@ -166,6 +169,7 @@ struct shard_method {
 struct var_list {
     psd_var **vars;
     size_t n, cap;
+    char *from; /* the checkpoint directory loaded, or NULL (sparse rows) */
 };
 
 struct psd_shard {
