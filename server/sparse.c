@@ -23,12 +23,21 @@
 #define ROW_HEAD 16 /* u64 updates, u64 last step */
 
 /* Process-wide counters (one shard per psd process). */
-static atomic_uint_fast64_t g_ram, g_admitted, g_evicted, g_not_admitted, g_pulled,
+static atomic_uint_fast64_t g_ram, g_dirty, g_admitted, g_evicted, g_not_admitted, g_pulled,
     g_pushed;
 
 uint64_t psd_sparse_ram_bytes(void)
 {
     return atomic_load(&g_ram);
+}
+
+/* What the RAM tier costs: its rows, and for each changed row one LMDB
+ * page that the next commit dirties (random ids touch a leaf page each),
+ * which LMDB mallocs for the transaction and keeps on its free list after
+ * (mdb_dpage_free): anonymous memory too. */
+uint64_t psd_sparse_ram_cost(void)
+{
+    return atomic_load(&g_ram) + atomic_load(&g_dirty) * SPARSE_DIRTY_PAGE;
 }
 
 void psd_sparse_count(uint64_t pulled, uint64_t pushed, uint64_t not_admitted)
@@ -125,6 +134,7 @@ void psd_sparse_free(struct psd_sparse *t)
             free(e);
         }
     atomic_fetch_sub(&g_ram, t->nentries * entry_bytes(t));
+    atomic_fetch_sub(&g_dirty, t->ndirty);
     free(t->buckets);
     free(t->cms);
     pthread_mutex_destroy(&t->mu);
@@ -306,6 +316,10 @@ struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *r
     memcpy(e->row, row, t->rowf * sizeof(float));
     e->updates = updates;
     e->last_step = last_step;
+    if (!entry_dirty(e)) {
+        t->ndirty++;
+        atomic_fetch_add(&g_dirty, 1);
+    }
     e->mod++;
     return e;
 }
@@ -344,7 +358,7 @@ int psd_sparse_flush(psd_shard *s, psd_store_txn **txn)
 static void trim(psd_shard *s, struct psd_sparse *t)
 {
     uint64_t target = psd_sparse_budget(s) / 2;
-    for (size_t b = 0; b < t->nbuckets && atomic_load(&g_ram) > target; b++)
+    for (size_t b = 0; b < t->nbuckets && psd_sparse_ram_cost() > target; b++)
         for (struct sp_entry **l = &t->buckets[b]; *l != NULL;)
             if (!entry_dirty(*l))
                 entry_drop(t, l);
@@ -361,9 +375,14 @@ void psd_sparse_committed(psd_shard *s, bool ok)
         pthread_mutex_lock(&t->mu);
         for (size_t b = 0; b < t->nbuckets; b++)
             for (struct sp_entry *e = t->buckets[b]; e != NULL; e = e->next) {
+                bool was = entry_dirty(e);
                 if (ok)
                     e->saved = e->saving;
                 e->saving = e->saved;
+                if (was && !entry_dirty(e)) {
+                    t->ndirty--;
+                    atomic_fetch_sub(&g_dirty, 1);
+                }
             }
         trim(s, t);
         pthread_mutex_unlock(&t->mu);

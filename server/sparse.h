@@ -79,7 +79,7 @@ struct psd_sparse {
     uint32_t var_id;  /* its rows' key prefix in the store */
     uint64_t rows;    /* rows stored, in LMDB or waiting to be */
     struct sp_entry **buckets;
-    size_t nbuckets, nentries;
+    size_t nbuckets, nentries, ndirty;
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
@@ -132,6 +132,10 @@ void psd_sparse_count(uint64_t pulled, uint64_t pushed, uint64_t not_admitted);
 /* Bytes of the RAM tier now, and its budget (a quarter of --memory-limit,
  * 256 MiB without one). */
 uint64_t psd_sparse_ram_bytes(void);
+/* The bytes above plus a page per changed row (what the next commit's
+ * transaction will hold): what the budget bounds. */
+uint64_t psd_sparse_ram_cost(void);
+#define SPARSE_DIRTY_PAGE 4096
 uint64_t psd_sparse_budget(psd_shard *s);
 #define SPARSE_ROW_HEAD 16 /* u64 updates, u64 last step, before the floats */
 

@@ -524,7 +524,7 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         return;
     }
     /* Past the RAM tier's budget: commit first, so its clean rows can go. */
-    if (psd_sparse_ram_bytes() > psd_sparse_budget(s))
+    if (psd_sparse_ram_cost() > psd_sparse_budget(s))
         psd_shard_flush(s);
     struct item *items = calloc(n, sizeof *items);
     struct item **order = calloc(n, sizeof *order);
