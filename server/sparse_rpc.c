@@ -523,9 +523,21 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         ps__v1__sparse_push_request__free_unpacked(r, NULL);
         return;
     }
-    /* Past the RAM tier's budget: commit first, so its clean rows can go. */
-    if (psd_sparse_ram_cost() > psd_sparse_budget(s))
-        psd_shard_flush(s);
+    /* Past the RAM tier's budget: commit first, so its clean rows can go.
+     * A commit that fails (a full map or disk) leaves them all changed:
+     * then the push is refused rather than the tier outgrowing its bound. */
+    if (psd_sparse_ram_cost() > psd_sparse_budget(s)) {
+        int frc = psd_shard_flush(s);
+        if (frc != 0 && psd_sparse_ram_cost() > psd_sparse_budget(s)) {
+            ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
+                                              : ps_rpc_code_from_err(frc),
+                        "SparsePush: the rows changed so far cannot be committed "
+                        "(%s) and fill the RAM tier; nothing applied",
+                        ps_strerror(frc));
+            ps__v1__sparse_push_request__free_unpacked(r, NULL);
+            return;
+        }
+    }
     struct item *items = calloc(n, sizeof *items);
     struct item **order = calloc(n, sizeof *order);
     uint64_t *versions = calloc(n, sizeof *versions);
