@@ -7,19 +7,23 @@
  *   vartable.c  the table of variables, spec normalisation and validation,
  *               CreateVariable, ListVariables, Stats
  *   persist.c   the store: loading it, the write-behind flusher, the writes
- *               of a new variable and of a restore (the only file of the
- *               module that includes store.h)
+ *               of a new variable and of a restore (with sparse.c, the
+ *               files of the module that include store.h)
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
  *   limits.c    the caps: variables and bytes held, waiting pulls and how
  *               long they wait
  *   delete.c    DeleteVariable
  *   metrics.c   psd's /metrics page, read from the counters below
+ *   sparse.c    sparse tables (sparse.h): RAM tier, rows in LMDB, sweeps
+ *   sparse_rpc.c SparsePull and SparsePush
  *
  * Locks, always taken in this order and never the reverse:
  *   s->table_lock (rw)  the set of variables; handlers hold it for reading
  *                       for their whole run, CreateVariable and Restore for
  *                       writing
+ *   sp->mu              a sparse table's rows (sparse.h); a push holds those
+ *                       of all its tables, taken in table order
  *   v->lock (rw)        one variable's value, slots, version and sync state
  *   s->wait_mu          the lists of calls that wait (pulls for a version,
  *                       sync pushes for their step, durable pushes for their
