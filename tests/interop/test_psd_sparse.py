@@ -278,6 +278,27 @@ def test_restart_and_restore(a, want):
             "and forgets the row created after it (id 777)")
 
 
+def test_map_full():
+    """A full LMDB map: RESOURCE_EXHAUSTED naming it, psd alive, no row lost."""
+    c = Psd("--map-size", "32M", "--memory-limit", "64M")
+    c.create("full", opt=sgd(1.0), dim=64)
+    g = np.ones((4096, 64), F32)
+    k, err = 0, None
+    while k < 400_000 and err is None:
+        try:
+            c.push("full", range(k, k + 4096), g, step=k)
+            k += 4096
+        except grpc.RpcError as e:
+            err = e
+    R.check(err is not None and err.code() == C.RESOURCE_EXHAUSTED and
+            "nothing applied" in err.details(),
+            "a full map refuses the push: %s" % (err and err.details()))
+    ids = list(range(0, k, 97))
+    R.check(c.d.proc.poll() is None and bool(np.all(c.pull("full", ids) == -1)),
+            "psd is alive and every row acknowledged before is there")
+    c.stop()
+
+
 def main():
     a = Psd()
     b = Psd()
@@ -293,6 +314,7 @@ def main():
     test_bad_input(a)
     test_restart_and_restore(a, want)
     a.stop()
+    test_map_full()
     R.finish()
 
 
