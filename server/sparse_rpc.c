@@ -79,7 +79,7 @@ static int pull_rows(psd_shard *s, psd_var *v, const int64_t *ids, size_t n, flo
     if (t->insert_on_pull && scratch == NULL)
         return -ENOMEM;
     psd_store_rtxn *rt = NULL;
-    pthread_mutex_lock(&t->mu);
+    sparse_lock(t);
     int rc = sparse_ready(s, t, v->name);
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct sp_entry *e;
@@ -87,8 +87,10 @@ static int pull_rows(psd_shard *s, psd_var *v, const int64_t *ids, size_t n, flo
         int k = sparse_lookup(s, t, &rt, ids[i], &e, &data);
         if (k == 1)
             memcpy(out + i * dim, e->row, dim * sizeof(float));
-        else if (k == 2)
+        else if (k == 2) {
             memcpy(out + i * dim, data + SPARSE_ROW_HEAD, dim * sizeof(float));
+            sparse_cache(s, t, ids[i], data);
+        }
         else if (k == 0)
             rc = pull_new(s, v, ids[i], out + i * dim, scratch);
         else
@@ -558,7 +560,7 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
             memcpy(sorted, items, n * sizeof *sorted);
             qsort(sorted, n, sizeof *sorted, cmp_item_pos);
             for (size_t i = 0; i < n; i++)
-                pthread_mutex_lock(&sorted[i].v->sparse->mu);
+                sparse_lock(sorted[i].v->sparse);
             ok = push_apply(s, call, items, n, r->step, versions);
             for (size_t i = n; i-- > 0;)
                 pthread_mutex_unlock(&sorted[i].v->sparse->mu);
