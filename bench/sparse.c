@@ -11,7 +11,7 @@
  *          [--calls 200]
  *
  * Ends with: "sparse: pull N rows/s; push N rows/s; push+return N rows/s;
- * 4x over memory R of in-ram".
+ * Xx over memory R of in-ram" (X = 4 unless the 128 MiB floor applies).
  */
 #include "common/buf.h"
 #include "common/errors.h"
@@ -339,8 +339,8 @@ int main(int argc, char **argv)
     if (q.cg[0])
         rmdir(q.cg);
     printf("sparse: pull %.0f rows/s; push %.0f rows/s; push+return %.0f rows/s; "
-           "%.1fx over memory %.2f of in-ram\n", (double)bytes / (double)limit, ram[0], ram[1], ram[2],
-           (over[0] + over[1]) / (ram[0] + ram[1]));
+           "%.1fx over memory %.2f of in-ram\n", ram[0], ram[1], ram[2],
+           (double)bytes / (double)limit, (over[0] + over[1]) / (ram[0] + ram[1]));
     free(cdf);
     return 0;
 }
