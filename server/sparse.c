@@ -84,19 +84,14 @@ static uint64_t splitmix64(uint64_t x)
     return mix64(x + 0x9e3779b97f4a7c15ULL);
 }
 
-struct psd_sparse *psd_sparse_new(const Ps__V1__VariableSpec *sp)
+struct psd_sparse *psd_sparse_new(const Ps__V1__VariableSpec *sp, const psd_opt *opt)
 {
     struct psd_sparse *t = calloc(1, sizeof *t);
     if (t == NULL)
         return NULL;
     pthread_mutex_init(&t->mu, NULL);
     t->dim = (size_t)sp->shape[0];
-    const Ps__V1__Optimizer *p = sp->optimizer;
-    t->opt = (psd_opt){.kind = (enum psd_opt_kind)p->kind, .lr = p->learning_rate,
-                       .momentum = p->momentum, .nesterov = p->nesterov,
-                       .initial_accumulator = p->initial_accumulator,
-                       .beta1 = p->beta1, .beta2 = p->beta2, .epsilon = p->epsilon};
-    psd_opt_defaults(&t->opt);
+    t->opt = *opt; /* the variable's, as vartable.c reads it: every kind */
     const Ps__V1__Initializer *q = sp->initializer;
     t->init = (psd_init){.kind = (enum psd_init_kind)q->kind, .value = q->value,
                          .minval = q->minval, .maxval = q->maxval, .mean = q->mean,

@@ -94,8 +94,10 @@ struct psd_sparse {
  * consistency). Returns 0 or PS_EINVAL_ARG/PS_ESHAPE with a sentence. */
 int psd_sparse_validate(const Ps__V1__VariableSpec *sp, char *why, size_t whylen);
 
-/* A table's state for a validated spec; NULL when out of memory. */
-struct psd_sparse *psd_sparse_new(const Ps__V1__VariableSpec *sp);
+/* A table's state for a validated spec and its optimizer (psd_var.opt, so
+ * that every kind vartable.c reads works on rows); NULL when out of
+ * memory. */
+struct psd_sparse *psd_sparse_new(const Ps__V1__VariableSpec *sp, const psd_opt *opt);
 void psd_sparse_free(struct psd_sparse *t);
 
 /* The handlers (sparse_rpc.c). */

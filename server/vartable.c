@@ -375,7 +375,7 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     v->slots = v->nslots ? shard_alloc_floats(n * (size_t)v->nslots) : NULL;
     if (v->value == NULL || (v->nslots && v->slots == NULL))
         goto nomem;
-    if (v->spec->sparse && (v->sparse = psd_sparse_new(v->spec)) == NULL)
+    if (v->spec->sparse && (v->sparse = psd_sparse_new(v->spec, &v->opt)) == NULL)
         goto nomem;
     v->persisted_version = UINT64_MAX; /* not in the store yet */
     *out = v;
