@@ -43,6 +43,8 @@ static const struct {
     {"/ps.v1.ParameterServer/Restore", O},
     {"/ps.v1.ParameterServer/SetSyncWorkers", O},
     {"/ps.v1.ParameterServer/DeleteVariable", O},
+    {"/ps.v1.ParameterServer/SparsePull", W | O},
+    {"/ps.v1.ParameterServer/SparsePush", W | O},
     {"/ps.v1.Coordinator/RegisterTask", W | O},
     {"/ps.v1.Coordinator/Heartbeat", W | O},
     {"/ps.v1.Coordinator/GetCluster", R | W | O},
@@ -50,6 +52,9 @@ static const struct {
     {"/ps.v1.Coordinator/ReportMetrics", W | O},
     /* A worker also needs its task secret here (coordinator/service.c). */
     {"/ps.v1.Coordinator/Place", W | O},
+    /* multi_worker_mirrored's rendezvous (coordinator/kvstore.c). */
+    {"/ps.v1.Coordinator/KvSet", W | O},
+    {"/ps.v1.Coordinator/KvGet", W | O},
     {"/grpc.health.v1.Health/Check", R | W | O},
     {"/grpc.health.v1.Health/Watch", R | W | O},
 };

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "server/sparse.h"
 #include "server/store.h"
 
 #include <errno.h>
@@ -138,11 +139,14 @@ int shard_flush_locked(psd_shard *s)
         }
         pthread_rwlock_unlock(&v->lock);
     }
+    if (rc == 0)
+        rc = psd_sparse_flush(s, &t); /* the sparse tables' changed rows */
     if (t != NULL) {
         if (rc == 0)
             rc = psd_store_commit(t);
         else
             psd_store_abort(t);
+        psd_sparse_committed(s, rc == 0);
         if (rc == 0) {
             atomic_fetch_add(&s->commits, 1);
             ps_histogram_observe(&s->commit_seconds, ps_metrics_now() - t0);
@@ -211,6 +215,7 @@ void *shard_flusher_main(void *arg)
         s->flush_requested = false;
         if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
             shard_flush_locked(s);
+        psd_sparse_maintain(s);
         maybe_trim(s, &trimmed_ms, &trimmed_bytes);
     }
     pthread_mutex_unlock(&s->flush_mu);
@@ -311,6 +316,8 @@ int shard_store_replace(psd_shard *s, const struct var_list *l)
         rc = psd_store_put(t, &rec);
     }
     if (rc == 0)
+        rc = psd_sparse_restore_rows(t, l);
+    if (rc == 0)
         rc = psd_store_commit(t);
     else if (t != NULL)
         psd_store_abort(t);
@@ -338,6 +345,10 @@ int shard_ckpt_load(const char *path, struct var_list *l)
     if (rc == 0) {
         rc = load_store(ck, l);
         psd_store_close(ck);
+    }
+    if (rc == 0 && (l->from = strdup(path)) == NULL) {
+        shard_vars_free(l);
+        rc = -ENOMEM;
     }
     return rc;
 }

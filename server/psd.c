@@ -65,6 +65,7 @@ struct psd_conf {
     int64_t idle_timeout_ms;
     int64_t keepalive_ms;
     int64_t probe_interval_ms;
+    uint64_t memory_limit;
     char *metrics_listen;
     ps_tls_conf tls;
     char *tokens;
@@ -145,6 +146,13 @@ static const ps_opt psd_opts[] = {
     /* 0, half of physical memory: variables live in memory, and a restart
      * holds their LMDB pages beside them while it loads (about twice the
      * bytes), which must still fit. */
+    /* 0: sparse tables keep at most 256 MiB of rows in RAM (a quarter of
+     * 1 GiB); the rest of a table is in LMDB's file-backed map. */
+    {"memory-limit", PS_OPT_SIZE, offsetof(struct psd_conf, memory_limit), "0",
+     "memory psd's sparse tables plan for, e.g. 4G: their RAM tier of rows "
+     "is kept under a quarter of it (the rest stays in LMDB, page cache the "
+     "kernel can reclaim); run psd in a memory cgroup of this size to bound "
+     "it; 0: a 256 MiB RAM tier", 0, 1e18, NULL},
     {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
      "most bytes the variables hold (values, optimizer slots, sync "
      "aggregates), e.g. 16G; a CreateVariable beyond is refused "
@@ -369,6 +377,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .transport_security = ps_tls_server_mode(&tls),
         .worker_timeout_ms = c->worker_timeout_ms,
         .tokens_required = d->auth != NULL,
+        .memory_limit = c->memory_limit,
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);

@@ -452,6 +452,12 @@ static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullReque
                             "Pull: variable '%s' does not exist", name);
             return false;
         }
+        if (it->vars[i]->sparse != NULL) {
+            shard_count_bad(s);
+            ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Pull: variable '%s' is a "
+                        "sparse table; pull its rows with SparsePull", name);
+            return false;
+        }
         for (size_t j = 0; j < i; j++) {
             if (it->vars[j] == it->vars[i]) {
                 shard_count_bad(s);

@@ -609,6 +609,11 @@ static enum ps_rpc_code check_name(psd_shard *s, const ps_wire_grad *g, size_t i
                      (int)g->name_len, g->name);
         return np ? PS_RPC_INVALID_ARGUMENT : PS_RPC_NOT_FOUND;
     }
+    if (v->sparse != NULL) {
+        snprintf(err, errlen, "Push: variable '%s' is a sparse table; push its "
+                 "rows with SparsePush", v->name);
+        return PS_RPC_INVALID_ARGUMENT;
+    }
     p->vars[i] = v;
     enum ps_rpc_code code = PS_RPC_OK;
     for (size_t j = 0; j < i; j++)

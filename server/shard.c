@@ -7,6 +7,7 @@
 #include "server/shard_internal.h"
 
 #include "server/checkpoint.h"
+#include "server/sparse.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -349,6 +350,8 @@ static const struct {
     [SHARD_M_RESTORE] = {"Restore", restore},
     [SHARD_M_SET_SYNC_WORKERS] = {"SetSyncWorkers", shard_set_sync_workers},
     [SHARD_M_DELETE_VARIABLE] = {"DeleteVariable", shard_delete_variable},
+    [SHARD_M_SPARSE_PULL] = {"SparsePull", shard_sparse_pull},
+    [SHARD_M_SPARSE_PUSH] = {"SparsePush", shard_sparse_push},
 };
 
 /* The counters /metrics reads, zero before anything is served. */

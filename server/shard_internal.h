@@ -7,8 +7,8 @@
  *   vartable.c  the table of variables, spec normalisation and validation,
  *               CreateVariable, ListVariables, Stats
  *   persist.c   the store: loading it, the write-behind flusher, the writes
- *               of a new variable and of a restore (the only file of the
- *               module that includes store.h)
+ *               of a new variable and of a restore (with sparse.c, the
+ *               files of the module that include store.h)
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
  *   staleness.c BOUNDED_STALENESS: the workers' clocks and the bound
@@ -16,11 +16,15 @@
  *               long they wait
  *   delete.c    DeleteVariable
  *   metrics.c   psd's /metrics page, read from the counters below
+ *   sparse.c    sparse tables (sparse.h): RAM tier, rows in LMDB, sweeps
+ *   sparse_rpc.c SparsePull and SparsePush
  *
  * Locks, always taken in this order and never the reverse:
  *   s->table_lock (rw)  the set of variables; handlers hold it for reading
  *                       for their whole run, CreateVariable and Restore for
  *                       writing
+ *   sp->mu              a sparse table's rows (sparse.h); a push holds those
+ *                       of all its tables, taken in table order
  *   v->lock (rw)        one variable's value, slots, version and sync state
  *   s->wait_mu          the lists of calls that wait (pulls for a version,
  *                       sync pushes for their step, durable pushes for their
@@ -110,6 +114,7 @@ typedef struct psd_var {
     uint32_t accum_count;
     uint32_t *pushed;         /* workers that pushed this step */
     size_t npushed, cap_pushed;
+    struct psd_sparse *sparse; /* a sparse table's rows (sparse.h), or NULL */
 } psd_var;
 
 /* A push that answers later: sync parts waiting for their step, or a
@@ -169,6 +174,8 @@ enum shard_method_id {
     SHARD_M_RESTORE,
     SHARD_M_SET_SYNC_WORKERS,
     SHARD_M_DELETE_VARIABLE,
+    SHARD_M_SPARSE_PULL,
+    SHARD_M_SPARSE_PUSH,
     SHARD_NMETHODS
 };
 
@@ -185,6 +192,7 @@ struct shard_method {
 struct var_list {
     psd_var **vars;
     size_t n, cap;
+    char *from; /* the checkpoint directory loaded, or NULL (sparse rows) */
 };
 
 struct psd_shard {

@@ -22,10 +22,13 @@
  *             u32 nslots, u64 version, u64 step, u64 n, u64 spec_len}
  *   "dense"  var_id (u32 big-endian) + kind (u8: 0 value, 1+k slot k)
  *                             -> n float32, exactly n*4 bytes
- *   "rows"   var_id (u32 big-endian) + row id (u64 big-endian) -> one row.
- *            Reserved for sparse tables: created and emptied by delete and
- *            clear, but no API writes it yet. Big-endian keys make a
- *            variable's rows one contiguous range, scanned in row order.
+ *   "rows"   var_id (u32 big-endian) + row id (u64 big-endian, its sign
+ *            bit flipped) -> one row of a sparse table: {u64 updates,
+ *            u64 last step} then the row's value and its optimizer slots,
+ *            (1 + nslots) * dim float32 (server/sparse.h). Big-endian keys
+ *            with the sign bit flipped make a table's rows one contiguous
+ *            range, scanned in signed id order (-5 before 3). Written by
+ *            store_rows.c; emptied by delete and clear.
  *
  * Integers in values and the floats are in the host's byte order, and only
  * little-endian hosts are supported: store.c refuses to compile elsewhere,
@@ -136,5 +139,46 @@ int psd_store_copy(psd_store *s, const char *dst_dir);
 int psd_store_sync(psd_store *s);
 /* The number of successful commits since open. */
 uint64_t psd_store_commits(const psd_store *s);
+
+/* ---- rows of sparse tables (store_rows.c) ------------------------------
+ * A row is an opaque value to the store; the table's var_id is the one its
+ * "vars" record got at its first put. A read transaction (psd_store_rtxn)
+ * is one consistent snapshot, used by one thread; the bytes it hands out
+ * point into LMDB's map (no copy) and are valid until psd_store_rend. */
+typedef struct psd_store_rtxn psd_store_rtxn;
+
+/* The var_id of variable name. Returns 0, PS_ENOTFOUND, PS_ECORRUPT or
+ * PS_ESTORE. */
+int psd_store_var_id(psd_store *s, const char *name, uint32_t *id);
+/* Begins and ends a read transaction. */
+int psd_store_rbegin(psd_store *s, psd_store_rtxn **out);
+void psd_store_rend(psd_store_rtxn *r);
+/* Row id of table var_id: *data points into the map (any alignment).
+ * Returns 0, PS_ENOTFOUND or PS_ESTORE. */
+int psd_store_row_get(psd_store_rtxn *r, uint32_t var_id, int64_t id,
+                      const void **data, size_t *len);
+/* Inserts or replaces row id: head (head_len bytes) then body, written
+ * straight into the map. Returns 0 or as psd_store_put (PS_EFULL...). */
+int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
+                      const void *head, size_t head_len, const void *body,
+                      size_t body_len);
+/* Called for a row by psd_store_rows_walk: returns 1 to delete the row, 0 to
+ * keep it, a negative value to stop the walk (returned). */
+typedef int (*psd_store_row_fn)(void *ctx, int64_t id, const void *data, size_t len);
+/* Walks at most max rows of table var_id in id order in a write
+ * transaction, from id *from on (inclusive); *from is set to the id after
+ * the last one visited, and *done to true when the table's end was reached.
+ * Returns 0, fn's negative return, or as psd_store_put. */
+int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t max,
+                        psd_store_row_fn fn, void *ctx, int *done);
+/* Counts the rows of table var_id (a walk of its keys). */
+int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n);
+/* Copies every row of variable name from the store src (its var_id there)
+ * into t's store (the var_id name has in t: put the record first), one
+ * row at a time: a table larger than memory is streamed. Returns 0,
+ * PS_ENOTFOUND (name is in neither), or as psd_store_put. */
+int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name);
+/* Bytes of the store's file in use (its last page). */
+uint64_t psd_store_disk_bytes(psd_store *s);
 
 #endif

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "server/init.h"
+#include "server/sparse.h"
 #include "common/log.h"
 #include "common/tensor.h"
 
@@ -111,6 +112,7 @@ void shard_var_free(psd_var *v)
     free(v->slots);
     free(v->accum);
     free(v->pushed);
+    psd_sparse_free(v->sparse);
     pthread_rwlock_destroy(&v->lock);
     free(v);
 }
@@ -207,6 +209,9 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
 
     out->spec.optimizer = &out->opt;
     out->spec.initializer = &out->init;
+    if (out->spec.consistency == PS__V1__CONSISTENCY__CONSISTENCY_DEFAULT &&
+        out->spec.sparse)
+        out->spec.consistency = PS__V1__CONSISTENCY__ASYNC;
     if (out->spec.consistency == PS__V1__CONSISTENCY__CONSISTENCY_DEFAULT)
         out->spec.consistency = (Ps__V1__Consistency)s->o.consistency;
     if (out->spec.consistency == PS__V1__CONSISTENCY__SYNC) {
@@ -217,6 +222,11 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
     }
     if (out->spec.consistency != PS__V1__CONSISTENCY__BOUNDED_STALENESS)
         out->spec.staleness = 0;
+    if (!out->spec.sparse) { /* meaningless for a dense variable */
+        out->spec.admit_after = 0;
+        out->spec.ttl_steps = out->spec.max_rows = 0;
+        out->spec.insert_on_pull = false;
+    }
 }
 
 /* Validates a normalized spec. Returns 0, or a project error with one line
@@ -228,11 +238,6 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
     if (np != NULL) {
         snprintf(why, whylen, "variable name %s", np);
         return PS_EINVAL_ARG;
-    }
-    if (sp->sparse) {
-        snprintf(why, whylen, "variable '%s': sparse variables are not served "
-                 "yet", sp->name);
-        return PS_EDTYPE;
     }
     if (sp->dtype != PS__V1__DTYPE__DTYPE_FLOAT32) {
         snprintf(why, whylen, "variable '%s': dtype %s is not served; use "
@@ -264,6 +269,11 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
                  "message (limit %zu bytes; raise --max-message)", sp->name,
                  n * sizeof(float), s->o.max_message_bytes);
         return PS_ESHAPE;
+    }
+    if (sp->sparse) {
+        int rc = psd_sparse_validate(sp, why, whylen);
+        if (rc != 0)
+            return rc;
     }
     if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__FTRL) {
         snprintf(why, whylen, "variable '%s': unknown optimizer kind %d",
@@ -383,6 +393,8 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     }
     v->slots = v->nslots ? shard_alloc_floats(n * (size_t)v->nslots) : NULL;
     if (v->value == NULL || (v->nslots && v->slots == NULL))
+        goto nomem;
+    if (v->spec->sparse && (v->sparse = psd_sparse_new(v->spec, &v->opt)) == NULL)
         goto nomem;
     v->persisted_version = UINT64_MAX; /* not in the store yet */
     *out = v;
@@ -657,6 +669,7 @@ void shard_vars_free(struct var_list *l)
     for (size_t i = 0; i < l->n; i++)
         shard_var_free(l->vars[i]);
     free(l->vars);
+    free(l->from);
     memset(l, 0, sizeof *l);
 }
 
@@ -731,6 +744,7 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         resp.slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
                            (v->accum ? v->n * sizeof(float) : 0);
     }
+    psd_sparse_stats(s, &resp);
     pthread_rwlock_unlock(&s->table_lock);
     resp.pushes = atomic_load(&s->pushes);
     resp.pulls = atomic_load(&s->pulls);

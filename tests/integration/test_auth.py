@@ -300,7 +300,13 @@ def test_job(d, files):
                                         "" if w.returncode == 0 else ": " + w.stderr[-300:]))
     r.check(not any(t in w.stderr + w.stdout for t in ALL_TOKENS),
             "job: workerd's output holds no token")
+    # pscoord sets the count from its schedule thread, which may come after
+    # a 30-step worker has finished: wait for the line (bounded).
+    deadline = time.monotonic() + 10
     log = coord.log()
+    while "sync steps wait for 1 worker" not in log and time.monotonic() < deadline:
+        time.sleep(0.1)
+        log = coord.log()
     r.check("sync steps wait for 1 worker" in log and "UNAUTHENTICATED" not in log
             and "PERMISSION_DENIED" not in log,
             "job: pscoord's operator token sets the psd's sync count (SetSyncWorkers, "

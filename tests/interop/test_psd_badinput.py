@@ -123,8 +123,8 @@ def main():
     expect("uniform with maxval <= minval", create(pstest.spec(pb, "z", (3,), init=pb.Initializer(
         kind=pb.Initializer.UNIFORM, minval=1.0, maxval=0.5))),
         C.INVALID_ARGUMENT, "maxval")
-    expect("a sparse variable", create(pstest.spec(pb, "z", (3,), sparse=True)),
-           C.UNIMPLEMENTED, "sparse")
+    expect("a sparse table of shape (2, 3)", create(pstest.spec(pb, "z", (2, 3), sparse=True)),
+           C.INVALID_ARGUMENT, "sparse table 'z'", "[dim]")
     expect("the same name with another shape", create(pstest.spec(pb, "w", (4, 4), lr=1.0,
         init=pb.Initializer(kind=pb.Initializer.CONSTANT, value=2.0))),
         C.ALREADY_EXISTS, "shape (4, 4), existing (4, 3)")

@@ -1,0 +1,346 @@
+/*
+ * sparse - rows/s of psd's sparse tables (issue 12): SparsePull, SparsePush
+ * (Adagrad) and SparsePush with return_values, batches of --batch ids drawn
+ * Zipf(s = 1.1) over the table's --rows rows (rank r is id (r * 1000003 +
+ * 12345) mod rows, so hot ids are scattered over the table), dim --dim, from one C client over 127.0.0.1. Two
+ * regimes: the table in RAM (no memory limit), and psd with --memory-limit
+ * a quarter of the table's LMDB bytes, inside a cgroup v1 memory group of
+ * that size when run as root (else --memory-limit alone, said so).
+ *
+ *   sparse --psd build/server/psd [--rows 1000000] [--dim 64] [--batch 4096]
+ *          [--calls 200]
+ *
+ * Ends with: "sparse: pull N rows/s; push N rows/s; push+return N rows/s;
+ * Xx over memory R of in-ram" (X = 4 unless the 128 MiB floor applies).
+ */
+#include "common/buf.h"
+#include "common/errors.h"
+#include "common/rpc.h"
+#include "proto/ps.pb-c.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct opts {
+    const char *psd;
+    long rows, dim, batch, calls;
+};
+
+struct psd {
+    pid_t pid;
+    char dir[256], cg[256];
+    int port;
+    ps_rpc_client *c;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Starts psd (in cgroup cg when cg[0]) with --memory-limit limit (0: none). */
+static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
+{
+    snprintf(p->dir, sizeof p->dir, "/tmp/bench-sparse.XXXXXX");
+    if (mkdtemp(p->dir) == NULL)
+        return -errno;
+    char lim[32], out[300];
+    snprintf(lim, sizeof lim, "%llu", (unsigned long long)limit);
+    snprintf(out, sizeof out, "%s/port", p->dir);
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        return -errno;
+    p->pid = fork();
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (p->cg[0]) {
+            char path[300];
+            snprintf(path, sizeof path, "%s/cgroup.procs", p->cg);
+            FILE *f = fopen(path, "w");
+            if (f == NULL || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0)
+                _exit(126);
+        }
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(o->psd, o->psd, "--listen", "127.0.0.1:0", "--data-dir", p->dir,
+              "--memory-limit", lim, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char buf[256];
+    ssize_t n = read(pfd[0], buf, sizeof buf - 1);
+    close(pfd[0]);
+    if (n <= 0 || strncmp(buf, "PORT ", 5) != 0)
+        return PS_EUNAVAIL;
+    buf[n] = 0;
+    p->port = atoi(buf + 5);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", p->port);
+    ps_rpc_client_opts co = {.deadline_ms = 120000};
+    return ps_rpc_client_create(target, &co, &p->c);
+}
+
+static void psd_stop(struct psd *p)
+{
+    ps_rpc_client_destroy(p->c);
+    kill(p->pid, SIGTERM);
+    waitpid(p->pid, NULL, 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "sparse: could not remove %s\n", p->dir);
+}
+
+static int call(struct psd *p, const char *m, const void *req, const void *desc, void **resp)
+{
+    ps_rpc_status st;
+    int rc = ps_rpc_invoke_pb(p->c, m, req, desc, resp, 0, &st);
+    if (rc != 0)
+        fprintf(stderr, "sparse: %s: %s\n", m, st.message);
+    return rc;
+}
+
+static int create(struct psd *p, const struct opts *o)
+{
+    Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
+    opt.kind = PS__V1__OPTIMIZER__KIND__ADAGRAD;
+    opt.learning_rate = 0.01f;
+    Ps__V1__Initializer in = PS__V1__INITIALIZER__INIT;
+    in.kind = PS__V1__INITIALIZER__KIND__UNIFORM;
+    int64_t shape = o->dim;
+    Ps__V1__VariableSpec sp = PS__V1__VARIABLE_SPEC__INIT;
+    sp.name = "emb";
+    sp.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    sp.n_shape = 1;
+    sp.shape = &shape;
+    sp.optimizer = &opt;
+    sp.initializer = &in;
+    sp.sparse = true;
+    Ps__V1__CreateVariableRequest r = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
+    r.spec = &sp;
+    void *resp = NULL;
+    int rc = call(p, "/ps.v1.ParameterServer/CreateVariable", &r,
+                  &ps__v1__create_variable_response__descriptor, &resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+/* One SparsePull (kind 0), SparsePush (1) or push with return (2). */
+static int one(struct psd *p, const struct opts *o, int kind, int64_t *ids, float *g,
+               uint64_t step)
+{
+    void *resp = NULL;
+    int rc;
+    if (kind == 0) {
+        Ps__V1__SparsePullItem it = PS__V1__SPARSE_PULL_ITEM__INIT;
+        Ps__V1__SparsePullItem *itp = &it;
+        it.name = "emb";
+        it.n_ids = (size_t)o->batch;
+        it.ids = ids;
+        Ps__V1__SparsePullRequest r = PS__V1__SPARSE_PULL_REQUEST__INIT;
+        r.n_items = 1;
+        r.items = &itp;
+        rc = call(p, "/ps.v1.ParameterServer/SparsePull", &r,
+                  &ps__v1__sparse_pull_response__descriptor, &resp);
+    } else {
+        int64_t shape[2] = {o->batch, o->dim};
+        Ps__V1__Tensor t = PS__V1__TENSOR__INIT;
+        t.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+        t.n_shape = 2;
+        t.shape = shape;
+        t.data.len = (size_t)(o->batch * o->dim) * sizeof(float);
+        t.data.data = (uint8_t *)g;
+        Ps__V1__SparseGradient sg = PS__V1__SPARSE_GRADIENT__INIT;
+        Ps__V1__SparseGradient *sgp = &sg;
+        sg.name = "emb";
+        sg.n_ids = (size_t)o->batch;
+        sg.ids = ids;
+        sg.grad = &t;
+        Ps__V1__SparsePushRequest r = PS__V1__SPARSE_PUSH_REQUEST__INIT;
+        r.step = step;
+        r.n_grads = 1;
+        r.grads = &sgp;
+        r.return_values = kind == 2;
+        rc = call(p, "/ps.v1.ParameterServer/SparsePush", &r,
+                  &ps__v1__sparse_push_response__descriptor, &resp);
+    }
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Zipf(1.1) ranks over rows, by inverse CDF. */
+static double *zipf_cdf(long n)
+{
+    double *c = malloc((size_t)n * sizeof *c), s = 0;
+    for (long i = 0; i < n && c; i++)
+        c[i] = (s += pow((double)(i + 1), -1.1));
+    for (long i = 0; i < n && c; i++)
+        c[i] /= s;
+    return c;
+}
+
+static int64_t zipf_id(const double *cdf, long n, uint64_t *rng)
+{
+    *rng = mix64(*rng + 0x9e3779b97f4a7c15ULL);
+    double u = (double)(*rng >> 11) * 0x1p-53;
+    long lo = 0, hi = n - 1;
+    while (lo < hi) {
+        long mid = (lo + hi) / 2;
+        if (cdf[mid] < u)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (int64_t)(((uint64_t)lo * 1000003u + 12345u) % (uint64_t)n);
+}
+
+/* rows/s of calls of one kind; p50 and p99 per call in ms. */
+static double measure(struct psd *p, const struct opts *o, int kind, const double *cdf,
+                      int64_t *ids, float *g, const char *regime)
+{
+    double *lat = malloc((size_t)o->calls * sizeof *lat);
+    uint64_t rng = 42 + (uint64_t)kind;
+    double t0 = now_s();
+    for (long c = 0; c < o->calls; c++) {
+        for (long i = 0; i < o->batch; i++)
+            ids[i] = zipf_id(cdf, o->rows, &rng);
+        double t = now_s();
+        if (one(p, o, kind, ids, g, (uint64_t)(1000 + c)) != 0)
+            exit(1);
+        lat[c] = now_s() - t;
+    }
+    double secs = now_s() - t0;
+    qsort(lat, (size_t)o->calls, sizeof *lat, cmp_d);
+    double rate = (double)(o->calls * o->batch) / secs;
+    static const char *names[] = {"pull", "push (Adagrad)", "push+return"};
+    printf("%-9s %-15s %10.0f rows/s  p50 %6.2f ms  p99 %6.2f ms\n", regime, names[kind],
+           rate, lat[o->calls / 2] * 1e3, lat[o->calls * 99 / 100] * 1e3);
+    free(lat);
+    return rate;
+}
+
+/* Fills the table: every row pushed once, ids in order (LMDB appends).
+ * Returns its LMDB bytes (Stats). */
+static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g)
+{
+    for (long k = 0; k < o->rows; k += o->batch) {
+        for (long i = 0; i < o->batch; i++)
+            ids[i] = (k + i) % o->rows;
+        if (one(p, o, 1, ids, g, 0) != 0)
+            exit(1);
+    }
+    Ps__V1__StatsRequest r = PS__V1__STATS_REQUEST__INIT;
+    Ps__V1__StatsResponse *s = NULL;
+    if (call(p, "/ps.v1.ParameterServer/Stats", &r, &ps__v1__stats_response__descriptor,
+             (void **)&s) != 0)
+        exit(1);
+    uint64_t bytes = s->sparse_disk_bytes;
+    printf("table: %llu rows of dim %ld, %llu MiB in LMDB\n",
+           (unsigned long long)s->sparse_rows, o->dim, (unsigned long long)(bytes >> 20));
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    return bytes;
+}
+
+static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
+                const double *cdf, double out[3], uint64_t *bytes)
+{
+    int64_t *ids = malloc((size_t)o->batch * sizeof *ids);
+    float *g = malloc((size_t)(o->batch * o->dim) * sizeof *g);
+    for (long i = 0; i < o->batch * o->dim; i++)
+        g[i] = (float)((i % 7) - 3) * 0.01f;
+    if (psd_start(o, p, limit) != 0 || create(p, o) != 0) {
+        fprintf(stderr, "sparse: psd did not start\n");
+        exit(1);
+    }
+    uint64_t b = fill(p, o, ids, g);
+    if (bytes)
+        *bytes = b;
+    for (int k = 0; k < 3; k++)
+        out[k] = measure(p, o, k, cdf, ids, g, regime);
+    psd_stop(p);
+    free(ids);
+    free(g);
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {NULL, 1000000, 64, 4096, 200};
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 1; i + 1 < argc; i += 2) {
+        long v = atol(argv[i + 1]);
+        if (!strcmp(argv[i], "--psd"))
+            o.psd = argv[i + 1];
+        else if (!strcmp(argv[i], "--rows"))
+            o.rows = v;
+        else if (!strcmp(argv[i], "--dim"))
+            o.dim = v;
+        else if (!strcmp(argv[i], "--batch"))
+            o.batch = v;
+        else if (!strcmp(argv[i], "--calls"))
+            o.calls = v;
+    }
+    if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2) {
+        fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--dim D] [--batch B] "
+                "[--calls C]\n");
+        return 2;
+    }
+    double *cdf = zipf_cdf(o.rows);
+    struct psd p = {0};
+    double ram[3], over[3];
+    uint64_t bytes = 0;
+    run(&o, &p, 0, "in-ram", cdf, ram, &bytes);
+    /* psd's own anonymous memory (gRPC, buffers, LMDB's transaction) is
+     * ~25-50 MiB whatever the table: below 128 MiB the cgroup would measure
+     * that, not the table, so smaller tables get 128 MiB (said below). */
+    uint64_t limit = bytes / 4 > ((uint64_t)128 << 20) ? bytes / 4 : (uint64_t)128 << 20;
+    struct psd q = {0};
+    snprintf(q.cg, sizeof q.cg, "/sys/fs/cgroup/memory/bench-sparse-%d", (int)getpid());
+    char path[300];
+    snprintf(path, sizeof path, "%s/memory.limit_in_bytes", q.cg);
+    FILE *f = NULL;
+    if (geteuid() == 0 && mkdir(q.cg, 0755) == 0 && (f = fopen(path, "w")) != NULL) {
+        fprintf(f, "%llu\n", (unsigned long long)limit);
+        fclose(f);
+        printf("4x-over: psd in a cgroup v1 memory group of %llu MiB (table %.1fx that), "
+               "--memory-limit the same\n", (unsigned long long)(limit >> 20),
+               (double)bytes / (double)limit);
+    } else {
+        q.cg[0] = 0;
+        printf("4x-over: no writable memory cgroup (not root?): --memory-limit %llu MiB alone\n",
+               (unsigned long long)(limit >> 20));
+    }
+    run(&o, &q, limit, "4x-over", cdf, over, NULL);
+    if (q.cg[0])
+        rmdir(q.cg);
+    printf("sparse: pull %.0f rows/s; push %.0f rows/s; push+return %.0f rows/s; "
+           "%.1fx over memory %.2f of in-ram\n", ram[0], ram[1], ram[2],
+           (double)bytes / (double)limit, (over[0] + over[1]) / (ram[0] + ram[1]));
+    free(cdf);
+    return 0;
+}

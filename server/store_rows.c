@@ -1,0 +1,257 @@
+/*
+ * store_rows.c - the rows of sparse tables in the store's "rows" database
+ * (layout in store.h). The second file of psd_store_lib: it sees LMDB, and
+ * shares the store's state through store_internal.h.
+ */
+#include "server/store_internal.h"
+
+#include "common/errors.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROW_KEY_LEN 12 /* u32 var_id BE + u64 (id ^ sign bit) BE */
+#define SIGN_BIT ((uint64_t)1 << 63)
+
+struct psd_store_rtxn {
+    psd_store *s;
+    MDB_txn *txn;
+};
+
+static void row_key(uint8_t k[ROW_KEY_LEN], uint32_t var_id, int64_t id)
+{
+    uint64_t u = (uint64_t)id ^ SIGN_BIT;
+    for (int i = 0; i < 4; i++)
+        k[i] = (uint8_t)(var_id >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        k[4 + i] = (uint8_t)(u >> (56 - 8 * i));
+}
+
+/* The id of a row key of var_id, or false when the key is not one. */
+static bool key_id(const MDB_val *k, uint32_t var_id, int64_t *id)
+{
+    if (k->mv_size != ROW_KEY_LEN)
+        return false;
+    const uint8_t *p = k->mv_data;
+    uint32_t v = 0;
+    uint64_t u = 0;
+    for (int i = 0; i < 4; i++)
+        v = v << 8 | p[i];
+    for (int i = 0; i < 8; i++)
+        u = u << 8 | p[4 + i];
+    *id = (int64_t)(u ^ SIGN_BIT);
+    return v == var_id;
+}
+
+/* The var_id in a "vars" record read in txn. */
+static int var_id_in(psd_store *s, MDB_txn *txn, const char *name, uint32_t *id)
+{
+    size_t len = name ? strnlen(name, 256) : 0;
+    if (len == 0 || len > 255)
+        return PS_EINVAL_ARG;
+    MDB_val k = {len, (void *)name}, v;
+    int mrc = mdb_get(txn, s->vars, &k, &v);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    /* struct var_hdr: u32 magic, u16 format, u16 hdr_size, u32 var_id. */
+    if (v.mv_size < 12)
+        return PS_ECORRUPT;
+    memcpy(id, (const uint8_t *)v.mv_data + 8, sizeof *id);
+    return 0;
+}
+
+int psd_store_var_id(psd_store *s, const char *name, uint32_t *id)
+{
+    MDB_txn *txn;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    int rc = var_id_in(s, txn, name, id);
+    mdb_txn_abort(txn);
+    return rc;
+}
+
+int psd_store_rbegin(psd_store *s, psd_store_rtxn **out)
+{
+    psd_store_rtxn *r = malloc(sizeof *r);
+    if (r == NULL)
+        return -ENOMEM;
+    r->s = s;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &r->txn);
+    if (mrc != 0) {
+        ps_log_error("store %s: begin: %s", s->dir, mdb_strerror(mrc));
+        free(r);
+        return store_map_rc(mrc, false);
+    }
+    *out = r;
+    return 0;
+}
+
+void psd_store_rend(psd_store_rtxn *r)
+{
+    if (r == NULL)
+        return;
+    mdb_txn_abort(r->txn);
+    free(r);
+}
+
+int psd_store_row_get(psd_store_rtxn *r, uint32_t var_id, int64_t id,
+                      const void **data, size_t *len)
+{
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, var_id, id);
+    MDB_val k = {sizeof kb, kb}, v;
+    int mrc = mdb_get(r->txn, r->s->rows, &k, &v);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    *data = v.mv_data;
+    *len = v.mv_size;
+    return 0;
+}
+
+int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
+                      const void *head, size_t head_len, const void *body,
+                      size_t body_len)
+{
+    if (t->err)
+        return t->err;
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, var_id, id);
+    MDB_val k = {sizeof kb, kb}, v = {head_len + body_len, NULL};
+    int mrc = mdb_put(t->txn, t->s->rows, &k, &v, MDB_RESERVE);
+    if (mrc != 0)
+        return store_txn_fail(t, mrc, "writing a row", "(sparse)");
+    memcpy(v.mv_data, head, head_len);
+    memcpy((uint8_t *)v.mv_data + head_len, body, body_len);
+    return 0;
+}
+
+int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t max,
+                        psd_store_row_fn fn, void *ctx, int *done)
+{
+    if (t->err)
+        return t->err;
+    MDB_cursor *cur;
+    int mrc = mdb_cursor_open(t->txn, t->s->rows, &cur);
+    if (mrc != 0)
+        return store_txn_fail(t, mrc, "cursor", "(sparse)");
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, var_id, *from);
+    MDB_val k = {sizeof kb, kb}, v;
+    *done = 0;
+    int rc = 0;
+    size_t seen = 0;
+    mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    while (rc == 0) {
+        int64_t id;
+        if (mrc == MDB_NOTFOUND || (mrc == 0 && !key_id(&k, var_id, &id))) {
+            *done = 1;
+            break;
+        }
+        if (mrc != 0) {
+            rc = store_txn_fail(t, mrc, "walking rows", "(sparse)");
+            break;
+        }
+        if (seen == max) {
+            *from = id;
+            break;
+        }
+        seen++;
+        int verdict = fn(ctx, id, v.mv_data, v.mv_size);
+        if (verdict < 0) {
+            rc = verdict;
+            break;
+        }
+        if (verdict == 1) {
+            mrc = mdb_cursor_del(cur, 0);
+            if (mrc != 0) {
+                rc = store_txn_fail(t, mrc, "deleting a row", "(sparse)");
+                break;
+            }
+            /* Seek afresh past a deleted item (as delete_prefix does). */
+            if (id == INT64_MAX) {
+                *done = 1;
+                break;
+            }
+            row_key(kb, var_id, id + 1);
+            k = (MDB_val){sizeof kb, kb};
+            mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+        } else {
+            mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        }
+    }
+    mdb_cursor_close(cur);
+    return rc;
+}
+
+int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
+{
+    MDB_txn *txn;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    MDB_cursor *cur;
+    mrc = mdb_cursor_open(txn, s->rows, &cur);
+    uint64_t c = 0;
+    if (mrc == 0) {
+        uint8_t kb[ROW_KEY_LEN];
+        row_key(kb, var_id, INT64_MIN);
+        MDB_val k = {sizeof kb, kb}, v;
+        int64_t id;
+        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+             mrc == 0 && key_id(&k, var_id, &id);
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+            c++;
+        mdb_cursor_close(cur);
+        if (mrc == 0 || mrc == MDB_NOTFOUND)
+            mrc = 0;
+    }
+    mdb_txn_abort(txn);
+    *n = c;
+    return store_map_rc(mrc, false);
+}
+
+int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name)
+{
+    if (t->err)
+        return t->err;
+    uint32_t to = 0, from = 0;
+    int rc = var_id_in(t->s, t->txn, name, &to);
+    if (rc != 0)
+        return rc;
+    MDB_txn *rt;
+    int mrc = store_txn_begin(src, MDB_RDONLY, &rt);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    rc = var_id_in(src, rt, name, &from);
+    MDB_cursor *cur = NULL;
+    if (rc == 0 && (mrc = mdb_cursor_open(rt, src->rows, &cur)) != 0)
+        rc = store_map_rc(mrc, false);
+    if (rc == 0) {
+        uint8_t kb[ROW_KEY_LEN];
+        row_key(kb, from, INT64_MIN);
+        MDB_val k = {sizeof kb, kb}, v;
+        int64_t id;
+        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+             mrc == 0 && key_id(&k, from, &id) && rc == 0;
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+            rc = psd_store_row_put(t, to, id, v.mv_data, v.mv_size, NULL, 0);
+        if (rc == 0 && mrc != 0 && mrc != MDB_NOTFOUND)
+            rc = store_map_rc(mrc, false);
+    }
+    if (cur)
+        mdb_cursor_close(cur);
+    mdb_txn_abort(rt);
+    return rc;
+}
+
+uint64_t psd_store_disk_bytes(psd_store *s)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    if (mdb_env_info(s->env, &info) != 0 || mdb_env_stat(s->env, &st) != 0)
+        return 0;
+    return (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
+}

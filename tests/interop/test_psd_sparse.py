@@ -1,0 +1,322 @@
+"""Sparse embedding tables (issue 12) against real psd processes, with
+python grpcio as the client and numpy's float32 arithmetic as the oracle:
+pull order and repeats, deterministic initial rows (two processes, a
+restart, a restore), insert_on_pull, repeated ids summed before one update
+for SGD, Adagrad and lazy Adam (a step count per row), return_values,
+admission, ttl eviction, max_rows, and bad input refused with nothing
+applied."""
+import os
+import signal
+import sys
+import time
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pstest  # noqa: E402
+
+C = grpc.StatusCode
+F32 = np.float32
+pb, pbg, _, _ = pstest.generate_stubs()
+R = pstest.Results("psd-sparse")
+DIM = 8
+
+
+class Psd:
+    def __init__(self, *args, data=None):
+        self.data = data or pstest.tmpdir()
+        self.args = args
+        self.start()
+
+    def start(self):
+        self.d = pstest.start_psd(self.data, *self.args)
+        self.ch = pstest.channel(self.d.address)
+        self.stub = pbg.ParameterServerStub(self.ch)
+
+    def stop(self, sig=signal.SIGTERM):
+        self.ch.close()
+        return self.d.stop(sig)
+
+    def restart(self, sig=signal.SIGTERM):
+        self.stop(sig)
+        self.start()
+
+    def create(self, name, opt=None, init=None, dim=DIM, **kw):
+        s = pstest.spec(pb, name, (dim,), opt=opt, init=init, sparse=True, **kw)
+        return self.stub.CreateVariable(pb.CreateVariableRequest(spec=s), timeout=5)
+
+    def pull(self, name, ids):
+        r = self.stub.SparsePull(pb.SparsePullRequest(items=[
+            pb.SparsePullItem(name=name, ids=list(ids))]), timeout=10).rows[0]
+        return rows(r)
+
+    def push(self, name, ids, g, step=0, ret=False, shape=None):
+        g = np.ascontiguousarray(g, dtype="<f4")
+        t = pb.Tensor(dtype=pb.DTYPE_FLOAT32, data=g.tobytes(),
+                      shape=list(shape if shape is not None else g.shape))
+        r = self.stub.SparsePush(pb.SparsePushRequest(step=step, return_values=ret, grads=[
+            pb.SparseGradient(name=name, ids=list(ids), grad=t)]), timeout=10)
+        return rows(r.values[0]) if ret else r.versions[0]
+
+    def stats(self):
+        return self.stub.Stats(pb.StatsRequest(), timeout=5)
+
+
+def rows(r):
+    return np.frombuffer(r.values.data, dtype="<f4").reshape(tuple(r.values.shape)).copy()
+
+
+def uniform(seed=42):
+    return pb.Initializer(kind=pb.Initializer.UNIFORM, minval=-1, maxval=1, seed=seed)
+
+
+def sgd(lr=0.5):
+    return pb.Optimizer(kind=pb.Optimizer.SGD, learning_rate=lr)
+
+
+def summed(ids, g):
+    """{id: the float32 sum of its rows of g, in request order}."""
+    out = {}
+    for i, gi in zip(ids, g):
+        out[i] = out[i] + gi if i in out else F32(0) + gi
+    return out
+
+
+def wait_for(cond, seconds=6.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def test_pull_and_init(a, b):
+    a.create("e", opt=sgd(), init=uniform())
+    b.create("e", opt=sgd(), init=uniform())
+    ids = [5, -3, 5, 1 << 40, 7]
+    ra = a.pull("e", ids)
+    R.check(ra.shape == (5, DIM), "pull answers [len(ids), dim]")
+    R.check(np.array_equal(ra[0], ra[2]), "a repeated id answers the same row twice")
+    R.check(not np.array_equal(ra[0], ra[1]), "different ids get different rows")
+    R.check(bool(np.all((ra >= -1) & (ra < 1))), "UNIFORM rows lie in [minval, maxval)")
+    R.check(np.array_equal(ra[[1, 0]], a.pull("e", [-3, 5])),
+            "rows come back in request order")
+    R.check(np.array_equal(ra, b.pull("e", ids)),
+            "another psd process draws the same bits for the same (seed, id)")
+    R.check(a.stats().sparse_rows == 0, "a pull of never-pushed ids stores no row")
+    b.create("f", opt=sgd(), init=uniform(seed=43))
+    R.check(not np.array_equal(ra, b.pull("f", ids)), "another seed, other rows")
+    return ra
+
+
+def test_sgd(a, ra):
+    ids = [5, 9, 5, -3]
+    g = np.random.default_rng(1).standard_normal((4, DIM)).astype(F32)
+    init = dict(zip([5, 9, -3], a.pull("e", [5, 9, -3])))
+    got = a.push("e", ids, g, step=1, ret=True)
+    want = {i: init[i] - F32(0.5) * s for i, s in summed(ids, g).items()}
+    R.check(all(np.array_equal(got[k], want[i]) for k, i in enumerate(ids)),
+            "SGD: repeated ids summed, one update each, returned in request order")
+    R.check(np.array_equal(a.pull("e", [9, 5, -3]), np.stack([want[9], want[5], want[-3]])),
+            "a pull after the push answers the updated rows")
+    R.check(a.stats().sparse_rows == 3, "three distinct pushed ids: three rows stored")
+    return want
+
+
+def test_adagrad(a):
+    a.create("ada", opt=pb.Optimizer(kind=pb.Optimizer.ADAGRAD, learning_rate=0.1),
+             init=uniform(7))
+    lr, eps, a0 = F32(0.1), F32(1e-7), F32(0.1)
+    ids = [[1, 2, 1], [2, 3]]
+    rng = np.random.default_rng(2)
+    state = {i: (r, np.full(DIM, a0, F32)) for i, r in zip([1, 2, 3], a.pull("ada", [1, 2, 3]))}
+    for step, batch in enumerate(ids):
+        g = rng.standard_normal((len(batch), DIM)).astype(F32)
+        a.push("ada", batch, g, step=step)
+        for i, gi in summed(batch, g).items():
+            w, acc = state[i]
+            acc = acc + gi * gi
+            state[i] = (w - lr * gi / (np.sqrt(acc) + eps), acc)
+    got = a.pull("ada", [1, 2, 3])
+    R.check(all(np.array_equal(got[k], state[i][0]) for k, i in enumerate([1, 2, 3])),
+            "Adagrad rows equal numpy's float32 update, bit for bit")
+
+
+def test_lazy_adam(a):
+    a.create("adam", opt=pb.Optimizer(kind=pb.Optimizer.ADAM, learning_rate=0.01),
+             init=uniform(9))
+    lr, b1, b2, eps = F32(0.01), F32(0.9), F32(0.999), F32(1e-7)
+    rng = np.random.default_rng(3)
+    st = {i: [r, np.zeros(DIM, F32), np.zeros(DIM, F32), 0]
+          for i, r in zip([1, 2], a.pull("adam", [1, 2]))}
+    for step, batch in enumerate([[1], [1, 2, 2], [1]]):
+        g = rng.standard_normal((len(batch), DIM)).astype(F32)
+        a.push("adam", batch, g, step=step)
+        for i, gi in summed(batch, g).items():
+            w, m, v, t = st[i]
+            t += 1
+            lr_t = F32(float(lr) * np.sqrt(1 - float(b2) ** t) / (1 - float(b1) ** t))
+            m = b1 * m + (F32(1) - b1) * gi
+            v = b2 * v + (F32(1) - b2) * gi * gi
+            st[i] = [w - lr_t * m / (np.sqrt(v) + eps), m, v, t]
+    got = a.pull("adam", [1, 2])
+    R.check(np.array_equal(got[0], st[1][0]) and np.array_equal(got[1], st[2][0]),
+            "lazy Adam: each row's bias correction counts its own updates (3 and 1)")
+
+
+def test_insert_on_pull(a):
+    a.create("iop", opt=sgd(), init=uniform(), insert_on_pull=True)
+    before = a.stats().sparse_rows
+    a.pull("iop", [1, 2, 2, 3])
+    R.check(a.stats().sparse_rows == before + 3, "insert_on_pull: a pull stores its rows")
+
+
+def test_admission(a):
+    a.create("adm", opt=sgd(), init=uniform(), admit_after=3)
+    init = a.pull("adm", [100])[0]
+    g = np.ones((1, DIM), F32)
+    before = a.stats()
+    a.push("adm", [100], g, step=1)
+    a.push("adm", [100, 100], np.vstack([g, g]), step=2)
+    s = a.stats()
+    R.check(s.sparse_rows == before.sparse_rows and
+            np.array_equal(a.pull("adm", [100])[0], init),
+            "admit_after 3: after two pushes no row is stored and none applied")
+    R.check(s.sparse_not_admitted - before.sparse_not_admitted == 2,
+            "Stats counts the pushes not admitted")
+    a.push("adm", [100], g, step=3)
+    R.check(a.stats().sparse_rows == before.sparse_rows + 1 and
+            np.array_equal(a.pull("adm", [100])[0], init - F32(0.5) * g[0]),
+            "the third push stores the row and applies that push alone")
+
+
+def test_ttl(a):
+    a.create("ttl", opt=sgd(), init=uniform(), ttl_steps=5)
+    g = np.ones((1, DIM), F32)
+    init = a.pull("ttl", [1, 2])
+    before = a.stats()
+    a.push("ttl", [1], g, step=1)
+    a.push("ttl", [2], g, step=10)
+    ok = wait_for(lambda: a.stats().sparse_evicted > before.sparse_evicted)
+    got = a.pull("ttl", [1, 2])
+    R.check(ok and np.array_equal(got[0], init[0]) and
+            np.array_equal(got[1], init[1] - F32(0.5)),
+            "ttl_steps 5: a row last updated at step 1 is evicted at step 10, "
+            "the one updated at 10 kept")
+
+
+def test_max_rows(a):
+    a.create("cap", opt=sgd(), init=uniform(), max_rows=3)
+    init = a.pull("cap", [1, 2, 3, 4, 5])
+    before = a.stats()
+    for i in range(1, 6):
+        a.push("cap", [i], np.ones((1, DIM), F32), step=i)
+    ok = wait_for(lambda: a.stats().sparse_evicted - before.sparse_evicted >= 2)
+    got = a.pull("cap", [1, 2, 3, 4, 5])
+    changed = [not np.array_equal(got[k], init[k]) for k in range(5)]
+    R.check(ok and changed == [False, False, True, True, True],
+            "max_rows 3: the two least recently updated rows are evicted")
+
+
+def test_bad_input(a):
+    before = a.pull("e", [5, 9])
+    g = np.ones((2, DIM), F32)
+    R.refused("a gradient of the wrong dim", lambda: a.push("e", [5, 9], np.ones((2, 3), F32)),
+              C.INVALID_ARGUMENT, "'e'", "shape")
+    R.refused("ids and rows of different counts", lambda: a.push("e", [5], g),
+              C.INVALID_ARGUMENT, "'e'", "shape")
+    bad = g.copy()
+    bad[1, 2] = np.nan
+    R.refused("a NaN in a sparse gradient", lambda: a.push("e", [5, 9], bad),
+              C.INVALID_ARGUMENT, "'e'", "NaN")
+    R.refused("an unknown table", lambda: a.pull("nope", [1]), C.NOT_FOUND, "'nope'")
+    R.refused("a push to an unknown table", lambda: a.push("nope", [1], g[:1]),
+              C.NOT_FOUND, "'nope'")
+    a.stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "dense", (4,))))
+    R.refused("a dense variable addressed by SparsePull", lambda: a.pull("dense", [1]),
+              C.INVALID_ARGUMENT, "'dense'", "dense")
+    R.refused("a dense variable addressed by SparsePush",
+              lambda: a.push("dense", [1], np.ones((1, 4), F32)),
+              C.INVALID_ARGUMENT, "'dense'", "dense")
+    R.refused("a sparse table addressed by Pull", lambda: a.stub.Pull(
+        pb.PullRequest(items=[pb.PullItem(name="e")])), C.INVALID_ARGUMENT, "'e'", "sparse")
+    R.refused("a sparse table of shape [2, 3]", lambda: a.stub.CreateVariable(
+        pb.CreateVariableRequest(spec=pstest.spec(pb, "s2", (2, 3), sparse=True))),
+        C.INVALID_ARGUMENT, "'s2'", "dim")
+    R.refused("a sparse table of dim 0", lambda: a.stub.CreateVariable(
+        pb.CreateVariableRequest(spec=pstest.spec(pb, "s0", (0,), sparse=True))),
+        C.INVALID_ARGUMENT, "'s0'")
+    R.refused("a sparse table of dim 10^6", lambda: a.stub.CreateVariable(
+        pb.CreateVariableRequest(spec=pstest.spec(pb, "sbig", (10 ** 6,), sparse=True))),
+        C.INVALID_ARGUMENT, "'sbig'", "dim")
+    big = np.full((2, DIM), 3e38, F32)
+    R.refused("a repeated id whose summed gradient overflows",
+              lambda: a.push("e", [9, 5, 5], np.vstack([g[:1], big])),
+              C.INVALID_ARGUMENT, "'e'", "row 5", "non-finite")
+    R.check(np.array_equal(a.pull("e", [5, 9]), before),
+            "after every refusal the rows are unchanged")
+
+
+def test_restart_and_restore(a, want):
+    g = np.ones((1, DIM), F32)
+    fresh = a.pull("e", [12345])
+    ck = a.stub.Checkpoint(pb.CheckpointRequest(step=100), timeout=30)
+    at_ck = a.pull("e", [5, 9, -3])
+    a.push("e", [5, 777], np.vstack([g, g]), step=50)
+    a.restart()
+    R.check(np.array_equal(a.pull("e", [12345]), fresh),
+            "after a restart a never-pushed id draws the same initial row")
+    R.check(not np.array_equal(a.pull("e", [5]), at_ck[:1]),
+            "a push acknowledged before SIGTERM survives the restart")
+    rows_now = a.stats().sparse_rows
+    r = a.stub.Restore(pb.RestoreRequest(step=ck.step), timeout=30)
+    R.check(r.step == 100 and np.array_equal(a.pull("e", [5, 9, -3]), at_ck),
+            "Restore brings back the rows of the checkpoint")
+    R.check(a.stats().sparse_rows == rows_now - 1,
+            "and forgets the row created after it (id 777)")
+
+
+def test_map_full():
+    """A full LMDB map: RESOURCE_EXHAUSTED naming it, psd alive, no row lost."""
+    c = Psd("--map-size", "32M", "--memory-limit", "64M")
+    c.create("full", opt=sgd(1.0), dim=64)
+    g = np.ones((4096, 64), F32)
+    k, err = 0, None
+    while k < 400_000 and err is None:
+        try:
+            c.push("full", range(k, k + 4096), g, step=k)
+            k += 4096
+        except grpc.RpcError as e:
+            err = e
+    R.check(err is not None and err.code() == C.RESOURCE_EXHAUSTED and
+            "nothing applied" in err.details(),
+            "a full map refuses the push: %s" % (err and err.details()))
+    ids = list(range(0, k, 97))
+    R.check(c.d.proc.poll() is None and bool(np.all(c.pull("full", ids) == -1)),
+            "psd is alive and every row acknowledged before is there")
+    c.stop()
+
+
+def main():
+    a = Psd()
+    b = Psd()
+    ra = test_pull_and_init(a, b)
+    b.stop()
+    want = test_sgd(a, ra)
+    test_adagrad(a)
+    test_lazy_adam(a)
+    test_insert_on_pull(a)
+    test_admission(a)
+    test_ttl(a)
+    test_max_rows(a)
+    test_bad_input(a)
+    test_restart_and_restore(a, want)
+    a.stop()
+    test_map_full()
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
