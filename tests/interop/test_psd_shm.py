@@ -5,6 +5,7 @@ a reference can be wrong refused with a clear status and nothing changed."""
 import fcntl
 import mmap
 import os
+import time
 import sys
 
 import grpc
@@ -185,8 +186,11 @@ def main():
     th = threading.Thread(target=pusher)
     th.start()
     bad, pulls = [], 0
+    # At least 12 pulls, and on until 2 pushes have landed among them (a
+    # loaded machine may schedule the pusher late), for at most 60 s.
+    deadline = time.monotonic() + 60
     try:
-        for _ in range(12):
+        while (pulls < 12 or len(pushed) < 2) and time.monotonic() < deadline:
             got = stub4.Pull(pb.PullRequest(items=[pb.PullItem(
                 name="big", into=vbig.ref(pb, 0, BIG))]), timeout=30)
             ver = got.values[0].version
@@ -197,7 +201,7 @@ def main():
     finally:
         stop.set()
         th.join(60)
-    r.check(not bad and pulls == 12 and len(pushed) >= 2,
+    r.check(not bad and pulls >= 12 and len(pushed) >= 2,
             "64 MiB pulled into shared memory during %d pushes: each of %d pulls "
             "is the value of its version (%s)" % (len(pushed), pulls, bad[:3] or "all"))
     d4.stop()
