@@ -272,6 +272,8 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
         free(s->vars);
         s->vars = lc->vars;
         s->nvars = s->cap = lc->n;
+        free(lc->from); /* the checkpoint's path, read by the replace */
+        lc->from = NULL;
         shard_sort_vars(s->vars, s->nvars);
         shard_caps_recount(s);
         atomic_store(&s->committed_seq, atomic_load(&s->apply_seq));
