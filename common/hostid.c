@@ -98,8 +98,10 @@ bool ps_host_use_local(const char *mine, const char *theirs,
         snprintf(why, whylen, "%s is not a socket", local_address);
         return false;
     }
-    /* Connecting to a unix socket takes write permission on its file. */
-    if (access(path, W_OK) != 0) {
+    /* Connecting to a unix socket takes write permission on its file; a
+     * read-only mount (systemd's ProtectSystem=strict) does not stop it, so
+     * EROFS is no refusal. */
+    if (access(path, W_OK) != 0 && errno != EROFS) {
         snprintf(why, whylen, "%s: %s", local_address, strerror(errno));
         return false;
     }

@@ -18,7 +18,13 @@ tokens on psd and pscoord:
   refuse     RegisterTask with a local_address that is not unix:/ABSOLUTE,
              or a host_id over 127 bytes: INVALID_ARGUMENT naming it, and
              nothing registered;
-  persist    pscoord restarted on its state directory still publishes both.
+  persist    pscoord restarted on its state directory still publishes both;
+  python     the Python client (python/psclient) given the coordinator and
+             shm=True reaches the shard on its socket and pushes through
+             shared memory; with another PS_HOST_ID over TCP.
+
+Runs under build/venv-py (tests/python/pyenv.py), where psclient is
+installed.
 
 Prints ok/FAIL per check and "shm-local: N passed, N failed".
 """
@@ -34,6 +40,13 @@ import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "interop"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import pyenv  # noqa: E402
+
+pyenv.reexec()
+
+import numpy as np  # noqa: E402
+
 import pstest  # noqa: E402
 
 PSCOORD = os.path.join(pstest.BUILD_ROOT, "coordinator", "pscoord")
@@ -220,6 +233,33 @@ def check_persist(job):
             "persist: a restarted pscoord still publishes them (%r)" % t.local_address)
 
 
+def check_python(job):
+    from psclient import Client, Initializer, Variable
+    before = job.stats().shm_bytes
+    c = Client(coordinator=job.coord.address, job_id="job", shm=True,
+               token=job.tokens.tok["operator"])
+    try:
+        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
+        c.push({"pyv": np.ones(4096, np.float32)})
+        after = job.stats().shm_bytes
+        r.check(c.addresses == ["unix:" + job.sock] and after > before,
+                "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
+                "%d -> %d" % (c.addresses, before, after))
+    finally:
+        c.close()
+    os.environ["PS_HOST_ID"] = "another-host"
+    try:
+        c = Client(coordinator=job.coord.address, job_id="job", shm=True,
+                   token=job.tokens.tok["operator"])
+        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
+        c.push({"pyv": np.ones(4096, np.float32)})
+        r.check(c.addresses == [job.psd.address] and job.stats().shm_bytes == after,
+                "python: another host id: over TCP (%s)" % c.addresses)
+        c.close()
+    finally:
+        del os.environ["PS_HOST_ID"]
+
+
 def main():
     global pb, pbg
     pb, pbg, _, _ = pstest.generate_stubs()
@@ -237,6 +277,11 @@ def main():
         check_off_and_gone(job)
         check_refuse(job)
         check_persist(job)
+    finally:
+        job.stop()
+    job = Job(tokens, "c")
+    try:
+        check_python(job)
     finally:
         job.stop()
     r.finish()
