@@ -15,6 +15,7 @@
 struct ps_coord {
     ps_coord_opts o;
     char *coordinator, *job_id, *address;
+    char *local_address, *host_id; /* "" when none */
     ps_rpc_client *rpc;
     int index;
     uint64_t incarnation;
@@ -50,6 +51,8 @@ static int do_register(ps_coord *c, int index, ps_rpc_status *st)
     req.role = (Ps__V1__Role)c->o.role;
     req.index = index;
     req.address = c->address;
+    req.local_address = c->local_address;
+    req.host_id = c->host_id;
     req.empty = c->o.is_empty != NULL ? c->o.is_empty(c->o.ctx) : c->o.empty;
     pthread_mutex_lock(&c->mu);
     char secret[sizeof c->secret];
@@ -142,6 +145,8 @@ int ps_coord_join(const ps_coord_opts *o, ps_coord **out, int *index_out,
     c->coordinator = strdup(o->coordinator);
     c->job_id = strdup(o->job_id ? o->job_id : "job");
     c->address = strdup(o->address ? o->address : "");
+    c->local_address = strdup(o->local_address ? o->local_address : "");
+    c->host_id = strdup(o->host_id ? o->host_id : "");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
     ps_rpc_client_opts co = {.deadline_ms = 5000, .token = o->token};
@@ -324,6 +329,8 @@ void ps_coord_leave(ps_coord *c)
     free(c->coordinator);
     free(c->job_id);
     free(c->address);
+    free(c->local_address);
+    free(c->host_id);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cond);
     free(c);

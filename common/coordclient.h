@@ -45,6 +45,9 @@ typedef struct ps_coord_opts {
     ps_coord_directive_fn on_directive;
     void *ctx;
     const char *token;         /* sent with every call (auth.h); NULL: none */
+    const char *local_address; /* ps: "unix:/path" of its local socket; NULL
+                                  or "": none */
+    const char *host_id;       /* ps: common/hostid.h; NULL or "": none */
 } ps_coord_opts;
 
 /* Registers (retrying UNAVAILABLE, and ALREADY_EXISTS or PERMISSION_DENIED

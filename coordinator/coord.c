@@ -302,6 +302,8 @@ static int tasks_info_locked(coord *c, struct coord_cluster *s, int64_t now)
         if (ti->address == NULL)
             return -ENOMEM;
         s->ntasks++;
+        memcpy(ti->local_address, t->local_address, sizeof ti->local_address);
+        memcpy(ti->host_id, t->host_id, sizeof ti->host_id);
         ti->role = t->role;
         ti->index = (uint32_t)t->index;
         ti->alive = t->state == CT_ALIVE;

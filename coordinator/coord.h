@@ -39,6 +39,11 @@
  * that is starting does not take its first steps with the first worker
  * alone). At least 1; nothing is sent before the job has any worker.
  *
+ * Same host. A ps may give, with its address, its unix socket and its host
+ * id (common/hostid.h); both are kept with the task, replaced at each
+ * registration, and published (TaskInfo.local_address, host_id), so that
+ * a worker on the same host reaches it there, with shared memory.
+ *
  * Persistence. <state-dir>/state.json (job id, tasks with incarnations and
  * addresses, placement, checkpoints, last evaluation, restores) is rewritten
  * atomically on every membership, placement or checkpoint change and loaded
@@ -78,6 +83,9 @@ typedef struct coord coord;
  * bound (2^40 past its versions). No honest worker jumps that far (2^40 steps
  * are 127 days at 10^5 steps/s), yet 2^63-1 is refused. */
 #define COORD_STEP_AHEAD_MAX (UINT64_C(1) << 40)
+/* The most bytes, NUL included, of a task's local address ("unix:" and a
+ * unix socket path of at most 107) and of its host id. */
+#define COORD_LOCAL_MAX 128
 
 struct coord_opts {
     const char *job_id;           /* required */
@@ -139,6 +147,10 @@ struct coord_register_req {
     int role_sent;        /* the role's number as sent, for a refusal */
     int index;            /* -1: the coordinator picks */
     const char *address;  /* host:port it serves on; "" = none */
+    /* ps: its unix socket ("unix:/path"), and its host id
+     * (common/hostid.h); NULL or "": none. Published for workers. */
+    const char *local_address;
+    const char *host_id;
     bool empty;           /* a ps that holds no variables (restore it) */
     const char *secret;   /* the task secret it was given; NULL or "" */
     /* The edge's finding (see probe_incarnation below): the ps serving the
@@ -152,6 +164,8 @@ struct coord_task_info {
     enum ps_role role;
     uint32_t index;
     char *address;        /* "" when it serves nothing */
+    char local_address[COORD_LOCAL_MAX]; /* ps: "unix:/path" or "" */
+    char host_id[COORD_LOCAL_MAX];       /* "" when not given */
     bool alive;
     uint64_t incarnation;
     uint64_t step;

@@ -64,6 +64,17 @@ static int check_request(coord *c, struct claim *k, struct coord_status *st)
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, k->what,
                             "an address of %zu bytes; at most 255",
                             strlen(k->addr));
+    const char *local = req->local_address != NULL ? req->local_address : "";
+    const char *host = req->host_id != NULL ? req->host_id : "";
+    if (strlen(local) >= COORD_LOCAL_MAX ||
+        (local[0] != '\0' && strncmp(local, "unix:/", 6) != 0))
+        return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, k->what,
+                            "local_address: give \"unix:/ABSOLUTE/PATH\" of at "
+                            "most %d bytes, or nothing", COORD_LOCAL_MAX - 1);
+    if (strlen(host) >= COORD_LOCAL_MAX)
+        return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, k->what,
+                            "a host_id of %zu bytes; at most %d", strlen(host),
+                            COORD_LOCAL_MAX - 1);
     k->role = PS_ROLE_WORKER;
     k->any_role = req->role == COORD_ROLE_ANY;
     if (!k->any_role) {
@@ -332,6 +343,10 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
     if (coord_set_address(t, k->addr) != 0)
         return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, k->what,
                             "out of memory");
+    snprintf(t->local_address, sizeof t->local_address, "%s",
+             k->req->local_address != NULL ? k->req->local_address : "");
+    snprintf(t->host_id, sizeof t->host_id, "%s",
+             k->req->host_id != NULL ? k->req->host_id : "");
     enum ctask_state was = t->state;
     /* A new holder gets a new secret; the holder itself keeps its own. */
     if (!restart && (rc = coord_secret_new(t)) != 0)
@@ -339,8 +354,9 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
                             "no random bits for its task secret: %s",
                             ps_strerror(rc));
     take_slot_locked(c, t, now);
-    ps_log_info("registered %s[%d] at %s, incarnation %" PRIu64 " (%s%s)",
+    ps_log_info("registered %s[%d] at %s%s%s, incarnation %" PRIu64 " (%s%s)",
                 ps_role_name(k->role), k->index, coord_addr_or_none(k->addr),
+                t->local_address[0] ? " and " : "", t->local_address,
                 t->incarnation,
                 restart ? "the holder again, with its task secret; "
                 : replaced ? "a new process at the holder's address, "

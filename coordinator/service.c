@@ -160,7 +160,9 @@ static void placement_pb_free(Ps__V1__VariablePlacement **arr, size_t n)
 static int task_pb(const struct coord_task_info *t, Ps__V1__TaskInfo *ti)
 {
     ti->address = strdup(t->address);
-    if (ti->address == NULL)
+    ti->local_address = strdup(t->local_address);
+    ti->host_id = strdup(t->host_id);
+    if (ti->address == NULL || ti->local_address == NULL || ti->host_id == NULL)
         return -ENOMEM;
     ti->role = role_out(t->role);
     ti->index = t->index;
@@ -297,6 +299,8 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
     struct coord_register_req in = {.job_id = r->job_id,
                                     .index = r->index,
                                     .address = r->address,
+                                    .local_address = r->local_address,
+                                    .host_id = r->host_id,
                                     .empty = r->empty,
                                     .secret = r->task_secret};
     role_in(r->role, &in.role, &in.role_sent);

@@ -6,7 +6,9 @@
  *   {"format": 1, "job_id": "mnist-42", "membership": "static",
  *    "saved_unix": 1767225600, "epoch": 12, "global_step": 1200,
  *    "tasks": [{"role": "ps", "index": 0, "address": "h3:2222",
- *               "incarnation": 2, "step": 0, "secret": "9f..."}, ...],
+ *               "incarnation": 2, "step": 0, "secret": "9f...",
+ *               "local_address": "unix:/run/psd/0.sock",
+ *               "host_id": "..."}, ...],
  *    "placement": {"num_ps": 2, "variables": [{"name": "w1",
  *                  "shape": [784, 128], "parts": [{"name": "w1/part0",
  *                  "shard": 0, "row_begin": 0, "row_end": 392}, ...]}]},
@@ -88,10 +90,11 @@ int coord_state_save_locked(coord *c)
     for (int i = 0; i < c->ntasks; i++) {
         const struct ctask *t = &c->tasks[i];
         json_array_append_new(tasks, json_pack(
-            "{s:s, s:i, s:s, s:I, s:I, s:s}", "role", ps_role_name(t->role),
-            "index", t->index, "address", t->address, "incarnation",
-            (json_int_t)t->incarnation, "step", (json_int_t)t->step,
-            "secret", t->secret));
+            "{s:s, s:i, s:s, s:I, s:I, s:s, s:s, s:s}", "role",
+            ps_role_name(t->role), "index", t->index, "address", t->address,
+            "incarnation", (json_int_t)t->incarnation, "step",
+            (json_int_t)t->step, "secret", t->secret, "local_address",
+            t->local_address, "host_id", t->host_id));
     }
     for (int i = 0; i < c->nckpts; i++)
         json_array_append_new(ckpts, json_pack(
@@ -248,6 +251,21 @@ static int load_placement(coord *c, json_t *pj, char *err, size_t errlen)
     return 0;
 }
 
+/* A task's unix socket and host id, when the file has them (it has not
+ * before they existed) and they are of a length registration takes. */
+static void local_json(struct ctask *t, json_t *tj)
+{
+    json_t *la = json_object_get(tj, "local_address");
+    json_t *hi = json_object_get(tj, "host_id");
+    const char *l = json_is_string(la) ? json_string_value(la) : "";
+    const char *h = json_is_string(hi) ? json_string_value(hi) : "";
+    if (strlen(l) >= sizeof t->local_address || strlen(h) >= sizeof t->host_id ||
+        (l[0] != '\0' && strncmp(l, "unix:/", 6) != 0))
+        l = h = "";
+    snprintf(t->local_address, sizeof t->local_address, "%s", l);
+    snprintf(t->host_id, sizeof t->host_id, "%s", h);
+}
+
 static int load_tasks(coord *c, json_t *tasks, char *err, size_t errlen)
 {
     int64_t now = ps_now_ms();
@@ -287,6 +305,7 @@ static int load_tasks(coord *c, json_t *tasks, char *err, size_t errlen)
         if (strlen(sv) != COORD_SECRET_HEX)
             sv = "";
         snprintf(t->secret, sizeof t->secret, "%s", sv);
+        local_json(t, tj);
         t->incarnation = inc;
         t->step = step;
         if (inc > 0) {

@@ -9,7 +9,11 @@ for the run at its start (to watch it live) and at its end. Without --keep
 the run's directory is removed at the end, but its event files are kept in
 BUILD_DIR/tensorboard/demo-<time>, one run of TensorBoard per demo.
 
-Usage: demo.py BUILD_DIR [--epochs N] [--keep DIR]
+The workers reach the shards through their unix sockets and move the
+tensors through shared memory (the closing "data path" line, from psd's
+Stats); --tcp runs the same job over TCP.
+
+Usage: demo.py BUILD_DIR [--epochs N] [--keep DIR] [--plaintext] [--tcp]
 """
 import argparse
 import os
@@ -31,13 +35,17 @@ def main():
     ap.add_argument("--plaintext", action="store_true",
                     help="no TLS and no tokens (by default every task uses mutual "
                          "TLS, and every call carries its role's token)")
+    ap.add_argument("--tcp", action="store_true",
+                    help="no psd --local-socket: the workers reach the shards over "
+                         "TCP, as from another host (by default they use each "
+                         "shard's unix socket and shared memory)")
     a = ap.parse_args()
     root = a.keep or tempfile.mkdtemp(prefix="psd-demo-")
     os.makedirs(root, exist_ok=True)
     logdir = os.path.join(os.path.abspath(root), "tensorboard")
     cluster = LocalCluster(a.build, root, num_ps=2, num_workers=2, evaluator=True,
                            epochs=a.epochs, checkpoint_every="5s", logdir=logdir,
-                           tls=not a.plaintext)
+                           tls=not a.plaintext, local_socket=not a.tcp)
     interrupted = False
 
     def on_signal(sig, frame):
@@ -81,10 +89,11 @@ def main():
         # One more evaluation of the final parameters, then the state.
         time.sleep(1.5)
         cs = cluster.cluster_state()
+        path = data_path(cluster, results)
     except KeyboardInterrupt:
         interrupted = True
         print("\ndemo: interrupted; stopping every process", flush=True)
-        results, cs, wall = {}, None, time.monotonic() - t0
+        results, cs, wall, path = {}, None, time.monotonic() - t0, None
     finally:
         cluster.stop()
     if interrupted:
@@ -99,6 +108,8 @@ def main():
     acc = min(s["test_accuracy"] for _, s in results.values())
     print("demo: done in %.1f s: %d examples (%.0f examples/s over 2 workers), "
           "final test accuracy %.4f" % (wall, ex, ex / wall, acc))
+    if path:
+        print("demo: data path: %s" % path)
     if cs is not None and cs.last_checkpoint_step:
         print("demo: last checkpoint at step %d: %s" % (cs.last_checkpoint_step,
                                                        cs.last_checkpoint_path))
@@ -110,6 +121,24 @@ def main():
               "to keep them)" % root)
         shutil.rmtree(root, ignore_errors=True)
     return 0 if acc >= 0.85 else 1
+
+
+def data_path(cluster, results):
+    """How the tensors went, from each psd's Stats: "shared memory (...)"
+    when the workers reached the shards on their unix sockets (same host:
+    localcluster gives each psd --local-socket), else "TCP"."""
+    try:
+        stats = [cluster.ps_stats(i) for i in range(cluster.num_ps)]
+    except Exception as e:  # noqa: BLE001 - the line is informative only
+        return "unknown (psd Stats: %s)" % e
+    shards = sum(s.get("shm_shards", 0) for _, s in results.values() if s)
+    moved = sum(s.shm_bytes for s in stats)
+    if moved == 0:
+        return "TCP (no psd received shared memory)"
+    return ("shared memory: %.1f GB of gradients and values through it (%s), "
+            "%d worker-shard pairs on a unix socket" % (
+                moved / 1e9, ", ".join("ps%d %.1f GB" % (i, s.shm_bytes / 1e9)
+                                       for i, s in enumerate(stats)), shards))
 
 
 def tensorboard_command(build, logdir):

@@ -15,6 +15,13 @@ certificate per task (SANs localhost and 127.0.0.1) are made into
 ROOT/certs by tools/pscerts, and each task gets --tls-cert, --tls-key and
 --tls-ca (security_args, where the tokens' flags go too).
 
+Each psd also serves a unix socket, ROOT/ps<i>.sock (--local-socket; off
+with local_socket=False), which it tells pscoord of: the workers, on the same
+host, reach their shards there and move their tensors through shared
+memory. ps_stats() reads a shard's Stats (shm_bytes says how many went so).
+worker_env adds variables to the workers' environment (PS_HOST_ID: another
+host, as far as the workers can tell).
+
 Every process runs in its own process group and is killed by stop(), also
 when the caller is interrupted. Ports are 0 (each process prints PORT <n>),
 except psd's, which must keep its address across a restart: those are
@@ -59,8 +66,9 @@ def free_port():
 
 
 class Task:
-    def __init__(self, role, index, argv, log_path, wait_port):
+    def __init__(self, role, index, argv, log_path, wait_port, env=None):
         self.role, self.index, self.argv = role, index, argv
+        self.env = env
         self.log_path = log_path
         self.wait_port = wait_port
         self.proc = None
@@ -69,8 +77,9 @@ class Task:
 
     def start(self, timeout=60):
         log = open(self.log_path, "a")
+        env = dict(os.environ, **self.env) if self.env else None
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log,
-                                     text=True, start_new_session=True)
+                                     text=True, start_new_session=True, env=env)
         log.close()
         if self.wait_port:
             deadline = time.monotonic() + timeout
@@ -106,7 +115,8 @@ class LocalCluster:
                  model="mlp:784-256-256-10", epochs=3, batch=64, lr=0.1,
                  consistency="async", seed=1, checkpoint_every_steps=0,
                  checkpoint_every="0", heartbeat_timeout="2s", worker_args=(),
-                 job_id="demo", logdir=None, tls=False, tokens=None):
+                 job_id="demo", logdir=None, tls=False, tokens=None,
+                 local_socket=True, worker_env=None):
         self.build, self.root = os.path.abspath(build), os.path.abspath(root)
         self.num_ps, self.num_workers = num_ps, num_workers
         self.evaluator = evaluator
@@ -126,6 +136,8 @@ class LocalCluster:
         # task sends its role's token (security_args).
         self.tokens = tls if tokens is None else tokens
         self.token_dir = os.path.join(self.root, "tokens") if self.tokens else None
+        self.local_socket = local_socket
+        self.worker_env = dict(worker_env or {})
         self.tasks = {}
         self.coord_addr = None
         self.ps_ports = [free_port() for _ in range(num_ps)]
@@ -255,7 +267,8 @@ class LocalCluster:
                     "--checkpoint-root", os.path.join(self.root, "ckpt", "ps%d" % index),
                     "--listen", "127.0.0.1:%d" % self.ps_ports[index],
                     "--coordinator", self.coord_addr, "--job-id", self.job_id,
-                    "--task-index", str(index), "--log-level", "info"]
+                    "--task-index", str(index), "--log-level", "info"
+                    ] + self._local_socket_args(index)
         common = [self._bin("worker", "workerd"), "--coordinator", self.coord_addr,
                   "--job-id", self.job_id, "--task-index", str(index),
                   "--model", self.model, "--log-level", "info"]
@@ -268,9 +281,18 @@ class LocalCluster:
                          "--seed", str(self.seed), "--json", "--progress", "0",
                          "--retry-budget", "120s"] + self.worker_args
 
+    def _local_socket_args(self, index):
+        """psd's --local-socket in the root directory, unless off or too
+        long for a unix socket's path (107 bytes): then TCP alone."""
+        path = os.path.join(self.root, "ps%d.sock" % index)
+        if not self.local_socket or len(path.encode()) > 107:
+            return []
+        return ["--local-socket", path]
+
     def start_task(self, role, index):
         t = Task(role, index, self._argv(role, index), self._log(role, index),
-                 wait_port=role in ("coordinator", "ps"))
+                 wait_port=role in ("coordinator", "ps"),
+                 env=self.worker_env if role in ("worker", "evaluator") else None)
         t.start()
         self.tasks[(role, index)] = t
         if role == "coordinator":
@@ -332,6 +354,22 @@ class LocalCluster:
                 pb.GetClusterRequest(job_id=self.job_id), timeout=5)
         finally:
             ch.close()
+
+    def ps_stats(self, index):
+        """Shard index's Stats (a ps.v1 StatsResponse), over TCP."""
+        pb, pbg = self._stubs()
+        ch = self.channel("127.0.0.1:%d" % self.ps_ports[index])
+        try:
+            return pbg.ParameterServerStub(ch).Stats(pb.StatsRequest(), timeout=5)
+        finally:
+            ch.close()
+
+    def _stubs(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "..", "tests", "interop"))
+        import pstest  # noqa: E402
+        pb, pbg, _, _ = pstest.generate_stubs()
+        return pb, pbg
 
     def stop(self):
         """SIGTERM in dependency order (workers and evaluator, then the

@@ -14,6 +14,7 @@
 #include "common/coordclient.h"
 #include "proto/ps.pb-c.h"
 #include "common/errors.h"
+#include "common/hostid.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "common/notify.h"
@@ -488,11 +489,19 @@ static int join_coordinator(struct psd *d)
     } else {
         snprintf(adv, sizeof adv, "127.0.0.1:%d", d->port);
     }
+    /* With --local-socket, workers on this host reach it there (hostid.h). */
+    char local[300] = "", hid[PS_HOST_ID_MAX] = "";
+    if (c->local_socket != NULL && c->local_socket[0] != '\0' &&
+        (ps_host_local_address(c->local_socket, local, sizeof local) != 0 ||
+         ps_host_id(hid, sizeof hid) != 0))
+        ps_log_warn("--local-socket %s: workers will not find it through the "
+                    "coordinator (no absolute path, or no host id)", c->local_socket);
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
                         .address = adv, .is_empty = shard_empty, .ctx = d->shard,
                         .register_budget_ms = 60000,
-                        .token = d->token[0] ? d->token : NULL};
+                        .token = d->token[0] ? d->token : NULL,
+                        .local_address = hid[0] ? local : "", .host_id = hid};
     int idx;
     if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);

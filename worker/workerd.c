@@ -13,6 +13,7 @@
 #include "common/cluster.h"
 #include "common/auth.h"
 #include "common/conf.h"
+#include "common/hostid.h"
 #include "common/coordclient.h"
 #include "worker/collective.h"
 #include "worker/data.h"
@@ -205,8 +206,10 @@ static const ps_opt wd_opts[] = {
      self_choices},
     {"shm", PS_OPT_ENUM, offsetof(struct wd_conf, shm), "auto",
      "move gradients and values through memory shared with psd, not its "
-     "socket: auto = with a psd reached by its unix socket (--ps unix:PATH; "
-     "psd takes shared memory over nothing else), on = with every psd (one "
+     "socket: auto = with a psd reached by its unix socket (--ps unix:PATH, "
+     "or, with --coordinator, each shard on this host that has one: same host "
+     "id, see PS_HOST_ID in README; psd takes shared memory over nothing "
+     "else), on = with every psd (one "
      "that will not map it says so, and the worker sends inline), off = "
      "never", 0, 0,
      shm_choices},
@@ -367,13 +370,33 @@ static void on_directive(void *ctx, int kind, uint64_t step)
     }
 }
 
-/* From the coordinator: the ps addresses by index and the worker count.
- * Waits (within budget) until every ps task has an address. */
+/* The address to reach ps task t at: its unix socket when it is on this
+ * host (common/hostid.h) and --shm is not off, else its TCP address; why
+ * says why not. */
+static const char *ps_route(const Ps__V1__TaskInfo *t, int shm, char *why,
+                            size_t whylen)
+{
+    char mine[PS_HOST_ID_MAX];
+    if (shm == 2) {
+        snprintf(why, whylen, "--shm off");
+        return t->address;
+    }
+    if (ps_host_id(mine, sizeof mine) != 0)
+        mine[0] = '\0';
+    return ps_host_use_local(mine, t->host_id, t->local_address, why, whylen)
+               ? t->local_address : t->address;
+}
+
+/* From the coordinator: the ps addresses by index (ps_route's) and the
+ * worker count. Waits (within budget) until every ps task has an address;
+ * then logs, per shard, how it is reached (local: what the unix socket
+ * brings). */
 static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
-                         const char **ps, int *nps, int *nworkers, char *err,
-                         size_t errlen)
+                         const char **ps, int *nps, int *nworkers, int shm,
+                         const char *local, char *err, size_t errlen)
 {
     int64_t until = ps_now_ms() + 60000;
+    char why[64][160];
     for (;;) {
         void *p = NULL;
         ps_rpc_status st;
@@ -394,10 +417,11 @@ static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
                 if (t->role != PS__V1__ROLE__PS || (int)t->index >= n ||
                     t->address[0] == '\0' || ps[t->index] != NULL)
                     continue;
-                size_t l = strlen(t->address) + 1;
+                const char *a = ps_route(t, shm, why[t->index], sizeof why[0]);
+                size_t l = strlen(a) + 1;
                 if (used + l > storelen)
                     break;
-                memcpy(store + used, t->address, l);
+                memcpy(store + used, a, l);
                 ps[t->index] = store + used;
                 used += l;
                 have++;
@@ -406,6 +430,11 @@ static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
         *nps = n;
         *nworkers = cs->num_workers > 0 ? (int)cs->num_workers : 1;
         ps__v1__cluster_state__free_unpacked(cs, NULL);
+        for (int k = 0; n > 0 && have == n && k < n; k++)
+            if (strncmp(ps[k], "unix:", 5) == 0)
+                ps_log_info("ps[%d]: %s (on this host: %s)", k, ps[k], local);
+            else
+                ps_log_info("ps[%d]: %s over TCP (%s)", k, ps[k], why[k]);
         if (n > 0 && have == n)
             return 0;
         if (ps_now_ms() >= until) {
@@ -627,7 +656,9 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
         return fail(1, "%s", err);
     c->task_index = idx;
     int nw = 1;
-    rc = learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err);
+    rc = learn_cluster(*coord, store, storelen, ps, nps, &nw, c->shm,
+                       evaluator ? "its unix socket" : "its unix socket and shared memory",
+                       err, sizeof err);
     if (rc != 0)
         return fail(1, "%s", err);
     c->num_workers = nw;
@@ -669,7 +700,8 @@ static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char
     /* A job with a ps task: that psd (shard 0) holds the job's checkpoints. */
     int nw = 0;
     if (*nps == 0 && has_ps &&
-        learn_cluster(*coord, store, storelen, ps, nps, &nw, err, sizeof err) != 0)
+        learn_cluster(*coord, store, storelen, ps, nps, &nw, c->shm, "its unix socket",
+                      err, sizeof err) != 0)
         return fail(1, "%s", err);
     return 0;
 }

@@ -118,7 +118,7 @@ class Connection:
             # We retry ourselves, within the budget.
             ("grpc.enable_retries", 0),
         ] + list(options)
-        if tls is not None:
+        if tls is not None and not address.startswith("unix"):  # a socket is plaintext
             if tls.server_name:
                 opts.append(("grpc.ssl_target_name_override", tls.server_name))
             self.channel = grpc.secure_channel(address, tls.credentials(), options=opts)

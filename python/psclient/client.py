@@ -30,7 +30,7 @@ import numpy as np
 from . import placement as _place
 from ._proto import health, pb
 from ._rpc import Connection, PsError, Retry, TLS, read_token
-from .shm import Region, is_local_socket
+from .shm import Region, is_local_socket, local_route
 from .specs import Initializer, Optimizer, Variable, consistency_pb
 from .task import Task
 
@@ -129,7 +129,8 @@ class Client:
     split_threshold: variables above it (bytes) are split by rows over all
     shards, as pscoord's --split-threshold (without a coordinator).
     shm: move tensors through shared memory with shards reached over a unix
-    socket (psd --local-socket).
+    socket (psd --local-socket); with a coordinator, reach each shard on
+    this host (the same host id, common/hostid.h) through its socket.
     """
 
     def __init__(self, addresses: Optional[Sequence[str]] = None, *,
@@ -147,6 +148,7 @@ class Client:
                 raise ValueError("give token or token_file, not both")
             token = read_token(token_file)
         self._conn_args = dict(tls=tls, token=token, retry=retry, timeout=timeout)
+        self._shm = shm
         self.worker = worker if worker is not None else 0
         self.job_id = job_id
         self.task: Optional[Task] = None
@@ -190,10 +192,17 @@ class Client:
                                  pb.ClusterState)
             n = cs.num_ps
             got: Dict[int, str] = {}
+            why: Dict[int, str] = {}
             for t in cs.tasks:
                 if t.role == pb.PS and t.index < n and t.address and t.index not in got:
-                    got[t.index] = t.address
+                    # With shm, a shard on this host through its unix socket.
+                    why[t.index] = (local_route(t.local_address, t.host_id)
+                                    if self._shm else "shm off")
+                    got[t.index] = t.local_address if not why[t.index] else t.address
             if n > 0 and len(got) == n:
+                for i in range(n):
+                    log.info("ps[%d]: %s%s", i, got[i], " (on this host: shared memory)"
+                             if not why[i] else " over TCP (%s)" % why[i])
                 if not self.job_id:
                     self.job_id = cs.job_id
                 return [got[i] for i in range(n)]

@@ -6,7 +6,8 @@ bytes whatever the tensors' size.
 
 The client uses it only when asked (Client(shm=True)) and only with a psd
 reached over its unix socket (psd --local-socket PATH, address
-"unix:PATH"); where psd refuses ("shared memory ..."), the client warns once
+"unix:PATH"; with a coordinator, each shard of the same host id whose
+socket it may connect to, as workerd: local_route); where psd refuses ("shared memory ..."), the client warns once
 and sends inline from then on.
 
 Threads and lifetime: a Region belongs to one shard connection and is used
@@ -17,8 +18,43 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import stat
 
 import numpy as np
+
+
+def host_id() -> str:
+    """This host's id as common/hostid.h defines it: PS_HOST_ID if set, else
+    the kernel's boot id and this process's pid namespace ("" if unknown)."""
+    env = os.environ.get("PS_HOST_ID", "")
+    if env:
+        return env
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def local_route(local_address: str, their_host_id: str) -> str:
+    """Why a psd with this unix socket and host id (pscoord's TaskInfo) is
+    not to be reached through that socket, or "" when it is: the same host
+    id, and a socket at the path this process may connect to."""
+    mine = host_id()
+    if not mine or mine != their_host_id:
+        return "another host" if their_host_id else "its host is not known"
+    if not local_address.startswith("unix:/"):
+        return "it has no local socket (psd --local-socket)"
+    path = local_address[5:]
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return "%s is not a socket" % local_address
+    except OSError as e:
+        return "%s: %s" % (local_address, e.strerror)
+    if not os.access(path, os.W_OK):
+        return "%s: not writable" % local_address
+    return ""
 
 
 class Region:
