@@ -61,7 +61,14 @@ section_train() {
     run /usr/bin/python3 "$(dirname "$0")/train.py" "$BUILD" ${TRAIN_ARGS:-}
 }
 
-ALL_SECTIONS=(pushpull pushpull_shm train)
+# Gloo all-reduce on 2 and 4 processes over loopback beside raw TCP, through
+# a real pscoord (ALLREDUCE_ARGS="--quick" passes through).
+section_allreduce() {
+    # shellcheck disable=SC2086
+    run "$BUILD/bench/allreduce" --pscoord "$BUILD/coordinator/pscoord" ${ALLREDUCE_ARGS:-}
+}
+
+ALL_SECTIONS=(pushpull pushpull_shm allreduce train)
 
 SECTIONS=("${ALL_SECTIONS[@]}")
 if [ $# -gt 0 ]; then
