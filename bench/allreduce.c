@@ -26,6 +26,7 @@
  */
 #include "common/coordclient.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "proto/ps.pb-c.h"
 #include "worker/collective.h"
 
@@ -417,6 +418,7 @@ int main(int argc, char **argv)
     struct opts o;
     parse_opts(argc, argv, &o);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    ps_log_set_level(PS_LOG_WARN); /* not each rank's registration */
     int maxsize = 0, minranks = MAXV * 8, maxranks = 0;
     for (int i = 0; i < o.nsizes; i++)
         maxsize = o.sizes[i] > maxsize ? o.sizes[i] : maxsize;
