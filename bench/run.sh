@@ -55,13 +55,21 @@ section_pushpull_shm() {
 }
 
 # training throughput and accuracy: workerd against psd beside PyTorch at one
-# thread, batch 64 and 256 (TRAIN_ARGS="--json" or "--quick" pass through).
+# thread, batch 64 and 256, and (f) the strategies with 2 workers
+# (TRAIN_ARGS="--json" or "--quick" pass through).
 section_train() {
     # shellcheck disable=SC2086  # TRAIN_ARGS is a list of words
-    run /usr/bin/python3 "$(dirname "$0")/train.py" "$BUILD" ${TRAIN_ARGS:-}
+    run /usr/bin/python3 "$(dirname "$0")/train.py" "$BUILD" --strategies ${TRAIN_ARGS:-}
 }
 
-ALL_SECTIONS=(pushpull pushpull_shm train)
+# Gloo all-reduce on 2 and 4 processes over loopback beside raw TCP, through
+# a real pscoord (ALLREDUCE_ARGS="--quick" passes through).
+section_allreduce() {
+    # shellcheck disable=SC2086
+    run "$BUILD/bench/allreduce" --pscoord "$BUILD/coordinator/pscoord" ${ALLREDUCE_ARGS:-}
+}
+
+ALL_SECTIONS=(pushpull pushpull_shm allreduce train)
 
 SECTIONS=("${ALL_SECTIONS[@]}")
 if [ $# -gt 0 ]; then

@@ -23,11 +23,18 @@ compute thread everywhere:
          one ps and one worker task and the coordinator on this host
          (bench/tf_ps.py, run by the python of the virtualenv named by
          --tf-python, tensorflow-cpu from PyPI: make bench-tf-venv)
+  (f)    the strategies with 2 workers at one global batch (2 x --batch),
+         --strategies: parameter-server sync and async (one psd) and
+         multi_worker_mirrored (pscoord as rendezvous, Gloo's ring
+         all-reduce over 127.0.0.1, no psd), beside one workerd (and psd)
+         alone at the global batch (the accuracy to match); --only-strategies
+         runs (f) alone
 Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
 accuracy after 1 and 5 epochs; --json prints one object per measurement.
 
 Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
                                        [--tensorflow [--only-tf]]
+                                       [--strategies [--only-strategies]]
 """
 import argparse
 import glob
@@ -106,6 +113,76 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
             "compute_seconds": sum(r["compute_seconds"] for r in res),
             "shm": all(r.get("shm_shards", 0) > 0 for r in res),
             "replicas": res[0].get("replicas", 1), "compile_seconds": compile_s}
+
+
+def run_mwm(build, nworkers, batch, epochs, seed=1, extra=()):
+    """(f) multi_worker_mirrored: a pscoord on 127.0.0.1:0 for the
+    rendezvous and nworkers workerd; no psd."""
+    with tempfile.TemporaryDirectory(prefix="bench-mwm-") as root:
+        coord = subprocess.Popen(
+            [os.path.join(build, "coordinator", "pscoord"), "--state-dir",
+             os.path.join(root, "coord"), "--listen", "127.0.0.1:0", "--metrics-listen",
+             "off", "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
+        line = coord.stdout.readline()
+        if not line.startswith("PORT "):
+            coord.kill()
+            raise RuntimeError("pscoord did not start")
+        try:
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(
+                [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1",
+                 "--strategy", "multi_worker_mirrored", "--coordinator",
+                 "127.0.0.1:%s" % line.split()[1], "--batch", str(batch), "--epochs",
+                 str(epochs), "--lr", "0.1", "--num-workers", str(nworkers),
+                 "--task-index", str(i), "--seed", str(seed), "--progress", "0",
+                 "--metrics-listen", "off"] + list(extra),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i in range(nworkers)]
+            outs = [p.communicate(timeout=1800) for p in procs]
+            wall = time.monotonic() - t0
+            for p, (o, e) in zip(procs, outs):
+                if p.returncode != 0:
+                    raise RuntimeError("workerd (multi_worker_mirrored) failed: %s"
+                                       % e.strip()[-500:])
+            res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+        finally:
+            stop(coord)
+    ex = sum(r["examples"] for r in res)
+    return {"examples_per_second": ex / max(r["seconds"] for r in res),
+            "wall_seconds": wall,
+            "test_accuracy": min(r["test_accuracy"] for r in res)}
+
+
+def run_strategies(build, batch, epochs, env1):
+    """(f): 2 workers at global batch 2 x batch, by strategy, and one
+    worker alone at that global batch."""
+    one = run_ps(build, 1, 2 * batch, epochs)  # --local does not evaluate
+    sync = run_ps(build, 2, batch, epochs, extra=["--consistency", "sync"])
+    asyn = run_ps(build, 2, batch, epochs)
+    mwm = run_mwm(build, 2, batch, epochs)
+    row = {"f_global_batch": 2 * batch, "f_epochs": epochs}
+    for k, r in (("one", one), ("ps_sync", sync), ("ps_async", asyn), ("mwm", mwm)):
+        row["f_%s_examples_per_second" % k] = r["examples_per_second"]
+        row["f_%s_test_accuracy" % k] = r["test_accuracy"]
+    row["f_mwm_vs_ps_sync"] = mwm["examples_per_second"] / sync["examples_per_second"]
+    row["f_mwm_accuracy_gap"] = mwm["test_accuracy"] - one["test_accuracy"]
+    return row
+
+
+def print_strategies(r):
+    g, e = r["f_global_batch"], r["f_epochs"]
+    print("(f) strategies, global batch %d (2 workers x %d), %d epoch(s), MLP "
+          "784-256-256-10, SGD lr 0.1, one thread per worker" % (g, g // 2, e))
+    print("    %-44s %12s %10s" % ("configuration", "examples/s", "acc@%d" % e))
+    for k, name in (("one", "1 workerd + 1 psd alone, batch %d" % g),
+                    ("ps_sync", "parameter_server sync: 2 workerd + 1 psd"),
+                    ("ps_async", "parameter_server async: 2 workerd + 1 psd"),
+                    ("mwm", "multi_worker_mirrored: 2 workerd, Gloo ring")):
+        print("    %-44s %12.0f %10.4f" % (name, r["f_%s_examples_per_second" % k],
+                                           r["f_%s_test_accuracy" % k]))
+    print("    multi_worker_mirrored / ps sync: %.2fx examples/s (target >= 1); accuracy "
+          "%+.2f points from one worker (target within 1)"
+          % (r["f_mwm_vs_ps_sync"], 100 * r["f_mwm_accuracy_gap"]), flush=True)
 
 
 def pjrt_plugin(build, given):
@@ -219,6 +296,11 @@ def main():
                          "made by make bench-tf-venv)")
     ap.add_argument("--only-tf", action="store_true",
                     help="with --tensorflow: run (d) alone, none of local/(a)/(b)/(c)")
+    ap.add_argument("--strategies", action="store_true",
+                    help="also run (f): PS sync, PS async and multi_worker_mirrored with "
+                         "2 workers at global batch 2 x 64, and one worker alone")
+    ap.add_argument("--only-strategies", action="store_true",
+                    help="run (f) alone")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
@@ -234,6 +316,14 @@ def main():
     epochs = 1 if a.quick else a.epochs
     batches = [64] if a.quick else [64, 256]
     env1 = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if a.strategies or a.only_strategies:
+        f = run_strategies(build, 64, epochs, env1)
+        if a.json:
+            print(json.dumps(f), flush=True)
+        else:
+            print_strategies(f)
+        if a.only_strategies:
+            return 0
     rows = []
     for batch in batches:
         if a.only_tf:
