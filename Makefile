@@ -31,7 +31,7 @@ DEB_PACKAGES := \
 
 # The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
 # the benchmarks compare against PyTorch too.
-BENCH_PACKAGES := python3-torch
+BENCH_PACKAGES := python3-torch redis-server libhiredis-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

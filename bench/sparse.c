@@ -1,22 +1,35 @@
 /*
- * sparse - rows/s of psd's sparse tables (issue 12): SparsePull, SparsePush
- * (Adagrad) and SparsePush with return_values, batches of --batch ids drawn
- * Zipf(s = 1.1) over the table's --rows rows (rank r is id (r * 1000003 +
- * 12345) mod rows, so hot ids are scattered over the table), dim --dim, from one C client over 127.0.0.1. Two
- * regimes: the table in RAM (no memory limit), and psd with --memory-limit
- * a quarter of the table's LMDB bytes, inside a cgroup v1 memory group of
- * that size when run as root (else --memory-limit alone, said so).
+ * sparse - rows/s of psd's sparse tables (issue 12 item 8): SparsePull,
+ * SparsePush (Adagrad) and SparsePush with return_values, batches of
+ * --batch ids drawn Zipf(s = 1.1) over the table's --rows rows (rank r is
+ * id (r * 1000003 + 12345) mod rows, so hot ids are scattered over the
+ * table), dim --dim, from one C client over 127.0.0.1, against, in the same
+ * run and on the same id sequences:
+ *   - ceilings: an in-process gather from a RAM array of the table, and an
+ *     in-process read of the same rows from psd's own LMDB file
+ *     (psd_store_lib, read only, while psd runs; page cache warm);
+ *   - the peer: redis-server on a free loopback port holding the same rows
+ *     the way TFRA's Redis backend does (bench/redis_peer.h).
+ * Two regimes for psd: the table in RAM (no memory limit), and psd with
+ * --memory-limit a quarter of the table's LMDB bytes, inside a cgroup v1
+ * memory group of that size when run as root (else --memory-limit alone,
+ * said so).
  *
  *   sparse --psd build/server/psd [--rows 1000000] [--dim 64] [--batch 4096]
- *          [--calls 200]
+ *          [--calls 200] [--redis redis-server] [--quick]
  *
- * Ends with: "sparse: pull N rows/s; push N rows/s; push+return N rows/s;
- * Xx over memory R of in-ram" (X = 4 unless the 128 MiB floor applies).
+ * --quick: 100000 rows, 30 calls. Ends with one line: "sparse: pull N
+ * rows/s (R of lmdb, X.Xx redis); push N rows/s (X.Xx redis); 4x over
+ * memory R of in-ram" (the factor is the table's bytes over the limit).
  */
 #include "common/buf.h"
 #include "common/errors.h"
 #include "common/rpc.h"
 #include "proto/ps.pb-c.h"
+#include "server/store.h"
+#ifdef BENCH_HAVE_REDIS
+#include "bench/redis_peer.h"
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -31,9 +44,13 @@
 #include <unistd.h>
 
 struct opts {
-    const char *psd;
+    const char *psd, *redis;
     long rows, dim, batch, calls;
 };
+
+/* One call of kind 0 (pull), 1 (push) or 2 (push with return) on ids;
+ * out (batch * dim) receives rows. Returns 0 or nonzero to stop. */
+typedef int (*op_fn)(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step);
 
 struct psd {
     pid_t pid;
@@ -220,30 +237,107 @@ static int64_t zipf_id(const double *cdf, long n, uint64_t *rng)
     return (int64_t)(((uint64_t)lo * 1000003u + 12345u) % (uint64_t)n);
 }
 
-/* rows/s of calls of one kind; p50 and p99 per call in ms. */
-static double measure(struct psd *p, const struct opts *o, int kind, const double *cdf,
-                      int64_t *ids, float *g, const char *regime)
+/* rows/s of calls of one kind; p50 and p99 per call in ms. The ids are
+ * the same sequence for every target of a kind. */
+static double measure(const struct opts *o, op_fn fn, void *ctx, int kind, const double *cdf,
+                      int64_t *ids, float *g, float *out, const char *who)
 {
     double *lat = malloc((size_t)o->calls * sizeof *lat);
     uint64_t rng = 42 + (uint64_t)kind;
-    double t0 = now_s();
+    double busy = 0;
     for (long c = 0; c < o->calls; c++) {
         for (long i = 0; i < o->batch; i++)
             ids[i] = zipf_id(cdf, o->rows, &rng);
         double t = now_s();
-        if (one(p, o, kind, ids, g, (uint64_t)(1000 + c)) != 0)
+        if (fn(ctx, kind, ids, g, out, (uint64_t)(1000 + c)) != 0)
             exit(1);
         lat[c] = now_s() - t;
+        busy += lat[c];
     }
-    double secs = now_s() - t0;
     qsort(lat, (size_t)o->calls, sizeof *lat, cmp_d);
-    double rate = (double)(o->calls * o->batch) / secs;
+    double rate = (double)(o->calls * o->batch) / busy; /* id drawing excluded */
     static const char *names[] = {"pull", "push (Adagrad)", "push+return"};
-    printf("%-9s %-15s %10.0f rows/s  p50 %6.2f ms  p99 %6.2f ms\n", regime, names[kind],
+    printf("%-14s %-15s %11.0f rows/s  p50 %7.3f ms  p99 %7.3f ms\n", who, names[kind],
            rate, lat[o->calls / 2] * 1e3, lat[o->calls * 99 / 100] * 1e3);
     free(lat);
     return rate;
 }
+
+struct psd_ctx {
+    struct psd *p;
+    const struct opts *o;
+};
+
+static int psd_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
+{
+    struct psd_ctx *c = ctx;
+    (void)out;
+    return one(c->p, c->o, kind, ids, g, step);
+}
+
+/* Ceiling 1: the rows gathered from a RAM array (rows * dim floats). */
+struct ram_ctx {
+    const float *table;
+    long dim, batch;
+};
+
+static int ram_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
+{
+    struct ram_ctx *c = ctx;
+    (void)kind, (void)g, (void)step;
+    size_t rb = (size_t)c->dim * sizeof(float);
+    for (long i = 0; i < c->batch; i++)
+        memcpy(out + i * c->dim, c->table + ids[i] * c->dim, rb);
+    return 0;
+}
+
+/* Ceiling 2: the same rows read from psd's LMDB in one read transaction a
+ * call, copied out as psd copies them into its reply. */
+struct lmdb_ctx {
+    psd_store *st;
+    uint32_t var_id;
+    long dim, batch;
+    uint64_t missing;
+};
+
+static int lmdb_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
+{
+    struct lmdb_ctx *c = ctx;
+    (void)kind, (void)g, (void)step;
+    psd_store_rtxn *rt;
+    if (psd_store_rbegin(c->st, &rt) != 0)
+        return 1;
+    size_t rb = (size_t)c->dim * sizeof(float);
+    for (long i = 0; i < c->batch; i++) {
+        const void *d;
+        size_t len;
+        if (psd_store_row_get(rt, c->var_id, ids[i], &d, &len) == 0 && len >= 16 + rb) {
+            memcpy(out + i * c->dim, (const uint8_t *)d + 16, rb); /* after the head */
+        } else {
+            memset(out + i * c->dim, 0, rb);
+            c->missing++;
+        }
+    }
+    psd_store_rend(rt);
+    return 0;
+}
+
+#ifdef BENCH_HAVE_REDIS
+struct redis_ctx {
+    rpeer *r;
+    size_t batch;
+};
+
+/* The peer: lr 0.01 as psd's table. */
+static int redis_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
+{
+    struct redis_ctx *c = ctx;
+    (void)step;
+    if (kind == 0)
+        return rpeer_pull(c->r, ids, c->batch, out);
+    return rpeer_push(c->r, ids, c->batch, g, 0.01f, kind == 2 ? out : NULL);
+}
+#endif
 
 /* Fills the table: every row pushed once, ids in order (LMDB appends).
  * Returns its LMDB bytes (Stats). */
@@ -267,11 +361,73 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
     return bytes;
 }
 
+/* What the in-RAM regime is compared with: [0] RAM gather, [1] LMDB read
+ * (pull only), [2..4] Redis pull, push, push+return (0 if not measured). */
+struct peers {
+    double ram, lmdb, redis[3];
+};
+
+/* The ceilings, measured on psd's data dir while psd runs (its rows are
+ * committed: psd's commit interval is 20 ms), and the Redis peer. */
+static void measure_peers(const struct opts *o, struct psd *p, const double *cdf,
+                          int64_t *ids, float *g, float *out, struct peers *pr)
+{
+    size_t d = (size_t)o->dim;
+    float *table = malloc((size_t)o->rows * d * sizeof *table);
+    if (table == NULL) {
+        fprintf(stderr, "sparse: no memory for the RAM ceiling's table\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < (size_t)o->rows * d; i++)
+        table[i] = (float)(mix64(i) >> 40) * 0x1p-24f - 0.5f;
+    struct ram_ctx rc = {table, o->dim, o->batch};
+    pr->ram = measure(o, ram_op, &rc, 0, cdf, ids, g, out, "ceiling ram");
+
+    nanosleep(&(struct timespec){0, 200000000}, NULL); /* the last commit */
+    struct lmdb_ctx lc = {.dim = o->dim, .batch = o->batch};
+    if (psd_store_open(p->dir, 0, PSD_STORE_RDONLY, &lc.st) != 0 ||
+        psd_store_var_id(lc.st, "emb", &lc.var_id) != 0) {
+        fprintf(stderr, "sparse: cannot read psd's LMDB in %s\n", p->dir);
+        exit(1);
+    }
+    pr->lmdb = measure(o, lmdb_op, &lc, 0, cdf, ids, g, out, "ceiling lmdb");
+    if (lc.missing)
+        printf("ceiling lmdb: %llu rows not yet committed (read as zeros)\n",
+               (unsigned long long)lc.missing);
+    psd_store_close(lc.st);
+
+#ifdef BENCH_HAVE_REDIS
+    rpeer *r;
+    if (rpeer_start(o->redis, o->dim, &r) != 0)
+        exit(1);
+    for (long k = 0; k < o->rows; k += o->batch) {
+        long n = o->rows - k < o->batch ? o->rows - k : o->batch;
+        for (long i = 0; i < n; i++)
+            ids[i] = k + i;
+        if (rpeer_fill(r, ids, (size_t)n, table + (size_t)k * d, 0.1f) != 0) {
+            fprintf(stderr, "sparse: filling redis failed\n");
+            exit(1);
+        }
+    }
+    printf("redis: %ld rows (value and Adagrad accumulator keys), %llu MiB used\n", o->rows,
+           (unsigned long long)(rpeer_used_memory(r) >> 20));
+    struct redis_ctx xc = {r, (size_t)o->batch};
+    for (int k = 0; k < 3; k++)
+        pr->redis[k] = measure(o, redis_op, &xc, k, cdf, ids, g, out, "redis");
+    rpeer_stop(r);
+#else
+    printf("redis: not measured (bench built without hiredis: apt-get install "
+           "libhiredis-dev redis-server)\n");
+#endif
+    free(table);
+}
+
 static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
-                const double *cdf, double out[3], uint64_t *bytes)
+                const double *cdf, double res[3], uint64_t *bytes, struct peers *pr)
 {
     int64_t *ids = malloc((size_t)o->batch * sizeof *ids);
     float *g = malloc((size_t)(o->batch * o->dim) * sizeof *g);
+    float *out = malloc((size_t)(o->batch * o->dim) * sizeof *out);
     for (long i = 0; i < o->batch * o->dim; i++)
         g[i] = (float)((i % 7) - 3) * 0.01f;
     if (psd_start(o, p, limit) != 0 || create(p, o) != 0) {
@@ -281,21 +437,36 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
     uint64_t b = fill(p, o, ids, g);
     if (bytes)
         *bytes = b;
+    struct psd_ctx pc = {p, o};
+    char who[32];
+    snprintf(who, sizeof who, "psd %s", regime);
     for (int k = 0; k < 3; k++)
-        out[k] = measure(p, o, k, cdf, ids, g, regime);
+        res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
+    if (pr)
+        measure_peers(o, p, cdf, ids, g, out, pr);
     psd_stop(p);
     free(ids);
     free(g);
+    free(out);
 }
 
 int main(int argc, char **argv)
 {
-    struct opts o = {NULL, 1000000, 64, 4096, 200};
+    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200};
     setvbuf(stdout, NULL, _IOLBF, 0);
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            o.rows = 100000;
+            o.calls = 30;
+            continue;
+        }
+        if (i + 1 >= argc)
+            break;
         long v = atol(argv[i + 1]);
         if (!strcmp(argv[i], "--psd"))
             o.psd = argv[i + 1];
+        else if (!strcmp(argv[i], "--redis"))
+            o.redis = argv[i + 1];
         else if (!strcmp(argv[i], "--rows"))
             o.rows = v;
         else if (!strcmp(argv[i], "--dim"))
@@ -304,17 +475,19 @@ int main(int argc, char **argv)
             o.batch = v;
         else if (!strcmp(argv[i], "--calls"))
             o.calls = v;
+        i++;
     }
     if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2) {
         fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--dim D] [--batch B] "
-                "[--calls C]\n");
+                "[--calls C] [--redis PATH] [--quick]\n");
         return 2;
     }
     double *cdf = zipf_cdf(o.rows);
     struct psd p = {0};
     double ram[3], over[3];
+    struct peers pr = {0};
     uint64_t bytes = 0;
-    run(&o, &p, 0, "in-ram", cdf, ram, &bytes);
+    run(&o, &p, 0, "in-ram", cdf, ram, &bytes, &pr);
     /* psd's own anonymous memory (gRPC, buffers, LMDB's transaction) is
      * ~25-50 MiB whatever the table: below 128 MiB the cgroup would measure
      * that, not the table, so smaller tables get 128 MiB (said below). */
@@ -332,15 +505,33 @@ int main(int argc, char **argv)
                (double)bytes / (double)limit);
     } else {
         q.cg[0] = 0;
-        printf("4x-over: no writable memory cgroup (not root?): --memory-limit %llu MiB alone\n",
+        printf("4x-over: no writable memory cgroup (not root, or no cgroup v1 memory "
+               "controller): --memory-limit %llu MiB alone\n",
                (unsigned long long)(limit >> 20));
     }
-    run(&o, &q, limit, "4x-over", cdf, over, NULL);
-    if (q.cg[0])
+    run(&o, &q, limit, "4x-over", cdf, over, NULL, NULL);
+    if (q.cg[0]) {
+        snprintf(path, sizeof path, "%s/memory.failcnt", q.cg);
+        if ((f = fopen(path, "r")) != NULL) {
+            unsigned long long fc = 0;
+            if (fscanf(f, "%llu", &fc) == 1)
+                printf("4x-over: the cgroup's memory.failcnt %llu (psd was never killed: "
+                       "every call succeeded)\n", fc);
+            fclose(f);
+        }
         rmdir(q.cg);
-    printf("sparse: pull %.0f rows/s; push %.0f rows/s; push+return %.0f rows/s; "
-           "%.1fx over memory %.2f of in-ram\n", ram[0], ram[1], ram[2],
-           (double)bytes / (double)limit, (over[0] + over[1]) / (ram[0] + ram[1]));
+    }
+    double x = (double)bytes / (double)limit;
+    char xs[16];
+    snprintf(xs, sizeof xs, x >= 1 ? "%.0fx" : "%.1fx", x);
+    char rr[32] = "n/a redis", rp[32] = "n/a redis";
+    if (pr.redis[0] > 0)
+        snprintf(rr, sizeof rr, "%.1fx redis", ram[0] / pr.redis[0]);
+    if (pr.redis[1] > 0)
+        snprintf(rp, sizeof rp, "%.1fx redis", ram[1] / pr.redis[1]);
+    printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
+           "%s over memory %.2f of in-ram\n", ram[0], ram[0] / pr.lmdb, rr, ram[1], rp, xs,
+           (over[0] + over[1]) / (ram[0] + ram[1]));
     free(cdf);
     return 0;
 }

@@ -66,4 +66,9 @@
 #pragma GCC poison PJRT_Api_Version
 #endif
 
+/* bench/redis_peer.c: bench/sparse's Redis peer (never shipped). */
+#ifndef PS_OWNS_HIREDIS
+#pragma GCC poison redisConnect
+#endif
+
 #endif

@@ -105,9 +105,21 @@ static void note_committed(psd_shard *s, uint64_t seq, int64_t start_ms)
     }
 }
 
-/* Writes every changed variable in one transaction. Called with flush_mu
- * held. */
+static int flush_once(psd_shard *s);
+
+/* Writes every changed variable in one transaction, growing the map and
+ * writing again when the map is full. Called with flush_mu held. */
 int shard_flush_locked(psd_shard *s)
+{
+    int rc;
+    while ((rc = flush_once(s)) == PS_EFULL && psd_store_grow(s->store) == 0)
+        ;
+    if (rc != 0)
+        ps_log_err(rc, "flush to LMDB failed");
+    return rc;
+}
+
+static int flush_once(psd_shard *s)
 {
     double t0 = ps_metrics_now();
     int64_t start_ms = ps_now_ms();
@@ -165,7 +177,7 @@ int shard_flush_locked(psd_shard *s)
         atomic_store(&s->committed_seq, seq);
         note_committed(s, seq, start_ms);
         shard_answer_durable(s, seq);
-    } else {
+    } else if (rc != PS_EFULL) {
         ps_log_err(rc, "flush of %zu variable(s) to LMDB failed", written);
     }
     return rc;
@@ -241,6 +253,7 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
         ps_log_err(rc, "cannot open the store in %s", s->data_dir);
         return rc;
     }
+    psd_store_set_map_max(s->store, s->o.map_size_max);
     struct var_list lc;
     rc = load_store(s->store, &lc);
     if (rc != 0) {
@@ -264,17 +277,20 @@ void shard_store_close(psd_shard *s)
  * table_lock held for writing. */
 int shard_store_add(psd_shard *s, const psd_var *v)
 {
-    psd_store_txn *t;
-    int rc = psd_store_begin(s->store, &t);
-    if (rc == 0) {
-        psd_var_rec rec;
-        var_rec(v, &rec);
-        rc = psd_store_put(t, &rec);
-        if (rc == 0)
-            rc = psd_store_commit(t);
-        else
-            psd_store_abort(t);
-    }
+    int rc;
+    do {
+        psd_store_txn *t;
+        rc = psd_store_begin(s->store, &t);
+        if (rc == 0) {
+            psd_var_rec rec;
+            var_rec(v, &rec);
+            rc = psd_store_put(t, &rec);
+            if (rc == 0)
+                rc = psd_store_commit(t);
+            else
+                psd_store_abort(t);
+        }
+    } while (rc == PS_EFULL && psd_store_grow(s->store) == 0);
     return rc;
 }
 
@@ -304,7 +320,17 @@ int shard_store_del(psd_shard *s, const char *name)
 /* Replaces everything in the store by the variables of l, in one
  * transaction: on failure the store is as it was. Called with flush_mu
  * held (Restore). */
+static int store_replace_once(psd_shard *s, const struct var_list *l);
+
 int shard_store_replace(psd_shard *s, const struct var_list *l)
+{
+    int rc;
+    while ((rc = store_replace_once(s, l)) == PS_EFULL && psd_store_grow(s->store) == 0)
+        ;
+    return rc;
+}
+
+static int store_replace_once(psd_shard *s, const struct var_list *l)
 {
     psd_store_txn *t = NULL;
     int rc = psd_store_begin(s->store, &t);

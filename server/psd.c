@@ -53,6 +53,7 @@ struct psd_conf {
     bool durable;
     bool allow_nonfinite;
     uint64_t map_size;
+    uint64_t map_size_max;
     int checkpoint_keep;
     int64_t shutdown_grace_ms;
     int max_variables;
@@ -131,7 +132,11 @@ static const ps_opt psd_opts[] = {
      "accept gradients holding NaN or Inf (refused by default)", 0, 0, NULL},
     /* 64 GiB of address space, not memory: LMDB maps it sparsely. */
     {"map-size", PS_OPT_SIZE, offsetof(struct psd_conf, map_size), "64G",
-     "most the LMDB environment may grow to", 1048576.0, 1e15, NULL},
+     "the LMDB map's first size; a full map doubles, up to --map-size-max",
+     1048576.0, 1e15, NULL},
+    {"map-size-max", PS_OPT_SIZE, offsetof(struct psd_conf, map_size_max), "0",
+     "the most the LMDB map may grow to; 0: the data file plus its disk's free space",
+     0, 1e15, NULL},
     {"checkpoint-keep", PS_OPT_INT, offsetof(struct psd_conf, checkpoint_keep), "5",
      "complete checkpoints kept (0 keeps all)", 0, 1000000, NULL},
     {"shutdown-grace", PS_OPT_DURATION_MS, offsetof(struct psd_conf, shutdown_grace_ms),
@@ -363,6 +368,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .data_dir = c->data_dir,
         .checkpoint_root = c->checkpoint_root,
         .map_size = c->map_size,
+        .map_size_max = c->map_size_max,
         .consistency = c->consistency == 1 ? PSD_SYNC : PSD_ASYNC,
         .workers = (uint32_t)c->workers,
         .commit_interval_ms = (int)c->commit_interval_ms,

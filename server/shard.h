@@ -44,6 +44,7 @@ typedef struct psd_shard_opts {
     const char *data_dir;        /* the LMDB environment */
     const char *checkpoint_root; /* checkpoints/ goes here; NULL = data_dir */
     uint64_t map_size;           /* LMDB map size; 0 = store's default */
+    uint64_t map_size_max;       /* the map grows up to it; 0 = the free disk */
     int consistency;             /* default for specs that leave it unset */
     uint32_t workers;            /* sync: pushes per step when a spec says 0 */
     int commit_interval_ms;      /* write-behind period, > 0 */

@@ -534,8 +534,9 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
             ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
                                               : ps_rpc_code_from_err(frc),
                         "SparsePush: the rows changed so far cannot be committed "
-                        "(%s) and fill the RAM tier; nothing applied",
-                        ps_strerror(frc));
+                        "(%s%s%s) and fill the RAM tier; nothing applied",
+                        ps_strerror(frc), frc == PS_EFULL ? ": " : "",
+                        frc == PS_EFULL ? psd_store_full_reason(s->store) : "");
             ps__v1__sparse_push_request__free_unpacked(r, NULL);
             return;
         }

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <lmdb.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -106,12 +107,36 @@ static int map_rc(int mrc, bool errno_ok)
  * opened (MDB_MAP_RESIZED): adopt its size and try once more. */
 static int txn_begin(psd_store *s, unsigned flags, MDB_txn **out)
 {
+    pthread_rwlock_rdlock(&s->gate);
     int mrc = mdb_txn_begin(s->env, NULL, flags, out);
     if (mrc == MDB_MAP_RESIZED) {
+        /* Adopting the other process's size remaps: not with our gate held
+         * for reading. Take it for writing, adopt, and begin again. */
+        pthread_rwlock_unlock(&s->gate);
+        pthread_rwlock_wrlock(&s->gate);
         mrc = mdb_env_set_mapsize(s->env, 0);
+        pthread_rwlock_unlock(&s->gate);
+        pthread_rwlock_rdlock(&s->gate);
         if (mrc == 0)
             mrc = mdb_txn_begin(s->env, NULL, flags, out);
     }
+    if (mrc != 0)
+        pthread_rwlock_unlock(&s->gate);
+    return mrc;
+}
+
+static void txn_end(psd_store *s, MDB_txn *txn)
+{
+    mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&s->gate);
+}
+
+static int txn_commit(psd_store *s, MDB_txn *txn)
+{
+    int mrc = mdb_txn_commit(txn);
+    if (mrc == MDB_MAP_FULL)
+        __atomic_store_n(&s->map_full, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&s->gate);
     return mrc;
 }
 
@@ -222,7 +247,7 @@ static int open_dbs(psd_store *s, bool rdonly)
     rc = check_format(s, txn, rdonly);
     if (rc != 0)
         goto abort;
-    mrc = mdb_txn_commit(txn);
+    mrc = txn_commit(s, txn);
     if (mrc != 0) {
         ps_log_error("store %s: commit: %s", s->dir, mdb_strerror(mrc));
         return map_rc(mrc, true);
@@ -230,7 +255,7 @@ static int open_dbs(psd_store *s, bool rdonly)
     return 0;
 
 abort:
-    mdb_txn_abort(txn);
+    txn_end(s, txn);
     return rc;
 }
 
@@ -316,6 +341,7 @@ int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store
     if (!s)
         return -ENOMEM;
     s->flags = flags;
+    pthread_rwlock_init(&s->gate, NULL);
     s->dir = strdup(dir);
     if (!s->dir) {
         rc = -ENOMEM;
@@ -327,12 +353,15 @@ int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store
     rc = open_dbs(s, rdonly);
     if (rc != 0)
         goto close_env;
+    MDB_envinfo info;
+    s->map_size = mdb_env_info(s->env, &info) == 0 ? info.me_mapsize : map_size;
     *out = s;
     return 0;
 
 close_env:
     mdb_env_close(s->env);
 free_store:
+    pthread_rwlock_destroy(&s->gate);
     free(s->dir);
     free(s);
     return rc;
@@ -343,6 +372,7 @@ void psd_store_close(psd_store *s)
     if (!s)
         return;
     mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->gate);
     free(s->dir);
     free(s);
 }
@@ -578,7 +608,7 @@ static int store_load(psd_store *s, psd_store_visit_fn fn, void *ctx)
     free(r.scratch);
     mdb_cursor_close(cur);
 abort:
-    mdb_txn_abort(txn);
+    txn_end(s, txn);
     return rc;
 }
 
@@ -605,7 +635,7 @@ int psd_store_get(psd_store *s, const char *name, psd_store_visit_fn fn, void *c
         rc = fn(ctx, &rec);
     free(r.scratch);
 abort:
-    mdb_txn_abort(txn);
+    txn_end(s, txn);
     return rc;
 }
 
@@ -635,6 +665,14 @@ int psd_store_begin(psd_store *s, psd_store_txn **out)
  * later call returns the same code. */
 static int txn_fail(psd_store_txn *t, int mrc, const char *what, const char *name)
 {
+    if (mrc == MDB_MAP_FULL) {
+        /* Not an error yet: the caller grows the map and tries again. */
+        __atomic_store_n(&t->s->map_full, 1, __ATOMIC_RELAXED);
+        ps_log_info("store %s: the map (%llu MiB) is full", t->s->dir,
+                    (unsigned long long)(t->s->map_size >> 20));
+        t->err = PS_EFULL;
+        return t->err;
+    }
     ps_log_error("store %s: variable '%s': %s: %s", t->s->dir, name, what, mdb_strerror(mrc));
     t->err = map_rc(mrc, false);
     return t->err;
@@ -836,11 +874,11 @@ int psd_store_commit(psd_store_txn *t)
     psd_store *s = t->s;
     int rc = t->err;
     if (rc != 0) {
-        mdb_txn_abort(t->txn);
+        txn_end(s, t->txn);
         free(t);
         return rc;
     }
-    int mrc = mdb_txn_commit(t->txn);
+    int mrc = txn_commit(s, t->txn);
     free(t);
     if (mrc != 0) {
         ps_log_error("store %s: commit: %s", s->dir, mdb_strerror(mrc));
@@ -854,7 +892,7 @@ void psd_store_abort(psd_store_txn *t)
 {
     if (!t)
         return;
-    mdb_txn_abort(t->txn);
+    txn_end(t->s, t->txn);
     free(t);
 }
 
@@ -865,7 +903,9 @@ int psd_store_copy(psd_store *s, const char *dst_dir)
     char file[PATH_MAX];
     if (snprintf(file, sizeof file, "%s/data.mdb", dst_dir) >= (int)sizeof file)
         return -ENAMETOOLONG;
+    pthread_rwlock_rdlock(&s->gate); /* the copy reads in a transaction */
     int mrc = mdb_env_copy2(s->env, dst_dir, MDB_CP_COMPACT);
+    pthread_rwlock_unlock(&s->gate);
     if (mrc == 0)
         return 0;
     ps_log_error("store %s: copying to %s: %s", s->dir, dst_dir, mdb_strerror(mrc));
@@ -903,6 +943,16 @@ int store_map_rc(int mrc, bool errno_ok)
 int store_txn_begin(psd_store *s, unsigned flags, MDB_txn **out)
 {
     return txn_begin(s, flags, out);
+}
+
+void store_txn_end(psd_store *s, MDB_txn *txn)
+{
+    txn_end(s, txn);
+}
+
+int store_txn_commit(psd_store *s, MDB_txn *txn)
+{
+    return txn_commit(s, txn);
 }
 
 int store_txn_fail(psd_store_txn *t, int mrc, const char *what, const char *name)

@@ -43,7 +43,8 @@
  * open. A psd_store_txn is used by one thread at a time and must be ended
  * (commit or abort) by the thread that began it. The records passed to a
  * visitor, and every pointer in them, are valid only during that call: copy
- * what you keep. Never open the same directory twice in one process, and
+ * what you keep. psd_store_grow waits until no transaction is open: a
+ * thread holding one must not wait for the thread that grows. Never open the same directory twice in one process, and
  * never use a store across fork(): open it in the process that uses it.
  */
 #ifndef PSD_STORE_H
@@ -78,12 +79,30 @@ enum {
  * hold; 0 picks 64 GiB, a sparse mapping that costs only address space,
  * halved (with a warning) down to 256 MiB where address space is capped
  * (ulimit -v); 1 GiB under valgrind. A full map gives PS_EFULL from put and
- * commit. Returns 0, -errno (-ENOENT: a read-only open of a directory with no
+ * commit; psd_store_grow then makes it bigger. Returns 0, -errno (-ENOENT: a read-only open of a directory with no
  * store), PS_ECORRUPT (not a psd store, a newer format, or written on a
  * big-endian host), PS_EINVAL_ARG or PS_ESTORE; LMDB's reason is logged. */
 int psd_store_open(const char *dir, uint64_t map_size, unsigned flags, psd_store **out);
 /* Closes the environment. Every transaction must have ended. NULL is ok. */
 void psd_store_close(psd_store *s);
+
+/* Growth of the map. A transaction that fills the map fails with PS_EFULL
+ * (spoiled, as any failure); after ending it, the caller calls
+ * psd_store_grow and, on 0, does the transaction again. psd_store_grow
+ * doubles the map (mdb_env_set_mapsize), up to the cap: max if
+ * psd_store_set_map_max gave one (0, the default: the data file plus the
+ * free space of its disk). It waits until no transaction is open in the
+ * process (every transaction holds the store's gate; see store_internal.h),
+ * so the caller must hold none, nor anything a reader waits for. Returns 0
+ * (grown), or PS_EFULL: the last failure was not a full map (the disk is
+ * full), or the map is at its cap (logged, naming the cap). */
+void psd_store_set_map_max(psd_store *s, uint64_t max);
+int psd_store_grow(psd_store *s);
+/* Why the last psd_store_grow returned PS_EFULL, for a client's message:
+ * "the LMDB map is at --map-size-max" or "the disk is full". */
+const char *psd_store_full_reason(psd_store *s);
+/* The map's size now, in bytes. */
+uint64_t psd_store_map_size(psd_store *s);
 
 /* Called once per record; a nonzero return stops the walk and is returned
  * by the function that called it. rec is valid only during the call. */

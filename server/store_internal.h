@@ -11,6 +11,7 @@
 #include "server/store.h"
 
 #include <lmdb.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 #define ID_PREFIX_LEN 4 /* u32 var_id BE: the prefix of a variable's dense and row keys */
@@ -24,6 +25,17 @@ struct psd_store {
     unsigned flags;
     uint64_t commits; /* atomic: read from any thread */
     char *dir;        /* for log lines */
+    /* Growth of the map (psd_store_grow). mdb_env_set_mapsize needs no
+     * transaction open in the process: every transaction, read or write,
+     * holds gate for reading from begin to end, and a growth takes it for
+     * writing. Readers never wait on anything while they hold it (a pull
+     * holds only its table's mutex, taken before). */
+    pthread_rwlock_t gate;
+    uint64_t map_size; /* the map's size now; changed under gate (write) */
+    uint64_t map_max;  /* the cap of growth; 0: the file plus the free disk */
+    int map_full;      /* atomic: a transaction met MDB_MAP_FULL since the last growth */
+    int full_reason;   /* atomic: why the last growth failed: 1 the cap, 2 the disk */
+    bool cap_logged;   /* under gate (write): the map at its cap was logged */
 };
 
 struct psd_store_txn {
@@ -37,6 +49,10 @@ struct psd_store_txn {
  * by a failed call, logged with what and the variable's name. */
 int store_map_rc(int mrc, bool errno_ok);
 int store_txn_begin(psd_store *s, unsigned flags, MDB_txn **out);
+/* Ends a transaction begun by store_txn_begin (abort; or commit, returning
+ * LMDB's code) and lets a growth of the map go. */
+void store_txn_end(psd_store *s, MDB_txn *txn);
+int store_txn_commit(psd_store *s, MDB_txn *txn);
 int store_txn_fail(psd_store_txn *t, int mrc, const char *what, const char *name);
 
 #endif

@@ -69,7 +69,7 @@ int psd_store_var_id(psd_store *s, const char *name, uint32_t *id)
     if (mrc != 0)
         return store_map_rc(mrc, false);
     int rc = var_id_in(s, txn, name, id);
-    mdb_txn_abort(txn);
+    store_txn_end(s, txn);
     return rc;
 }
 
@@ -93,7 +93,7 @@ void psd_store_rend(psd_store_rtxn *r)
 {
     if (r == NULL)
         return;
-    mdb_txn_abort(r->txn);
+    store_txn_end(r->s, r->txn);
     free(r);
 }
 
@@ -208,7 +208,7 @@ int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
         if (mrc == 0 || mrc == MDB_NOTFOUND)
             mrc = 0;
     }
-    mdb_txn_abort(txn);
+    store_txn_end(s, txn);
     *n = c;
     return store_map_rc(mrc, false);
 }
@@ -243,7 +243,7 @@ int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name)
     }
     if (cur)
         mdb_cursor_close(cur);
-    mdb_txn_abort(rt);
+    store_txn_end(src, rt);
     return rc;
 }
 

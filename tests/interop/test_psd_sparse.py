@@ -8,6 +8,7 @@ applied."""
 import os
 import signal
 import sys
+import threading
 import time
 
 import grpc
@@ -278,25 +279,94 @@ def test_restart_and_restore(a, want):
             "and forgets the row created after it (id 777)")
 
 
-def test_map_full():
-    """A full LMDB map: RESOURCE_EXHAUSTED naming it, psd alive, no row lost."""
-    c = Psd("--map-size", "32M", "--memory-limit", "64M")
-    c.create("full", opt=sgd(1.0), dim=64)
+def fill(c, name, limit):
+    """Pushes 4096 new rows of ones at a time (SGD lr 1: each row becomes
+    -1) until limit rows or an error; returns (rows acknowledged, error)."""
     g = np.ones((4096, 64), F32)
     k, err = 0, None
-    while k < 400_000 and err is None:
+    while k < limit and err is None:
         try:
-            c.push("full", range(k, k + 4096), g, step=k)
+            c.push(name, range(k, k + 4096), g, step=k)
             k += 4096
         except grpc.RpcError as e:
             err = e
-    R.check(err is not None and err.code() == C.RESOURCE_EXHAUSTED and
-            "nothing applied" in err.details(),
-            "a full map refuses the push: %s" % (err and err.details()))
-    ids = list(range(0, k, 97))
-    R.check(c.d.proc.poll() is None and bool(np.all(c.pull("full", ids) == -1)),
-            "psd is alive and every row acknowledged before is there")
+    return k, err
+
+
+def all_rows(c, name, k):
+    return all(bool(np.all(c.pull(name, range(i, min(i + 8192, k))) == -1))
+               for i in range(0, k, 8192))
+
+
+def test_map_grows():
+    """A full LMDB map grows: pushes far beyond --map-size 32M succeed, the
+    file grows past it, and every row reads back, also after a restart."""
+    c = Psd("--map-size", "32M", "--memory-limit", "64M")
+    c.create("grow", opt=sgd(1.0), dim=64)
+    c.push("grow", range(-64, 0), np.ones((64, 64), F32))
+    stop, bad = threading.Event(), []
+
+    def reader():  # pulls all along: a growth waits for their transactions
+        while not stop.is_set():
+            try:
+                if not np.all(c.pull("grow", range(-64, 0)) == -1):
+                    bad.append("wrong values")
+            except grpc.RpcError as e:
+                bad.append(e.details())
+    th = threading.Thread(target=reader)
+    th.start()
+    k, err = fill(c, "grow", 200_000)
+    stop.set()
+    th.join()
+    R.check(not bad, "pulls while the map grows all succeed: %s" % bad[:1])
+    R.check(err is None, "pushes of %d rows (~60 MB) with --map-size 32M succeed: %s"
+            % (k, err and err.details()))
+    until = time.time() + 20
+    while c.stats().sparse_disk_bytes <= 32 << 20 and time.time() < until:
+        time.sleep(0.1)
+    disk = c.stats().sparse_disk_bytes
+    R.check(disk > 32 << 20, "Stats' disk bytes grew past the 32M map: %d" % disk)
+    R.check(all_rows(c, "grow", k), "every row reads back")
+    c.restart()
+    R.check(all_rows(c, "grow", k), "and after a restart (the grown file reopens)")
     c.stop()
+
+
+def refused(c, name, why):
+    """Fills table name until refused; checks the refusal and that nothing
+    acknowledged is lost."""
+    k, err = fill(c, name, 600_000)
+    R.check(err is not None and err.code() == C.RESOURCE_EXHAUSTED and
+            "nothing applied" in err.details() and why in err.details(),
+            "%s: the push is refused, naming it: %s" % (why, err and err.details()))
+    R.check(c.d.proc.poll() is None and all_rows(c, name, k),
+            "psd is alive and all %d rows acknowledged before are there" % k)
+
+
+def test_map_cap():
+    """A map that may not grow further: RESOURCE_EXHAUSTED naming the cap."""
+    c = Psd("--map-size", "16M", "--map-size-max", "40M", "--memory-limit", "64M")
+    c.create("cap", opt=sgd(1.0), dim=64)
+    refused(c, "cap", "--map-size-max")
+    c.stop()
+
+
+def test_disk_full():
+    """A full disk (a 48 MiB tmpfs): RESOURCE_EXHAUSTED naming it."""
+    if os.geteuid() != 0:
+        print("skip disk full: mounting a small tmpfs needs root", flush=True)
+        return
+    d = pstest.tmpdir()
+    if os.system("mount -t tmpfs -o size=48m psd-test %s" % d) != 0:
+        print("skip disk full: mount -t tmpfs failed", flush=True)
+        return
+    try:
+        c = Psd("--map-size", "16M", "--memory-limit", "64M", data=d)
+        c.create("disk", opt=sgd(1.0), dim=64)
+        refused(c, "disk", "the disk is full")
+        c.stop()
+    finally:
+        os.system("umount %s" % d)
 
 
 def main():
@@ -314,7 +384,9 @@ def main():
     test_bad_input(a)
     test_restart_and_restore(a, want)
     a.stop()
-    test_map_full()
+    test_map_grows()
+    test_map_cap()
+    test_disk_full()
     R.finish()
 
 

@@ -300,6 +300,47 @@ START_TEST(test_del)
 }
 END_TEST
 
+/* A full map grows: the transaction that filled it is aborted, the map
+ * doubles, and the same put then fits. At the cap given, growth is
+ * refused and the store keeps what it had. */
+START_TEST(test_map_grows)
+{
+    struct var v[2];
+    psd_store *s = open_rw(4 << 20);
+    vars_make(v, 2, (const struct var_spec[]){{"x", 640 << 10, 0, 1.0f},
+                                              {"y", 640 << 10, 0, 2.0f}});
+    commit_vars(s, v, 1);
+    ck_assert_uint_eq(psd_store_map_size(s), 4 << 20);
+    ck_assert_int_eq(psd_store_grow(s), PS_EFULL); /* nothing was full */
+    psd_store_txn *t = begin(s);
+    psd_var_rec r = var_rec(&v[1]);
+    ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
+    psd_store_abort(t);
+    ck_assert_int_eq(psd_store_grow(s), 0);
+    ck_assert_uint_eq(psd_store_map_size(s), 8 << 20);
+    commit_vars(s, &v[1], 1);
+    load_expect(s, v, 2);
+
+    /* A third variable of 5 MiB does not fit in 8 MiB; the cap is 8 MiB. */
+    psd_store_set_map_max(s, 8 << 20);
+    struct var w;
+    vars_make(&w, 1, (const struct var_spec[]){{"z", 1280 << 10, 0, 3.0f}});
+    t = begin(s);
+    r = var_rec(&w);
+    int rc = psd_store_put(t, &r);
+    if (rc == 0)
+        rc = psd_store_commit(t);
+    else
+        psd_store_abort(t);
+    ck_assert_int_eq(rc, PS_EFULL);
+    ck_assert_int_eq(psd_store_grow(s), PS_EFULL);
+    ck_assert_str_eq(psd_store_full_reason(s), "the LMDB map is at --map-size-max");
+    load_expect(s, v, 2);
+    vars_free(&w, 1);
+    close_with(s, v, 2);
+}
+END_TEST
+
 /* DeleteVariable's promise: a deleted variable stays deleted across a
  * reopen (a psd restart), and the space it took is reused: "y" fits in a
  * map that "x" filled only once "x" is deleted (LMDB reuses the pages a
@@ -815,5 +856,6 @@ PSCHECK_MAIN("store",
     {"psd_store_open", {test_reopen_keeps_data, test_open_errors}, &fx},
     {"psd_store_get", {test_get}, &fx},
     {"psd_store_commit", {test_map_full, test_commit_full_disk}, &fx},
+    {"psd_store_grow", {test_map_grows}, &fx},
     {"psd_store_copy", {test_copy_snapshot, test_copy_during_commits, test_copy_full_disk},
      &fx})
