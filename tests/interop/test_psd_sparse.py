@@ -167,6 +167,31 @@ def test_lazy_adam(a):
             "lazy Adam: each row's bias correction counts its own updates (3 and 1)")
 
 
+def test_ftrl(a):
+    """FTRL-Proximal on rows (the wide part of a wide-and-deep model), each
+    row against test_psd_ftrl.py's numpy copy of TensorFlow's kernel, with
+    l1 (exact zeros), l2 and beta, repeated ids summed first."""
+    from test_psd_ftrl import FtrlRef
+    kw = dict(lr=0.05, lr_power=-0.5, l1=0.01, l2=0.001, beta=0.1)
+    a.create("ftrl", opt=pb.Optimizer(kind=pb.Optimizer.FTRL, learning_rate=0.05,
+                                       learning_rate_power=-0.5, l1=0.01, l2=0.001,
+                                       beta=0.1), init=uniform(11))
+    refs = {i: FtrlRef(r, **kw) for i, r in zip([5, 6, 7], a.pull("ftrl", [5, 6, 7]))}
+    rng = np.random.default_rng(5)
+    for step, batch in enumerate([[5, 6, 5], [7], [6, 7, 7, 5]]):
+        g = (0.5 * rng.standard_normal((len(batch), DIM))).astype(F32)
+        a.push("ftrl", batch, g, step=step)
+        for i, gi in summed(batch, g).items():
+            refs[i].step(gi)
+    got = a.pull("ftrl", [5, 6, 7])
+    diff = max(float(np.max(np.abs(got[k] - refs[i].w))) for k, i in enumerate([5, 6, 7]))
+    zeros = int(sum(np.count_nonzero(refs[i].w == 0) for i in refs))
+    R.check(diff <= 1e-6 and all(np.array_equal(got[k] == 0, refs[i].w == 0)
+                                  for k, i in enumerate([5, 6, 7])),
+            "FTRL rows (l1, l2, beta; repeated ids summed) equal numpy's TF formula "
+            "(max diff %.2g, %d exact zeros from l1)" % (diff, zeros))
+
+
 def test_insert_on_pull(a):
     a.create("iop", opt=sgd(), init=uniform(), insert_on_pull=True)
     before = a.stats().sparse_rows
@@ -377,6 +402,7 @@ def main():
     want = test_sgd(a, ra)
     test_adagrad(a)
     test_lazy_adam(a)
+    test_ftrl(a)
     test_insert_on_pull(a)
     test_admission(a)
     test_ttl(a)
