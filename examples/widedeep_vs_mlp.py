@@ -3,10 +3,11 @@
 Fashion-MNIST and prints its test accuracy: the wide-and-deep model on
 psd's sparse tables beside the MLP (README "Sparse embedding tables").
 
-    python3 examples/widedeep_vs_mlp.py BUILD_DIR [--model widedeep]
+    /usr/bin/python3 examples/widedeep_vs_mlp.py BUILD_DIR [--model widedeep]
         [--epochs 5] [--ps 2] [--workers 1]
 
-One line per model: `MODEL: test accuracy A after E epochs (S s)`.
+One line per model: `MODEL: test accuracy A after E epochs (S s)`, and for
+widedeep the rows its tables hold on each shard.
 """
 import argparse
 import os
@@ -27,6 +28,7 @@ def run(build, model, epochs, ps, workers, extra):
         try:
             c.start()
             res = c.wait_workers(timeout=3600)
+            rows = table_rows(c) if model.startswith("widedeep") else None
         finally:
             c.stop()
         accs = []
@@ -34,8 +36,29 @@ def run(build, model, epochs, ps, workers, extra):
             if rc != 0 or summary is None:
                 sys.exit("%s: worker %d exited %s; log in %s" % (model, i, rc, root))
             accs.append(summary["test_accuracy"])
-        print("%s: test accuracy %.4f after %d epochs (%.0f s)" %
-              (model, accs[0], epochs, time.monotonic() - t0), flush=True)
+        print("%s: test accuracy %.4f after %d epochs (%.0f s)%s" %
+              (model, accs[0], epochs, time.monotonic() - t0,
+               "; table rows per shard %s" % rows if rows else ""), flush=True)
+
+
+def table_rows(c):
+    """Stats.sparse_rows of each shard (both tables)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "tests", "interop"))
+    import pstest  # noqa: E402
+    try:
+        pb, pbg, _, _ = pstest.generate_stubs()
+    except ImportError as e:  # grpc_tools: Debian's python3-grpc-tools
+        return "unknown (%s)" % e
+    rows = []
+    for port in c.ps_ports:
+        ch = c.channel("127.0.0.1:%d" % port)
+        try:
+            rows.append(pbg.ParameterServerStub(ch).Stats(pb.StatsRequest(),
+                                                          timeout=10).sparse_rows)
+        finally:
+            ch.close()
+    return rows
 
 
 def main():
