@@ -155,6 +155,22 @@ static int set_parts(struct ps_place_var *v, int nparts, uint32_t shard)
     return 0;
 }
 
+/* A sparse table's parts: one per shard, named as the table, no rows. */
+static int set_hashed_parts(struct ps_place_var *v, uint32_t num_ps)
+{
+    v->parts = calloc(num_ps, sizeof *v->parts);
+    if (v->parts == NULL)
+        return -ENOMEM;
+    v->nparts = (int)num_ps;
+    for (uint32_t k = 0; k < num_ps; k++) {
+        v->parts[k].name = strdup(v->name);
+        v->parts[k].shard = k;
+        if (v->parts[k].name == NULL)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
 int ps_place_compute(const struct ps_place_var *vars, int n, uint32_t num_ps,
                      uint64_t split_threshold, struct ps_placement *out)
 {
@@ -175,6 +191,7 @@ int ps_place_compute(const struct ps_place_var *vars, int n, uint32_t num_ps,
         if (v->name == NULL)
             goto fail;
         v->ndims = vars[i].ndims;
+        v->hash_partitioned = vars[i].hash_partitioned;
         memcpy(v->shape, vars[i].shape, sizeof v->shape);
         ord[i] = (struct order){i, ps_place_var_bytes(v), v->name};
     }
@@ -183,6 +200,11 @@ int ps_place_compute(const struct ps_place_var *vars, int n, uint32_t num_ps,
     for (int j = 0; j < n; j++) {
         struct ps_place_var *v = &out->vars[ord[j].i];
         int64_t rows = v->ndims > 0 ? v->shape[0] : 1;
+        if (v->hash_partitioned) {
+            if ((rc = set_hashed_parts(v, num_ps)) != 0)
+                goto fail;
+            continue;
+        }
         if (num_ps > 1 && ord[j].bytes > split_threshold && rows > 1) {
             int nparts = rows < (int64_t)num_ps ? (int)rows : (int)num_ps;
             if ((rc = set_parts(v, nparts, 0)) != 0)
@@ -246,6 +268,12 @@ int ps_place_same(const struct ps_placement *p,
                                      sizeof s2));
             return PS_ECONFLICT;
         }
+        if (placed->hash_partitioned != vars[i].hash_partitioned) {
+            snprintf(why, whylen, "variable '%s' is %shash-partitioned, the placed "
+                     "model's is %s", vars[i].name, vars[i].hash_partitioned ? "" : "not ",
+                     placed->hash_partitioned ? "" : "not");
+            return PS_ECONFLICT;
+        }
     }
     for (int j = 0; j < p->nvars; j++) {
         bool found = false;
@@ -277,6 +305,7 @@ int ps_placement_copy(const struct ps_placement *src,
         struct ps_place_var *d = &dst->vars[i];
         d->name = strdup(s->name);
         d->ndims = s->ndims;
+        d->hash_partitioned = s->hash_partitioned;
         memcpy(d->shape, s->shape, sizeof d->shape);
         d->parts = calloc((size_t)(s->nparts > 0 ? s->nparts : 1),
                           sizeof *d->parts);

@@ -14,6 +14,10 @@
  *     "<name>/part<k>", lives on shard k and holds rows [row_begin, row_end).
  *     With fewer rows than shards, there is one part per row. A job with one
  *     shard never splits.
+ *   - a hash-partitioned variable (a sparse table, shape [dim]) has one part
+ *     per shard, each named as the table, rows [0, 0): an id's row lives on
+ *     the shard sparseclient.h's hash gives it. It counts for no shard's load
+ *     (its size is not known when placed).
  *
  * Threads and lifetime: pure functions over caller-owned data. A
  * ps_placement owns all its strings and arrays; ps_placement_free
@@ -22,6 +26,7 @@
 #ifndef PS_PLACE_H
 #define PS_PLACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +47,8 @@ struct ps_place_var {
     int ndims;                /* 0 = scalar */
     struct ps_place_part *parts; /* empty in a proposal */
     int nparts;
+    bool hash_partitioned;    /* a sparse table: rows over all shards by a
+                                 hash of the id (common/sparseclient.h) */
 };
 
 struct ps_placement {

@@ -139,6 +139,11 @@ const char *ps_client_address(const ps_client *c)
     return c->address;
 }
 
+ps_rpc_client *ps_client_rpc(ps_client *c)
+{
+    return c->rpc;
+}
+
 int ps_client_create_variable(ps_client *c, const void *spec, int *created,
                               uint64_t *version, int deadline_ms,
                               ps_rpc_status *st)

@@ -64,6 +64,8 @@ void ps_client_set_shm(ps_client *c, const struct ps_shm *shm);
 bool ps_client_shm_active(const ps_client *c);
 void ps_client_destroy(ps_client *c);
 const char *ps_client_address(const ps_client *c);
+/* The client's RPC channel, for the calls built elsewhere (sparseclient.c). */
+ps_rpc_client *ps_client_rpc(ps_client *c);
 
 /* CreateVariable with a packed-or-not ps.v1.VariableSpec (const
  * Ps__V1__VariableSpec *). *created and *version may be NULL. */

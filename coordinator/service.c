@@ -120,6 +120,7 @@ static int placement_pb(const struct ps_placement *p,
         vp->name = strdup(v->name);
         if (vp->name == NULL)
             return -ENOMEM;
+        vp->hash_partitioned = v->hash_partitioned;
         if (v->ndims > 0) {
             vp->shape = malloc(sizeof *vp->shape * (size_t)v->ndims);
             if (vp->shape == NULL)
@@ -258,6 +259,7 @@ static int proposal_in(const Ps__V1__PlaceRequest *req,
                                 v->name, v->n_shape, PS_PLACE_MAX_DIMS);
         }
         vars[i].ndims = (int)v->n_shape;
+        vars[i].hash_partitioned = v->hash_partitioned;
         memcpy(vars[i].shape, v->shape, sizeof *v->shape * v->n_shape);
     }
     *out = vars;

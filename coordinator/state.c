@@ -56,9 +56,11 @@ static json_t *placement_json(const struct ps_placement *p)
                 "shard", (json_int_t)v->parts[k].shard,
                 "row_begin", (json_int_t)v->parts[k].row_begin,
                 "row_end", (json_int_t)v->parts[k].row_end));
-        json_array_append_new(vars, json_pack("{s:s, s:o, s:o}", "name",
-                                              v->name, "shape", shape,
-                                              "parts", parts));
+        json_t *vj = json_pack("{s:s, s:o, s:o}", "name", v->name, "shape", shape,
+                               "parts", parts);
+        if (v->hash_partitioned)
+            json_object_set_new(vj, "hash_partitioned", json_true());
+        json_array_append_new(vars, vj);
     }
     return json_pack("{s:I, s:o}", "num_ps", (json_int_t)p->num_ps,
                      "variables", vars);
@@ -221,6 +223,7 @@ static int load_placement(coord *c, json_t *pj, char *err, size_t errlen)
         if ((v->name = strdup(json_string_value(name))) == NULL)
             return -ENOMEM;
         v->ndims = (int)json_array_size(shape);
+        v->hash_partitioned = json_is_true(json_object_get(vj, "hash_partitioned"));
         for (int d = 0; d < v->ndims; d++)
             v->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
         size_t np = json_array_size(parts);

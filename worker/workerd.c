@@ -23,6 +23,7 @@
 #include "common/metrics_http.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
+#include "worker/widedeep.h"
 #include "common/notify.h"
 #include "common/proc.h"
 #include "common/tls.h"
@@ -121,7 +122,7 @@ static const ps_opt wd_opts[] = {
     {"role", PS_OPT_STRING, offsetof(struct wd_conf, role), "worker",
      "worker or evaluator", 0, 0, NULL},
     {"model", PS_OPT_STRING, offsetof(struct wd_conf, model), "mlp:784-256-256-10",
-     "softmax, mlp:IN-H1-...-OUT, or cnn[:C1-C2-D]", 0, 0, NULL},
+     "softmax, mlp:IN-H1-...-OUT, cnn[:C1-C2-D] or widedeep[:E-H] (sparse tables)", 0, 0, NULL},
     {"data", PS_OPT_STRING, offsetof(struct wd_conf, data), FM,
      "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]", 0, 0, NULL},
     {"train-images", PS_OPT_STRING, offsetof(struct wd_conf, train_images), NULL,
@@ -452,27 +453,40 @@ static int learn_placement(ps_coord *coord, const char *model, int h, int w, int
                            int nclasses, struct wd_placement *pl, char *err,
                            size_t errlen)
 {
-    ps_model *m;
-    int rc = ps_model_create(model, h, w, ch, nclasses, 1, &m, err, errlen);
-    if (rc != 0)
-        return rc;
-    int np = ps_model_param_count(m);
+    ps_model *m = NULL;
+    struct wd_widedeep_var wv[8];
+    int np;
+    if (wd_is_widedeep(model)) {
+        np = wd_widedeep_vars(model, nclasses, wv, 8);
+    } else {
+        int rc = ps_model_create(model, h, w, ch, nclasses, 1, &m, err, errlen);
+        if (rc != 0)
+            return rc;
+        np = ps_model_param_count(m);
+    }
     Ps__V1__PlaceRequest req = PS__V1__PLACE_REQUEST__INIT;
     Ps__V1__VariablePlacement *vars = calloc((size_t)np, sizeof *vars);
     Ps__V1__VariablePlacement **pv = calloc((size_t)np, sizeof *pv);
     for (int i = 0; i < np; i++) {
-        const struct ps_param_info *pi = ps_model_param_info(m, i);
         ps__v1__variable_placement__init(&vars[i]);
-        vars[i].name = (char *)pi->name;
-        vars[i].n_shape = (size_t)pi->ndim;
-        vars[i].shape = (int64_t *)pi->shape;
+        if (m == NULL) {
+            vars[i].name = wv[i].name;
+            vars[i].n_shape = (size_t)wv[i].ndim;
+            vars[i].shape = wv[i].shape;
+            vars[i].hash_partitioned = wv[i].sparse;
+        } else {
+            const struct ps_param_info *pi = ps_model_param_info(m, i);
+            vars[i].name = (char *)pi->name;
+            vars[i].n_shape = (size_t)pi->ndim;
+            vars[i].shape = (int64_t *)pi->shape;
+        }
         pv[i] = &vars[i];
     }
     req.n_variables = (size_t)np;
     req.variables = pv;
     void *p = NULL;
     ps_rpc_status st;
-    rc = ps_coord_place(coord, &req, &p, &st);
+    int rc = ps_coord_place(coord, &req, &p, &st);
     free(vars);
     free(pv);
     ps_model_destroy(m);
@@ -547,7 +561,9 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         float loss = 0, acc = 0;
         uint64_t version = 0;
         char err[512];
-        int rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        int rc = wd_is_widedeep(o->model)
+                     ? wd_evaluate_widedeep(o, test, &loss, &acc, &version, err, sizeof err)
+                     : wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
             return fail(1, "%s", err);
         n++;
@@ -614,6 +630,9 @@ static int check_model(const struct wd_conf *c, const struct ps_dataset *d)
 {
     char err[1024];
     ps_model *probe;
+    if (wd_is_widedeep(c->model))
+        return wd_widedeep_check(c->model, d->h, d->w, d->c, (int)c->classes, err,
+                                 sizeof err) ? fail(1, "--model %s: %s", c->model, err) : 0;
     int rc = ps_model_create(c->model, d->h, d->w, d->c, (int)c->classes, 1,
                              &probe, err, sizeof err);
     if (rc != 0)
@@ -839,7 +858,8 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
 {
     char err[1024];
     struct wd_train_result res;
-    int rc = wd_train(o, train, &res, err, sizeof err);
+    int rc = wd_is_widedeep(o->model) ? wd_train_widedeep(o, train, &res, err, sizeof err)
+                                      : wd_train(o, train, &res, err, sizeof err);
     if (rc != 0)
         return fail(1, "%s", err);
     ps_notify_stopping("%s after %lld steps", wd_stop_requested
@@ -849,7 +869,9 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
     uint64_t version = 0;
     bool evaluate = c->evaluate && !c->local;
     if (evaluate) {
-        rc = wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        rc = wd_is_widedeep(o->model)
+                 ? wd_evaluate_widedeep(o, test, &loss, &acc, &version, err, sizeof err)
+                 : wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
             return fail(1, "%s", err);
         wd_metrics_eval(o->metrics, version, loss, acc);
