@@ -25,8 +25,8 @@ compute thread everywhere:
          --tf-python, tensorflow-cpu from PyPI: make bench-tf-venv)
   (f)    the strategies with 2 workers at one global batch (2 x --batch),
          --strategies: parameter-server sync and async (one psd) and
-         multi_worker_mirrored (pscoord as rendezvous, Gloo's ring
-         all-reduce over 127.0.0.1, no psd), beside one workerd (and psd)
+         multi_worker_mirrored (pscoord as rendezvous, Gloo's halving-
+         doubling all-reduce over 127.0.0.1, no psd), beside one workerd (and psd)
          alone at the global batch (the accuracy to match); --only-strategies
          runs (f) alone
 Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
@@ -177,7 +177,7 @@ def print_strategies(r):
     for k, name in (("one", "1 workerd + 1 psd alone, batch %d" % g),
                     ("ps_sync", "parameter_server sync: 2 workerd + 1 psd"),
                     ("ps_async", "parameter_server async: 2 workerd + 1 psd"),
-                    ("mwm", "multi_worker_mirrored: 2 workerd, Gloo ring")):
+                    ("mwm", "multi_worker_mirrored: 2 workerd, Gloo h-d")):
         print("    %-44s %12.0f %10.4f" % (name, r["f_%s_examples_per_second" % k],
                                            r["f_%s_test_accuracy" % k]))
     print("    multi_worker_mirrored / ps sync: %.2fx examples/s (target >= 1); accuracy "

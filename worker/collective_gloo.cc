@@ -147,7 +147,11 @@ int allreduce_f32(wd_coll *c, float *buf, size_t n, char *err, size_t errlen)
     if (g->base.size == 1)
         return 0;
     try {
-        if (g->algorithm != WD_COLL_HALVING_DOUBLING)
+        /* auto: on 2 ranks over loopback halving-doubling took 1.35 ms for
+         * 1 MiB against ring's 4.46, and 70 ms for 64 MiB against 40. */
+        bool hd = g->algorithm == WD_COLL_HALVING_DOUBLING ||
+                  (g->algorithm == WD_COLL_AUTO && n * sizeof(float) < (4u << 20));
+        if (!hd)
             return allreduce_ring(g, buf, n);
         if (!g->hd || g->hd_buf != buf || g->hd_n != n) {
             g->hd.reset();

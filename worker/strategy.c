@@ -84,12 +84,14 @@ void wd_strategy_print_mwm(const struct wd_train_result *res, int task_index,
                "\"task_index\":%d,\"model\":\"%s\",\"batch\":%d,\"steps\":%lld,"
                "\"examples\":%lld,\"seconds\":%.3f,\"examples_per_second\":%.1f,"
                "\"final_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f,"
-               "\"job_step\":%llu,\"checksum\":\"%016llx\"}\n",
+               "\"job_step\":%llu,\"checksum\":\"%016llx\",\"compute_seconds\":%.3f,"
+               "\"comm_wait_seconds\":%.3f}\n",
                task_index, model, batch, (long long)res->steps, (long long)res->examples,
                res->seconds, res->examples_per_second, res->final_loss,
                res->evaluated ? res->test_loss : -1.0,
                res->evaluated ? res->test_accuracy : -1.0,
-               (unsigned long long)res->version, (unsigned long long)res->checksum);
+               (unsigned long long)res->version, (unsigned long long)res->checksum,
+               res->compute_seconds, res->wait_seconds);
     } else {
         printf("worker %d: done: %lld steps of the job's %llu, %lld examples in %.1f s "
                "(%.0f examples/s), loss %.4f, test accuracy %.4f, checksum %016llx\n",

@@ -84,6 +84,8 @@ struct mwm {
     ps_client_item *items;
     int nitems;
     bool ps_warned;
+    /* seconds in each phase of a step, summed */
+    double t_gather, t_compute, t_reduce, t_update, t_push;
 };
 
 /* ---- the store: pscoord's KvSet / KvGet ------------------------------- */
@@ -487,6 +489,14 @@ static void mirror_push(struct mwm *w)
 
 /* ---- the steps --------------------------------------------------------- */
 
+/* Seconds on CLOCK_MONOTONIC at full resolution (a step is ~1 ms). */
+static double fine_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static uint64_t splitmix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -543,10 +553,15 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
     const struct wd_train_opts *o = w->o;
     int b = o->batch;
     const int64_t *idx = w->perm + w->pos + (int64_t)w->rank * b;
+    double c0 = fine_now_s();
     ps_dataset_gather(w->train, idx, b, w->xb, w->yb);
+    double c1 = fine_now_s();
     int rc = ps_model_forward_backward(w->m, w->xb, w->yb, b, loss);
     if (rc == 0)
         rc = ps_model_grads_to_host(w->m, w->buf);
+    double c2 = fine_now_s();
+    w->t_gather += c1 - c0;
+    w->t_compute += c2 - c1;
     if (rc != 0) {
         snprintf(err, errlen, "step %" PRId64 ": %s", w->step, ps_model_errmsg(w->m));
         return rc;
@@ -567,6 +582,8 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
             w->skip_below = w->gen + 1;
         return 1;
     }
+    double c3 = fine_now_s();
+    w->t_reduce += c3 - c2;
     float inv = 1.0f / (float)w->size;
     for (size_t i = 0; i < w->np; i++)
         w->buf[i] *= inv;
@@ -575,7 +592,10 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
         return rc;
     }
     ps_model_sgd_step(w->m, o->lr);
+    double c4 = fine_now_s();
     mirror_push(w);
+    w->t_update += c4 - c3;
+    w->t_push += fine_now_s() - c4;
     *loss = w->buf[w->np] * inv;
     w->step++;
     w->pos += (int64_t)w->size * b;
@@ -737,6 +757,11 @@ int wd_train_mwm(const struct wd_train_opts *o, const struct ps_dataset *train,
     res->examples_per_second = res->seconds > 0 ? (double)res->examples / res->seconds : 0;
     res->version = (uint64_t)w->step;
     res->left_out = w->left_out;
+    res->compute_seconds = w->t_compute;
+    res->wait_seconds = w->t_reduce;
+    ps_log_info("step phases (s): gather %.3f compute %.3f all-reduce %.3f update %.3f "
+                "checkpoint push %.3f", w->t_gather, w->t_compute, w->t_reduce,
+                w->t_update, w->t_push);
     if (w->left_out)
         res->version = (uint64_t)(kv_get_u64(w, "done", 0) > 0 ? kv_get_u64(w, "done", 0) : 0);
     if (rc == 0 && w->m != NULL && !w->left_out) {

@@ -155,7 +155,7 @@ def refusals(r):
 
 def main():
     r = pstest.Results("mwm")
-    ring = train_pair(r, "ring", ["--epochs", "1"])
+    ring = train_pair(r, "ring", ["--epochs", "1", "--allreduce-algorithm", "ring"])
     if ring:
         r.check(ring["test_accuracy"] > 0.78, "ring: test accuracy %.4f > 0.78"
                 % ring["test_accuracy"])
