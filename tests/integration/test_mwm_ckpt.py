@@ -71,7 +71,9 @@ def psd_checksum(pb, pbg, address):
 def main():
     r = pstest.Results("mwm-ckpt")
     pb, pbg, _, _ = pstest.generate_stubs()
-    coord_args = ["--checkpoint-every-steps", "100"]
+    # Heartbeats every 100 ms: pscoord schedules checkpoints from the steps
+    # they report, and a fast epoch (468 steps) must still cross several.
+    coord_args = ["--checkpoint-every-steps", "100", "--heartbeat-interval", "100ms"]
     job = mwmjob.Job("ckpt", extra=coord_args)
     psd = start_psd(job.root, job.coord_addr())
     try:
