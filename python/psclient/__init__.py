@@ -5,14 +5,16 @@ it places the model's variables over the shards as workerd does, splits big
 ones by rows, takes and gives numpy arrays, pushes gradients with the values
 back in one round trip, follows sync steps and retries across a psd
 restart. psclient.torch and psclient.keras make psd the parameter server of
-a PyTorch or Keras training loop.
+a PyTorch or Keras training loop. Sparse embedding tables (SparseTable,
+Client.sparse_pull / sparse_push) are hash-partitioned over the shards.
 """
 from ._rpc import PsError, Retry, TLS, read_token
 from .client import Client, PushResult, Values
 from .placement import Part, Placement, SPLIT_DEFAULT, place
-from .specs import Initializer, Optimizer, Variable
+from .sparse import SparsePushResult, SparseValues, shard_of
+from .specs import Initializer, Optimizer, SparseTable, Variable
 
 __all__ = ["Client", "PushResult", "Values", "PsError", "Retry", "TLS", "read_token",
            "Part", "Placement", "SPLIT_DEFAULT", "place", "Initializer", "Optimizer",
-           "Variable"]
+           "Variable", "SparseTable", "SparseValues", "SparsePushResult", "shard_of"]
 __version__ = "0.1.0"

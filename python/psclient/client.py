@@ -28,10 +28,12 @@ import grpc
 import numpy as np
 
 from . import placement as _place
+from . import sparse as _sparse
 from ._proto import health, pb
 from ._rpc import Connection, PsError, Retry, TLS, read_token
 from .shm import Region, is_local_socket, local_route
-from .specs import Initializer, Optimizer, Variable, consistency_pb
+from .sparse import SparsePushResult, SparseValues
+from .specs import Initializer, Optimizer, SparseTable, Variable, consistency_pb
 from .task import Task
 
 log = logging.getLogger("psclient")
@@ -157,6 +159,8 @@ class Client:
         self.step = 0
         self.consistency = "async"
         self.variables: Dict[str, _place.Placement] = {}
+        self.sparse_tables: Dict[str, int] = {}   # sparse table -> dim
+        self.sparse_step = 0
         self._part_shapes: Dict[str, Tuple[int, ...]] = {}
         self.coord: Optional[Connection] = None
         if coordinator is not None:
@@ -386,10 +390,17 @@ class Client:
         return by
 
     def pull(self, names: Optional[Sequence[str]] = None, *, min_version: int = 0,
-             timeout: Optional[float] = None) -> Values:
+             timeout: Optional[float] = None, step: int = 0,
+             worker: Optional[int] = None) -> Values:
         """The values of names (default: every variable), whole, as float32
         arrays of their shapes. min_version waits (within the timeout) until
-        each part has at least that version."""
+        each part has at least that version. step (bounded staleness): this
+        worker's clock, the steps it has pushed; psd answers once every live
+        worker is at least step - staleness, or raises PsError
+        DEADLINE_EXCEEDED naming the slowest; 0 (a reader) is never held.
+        worker: the worker the clock is of (None: the client's)."""
+        clock = dict(worker=self.worker if worker is None else worker, step=step) \
+            if step else {}
         names = list(self.variables) if names is None else list(names)
         by = self._parts_by_shard(names)
 
@@ -405,8 +416,8 @@ class Client:
                                          length=4 * _place.elements(self._part_shape(p)))
                     items.append(pb.PullItem(name=p.name, min_version=min_version, into=into))
                 try:
-                    resp = sh.call("Pull", pb.PullRequest(items=items), pb.PullResponse,
-                                   timeout=timeout)
+                    resp = sh.call("Pull", pb.PullRequest(items=items, **clock),
+                                   pb.PullResponse, timeout=timeout)
                 except PsError as e:
                     if region is not None and sh.shm_refused(e):
                         continue
@@ -418,14 +429,17 @@ class Client:
         return self._part_shapes[p.name]
 
     def push(self, grads: Mapping[str, Any], *, step: Optional[int] = None,
-             return_values: bool = False, timeout: Optional[float] = None) -> PushResult:
+             return_values: bool = False, timeout: Optional[float] = None,
+             delta: bool = False) -> PushResult:
         """Pushes gradients (float32 arrays of the variables' shapes, by
         name); each shard gets one PushRequest with its parts, in parallel.
         return_values: also bring each variable's value once the push is
         applied (sync: once the step's aggregate is), in the same round trip.
         step: the step to push as; None: the client's own (async: a counter;
         sync: the step the variables aggregate, which it follows, and a push
-        refused as stale rejoins the variables' step instead of failing)."""
+        refused as stale rejoins the variables' step instead of failing).
+        delta: each array is a change of the value, added as w += d with no
+        optimizer (local SGD; psd refuses it for sync variables)."""
         checked = {n: self._check_grad(n, g) for n, g in grads.items()}
         if not checked:
             raise ValueError("push: no gradients")
@@ -458,7 +472,7 @@ class Client:
                         g.grad.CopyFrom(_tensor(rows))
                     gs.append(g)
                 req = pb.PushRequest(worker=self.worker, step=st, grads=gs,
-                                     return_values=return_values)
+                                     return_values=return_values, delta=delta)
                 try:
                     resp = sh.call("Push", req, pb.PushResponse, timeout=t)
                 except PsError as e:
@@ -497,6 +511,71 @@ class Client:
         sh.sync_step = min(v.version for v in resp.values)
         return ([(p.name, v) for (_, p), v in zip(parts, resp.values)],
                 [(p.name, v.version) for (_, p), v in zip(parts, resp.values)], True)
+
+    # ---- sparse tables ----------------------------------------------------
+
+    def create_sparse_tables(self, tables: Sequence[SparseTable], *,
+                             optimizer: Optimizer = Optimizer()) -> None:
+        """Creates each table on every shard (its rows are spread over them
+        by the hash of psclient.sparse). Idempotent as create_variables;
+        optimizer: for tables without their own."""
+        specs = [t.to_pb(optimizer) for t in tables]
+
+        def create(s: int) -> None:
+            for spec in specs:
+                self.shards[s].call("CreateVariable", pb.CreateVariableRequest(spec=spec),
+                                    pb.CreateVariableResponse)
+        self._each(list(range(len(self.shards))), create)
+        self.attach_sparse(tables)
+
+    def attach_sparse(self, tables: Sequence[SparseTable]) -> None:
+        """Knows the tables without creating them (a reader)."""
+        for t in tables:
+            self.sparse_tables[t.name] = int(t.dim)
+
+    def _sparse_call(self, timeout: Optional[float]) -> Callable[[int, str, Any, Any], Any]:
+        return lambda s, m, req, resp: self.shards[s].call(m, req, resp, timeout=timeout)
+
+    def _sparse_dim(self, name: str) -> int:
+        if name not in self.sparse_tables:
+            raise KeyError("sparse table '%s' is not one of this client's "
+                           "(create_sparse_tables first; it has %d)"
+                           % (name, len(self.sparse_tables)))
+        return self.sparse_tables[name]
+
+    def sparse_pull(self, ids: Mapping[str, Any], *,
+                    timeout: Optional[float] = None) -> SparseValues:
+        """The rows of each table's ids (int64, any order, repeats allowed)
+        as float32 [len(ids), dim] in request order. An id with no row
+        answers its initial row (stored only with insert_on_pull)."""
+        checked = {n: _sparse.check_ids(n, a) for n, a in ids.items()}
+        dims = {n: self._sparse_dim(n) for n in checked}
+        if not checked:
+            raise ValueError("sparse_pull: no tables")
+        return _sparse.pull(self._sparse_call(timeout), self._each, len(self.shards),
+                            dims, checked)
+
+    def sparse_push(self, grads: Mapping[str, Tuple[Any, Any]], *, step: Optional[int] = None,
+                    return_values: bool = False,
+                    timeout: Optional[float] = None) -> SparsePushResult:
+        """Pushes each table's (ids, rows): row i (float32 [len(ids), dim])
+        is the gradient of ids[i]; psd sums a repeated id's rows before one
+        update. Each shard gets the rows of its ids in one request, in
+        parallel. return_values: the updated rows back, in request order.
+        step: the table clock (ttl_steps); None: the client's sparse_step,
+        which rises by one per call."""
+        checked: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        for n, (i, g) in grads.items():
+            a = _sparse.check_ids(n, i)
+            checked[n] = (a, _sparse.check_rows(n, g, len(a), self._sparse_dim(n)))
+        if not any(len(a) for a, _ in checked.values()):
+            raise ValueError("sparse_push: no ids")
+        st = self.sparse_step if step is None else step
+        res = _sparse.push(self._sparse_call(timeout), self._each, len(self.shards),
+                           self.worker, st, checked, return_values)
+        if step is None:
+            self.sparse_step += 1
+        return res
 
     # ---- the rest of the service ------------------------------------------
 

@@ -13,7 +13,7 @@ from ._proto import pb
 
 _INIT_KINDS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3,
                "truncated_normal": 4, "glorot_uniform": 5}
-_OPT_KINDS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3}
+_OPT_KINDS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "ftrl": 4}
 _CONSISTENCY = {"default": 0, "async": 1, "sync": 2, "bounded_staleness": 3}
 
 
@@ -105,6 +105,12 @@ class Optimizer:
     beta1: float = 0.0
     beta2: float = 0.0
     epsilon: float = 0.0
+    # FTRL (psd's learning_rate_power 0 means -0.5; TF's 0 is sent as -1e-38).
+    learning_rate_power: float = 0.0
+    l1: float = 0.0
+    l2: float = 0.0
+    l2_shrinkage: float = 0.0
+    beta: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in _OPT_KINDS:
@@ -134,11 +140,33 @@ class Optimizer:
              epsilon: float = 1e-7) -> "Optimizer":
         return Optimizer("adam", learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon)
 
+    @staticmethod
+    def ftrl(learning_rate: float = 0.001, learning_rate_power: float = -0.5,
+             initial_accumulator: float = 0.1, l1: float = 0.0, l2: float = 0.0,
+             l2_shrinkage: float = 0.0, beta: float = 0.0) -> "Optimizer":
+        """FTRL-Proximal as TensorFlow's ApplyFtrl(V2) and Keras' Ftrl
+        (their defaults and meanings): learning_rate_power in [-10, 0], where
+        0 is TF's fixed step size (sent as -1e-38, which gives the same
+        bits); l1, l2, l2_shrinkage, beta >= 0 (beta adds beta / (2 lr) to
+        l2, as Keras)."""
+        if not -10.0 <= learning_rate_power <= 0.0:
+            raise ValueError("ftrl learning_rate_power must be in [-10, 0], got %r"
+                             % learning_rate_power)
+        for k, v in (("initial_accumulator", initial_accumulator), ("l1", l1), ("l2", l2),
+                     ("l2_shrinkage", l2_shrinkage), ("beta", beta)):
+            if not 0.0 <= v <= 1e30:
+                raise ValueError("ftrl %s must be in [0, 1e30], got %r" % (k, v))
+        return Optimizer("ftrl", learning_rate, initial_accumulator=initial_accumulator,
+                         learning_rate_power=learning_rate_power or -1e-38, l1=l1, l2=l2,
+                         l2_shrinkage=l2_shrinkage, beta=beta)
+
     def to_pb(self) -> Any:
         return pb.Optimizer(kind=_OPT_KINDS[self.kind], learning_rate=self.learning_rate,
                             momentum=self.momentum, nesterov=self.nesterov,
                             initial_accumulator=self.initial_accumulator,
-                            beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon)
+                            beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+                            learning_rate_power=self.learning_rate_power, l1=self.l1,
+                            l2=self.l2, l2_shrinkage=self.l2_shrinkage, beta=self.beta)
 
 
 @dataclass(frozen=True)
@@ -153,6 +181,51 @@ class Variable:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+
+_SPARSE_INITS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
+
+
+@dataclass(frozen=True)
+class SparseTable:
+    """A sparse embedding table: rows of `dim` float32 keyed by int64 id,
+    created on first push (README "Sparse embedding tables"). It lives on
+    every shard of the job; an id's row on shard jump(splitmix64(id)).
+    initializer (None: zeros; glorot_uniform is refused) draws each row from
+    (seed, id) alone; optimizer None: the one given to
+    Client.create_sparse_tables. admit_after: a new id is stored at its
+    admit_after-th push (0, 1: the first); ttl_steps: rows not updated in
+    that many steps are evicted (0: never); max_rows: per shard, the least
+    recently updated beyond it are evicted (0: unbounded); insert_on_pull: a
+    pull of an unknown id stores its initial row."""
+    name: str
+    dim: int
+    initializer: Optional[Initializer] = None
+    optimizer: Optional[Optimizer] = None
+    admit_after: int = 0
+    ttl_steps: int = 0
+    max_rows: int = 0
+    insert_on_pull: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= int(self.dim) <= 65536:
+            raise ValueError("sparse table '%s': dim must be in [1, 65536], got %r"
+                             % (self.name, self.dim))
+        if self.initializer is not None and self.initializer.kind not in _SPARSE_INITS:
+            raise ValueError("sparse table '%s': initializer %r; a row takes one of %s"
+                             % (self.name, self.initializer.kind, ", ".join(_SPARSE_INITS)))
+        for k in ("admit_after", "ttl_steps", "max_rows"):
+            if int(getattr(self, k)) < 0:
+                raise ValueError("sparse table '%s': %s must be >= 0" % (self.name, k))
+
+    def to_pb(self, default_optimizer: Optimizer) -> Any:
+        return pb.VariableSpec(
+            name=self.name, dtype=pb.DTYPE_FLOAT32, shape=[int(self.dim)],
+            initializer=(self.initializer or Initializer.zeros()).to_pb(),
+            optimizer=(self.optimizer or default_optimizer).to_pb(),
+            consistency=_CONSISTENCY["async"], sparse=True,
+            admit_after=int(self.admit_after), ttl_steps=int(self.ttl_steps),
+            max_rows=int(self.max_rows), insert_on_pull=bool(self.insert_on_pull))
 
 
 def consistency_pb(name: str) -> int:
