@@ -42,6 +42,16 @@ def run(r, name, kill_at_step=None):
             job.kill9(2)
             t_kill = time.monotonic()
             print("killed worker 2 at step %d" % max(mwmjob.parse(job.log(2))["checksums"] or [0]))
+            # Back only once the survivors have re-formed without it (bounded):
+            # a worker restarted at once can re-register inside the heartbeat
+            # timeout, and pscoord then rightly forms a group of three, which
+            # would not show the survivors going on alone.
+            wait_until = time.monotonic() + 30
+            while time.monotonic() < wait_until and not any(
+                    f["after"] == "a failure" for f in mwmjob.parse(job.log(0))["formed"]):
+                if job.proc(0).poll() is not None:
+                    break
+                time.sleep(0.05)
             job.start(2, ARGS)
             restarted = True
         codes = job.wait(BOUND)
