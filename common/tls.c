@@ -11,6 +11,7 @@
 #include "common/tls.h"
 
 #include "common/log.h"
+#include "common/pemcheck.h"
 
 #include <errno.h>
 #include <grpc/grpc_security.h>
@@ -116,8 +117,30 @@ static void pems_free(struct pems *p)
     memset(p, 0, sizeof *p);
 }
 
+/* Whether p's key is its certificate's (gRPC would take a wrong pair and
+ * fail every handshake after). Returns 0, or -1 with err set. */
+static int pair_check(const ps_tls_opts *o, const struct pems *p, char *err,
+                      size_t errlen)
+{
+    switch (ps_pem_check_pair(p->cert, p->key)) {
+    case PS_PEM_OK:
+        return 0;
+    case PS_PEM_BAD_CERT:
+        snprintf(err, errlen, "--tls-cert %s: its certificate cannot be parsed", o->cert);
+        return -1;
+    case PS_PEM_BAD_KEY:
+        snprintf(err, errlen, "--tls-key %s: its private key cannot be parsed", o->key);
+        return -1;
+    case PS_PEM_MISMATCH:
+    default:
+        snprintf(err, errlen, "--tls-key %s is not the key of --tls-cert %s", o->key,
+                 o->cert);
+        return -1;
+    }
+}
+
 /* Reads what o names. A certificate needs its key and the other way
- * round. Returns 0, or -1 with err set and nothing held. */
+ * round, and the key must be the certificate's. Returns 0, or -1 with err set and nothing held. */
 static int pems_read(const ps_tls_opts *o, struct pems *p, char *err,
                      size_t errlen)
 {
@@ -133,6 +156,10 @@ static int pems_read(const ps_tls_opts *o, struct pems *p, char *err,
           read_pem("--tls-key", o->key, "PRIVATE KEY", &p->key, err, errlen) != 0)) ||
         (given(o->ca) &&
          read_pem("--tls-ca", o->ca, "CERTIFICATE", &p->ca, err, errlen) != 0)) {
+        pems_free(p);
+        return -1;
+    }
+    if (given(o->cert) && pair_check(o, p, err, errlen) != 0) {
         pems_free(p);
         return -1;
     }

@@ -203,6 +203,14 @@ def check_tools(r, pb, pbg, d, a):
     err = p.stderr.strip().splitlines()
     r.check(p.returncode == 2 and len(err) == 1 and "/nonexistent/ca.pem" in err[0],
             "psctl: a CA file that is missing is named in one line, exit 2: %s" % err)
+    p = subprocess.run([PSCTL, "--server", d.address, "--tls-ca", os.path.join(a, "ca.pem"),
+                        "--tls-cert", os.path.join(a, "client.pem"),
+                        "--tls-key", os.path.join(a, "worker0.key"), "stats"],
+                       capture_output=True, text=True, timeout=30)
+    err = p.stderr.strip().splitlines()
+    r.check(p.returncode == 2 and len(err) == 1 and "worker0.key is not the key of" in err[0],
+            "psctl: a key that is not its certificate's is named in one line, exit 2: %s"
+            % err)
 
 
 def check_reload(r, pb, pbg, d, live, a):
@@ -245,6 +253,18 @@ def check_reload(r, pb, pbg, d, live, a):
     r.check(code == grpc.StatusCode.OK and d.proc.poll() is None and len(lines) == 1 and
             "psd.pem" in lines[0],
             "a bad certificate file on reload keeps the old ones, one line: %s"
+            % (lines[-1:] or code))
+    # A good certificate with another certificate's key: gRPC would take the
+    # pair and fail every handshake after; psd keeps the pair in use.
+    shutil.copy(os.path.join(c, "psd.pem"), os.path.join(live, "psd.pem"))
+    shutil.copy(os.path.join(a, "psd.key"), os.path.join(live, "psd.key"))
+    d.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    code = refused(pb, pbg, new_client())
+    lines = [l for l in d.stderr().splitlines() if "is not the key of" in l]
+    r.check(code == grpc.StatusCode.OK and d.proc.poll() is None and len(lines) == 1 and
+            "psd.key" in lines[0] and "keeping" in lines[0],
+            "a key that is not the certificate's keeps the old pair, one line: %s"
             % (lines[-1:] or code))
 
 

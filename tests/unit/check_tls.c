@@ -11,12 +11,35 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A real P-256 certificate (CN=check, valid until 2126), its key, and
+ * another key: tls.c checks that a key is its certificate's. */
+static const char *const test_cert =
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIBdjCCAR2gAwIBAgIUJdajgrigwGYOhY1rpo3eHx32yLowCgYIKoZIzj0EAwIw\n"
+    "EDEOMAwGA1UEAwwFY2hlY2swIBcNMjYxMTIzMjM0MjI0WhgPMjEyNjEwMzAyMzQy\n"
+    "MjRaMBAxDjAMBgNVBAMMBWNoZWNrMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n"
+    "X+O3+kQTomqpIiPoEXK30D32Ckx4FLVgn0T0zeDHsW1/5V9d8VYKzyU48MPRKcbc\n"
+    "DIYXMQldyBxVzx/dSZQ9oqNTMFEwHQYDVR0OBBYEFDYoESn6yhClv6gRRyfenc+R\n"
+    "b/rHMB8GA1UdIwQYMBaAFDYoESn6yhClv6gRRyfenc+Rb/rHMA8GA1UdEwEB/wQF\n"
+    "MAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgVusRqmW8wZA3CfubnN/Y7HrNZfqx7osj\n"
+    "qotvPS6V7rACICj5ZnzmM3tMLEzbRcb6G7sj1d041mCPLDTpF0OgiCh3\n"
+    "-----END CERTIFICATE-----\n";
+static const char *const test_key =
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgrO6HQr5ioKHWeZN4\n"
+    "6bdq5/DD80umt1+kQcHp4qFw7ZihRANCAARf47f6RBOiaqkiI+gRcrfQPfYKTHgU\n"
+    "tWCfRPTN4MexbX/lX13xVgrPJTjww9EpxtwMhhcxCV3IHFXPH91JlD2i\n"
+    "-----END PRIVATE KEY-----\n";
+static const char *const other_key =
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgClTB6N4e0Uo19uLL\n"
+    "RzkiIiIBhNw8NKwIN7mCQjlQGpChRANCAARPrMfjRQWuLDP716yojZFQAUu8m94Z\n"
+    "ai+nWTaYMxwHnq0zJjPfNK54DqShsYlJcoPR4kpUYz27xd3xwSD47MJX\n"
+    "-----END PRIVATE KEY-----\n";
 static const char *const fake_cert =
     "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-static const char *const fake_key =
-    "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
 
-static char cert[160], key[160], ca[160], junk[160];
+static char cert[160], key[160], ca[160], junk[160], other[160], fake[160];
 
 static void setup(void)
 {
@@ -25,9 +48,13 @@ static void setup(void)
     snprintf(key, sizeof key, "%s/c.key", tmpdir);
     snprintf(ca, sizeof ca, "%s/ca.pem", tmpdir);
     snprintf(junk, sizeof junk, "%s/junk.pem", tmpdir);
-    pscheck_write_text(cert, fake_cert);
-    pscheck_write_text(key, fake_key);
-    pscheck_write_text(ca, fake_cert);
+    snprintf(other, sizeof other, "%s/other.key", tmpdir);
+    snprintf(fake, sizeof fake, "%s/fake.pem", tmpdir);
+    pscheck_write_text(cert, test_cert);
+    pscheck_write_text(key, test_key);
+    pscheck_write_text(ca, test_cert);
+    pscheck_write_text(other, other_key);
+    pscheck_write_text(fake, fake_cert);
     pscheck_write_text(junk, "not pem\n");
 }
 
@@ -99,6 +126,13 @@ START_TEST(test_check_files)
     ck_assert_ptr_nonnull(strstr(err, junk));
     ps_tls_opts swapped = {.cert = key, .key = cert};
     ck_assert_int_eq(ps_tls_check_files(&swapped, err, sizeof err), -1);
+    ps_tls_opts wrong = {.cert = cert, .key = other};
+    ck_assert_int_eq(ps_tls_check_files(&wrong, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "is not the key of --tls-cert"));
+    ck_assert_ptr_nonnull(strstr(err, other));
+    ps_tls_opts unparsed = {.cert = fake, .key = key};
+    ck_assert_int_eq(ps_tls_check_files(&unparsed, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "cannot be parsed"));
     ps_tls_opts lone = {.cert = cert};
     ck_assert_int_eq(ps_tls_check_files(&lone, err, sizeof err), -1);
     ck_assert_str_eq(err, "--tls-cert is given without --tls-key");
