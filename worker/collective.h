@@ -44,7 +44,8 @@ struct wd_coll_store {
 enum wd_coll_algo {
     WD_COLL_RING = 0,               /* Gloo's ring all-reduce */
     WD_COLL_HALVING_DOUBLING = 1,   /* Gloo's halving-doubling */
-    WD_COLL_AUTO = 2,               /* halving-doubling under 4 MiB, else ring */
+    WD_COLL_AUTO = 2,               /* halving-doubling under 4 MiB or over sync-mode
+                                       pairs (wmem_max), else ring */
 };
 
 struct wd_coll_opts {

@@ -86,6 +86,9 @@ struct mwm {
     bool ps_warned;
     /* seconds in each phase of a step, summed */
     double t_gather, t_compute, t_reduce, t_update, t_push;
+    /* when the first group formed: the training's seconds start there, as
+     * a parameter-server run's start once its variables are set up */
+    int64_t started_ms;
 };
 
 /* ---- the store: pscoord's KvSet / KvGet ------------------------------- */
@@ -684,6 +687,8 @@ static int mwm_run(struct mwm *w, struct wd_train_result *res, char *err, size_t
             if (rc != 0)
                 return rc == 1 ? 0 : rc;
             steps0 = w->step;
+            if (w->started_ms == 0)
+                w->started_ms = t0 = last = ps_now_ms();
         }
         if (finished(w))
             break;
@@ -753,7 +758,9 @@ int wd_train_mwm(const struct wd_train_opts *o, const struct ps_dataset *train,
     int rc = mwm_open(w, o, train, err, errlen);
     if (rc == 0)
         rc = mwm_run(w, res, err, errlen);
-    res->seconds = (double)(ps_now_ms() - t0) / 1000.0;
+    /* From the first formation (model set-up and rendezvous excluded, as
+     * train.c's seconds exclude connecting and creating variables). */
+    res->seconds = (double)(ps_now_ms() - (w->started_ms > 0 ? w->started_ms : t0)) / 1000.0;
     res->examples_per_second = res->seconds > 0 ? (double)res->examples / res->seconds : 0;
     res->version = (uint64_t)w->step;
     res->left_out = w->left_out;
