@@ -152,13 +152,13 @@ static const ps_opt psd_opts[] = {
     /* 0, half of physical memory: variables live in memory, and a restart
      * holds their LMDB pages beside them while it loads (about twice the
      * bytes), which must still fit. */
-    /* 0: sparse tables keep at most 256 MiB of rows in RAM (a quarter of
-     * 1 GiB); the rest of a table is in LMDB's file-backed map. */
+    /* 0: plan for the host's memory, or psd's memory cgroup's limit. */
     {"memory-limit", PS_OPT_SIZE, offsetof(struct psd_conf, memory_limit), "0",
      "memory psd's sparse tables plan for, e.g. 4G: their RAM tier of rows "
      "is kept under a quarter of it (the rest stays in LMDB, page cache the "
      "kernel can reclaim); run psd in a memory cgroup of this size to bound "
-     "it; 0: a 256 MiB RAM tier", 0, 1e18, NULL},
+     "it; 0: the host's physical memory, or psd's memory cgroup's limit when "
+     "lower", 0, 1e18, NULL},
     {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
      "most bytes the variables hold (values, optimizer slots, sync "
      "aggregates), e.g. 16G; a CreateVariable beyond is refused "
@@ -358,6 +358,40 @@ static uint64_t half_of_memory(void)
     return (uint64_t)pages * (uint64_t)size / 2;
 }
 
+/* The memory psd may use: the host's physical memory, or the limit of its
+ * memory cgroup (v1 memory.limit_in_bytes, v2 memory.max) when lower.
+ * --memory-limit 0 plans the sparse tables' RAM tier for it. */
+static uint64_t memory_available(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    uint64_t mem = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size
+                                         : (uint64_t)1 << 30;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[512], path[700];
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+        char *rel = strchr(line, ':') ? strchr(strchr(line, ':') + 1, ':') : NULL;
+        if (rel == NULL)
+            continue;
+        rel[strcspn(rel, "\n")] = '\0';
+        if (strncmp(line, "0::", 3) == 0)
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", rel + 1);
+        else if (strstr(line, ":memory:") != NULL)
+            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes",
+                     rel + 1);
+        else
+            continue;
+        FILE *m = fopen(path, "r");
+        unsigned long long v = 0;
+        if (m != NULL && fscanf(m, "%llu", &v) == 1 && v > 0 && v < mem)
+            mem = v; /* "max" (v2) and v1's huge "no limit" do not parse or are above */
+        if (m != NULL)
+            fclose(m);
+    }
+    if (f != NULL)
+        fclose(f);
+    return mem;
+}
+
 /* Opens the store (and starts the shard's threads). Returns 0, or 1 after
  * the error line. */
 static int open_shard(struct psd *d, uint64_t *base_rss)
@@ -384,7 +418,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .transport_security = ps_tls_server_mode(&tls),
         .worker_timeout_ms = c->worker_timeout_ms,
         .tokens_required = d->auth != NULL,
-        .memory_limit = c->memory_limit,
+        .memory_limit = c->memory_limit != 0 ? c->memory_limit : memory_available(),
     };
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);

@@ -63,7 +63,7 @@ typedef struct psd_shard_opts {
     int64_t worker_timeout_ms;   /* BOUNDED_STALENESS: a worker silent this
                                     long stops holding the others back */
     bool tokens_required;        /* psd --tokens: shown in Stats */
-    uint64_t memory_limit;       /* sparse tables' RAM tier gets a quarter; 0: 256 MiB tier */
+    uint64_t memory_limit;       /* sparse tables' RAM tier gets a quarter (psd.c: never 0) */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.
