@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CMS_DEPTH 4
 #define CMS_WIDTH 65536
@@ -26,6 +27,32 @@
 /* Process-wide counters (one shard per psd process). */
 static atomic_uint_fast64_t g_ram, g_dirty, g_admitted, g_evicted, g_not_admitted, g_pulled,
     g_pushed;
+
+/* The kill -9 bound needs each commit to end soon after it starts: the
+ * rows a commit may carry follow what the last commits wrote per ms
+ * (rows_per_ms, an average the flusher keeps), so that one takes about
+ * BACKLOG_MS; past that a push first commits (psd_sparse_backlogged). */
+#define BACKLOG_MS 40
+#define BACKLOG_MIN_ROWS 8192
+static _Atomic double g_rows_per_ms = 0;
+static int64_t g_flush_t0_us; /* flusher thread only */
+static uint64_t g_flush_rows;
+
+bool psd_sparse_backlogged(void)
+{
+    double rate = atomic_load(&g_rows_per_ms);
+    double cap = rate * BACKLOG_MS;
+    if (cap < BACKLOG_MIN_ROWS)
+        cap = BACKLOG_MIN_ROWS;
+    return (double)atomic_load(&g_dirty) > cap;
+}
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 uint64_t psd_sparse_ram_bytes(void)
 {
@@ -131,6 +158,7 @@ void psd_sparse_free(struct psd_sparse *t)
         }
     atomic_fetch_sub(&g_ram, t->nentries * entry_bytes(t));
     atomic_fetch_sub(&g_dirty, t->ndirty);
+    free(t->dlist);
     free(t->buckets);
     free(t->cms);
     pthread_mutex_destroy(&t->mu);
@@ -326,9 +354,21 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
 struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *row,
                                 uint64_t updates, uint64_t last_step)
 {
+    if (t->dn == t->dcap) { /* room on the dirty list first: nothing half-done */
+        size_t nc = t->dcap ? t->dcap * 2 : 1024;
+        struct sp_entry **d = realloc(t->dlist, nc * sizeof *d);
+        if (d == NULL)
+            return NULL;
+        t->dlist = d;
+        t->dcap = nc;
+    }
     struct sp_entry *e = sparse_find(t, id);
     if (e == NULL && (e = entry_add(t, id)) == NULL)
         return NULL;
+    if (!e->listed) {
+        e->listed = true;
+        t->dlist[t->dn++] = e;
+    }
     memcpy(e->row, row, t->rowf * sizeof(float));
     e->updates = updates;
     e->last_step = last_step;
@@ -358,60 +398,117 @@ void sparse_count_new(struct psd_sparse *t)
     atomic_fetch_add(&g_admitted, 1);
 }
 
-int psd_sparse_flush(psd_shard *s, psd_store_txn **txn)
+static int entry_by_id(const void *a, const void *b)
 {
-    int rc = 0;
-    for (size_t i = 0; i < s->nvars && rc == 0; i++) {
-        struct psd_sparse *t = s->vars[i]->sparse;
-        if (t == NULL)
-            continue;
+    int64_t x = (*(struct sp_entry *const *)a)->id, y = (*(struct sp_entry *const *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+/* Rows copied under the table's mutex per turn of the flush: a push waits
+ * for at most one turn's copy, never for LMDB's puts. */
+#define FLUSH_CHUNK 2048
+
+/* Writes the changed rows of t into *txn: under t->mu, FLUSH_CHUNK rows at
+ * a time are copied out (each marked as being saved at its current
+ * change); the puts run without it. Entries on the list stay allocated
+ * until committed (only the flusher drops them, and only clean ones), and
+ * pushes only append to the list meanwhile. */
+static int flush_table(psd_shard *s, struct psd_sparse *t, psd_store_txn **txn)
+{
+    size_t recb = ROW_HEAD + t->rowf * sizeof(float);
+    uint8_t *buf = malloc(FLUSH_CHUNK * recb);
+    int64_t *ids = malloc(FLUSH_CHUNK * sizeof *ids);
+    int rc = buf == NULL || ids == NULL ? -ENOMEM : 0;
+    flusher_lock(t);
+    /* In id order, the order of the keys: LMDB then walks its leaves
+     * forward instead of jumping between them. */
+    qsort(t->dlist, t->dn, sizeof *t->dlist, entry_by_id);
+    size_t n0 = t->ready ? t->dn : 0;
+    pthread_mutex_unlock(&t->mu);
+    for (size_t k = 0; k < n0 && rc == 0; k += FLUSH_CHUNK) {
+        size_t m = 0;
         flusher_lock(t);
-        for (size_t b = 0; b < t->nbuckets && rc == 0 && t->ready; b++)
-            for (struct sp_entry *e = t->buckets[b]; e != NULL && rc == 0; e = e->next) {
-                if (!entry_dirty(e))
-                    continue;
-                if (*txn == NULL && (rc = psd_store_begin(s->store, txn)) != 0)
-                    break;
-                uint64_t head[2] = {e->updates, e->last_step};
-                rc = psd_store_row_put(*txn, t->var_id, e->id, head, sizeof head, e->row,
-                                       t->rowf * sizeof(float));
-                e->saving = e->mod;
-            }
+        for (size_t j = k; j < n0 && j < k + FLUSH_CHUNK; j++) {
+            struct sp_entry *e = t->dlist[j];
+            if (!entry_dirty(e))
+                continue;
+            uint8_t *r = buf + m * recb;
+            memcpy(r, &e->updates, 8);
+            memcpy(r + 8, &e->last_step, 8);
+            memcpy(r + ROW_HEAD, e->row, t->rowf * sizeof(float));
+            ids[m++] = e->id;
+            e->saving = e->mod;
+        }
         pthread_mutex_unlock(&t->mu);
+        for (size_t j = 0; j < m && rc == 0; j++) {
+            if (*txn == NULL && (rc = psd_store_begin(s->store, txn)) != 0)
+                break;
+            rc = psd_store_row_put(*txn, t->var_id, ids[j], buf + j * recb, ROW_HEAD,
+                                   buf + j * recb + ROW_HEAD, t->rowf * sizeof(float));
+        }
     }
+    free(buf);
+    free(ids);
     return rc;
 }
 
-/* Drops clean rows while the RAM tier is above its target. mu held. */
+int psd_sparse_flush(psd_shard *s, psd_store_txn **txn)
+{
+    int rc = 0;
+    g_flush_t0_us = now_us();
+    g_flush_rows = atomic_load(&g_dirty);
+    for (size_t i = 0; i < s->nvars && rc == 0; i++)
+        if (s->vars[i]->sparse != NULL)
+            rc = flush_table(s, s->vars[i]->sparse, txn);
+    return rc;
+}
+
+/* Drops clean rows while the RAM tier is above its target, starting where
+ * the last trim stopped so that each commit does not walk the same clean
+ * prefix again. mu held. */
 static void trim(psd_shard *s, struct psd_sparse *t)
 {
     uint64_t target = psd_sparse_budget(s) / 2;
-    for (size_t b = 0; b < t->nbuckets && psd_sparse_ram_cost() > target; b++)
+    for (size_t n = 0; n < t->nbuckets && psd_sparse_ram_cost() > target; n++) {
+        size_t b = (t->trim_from + n) % t->nbuckets;
         for (struct sp_entry **l = &t->buckets[b]; *l != NULL;)
-            if (!entry_dirty(*l))
+            if (!entry_dirty(*l) && !(*l)->listed)
                 entry_drop(t, l);
             else
                 l = &(*l)->next;
+        t->trim_from = (b + 1) % t->nbuckets;
+    }
 }
 
 void psd_sparse_committed(psd_shard *s, bool ok)
 {
+    int64_t took = now_us() - g_flush_t0_us;
+    if (ok && g_flush_rows >= 1024 && took > 0) {
+        double r = (double)g_flush_rows * 1000.0 / (double)took, old = atomic_load(&g_rows_per_ms);
+        atomic_store(&g_rows_per_ms, old > 0 ? 0.7 * old + 0.3 * r : r);
+    }
     for (size_t i = 0; i < s->nvars; i++) {
         struct psd_sparse *t = s->vars[i]->sparse;
         if (t == NULL)
             continue;
         flusher_lock(t);
-        for (size_t b = 0; b < t->nbuckets; b++)
-            for (struct sp_entry *e = t->buckets[b]; e != NULL; e = e->next) {
-                bool was = entry_dirty(e);
-                if (ok)
-                    e->saved = e->saving;
-                e->saving = e->saved;
-                if (was && !entry_dirty(e)) {
-                    t->ndirty--;
-                    atomic_fetch_sub(&g_dirty, 1);
-                }
+        size_t keep = 0;
+        for (size_t k = 0; k < t->dn; k++) {
+            struct sp_entry *e = t->dlist[k];
+            bool was = entry_dirty(e);
+            if (ok)
+                e->saved = e->saving;
+            e->saving = e->saved;
+            if (was && !entry_dirty(e)) {
+                t->ndirty--;
+                atomic_fetch_sub(&g_dirty, 1);
             }
+            if (entry_dirty(e))
+                t->dlist[keep++] = e; /* changed again, or the commit failed */
+            else
+                e->listed = false;
+        }
+        t->dn = keep;
         trim(s, t);
         pthread_mutex_unlock(&t->mu);
     }
@@ -449,7 +546,7 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
     while (*l != NULL && (*l)->id != id)
         l = &(*l)->next;
     if (*l != NULL) {
-        if (entry_dirty(*l))
+        if (entry_dirty(*l) || (*l)->listed)
             return 0; /* changed since the commit: kept */
         last = (*l)->last_step;
     }
@@ -596,4 +693,5 @@ void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r)
     r->sparse_not_admitted = atomic_load(&g_not_admitted);
     r->sparse_rows_pulled = atomic_load(&g_pulled);
     r->sparse_rows_pushed = atomic_load(&g_pushed);
+    r->sparse_rows_unsaved = atomic_load(&g_dirty);
 }

@@ -61,6 +61,7 @@ struct sp_entry {
     int64_t id;
     uint64_t updates, last_step;
     uint32_t mod, saved, saving;
+    bool listed;           /* on the table's dirty list (dirty, or being saved) */
     float row[];           /* (1 + nslots) * dim: value, then each slot */
 };
 
@@ -81,6 +82,11 @@ struct psd_sparse {
     uint64_t rows;    /* rows stored, in LMDB or waiting to be */
     struct sp_entry **buckets;
     size_t nbuckets, nentries, ndirty;
+    /* The entries changed since the last commit, so that a commit costs
+     * what changed, not the table: flush and committed walk this list. */
+    struct sp_entry **dlist;
+    size_t dn, dcap;
+    size_t trim_from;       /* the bucket where the next trim starts */
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
@@ -110,6 +116,10 @@ int psd_sparse_flush(psd_shard *s, struct psd_store_txn **t);
 /* The commit holding them succeeded (ok) or not: rows written are clean,
  * or stay dirty. */
 void psd_sparse_committed(psd_shard *s, bool ok);
+/* Whether more rows wait for the next commit than the flusher writes in
+ * about 40 ms (as measured on the last commits): then a push commits first,
+ * so that the kill -9 bound holds whatever the push rate. */
+bool psd_sparse_backlogged(void);
 /* The flusher's periodic work: the eviction sweeps. flush_mu held, nothing
  * else. */
 void psd_sparse_maintain(psd_shard *s);
@@ -136,6 +146,11 @@ void sparse_count_new(struct psd_sparse *t);
  * tier while the tier is under half its budget: hot rows are then read
  * from memory at ~300 bytes each instead of a 4 KiB page each. */
 void sparse_cache(psd_shard *s, struct psd_sparse *t, int64_t id, const uint8_t *data);
+/* When the shard's file is larger than half of --memory-limit: reads the
+ * rows of ids that are not in the RAM tier from several threads at once,
+ * so that their pages' faults overlap (sparse_prefetch.c). Without t->mu;
+ * before the call takes it. */
+void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, size_t n);
 /* Process-wide: rows pulled, rows pushed, pushed rows not admitted. */
 void psd_sparse_count(uint64_t pulled, uint64_t pushed, uint64_t not_admitted);
 /* Bytes of the RAM tier now, and its budget (a quarter of --memory-limit,

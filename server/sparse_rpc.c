@@ -78,6 +78,7 @@ static int pull_rows(psd_shard *s, psd_var *v, const int64_t *ids, size_t n, flo
     float *scratch = t->insert_on_pull ? malloc(t->rowf * sizeof(float)) : NULL;
     if (t->insert_on_pull && scratch == NULL)
         return -ENOMEM;
+    sparse_prefetch(s, t, ids, n);
     psd_store_rtxn *rt = NULL;
     sparse_lock(t);
     int rc = sparse_ready(s, t, v->name);
@@ -525,10 +526,12 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         ps__v1__sparse_push_request__free_unpacked(r, NULL);
         return;
     }
-    /* Past the RAM tier's budget: commit first, so its clean rows can go.
+    /* Past the RAM tier's budget, or with more changed rows than a commit
+     * writes in ~40 ms: commit first, so its clean rows can go and the
+     * kill -9 bound holds.
      * A commit that fails (a full map or disk) leaves them all changed:
      * then the push is refused rather than the tier outgrowing its bound. */
-    if (psd_sparse_ram_cost() > psd_sparse_budget(s)) {
+    if (psd_sparse_ram_cost() > psd_sparse_budget(s) || psd_sparse_backlogged()) {
         int frc = psd_shard_flush(s);
         if (frc != 0 && psd_sparse_ram_cost() > psd_sparse_budget(s)) {
             ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
@@ -551,6 +554,8 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: out of memory");
     ok = ok && push_check(s, call, r, items, &floats);
     ok = ok && (!r->return_values || reply_fits(s, call, "SparsePush", floats));
+    for (size_t i = 0; ok && i < n; i++)
+        sparse_prefetch(s, items[i].v->sparse, items[i].g->ids, items[i].g->n_ids);
     if (ok) {
         /* The tables' mutexes in table order (the item order sorted). */
         struct item *sorted = malloc(n * sizeof *sorted);
