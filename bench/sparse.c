@@ -1,10 +1,16 @@
 /*
  * sparse - rows/s of psd's sparse tables (issue 12 item 8): SparsePull,
  * SparsePush (Adagrad) and SparsePush with return_values, batches of
- * --batch ids drawn Zipf(s = 1.1) over the table's --rows rows (rank r is
- * id (r * 1000003 + 12345) mod rows, so hot ids are scattered over the
- * table), dim --dim, from one C client over 127.0.0.1, against, in the same
- * run and on the same id sequences:
+ * --batch ids drawn as DLRM's synthetic data: Zipf(s = 1.1) over the ranks
+ * of a key space of --keyspace ids (10^9), rank r being id (r * M + 12345)
+ * mod keyspace (M odd and prime to it: a bijection that scatters the hot
+ * ids over the key space, LMDB's pages and the shards). The table holds
+ * the rows of the first --rows ranks before a run; draws beyond them are
+ * ids never pushed (the bench says what share): psd answers a pull of one
+ * with its initial row and a push inserts it, the RAM ceiling copies a
+ * zero row, the LMDB ceiling finds nothing and copies zeros, Redis answers
+ * nil (zeros) and a push SETs it. dim --dim, from one C client over
+ * 127.0.0.1, against, in the same run and on the same id sequences:
  *   - ceilings: an in-process gather from a RAM array of the table, and an
  *     in-process read of the same rows from psd's own LMDB file
  *     (psd_store_lib, read only, while psd runs; page cache warm);
@@ -15,8 +21,8 @@
  * memory group of that size when run as root (else --memory-limit alone,
  * said so).
  *
- *   sparse --psd build/server/psd [--rows 1000000] [--dim 64] [--batch 4096]
- *          [--calls 200] [--redis redis-server] [--quick]
+ *   sparse --psd build/server/psd [--rows 1000000] [--keyspace 1000000000]
+ *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server] [--quick]
  *
  * --quick: 100000 rows, 30 calls. Ends with one line: "sparse: pull N
  * rows/s (R of lmdb, X.Xx redis); push N rows/s (X.Xx redis); 4x over
@@ -46,6 +52,7 @@
 struct opts {
     const char *psd, *redis;
     long rows, dim, batch, calls;
+    long keyspace; /* ids are drawn from [0, keyspace) */
 };
 
 /* One call of kind 0 (pull), 1 (push) or 2 (push with return) on ids;
@@ -211,43 +218,106 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Zipf(1.1) ranks over rows, by inverse CDF. */
-static double *zipf_cdf(long n)
+/* Zipf(s) over ranks 1..n by rejection-inversion (Hoermann and Derflinger
+ * 1996, as Apache Commons' ZipfRejectionInversionSampler): no table, so n
+ * can be the 10^9 ids of the key space. */
+struct zipf {
+    double s, n, hx1, hn, sdiv;
+};
+
+static double zh1(double x) /* log1p(x) / x */
 {
-    double *c = malloc((size_t)n * sizeof *c), s = 0;
-    for (long i = 0; i < n && c; i++)
-        c[i] = (s += pow((double)(i + 1), -1.1));
-    for (long i = 0; i < n && c; i++)
-        c[i] /= s;
-    return c;
+    return fabs(x) > 1e-8 ? log1p(x) / x : 1 - x * (0.5 - x * (1.0 / 3 - 0.25 * x));
 }
 
-static int64_t zipf_id(const double *cdf, long n, uint64_t *rng)
+static double zh2(double x) /* expm1(x) / x */
 {
-    *rng = mix64(*rng + 0x9e3779b97f4a7c15ULL);
-    double u = (double)(*rng >> 11) * 0x1p-53;
-    long lo = 0, hi = n - 1;
-    while (lo < hi) {
-        long mid = (lo + hi) / 2;
-        if (cdf[mid] < u)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return (int64_t)(((uint64_t)lo * 1000003u + 12345u) % (uint64_t)n);
+    return fabs(x) > 1e-8 ? expm1(x) / x : 1 + x * 0.5 * (1 + x / 3 * (1 + 0.25 * x));
 }
+
+static double zipf_h(const struct zipf *z, double x)
+{
+    return exp(-z->s * log(x));
+}
+
+static double zipf_hint(const struct zipf *z, double x)
+{
+    double lx = log(x);
+    return zh2((1 - z->s) * lx) * lx;
+}
+
+static double zipf_hinv(const struct zipf *z, double x)
+{
+    double t = x * (1 - z->s);
+    return exp(zh1(t < -1 ? -1 : t) * x);
+}
+
+static void zipf_init(struct zipf *z, double s, double n)
+{
+    z->s = s;
+    z->n = n;
+    z->hx1 = zipf_hint(z, 1.5) - 1;
+    z->hn = zipf_hint(z, n + 0.5);
+    z->sdiv = 2 - zipf_hinv(z, zipf_hint(z, 2.5) - zipf_h(z, 2));
+}
+
+/* A rank in 0..n-1 (rank 0 the most frequent). */
+static uint64_t zipf_rank(const struct zipf *z, uint64_t *rng)
+{
+    for (;;) {
+        *rng = mix64(*rng + 0x9e3779b97f4a7c15ULL);
+        double u01 = (double)(*rng >> 11) * 0x1p-53;
+        double u = z->hn + u01 * (z->hx1 - z->hn);
+        double x = zipf_hinv(z, u), k = floor(x + 0.5);
+        k = k < 1 ? 1 : k > z->n ? z->n : k;
+        if (k - x <= z->sdiv || u >= zipf_hint(z, k + 0.5) - zipf_h(z, k))
+            return (uint64_t)k - 1;
+    }
+}
+
+/* Rank r's id: a bijection of [0, keyspace) that scatters the hot ranks
+ * over the key space (and so over LMDB's pages and psd's shards). */
+static uint64_t g_mul;
+
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static int64_t id_of(const struct opts *o, uint64_t rank)
+{
+    if (g_mul == 0)
+        for (g_mul = 1000003; gcd(g_mul, (uint64_t)o->keyspace) != 1; g_mul += 2)
+            ;
+    return (int64_t)((rank * g_mul + 12345u) % (uint64_t)o->keyspace); /* < 2^64 for K < 10^12 */
+}
+
+/* The ranks of the ids of the current call, for the RAM ceiling, which
+ * holds the table's rows by rank; and how many draws fell beyond the
+ * table's --rows ranks (ids never pushed before the run). */
+static uint64_t *g_ranks;
+static uint64_t g_drawn, g_beyond;
 
 /* rows/s of calls of one kind; p50 and p99 per call in ms. The ids are
  * the same sequence for every target of a kind. */
-static double measure(const struct opts *o, op_fn fn, void *ctx, int kind, const double *cdf,
-                      int64_t *ids, float *g, float *out, const char *who)
+static double measure(const struct opts *o, op_fn fn, void *ctx, int kind,
+                      const struct zipf *z, int64_t *ids, float *g, float *out, const char *who)
 {
     double *lat = malloc((size_t)o->calls * sizeof *lat);
     uint64_t rng = 42 + (uint64_t)kind;
     double busy = 0;
     for (long c = 0; c < o->calls; c++) {
-        for (long i = 0; i < o->batch; i++)
-            ids[i] = zipf_id(cdf, o->rows, &rng);
+        for (long i = 0; i < o->batch; i++) {
+            g_ranks[i] = zipf_rank(z, &rng);
+            ids[i] = id_of(o, g_ranks[i]);
+            g_drawn++;
+            g_beyond += g_ranks[i] >= (uint64_t)o->rows;
+        }
         double t = now_s();
         if (fn(ctx, kind, ids, g, out, (uint64_t)(1000 + c)) != 0)
             exit(1);
@@ -278,7 +348,7 @@ static int psd_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint6
 /* Ceiling 1: the rows gathered from a RAM array (rows * dim floats). */
 struct ram_ctx {
     const float *table;
-    long dim, batch;
+    long dim, batch, rows;
 };
 
 static int ram_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
@@ -286,8 +356,12 @@ static int ram_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint6
     struct ram_ctx *c = ctx;
     (void)kind, (void)g, (void)step;
     size_t rb = (size_t)c->dim * sizeof(float);
+    (void)ids;
     for (long i = 0; i < c->batch; i++)
-        memcpy(out + i * c->dim, c->table + ids[i] * c->dim, rb);
+        if (g_ranks[i] < (uint64_t)c->rows)
+            memcpy(out + i * c->dim, c->table + g_ranks[i] * (uint64_t)c->dim, rb);
+        else
+            memset(out + i * c->dim, 0, rb); /* never pushed: a zero row */
     return 0;
 }
 
@@ -345,7 +419,7 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
 {
     for (long k = 0; k < o->rows; k += o->batch) {
         for (long i = 0; i < o->batch; i++)
-            ids[i] = (k + i) % o->rows;
+            ids[i] = id_of(o, (uint64_t)((k + i) % o->rows));
         if (one(p, o, 1, ids, g, 0) != 0)
             exit(1);
     }
@@ -377,7 +451,7 @@ struct peers {
 
 /* The ceilings, measured on psd's data dir while psd runs (its rows are
  * committed: psd's commit interval is 20 ms), and the Redis peer. */
-static void measure_peers(const struct opts *o, struct psd *p, const double *cdf,
+static void measure_peers(const struct opts *o, struct psd *p, const struct zipf *cdf,
                           int64_t *ids, float *g, float *out, struct peers *pr)
 {
     size_t d = (size_t)o->dim;
@@ -388,7 +462,7 @@ static void measure_peers(const struct opts *o, struct psd *p, const double *cdf
     }
     for (size_t i = 0; i < (size_t)o->rows * d; i++)
         table[i] = (float)(mix64(i) >> 40) * 0x1p-24f - 0.5f;
-    struct ram_ctx rc = {table, o->dim, o->batch};
+    struct ram_ctx rc = {table, o->dim, o->batch, o->rows};
     pr->ram = measure(o, ram_op, &rc, 0, cdf, ids, g, out, "ceiling ram");
 
     nanosleep(&(struct timespec){0, 200000000}, NULL); /* the last commit */
@@ -400,8 +474,9 @@ static void measure_peers(const struct opts *o, struct psd *p, const double *cdf
     }
     pr->lmdb = measure(o, lmdb_op, &lc, 0, cdf, ids, g, out, "ceiling lmdb");
     if (lc.missing)
-        printf("ceiling lmdb: %llu rows not yet committed (read as zeros)\n",
-               (unsigned long long)lc.missing);
+        printf("ceiling lmdb: %llu of %ld rows read are not in psd's file (ids never "
+               "pushed, read as zeros)\n", (unsigned long long)lc.missing,
+               o->calls * o->batch);
     psd_store_close(lc.st);
 
 #ifdef BENCH_HAVE_REDIS
@@ -411,7 +486,7 @@ static void measure_peers(const struct opts *o, struct psd *p, const double *cdf
     for (long k = 0; k < o->rows; k += o->batch) {
         long n = o->rows - k < o->batch ? o->rows - k : o->batch;
         for (long i = 0; i < n; i++)
-            ids[i] = k + i;
+            ids[i] = id_of(o, (uint64_t)(k + i));
         if (rpeer_fill(r, ids, (size_t)n, table + (size_t)k * d, 0.1f) != 0) {
             fprintf(stderr, "sparse: filling redis failed\n");
             exit(1);
@@ -431,7 +506,7 @@ static void measure_peers(const struct opts *o, struct psd *p, const double *cdf
 }
 
 static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
-                const double *cdf, double res[3], uint64_t *bytes, struct peers *pr)
+                const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
 {
     int64_t *ids = malloc((size_t)o->batch * sizeof *ids);
     float *g = malloc((size_t)(o->batch * o->dim) * sizeof *g);
@@ -460,7 +535,7 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
 
 int main(int argc, char **argv)
 {
-    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200};
+    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200, 1000000000};
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
@@ -475,6 +550,8 @@ int main(int argc, char **argv)
             o.psd = argv[i + 1];
         else if (!strcmp(argv[i], "--redis"))
             o.redis = argv[i + 1];
+        else if (!strcmp(argv[i], "--keyspace"))
+            o.keyspace = v;
         else if (!strcmp(argv[i], "--rows"))
             o.rows = v;
         else if (!strcmp(argv[i], "--dim"))
@@ -485,12 +562,16 @@ int main(int argc, char **argv)
             o.calls = v;
         i++;
     }
-    if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2) {
-        fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--dim D] [--batch B] "
-                "[--calls C] [--redis PATH] [--quick]\n");
+    if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2 ||
+        o.keyspace < o.rows || o.keyspace > 1000000000000L) {
+        fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--keyspace K in [N, 10^12]] [--dim D] "
+                "[--batch B] [--calls C] [--redis PATH] [--quick]\n");
         return 2;
     }
-    double *cdf = zipf_cdf(o.rows);
+    struct zipf zz;
+    zipf_init(&zz, 1.1, (double)o.keyspace);
+    const struct zipf *cdf = &zz;
+    g_ranks = malloc((size_t)o.batch * sizeof *g_ranks);
     struct psd p = {0};
     double ram[3], over[3];
     struct peers pr = {0};
@@ -529,6 +610,11 @@ int main(int argc, char **argv)
         }
         rmdir(q.cg);
     }
+    printf("ids: Zipf(1.1) over %ld ranks; %.1f%% of the %llu drawn were beyond the "
+           "table's %ld first ranks (never pushed when a run began: psd answers a pull of "
+           "one with its initial row, a push inserts it)\n", o.keyspace,
+           100.0 * (double)g_beyond / (double)(g_drawn ? g_drawn : 1),
+           (unsigned long long)g_drawn, o.rows);
     double x = (double)bytes / (double)limit;
     char xs[16];
     snprintf(xs, sizeof xs, x >= 1 ? "%.0fx" : "%.1fx", x);
@@ -540,6 +626,6 @@ int main(int argc, char **argv)
     printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
            "%s over memory %.2f of in-ram\n", ram[0], ram[0] / pr.lmdb, rr, ram[1], rp, xs,
            (over[0] + over[1]) / (ram[0] + ram[1]));
-    free(cdf);
+    free(g_ranks);
     return 0;
 }
