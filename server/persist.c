@@ -244,6 +244,8 @@ void shard_request_flush(psd_shard *s)
 
 /* ---- open, create, restore, checkpoint -------------------------------- */
 
+static void store_gc(psd_shard *s);
+
 /* Opens the store under s->data_dir and loads its variables into the
  * table. Returns 0 or the store's error, logged. */
 int shard_store_open(psd_shard *s, uint64_t map_size)
@@ -254,6 +256,7 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
         return rc;
     }
     psd_store_set_map_max(s->store, s->o.map_size_max);
+    store_gc(s); /* the rows a restore cut short by a crash left behind */
     struct var_list lc;
     rc = load_store(s->store, &lc);
     if (rc != 0) {
@@ -317,36 +320,92 @@ int shard_store_del(psd_shard *s, const char *name)
     return psd_store_commit(t);
 }
 
-/* Replaces everything in the store by the variables of l, in one
- * transaction: on failure the store is as it was. Called with flush_mu
- * held (Restore). */
-static int store_replace_once(psd_shard *s, const struct var_list *l);
+/* Rows a restore copies per transaction: ~2-4 MiB of LMDB pages for rows
+ * of dim 64, whatever the table's size. */
+#define RESTORE_CHUNK 8192
 
-int shard_store_replace(psd_shard *s, const struct var_list *l)
+/* Reserves a variable id for each sparse table of l and copies its rows
+ * from l's checkpoint under it, in transactions of RESTORE_CHUNK rows:
+ * ids[i] for l->vars[i], 0 for a dense one. Nothing refers to these ids
+ * until store_replace_once commits; if it never does, they are orphans that
+ * psd_store_rows_gc deletes. */
+static int stage_sparse(psd_shard *s, const struct var_list *l, uint32_t *ids)
 {
+    uint32_t k = 0, first = 0;
+    for (size_t i = 0; i < l->n; i++)
+        k += l->vars[i]->sparse != NULL;
+    if (k == 0 || l->from == NULL)
+        return 0;
     int rc;
-    while ((rc = store_replace_once(s, l)) == PS_EFULL && psd_store_grow(s->store) == 0)
-        ;
+    do {
+        psd_store_txn *t = NULL;
+        rc = psd_store_begin(s->store, &t);
+        if (rc == 0)
+            rc = psd_store_reserve_ids(t, k, &first);
+        rc = rc == 0 ? psd_store_commit(t) : (psd_store_abort(t), rc);
+    } while (rc == PS_EFULL && psd_store_grow(s->store) == 0);
+    psd_store *ck = NULL;
+    if (rc == 0)
+        rc = psd_store_open(l->from, 0, PSD_STORE_RDONLY, &ck);
+    for (size_t i = 0, j = 0; i < l->n && rc == 0; i++)
+        if (l->vars[i]->sparse != NULL) {
+            ids[i] = first + (uint32_t)j++;
+            rc = psd_store_rows_stage(s->store, ck, l->vars[i]->name, ids[i], RESTORE_CHUNK);
+        }
+    psd_store_close(ck);
     return rc;
 }
 
-static int store_replace_once(psd_shard *s, const struct var_list *l)
+/* Replaces every variable record by those of l in one transaction (the
+ * sparse ones naming their staged rows): on failure the store is as it
+ * was. Called with flush_mu held (Restore). */
+static int store_replace_once(psd_shard *s, const struct var_list *l, const uint32_t *ids)
 {
     psd_store_txn *t = NULL;
     int rc = psd_store_begin(s->store, &t);
     if (rc == 0)
-        rc = psd_store_clear(t);
+        rc = psd_store_clear(t, true); /* old rows: orphans, deleted below */
     for (size_t i = 0; i < l->n && rc == 0; i++) {
         psd_var_rec rec;
         var_rec(l->vars[i], &rec);
+        rec.var_id = ids[i];
         rc = psd_store_put(t, &rec);
     }
-    if (rc == 0)
-        rc = psd_sparse_restore_rows(t, l);
     if (rc == 0)
         rc = psd_store_commit(t);
     else if (t != NULL)
         psd_store_abort(t);
+    return rc;
+}
+
+/* Deletes rows no variable names, in bounded transactions; logged. */
+static void store_gc(psd_shard *s)
+{
+    uint64_t n = 0;
+    int rc = psd_store_rows_gc(s->store, RESTORE_CHUNK, &n);
+    if (rc != 0)
+        ps_log_err(rc, "deleting the rows of replaced tables (%llu so far); the next "
+                   "start tries again", (unsigned long long)n);
+    else if (n > 0)
+        ps_log_info("deleted %llu rows of tables no variable names", (unsigned long long)n);
+}
+
+/* Restore's store side: the sparse tables' rows staged in bounded
+ * transactions, then one transaction switching the records, then the old
+ * rows deleted in bounded transactions: a table larger than memory never
+ * sits whole in one transaction. A crash leaves the old variables or the
+ * new ones, and at most orphan rows that the next start deletes. */
+int shard_store_replace(psd_shard *s, const struct var_list *l)
+{
+    uint32_t *ids = calloc(l->n ? l->n : 1, sizeof *ids);
+    if (ids == NULL)
+        return -ENOMEM;
+    int rc = stage_sparse(s, l, ids);
+    while (rc == 0 && (rc = store_replace_once(s, l, ids)) == PS_EFULL &&
+           psd_store_grow(s->store) == 0)
+        ;
+    store_gc(s);
+    free(ids);
     return rc;
 }
 

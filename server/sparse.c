@@ -656,24 +656,6 @@ void psd_sparse_maintain(psd_shard *s)
     pthread_rwlock_unlock(&s->table_lock);
 }
 
-int psd_sparse_restore_rows(psd_store_txn *t, const struct var_list *l)
-{
-    bool any = false;
-    for (size_t i = 0; i < l->n; i++)
-        any |= l->vars[i]->sparse != NULL;
-    if (!any || l->from == NULL)
-        return 0;
-    psd_store *ck = NULL;
-    int rc = psd_store_open(l->from, 0, PSD_STORE_RDONLY, &ck);
-    if (rc != 0)
-        return rc;
-    for (size_t i = 0; i < l->n && rc == 0; i++)
-        if (l->vars[i]->sparse != NULL)
-            rc = psd_store_rows_copy(t, ck, l->vars[i]->name);
-    psd_store_close(ck);
-    return rc;
-}
-
 void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r)
 {
     for (size_t i = 0; i < s->nvars; i++) {

@@ -123,9 +123,6 @@ bool psd_sparse_backlogged(void);
 /* The flusher's periodic work: the eviction sweeps. flush_mu held, nothing
  * else. */
 void psd_sparse_maintain(psd_shard *s);
-/* Copies the rows of every sparse table of l from the checkpoint store at
- * l->from into t (Restore). */
-int psd_sparse_restore_rows(struct psd_store_txn *t, const struct var_list *l);
 /* Adds the sparse counters to a Stats answer. table_lock held. */
 void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r);
 

@@ -718,6 +718,21 @@ static int next_var_id(psd_store_txn *t, const char *name, uint32_t *out)
     return 0;
 }
 
+int psd_store_reserve_ids(psd_store_txn *t, uint32_t n, uint32_t *first)
+{
+    if (!t || n == 0)
+        return PS_EINVAL_ARG;
+    if (t->err)
+        return t->err;
+    uint32_t id = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = next_var_id(t, "(reserved)", i == 0 ? first : &id);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* Deletes every key of dbi that starts with var_id in big-endian: a
  * variable's dense values or its rows. */
 static int delete_prefix(psd_store_txn *t, MDB_dbi dbi, uint32_t var_id, const char *name)
@@ -777,8 +792,9 @@ int psd_store_put(psd_store_txn *t, const psd_var_rec *rec)
     } else if (mrc == 0 || mrc == MDB_NOTFOUND) {
         if (mrc == 0)
             ps_log_warn("store %s: variable '%s': replacing an unreadable record", s->dir, name);
-        rc = next_var_id(t, name, &h.var_id);
-        if (rc != 0)
+        if (rec->var_id != 0)
+            h.var_id = rec->var_id; /* reserved by psd_store_reserve_ids */
+        else if ((rc = next_var_id(t, name, &h.var_id)) != 0)
             return rc;
     } else {
         return txn_fail(t, mrc, "reading the old record", name);
@@ -852,14 +868,14 @@ int psd_store_del(psd_store_txn *t, const char *name)
     return 0;
 }
 
-int psd_store_clear(psd_store_txn *t)
+int psd_store_clear(psd_store_txn *t, bool keep_rows)
 {
     if (!t)
         return PS_EINVAL_ARG;
     if (t->err)
         return t->err;
     const MDB_dbi dbis[] = {t->s->vars, t->s->dense, t->s->rows};
-    for (size_t i = 0; i < sizeof dbis / sizeof dbis[0]; i++) {
+    for (size_t i = 0; i < (keep_rows ? 2 : 3); i++) {
         int mrc = mdb_drop(t->txn, dbis[i], 0);
         if (mrc != 0)
             return txn_fail(t, mrc, "clearing", "*");

@@ -50,6 +50,7 @@
 #ifndef PSD_STORE_H
 #define PSD_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +68,8 @@ typedef struct psd_var_rec {
     size_t n;
     const float *slots;        /* (nslots, n) optimizer state; NULL if nslots == 0 */
     int nslots;                /* 0..PSD_STORE_MAX_SLOTS */
+    uint32_t var_id;           /* psd_store_put of a new record: this id, from
+                                  psd_store_reserve_ids (0: the next one) */
 } psd_var_rec;
 
 enum {
@@ -135,8 +138,26 @@ int psd_store_put(psd_store_txn *t, const psd_var_rec *rec);
  * usable), PS_EINVAL_ARG, or as put. */
 int psd_store_del(psd_store_txn *t, const char *name);
 /* Deletes every variable (restore empties the store before loading a
- * checkpoint into it). Returns 0 or as put. */
-int psd_store_clear(psd_store_txn *t);
+ * checkpoint into it); with keep_rows the rows of sparse tables stay, as
+ * orphans of no variable for psd_store_rows_gc, since dropping them in
+ * one transaction would dirty every page of a table that may be larger
+ * than memory. Returns 0 or as put. */
+int psd_store_clear(psd_store_txn *t, bool keep_rows);
+/* Sets n variable ids aside (the counter moves past them): *first..+n-1. */
+int psd_store_reserve_ids(psd_store_txn *t, uint32_t n, uint32_t *first);
+/* Copies the rows of table name in the store src into this store's rows
+ * under var_id to, in transactions of at most chunk rows each, committed
+ * one after another (growing the map when full): memory stays bounded
+ * whatever the table's size. Not atomic: a restore copies under ids
+ * reserved for it and switches the records to them in one transaction at
+ * the end; rows of ids no record names are psd_store_rows_gc's. Returns 0
+ * or the store's error. */
+int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_t to,
+                         size_t chunk);
+/* Deletes the rows of var_ids that no variable record names (a restore's
+ * old rows, or its copy cut short by a crash), at most chunk rows a
+ * transaction. Returns 0 or the store's error. */
+int psd_store_rows_gc(psd_store *s, size_t chunk, uint64_t *deleted);
 /* Commits and frees t, fsync'ed before it returns. Returns 0, PS_EFULL (the
  * map is full, or the disk: ENOSPC, EDQUOT, EFBIG), PS_ESTORE, or the error
  * that spoiled the transaction; on any failure nothing of it is visible. */

@@ -255,3 +255,178 @@ uint64_t psd_store_disk_bytes(psd_store *s)
         return 0;
     return (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
 }
+
+/* ---- restore: staged copies and orphan rows ---------------------------- */
+
+/* One transaction of psd_store_rows_stage: rows of from in src, from id
+ * *next on, at most chunk of them, put under to. *next moves past them;
+ * *done when the table has no more. */
+static int stage_chunk(psd_store *s, MDB_cursor *src, uint32_t from, uint32_t to,
+                       size_t chunk, int64_t *next, bool *done)
+{
+    psd_store_txn *t = NULL;
+    int rc = psd_store_begin(s, &t);
+    if (rc != 0)
+        return rc;
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, from, *next);
+    MDB_val k = {sizeof kb, kb}, v;
+    int64_t id = *next;
+    size_t n = 0;
+    int mrc;
+    for (mrc = mdb_cursor_get(src, &k, &v, MDB_SET_RANGE);
+         mrc == 0 && key_id(&k, from, &id) && n < chunk && rc == 0;
+         mrc = mdb_cursor_get(src, &k, &v, MDB_NEXT), n++)
+        rc = psd_store_row_put(t, to, id, v.mv_data, v.mv_size, NULL, 0);
+    if (rc != 0) {
+        psd_store_abort(t);
+        return rc;
+    }
+    if (mrc != 0 && mrc != MDB_NOTFOUND) {
+        psd_store_abort(t);
+        return store_map_rc(mrc, false);
+    }
+    *done = n < chunk || mrc != 0 || !key_id(&k, from, &id);
+    rc = psd_store_commit(t);
+    if (rc == 0 && !*done)
+        *next = id; /* the first row of the next chunk */
+    return rc;
+}
+
+int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_t to,
+                         size_t chunk)
+{
+    MDB_txn *rt;
+    int mrc = store_txn_begin(src, MDB_RDONLY, &rt);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    uint32_t from = 0;
+    int rc = var_id_in(src, rt, name, &from);
+    MDB_cursor *cur = NULL;
+    if (rc == 0 && (mrc = mdb_cursor_open(rt, src->rows, &cur)) != 0)
+        rc = store_map_rc(mrc, false);
+    int64_t next = INT64_MIN;
+    bool done = false;
+    while (rc == 0 && !done) {
+        rc = stage_chunk(s, cur, from, to, chunk, &next, &done);
+        if (rc == PS_EFULL && psd_store_grow(s) == 0)
+            rc = 0; /* the same chunk again, in the grown map */
+    }
+    if (cur)
+        mdb_cursor_close(cur);
+    store_txn_end(src, rt);
+    return rc;
+}
+
+/* The var_ids the "vars" records name, sorted, into *ids (malloc'd). */
+static int named_ids(psd_store *s, uint32_t **ids, size_t *n)
+{
+    MDB_txn *rt;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &rt);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    MDB_cursor *cur;
+    size_t cap = 0;
+    *ids = NULL;
+    *n = 0;
+    int rc = 0;
+    if ((mrc = mdb_cursor_open(rt, s->vars, &cur)) == 0) {
+        MDB_val k, v;
+        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == 0;
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            if (v.mv_size < 12)
+                continue; /* unreadable: its rows are kept, being unknown */
+            if (*n == cap) {
+                cap = cap ? cap * 2 : 64;
+                uint32_t *g = realloc(*ids, cap * sizeof *g);
+                if (g == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                *ids = g;
+            }
+            memcpy(&(*ids)[(*n)++], (const uint8_t *)v.mv_data + 8, sizeof **ids);
+        }
+        mdb_cursor_close(cur);
+    }
+    store_txn_end(s, rt);
+    if (rc == 0 && mrc != 0 && mrc != MDB_NOTFOUND)
+        rc = store_map_rc(mrc, false);
+    return rc;
+}
+
+static bool id_named(const uint32_t *ids, size_t n, uint32_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == v)
+            return true;
+    return false;
+}
+
+static uint32_t key_var(const MDB_val *k)
+{
+    const uint8_t *p = k->mv_data;
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* One transaction of psd_store_rows_gc from var_id *vid on: deletes up to
+ * chunk orphan rows. *done when the walk reached the end. */
+static int gc_chunk(psd_store *s, const uint32_t *ids, size_t nids, size_t chunk,
+                    uint32_t *vid, uint64_t *deleted, bool *done)
+{
+    psd_store_txn *t = NULL;
+    int rc = psd_store_begin(s, &t);
+    if (rc != 0)
+        return rc;
+    MDB_cursor *cur;
+    int mrc = mdb_cursor_open(t->txn, s->rows, &cur);
+    size_t n = 0;
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, *vid, INT64_MIN);
+    MDB_val k = {sizeof kb, kb}, v;
+    if (mrc == 0)
+        mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    while (mrc == 0 && n < chunk) {
+        uint32_t kv = k.mv_size >= 4 ? key_var(&k) : 0;
+        if (k.mv_size >= 4 && id_named(ids, nids, kv)) {
+            if (kv == UINT32_MAX) {
+                mrc = MDB_NOTFOUND;
+                break;
+            }
+            *vid = kv + 1;
+            row_key(kb, *vid, INT64_MIN);
+            k = (MDB_val){sizeof kb, kb};
+            mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+            continue;
+        }
+        *vid = kv;
+        if ((mrc = mdb_cursor_del(cur, 0)) != 0)
+            break;
+        n++;
+        mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    if (mrc == 0 || mrc == MDB_NOTFOUND) {
+        *done = mrc == MDB_NOTFOUND;
+        mdb_cursor_close(cur);
+        *deleted += n;
+        return psd_store_commit(t);
+    }
+    rc = store_txn_fail(t, mrc, "deleting orphan rows", "*");
+    mdb_cursor_close(cur);
+    psd_store_abort(t);
+    return rc;
+}
+
+int psd_store_rows_gc(psd_store *s, size_t chunk, uint64_t *deleted)
+{
+    uint32_t *ids = NULL;
+    size_t nids = 0;
+    *deleted = 0;
+    int rc = named_ids(s, &ids, &nids);
+    uint32_t vid = 0;
+    bool done = false;
+    while (rc == 0 && !done)
+        rc = gc_chunk(s, ids, nids, chunk, &vid, deleted, &done);
+    free(ids);
+    return rc;
+}

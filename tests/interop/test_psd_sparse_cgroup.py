@@ -3,6 +3,8 @@ cgroup of LIMIT bytes with --memory-limit LIMIT, takes pushes of ROWS rows
 (about 1.6x LIMIT in LMDB), and must answer every row back correct without
 being killed by the cgroup (memory.failcnt may rise: the kernel reclaims
 LMDB's page cache, which is charged to the cgroup, and that is the point).
+Then a checkpoint of the table, a third of its rows changed, and a Restore:
+every row is the checkpoint's again, still inside the cgroup.
 
 Needs root and a writable /sys/fs/cgroup/memory; skips with one line
 otherwise."""
@@ -48,6 +50,42 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def pull_all(pb, stub, ids):
+    out = []
+    for k in range(0, len(ids), BATCH):
+        b = ids[k:k + BATCH]
+        rows = stub.SparsePull(pb.SparsePullRequest(items=[pb.SparsePullItem(
+            name="big", ids=b.tolist())]), timeout=120).rows[0]
+        out.append(np.frombuffer(rows.values.data, dtype="<f4").reshape(len(b), DIM))
+    return np.concatenate(out)
+
+
+def restore_larger_than_memory(r, pb, stub, ids):
+    """Checkpoint the table, change a third of its rows, restore: every row
+    is the checkpoint's again, in the same cgroup."""
+    t0 = time.monotonic()
+    ck = stub.Checkpoint(pb.CheckpointRequest(step=1), timeout=600)
+    t_ck = time.monotonic() - t0
+    r.check(ck.bytes > LIMIT, "a checkpoint of %d MiB, larger than the cgroup's %d MiB, "
+            "in %.1f s" % (ck.bytes >> 20, LIMIT >> 20, t_ck))
+    changed = ids[::3]
+    for k in range(0, len(changed), BATCH):
+        b = changed[k:k + BATCH]
+        g = np.ones((len(b), DIM), dtype=np.float32)
+        stub.SparsePush(pb.SparsePushRequest(step=ROWS + k, grads=[pb.SparseGradient(
+            name="big", ids=b.tolist(), grad=pb.Tensor(
+                dtype=pb.DTYPE_FLOAT32, shape=list(g.shape), data=g.tobytes()))]),
+            timeout=60)
+    t0 = time.monotonic()
+    rs = stub.Restore(pb.RestoreRequest(step=1), timeout=600)
+    t_rs = time.monotonic() - t0
+    got = pull_all(pb, stub, ids)
+    bad = int(np.count_nonzero(np.any(got != -grads(ids), axis=1)))
+    r.check(rs.step == 1 and bad == 0, "after Restore (%.1f s) every one of %d rows is the "
+            "checkpoint's again, the %d changed since included (%d wrong)"
+            % (t_rs, len(ids), len(changed), bad))
 
 
 def read(cg, name):
@@ -98,6 +136,7 @@ def run(cg):
         got = np.frombuffer(rows.values.data, dtype="<f4").reshape(len(b), DIM)
         bad += int(np.count_nonzero(np.any(got != -grads(b), axis=1)))
     r.check(bad == 0, "every row read back equals -gradient (%d wrong)" % bad)
+    restore_larger_than_memory(r, pb, stub, ids)
     peak = int(read(cg, "memory.max_usage_in_bytes"))
     stat = dict(line.split() for line in read(cg, "memory.stat").splitlines())
     r.check(d.proc.poll() is None, "psd is alive (peak charge %d MiB of %d, "

@@ -384,7 +384,7 @@ START_TEST(test_clear)
                                                              {"c", 1, 0, 3.0f}}, 3);
 
     psd_store_txn *t = begin(s);
-    ck_assert_int_eq(psd_store_clear(t), 0);
+    ck_assert_int_eq(psd_store_clear(t, false), 0);
     ck_assert_int_eq(psd_store_commit(t), 0);
     ck_assert_int_eq(count_vars(s), 0);
 
