@@ -36,6 +36,7 @@
 #include "worker/backend.h"
 #include "worker/collective.h"
 #include "worker/metrics.h"
+#include "worker/relaxed.h"
 #include "common/psclient.h"
 #include "proto/ps.pb-c.h"
 
@@ -556,6 +557,7 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
     const struct wd_train_opts *o = w->o;
     int b = o->batch;
     const int64_t *idx = w->perm + w->pos + (int64_t)w->rank * b;
+    wd_step_delay(o);
     double c0 = fine_now_s();
     ps_dataset_gather(w->train, idx, b, w->xb, w->yb);
     double c1 = fine_now_s();

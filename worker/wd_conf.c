@@ -81,7 +81,7 @@ const ps_opt wd_opts[] = {
      "for psd to add (0: off; async SGD on one CPU replica)", 0, 1000000, NULL},
     {"step-delay-ms", PS_OPT_INT, offsetof(struct wd_conf, step_delay_ms), "0",
      "sleep this long before each step: a deliberately slow worker, for "
-     "tests of bounded staleness", 0, 3600000, NULL},
+     "tests of bounded staleness and of multi_worker_mirrored", 0, 3600000, NULL},
     {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
      "workers in the job (data sharding, sync aggregation); 0: TF_CONFIG's "
      "worker count, else 1", 0, 65536, NULL},

@@ -71,13 +71,15 @@ def psd_checksum(pb, pbg, address):
 def main():
     r = pstest.Results("mwm-ckpt")
     pb, pbg, _, _ = pstest.generate_stubs()
-    # Heartbeats every 100 ms: pscoord schedules checkpoints from the steps
-    # they report, and a fast epoch (468 steps) must still cross several.
-    coord_args = ["--checkpoint-every-steps", "100", "--heartbeat-interval", "100ms"]
+    # Heartbeats every 50 ms: pscoord schedules checkpoints from the steps
+    # they report; the first run's 468 steps take ~0.6 s (the all-reduce
+    # runs over sync-mode pairs), so its workers sleep 3 ms a step for it
+    # to cross several.
+    coord_args = ["--checkpoint-every-steps", "40", "--heartbeat-interval", "50ms"]
     job = mwmjob.Job("ckpt", extra=coord_args)
     psd = start_psd(job.root, job.coord_addr())
     try:
-        codes, logs = run(job, ["--epochs", "1"])
+        codes, logs = run(job, ["--epochs", "1", "--step-delay-ms", "3"])
         r.check(codes == {0: 0, 1: 0}, "first run: both workers exit 0 (%s)" % codes)
         final = logs[0]["final"] or {}
         manifests = sorted(glob.glob(os.path.join(job.root, "coord", "checkpoints",
