@@ -365,15 +365,28 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
+/* A listening socket on 127.0.0.1 at a free port, its address in *sa;
+ * -1 on failure. */
+static int loopback_listener(struct sockaddr_in *sa)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof *sa;
+    if (ls >= 0 && bind(ls, (struct sockaddr *)sa, sizeof *sa) == 0 && listen(ls, 1) == 0 &&
+        getsockname(ls, (struct sockaddr *)sa, &sl) == 0)
+        return ls;
+    if (ls >= 0)
+        close(ls);
+    return -1;
+}
+
 /* Bytes per second of one TCP stream on 127.0.0.1: median of iters
  * transfers of bytes, each acknowledged by one byte back. */
 static double raw_tcp(size_t bytes, int iters)
 {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 1) != 0 ||
-        getsockname(ls, (struct sockaddr *)&sa, &sl) != 0)
+    struct sockaddr_in sa;
+    int ls = loopback_listener(&sa);
+    if (ls < 0)
         return -1;
     pid_t pid = fork();
     if (pid == 0) {
@@ -463,11 +476,9 @@ static double exchange_once(int s, char *sbuf, char *rbuf, size_t bytes, bool le
  * other's): median of iters exchanges after one warm-up. */
 static double raw_tcp_exchange(size_t bytes, int iters)
 {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 1) != 0 ||
-        getsockname(ls, (struct sockaddr *)&sa, &sl) != 0)
+    struct sockaddr_in sa;
+    int ls = loopback_listener(&sa);
+    if (ls < 0)
         return -1;
     char *sbuf = calloc(1, bytes), *rbuf = malloc(1 << 20);
     pid_t pid = fork();
