@@ -404,48 +404,48 @@ static int entry_by_id(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Rows copied under the table's mutex per turn of the flush: a push waits
- * for at most one turn's copy, never for LMDB's puts. */
-#define FLUSH_CHUNK 2048
-
-/* Writes the changed rows of t into *txn: under t->mu, FLUSH_CHUNK rows at
- * a time are copied out (each marked as being saved at its current
- * change); the puts run without it. Entries on the list stay allocated
- * until committed (only the flusher drops them, and only clean ones), and
- * pushes only append to the list meanwhile. */
+/* Writes the changed rows of t into *txn. Under t->mu they are all copied
+ * out at once (each marked as being saved at its current change), so that
+ * the commit holds the table as of one moment: a push is in it whole or
+ * not at all. The puts into LMDB, the slow part, run without the mutex.
+ * The copy's size is bounded by psd_sparse_backlogged: pushes commit first
+ * past ~40 ms of the flusher's work. Entries on the list stay allocated
+ * until committed (only the flusher drops entries, and only clean ones). */
 static int flush_table(psd_shard *s, struct psd_sparse *t, psd_store_txn **txn)
 {
     size_t recb = ROW_HEAD + t->rowf * sizeof(float);
-    uint8_t *buf = malloc(FLUSH_CHUNK * recb);
-    int64_t *ids = malloc(FLUSH_CHUNK * sizeof *ids);
-    int rc = buf == NULL || ids == NULL ? -ENOMEM : 0;
     flusher_lock(t);
+    size_t n0 = t->ready ? t->dn : 0;
+    uint8_t *buf = n0 ? malloc(n0 * recb) : NULL;
+    int64_t *ids = n0 ? malloc(n0 * sizeof *ids) : NULL;
+    if (n0 && (buf == NULL || ids == NULL)) {
+        pthread_mutex_unlock(&t->mu);
+        free(buf);
+        free(ids);
+        return -ENOMEM;
+    }
     /* In id order, the order of the keys: LMDB then walks its leaves
      * forward instead of jumping between them. */
     qsort(t->dlist, t->dn, sizeof *t->dlist, entry_by_id);
-    size_t n0 = t->ready ? t->dn : 0;
+    size_t m = 0;
+    for (size_t j = 0; j < n0; j++) {
+        struct sp_entry *e = t->dlist[j];
+        if (!entry_dirty(e))
+            continue;
+        uint8_t *r = buf + m * recb;
+        memcpy(r, &e->updates, 8);
+        memcpy(r + 8, &e->last_step, 8);
+        memcpy(r + ROW_HEAD, e->row, t->rowf * sizeof(float));
+        ids[m++] = e->id;
+        e->saving = e->mod;
+    }
     pthread_mutex_unlock(&t->mu);
-    for (size_t k = 0; k < n0 && rc == 0; k += FLUSH_CHUNK) {
-        size_t m = 0;
-        flusher_lock(t);
-        for (size_t j = k; j < n0 && j < k + FLUSH_CHUNK; j++) {
-            struct sp_entry *e = t->dlist[j];
-            if (!entry_dirty(e))
-                continue;
-            uint8_t *r = buf + m * recb;
-            memcpy(r, &e->updates, 8);
-            memcpy(r + 8, &e->last_step, 8);
-            memcpy(r + ROW_HEAD, e->row, t->rowf * sizeof(float));
-            ids[m++] = e->id;
-            e->saving = e->mod;
-        }
-        pthread_mutex_unlock(&t->mu);
-        for (size_t j = 0; j < m && rc == 0; j++) {
-            if (*txn == NULL && (rc = psd_store_begin(s->store, txn)) != 0)
-                break;
-            rc = psd_store_row_put(*txn, t->var_id, ids[j], buf + j * recb, ROW_HEAD,
-                                   buf + j * recb + ROW_HEAD, t->rowf * sizeof(float));
-        }
+    int rc = 0;
+    for (size_t j = 0; j < m && rc == 0; j++) {
+        if (*txn == NULL && (rc = psd_store_begin(s->store, txn)) != 0)
+            break;
+        rc = psd_store_row_put(*txn, t->var_id, ids[j], buf + j * recb, ROW_HEAD,
+                               buf + j * recb + ROW_HEAD, t->rowf * sizeof(float));
     }
     free(buf);
     free(ids);

@@ -6,7 +6,10 @@ most the pushes acknowledged in the last 100 ms, --durable none.
 Thread i pushes ids [i, 1000 + i, 1000 + i] with gradients of ones under
 SGD (learning rate 1, zeros): row i must be exactly -n and row 1000 + i
 exactly -2n (the repeated id summed) for the n pushes applied; anything
-else is a torn or half-applied push.
+else is a torn or half-applied push. A bulk thread meanwhile pushes the
+same BULK rows again and again (ones): after the restart every one of them
+must hold the same -n, a commit holding a push whole or not at all however
+many rows wait, and n must cover its pushes acknowledged before the bound.
 """
 import os
 import random
@@ -25,6 +28,8 @@ import pstest  # noqa: E402
 PROMISE_MS = 100
 DIM = 16
 THREADS = 3
+BULK = 6000
+BULK_IDS = [100000 + 7 * j for j in range(BULK)]
 pb, pbg, _, _ = pstest.generate_stubs()
 R = pstest.Results("psd-sparse-kill")
 
@@ -36,20 +41,38 @@ def push_req(i):
         grad=pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[3, DIM], data=g.tobytes()))])
 
 
+def bulk_req():
+    g = np.ones((BULK, DIM), np.float32)
+    return pb.SparsePushRequest(grads=[pb.SparseGradient(
+        name="emb", ids=BULK_IDS,
+        grad=pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[BULK, DIM], data=g.tobytes()))])
+
+
+def bulk_count(address):
+    """The bulk rows' common count, or None when they differ (torn)."""
+    ch = pstest.channel(address)
+    r = pbg.ParameterServerStub(ch).SparsePull(pb.SparsePullRequest(items=[
+        pb.SparsePullItem(name="emb", ids=BULK_IDS)]), timeout=30).rows[0]
+    ch.close()
+    v = np.frombuffer(r.values.data, dtype="<f4")
+    return int(-v[0]) if np.all(v == v[0]) else None
+
+
 class Pusher:
     def __init__(self, address):
         self.address = address
-        self.acks = [[] for _ in range(THREADS)]
-        self.sent = [0] * THREADS
+        self.acks = [[] for _ in range(THREADS + 1)]
+        self.sent = [0] * (THREADS + 1)
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(THREADS)]
+        self.threads = [threading.Thread(target=self.run, args=(i,))
+                        for i in range(THREADS + 1)]
         for t in self.threads:
             t.start()
 
     def run(self, i):
         ch = pstest.channel(self.address)
         stub = pbg.ParameterServerStub(ch)
-        req = push_req(i)
+        req = push_req(i) if i < THREADS else bulk_req()
         while not self.stop.is_set():
             self.sent[i] += 1
             try:
@@ -95,6 +118,7 @@ def main():
         rng = random.Random(7 + durable)
         for rnd in range(3):
             base = counts(d.address)
+            bbase = bulk_count(d.address)
             p = Pusher(d.address)
             time.sleep(rng.uniform(0.3, 1.0))
             t_kill = time.monotonic()
@@ -114,8 +138,18 @@ def main():
                 ok = ok and must <= n <= p.sent[i]
                 lost.append(len(p.acks[i]) - n)
             R.check(ok, "%s round %d: rows whole, %s pushes acked, %s lost (bound: "
-                    "those of the last %d ms)" % (mode, rnd, [len(a) for a in p.acks],
+                    "those of the last %d ms)" % (mode, rnd, [len(a) for a in p.acks[:THREADS]],
                                                    lost, 0 if durable else PROMISE_MS))
+            bn = bulk_count(d.address)
+            bound = t_kill - (0 if durable else PROMISE_MS / 1000.0)
+            must = sum(1 for t in p.acks[THREADS] if t <= bound)
+            bok = bn is not None and bbase is not None and \
+                must <= bn - bbase <= p.sent[THREADS]
+            R.check(bok, "%s round %d: the %d bulk rows hold one count (%s), %d pushes "
+                    "of them acked, %s applied, %d acked before the bound"
+                    % (mode, rnd, BULK, "torn" if bn is None else "whole",
+                       len(p.acks[THREADS]), None if bn is None or bbase is None
+                       else bn - bbase, must))
         d.stop()
     R.finish()
 
