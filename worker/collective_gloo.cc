@@ -94,15 +94,16 @@ struct GlooColl {
     std::shared_ptr<gloo::rendezvous::Context> ctx;
     /* A second full mesh whose pairs are in Gloo's sync mode: the calling
      * thread writes and reads its sockets itself, with no hand-off to the
-     * device thread and back. Halving-doubling runs on it for buffers of
-     * at most sync_limit bytes (NULL, 0: never). */
+     * device thread and back. Halving-doubling runs on it in pieces of at
+     * most sync_limit bytes (NULL: never). */
     std::shared_ptr<gloo::rendezvous::Context> sctx;
     size_t sync_limit;
     int algorithm;
     std::chrono::milliseconds timeout;
     uint32_t tag;
-    /* halving-doubling: one instance per buffer, built on first use */
-    std::unique_ptr<gloo::Algorithm> hd;
+    /* halving-doubling of the last buffer: its pieces' instances, built on
+     * first use (hd_build) */
+    std::vector<std::unique_ptr<gloo::Algorithm>> hd;
     float *hd_buf;
     size_t hd_n;
 };
@@ -133,12 +134,12 @@ int failed(const char *what, const std::exception &e, char *err, size_t errlen)
     return PS_EUNAVAIL;
 }
 
-/* The largest buffer halving-doubling may all-reduce over pairs in sync
+/* The largest piece halving-doubling may all-reduce over pairs in sync
  * mode. There a send is one blocking write while the peer, too, may be
  * writing: it must fit in the socket's send buffer, which Gloo sizes to
  * the message but the kernel caps at net.core.wmem_max (and doubles).
  * Halving-doubling's messages are at most the buffer (on a power of two
- * ranks at most half), so buffers up to wmem_max never block both ways.
+ * ranks at most half), so pieces up to wmem_max never block both ways.
  * 0 when it cannot be read. */
 size_t sync_limit()
 {
@@ -180,6 +181,27 @@ int allreduce_ring(GlooColl *g, T *buf, size_t n)
     return 0;
 }
 
+/* The smallest send buffer the sync-mode pairs are used with. */
+#define SYNC_MIN_PIECE ((size_t)64 << 10)
+
+/* Halving-doubling instances for buf[0..n): over the sync-mode pairs, one
+ * per piece of at most sync_limit bytes, whose messages then fit the send
+ * buffer (Debian's default wmem_max, 212992, splits a 1 MiB gradient in
+ * five); without them, one over the asynchronous pairs. */
+void hd_build(GlooColl *g, float *buf, size_t n)
+{
+    g->hd.clear();
+    bool sync = g->sctx && g->sync_limit >= SYNC_MIN_PIECE;
+    size_t piece = sync ? g->sync_limit / sizeof(float) : n;
+    for (size_t off = 0; off < n; off += piece) {
+        size_t len = n - off < piece ? n - off : piece;
+        g->hd.emplace_back(new gloo::AllreduceHalvingDoubling<float>(
+            sync ? g->sctx : g->ctx, std::vector<float *>{buf + off}, (int)len));
+    }
+    g->hd_buf = buf;
+    g->hd_n = n;
+}
+
 int allreduce_f32(wd_coll *c, float *buf, size_t n, char *err, size_t errlen)
 {
     GlooColl *g = self(c);
@@ -188,22 +210,17 @@ int allreduce_f32(wd_coll *c, float *buf, size_t n, char *err, size_t errlen)
     try {
         /* auto: on 2 ranks over loopback halving-doubling took 1.35 ms for
          * 1 MiB against ring's 4.46 (0.26-0.55 ms over the sync-mode
-         * pairs), and 70 ms for 64 MiB against 40. */
+         * pairs, in one piece or five), and 70 ms for 64 MiB against 40. */
         size_t bytes = n * sizeof(float);
         bool hd = g->algorithm == WD_COLL_HALVING_DOUBLING ||
                   (g->algorithm == WD_COLL_AUTO &&
                    (bytes < (4u << 20) || (g->sctx && bytes <= g->sync_limit)));
         if (!hd)
             return allreduce_ring(g, buf, n);
-        if (!g->hd || g->hd_buf != buf || g->hd_n != n) {
-            g->hd.reset();
-            bool sync = g->sctx && bytes <= g->sync_limit;
-            g->hd.reset(new gloo::AllreduceHalvingDoubling<float>(
-                sync ? g->sctx : g->ctx, std::vector<float *>{buf}, (int)n));
-            g->hd_buf = buf;
-            g->hd_n = n;
-        }
-        g->hd->run();
+        if (g->hd.empty() || g->hd_buf != buf || g->hd_n != n)
+            hd_build(g, buf, n);
+        for (auto &a : g->hd)
+            a->run();
         return 0;
     } catch (const std::exception &e) {
         return failed("all-reduce", e, err, errlen);

@@ -175,9 +175,9 @@ const ps_opt wd_opts[] = {
      "--num-workers workers, and for any later group", 1000, 86400000, NULL},
     {"allreduce-algorithm", PS_OPT_ENUM, offsetof(struct wd_conf, allreduce_algorithm),
      "auto", "multi_worker_mirrored on Gloo: ring, halving_doubling, or auto = "
-     "halving_doubling for gradients under 4 MiB or up to net.core.wmem_max (then "
-     "over blocking sockets, no hand-off to Gloo's thread), else ring (faster at "
-     "64 MiB)", 0, 0,
+     "halving_doubling for gradients under 4 MiB or up to net.core.wmem_max (over "
+     "blocking sockets in pieces of at most wmem_max: no hand-off to Gloo's thread), "
+     "else ring (faster at 64 MiB)", 0, 0,
      algo_choices},
     {"allreduce-engine", PS_OPT_ENUM, offsetof(struct wd_conf, allreduce_engine),
      "auto", "multi_worker_mirrored: gloo (TCP, CPU), nccl (GPUs), auto = nccl "
