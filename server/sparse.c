@@ -159,6 +159,7 @@ void psd_sparse_free(struct psd_sparse *t)
     atomic_fetch_sub(&g_ram, t->nentries * entry_bytes(t));
     atomic_fetch_sub(&g_dirty, t->ndirty);
     free(t->dlist);
+    free(t->bloom);
     free(t->buckets);
     free(t->cms);
     pthread_mutex_destroy(&t->mu);
@@ -304,6 +305,51 @@ void sparse_count_push(struct psd_sparse *t, int64_t id)
 
 /* Learns the table's var_id and its row count, once (the first call after
  * it was created, loaded or restored). With t->mu held. */
+/* ---- the filter of ids with a row ------------------------------------- */
+
+#define BLOOM_K 4
+#define BLOOM_MIN_BITS ((uint64_t)1 << 24)  /* 2 MiB */
+#define BLOOM_MAX_BITS ((uint64_t)1 << 29)  /* 64 MiB */
+
+static void bloom_add(struct psd_sparse *t, int64_t id)
+{
+    if (t->bloom == NULL)
+        return;
+    uint64_t h = mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL), d = (h >> 32) | 1;
+    for (int i = 0; i < BLOOM_K; i++, h += d)
+        t->bloom[(h & t->bloom_mask) >> 6] |= (uint64_t)1 << (h & 63);
+}
+
+/* False only when id certainly has no row. */
+static bool bloom_maybe(const struct psd_sparse *t, int64_t id)
+{
+    if (t->bloom == NULL || t->rows > t->bloom_cap)
+        return true;
+    uint64_t h = mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL), d = (h >> 32) | 1;
+    for (int i = 0; i < BLOOM_K; i++, h += d)
+        if (!(t->bloom[(h & t->bloom_mask) >> 6] & ((uint64_t)1 << (h & 63))))
+            return false;
+    return true;
+}
+
+/* Sized for 4x the table's rows at 16 bits a row (a false positive about
+ * 1 in 400 until then), between 2 and 64 MiB; past bloom_cap rows the
+ * filter answers "maybe" for every id. */
+static void bloom_alloc(struct psd_sparse *t, uint64_t rows)
+{
+    uint64_t bits = BLOOM_MIN_BITS;
+    while (bits < BLOOM_MAX_BITS && bits < rows * 64)
+        bits <<= 1;
+    t->bloom = calloc(bits / 64, sizeof *t->bloom);
+    t->bloom_mask = bits - 1;
+    t->bloom_cap = bits / 16;
+}
+
+static void bloom_each(void *ctx, int64_t id)
+{
+    bloom_add(ctx, id);
+}
+
 int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name)
 {
     if (t->ready)
@@ -311,6 +357,11 @@ int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name)
     int rc = psd_store_var_id(s->store, name, &t->var_id);
     if (rc == 0)
         rc = psd_store_rows_count(s->store, t->var_id, &t->rows);
+    if (rc == 0 && t->bloom == NULL) {
+        bloom_alloc(t, t->rows);
+        if (t->bloom != NULL && t->rows > 0)
+            rc = psd_store_rows_ids(s->store, t->var_id, &t->rows, bloom_each, t);
+    }
     if (rc != 0) {
         ps_log_err(rc, "sparse table '%s': cannot find its rows in the store", name);
         return rc;
@@ -328,6 +379,8 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
     *e = sparse_find(t, id);
     if (*e != NULL)
         return 1;
+    if (!bloom_maybe(t, id))
+        return 0; /* never stored: no LMDB lookup */
     if (*rt == NULL) {
         int rc = psd_store_rbegin(s->store, rt);
         if (rc != 0)
@@ -369,6 +422,7 @@ struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *r
         e->listed = true;
         t->dlist[t->dn++] = e;
     }
+    bloom_add(t, id);
     memcpy(e->row, row, t->rowf * sizeof(float));
     e->updates = updates;
     e->last_step = last_step;

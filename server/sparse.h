@@ -87,6 +87,13 @@ struct psd_sparse {
     struct sp_entry **dlist;
     size_t dn, dcap;
     size_t trim_from;       /* the bucket where the next trim starts */
+    /* A Bloom filter of the ids with a row (in LMDB or the RAM tier), built
+     * by sparse_ready's walk and added to by sparse_install: an id it does
+     * not hold has no row, and a lookup skips LMDB. NULL: not used (out of
+     * memory, or past the rows it was sized for). */
+    uint64_t *bloom;
+    uint64_t bloom_mask;    /* bits - 1 (a power of two) */
+    uint64_t bloom_cap;     /* rows it is sized for */
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;

@@ -211,8 +211,11 @@ typedef int (*psd_store_row_fn)(void *ctx, int64_t id, const void *data, size_t 
  * Returns 0, fn's negative return, or as psd_store_put. */
 int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t max,
                         psd_store_row_fn fn, void *ctx, int *done);
-/* Counts the rows of table var_id (a walk of its keys). */
+/* Counts the rows of table var_id (a walk of its keys); _ids also calls
+ * each(ctx, id) for every row, in id order. */
 int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n);
+int psd_store_rows_ids(psd_store *s, uint32_t var_id, uint64_t *n,
+                       void (*each)(void *ctx, int64_t id), void *ctx);
 /* Copies every row of variable name from the store src (its var_id there)
  * into t's store (the var_id name has in t: put the record first), one
  * row at a time: a table larger than memory is streamed. Returns 0,

@@ -188,6 +188,12 @@ int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t
 
 int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
 {
+    return psd_store_rows_ids(s, var_id, n, NULL, NULL);
+}
+
+int psd_store_rows_ids(psd_store *s, uint32_t var_id, uint64_t *n,
+                       void (*each)(void *ctx, int64_t id), void *ctx)
+{
     MDB_txn *txn;
     int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
     if (mrc != 0)
@@ -202,8 +208,11 @@ int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
         int64_t id;
         for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
              mrc == 0 && key_id(&k, var_id, &id);
-             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            if (each != NULL)
+                each(ctx, id);
             c++;
+        }
         mdb_cursor_close(cur);
         if (mrc == 0 || mrc == MDB_NOTFOUND)
             mrc = 0;
