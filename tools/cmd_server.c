@@ -94,6 +94,17 @@ static void print_stats(const Ps__V1__StatsResponse *r)
         ROW("last checkpoint step", "%" PRIu64, r->last_checkpoint_step);
     else
         ROW("last checkpoint step", "%s", "0 (none, or at step 0)");
+    if (r->sparse_tables > 0) {
+        ROW("sparse tables", "%" PRIu64, r->sparse_tables);
+        ROW("sparse rows", "%" PRIu64 " (%" PRIu64 " not yet committed)", r->sparse_rows,
+            r->sparse_rows_unsaved);
+        ROW("sparse RAM tier", "%s", human_bytes(r->sparse_ram_bytes, a, sizeof a));
+        ROW("LMDB file in use", "%s", human_bytes(r->sparse_disk_bytes, a, sizeof a));
+        ROW("rows admitted", "%" PRIu64 " (evicted %" PRIu64 ", pushes not admitted %"
+            PRIu64 ")", r->sparse_admitted, r->sparse_evicted, r->sparse_not_admitted);
+        ROW("rows pulled, pushed", "%" PRIu64 ", %" PRIu64, r->sparse_rows_pulled,
+            r->sparse_rows_pushed);
+    }
     /* An older psd sends neither field. */
     if (r->transport_security != NULL && r->transport_security[0] != '\0')
         ROW("transport", "%s%s", r->transport_security,

@@ -6,7 +6,9 @@ for SGD, Adagrad and lazy Adam (a step count per row), return_values,
 admission, ttl eviction, max_rows, and bad input refused with nothing
 applied."""
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -123,6 +125,13 @@ def test_sgd(a, ra):
     R.check(np.array_equal(a.pull("e", [9, 5, -3]), np.stack([want[9], want[5], want[-3]])),
             "a pull after the push answers the updated rows")
     R.check(a.stats().sparse_rows == 3, "three distinct pushed ids: three rows stored")
+    out = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "--server",
+                          a.d.address, "stats"], capture_output=True, text=True,
+                         timeout=30).stdout
+    line = [l for l in out.splitlines() if l.startswith("sparse rows")]
+    R.check(len(line) == 1 and re.match(r"sparse rows\s+3 \(\d+ not yet committed\)$",
+                                        line[0]) is not None,
+            "psctl stats shows the sparse rows: %s" % (line or out[-200:]))
     return want
 
 
