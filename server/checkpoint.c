@@ -401,6 +401,14 @@ static int install(const char *ckdir, const char *tmp, const char *final, uint64
 int psd_ckpt_write(psd_store *s, const char *data_dir, uint64_t step, uint64_t nvars,
                    char *path_out, size_t pathlen, uint64_t *bytes_out)
 {
+    return psd_ckpt_write_with(s, data_dir, step, nvars, NULL, NULL, path_out, pathlen,
+                               bytes_out);
+}
+
+int psd_ckpt_write_with(psd_store *s, const char *data_dir, uint64_t step, uint64_t nvars,
+                        int (*complete)(void *ctx, const char *dir), void *ctx,
+                        char *path_out, size_t pathlen, uint64_t *bytes_out)
+{
     if (!s || !data_dir || !*data_dir || step > INT64_MAX || nvars > INT64_MAX)
         return PS_EINVAL_ARG;
     char ckdir[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], file[PATH_MAX];
@@ -433,6 +441,8 @@ int psd_ckpt_write(psd_store *s, const char *data_dir, uint64_t step, uint64_t n
         return rc;
     }
     rc = psd_store_copy(s, tmp);
+    if (rc == 0 && complete != NULL)
+        rc = complete(ctx, tmp);
     if (rc != 0)
         goto remove_tmp;
     struct manifest m = {.step = step, .nvars = nvars};

@@ -46,6 +46,12 @@ typedef struct psd_store psd_store;
  * removed and every earlier checkpoint is left as it was. */
 int psd_ckpt_write(psd_store *s, const char *data_dir, uint64_t step, uint64_t nvars,
                    char *path_out, size_t pathlen, uint64_t *bytes_out);
+/* The same, calling complete(ctx, dir) on the copy (a store directory not
+ * yet checksummed nor in place) before it is sealed: psd adds the row
+ * log's batches of the copied moment. Its failure is the write's. */
+int psd_ckpt_write_with(psd_store *s, const char *data_dir, uint64_t step, uint64_t nvars,
+                        int (*complete)(void *ctx, const char *dir), void *ctx,
+                        char *path_out, size_t pathlen, uint64_t *bytes_out);
 
 /* The highest step whose checkpoint is valid; newer ones that are not are
  * skipped with a warning. Returns 0, PS_ENOTFOUND if there is none, or

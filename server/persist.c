@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "server/rowlog.h"
 #include "server/sparse.h"
 #include "server/store.h"
 
@@ -131,8 +132,16 @@ static int flush_once(psd_shard *s)
         pthread_rwlock_unlock(&s->table_lock);
         return -ENOMEM;
     }
+    /* The sparse tables' changed rows first, as one batch of the row log;
+     * then the dense variables' records, in a transaction that marks the
+     * batch (a copy of the store then knows which batches complete it). */
+    uint64_t lseq = atomic_load(&s->log_seq) + 1;
+    bool wrote = false;
+    int rc = psd_sparse_flush(s, lseq, &wrote);
+    if (wrote)
+        atomic_store(&s->log_seq, lseq);
+    psd_sparse_committed(s, rc == 0);
     psd_store_txn *t = NULL;
-    int rc = 0;
     size_t written = 0;
     for (size_t i = 0; i < nv && rc == 0; i++) {
         psd_var *v = s->vars[i];
@@ -151,17 +160,14 @@ static int flush_once(psd_shard *s)
         }
         pthread_rwlock_unlock(&v->lock);
     }
-    if (rc == 0)
-        rc = psd_sparse_flush(s, &t); /* the sparse tables' changed rows */
     if (t != NULL) {
+        if (rc == 0)
+            rc = psd_store_set_log_mark(t, PSD_STORE_LOG_LOGGED, atomic_load(&s->log_seq));
         if (rc == 0)
             rc = psd_store_commit(t);
         else
             psd_store_abort(t);
-        psd_sparse_committed(s, rc == 0);
         if (rc == 0) {
-            atomic_fetch_add(&s->commits, 1);
-            ps_histogram_observe(&s->commit_seconds, ps_metrics_now() - t0);
             for (size_t i = 0; i < nv; i++) {
                 psd_var *v = s->vars[i];
                 pthread_rwlock_wrlock(&v->lock);
@@ -170,6 +176,10 @@ static int flush_once(psd_shard *s)
                 pthread_rwlock_unlock(&v->lock);
             }
         }
+    }
+    if (rc == 0 && (t != NULL || wrote)) {
+        atomic_fetch_add(&s->commits, 1);
+        ps_histogram_observe(&s->commit_seconds, ps_metrics_now() - t0);
     }
     pthread_rwlock_unlock(&s->table_lock);
     free(snap_v);
@@ -256,6 +266,9 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
         return rc;
     }
     psd_store_set_map_max(s->store, s->o.map_size_max);
+    rc = shard_rowlog_open(s); /* rows acknowledged but not yet in LMDB */
+    if (rc != 0)
+        return rc;
     store_gc(s); /* the rows a restore cut short by a crash left behind */
     struct var_list lc;
     rc = load_store(s->store, &lc);
@@ -272,6 +285,8 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
 
 void shard_store_close(psd_shard *s)
 {
+    psd_rowlog_destroy(s->rowlog);
+    s->rowlog = NULL;
     psd_store_close(s->store);
     s->store = NULL;
 }
@@ -412,13 +427,6 @@ int shard_store_replace(psd_shard *s, const struct var_list *l)
 uint64_t shard_store_commits(psd_shard *s)
 {
     return psd_store_commits(s->store);
-}
-
-/* Writes the checkpoint of the store for step (checkpoint.h). */
-int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
-                    size_t pathlen, uint64_t *bytes)
-{
-    return psd_ckpt_write(s->store, s->ckpt_root, step, nvars, path, pathlen, bytes);
 }
 
 /* Loads the variables of the checkpoint in directory path into l. Returns

@@ -83,8 +83,15 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     /* Everything acknowledged so far goes into the store, then the copy is
      * taken from one read transaction while pushes go on. */
     double t0 = ps_metrics_now();
+    /* The row log applied first without the flusher held off (it may be
+     * long), then what the last commit adds with it: shard_ckpt_begin
+     * keeps the applier out until the copy is taken. */
+    psd_sparse_drain(s);
     pthread_mutex_lock(&s->flush_mu);
     int rc = shard_flush_locked(s);
+    if (rc == 0)
+        rc = shard_ckpt_begin(s);
+    bool began = rc == 0;
     uint64_t nvars = 0;
     uint64_t top = 0; /* the highest variable version */
     pthread_rwlock_rdlock(&s->table_lock);
@@ -97,6 +104,8 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     if (step == 0)
         step = top;
     if (step > top && step - top > CKPT_STEP_AHEAD) {
+        if (began)
+            shard_ckpt_end(s);
         shard_count_bad(s);
         ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Checkpoint: step %llu is far "
                     "ahead of the variables' highest version %llu (at most that "
@@ -111,6 +120,7 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     char path[4096];
     uint64_t bytes = 0;
     rc = shard_ckpt_copy(s, step, nvars, path, sizeof path, &bytes);
+    shard_ckpt_end(s);
     if (rc != 0) {
         ps_rpc_fail(call, ps_rpc_code_from_err(rc),
                     "Checkpoint at step %llu in %s/checkpoints failed: %s%s",
@@ -404,6 +414,8 @@ static int start_threads(psd_shard *s)
         pthread_create(&s->sweeper, NULL, shard_sweeper_main, s) != 0)
         return -EAGAIN; /* (a started flusher is stopped by close) */
     s->threads_started = true;
+    if (shard_applier_start(s) != 0)
+        return -EAGAIN;
     return 0;
 }
 
@@ -420,6 +432,9 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
+    pthread_mutex_init(&s->apply_run_mu, NULL);
+    pthread_mutex_init(&s->apply_mu, NULL);
+    pthread_cond_init(&s->apply_cond, NULL);
     pthread_mutex_init(&s->caps_mu, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
@@ -526,6 +541,10 @@ int psd_shard_close(psd_shard *s)
         rc = psd_shard_flush(s);
         fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
     }
+    /* The row log applied: LMDB whole after a clean stop. */
+    shard_applier_stop(s);
+    if (s->store != NULL && psd_sparse_drain(s) != 0 && rc == 0)
+        rc = PS_ESTORE;
     /* A checkpoint under way finishes; queued ones are refused. */
     if (s->ckpt_started)
         ps_thread_stop(s->ckpt_thread, &s->ckpt_mu, &s->ckpt_cond, &s->ckpt_quit);
@@ -541,6 +560,9 @@ int psd_shard_close(psd_shard *s)
     pthread_cond_destroy(&s->wait_cond);
     pthread_mutex_destroy(&s->flush_mu);
     pthread_cond_destroy(&s->flush_cond);
+    pthread_mutex_destroy(&s->apply_run_mu);
+    pthread_mutex_destroy(&s->apply_mu);
+    pthread_cond_destroy(&s->apply_cond);
     pthread_mutex_destroy(&s->caps_mu);
     free(s->data_dir);
     free(s->ckpt_root);

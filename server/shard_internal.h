@@ -20,6 +20,8 @@
  *   sparse_rpc.c SparsePull and SparsePush
  *
  * Locks, always taken in this order and never the reverse:
+ *   s->flush_mu         one flush (commit) at a time
+ *   s->apply_run_mu     one apply of the row log at a time (sparse_log.c)
  *   s->table_lock (rw)  the set of variables; handlers hold it for reading
  *                       for their whole run, CreateVariable and Restore for
  *                       writing
@@ -32,7 +34,8 @@
  *   s->caps_mu          the counts of what is held and reserved (limits.c)
  * DeleteVariable, like Restore, takes s->flush_mu before table_lock: a
  * durable push is answered (its values read) with flush_mu held.
- * The store's write transaction is begun only with table_lock held.
+ * The store's write transaction is begun only with table_lock held, but
+ * for the applier's (sparse_log.c), which takes no lock while it holds one.
  *
  * Threads: the handlers run on the rpc server's threads; the flusher
  * (persist.c), the sweeper (pull.c) and the checkpoint thread (shard.c) are
@@ -216,6 +219,21 @@ struct psd_shard {
     bool stopping;
     bool closing;
 
+    /* The log of changed sparse rows (rowlog.h, sparse_log.c): the
+     * flusher appends a batch per commit; the applier thread writes a
+     * sealed file's rows into LMDB behind. apply_run_mu is held through
+     * each apply (one at a time; taken after flush_mu, before table_lock);
+     * apply_mu guards the applier's wake-up. */
+    struct psd_rowlog *rowlog;
+    atomic_uint_fast64_t log_seq;     /* the last batch appended */
+    atomic_uint_fast64_t log_applied; /* the last batch whose rows are in LMDB */
+    pthread_mutex_t apply_run_mu;
+    pthread_mutex_t apply_mu;
+    pthread_cond_t apply_cond;
+    bool apply_quit, applier_started;
+    pthread_t applier;
+    int64_t last_apply_ms;
+
     pthread_mutex_t flush_mu; /* one flush at a time */
     pthread_cond_t flush_cond;
     bool flush_requested;
@@ -338,12 +356,24 @@ int shard_store_add(psd_shard *s, const psd_var *v);
 int shard_store_del(psd_shard *s, const char *name);
 int shard_store_replace(psd_shard *s, const struct var_list *l);
 uint64_t shard_store_commits(psd_shard *s);
-int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
-                    size_t pathlen, uint64_t *bytes);
 int shard_ckpt_load(const char *path, struct var_list *l);
 int shard_flush_locked(psd_shard *s);
 void shard_request_flush(psd_shard *s);
 void *shard_flusher_main(void *arg);
+
+/* sparse_log.c: the row log. shard_rowlog_open replays it into the store
+ * just opened (before the variables load); the applier thread writes it
+ * behind; a checkpoint calls shard_ckpt_begin with flush_mu held after a
+ * flush (0: the log applied and the applier held off), then
+ * shard_ckpt_copy, then shard_ckpt_end. */
+int shard_rowlog_open(psd_shard *s);
+int shard_applier_start(psd_shard *s);
+void shard_applier_stop(psd_shard *s);
+int psd_sparse_drain(psd_shard *s);
+int shard_ckpt_begin(psd_shard *s);
+int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
+                    size_t pathlen, uint64_t *bytes);
+void shard_ckpt_end(psd_shard *s);
 
 /* pull.c */
 void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);

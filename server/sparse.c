@@ -6,6 +6,7 @@
 #include "server/sparse.h"
 
 #include "server/init.h"
+#include "server/rowlog.h"
 #include "server/store.h"
 #include "common/clock.h"
 #include "common/errors.h"
@@ -59,13 +60,20 @@ uint64_t psd_sparse_ram_bytes(void)
     return atomic_load(&g_ram);
 }
 
-/* What the RAM tier costs: its rows, and for each changed row one LMDB
- * page that the next commit dirties (random ids touch a leaf page each),
- * which LMDB mallocs for the transaction and keeps on its free list after
- * (mdb_dpage_free): anonymous memory too. */
+/* What the RAM tier costs: its rows, and the LMDB pages the applier's
+ * transaction holds (LMDB mallocs a write transaction's dirty pages and
+ * keeps them on its free list after, mdb_dpage_free: anonymous memory
+ * too). */
+static atomic_uint_fast64_t g_apply_pages;
+
+void psd_sparse_apply_pages(uint64_t pages)
+{
+    atomic_store(&g_apply_pages, pages);
+}
+
 uint64_t psd_sparse_ram_cost(void)
 {
-    return atomic_load(&g_ram) + atomic_load(&g_dirty) * SPARSE_DIRTY_PAGE;
+    return atomic_load(&g_ram) + atomic_load(&g_apply_pages) * SPARSE_DIRTY_PAGE;
 }
 
 void psd_sparse_count(uint64_t pulled, uint64_t pushed, uint64_t not_admitted)
@@ -458,62 +466,91 @@ static int entry_by_id(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Writes the changed rows of t into *txn. Under t->mu they are all copied
- * out at once (each marked as being saved at its current change), so that
- * the commit holds the table as of one moment: a push is in it whole or
- * not at all. The puts into LMDB, the slow part, run without the mutex.
- * The copy's size is bounded by psd_sparse_backlogged: pushes commit first
- * past ~40 ms of the flusher's work. Entries on the list stay allocated
- * until committed (only the flusher drops entries, and only clean ones). */
-static int flush_table(psd_shard *s, struct psd_sparse *t, psd_store_txn **txn)
+bool sparse_pinned(psd_shard *s, const struct sp_entry *e)
+{
+    return entry_dirty(e) || e->listed || e->logged > atomic_load(&s->log_applied);
+}
+
+/* A growable buffer of row-log records. */
+struct logbuf {
+    uint8_t *p;
+    size_t len, cap;
+    uint32_t n;
+};
+
+static int logbuf_need(struct logbuf *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t nc = b->cap ? b->cap : (size_t)1 << 20;
+    while (nc < b->len + more)
+        nc *= 2;
+    uint8_t *np = realloc(b->p, nc);
+    if (np == NULL)
+        return -ENOMEM;
+    b->p = np;
+    b->cap = nc;
+    return 0;
+}
+
+/* Copies the changed rows of t into the batch, under t->mu all at once
+ * (each marked as being saved at its current change, and as held by batch
+ * seq), so that a batch holds the table as of one moment: a push is in it
+ * whole or not at all. The buffer grows before the copy, under the mutex
+ * only the copy runs. */
+static int flush_table(struct psd_sparse *t, uint64_t seq, struct logbuf *b)
 {
     size_t recb = ROW_HEAD + t->rowf * sizeof(float);
     flusher_lock(t);
     size_t n0 = t->ready ? t->dn : 0;
-    uint8_t *buf = n0 ? malloc(n0 * recb) : NULL;
-    int64_t *ids = n0 ? malloc(n0 * sizeof *ids) : NULL;
-    if (n0 && (buf == NULL || ids == NULL)) {
+    if (n0 == 0) {
         pthread_mutex_unlock(&t->mu);
-        free(buf);
-        free(ids);
+        return 0;
+    }
+    if (logbuf_need(b, n0 * (PSD_ROWLOG_REC_HEAD + recb)) != 0) {
+        pthread_mutex_unlock(&t->mu);
         return -ENOMEM;
     }
-    /* In id order, the order of the keys: LMDB then walks its leaves
-     * forward instead of jumping between them. */
+    /* In id order, the order of the keys: the applier's sort has less to
+     * do. */
     qsort(t->dlist, t->dn, sizeof *t->dlist, entry_by_id);
-    size_t m = 0;
+    uint32_t rl = (uint32_t)recb;
     for (size_t j = 0; j < n0; j++) {
         struct sp_entry *e = t->dlist[j];
         if (!entry_dirty(e))
             continue;
-        uint8_t *r = buf + m * recb;
+        uint8_t *r = b->p + b->len;
+        memcpy(r, &t->var_id, 4);
+        memcpy(r + 4, &rl, 4);
+        memcpy(r + 8, &e->id, 8);
+        r += PSD_ROWLOG_REC_HEAD;
         memcpy(r, &e->updates, 8);
         memcpy(r + 8, &e->last_step, 8);
         memcpy(r + ROW_HEAD, e->row, t->rowf * sizeof(float));
-        ids[m++] = e->id;
+        b->len += PSD_ROWLOG_REC_HEAD + recb;
+        b->n++;
         e->saving = e->mod;
+        e->logged = seq;
     }
     pthread_mutex_unlock(&t->mu);
-    int rc = 0;
-    for (size_t j = 0; j < m && rc == 0; j++) {
-        if (*txn == NULL && (rc = psd_store_begin(s->store, txn)) != 0)
-            break;
-        rc = psd_store_row_put(*txn, t->var_id, ids[j], buf + j * recb, ROW_HEAD,
-                               buf + j * recb + ROW_HEAD, t->rowf * sizeof(float));
-    }
-    free(buf);
-    free(ids);
-    return rc;
+    return 0;
 }
 
-int psd_sparse_flush(psd_shard *s, psd_store_txn **txn)
+int psd_sparse_flush(psd_shard *s, uint64_t seq, bool *wrote)
 {
     int rc = 0;
+    *wrote = false;
     g_flush_t0_us = now_us();
     g_flush_rows = atomic_load(&g_dirty);
+    struct logbuf b = {0};
     for (size_t i = 0; i < s->nvars && rc == 0; i++)
         if (s->vars[i]->sparse != NULL)
-            rc = flush_table(s, s->vars[i]->sparse, txn);
+            rc = flush_table(s->vars[i]->sparse, seq, &b);
+    if (rc == 0 && b.n > 0) {
+        rc = psd_rowlog_append(s->rowlog, seq, b.p, b.len, b.n);
+        *wrote = rc == 0;
+    }
+    free(b.p);
     return rc;
 }
 
@@ -526,7 +563,7 @@ static void trim(psd_shard *s, struct psd_sparse *t)
     for (size_t n = 0; n < t->nbuckets && psd_sparse_ram_cost() > target; n++) {
         size_t b = (t->trim_from + n) % t->nbuckets;
         for (struct sp_entry **l = &t->buckets[b]; *l != NULL;)
-            if (!entry_dirty(*l) && !(*l)->listed)
+            if (!sparse_pinned(s, *l))
                 entry_drop(t, l);
             else
                 l = &(*l)->next;
@@ -568,6 +605,21 @@ void psd_sparse_committed(psd_shard *s, bool ok)
     }
 }
 
+void psd_sparse_applied(psd_shard *s)
+{
+    pthread_rwlock_rdlock(&s->table_lock);
+    for (size_t i = 0; i < s->nvars; i++) {
+        struct psd_sparse *t = s->vars[i]->sparse;
+        if (t == NULL)
+            continue;
+        flusher_lock(t);
+        trim(s, t);
+        t->sweep_clock = UINT64_MAX;
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_rwlock_unlock(&s->table_lock);
+}
+
 uint64_t psd_sparse_budget(psd_shard *s)
 {
     uint64_t lim = s->o.memory_limit;
@@ -577,6 +629,7 @@ uint64_t psd_sparse_budget(psd_shard *s)
 /* ---- sweeps ------------------------------------------------------------ */
 
 struct sweep {
+    psd_shard *s;
     struct psd_sparse *t;
     uint64_t clock;
     /* max_rows: pass 1 collects (last step, id); pass 2 deletes below cut */
@@ -600,8 +653,8 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
     while (*l != NULL && (*l)->id != id)
         l = &(*l)->next;
     if (*l != NULL) {
-        if (entry_dirty(*l) || (*l)->listed)
-            return 0; /* changed since the commit: kept */
+        if (sparse_pinned(w->s, *l))
+            return 0; /* changed since the commit or not in LMDB yet: kept */
         last = (*l)->last_step;
     }
     bool del;
@@ -647,7 +700,7 @@ static int sweep_table(psd_shard *s, struct psd_sparse *t, uint64_t clock)
     int rc = psd_store_begin(s->store, &txn);
     if (rc != 0)
         return rc;
-    struct sweep w = {.t = t, .clock = clock};
+    struct sweep w = {.s = s, .t = t, .clock = clock};
     int done = 0;
     if (t->ttl > 0) {
         rc = psd_store_rows_walk(txn, t->var_id, &t->sweep_from, TTL_SWEEP_ROWS,
@@ -730,4 +783,5 @@ void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r)
     r->sparse_rows_pulled = atomic_load(&g_pulled);
     r->sparse_rows_pushed = atomic_load(&g_pushed);
     r->sparse_rows_unsaved = atomic_load(&g_dirty);
+    r->sparse_log_bytes = s->rowlog ? psd_rowlog_total(s->rowlog) : 0;
 }

@@ -61,6 +61,8 @@ struct sp_entry {
     int64_t id;
     uint64_t updates, last_step;
     uint32_t mod, saved, saving;
+    uint64_t logged;       /* the last row-log batch holding it: kept in
+                              memory until that batch is in LMDB */
     bool listed;           /* on the table's dirty list (dirty, or being saved) */
     float row[];           /* (1 + nslots) * dim: value, then each slot */
 };
@@ -117,12 +119,25 @@ void psd_sparse_free(struct psd_sparse *t);
 void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 
-/* Writes the rows of every sparse table changed since the last commit into
- * *t (begun when NULL). With table_lock held for reading. */
-int psd_sparse_flush(psd_shard *s, struct psd_store_txn **t);
-/* The commit holding them succeeded (ok) or not: rows written are clean,
+/* Appends the rows of every sparse table changed since the last commit to
+ * the row log as batch seq (one write and an fdatasync; nothing when no
+ * row changed). With table_lock held for reading and flush_mu. Returns 0,
+ * PS_EFULL or -errno. */
+int psd_sparse_flush(psd_shard *s, uint64_t seq, bool *wrote);
+/* The batch holding them was written (ok) or not: rows written are clean,
  * or stay dirty. */
 void psd_sparse_committed(psd_shard *s, bool ok);
+/* Whether the entry must stay in memory: changed, or its last batch in the
+ * row log not yet applied to LMDB. */
+bool sparse_pinned(psd_shard *s, const struct sp_entry *e);
+/* After an apply of the row log: drops clean, applied rows from every
+ * table while the RAM tier is above half its budget, and makes each
+ * table's eviction sweep due again (the rows it could not see in LMDB
+ * are there now). No lock held. */
+void psd_sparse_applied(psd_shard *s);
+/* The LMDB pages the applier's transaction holds now (sparse_log.c):
+ * counted in psd_sparse_ram_cost. */
+void psd_sparse_apply_pages(uint64_t pages);
 /* Whether more rows wait for the next commit than the flusher writes in
  * about 40 ms (as measured on the last commits): then a push commits first,
  * so that the kill -9 bound holds whatever the push rate. */

@@ -17,6 +17,7 @@
  *   "meta"   "format"      -> {u32 magic 'PSDS', u32 format 1, u32 0x01020304}
  *            "next_var_id" -> u32, the next variable id to hand out; ids are
  *                             never reused, not even after a delete or clear
+ *            "rowlog_applied", "rowlog_logged" -> u64, marks of the row log
  *   "vars"   name (1..255 bytes, no NUL) -> 48-byte header + spec blob:
  *            {u32 magic 'PSVR', u16 format 1, u16 header size 48, u32 var_id,
  *             u32 nslots, u64 version, u64 step, u64 n, u64 spec_len}
@@ -223,5 +224,14 @@ int psd_store_rows_ids(psd_store *s, uint32_t var_id, uint64_t *n,
 int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name);
 /* Bytes of the store's file in use (its last page). */
 uint64_t psd_store_disk_bytes(psd_store *s);
+/* Marks of the row log (rowlog.h), u64s in "meta", 0 when never set:
+ * "rowlog_applied", the last batch whose rows are in the store (set in
+ * the transaction that writes them); "rowlog_logged", the last batch
+ * written before a commit of the dense variables (set in that commit: a
+ * copy of the store plus the batches up to it is one moment). Return 0 or
+ * as psd_store_put / psd_store_row_get. */
+enum psd_store_log_mark { PSD_STORE_LOG_APPLIED, PSD_STORE_LOG_LOGGED };
+int psd_store_log_mark(psd_store *s, enum psd_store_log_mark m, uint64_t *seq);
+int psd_store_set_log_mark(psd_store_txn *t, enum psd_store_log_mark m, uint64_t seq);
 
 #endif

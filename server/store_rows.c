@@ -439,3 +439,38 @@ int psd_store_rows_gc(psd_store *s, size_t chunk, uint64_t *deleted)
     free(ids);
     return rc;
 }
+
+static MDB_val mark_key(enum psd_store_log_mark m)
+{
+    static const char *keys[] = {"rowlog_applied", "rowlog_logged"};
+    return (MDB_val){strlen(keys[m]), (void *)keys[m]};
+}
+
+int psd_store_log_mark(psd_store *s, enum psd_store_log_mark m, uint64_t *seq)
+{
+    *seq = 0;
+    MDB_txn *txn;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    MDB_val k = mark_key(m), v;
+    mrc = mdb_get(txn, s->meta, &k, &v);
+    int rc = 0;
+    if (mrc == 0 && v.mv_size == sizeof *seq)
+        memcpy(seq, v.mv_data, sizeof *seq);
+    else if (mrc == 0)
+        rc = PS_ECORRUPT;
+    else if (mrc != MDB_NOTFOUND)
+        rc = store_map_rc(mrc, false);
+    store_txn_end(s, txn);
+    return rc;
+}
+
+int psd_store_set_log_mark(psd_store_txn *t, enum psd_store_log_mark m, uint64_t seq)
+{
+    if (t->err)
+        return t->err;
+    MDB_val k = mark_key(m), v = {sizeof seq, &seq};
+    int mrc = mdb_put(t->txn, t->s->meta, &k, &v, 0);
+    return mrc == 0 ? 0 : store_txn_fail(t, mrc, "writing a mark of the row log", "(sparse)");
+}
