@@ -1,0 +1,186 @@
+/* The row log's files (server/rowlog.h): batches written and walked back,
+ * a torn or corrupt batch ending its file, seal and reset. */
+#include "server/rowlog.h"
+
+#include "common/errors.h"
+#include "tests/unit/pscheck.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A batch of n records of table var, ids first..first+n-1, each a 24-byte
+ * row whose bytes are (id + k). */
+static size_t batch(uint8_t *p, uint32_t var, int64_t first, uint32_t n)
+{
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t id = first + i;
+        uint32_t len = 24;
+        memcpy(p + off, &var, 4);
+        memcpy(p + off + 4, &len, 4);
+        memcpy(p + off + 8, &id, 8);
+        for (uint32_t k = 0; k < len; k++)
+            p[off + 16 + k] = (uint8_t)(id + k);
+        off += 16 + len;
+    }
+    return off;
+}
+
+struct seen {
+    int n;
+    uint64_t seqs[64];
+    int64_t ids[64];
+    int bad;
+    int ended;
+};
+
+static int see(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const uint8_t *d,
+               uint32_t len)
+{
+    struct seen *s = ctx;
+    for (uint32_t k = 0; k < len; k++)
+        if (d[k] != (uint8_t)(id + k))
+            s->bad++;
+    if (var_id != 7 || len != 24)
+        s->bad++;
+    if (s->n < 64) {
+        s->seqs[s->n] = seq;
+        s->ids[s->n] = id;
+    }
+    s->n++;
+    return 0;
+}
+
+static int end(void *ctx)
+{
+    ((struct seen *)ctx)->ended++;
+    return 0;
+}
+
+static char path0[PATH_MAX];
+
+static psd_rowlog *three_batches(void)
+{
+    psd_rowlog *l = NULL;
+    ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
+    uint8_t buf[4096];
+    for (uint64_t seq = 1; seq <= 3; seq++) {
+        size_t len = batch(buf, 7, (int64_t)seq * 10, 2);
+        ck_assert_int_eq(psd_rowlog_append(l, seq, buf, len, 2), 0);
+    }
+    snprintf(path0, sizeof path0, "%s/rows.log.%d", tmpdir, psd_rowlog_active(l));
+    return l;
+}
+
+START_TEST(test_roundtrip)
+{
+    psd_rowlog *l = three_batches();
+    struct seen s = {0};
+    uint64_t last = 0;
+    ck_assert_int_eq(psd_rowlog_walk(l, psd_rowlog_active(l), 1, see, end, &s, &last), 0);
+    ck_assert_int_eq(s.n, 4); /* batches 2 and 3: after 1 */
+    ck_assert_int_eq(s.bad, 0);
+    ck_assert_int_eq(s.ended, 1);
+    ck_assert_uint_eq(last, 3);
+    ck_assert_uint_eq(s.seqs[0], 2);
+    ck_assert_int_eq(s.ids[0], 20);
+    ck_assert_int_eq(s.ids[3], 31);
+    psd_rowlog_destroy(l);
+    /* Reopened: the same batches. */
+    ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
+    memset(&s, 0, sizeof s);
+    int which = strstr(path0, "rows.log.0") ? 0 : 1;
+    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, NULL, &s, &last), 0);
+    ck_assert_int_eq(s.n, 6);
+    ck_assert_uint_eq(last, 3);
+    psd_rowlog_destroy(l);
+}
+END_TEST
+
+/* A batch cut short (a crash during its write) or with a flipped byte ends
+ * the file: the batches before it are read, nothing after. */
+START_TEST(test_torn_and_corrupt)
+{
+    psd_rowlog *l = three_batches();
+    psd_rowlog_destroy(l);
+    struct stat st;
+    ck_assert_int_eq(stat(path0, &st), 0);
+    ck_assert_int_eq(truncate(path0, st.st_size - 5), 0);
+    ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
+    int which = strstr(path0, "rows.log.0") ? 0 : 1;
+    struct seen s = {0};
+    uint64_t last = 0;
+    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, end, &s, &last), 0);
+    ck_assert_int_eq(s.n, 4);
+    ck_assert_uint_eq(last, 2);
+    ck_assert_int_eq(s.ended, 1);
+    psd_rowlog_destroy(l);
+    /* A byte of batch 2's payload flipped: batch 1 alone. */
+    int fd = open(path0, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    uint8_t b;
+    off_t at = 24 + 2 * 40 + 24 + 30;
+    ck_assert_int_eq(pread(fd, &b, 1, at), 1);
+    b ^= 0x40;
+    ck_assert_int_eq(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+    ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
+    memset(&s, 0, sizeof s);
+    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, NULL, &s, &last), 0);
+    ck_assert_int_eq(s.n, 2);
+    ck_assert_uint_eq(last, 1);
+    ck_assert_int_eq(s.bad, 0);
+    psd_rowlog_destroy(l);
+}
+END_TEST
+
+/* Seal: appends go to the other file until the sealed one is reset. */
+START_TEST(test_seal_reset)
+{
+    psd_rowlog *l = three_batches();
+    int a = psd_rowlog_active(l);
+    ck_assert_uint_gt(psd_rowlog_bytes(l, a), 0);
+    ck_assert_int_eq(psd_rowlog_seal(l), a);
+    ck_assert_int_eq(psd_rowlog_active(l), !a);
+    ck_assert_int_eq(psd_rowlog_seal(l), -1); /* the new active one is empty */
+    uint8_t buf[256];
+    size_t len = batch(buf, 7, 100, 1);
+    ck_assert_int_eq(psd_rowlog_append(l, 4, buf, len, 1), 0);
+    ck_assert_int_eq(psd_rowlog_seal(l), -1); /* the sealed one is not applied yet */
+    struct seen s = {0};
+    uint64_t last;
+    ck_assert_int_eq(psd_rowlog_walk(l, !a, 0, see, NULL, &s, &last), 0);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_uint_eq(last, 4);
+    ck_assert_int_eq(psd_rowlog_reset(l, a), 0);
+    ck_assert_uint_eq(psd_rowlog_bytes(l, a), 0);
+    ck_assert_uint_eq(psd_rowlog_total(l), 24 + 40);
+    ck_assert_int_eq(psd_rowlog_seal(l), !a);
+    psd_rowlog_destroy(l);
+}
+END_TEST
+
+/* A batch whose sequence number does not grow is not this log's. */
+START_TEST(test_seq_must_grow)
+{
+    psd_rowlog *l = three_batches();
+    uint8_t buf[256];
+    size_t len = batch(buf, 7, 5, 1);
+    ck_assert_int_eq(psd_rowlog_append(l, 2, buf, len, 1), 0);
+    struct seen s = {0};
+    uint64_t last;
+    ck_assert_int_eq(psd_rowlog_walk(l, psd_rowlog_active(l), 0, see, NULL, &s, &last), 0);
+    ck_assert_int_eq(s.n, 6);
+    ck_assert_uint_eq(last, 3);
+    psd_rowlog_destroy(l);
+}
+END_TEST
+
+PSCHECK_MAIN("rowlog",
+    {"psd_rowlog_append", {test_roundtrip, test_seq_must_grow}, &pscheck_tmp},
+    {"psd_rowlog_walk", {test_torn_and_corrupt}, &pscheck_tmp},
+    {"psd_rowlog_seal", {test_seal_reset}, &pscheck_tmp})
