@@ -27,7 +27,6 @@ struct psd_rowlog {
     int fd[2];
     uint64_t size[2];
     int active;
-    bool broken[2]; /* a failed write could not be cut off: no appends */
     char path[2][PATH_MAX];
 };
 
@@ -95,7 +94,7 @@ int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t l
     put32(h + 4, (uint32_t)crc);
     struct iovec iov[2] = {{h, sizeof h}, {(void *)payload, len}};
     pthread_mutex_lock(&l->mu);
-    int a = l->active, rc = l->broken[a] ? -EIO : 0;
+    int a = l->active, rc = 0;
     uint64_t at = l->size[a], want = sizeof h + len, done = 0;
     while (rc == 0 && done < want) {
         /* pwritev from where the last batch ended; a short write resumes. */
@@ -122,14 +121,8 @@ int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t l
     }
     if (rc == 0 && fdatasync(l->fd[a]) != 0)
         rc = -errno;
-    if (rc == 0) {
-        l->size[a] = at + want;
-    } else if (ftruncate(l->fd[a], (off_t)at) != 0) {
-        /* A torn batch stays in the file: nothing may follow it. */
-        ps_log_error("row log %s: cutting off a failed write: %s", l->path[a],
-                     strerror(errno));
-        l->broken[a] = true;
-    }
+    if (rc == 0)
+        l->size[a] = at + want; /* else the next batch overwrites this one */
     pthread_mutex_unlock(&l->mu);
     if (rc == -ENOSPC || rc == -EDQUOT)
         return PS_EFULL;
@@ -152,16 +145,10 @@ int psd_rowlog_seal(psd_rowlog *l)
 
 int psd_rowlog_reset(psd_rowlog *l, int which)
 {
-    int rc = 0;
     pthread_mutex_lock(&l->mu);
-    if (ftruncate(l->fd[which], 0) != 0 || fsync(l->fd[which]) != 0)
-        rc = -errno;
-    else
-        l->size[which] = 0, l->broken[which] = false;
+    l->size[which] = 0;
     pthread_mutex_unlock(&l->mu);
-    if (rc != 0)
-        ps_log_error("row log %s: emptying: %s", l->path[which], strerror(-rc));
-    return rc;
+    return 0;
 }
 
 uint64_t psd_rowlog_bytes(psd_rowlog *l, int which)
@@ -228,27 +215,29 @@ int psd_rowlog_walk(psd_rowlog *l, int which, uint64_t after, psd_rowlog_fn fn,
     int rc = 0;
     uint64_t off = 0, prev = 0;
     while (rc == 0 && off < size) {
-        if (size - off < BATCH_HEAD) {
-            ps_log_warn("row log %s: a batch cut short at byte %llu (a crash while "
-                        "writing it; never acknowledged): ignored", l->path[which],
-                        (unsigned long long)off);
-            break;
-        }
         const uint8_t *h = m + off;
-        uint64_t seq;
-        memcpy(&seq, h + 8, 8);
-        uint32_t n = get32(h + 16), len = get32(h + 20);
-        bool whole = get32(h) == BATCH_MAGIC && size - off - BATCH_HEAD >= len;
+        uint64_t seq = 0;
+        uint32_t n = 0, len = 0;
+        bool whole = size - off >= BATCH_HEAD;
+        if (whole) {
+            memcpy(&seq, h + 8, 8);
+            n = get32(h + 16);
+            len = get32(h + 20);
+            whole = get32(h) == BATCH_MAGIC && size - off - BATCH_HEAD >= len;
+        }
         if (whole) {
             uLong crc = crc32(0L, h + 8, BATCH_HEAD - 8);
             crc = crc32_z(crc, h + BATCH_HEAD, len);
-            whole = (uint32_t)crc == get32(h + 4) && seq > prev &&
-                    records_ok(h + BATCH_HEAD, n, len);
+            whole = (uint32_t)crc == get32(h + 4) && records_ok(h + BATCH_HEAD, n, len);
         }
-        if (!whole) {
-            ps_log_warn("row log %s: the batch at byte %llu is torn or corrupt (a crash "
-                        "while writing it; never acknowledged): it and what follows "
-                        "are ignored", l->path[which], (unsigned long long)off);
+        if (!whole || seq <= prev) {
+            /* A file is written again from its start once applied, so what
+             * follows its last batch is an older batch (a lower seq), the
+             * rest of one, or a batch a crash cut short: never
+             * acknowledged, all of it. */
+            if (off < size)
+                ps_log_debug("row log %s: ends at byte %llu", l->path[which],
+                             (unsigned long long)off);
             break;
         }
         prev = seq;

@@ -12,10 +12,13 @@
  * and the file emptied: appends go to one file (the active one) while the
  * other (sealed) is applied.
  *
- * A batch whose crc does not match, or is cut short, ends its file: it can
- * only be the last one written before a crash, never acknowledged. A write
- * that fails is cut off again (ftruncate to where it began), so a later
- * batch never follows a torn one.
+ * A file is written again from its start once its rows are applied (it
+ * keeps its blocks: an fdatasync of a write in place needs no journal
+ * commit, which on ext4 would wait for LMDB's own writes). A walk ends at
+ * the first batch that is not whole (crc, length) or whose seq does not
+ * grow: an older batch, the rest of one, or one a crash cut short, none
+ * of them acknowledged after what precedes. A write that fails leaves the
+ * end where it was, and the next batch is written over it.
  *
  * Threads and lifetime: one mutex inside guards which file is active;
  * psd_rowlog_append, _seal and _reset may be called from different threads,
@@ -41,7 +44,8 @@ void psd_rowlog_destroy(psd_rowlog *l);
 
 /* Appends one batch of nrecs records (payload: len bytes laid out as
  * above) to the active file and fdatasyncs it. Returns 0, PS_EFULL (no
- * space left on the disk), or -errno; on failure the file is as before. */
+ * space left on the disk), or -errno; on failure the file ends where it
+ * did. */
 int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t len,
                       uint32_t nrecs);
 
@@ -50,7 +54,9 @@ int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t l
  * the other is not (its rows not applied yet). */
 int psd_rowlog_seal(psd_rowlog *l);
 
-/* Empties file `which` (ftruncate and fsync). 0 or -errno. */
+/* Empties file `which`: the next append to it writes at its start (its
+ * batches must be applied, their seqs at most the store's applied mark).
+ * Returns 0. */
 int psd_rowlog_reset(psd_rowlog *l, int which);
 
 /* Bytes in file `which`, and in both. */
@@ -68,10 +74,11 @@ typedef int (*psd_rowlog_fn)(void *ctx, uint64_t seq, uint32_t var_id, int64_t i
  * mapped; its return is the walk's. */
 typedef int (*psd_rowlog_end_fn)(void *ctx);
 
-/* Walks the whole batches of file `which`, then calls end (when not NULL);
- * *last (when not NULL) gets the highest seq seen (0: none). A torn or
- * corrupt batch ends the walk (logged). Returns 0, fn's or end's code, or
- * -errno. */
+/* Walks the whole batches of file `which` (up to its end, or at open up
+ * to the first that is not whole or does not grow), calling fn for the
+ * records of those with seq > after, then calls end (when not NULL); *last
+ * (when not NULL) gets the highest seq seen (0: none). Returns 0, fn's or
+ * end's code, or -errno. */
 int psd_rowlog_walk(psd_rowlog *l, int which, uint64_t after, psd_rowlog_fn fn,
                     psd_rowlog_end_fn end, void *ctx, uint64_t *last);
 

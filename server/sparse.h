@@ -153,6 +153,9 @@ void sparse_lock(struct psd_sparse *t);
 /* Between sparse.c and sparse_rpc.c. With t->mu held. */
 int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name);
 struct sp_entry *sparse_find(struct psd_sparse *t, int64_t id);
+/* Called at each i of a walk over ids (t->mu held): fetches what the ids
+ * a few ahead will need into the cache. */
+void sparse_ahead(const struct psd_sparse *t, const int64_t *ids, size_t i, size_t n);
 int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt,
                   int64_t id, struct sp_entry **e, const uint8_t **data);
 void sparse_init_row(const struct psd_sparse *t, int64_t id, float *row, bool slots);

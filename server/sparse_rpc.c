@@ -85,6 +85,7 @@ static int pull_rows(psd_shard *s, psd_var *v, const int64_t *ids, size_t n, flo
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct sp_entry *e;
         const uint8_t *data;
+        sparse_ahead(t, ids, i, n);
         int k = sparse_lookup(s, t, &rt, ids[i], &e, &data);
         if (k == 1)
             memcpy(out + i * dim, e->row, dim * sizeof(float));
@@ -338,6 +339,7 @@ static int load_state(psd_shard *s, struct item *it)
         struct sp_entry *e;
         const uint8_t *data;
         float *st = it->state + u * rowf;
+        sparse_ahead(t, it->uid, u, nu);
         int k = sparse_lookup(s, t, &rt, it->uid[u], &e, &data);
         if (k == 1) {
             memcpy(st, e->row, rowf * sizeof(float));

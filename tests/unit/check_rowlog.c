@@ -164,6 +164,33 @@ START_TEST(test_seal_reset)
 }
 END_TEST
 
+/* A file written again from its start after a reset: a reopened walk reads
+ * the new batches and stops at the older ones after them. */
+START_TEST(test_reuse)
+{
+    psd_rowlog *l = three_batches();
+    int a = psd_rowlog_active(l);
+    ck_assert_int_eq(psd_rowlog_seal(l), a);
+    ck_assert_int_eq(psd_rowlog_reset(l, a), 0);
+    uint8_t buf[4096];
+    size_t len = batch(buf, 7, 200, 1);
+    ck_assert_int_eq(psd_rowlog_append(l, 4, buf, len, 1), 0); /* to !a */
+    ck_assert_int_eq(psd_rowlog_seal(l), !a);
+    len = batch(buf, 7, 300, 1);
+    ck_assert_int_eq(psd_rowlog_append(l, 5, buf, len, 1), 0); /* over a's batch 1 */
+    psd_rowlog_destroy(l);
+    ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
+    struct seen s = {0};
+    uint64_t last;
+    ck_assert_int_eq(psd_rowlog_walk(l, a, 0, see, NULL, &s, &last), 0);
+    ck_assert_int_eq(s.n, 1); /* batch 5; then batch 2 (older): the end */
+    ck_assert_int_eq(s.ids[0], 300);
+    ck_assert_uint_eq(last, 5);
+    ck_assert_int_eq(s.bad, 0);
+    psd_rowlog_destroy(l);
+}
+END_TEST
+
 /* A batch whose sequence number does not grow is not this log's. */
 START_TEST(test_seq_must_grow)
 {
@@ -183,4 +210,5 @@ END_TEST
 PSCHECK_MAIN("rowlog",
     {"psd_rowlog_append", {test_roundtrip, test_seq_must_grow}, &pscheck_tmp},
     {"psd_rowlog_walk", {test_torn_and_corrupt}, &pscheck_tmp},
-    {"psd_rowlog_seal", {test_seal_reset}, &pscheck_tmp})
+    {"psd_rowlog_seal", {test_seal_reset}, &pscheck_tmp},
+    {"psd_rowlog_reset", {test_reuse}, &pscheck_tmp})
