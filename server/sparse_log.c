@@ -202,7 +202,9 @@ int shard_rowlog_open(psd_shard *s)
     for (int i = 0; i < 2 && rc == 0; i++)
         rc = psd_rowlog_reset(s->rowlog, i);
     if (rc != 0) {
-        ps_log_err(rc, "cannot replay the row log in %s", s->data_dir);
+        ps_log_err(rc, "cannot write the row log of %s into LMDB (its rows were "
+                   "acknowledged and stay in the log: free the disk and start psd again)",
+                   s->data_dir);
         return rc;
     }
     if (last[0] > top)

@@ -897,8 +897,10 @@ int psd_store_commit(psd_store_txn *t)
     int mrc = txn_commit(s, t->txn);
     free(t);
     if (mrc != 0) {
-        ps_log_error("store %s: commit: %s", s->dir, mdb_strerror(mrc));
-        return is_space_error(mrc) ? PS_EFULL : PS_ESTORE;
+        bool full = is_space_error(mrc) || (mrc == EIO && store_disk_full(s));
+        ps_log_error("store %s: commit: %s%s", s->dir, mdb_strerror(mrc),
+                     full && mrc == EIO ? " (the disk is full)" : "");
+        return full ? PS_EFULL : PS_ESTORE;
     }
     __atomic_add_fetch(&s->commits, 1, __ATOMIC_RELAXED);
     return 0;

@@ -46,6 +46,17 @@ static uint64_t growth_cap(psd_store *s, char *why, size_t why_len)
     return (uint64_t)st.st_size + free_b;
 }
 
+bool store_disk_full(psd_store *s)
+{
+    struct statvfs fs;
+    if (statvfs(s->dir, &fs) != 0)
+        return false;
+    if ((uint64_t)fs.f_bavail * fs.f_frsize >= ((uint64_t)1 << 20))
+        return false;
+    __atomic_store_n(&s->full_reason, 2, __ATOMIC_RELAXED);
+    return true;
+}
+
 int psd_store_grow(psd_store *s)
 {
     if (!s || (s->flags & PSD_STORE_RDONLY))

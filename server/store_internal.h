@@ -54,5 +54,9 @@ int store_txn_begin(psd_store *s, unsigned flags, MDB_txn **out);
 void store_txn_end(psd_store *s, MDB_txn *txn);
 int store_txn_commit(psd_store *s, MDB_txn *txn);
 int store_txn_fail(psd_store_txn *t, int mrc, const char *what, const char *name);
+/* Whether the store's file system has less than 1 MiB free (then noted as
+ * the reason of PS_EFULL): LMDB reports a write the full disk cut short
+ * as EIO. store_grow.c. */
+bool store_disk_full(psd_store *s);
 
 #endif
