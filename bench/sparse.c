@@ -30,7 +30,9 @@
  */
 #include "common/buf.h"
 #include "common/errors.h"
+#include "common/psclient.h"
 #include "common/rpc.h"
+#include "common/sparseclient.h"
 #include "proto/ps.pb-c.h"
 #include "server/store.h"
 #ifdef BENCH_HAVE_REDIS
@@ -63,7 +65,8 @@ struct psd {
     pid_t pid;
     char dir[256], cg[256];
     int port;
-    ps_rpc_client *c;
+    ps_client *pc;    /* the C client users link (libpsclient) */
+    ps_rpc_client *c; /* its channel, for Stats and CreateVariable */
 };
 
 static double now_s(void)
@@ -119,12 +122,15 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", p->port);
     ps_rpc_client_opts co = {.deadline_ms = 120000};
-    return ps_rpc_client_create(target, &co, &p->c);
+    int rc = ps_client_create(target, &co, &p->pc);
+    if (rc == 0)
+        p->c = ps_client_rpc(p->pc);
+    return rc;
 }
 
 static void psd_stop(struct psd *p)
 {
-    ps_rpc_client_destroy(p->c);
+    ps_client_destroy(p->pc);
     kill(p->pid, SIGTERM);
     waitpid(p->pid, NULL, 0);
     char cmd[300];
@@ -168,47 +174,21 @@ static int create(struct psd *p, const struct opts *o)
     return rc;
 }
 
-/* One SparsePull (kind 0), SparsePush (1) or push with return (2). */
+/* One SparsePull (kind 0), SparsePush (1) or push with return (2), through
+ * the C client's calls (common/sparseclient.h), as a program linking
+ * libpsclient makes them. */
 static int one(struct psd *p, const struct opts *o, int kind, int64_t *ids, float *g,
-               uint64_t step)
+               float *out, uint64_t step)
 {
-    void *resp = NULL;
-    int rc;
-    if (kind == 0) {
-        Ps__V1__SparsePullItem it = PS__V1__SPARSE_PULL_ITEM__INIT;
-        Ps__V1__SparsePullItem *itp = &it;
-        it.name = "emb";
-        it.n_ids = (size_t)o->batch;
-        it.ids = ids;
-        Ps__V1__SparsePullRequest r = PS__V1__SPARSE_PULL_REQUEST__INIT;
-        r.n_items = 1;
-        r.items = &itp;
-        rc = call(p, "/ps.v1.ParameterServer/SparsePull", &r,
-                  &ps__v1__sparse_pull_response__descriptor, &resp);
-    } else {
-        int64_t shape[2] = {o->batch, o->dim};
-        Ps__V1__Tensor t = PS__V1__TENSOR__INIT;
-        t.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        t.n_shape = 2;
-        t.shape = shape;
-        t.data.len = (size_t)(o->batch * o->dim) * sizeof(float);
-        t.data.data = (uint8_t *)g;
-        Ps__V1__SparseGradient sg = PS__V1__SPARSE_GRADIENT__INIT;
-        Ps__V1__SparseGradient *sgp = &sg;
-        sg.name = "emb";
-        sg.n_ids = (size_t)o->batch;
-        sg.ids = ids;
-        sg.grad = &t;
-        Ps__V1__SparsePushRequest r = PS__V1__SPARSE_PUSH_REQUEST__INIT;
-        r.step = step;
-        r.n_grads = 1;
-        r.grads = &sgp;
-        r.return_values = kind == 2;
-        rc = call(p, "/ps.v1.ParameterServer/SparsePush", &r,
-                  &ps__v1__sparse_push_response__descriptor, &resp);
-    }
-    if (resp)
-        protobuf_c_message_free_unpacked(resp, NULL);
+    float *rows = kind == 1 ? g : out; /* a push without return leaves g as it is */
+    if (kind == 2)
+        memcpy(out, g, (size_t)(o->batch * o->dim) * sizeof *out);
+    ps_sparse_item it = {"emb", ids, (size_t)o->batch, (int)o->dim, rows, 0};
+    ps_rpc_status st;
+    int rc = kind == 0 ? ps_client_sparse_pull(&p->pc, 1, &it, 1, 0, &st)
+                       : ps_client_sparse_push(&p->pc, 1, 0, step, &it, 1, kind == 2, 0, &st);
+    if (rc != 0)
+        fprintf(stderr, "sparse: %s: %s\n", kind ? "SparsePush" : "SparsePull", st.message);
     return rc;
 }
 
@@ -341,8 +321,7 @@ struct psd_ctx {
 static int psd_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
 {
     struct psd_ctx *c = ctx;
-    (void)out;
-    return one(c->p, c->o, kind, ids, g, step);
+    return one(c->p, c->o, kind, ids, g, out, step);
 }
 
 /* Ceiling 1: the rows gathered from a RAM array (rows * dim floats). */
@@ -420,7 +399,7 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
     for (long k = 0; k < o->rows; k += o->batch) {
         for (long i = 0; i < o->batch; i++)
             ids[i] = id_of(o, (uint64_t)((k + i) % o->rows));
-        if (one(p, o, 1, ids, g, 0) != 0)
+        if (one(p, o, 1, ids, g, NULL, 0) != 0)
             exit(1);
     }
     /* Until the write-behind has logged every row and applied the log to

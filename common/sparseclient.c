@@ -4,6 +4,8 @@
  */
 #include "common/sparseclient.h"
 #include "common/errors.h"
+#include "common/rpc_msg.h"
+#include "common/wire.h"
 #include "proto/ps.pb-c.h"
 
 #include <errno.h>
@@ -160,6 +162,75 @@ static void name_shard(ps_rpc_status *st, int s)
     snprintf(st->message, sizeof st->message, "shard %d: %s", s, m);
 }
 
+/* A shard's SparsePullResponse, read as gRPC hands it over: each table's
+ * rows go from the received pieces straight to their places in the
+ * caller's array (a SparsePullResponse is a PullResponse on the wire: rows
+ * = values, field 1 of {name 1, version 2, Tensor 3}). Before, the
+ * response was copied whole, unpacked (copied again) and then scattered:
+ * a megabyte twice more for a batch of 4096 rows of dim 64. */
+struct pull_rows {
+    const struct split *sp;
+    int s;
+    ps_sparse_item *items;
+    const size_t *used;
+    bool had;
+};
+
+static int on_rows(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *err,
+                   size_t errlen)
+{
+    struct pull_rows *pr = ctx;
+    size_t i = pr->used[v->index];
+    ps_sparse_item *it = &pr->items[i];
+    size_t c = pr->sp->count[(size_t)pr->s * pr->sp->nitems + i], d = (size_t)it->dim;
+    if (ev == PS_WIRE_SHM) {
+        snprintf(err, errlen, "table '%s': rows in shared memory, not asked for", it->name);
+        return PS_EPARSE;
+    }
+    if (ev == PS_WIRE_DATA) {
+        if (v->data.left != c * d * sizeof(float)) {
+            snprintf(err, errlen, "answered %zu bytes for table '%s', expected %zu rows "
+                     "of dim %zu", v->data.left, it->name, c, d);
+            return PS_ESHAPE;
+        }
+        const size_t *pos = pr->sp->pos[(size_t)pr->s * pr->sp->nitems + i];
+        for (size_t j = 0; j < c; j++)
+            if (ps_wire_bytes_take(&v->data, it->rows + pos[j] * d, d * sizeof(float)) != 0)
+                return PS_EPARSE;
+        pr->had = true;
+        return 0;
+    }
+    bool had = pr->had;
+    pr->had = false;
+    if (v->name_len != strlen(it->name) || memcmp(v->name, it->name, v->name_len) != 0) {
+        snprintf(err, errlen, "rows %zu are of table '%.*s', expected '%s'", v->index,
+                 (int)v->name_len, v->name, it->name);
+        return PS_EPARSE;
+    }
+    if (!had && c > 0) {
+        snprintf(err, errlen, "no rows for table '%s', expected %zu of dim %zu", it->name,
+                 c, d);
+        return PS_ESHAPE;
+    }
+    if (v->version > it->version)
+        it->version = v->version;
+    return 0;
+}
+
+struct pull_decode {
+    struct pull_rows pr;
+    size_t m;
+    char err[200];
+};
+
+static int decode_rows(void *ctx, const struct ps_piece *pieces, int np)
+{
+    struct pull_decode *pd = ctx;
+    pd->pr.had = false;
+    return ps_wire_values_decode(pieces, np, false, pd->m, NULL, 0, on_rows, &pd->pr,
+                                 pd->err, sizeof pd->err);
+}
+
 static int pull_shard(ps_client *c, int s, const struct split *sp,
                       ps_sparse_item *items, size_t n, int deadline_ms,
                       ps_rpc_status *st)
@@ -183,19 +254,24 @@ static int pull_shard(ps_client *c, int s, const struct split *sp,
     Ps__V1__SparsePullRequest req = PS__V1__SPARSE_PULL_REQUEST__INIT;
     req.n_items = m;
     req.items = pp;
-    void *resp = NULL;
-    int rc = ps_rpc_invoke_pb(ps_client_rpc(c), "/ps.v1.ParameterServer/SparsePull", &req,
-                              &ps__v1__sparse_pull_response__descriptor, &resp,
-                              deadline_ms, st);
-    if (rc != 0) {
-        name_shard(st, s);
-        return rc;
+    size_t len = ps__v1__sparse_pull_request__get_packed_size(&req);
+    ps_rpc_msg *msg = ps_rpc_msg_new(len);
+    if (msg == NULL)
+        return -ENOMEM;
+    ps__v1__sparse_pull_request__pack(&req, ps_rpc_msg_data(msg));
+    ps_rpc_msg_set_len(msg, len);
+    struct pull_decode pd = {{sp, s, items, used, false}, m, ""};
+    ps_rpc_status local;
+    ps_rpc_status *stp = st ? st : &local;
+    int rc = ps_rpc_invoke_msg(ps_client_rpc(c), "/ps.v1.ParameterServer/SparsePull", msg,
+                               decode_rows, &pd, deadline_ms, stp);
+    ps_rpc_msg_unref(msg);
+    if (rc != 0 && pd.err[0] != '\0') {
+        stp->code = PS_RPC_INTERNAL;
+        snprintf(stp->message, sizeof stp->message, "SparsePull: %s", pd.err);
     }
-    Ps__V1__SparsePullResponse *r = resp;
-    for (size_t k = 0; rc == 0 && k < m; k++)
-        rc = merge_rows(sp, s, used[k], &items[used[k]],
-                        k < r->n_rows ? r->rows[k] : NULL, st);
-    ps__v1__sparse_pull_response__free_unpacked(r, NULL);
+    if (rc != 0)
+        name_shard(st, s);
     return rc;
 }
 
