@@ -485,6 +485,21 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
     free(table);
 }
 
+/* Rows psd has read from LMDB since it started (Stats); *ram: its RAM tier. */
+static uint64_t tier_misses(struct psd *p, uint64_t *ram)
+{
+    Ps__V1__StatsRequest r = PS__V1__STATS_REQUEST__INIT;
+    Ps__V1__StatsResponse *s = NULL;
+    if (call(p, "/ps.v1.ParameterServer/Stats", &r, &ps__v1__stats_response__descriptor,
+             (void **)&s) != 0)
+        exit(1);
+    uint64_t n = s->sparse_rows_read_lmdb;
+    if (ram)
+        *ram = s->sparse_ram_bytes;
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    return n;
+}
+
 static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
                 const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
 {
@@ -503,8 +518,14 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
     struct psd_ctx pc = {p, o};
     char who[32];
     snprintf(who, sizeof who, "psd %s", regime);
+    uint64_t read0 = tier_misses(p, NULL);
     for (int k = 0; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
+    uint64_t ram = 0, read1 = tier_misses(p, &ram);
+    printf("%s: %.1f%% of the rows the calls touched were read from LMDB, the rest from "
+           "the RAM tier (%llu MiB)\n", who,
+           100.0 * (double)(read1 - read0) / (double)(3 * o->calls * o->batch),
+           (unsigned long long)(ram >> 20));
     if (pr)
         measure_peers(o, p, cdf, ids, g, out, pr);
     psd_stop(p);

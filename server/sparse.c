@@ -27,7 +27,7 @@
 
 /* Process-wide counters (one shard per psd process). */
 static atomic_uint_fast64_t g_ram, g_dirty, g_admitted, g_evicted, g_not_admitted, g_pulled,
-    g_pushed;
+    g_pushed, g_read_lmdb;
 
 /* The kill -9 bound needs each commit to end soon after it starts: the
  * rows a commit may carry follow what the last commits wrote per ms
@@ -261,6 +261,10 @@ static bool entry_dirty(const struct sp_entry *e)
     return e->mod != e->saved;
 }
 
+static void clock_sweep(psd_shard *s, struct psd_sparse *t, uint64_t target,
+                        size_t max_buckets);
+#define CACHE_SWEEP_BUCKETS 64
+
 /* ---- initial rows and admission ---------------------------------------- */
 
 void sparse_init_row(const struct psd_sparse *t, int64_t id, float *row, bool slots)
@@ -412,8 +416,11 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
                   int64_t id, struct sp_entry **e, const uint8_t **data)
 {
     *e = sparse_find(t, id);
-    if (*e != NULL)
+    if (*e != NULL) {
+        if (!(*e)->ref)
+            (*e)->ref = true; /* no store when set: the line stays clean */
         return 1;
+    }
     if (!bloom_maybe(t, id))
         return 0; /* never stored: no LMDB lookup */
     if (*rt == NULL) {
@@ -434,6 +441,7 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
         return PS_ECORRUPT;
     }
     *data = d;
+    atomic_fetch_add_explicit(&g_read_lmdb, 1, memory_order_relaxed);
     return 2;
 }
 
@@ -458,6 +466,7 @@ struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *r
         t->dlist[t->dn++] = e;
     }
     bloom_add(t, id);
+    e->ref = true;
     memcpy(e->row, row, t->rowf * sizeof(float));
     e->updates = updates;
     e->last_step = last_step;
@@ -471,7 +480,10 @@ struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *r
 
 void sparse_cache(psd_shard *s, struct psd_sparse *t, int64_t id, const uint8_t *data)
 {
-    if (psd_sparse_ram_cost() + entry_bytes(t) > psd_sparse_budget(s) / 2)
+    uint64_t budget = psd_sparse_budget(s);
+    if (psd_sparse_ram_cost() + entry_bytes(t) > budget)
+        clock_sweep(s, t, budget - 8 * entry_bytes(t), CACHE_SWEEP_BUCKETS);
+    if (psd_sparse_ram_cost() + entry_bytes(t) > budget)
         return;
     struct sp_entry *e = entry_add(t, id);
     if (e == NULL)
@@ -581,21 +593,40 @@ int psd_sparse_flush(psd_shard *s, uint64_t seq, bool *wrote)
     return rc;
 }
 
-/* Drops clean rows while the RAM tier is above its target, starting where
- * the last trim stopped so that each commit does not walk the same clean
- * prefix again. mu held. */
-static void trim(psd_shard *s, struct psd_sparse *t)
+/* The RAM tier keeps the rows read most: a clock over the hash's buckets
+ * (CLOCK, the second-chance approximation of LRU). A row read or written
+ * gets its ref bit; the hand, where the last sweep stopped, clears the bit
+ * of a row that has it and drops a row that does not (never a pinned
+ * one), until the tier costs at most target or max_buckets were visited.
+ * A row read from LMDB enters without the bit: read once and not again
+ * before the hand comes round, it goes first. With a Zipf stream the hot
+ * rows stay; before, the tier kept the first rows it read and dropped
+ * rows in bucket order whatever their use. mu held. */
+static void clock_sweep(psd_shard *s, struct psd_sparse *t, uint64_t target,
+                        size_t max_buckets)
 {
-    uint64_t target = psd_sparse_budget(s) / 2;
-    for (size_t n = 0; n < t->nbuckets && psd_sparse_ram_cost() > target; n++) {
-        size_t b = (t->trim_from + n) % t->nbuckets;
-        for (struct sp_entry **l = &t->buckets[b]; *l != NULL;)
-            if (!sparse_pinned(s, *l))
+    for (size_t n = 0; n < max_buckets && psd_sparse_ram_cost() > target; n++) {
+        size_t b = t->trim_from;
+        for (struct sp_entry **l = &t->buckets[b]; *l != NULL;) {
+            struct sp_entry *e = *l;
+            if (sparse_pinned(s, e)) {
+                l = &e->next;
+            } else if (e->ref) {
+                e->ref = false;
+                l = &e->next;
+            } else {
                 entry_drop(t, l);
-            else
-                l = &(*l)->next;
+            }
+        }
         t->trim_from = (b + 1) % t->nbuckets;
     }
+}
+
+/* Brings the tier down to 7/8 of its budget (room for the next calls' new
+ * rows), at most two turns of the hand. mu held. */
+static void trim(psd_shard *s, struct psd_sparse *t)
+{
+    clock_sweep(s, t, psd_sparse_budget(s) / 8 * 7, 2 * t->nbuckets);
 }
 
 void psd_sparse_committed(psd_shard *s, bool ok)
@@ -650,7 +681,7 @@ void psd_sparse_applied(psd_shard *s)
 uint64_t psd_sparse_budget(psd_shard *s)
 {
     uint64_t lim = s->o.memory_limit;
-    return lim ? lim / 4 : (uint64_t)256 << 20;
+    return lim ? lim / 8 * 3 : (uint64_t)256 << 20;
 }
 
 /* ---- sweeps ------------------------------------------------------------ */
@@ -811,4 +842,5 @@ void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r)
     r->sparse_rows_pushed = atomic_load(&g_pushed);
     r->sparse_rows_unsaved = atomic_load(&g_dirty);
     r->sparse_log_bytes = s->rowlog ? psd_rowlog_total(s->rowlog) : 0;
+    r->sparse_rows_read_lmdb = atomic_load(&g_read_lmdb);
 }

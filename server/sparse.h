@@ -64,6 +64,7 @@ struct sp_entry {
     uint64_t logged;       /* the last row-log batch holding it: kept in
                               memory until that batch is in LMDB */
     bool listed;           /* on the table's dirty list (dirty, or being saved) */
+    bool ref;              /* read or written since the clock hand last passed */
     float row[];           /* (1 + nslots) * dim: value, then each slot */
 };
 
