@@ -174,6 +174,9 @@ void sparse_cache(psd_shard *s, struct psd_sparse *t, int64_t id, const uint8_t 
  * so that their pages' faults overlap (sparse_prefetch.c). Without t->mu;
  * before the call takes it. */
 void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, size_t n);
+/* The same for rows of table var_id, in the tier or not: the applier's
+ * next transaction rewrites their leaf pages (sparse_log.c). */
+void sparse_prefetch_rows(psd_shard *s, uint32_t var_id, const int64_t *ids, size_t n);
 /* Process-wide: rows pulled, rows pushed, pushed rows not admitted. */
 void psd_sparse_count(uint64_t pulled, uint64_t pushed, uint64_t not_admitted);
 /* Bytes of the RAM tier now, and its budget (a quarter of --memory-limit,

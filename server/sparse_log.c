@@ -60,6 +60,8 @@ struct apply {
     uint64_t last;        /* the last batch seen */
     size_t chunk;
     uint64_t mark;        /* the applied mark to set: last, or more */
+    psd_shard *pf;        /* faults the rows' pages in first; NULL: not */
+    int64_t *ids;         /* (chunk) for the prefetch */
 };
 
 static int cmp_u32(const void *a, const void *b)
@@ -115,21 +117,33 @@ static int put_all(void *ctx)
     if (a->last > a->mark)
         a->mark = a->last;
     qsort(a->r, a->n, sizeof *a->r, cmp_rec);
+    size_t u = 0; /* the last record of each row, in key order */
+    for (size_t j = 0; j < a->n; j++)
+        if (j + 1 == a->n || !same_row(&a->r[j], &a->r[j + 1]))
+            a->r[u++] = a->r[j];
+    a->n = u;
     size_t i = 0;
     for (;;) {
+        size_t end = i + a->chunk < a->n ? i + a->chunk : a->n;
+        /* The chunk's leaf pages from many threads at once: the puts
+         * below would otherwise fault them in one by one. */
+        for (size_t j = i; a->pf != NULL && a->ids != NULL && j < end;) {
+            size_t k = 0;
+            uint32_t var = a->r[j].var_id;
+            for (; j < end && a->r[j].var_id == var; j++)
+                a->ids[k++] = a->r[j].id;
+            sparse_prefetch_rows(a->pf, var, a->ids, k);
+        }
         psd_store_txn *t = NULL;
         int rc = psd_store_begin(a->st, &t);
-        size_t j = i, k = 0;
-        for (; rc == 0 && j < a->n && k < a->chunk; j++) {
-            if (j + 1 < a->n && same_row(&a->r[j], &a->r[j + 1]))
-                continue; /* changed again later in the file */
+        size_t j = i;
+        for (; rc == 0 && j < end; j++) {
             const struct rec *r = &a->r[j];
             uint32_t head = r->len < SPARSE_ROW_HEAD ? r->len : SPARSE_ROW_HEAD;
             rc = psd_store_row_put(t, r->var_id, r->id, r->data, head, r->data + head,
                                    r->len - head);
-            k++;
-            if ((k & 255) == 0)
-                psd_sparse_apply_pages(k);
+            if (((j - i + 1) & 255) == 0)
+                psd_sparse_apply_pages(j - i + 1);
         }
         if (rc == 0 && j >= a->n && a->mark > 0)
             rc = psd_store_set_log_mark(t, PSD_STORE_LOG_APPLIED, a->mark);
@@ -152,12 +166,15 @@ static int put_all(void *ctx)
  * sets its applied mark (to at least mark). *last: the last batch. */
 static int apply_file(psd_store *st, psd_rowlog *l, int which, uint64_t after, uint64_t upto,
                       const uint32_t *live, size_t nlive, size_t chunk, uint64_t mark,
-                      uint64_t *last)
+                      psd_shard *pf, uint64_t *last)
 {
     struct apply a = {.st = st, .live = live, .nlive = nlive, .upto = upto,
-                      .chunk = chunk, .mark = mark};
+                      .chunk = chunk, .mark = mark, .pf = pf};
+    if (pf != NULL)
+        a.ids = malloc(chunk * sizeof *a.ids);
     int rc = psd_rowlog_walk(l, which, after, collect, put_all, &a, NULL);
     free(a.r);
+    free(a.ids);
     if (last)
         *last = a.last;
     return rc;
@@ -190,7 +207,7 @@ int shard_rowlog_open(psd_shard *s)
             continue;
         uint64_t got = 0;
         rc = apply_file(s->store, s->rowlog, i, applied, UINT64_MAX, NULL, 0, chunk_rows(s),
-                        0, &got);
+                        0, s, &got);
         if (rc == 0) {
             ps_log_info("row log: replayed batches %llu-%llu of %s (acknowledged "
                         "before psd stopped, not yet in LMDB)",
@@ -253,7 +270,7 @@ static int apply_sealed(psd_shard *s, bool *did)
         return -ENOMEM;
     uint64_t last = 0;
     int rc = apply_file(s->store, l, which, atomic_load(&s->log_applied), UINT64_MAX, live,
-                        nlive, chunk_rows(s), 0, &last);
+                        nlive, chunk_rows(s), 0, s, &last);
     free(live);
     if (rc == 0)
         rc = psd_rowlog_reset(l, which);
@@ -366,7 +383,7 @@ static int complete_copy(void *ctx, const char *dir)
         uint32_t *live = live_ids(s, &nlive);
         rc = live == NULL ? -ENOMEM
                           : apply_file(ck, s->rowlog, psd_rowlog_active(s->rowlog), applied,
-                                       logged, live, nlive, chunk_rows(s), logged, NULL);
+                                       logged, live, nlive, chunk_rows(s), logged, NULL, NULL);
         free(live);
     }
     if (rc == 0)

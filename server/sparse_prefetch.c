@@ -59,6 +59,31 @@ static bool larger_than_memory(psd_shard *s)
     return lim > 0 && psd_store_disk_bytes(s->store) > lim / 2;
 }
 
+/* Reads rows ids[0..n) of table var_id from up to PREFETCH_THREADS
+ * threads. */
+static void fault_in(psd_shard *s, uint32_t var_id, const int64_t *ids, size_t n)
+{
+    size_t nt = n / PREFETCH_MIN_PER_THREAD;
+    nt = nt > PREFETCH_THREADS ? PREFETCH_THREADS : nt;
+    struct pf_job jobs[PREFETCH_THREADS];
+    pthread_t th[PREFETCH_THREADS];
+    bool started[PREFETCH_THREADS] = {false};
+    for (size_t k = 0; k < nt; k++) {
+        jobs[k] = (struct pf_job){.store = s->store, .var_id = var_id, .ids = ids, .n = n,
+                                  .stride = nt, .first = k};
+        started[k] = pthread_create(&th[k], NULL, pf_main, &jobs[k]) == 0;
+    }
+    for (size_t k = 0; k < nt; k++)
+        if (started[k])
+            pthread_join(th[k], NULL);
+}
+
+void sparse_prefetch_rows(psd_shard *s, uint32_t var_id, const int64_t *ids, size_t n)
+{
+    if (n >= 2 * PREFETCH_MIN_PER_THREAD && larger_than_memory(s))
+        fault_in(s, var_id, ids, n);
+}
+
 void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, size_t n)
 {
     if (n < 2 * PREFETCH_MIN_PER_THREAD || !larger_than_memory(s))
@@ -74,18 +99,7 @@ void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, siz
         if (sparse_find(t, ids[i]) == NULL)
             miss[m++] = ids[i];
     pthread_mutex_unlock(&t->mu);
-    size_t nt = m / PREFETCH_MIN_PER_THREAD;
-    nt = nt > PREFETCH_THREADS ? PREFETCH_THREADS : nt;
-    struct pf_job jobs[PREFETCH_THREADS];
-    pthread_t th[PREFETCH_THREADS];
-    bool started[PREFETCH_THREADS] = {false};
-    for (size_t k = 0; k < nt; k++) {
-        jobs[k] = (struct pf_job){.store = s->store, .var_id = var_id, .ids = miss, .n = m,
-                                  .stride = nt, .first = k};
-        started[k] = pthread_create(&th[k], NULL, pf_main, &jobs[k]) == 0;
-    }
-    for (size_t k = 0; k < nt; k++)
-        if (started[k])
-            pthread_join(th[k], NULL);
+    if (m >= 2 * PREFETCH_MIN_PER_THREAD)
+        fault_in(s, var_id, miss, m);
     free(miss);
 }
