@@ -26,6 +26,7 @@
 
 struct rpeer {
     pid_t pid;
+    char dir[64]; /* its --dir with the append-only file, or "" */
     redisContext *c;
     long dim;
     /* Scratch for up to n keys of one call. */
@@ -79,12 +80,17 @@ static char *key(rpeer *r, size_t i, char kind, int64_t id)
     return k;
 }
 
-int rpeer_start(const char *server, long dim, rpeer **out)
+int rpeer_start(const char *server, long dim, bool aof, rpeer **out)
 {
     rpeer *r = calloc(1, sizeof *r);
     int port = free_port();
     if (r == NULL || port < 0)
         return free(r), -1;
+    if (aof) {
+        snprintf(r->dir, sizeof r->dir, "/tmp/bench-redis.XXXXXX");
+        if (mkdtemp(r->dir) == NULL)
+            return free(r), -1;
+    }
     r->dim = dim;
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
@@ -94,9 +100,14 @@ int rpeer_start(const char *server, long dim, rpeer **out)
         int null = open("/dev/null", O_WRONLY);
         if (null >= 0)
             dup2(null, 1), dup2(null, 2);
-        execlp(server ? server : "redis-server", "redis-server", "--port", ps, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning",
-               (char *)NULL);
+        if (aof)
+            execlp(server ? server : "redis-server", "redis-server", "--port", ps, "--bind",
+                   "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync",
+                   "everysec", "--dir", r->dir, "--loglevel", "warning", (char *)NULL);
+        else
+            execlp(server ? server : "redis-server", "redis-server", "--port", ps, "--bind",
+                   "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning",
+                   (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 200; i++) { /* up to 10 s */
@@ -133,6 +144,12 @@ void rpeer_stop(rpeer *r)
     if (r->pid > 0) {
         kill(r->pid, SIGTERM);
         waitpid(r->pid, NULL, 0);
+    }
+    if (r->dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "sparse: could not remove %s\n", r->dir);
     }
     free(r->keys), free(r->argv), free(r->argl), free(r->uid), free(r->gsum);
     free(r->state), free(r->slot);

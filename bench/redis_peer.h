@@ -9,20 +9,24 @@
  * The only file that includes hiredis is redis_peer.c (-DPS_OWNS_HIREDIS).
  *
  * Threads and lifetime: one rpeer is used by one thread. rpeer_start forks
- * redis-server on a free 127.0.0.1 port with no persistence; rpeer_stop
- * kills it (SIGTERM, then waits) and frees everything.
+ * redis-server on a free 127.0.0.1 port; rpeer_stop kills it (SIGTERM,
+ * then waits) and frees everything, its directory included.
  */
 #ifndef BENCH_REDIS_PEER_H
 #define BENCH_REDIS_PEER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct rpeer rpeer;
 
-/* Starts redis-server (the binary server; NULL: "redis-server" on PATH).
- * Returns 0, or -1 after a line on stderr. */
-int rpeer_start(const char *server, long dim, rpeer **out);
+/* Starts redis-server (the binary server; NULL: "redis-server" on PATH),
+ * with no persistence, or with aof its append-only file fsynced every
+ * second (appendfsync everysec: a kill -9 of redis loses nothing it
+ * acknowledged, a power cut about the last second) in a temporary
+ * directory. Returns 0, or -1 after a line on stderr. */
+int rpeer_start(const char *server, long dim, bool aof, rpeer **out);
 void rpeer_stop(rpeer *r);
 /* Writes n rows: values (n * dim) and accumulators all init_acc. */
 int rpeer_fill(rpeer *r, const int64_t *ids, size_t n, const float *values, float init_acc);

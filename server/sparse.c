@@ -681,7 +681,7 @@ void psd_sparse_applied(psd_shard *s)
 uint64_t psd_sparse_budget(psd_shard *s)
 {
     uint64_t lim = s->o.memory_limit;
-    return lim ? lim / 8 * 3 : (uint64_t)256 << 20;
+    return lim ? lim / 4 : (uint64_t)256 << 20;
 }
 
 /* ---- sweeps ------------------------------------------------------------ */

@@ -11,15 +11,17 @@
  * of dim elements. Each row keeps its own update count, the t that ADAM's
  * bias correction takes (lazy Adam, as TensorFlow's LazyAdam).
  *
- * Tiers: rows changed since the last commit (and, within the RAM budget,
- * rows changed before it) are held in a hash in memory, the RAM tier; every
- * other row is read from LMDB's map, without a copy, when a call needs it.
- * The flusher writes the changed rows in the same group commit as the dense
- * variables (the same kill -9 bound; --durable: a SparsePush is answered
- * once committed). The RAM tier of the whole process is kept under a
- * quarter of --memory-limit: past it a push first forces a commit, after
- * which unchanged rows are dropped from memory (they stay in LMDB, whose
- * pages are the kernel's page cache, not psd's anonymous memory).
+ * Tiers: rows changed and not yet in LMDB, and within the RAM budget the
+ * rows read most (a clock), are held in a hash in memory, the RAM tier;
+ * every other row is read from LMDB's map, without a copy, when a call
+ * needs it. At each commit the flusher appends the changed rows to the row
+ * log (rowlog.h; the same kill -9 bound; --durable: a SparsePush is
+ * answered once logged), and the applier (sparse_log.c) writes them into
+ * LMDB behind. The RAM tier of the whole process is kept under a quarter
+ * of --memory-limit: past it a push first forces a commit and, if need be,
+ * an apply, after which rows the clock passes over are dropped from memory
+ * (they stay in LMDB, whose pages are the kernel's page cache, not psd's
+ * anonymous memory).
  *
  * A row's initial value is psd_init_fill of the table's initializer with
  * the seed replaced by splitmix64(seed ^ splitmix64(id)): a function of
