@@ -231,6 +231,7 @@ struct psd_shard {
     pthread_mutex_t apply_mu;
     pthread_cond_t apply_cond;
     bool apply_quit, applier_started;
+    atomic_bool apply_asap; /* a sweep wants the log in LMDB (sparse.c) */
     pthread_t applier;
     int64_t last_apply_ms;
 

@@ -809,6 +809,12 @@ void psd_sparse_maintain(psd_shard *s)
         bool due = t->ready && now - t->last_sweep_ms >= SWEEP_EVERY_MS &&
                    (t->sweep_from != INT64_MIN || t->sweep_clock != clock ||
                     (t->max_rows && t->rows > t->max_rows));
+        if (due && s->rowlog != NULL && psd_rowlog_total(s->rowlog) > 0) {
+            /* Rows still in the log are not in LMDB, where the sweep looks:
+             * apply now (psd_sparse_applied makes the sweep due again). */
+            atomic_store(&s->apply_asap, true);
+            pthread_cond_signal(&s->apply_cond);
+        }
         if (due) {
             t->last_sweep_ms = now;
             t->sweep_clock = clock;
