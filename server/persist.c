@@ -287,6 +287,7 @@ void shard_store_close(psd_shard *s)
 {
     psd_rowlog_destroy(s->rowlog);
     s->rowlog = NULL;
+    ps_buf_free(&s->logbuf);
     psd_store_close(s->store);
     s->store = NULL;
 }

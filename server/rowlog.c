@@ -244,7 +244,7 @@ int psd_rowlog_walk(psd_rowlog *l, int which, uint64_t after, psd_rowlog_fn fn,
         if (last)
             *last = seq;
         const uint8_t *p = h + BATCH_HEAD;
-        for (uint32_t i = 0; i < n && seq > after && rc == 0; i++) {
+        for (uint32_t i = 0; fn != NULL && i < n && seq > after && rc == 0; i++) {
             uint32_t var_id = get32(p), rl = get32(p + 4);
             int64_t id;
             memcpy(&id, p + 8, 8);

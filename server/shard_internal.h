@@ -46,6 +46,8 @@
 
 #include "server/shard.h"
 
+#include "common/buf.h"
+
 #include "server/assist.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -225,6 +227,7 @@ struct psd_shard {
      * each apply (one at a time; taken after flush_mu, before table_lock);
      * apply_mu guards the applier's wake-up. */
     struct psd_rowlog *rowlog;
+    ps_buf logbuf;                    /* the batch a flush builds (flush_mu) */
     atomic_uint_fast64_t log_seq;     /* the last batch appended */
     atomic_uint_fast64_t log_applied; /* the last batch whose rows are in LMDB */
     pthread_mutex_t apply_run_mu;

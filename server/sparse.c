@@ -8,6 +8,7 @@
 #include "server/init.h"
 #include "server/rowlog.h"
 #include "server/store.h"
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -323,11 +324,19 @@ void sparse_count_push(struct psd_sparse *t, int64_t id)
 #define BLOOM_MIN_BITS ((uint64_t)1 << 24)  /* 2 MiB */
 #define BLOOM_MAX_BITS ((uint64_t)1 << 29)  /* 64 MiB */
 
+/* The first of an id's BLOOM_K bit positions (*d apart: double hashing). */
+static uint64_t bloom_hash(int64_t id, uint64_t *d)
+{
+    uint64_t h = mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL);
+    *d = (h >> 32) | 1;
+    return h;
+}
+
 static void bloom_add(struct psd_sparse *t, int64_t id)
 {
     if (t->bloom == NULL)
         return;
-    uint64_t h = mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL), d = (h >> 32) | 1;
+    uint64_t d, h = bloom_hash(id, &d);
     for (int i = 0; i < BLOOM_K; i++, h += d)
         t->bloom[(h & t->bloom_mask) >> 6] |= (uint64_t)1 << (h & 63);
 }
@@ -337,7 +346,7 @@ static bool bloom_maybe(const struct psd_sparse *t, int64_t id)
 {
     if (t->bloom == NULL || t->rows > t->bloom_cap)
         return true;
-    uint64_t h = mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL), d = (h >> 32) | 1;
+    uint64_t d, h = bloom_hash(id, &d);
     for (int i = 0; i < BLOOM_K; i++, h += d)
         if (!(t->bloom[(h & t->bloom_mask) >> 6] & ((uint64_t)1 << (h & 63))))
             return false;
@@ -363,8 +372,7 @@ void sparse_ahead(const struct psd_sparse *t, const int64_t *ids, size_t i, size
             __builtin_prefetch(p + 128);
             __builtin_prefetch(p + 192);
         } else if (t->bloom != NULL) {
-            uint64_t h = mix64((uint64_t)ids[i + 8] ^ 0x5851f42d4c957f2dULL),
-                     d = (h >> 32) | 1;
+            uint64_t d, h = bloom_hash(ids[i + 8], &d);
             for (int k = 0; k < BLOOM_K; k++, h += d)
                 __builtin_prefetch(&t->bloom[(h & t->bloom_mask) >> 6]);
         }
@@ -510,34 +518,17 @@ bool sparse_pinned(psd_shard *s, const struct sp_entry *e)
     return entry_dirty(e) || e->listed || e->logged > atomic_load(&s->log_applied);
 }
 
-/* A growable buffer of row-log records. */
-struct logbuf {
-    uint8_t *p;
-    size_t len, cap;
-    uint32_t n;
-};
-
-static int logbuf_need(struct logbuf *b, size_t more)
-{
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t nc = b->cap ? b->cap : (size_t)1 << 20;
-    while (nc < b->len + more)
-        nc *= 2;
-    uint8_t *np = realloc(b->p, nc);
-    if (np == NULL)
-        return -ENOMEM;
-    b->p = np;
-    b->cap = nc;
-    return 0;
-}
+/* s->logbuf, the batch being built, is kept from one commit to the next
+ * so that a commit every 20 ms costs no allocation; let go after a burst
+ * made it big. */
+#define LOGBUF_KEEP ((size_t)16 << 20)
 
 /* Copies the changed rows of t into the batch, under t->mu all at once
  * (each marked as being saved at its current change, and as held by batch
  * seq), so that a batch holds the table as of one moment: a push is in it
  * whole or not at all. The buffer grows before the copy, under the mutex
  * only the copy runs. */
-static int flush_table(struct psd_sparse *t, uint64_t seq, struct logbuf *b)
+static int flush_table(struct psd_sparse *t, uint64_t seq, ps_buf *b, uint32_t *nrecs)
 {
     size_t recb = ROW_HEAD + t->rowf * sizeof(float);
     flusher_lock(t);
@@ -546,7 +537,7 @@ static int flush_table(struct psd_sparse *t, uint64_t seq, struct logbuf *b)
         pthread_mutex_unlock(&t->mu);
         return 0;
     }
-    if (logbuf_need(b, n0 * (PSD_ROWLOG_REC_HEAD + recb)) != 0) {
+    if (ps_buf_reserve(b, b->len + n0 * (PSD_ROWLOG_REC_HEAD + recb)) != 0) {
         pthread_mutex_unlock(&t->mu);
         return -ENOMEM;
     }
@@ -558,7 +549,7 @@ static int flush_table(struct psd_sparse *t, uint64_t seq, struct logbuf *b)
         struct sp_entry *e = t->dlist[j];
         if (!entry_dirty(e))
             continue;
-        uint8_t *r = b->p + b->len;
+        uint8_t *r = b->data + b->len;
         memcpy(r, &t->var_id, 4);
         memcpy(r + 4, &rl, 4);
         memcpy(r + 8, &e->id, 8);
@@ -567,7 +558,7 @@ static int flush_table(struct psd_sparse *t, uint64_t seq, struct logbuf *b)
         memcpy(r + 8, &e->last_step, 8);
         memcpy(r + ROW_HEAD, e->row, t->rowf * sizeof(float));
         b->len += PSD_ROWLOG_REC_HEAD + recb;
-        b->n++;
+        (*nrecs)++;
         e->saving = e->mod;
         e->logged = seq;
     }
@@ -581,15 +572,18 @@ int psd_sparse_flush(psd_shard *s, uint64_t seq, bool *wrote)
     *wrote = false;
     g_flush_t0_us = now_us();
     g_flush_rows = atomic_load(&g_dirty);
-    struct logbuf b = {0};
+    ps_buf *b = &s->logbuf;
+    uint32_t nrecs = 0;
+    b->len = 0;
     for (size_t i = 0; i < s->nvars && rc == 0; i++)
         if (s->vars[i]->sparse != NULL)
-            rc = flush_table(s->vars[i]->sparse, seq, &b);
-    if (rc == 0 && b.n > 0) {
-        rc = psd_rowlog_append(s->rowlog, seq, b.p, b.len, b.n);
+            rc = flush_table(s->vars[i]->sparse, seq, b, &nrecs);
+    if (rc == 0 && nrecs > 0) {
+        rc = psd_rowlog_append(s->rowlog, seq, b->data, b->len, nrecs);
         *wrote = rc == 0;
     }
-    free(b.p);
+    if (b->cap > LOGBUF_KEEP)
+        ps_buf_free(b);
     return rc;
 }
 

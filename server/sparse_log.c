@@ -204,8 +204,7 @@ int shard_rowlog_open(psd_shard *s)
     if (rc == 0)
         rc = psd_store_log_mark(s->store, PSD_STORE_LOG_APPLIED, &applied);
     for (int i = 0; i < 2 && rc == 0; i++)
-        rc = psd_rowlog_walk(s->rowlog, i, UINT64_MAX, collect, NULL,
-                             &(struct apply){.upto = 0}, &last[i]);
+        rc = psd_rowlog_walk(s->rowlog, i, UINT64_MAX, NULL, NULL, NULL, &last[i]);
     int first = last[0] <= last[1] ? 0 : 1;
     uint64_t top = applied;
     for (int k = 0; k < 2 && rc == 0; k++) {
