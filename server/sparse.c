@@ -342,7 +342,7 @@ static void bloom_add(struct psd_sparse *t, int64_t id)
 }
 
 /* False only when id certainly has no row. */
-static bool bloom_maybe(const struct psd_sparse *t, int64_t id)
+bool sparse_maybe_stored(const struct psd_sparse *t, int64_t id)
 {
     if (t->bloom == NULL || t->rows > t->bloom_cap)
         return true;
@@ -429,7 +429,7 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
             (*e)->ref = true; /* no store when set: the line stays clean */
         return 1;
     }
-    if (!bloom_maybe(t, id))
+    if (!sparse_maybe_stored(t, id))
         return 0; /* never stored: no LMDB lookup */
     if (*rt == NULL) {
         int rc = psd_store_rbegin(s->store, rt);

@@ -156,6 +156,8 @@ void sparse_lock(struct psd_sparse *t);
 /* Between sparse.c and sparse_rpc.c. With t->mu held. */
 int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name);
 struct sp_entry *sparse_find(struct psd_sparse *t, int64_t id);
+/* False only when id certainly has no row in LMDB (the table's filter). */
+bool sparse_maybe_stored(const struct psd_sparse *t, int64_t id);
 /* Called at each i of a walk over ids (t->mu held): fetches what the ids
  * a few ahead will need into the cache. */
 void sparse_ahead(const struct psd_sparse *t, const int64_t *ids, size_t i, size_t n);

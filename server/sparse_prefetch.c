@@ -95,8 +95,8 @@ void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, siz
     sparse_lock(t);
     uint32_t var_id = t->var_id;
     bool ready = t->ready;
-    for (size_t i = 0; ready && i < n; i++)
-        if (sparse_find(t, ids[i]) == NULL)
+    for (size_t i = 0; ready && i < n; i++) /* a row never stored has no page */
+        if (sparse_find(t, ids[i]) == NULL && sparse_maybe_stored(t, ids[i]))
             miss[m++] = ids[i];
     pthread_mutex_unlock(&t->mu);
     if (m >= 2 * PREFETCH_MIN_PER_THREAD)
