@@ -28,7 +28,7 @@
 
 /* Process-wide counters (one shard per psd process). */
 static atomic_uint_fast64_t g_ram, g_dirty, g_admitted, g_evicted, g_not_admitted, g_pulled,
-    g_pushed, g_read_lmdb, g_read_log;
+    g_pushed, g_read_lmdb, g_read_log, g_lref;
 
 /* The kill -9 bound needs each commit to end soon after it starts: the
  * rows a commit may carry follow what the last commits wrote per ms
@@ -172,6 +172,7 @@ void psd_sparse_free(struct psd_sparse *t)
     free(t->buckets);
     free(t->cms);
     atomic_fetch_sub(&g_ram, t->lref_cap * sizeof *t->lref);
+    atomic_fetch_sub(&g_lref, t->lref_n);
     free(t->lref);
     free(t->lbuf);
     pthread_mutex_destroy(&t->mu);
@@ -294,6 +295,8 @@ static bool lref_rebuild(struct psd_sparse *t, size_t cap, uint64_t keep_above)
     free(t->lref);
     t->lref = v;
     t->lref_cap = cap;
+    atomic_fetch_add(&g_lref, n);
+    atomic_fetch_sub(&g_lref, t->lref_n);
     t->lref_n = n;
     return true;
 }
@@ -305,8 +308,10 @@ static bool lref_put(struct psd_sparse *t, int64_t id, uint64_t seq, uint32_t po
         !lref_rebuild(t, t->lref_cap ? 2 * t->lref_cap : 4096, 0))
         return false;
     struct sp_lref *r = lref_slot(t->lref, t->lref_cap, id);
-    if (r->seq == 0)
+    if (r->seq == 0) {
         t->lref_n++;
+        atomic_fetch_add(&g_lref, 1);
+    }
     *r = (struct sp_lref){id, seq, pos};
     return true;
 }
@@ -327,6 +332,8 @@ bool sparse_cold(psd_shard *s, struct psd_sparse *t, int64_t id)
 
 bool psd_sparse_log_full(psd_shard *s)
 {
+    if (atomic_load(&g_lref) == 0)
+        return false; /* every row not yet applied is in the tier */
     uint64_t cap = 2 * psd_sparse_budget(s);
     if (cap > SPARSE_LOG_MAX)
         cap = SPARSE_LOG_MAX;
@@ -348,6 +355,7 @@ static void lref_prune(psd_shard *s, struct psd_sparse *t)
             ;
     if (!lref_rebuild(t, cap, applied) && live == 0) {
         memset(t->lref, 0, t->lref_cap * sizeof *t->lref);
+        atomic_fetch_sub(&g_lref, t->lref_n);
         t->lref_n = 0;
     }
 }
