@@ -412,8 +412,14 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
         if (call(p, "/ps.v1.ParameterServer/Stats", &r, &ps__v1__stats_response__descriptor,
                  (void **)&s) != 0)
             exit(1);
-        if ((s->sparse_rows_unsaved == 0 && s->sparse_log_bytes == 0) || tries == 600)
+        if (s->sparse_rows_unsaved == 0 && s->sparse_log_bytes == 0)
             break;
+        if (tries == 600) {
+            printf("table: psd had not applied its row log after a minute (%llu bytes "
+                   "left): LMDB's size below is short of the table's\n",
+                   (unsigned long long)s->sparse_log_bytes);
+            break;
+        }
         protobuf_c_message_free_unpacked(&s->base, NULL);
         usleep(100000);
     }
@@ -632,7 +638,11 @@ int main(int argc, char **argv)
                "controller): --memory-limit %llu MiB alone\n",
                (unsigned long long)(limit >> 20));
     }
-    run(&o, &q, limit, "4x-over", cdf, over, NULL, NULL);
+    /* The factor printed is the 4x regime's own table over its limit: the
+     * same rows fill LMDB's pages more or less densely from run to run
+     * (654-894 MiB seen for the in-RAM table). */
+    uint64_t over_bytes = 0;
+    run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
     if (q.cg[0]) {
         snprintf(path, sizeof path, "%s/memory.failcnt", q.cg);
         if ((f = fopen(path, "r")) != NULL) {
@@ -649,7 +659,7 @@ int main(int argc, char **argv)
            "one with its initial row, a push inserts it)\n", o.keyspace,
            100.0 * (double)g_beyond / (double)(g_drawn ? g_drawn : 1),
            (unsigned long long)g_drawn, o.rows);
-    double x = (double)bytes / (double)limit;
+    double x = (double)(over_bytes ? over_bytes : bytes) / (double)limit;
     char xs[16];
     snprintf(xs, sizeof xs, x >= 1 ? "%.0fx" : "%.1fx", x);
     char rr[32] = "n/a redis", rp[32] = "n/a redis";
