@@ -504,9 +504,8 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
     free(table);
 }
 
-/* Rows psd has read from LMDB since it started (Stats); *ram: its RAM
- * tier; *log: rows read back from its row log. */
-static uint64_t tier_misses(struct psd *p, uint64_t *ram, uint64_t *log)
+/* Rows psd has read from LMDB since it started (Stats); *ram: its RAM tier. */
+static uint64_t tier_misses(struct psd *p, uint64_t *ram)
 {
     Ps__V1__StatsRequest r = PS__V1__STATS_REQUEST__INIT;
     Ps__V1__StatsResponse *s = NULL;
@@ -516,7 +515,6 @@ static uint64_t tier_misses(struct psd *p, uint64_t *ram, uint64_t *log)
     uint64_t n = s->sparse_rows_read_lmdb;
     if (ram)
         *ram = s->sparse_ram_bytes;
-    *log = s->sparse_rows_read_log;
     protobuf_c_message_free_unpacked(&s->base, NULL);
     return n;
 }
@@ -549,15 +547,13 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         if (one(p, o, 0, ids, g, out, 0) != 0)
             exit(1);
     }
-    uint64_t log0, log1, read0 = tier_misses(p, NULL, &log0);
+    uint64_t read0 = tier_misses(p, NULL);
     for (int k = 0; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
-    uint64_t ram = 0, read1 = tier_misses(p, &ram, &log1);
-    double touched = (double)(3 * o->calls * o->batch);
-    printf("%s: %.1f%% of the rows the calls touched were read from LMDB, %.1f%% from the "
-           "row log (dropped from the tier before the applier wrote them), the rest from the "
-           "RAM tier (%llu MiB) or never stored\n", who,
-           100.0 * (double)(read1 - read0) / touched, 100.0 * (double)(log1 - log0) / touched,
+    uint64_t ram = 0, read1 = tier_misses(p, &ram);
+    printf("%s: %.1f%% of the rows the calls touched were read from LMDB, the rest from "
+           "the RAM tier (%llu MiB)\n", who,
+           100.0 * (double)(read1 - read0) / (double)(3 * o->calls * o->batch),
            (unsigned long long)(ram >> 20));
     if (pr)
         measure_peers(o, p, cdf, ids, g, out, pr);

@@ -22,22 +22,12 @@
 #define BATCH_MAGIC 0x4c525350u /* "PSRL" little-endian */
 #define BATCH_HEAD 24           /* u32 magic, u32 crc, u64 seq, u32 n, u32 len */
 
-/* Where each batch's records begin, by seq, for psd_rowlog_read. */
-struct batch_at {
-    uint64_t seq, off;
-};
-
 struct psd_rowlog {
     pthread_mutex_t mu;
     int fd[2];
     uint64_t size[2];
     int active;
     char path[2][PATH_MAX];
-    /* The batches appended since each file was last emptied; rd guards
-     * them and the files' contents against a reset while a read runs. */
-    pthread_rwlock_t rd;
-    struct batch_at *at[2];
-    size_t nat[2], capat[2];
 };
 
 int psd_rowlog_open(const char *dir, psd_rowlog **out)
@@ -46,7 +36,6 @@ int psd_rowlog_open(const char *dir, psd_rowlog **out)
     if (l == NULL)
         return -ENOMEM;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_rwlock_init(&l->rd, NULL);
     l->fd[0] = l->fd[1] = -1;
     int rc = 0;
     for (int i = 0; i < 2 && rc == 0; i++) {
@@ -81,18 +70,8 @@ void psd_rowlog_destroy(psd_rowlog *l)
     for (int i = 0; i < 2; i++)
         if (l->fd[i] >= 0)
             close(l->fd[i]);
-    for (int i = 0; i < 2; i++)
-        free(l->at[i]);
     pthread_mutex_destroy(&l->mu);
-    pthread_rwlock_destroy(&l->rd);
     free(l);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
 }
 
 static void put32(uint8_t *p, uint32_t v)
@@ -116,20 +95,6 @@ int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t l
     struct iovec iov[2] = {{h, sizeof h}, {(void *)payload, len}};
     pthread_mutex_lock(&l->mu);
     int a = l->active, rc = 0;
-    /* Room to record where the batch is, before it is written: a batch
-     * appended is always found by psd_rowlog_read. */
-    if (l->nat[a] == l->capat[a]) {
-        size_t nc = l->capat[a] ? 2 * l->capat[a] : 256;
-        struct batch_at *na = realloc(l->at[a], nc * sizeof *na);
-        if (na == NULL) {
-            pthread_mutex_unlock(&l->mu);
-            return -ENOMEM;
-        }
-        pthread_rwlock_wrlock(&l->rd);
-        l->at[a] = na;
-        l->capat[a] = nc;
-        pthread_rwlock_unlock(&l->rd);
-    }
     uint64_t at = l->size[a], want = sizeof h + len, done = 0;
     while (rc == 0 && done < want) {
         /* pwritev from where the last batch ended; a short write resumes. */
@@ -156,12 +121,8 @@ int psd_rowlog_append(psd_rowlog *l, uint64_t seq, const void *payload, size_t l
     }
     if (rc == 0 && fdatasync(l->fd[a]) != 0)
         rc = -errno;
-    if (rc == 0) {
+    if (rc == 0)
         l->size[a] = at + want; /* else the next batch overwrites this one */
-        pthread_rwlock_wrlock(&l->rd);
-        l->at[a][l->nat[a]++] = (struct batch_at){seq, at + BATCH_HEAD};
-        pthread_rwlock_unlock(&l->rd);
-    }
     pthread_mutex_unlock(&l->mu);
     if (rc == -ENOSPC || rc == -EDQUOT)
         return PS_EFULL;
@@ -185,53 +146,9 @@ int psd_rowlog_seal(psd_rowlog *l)
 int psd_rowlog_reset(psd_rowlog *l, int which)
 {
     pthread_mutex_lock(&l->mu);
-    pthread_rwlock_wrlock(&l->rd);
     l->size[which] = 0;
-    l->nat[which] = 0;
-    pthread_rwlock_unlock(&l->rd);
     pthread_mutex_unlock(&l->mu);
     return 0;
-}
-
-static const struct batch_at *batch_find(const struct batch_at *v, size_t n, uint64_t seq)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v[mid].seq < seq)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < n && v[lo].seq == seq ? &v[lo] : NULL;
-}
-
-int psd_rowlog_read(psd_rowlog *l, uint64_t seq, uint32_t pos, uint32_t var_id, int64_t id,
-                    void *row, uint32_t len)
-{
-    pthread_rwlock_rdlock(&l->rd);
-    int rc = PS_ENOTFOUND;
-    for (int a = 0; a < 2 && rc == PS_ENOTFOUND; a++) {
-        const struct batch_at *b = batch_find(l->at[a], l->nat[a], seq);
-        if (b == NULL)
-            continue;
-        uint8_t h[PSD_ROWLOG_REC_HEAD];
-        struct iovec v[2] = {{h, sizeof h}, {row, len}};
-        ssize_t n = preadv(l->fd[a], v, 2, (off_t)(b->off + pos));
-        if (n < 0)
-            rc = -errno;
-        else if ((size_t)n != sizeof h + len || get32(h) != var_id || get32(h + 4) != len ||
-                 memcmp(h + 8, &id, 8) != 0)
-            rc = PS_ECORRUPT;
-        else
-            rc = 0;
-        if (rc != 0)
-            ps_log_error("row log %s: the record of row %lld at %llu: %s", l->path[a],
-                         (long long)id, (unsigned long long)(b->off + pos),
-                         rc == PS_ECORRUPT ? "not the row it should be" : strerror(-rc));
-    }
-    pthread_rwlock_unlock(&l->rd);
-    return rc;
 }
 
 uint64_t psd_rowlog_bytes(psd_rowlog *l, int which)
@@ -256,6 +173,13 @@ int psd_rowlog_active(psd_rowlog *l)
     int a = l->active;
     pthread_mutex_unlock(&l->mu);
     return a;
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* The records of one batch at p (n of them in len bytes): false when they

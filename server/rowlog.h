@@ -59,14 +59,6 @@ int psd_rowlog_seal(psd_rowlog *l);
  * Returns 0. */
 int psd_rowlog_reset(psd_rowlog *l, int which);
 
-/* Reads the row of record `pos` bytes into the records of batch seq (the
- * record's head must name var_id, id and len) into row (len bytes), while
- * the batch is in a file (until the file's reset). Returns 0, PS_ENOTFOUND
- * (no such batch), PS_ECORRUPT (another record there) or -errno. Any
- * thread; a reset waits for the reads under way. */
-int psd_rowlog_read(psd_rowlog *l, uint64_t seq, uint32_t pos, uint32_t var_id, int64_t id,
-                    void *row, uint32_t len);
-
 /* Bytes in file `which`, and in both. */
 uint64_t psd_rowlog_bytes(psd_rowlog *l, int which);
 uint64_t psd_rowlog_total(psd_rowlog *l);

@@ -374,10 +374,6 @@ int shard_rowlog_open(psd_shard *s);
 int shard_applier_start(psd_shard *s);
 void shard_applier_stop(psd_shard *s);
 int psd_sparse_drain(psd_shard *s);
-/* With the row log past its cap (psd_sparse_log_full): applies one file
- * (the sealed one, or the active one sealed), in the calling thread.
- * Returns 0 or the apply's error. */
-int psd_sparse_make_room(psd_shard *s);
 int shard_ckpt_begin(psd_shard *s);
 int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
                     size_t pathlen, uint64_t *bytes);

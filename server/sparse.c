@@ -28,7 +28,7 @@
 
 /* Process-wide counters (one shard per psd process). */
 static atomic_uint_fast64_t g_ram, g_dirty, g_admitted, g_evicted, g_not_admitted, g_pulled,
-    g_pushed, g_read_lmdb, g_read_log, g_lref;
+    g_pushed, g_read_lmdb;
 
 /* The kill -9 bound needs each commit to end soon after it starts: the
  * rows a commit may carry follow what the last commits wrote per ms
@@ -171,10 +171,6 @@ void psd_sparse_free(struct psd_sparse *t)
     free(t->bloom);
     free(t->buckets);
     free(t->cms);
-    atomic_fetch_sub(&g_ram, t->lref_cap * sizeof *t->lref);
-    atomic_fetch_sub(&g_lref, t->lref_n);
-    free(t->lref);
-    free(t->lbuf);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -259,105 +255,6 @@ static void entry_drop(struct psd_sparse *t, struct sp_entry **link)
     free(e);
     t->nentries--;
     atomic_fetch_sub(&g_ram, entry_bytes(t));
-}
-
-/* ---- rows in the log only (lref) --------------------------------------
- *
- * The RAM tier could drop a row only once the batch holding it was
- * applied to LMDB, so with a table larger than the tier every push waited
- * for the applier as soon as the rows it had not applied yet filled the
- * tier (bench/sparse 4x over memory: calls of 20 ms waiting 0.1-1.3 s).
- * Such a row can go now: ~20 bytes here say where its record is in the
- * row log, and a read takes the row from there (sparse_lookup). */
-
-static struct sp_lref *lref_slot(struct sp_lref *v, size_t cap, int64_t id)
-{
-    size_t i = (size_t)mix64((uint64_t)id ^ 0x2545f4914f6cdd1dULL) & (cap - 1);
-    while (v[i].seq != 0 && v[i].id != id)
-        i = (i + 1) & (cap - 1);
-    return &v[i];
-}
-
-/* Makes room for cap slots holding the entries with seq > keep_above. */
-static bool lref_rebuild(struct psd_sparse *t, size_t cap, uint64_t keep_above)
-{
-    struct sp_lref *v = NULL;
-    if (cap > 0 && (v = calloc(cap, sizeof *v)) == NULL)
-        return false;
-    size_t n = 0;
-    for (size_t i = 0; i < t->lref_cap; i++)
-        if (t->lref[i].seq > keep_above) {
-            *lref_slot(v, cap, t->lref[i].id) = t->lref[i];
-            n++;
-        }
-    atomic_fetch_add(&g_ram, cap * sizeof *v);
-    atomic_fetch_sub(&g_ram, t->lref_cap * sizeof *v);
-    free(t->lref);
-    t->lref = v;
-    t->lref_cap = cap;
-    atomic_fetch_add(&g_lref, n);
-    atomic_fetch_sub(&g_lref, t->lref_n);
-    t->lref_n = n;
-    return true;
-}
-
-/* Records that id's latest row is record pos of batch seq. */
-static bool lref_put(struct psd_sparse *t, int64_t id, uint64_t seq, uint32_t pos)
-{
-    if (2 * (t->lref_n + 1) > t->lref_cap &&
-        !lref_rebuild(t, t->lref_cap ? 2 * t->lref_cap : 4096, 0))
-        return false;
-    struct sp_lref *r = lref_slot(t->lref, t->lref_cap, id);
-    if (r->seq == 0) {
-        t->lref_n++;
-        atomic_fetch_add(&g_lref, 1);
-    }
-    *r = (struct sp_lref){id, seq, pos};
-    return true;
-}
-
-/* id's place in the log, or NULL (none, or LMDB has it: stale). */
-static const struct sp_lref *lref_get(psd_shard *s, const struct psd_sparse *t, int64_t id)
-{
-    if (t->lref_n == 0)
-        return NULL;
-    const struct sp_lref *r = lref_slot(t->lref, t->lref_cap, id);
-    return r->seq > atomic_load(&s->log_applied) ? r : NULL;
-}
-
-bool sparse_cold(psd_shard *s, struct psd_sparse *t, int64_t id)
-{
-    return sparse_find(t, id) == NULL && sparse_maybe_stored(t, id) && lref_get(s, t, id) == NULL;
-}
-
-bool psd_sparse_log_full(psd_shard *s)
-{
-    if (atomic_load(&g_lref) == 0)
-        return false; /* every row not yet applied is in the tier */
-    uint64_t cap = 2 * psd_sparse_budget(s);
-    if (cap > SPARSE_LOG_MAX)
-        cap = SPARSE_LOG_MAX;
-    return s->rowlog != NULL && psd_rowlog_total(s->rowlog) > cap;
-}
-
-/* Drops the entries LMDB has caught up with (after an apply). */
-static void lref_prune(psd_shard *s, struct psd_sparse *t)
-{
-    if (t->lref_cap == 0)
-        return;
-    uint64_t applied = atomic_load(&s->log_applied);
-    size_t live = 0;
-    for (size_t i = 0; i < t->lref_cap; i++)
-        live += t->lref[i].seq > applied;
-    size_t cap = 0;
-    if (live > 0)
-        for (cap = 4096; cap < 2 * live; cap *= 2)
-            ;
-    if (!lref_rebuild(t, cap, applied) && live == 0) {
-        memset(t->lref, 0, t->lref_cap * sizeof *t->lref);
-        atomic_fetch_sub(&g_lref, t->lref_n);
-        t->lref_n = 0;
-    }
 }
 
 static bool entry_dirty(const struct sp_entry *e)
@@ -521,9 +418,8 @@ int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name)
 }
 
 /* The state of id's row: 1 with *e its RAM entry; 2 with its stored bytes
- * at *data (value at data + ROW_HEAD: in LMDB's map, or in t->lbuf for a
- * row read back from the row log, valid until the next lookup); 0 when it
- * has none. rt is begun on first need. Returns a negative error too. */
+ * at *data (value at data + ROW_HEAD); 0 when it has none. rt is begun on
+ * first need. Returns a negative error too. */
 int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt,
                   int64_t id, struct sp_entry **e, const uint8_t **data)
 {
@@ -535,22 +431,6 @@ int sparse_lookup(psd_shard *s, struct psd_sparse *t, struct psd_store_rtxn **rt
     }
     if (!sparse_maybe_stored(t, id))
         return 0; /* never stored: no LMDB lookup */
-    const struct sp_lref *r = lref_get(s, t, id);
-    size_t rowb = ROW_HEAD + t->rowf * sizeof(float);
-    if (r != NULL) {
-        if (t->lbuf == NULL && (t->lbuf = malloc(rowb)) == NULL)
-            return -ENOMEM;
-        int rc = psd_rowlog_read(s->rowlog, r->seq, r->pos, t->var_id, id, t->lbuf,
-                                 (uint32_t)rowb);
-        if (rc == 0) {
-            *data = t->lbuf;
-            atomic_fetch_add_explicit(&g_read_log, 1, memory_order_relaxed);
-            return 2;
-        }
-        if (rc != PS_ENOTFOUND || r->seq > atomic_load(&s->log_applied))
-            return rc == PS_ENOTFOUND ? PS_ECORRUPT : rc;
-        /* applied and its file emptied since: LMDB has it */
-    }
     if (*rt == NULL) {
         int rc = psd_store_rbegin(s->store, rt);
         if (rc != 0)
@@ -670,7 +550,6 @@ static int flush_table(struct psd_sparse *t, uint64_t seq, ps_buf *b, uint32_t *
         if (!entry_dirty(e))
             continue;
         uint8_t *r = b->data + b->len;
-        e->logpos = (uint32_t)b->len; /* len <= UINT32_MAX or the append fails */
         memcpy(r, &t->var_id, 4);
         memcpy(r + 4, &rl, 4);
         memcpy(r + 8, &e->id, 8);
@@ -724,14 +603,11 @@ static void clock_sweep(psd_shard *s, struct psd_sparse *t, uint64_t target,
         size_t b = t->trim_from;
         for (struct sp_entry **l = &t->buckets[b]; *l != NULL;) {
             struct sp_entry *e = *l;
-            if (entry_dirty(e) || e->listed) {
+            if (sparse_pinned(s, e)) {
                 l = &e->next;
             } else if (e->ref) {
                 e->ref = false;
                 l = &e->next;
-            } else if (e->logged > atomic_load(&s->log_applied) &&
-                       !lref_put(t, e->id, e->logged, e->logpos)) {
-                l = &e->next; /* kept: no room to say where it is */
             } else {
                 entry_drop(t, l);
             }
@@ -789,7 +665,6 @@ void psd_sparse_applied(psd_shard *s)
         if (t == NULL)
             continue;
         flusher_lock(t);
-        lref_prune(s, t);
         trim(s, t);
         t->sweep_clock = UINT64_MAX;
         pthread_mutex_unlock(&t->mu);
@@ -833,8 +708,6 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
         if (sparse_pinned(w->s, *l))
             return 0; /* changed since the commit or not in LMDB yet: kept */
         last = (*l)->last_step;
-    } else if (lref_get(w->s, t, id) != NULL) {
-        return 0; /* a later row in the log, not in LMDB yet: kept */
     }
     bool del;
     if (w->mode == 1) {
@@ -970,5 +843,4 @@ void psd_sparse_stats(psd_shard *s, Ps__V1__StatsResponse *r)
     r->sparse_rows_unsaved = atomic_load(&g_dirty);
     r->sparse_log_bytes = s->rowlog ? psd_rowlog_total(s->rowlog) : 0;
     r->sparse_rows_read_lmdb = atomic_load(&g_read_lmdb);
-    r->sparse_rows_read_log = atomic_load(&g_read_log);
 }

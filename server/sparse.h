@@ -63,19 +63,11 @@ struct sp_entry {
     int64_t id;
     uint64_t updates, last_step;
     uint32_t mod, saved, saving;
-    uint32_t logpos;       /* its record's offset in batch `logged` */
-    uint64_t logged;       /* the last row-log batch holding it: until that
-                              batch is in LMDB, it stays in memory or its
-                              place in the log is in the table's lref */
+    uint64_t logged;       /* the last row-log batch holding it: kept in
+                              memory until that batch is in LMDB */
     bool listed;           /* on the table's dirty list (dirty, or being saved) */
     bool ref;              /* read or written since the clock hand last passed */
     float row[];           /* (1 + nslots) * dim: value, then each slot */
-};
-
-struct sp_lref {
-    int64_t id;
-    uint64_t seq;
-    uint32_t pos;
 };
 
 /* A sparse table's state; every field below mu is guarded by it. */
@@ -108,14 +100,6 @@ struct psd_sparse {
     uint64_t bloom_mask;    /* bits - 1 (a power of two) */
     uint64_t bloom_cap;     /* rows it is sized for */
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
-    /* Rows dropped from the RAM tier before their batch was applied: where
-     * their record is in the row log, by id (open addressing; seq 0 is an
-     * empty slot). An entry whose seq is at most the applied mark is
-     * stale: LMDB has that row or a later one. Emptied of those after
-     * each apply. lbuf receives a row read back. */
-    struct sp_lref *lref;
-    size_t lref_n, lref_cap;
-    uint8_t *lbuf;
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
@@ -174,9 +158,6 @@ int sparse_ready(psd_shard *s, struct psd_sparse *t, const char *name);
 struct sp_entry *sparse_find(struct psd_sparse *t, int64_t id);
 /* False only when id certainly has no row in LMDB (the table's filter). */
 bool sparse_maybe_stored(const struct psd_sparse *t, int64_t id);
-/* Whether a read of id would go to LMDB (not in the tier, nor only in the
- * row log, and maybe stored). t->mu held. */
-bool sparse_cold(psd_shard *s, struct psd_sparse *t, int64_t id);
 /* Called at each i of a walk over ids (t->mu held): fetches what the ids
  * a few ahead will need into the cache. */
 void sparse_ahead(const struct psd_sparse *t, const int64_t *ids, size_t i, size_t n);
@@ -197,7 +178,6 @@ void sparse_cache(psd_shard *s, struct psd_sparse *t, int64_t id, const uint8_t 
  * so that their pages' faults overlap (sparse_prefetch.c). Without t->mu;
  * before the call takes it. */
 void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, size_t n);
-
 /* The same for rows of table var_id, in the tier or not: the applier's
  * next transaction rewrites their leaf pages (sparse_log.c). */
 void sparse_prefetch_rows(psd_shard *s, uint32_t var_id, const int64_t *ids, size_t n);
@@ -211,16 +191,6 @@ uint64_t psd_sparse_ram_bytes(void);
 uint64_t psd_sparse_ram_cost(void);
 #define SPARSE_DIRTY_PAGE 4096
 uint64_t psd_sparse_budget(psd_shard *s);
-/* Whether rows dropped from the tier wait in the row log for the applier
- * and the log holds more than twice the tier's budget (at most
- * SPARSE_LOG_MAX): past this a push waits for it (psd_sparse_make_room),
- * so that the applier's sort of a file (~40 bytes a record) and the rows'
- * places in the log (lref, ~50 bytes a row, counted in the tier's bytes)
- * stay a fraction of the memory limit. While every row not yet applied is
- * in the tier, the tier's budget bounds the log as before (a cap then
- * slowed sustained pushes in RAM: 1000 calls, 673k -> 557-574k rows/s). */
-bool psd_sparse_log_full(psd_shard *s);
-#define SPARSE_LOG_MAX ((uint64_t)2 << 30)
 #define SPARSE_ROW_HEAD 16 /* u64 updates, u64 last step, before the floats */
 
 #endif

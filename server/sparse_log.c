@@ -278,15 +278,12 @@ static int apply_sealed(psd_shard *s, bool *did)
     int rc = apply_file(s->store, l, which, atomic_load(&s->log_applied), UINT64_MAX, live,
                         nlive, chunk_rows(s), 0, s, &last);
     free(live);
+    if (rc == 0)
+        rc = psd_rowlog_reset(l, which);
     if (rc != 0)
         return rc;
-    /* The mark first: a read of a row whose batch the reset takes away
-     * then finds it applied and reads LMDB (sparse_lookup). */
     if (last > atomic_load(&s->log_applied))
         atomic_store(&s->log_applied, last);
-    rc = psd_rowlog_reset(l, which);
-    if (rc != 0)
-        return rc;
     *did = true;
     psd_sparse_applied(s);
     return 0;
@@ -299,19 +296,6 @@ static int drain_locked(psd_shard *s)
     int rc = 0;
     for (int k = 0; k < 3 && did && rc == 0; k++)
         rc = apply_sealed(s, &did);
-    return rc;
-}
-
-int psd_sparse_make_room(psd_shard *s)
-{
-    if (s->rowlog == NULL)
-        return 0;
-    pthread_mutex_lock(&s->apply_run_mu);
-    bool did;
-    int rc = psd_sparse_log_full(s) ? apply_sealed(s, &did) : 0;
-    pthread_mutex_unlock(&s->apply_run_mu);
-    if (rc != 0)
-        ps_log_err(rc, "applying the row log to LMDB failed");
     return rc;
 }
 

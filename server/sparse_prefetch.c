@@ -91,7 +91,6 @@ static void unqueue(struct pf_job *j)
 static void *pf_main(void *arg)
 {
     (void)arg;
-    pthread_setname_np(pthread_self(), "psd-prefetch");
     pthread_mutex_lock(&g_pool.mu);
     for (;;) {
         while (g_pool.jobs == NULL)
@@ -182,8 +181,8 @@ void sparse_prefetch(psd_shard *s, struct psd_sparse *t, const int64_t *ids, siz
     sparse_lock(t);
     uint32_t var_id = t->var_id;
     bool ready = t->ready;
-    for (size_t i = 0; ready && i < n; i++) /* not the rows with no page to read */
-        if (sparse_cold(s, t, ids[i]))
+    for (size_t i = 0; ready && i < n; i++) /* a row never stored has no page */
+        if (sparse_find(t, ids[i]) == NULL && sparse_maybe_stored(t, ids[i]))
             miss[m++] = ids[i];
     pthread_mutex_unlock(&t->mu);
     if (m >= PREFETCH_MIN)

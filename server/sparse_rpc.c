@@ -540,18 +540,14 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     }
     /* Past the RAM tier's budget, or with more changed rows than a commit
      * writes in ~40 ms: commit first (and past the budget, apply the row
-     * log), so that clean rows can go and the kill -9 bound holds. With
-     * the row log past its cap, apply one of its files first.
+     * log), so that clean rows can go and the kill -9 bound holds.
      * A commit that fails (a full map or disk) leaves them all changed:
      * then the push is refused rather than the tier outgrowing its bound. */
-    if (psd_sparse_ram_cost() > psd_sparse_budget(s) || psd_sparse_backlogged() ||
-        psd_sparse_log_full(s)) {
+    if (psd_sparse_ram_cost() > psd_sparse_budget(s) || psd_sparse_backlogged()) {
         int frc = psd_shard_flush(s);
         /* Rows still held: logged but not yet in LMDB. Apply the log. */
         if (frc == 0 && psd_sparse_ram_cost() > psd_sparse_budget(s))
             frc = psd_sparse_drain(s);
-        else if (frc == 0 && psd_sparse_log_full(s))
-            frc = psd_sparse_make_room(s);
         if (frc != 0 && psd_sparse_ram_cost() > psd_sparse_budget(s)) {
             ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
                                               : ps_rpc_code_from_err(frc),

@@ -101,9 +101,8 @@ static void print_stats(const Ps__V1__StatsResponse *r)
         ROW("sparse RAM tier", "%s", human_bytes(r->sparse_ram_bytes, a, sizeof a));
         ROW("LMDB file in use", "%s", human_bytes(r->sparse_disk_bytes, a, sizeof a));
         ROW("row log to apply", "%s", human_bytes(r->sparse_log_bytes, a, sizeof a));
-        ROW("rows read from LMDB", "%" PRIu64 " (from the row log %" PRIu64
-            ", the others from the RAM tier)", r->sparse_rows_read_lmdb,
-            r->sparse_rows_read_log);
+        ROW("rows read from LMDB", "%" PRIu64 " (the others from the RAM tier)",
+            r->sparse_rows_read_lmdb);
         ROW("rows admitted", "%" PRIu64 " (evicted %" PRIu64 ", pushes not admitted %"
             PRIu64 ")", r->sparse_admitted, r->sparse_evicted, r->sparse_not_admitted);
         ROW("rows pulled, pushed", "%" PRIu64 ", %" PRIu64, r->sparse_rows_pulled,

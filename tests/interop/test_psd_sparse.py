@@ -366,36 +366,6 @@ def test_map_grows():
     c.stop()
 
 
-def test_rows_in_the_log_only():
-    """With a tier far smaller than what a burst of pushes changes, rows are
-    dropped from the RAM tier before the applier has written them to LMDB:
-    a read takes them back from the row log (Stats.sparse_rows_read_log).
-    Every row reads back right: at once, after a kill -9 (the log is
-    replayed) and after a clean restart."""
-    c = Psd("--memory-limit", "48M")
-    from_log, tables = 0, []
-    for attempt in range(3):  # whether the applier got there first is timing
-        name = "burst%d" % attempt
-        c.create(name, opt=sgd(1.0), dim=64)
-        k, err = fill(c, name, 160_000)
-        tables.append((name, k))
-        ok = err is None and all_rows(c, name, k)
-        from_log = c.stats().sparse_rows_read_log
-        if not ok or from_log > 0:
-            break
-    R.check(ok, "a burst of %d rows with --memory-limit 48M: every row reads back "
-            "(%s)" % (k, err and err.details()))
-    R.check(from_log > 0, "%d of them were read back from the row log (dropped from the "
-            "tier before being applied), in %d burst(s)" % (from_log, attempt + 1))
-    time.sleep(0.3)  # past the kill -9 bound of the last pushes
-    c.restart(signal.SIGKILL)
-    R.check(all(all_rows(c, n, k) for n, k in tables), "after a kill -9 every row reads "
-            "back (the log replayed)")
-    c.restart()
-    R.check(all(all_rows(c, n, k) for n, k in tables), "and after a clean restart")
-    c.stop()
-
-
 def refused(c, name, why):
     """Fills table name until refused; checks the refusal and that nothing
     acknowledged is lost."""
@@ -450,7 +420,6 @@ def main():
     test_restart_and_restore(a, want)
     a.stop()
     test_map_grows()
-    test_rows_in_the_log_only()
     test_map_cap()
     test_disk_full()
     R.finish()

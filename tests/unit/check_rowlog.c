@@ -207,40 +207,8 @@ START_TEST(test_seq_must_grow)
 }
 END_TEST
 
-/* A record read back by (seq, its offset in the batch's records), in the
- * sealed file or the active one; refused when another record is there, and
- * not found once its file is reset. */
-START_TEST(test_read)
-{
-    psd_rowlog *l = three_batches(); /* seqs 1..3, ids seq*10 and seq*10+1 */
-    int a = psd_rowlog_active(l);
-    ck_assert_int_eq(psd_rowlog_seal(l), a);
-    uint8_t buf[256];
-    size_t len = batch(buf, 7, 40, 2);
-    ck_assert_int_eq(psd_rowlog_append(l, 4, buf, len, 2), 0);
-    uint8_t row[24];
-    /* the second record of batch 2 (id 21) in the sealed file */
-    ck_assert_int_eq(psd_rowlog_read(l, 2, 40, 7, 21, row, sizeof row), 0);
-    for (uint32_t k = 0; k < sizeof row; k++)
-        ck_assert_uint_eq(row[k], (uint8_t)(21 + k));
-    /* the first of batch 4 (id 40) in the active one */
-    ck_assert_int_eq(psd_rowlog_read(l, 4, 0, 7, 40, row, sizeof row), 0);
-    ck_assert_uint_eq(row[0], 40);
-    ck_assert_int_eq(psd_rowlog_read(l, 2, 40, 7, 20, row, sizeof row), PS_ECORRUPT);
-    ck_assert_int_eq(psd_rowlog_read(l, 2, 40, 8, 21, row, sizeof row), PS_ECORRUPT);
-    ck_assert_int_eq(psd_rowlog_read(l, 2, 40, 7, 21, row, 16), PS_ECORRUPT);
-    ck_assert_int_eq(psd_rowlog_read(l, 9, 0, 7, 90, row, sizeof row), PS_ENOTFOUND);
-    ck_assert_int_eq(psd_rowlog_reset(l, a), 0);
-    ck_assert_int_eq(psd_rowlog_read(l, 2, 40, 7, 21, row, sizeof row), PS_ENOTFOUND);
-    ck_assert_int_eq(psd_rowlog_read(l, 4, 40, 7, 41, row, sizeof row), 0);
-    ck_assert_uint_eq(row[0], 41);
-    psd_rowlog_destroy(l);
-}
-END_TEST
-
 PSCHECK_MAIN("rowlog",
     {"psd_rowlog_append", {test_roundtrip, test_seq_must_grow}, &pscheck_tmp},
     {"psd_rowlog_walk", {test_torn_and_corrupt}, &pscheck_tmp},
     {"psd_rowlog_seal", {test_seal_reset}, &pscheck_tmp},
-    {"psd_rowlog_reset", {test_reuse}, &pscheck_tmp},
-    {"psd_rowlog_read", {test_read}, &pscheck_tmp})
+    {"psd_rowlog_reset", {test_reuse}, &pscheck_tmp})
