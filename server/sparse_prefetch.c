@@ -91,6 +91,7 @@ static void unqueue(struct pf_job *j)
 static void *pf_main(void *arg)
 {
     (void)arg;
+    pthread_setname_np(pthread_self(), "psd-prefetch");
     pthread_mutex_lock(&g_pool.mu);
     for (;;) {
         while (g_pool.jobs == NULL)
