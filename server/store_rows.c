@@ -258,11 +258,18 @@ int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name)
 
 uint64_t psd_store_disk_bytes(psd_store *s)
 {
+    /* mdb_env_info reads the meta pages through the map: not while a
+     * growth remaps it (psd segfaulted in mdb_env_info under
+     * test_psd_sparse's map-cap case, the prefetch asking while a push
+     * grew the map). */
+    pthread_rwlock_rdlock(&s->gate);
     MDB_envinfo info;
     MDB_stat st;
-    if (mdb_env_info(s->env, &info) != 0 || mdb_env_stat(s->env, &st) != 0)
-        return 0;
-    return (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
+    uint64_t n = 0;
+    if (mdb_env_info(s->env, &info) == 0 && mdb_env_stat(s->env, &st) == 0)
+        n = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
+    pthread_rwlock_unlock(&s->gate);
+    return n;
 }
 
 /* ---- restore: staged copies and orphan rows ---------------------------- */
