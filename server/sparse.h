@@ -170,8 +170,9 @@ struct sp_entry *sparse_install(struct psd_sparse *t, int64_t id, const float *r
                                 uint64_t updates, uint64_t last_step);
 void sparse_count_new(struct psd_sparse *t);
 /* Keeps a copy of a row read from LMDB (data: its stored bytes) in the RAM
- * tier while the tier is under half its budget: hot rows are then read
- * from memory at ~300 bytes each instead of a 4 KiB page each. */
+ * tier, entering without its clock bit; past the tier's budget the clock
+ * first makes room, and the row is not kept if it cannot: hot rows are
+ * then read from memory at ~600 bytes each instead of a 4 KiB page each. */
 void sparse_cache(psd_shard *s, struct psd_sparse *t, int64_t id, const uint8_t *data);
 /* When the shard's file is larger than half of --memory-limit: reads the
  * rows of ids that are not in the RAM tier from several threads at once,

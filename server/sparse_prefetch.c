@@ -19,9 +19,8 @@
  * thread takes the job's next id until none is left, so no thread waits
  * on a slower one's share; the call returns once no thread is inside its
  * job. Each thread opens its own read transaction per job, touches only
- * LMDB's map and the job's ids, and keeps a small stack (mdb_get's cursor
- * is its largest frame): 48 threads of 8 MiB stacks would be charged to a
- * small memory cgroup as they fault.
+ * LMDB's map and the job's ids, and keeps a 256 KiB stack (mdb_get's
+ * cursor is its largest frame) instead of glibc's 8 MiB.
  */
 #include "server/sparse.h"
 
