@@ -145,6 +145,12 @@ int psd_rowlog_seal(psd_rowlog *l)
 
 int psd_rowlog_reset(psd_rowlog *l, int which)
 {
+    /* Its pages are clean (each batch was fdatasync'd) and are not read
+     * again, but the kernel keeps them as long as LMDB's: in bench/sparse's
+     * 221 MiB memory group the two files held 50 MiB of the page cache
+     * beside 64 MiB of LMDB's pages while pulls ran (fincore); dropped,
+     * LMDB's had 116 MiB. Advice only: a failure changes nothing. */
+    (void)posix_fadvise(l->fd[which], 0, 0, POSIX_FADV_DONTNEED);
     pthread_mutex_lock(&l->mu);
     l->size[which] = 0;
     pthread_mutex_unlock(&l->mu);
