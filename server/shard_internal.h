@@ -369,11 +369,13 @@ void *shard_flusher_main(void *arg);
  * just opened (before the variables load); the applier thread writes it
  * behind; a checkpoint calls shard_ckpt_begin with flush_mu held after a
  * flush (0: the log applied and the applier held off), then
- * shard_ckpt_copy, then shard_ckpt_end. */
+ * shard_ckpt_copy, then shard_ckpt_end. psd_sparse_drain applies the
+ * whole log; psd_sparse_make_room only until the RAM tier fits its budget. */
 int shard_rowlog_open(psd_shard *s);
 int shard_applier_start(psd_shard *s);
 void shard_applier_stop(psd_shard *s);
 int psd_sparse_drain(psd_shard *s);
+int psd_sparse_make_room(psd_shard *s);
 int shard_ckpt_begin(psd_shard *s);
 int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
                     size_t pathlen, uint64_t *bytes);

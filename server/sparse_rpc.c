@@ -545,9 +545,10 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
      * then the push is refused rather than the tier outgrowing its bound. */
     if (psd_sparse_ram_cost() > psd_sparse_budget(s) || psd_sparse_backlogged()) {
         int frc = psd_shard_flush(s);
-        /* Rows still held: logged but not yet in LMDB. Apply the log. */
+        /* Rows still held: logged but not yet in LMDB. Apply enough of
+         * the log. */
         if (frc == 0 && psd_sparse_ram_cost() > psd_sparse_budget(s))
-            frc = psd_sparse_drain(s);
+            frc = psd_sparse_make_room(s);
         if (frc != 0 && psd_sparse_ram_cost() > psd_sparse_budget(s)) {
             ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
                                               : ps_rpc_code_from_err(frc),
