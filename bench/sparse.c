@@ -19,7 +19,10 @@
  * Two regimes for psd: the table in RAM (no memory limit), and psd with
  * --memory-limit a quarter of the table's LMDB bytes, inside a cgroup v1
  * memory group of that size when run as root (else --memory-limit alone,
- * said so).
+ * said so). For that regime a ceiling from the disk, measured in the same
+ * run: the pulls' major faults a call (/proc/PID/stat) at the rate the
+ * disk gives random 4 KiB O_DIRECT reads under psd's file with as many in
+ * flight as psd's prefetch pool keeps.
  *
  *   sparse --psd build/server/psd [--rows 1000000] [--keyspace 1000000000]
  *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server] [--quick]
@@ -40,8 +43,11 @@
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +88,82 @@ static uint64_t mix64(uint64_t z)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+/* Major page faults of process pid so far, all its threads (the 12th field
+ * of /proc/pid/stat); 0 when unreadable. */
+static uint64_t majflt(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    unsigned long long v = 0;
+    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %llu", &v) != 1)
+        return 0;
+    return v;
+}
+
+/* The disk's random 4 KiB reads per second with DISK_THREADS in flight, as
+ * psd's prefetch pool keeps them (server/sparse_prefetch.c): O_DIRECT
+ * preads at random pages of a file, for DISK_SECONDS. */
+#define DISK_THREADS 48
+#define DISK_SECONDS 2.0
+
+struct disk_probe {
+    int fd;
+    uint64_t pages;
+    atomic_uint_fast64_t reads;
+    atomic_bool stop;
+};
+
+static void *disk_reader(void *arg)
+{
+    struct disk_probe *d = arg;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, 4096) != 0)
+        return NULL;
+    uint64_t z = mix64((uint64_t)(uintptr_t)&buf);
+    while (!atomic_load(&d->stop)) {
+        z = mix64(z + 0x9e3779b97f4a7c15ULL);
+        if (pread(d->fd, buf, 4096, (off_t)((z % d->pages) * 4096)) == 4096)
+            atomic_fetch_add(&d->reads, 1);
+    }
+    free(buf);
+    return NULL;
+}
+
+static double disk_reads_per_s(const char *file)
+{
+    struct disk_probe d = {.fd = open(file, O_RDONLY | O_DIRECT)};
+    struct stat st;
+    if (d.fd < 0 || fstat(d.fd, &st) != 0 || st.st_size < (1 << 24)) {
+        if (d.fd >= 0)
+            close(d.fd);
+        return 0;
+    }
+    d.pages = (uint64_t)st.st_size / 4096;
+    atomic_init(&d.reads, 0);
+    atomic_init(&d.stop, false);
+    pthread_t th[DISK_THREADS];
+    int n = 0;
+    double t0 = now_s();
+    for (; n < DISK_THREADS; n++)
+        if (pthread_create(&th[n], NULL, disk_reader, &d) != 0)
+            break;
+    struct timespec ts = {(time_t)DISK_SECONDS, 0};
+    nanosleep(&ts, NULL);
+    atomic_store(&d.stop, true);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    double secs = now_s() - t0;
+    close(d.fd);
+    return n == DISK_THREADS ? (double)atomic_load(&d.reads) / secs : 0;
 }
 
 /* Starts psd (in cgroup cg when cg[0]) with --memory-limit limit (0: none). */
@@ -129,12 +211,19 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
     return rc;
 }
 
-static void psd_stop(struct psd *p)
+/* Stops psd (it applies its row log first) and removes its directory;
+ * before the removal, when disk is not NULL, *disk = the disk's random
+ * reads/s under psd's LMDB file (disk_reads_per_s). */
+static void psd_stop(struct psd *p, double *disk)
 {
     ps_client_destroy(p->pc);
     kill(p->pid, SIGTERM);
     waitpid(p->pid, NULL, 0);
     char cmd[300];
+    if (disk != NULL) {
+        snprintf(cmd, sizeof cmd, "%s/data.mdb", p->dir);
+        *disk = disk_reads_per_s(cmd);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", p->dir);
     if (system(cmd) != 0)
         fprintf(stderr, "sparse: could not remove %s\n", p->dir);
@@ -547,8 +636,10 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         if (one(p, o, 0, ids, g, out, 0) != 0)
             exit(1);
     }
-    uint64_t read0 = tier_misses(p, NULL);
-    for (int k = 0; k < 3; k++)
+    uint64_t read0 = tier_misses(p, NULL), mf0 = majflt(p->pid);
+    res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
+    uint64_t mf1 = majflt(p->pid);
+    for (int k = 1; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
     uint64_t ram = 0, read1 = tier_misses(p, &ram);
     printf("%s: %.1f%% of the rows the calls touched were read from LMDB, the rest from "
@@ -557,7 +648,19 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
            (unsigned long long)(ram >> 20));
     if (pr)
         measure_peers(o, p, cdf, ids, g, out, pr);
-    psd_stop(p);
+    double disk = 0;
+    psd_stop(p, limit ? &disk : NULL);
+    /* What the disk allows a pull that reads this much from it: each call
+     * waits for its major faults at the disk's rate with as many in flight
+     * as psd's prefetch keeps, and does nothing else. */
+    double faults = (double)(mf1 - mf0) / (double)o->calls;
+    if (limit && disk > 0 && faults >= 1) {
+        double bound = (double)o->batch / (faults / disk);
+        printf("%s: pulls waited for %.0f major faults a call; the disk gave %.0f random "
+               "4 KiB reads/s with %d in flight (O_DIRECT under psd's file, after the "
+               "calls): reads alone bound a pull at %.0f rows/s, psd's is %.2f of it\n",
+               who, faults, disk, DISK_THREADS, bound, res[0] / bound);
+    }
     free(ids);
     free(g);
     free(out);
