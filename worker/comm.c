@@ -68,15 +68,16 @@ static void job_done(struct session *s, uint64_t *done)
  * The push of one job. Sets *together when the push brought the values
  * back in the same round trip, and *minv to the version the pull must
  * reach (sync). A stale sync push (the variables aggregate another step)
- * is not an error: the worker rejoins at their step.
+ * is not an error: *stale is set, and the worker rejoins at their step.
  */
 static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
-                    bool *together, uint64_t *minv)
+                    bool *together, uint64_t *minv, bool *stale_out)
 {
     const struct wd_train_opts *o = sh->s->o;
     /* A sync push waits for every worker's push of the step. */
     int dl = o->consistency == 2 ? o->rpc_timeout_ms * 6 : o->rpc_timeout_ms;
     uint64_t push_step = o->consistency == 2 ? sh->sync_step : j->step;
+    *stale_out = false;
     int rc;
     /* The push brings the values back in the same round trip, unless a
      * concurrent pull fetches them (async). */
@@ -97,13 +98,15 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
     wd_metrics_call(o->metrics, true, ps_metrics_now() - t0);
     if (stale) {
         /* A worker that rejoins a sync job (or fell behind while it was
-         * counted out) drops this gradient and takes the step the
-         * variables are at. */
+         * counted out) takes the step the variables are at: the pull
+         * below learns it, and push_then_pull sends the gradient again
+         * at that step. */
         ps_log_info("step %llu is not the one the variables aggregate "
                     "(%s); rejoining at theirs", (unsigned long long)push_step,
                     st->message);
         *minv = 0;
         *together = false;
+        *stale_out = true;
     } else if (o->consistency == 2) {
         *minv = sh->push_items[0].version;
     }
@@ -139,10 +142,11 @@ static int push_then_pull(struct shard *sh, const struct job *j,
     const struct wd_train_opts *o = sh->s->o;
     uint64_t minv = j->min_version;
     bool together = false; /* the push brought the values */
+    bool stale = false;
     int rc;
     *what = "Push";
     if (!j->pull_only && sh->nitems > 0 &&
-        (rc = push_job(sh, j, st, &together, &minv)) != 0)
+        (rc = push_job(sh, j, st, &together, &minv, &stale)) != 0)
         return rc;
     for (size_t i = 0; i < sh->nitems; i++)
         sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
@@ -166,6 +170,20 @@ static int push_then_pull(struct shard *sh, const struct job *j,
     }
     if (o->consistency == 2 && sh->nitems > 0)
         sh->sync_step = sh->pull_items[0].version;
+    if (stale) {
+        /* The gradient again, at the step this shard aggregates, in this
+         * job. Dropped, this shard's step would wait for this worker's
+         * next job, which waits for every shard of this one: another
+         * shard's step waiting for a worker that waits here would never
+         * come (the other workers keep that lockstep too). Stale again
+         * (the step was applied without this worker meanwhile): dropped. */
+        bool again = false;
+        *what = "Push";
+        if ((rc = push_job(sh, j, st, &together, &minv, &again)) != 0)
+            return rc;
+        if (!again) /* a sync push brings the step's values back */
+            sh->sync_step = sh->pull_items[0].version;
+    }
     return 0;
 }
 

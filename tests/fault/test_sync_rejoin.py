@@ -1,0 +1,133 @@
+"""A sync worker that rejoins on one shard while the other waits for it.
+
+Two real psd shards, one real workerd (worker 1, sync, two workers) and a
+second worker played here (worker 0) that keeps the lockstep a workerd
+keeps: its push to shard B for a step goes out only once its push to
+shard A came back. Shard A has run one step with worker 0 alone (as when
+the coordinator counted worker 1 out, or told A the new count before B),
+so workerd's first push to A is stale while its push to B is current.
+
+A worker that drops its stale gradient leaves A waiting for worker 1's
+push of A's step, which it sends only in its next job, after B answers;
+B waits for worker 0, which waits for A: both pushes end in
+DEADLINE_EXCEEDED (seen once in cluster-faults' sync job after a worker's
+restart). workerd instead sends the gradient again at the step A is at,
+in the same job, and the job goes on.
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "interop"))
+import pstest  # noqa: E402
+
+WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
+FM = "/usr/share/datasets/fashion-mnist"
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    print("timed out waiting for %s" % what, flush=True)
+    return False
+
+
+def main():
+    r = pstest.Results("sync-rejoin")
+    if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
+        print("skip: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
+        sys.exit(77)
+    pb, pbg, _, _ = pstest.generate_stubs()
+    a = pstest.start_psd(pstest.tmpdir())
+    b = pstest.start_psd(pstest.tmpdir())
+    sa = pbg.ParameterServerStub(pstest.channel(a.address))
+    sb = pbg.ParameterServerStub(pstest.channel(b.address))
+    # Worker 1: two steps, each after a 2 s pause, so that worker 0's
+    # moves below come between its first pull and its first push.
+    w1 = subprocess.Popen(
+        [WORKERD, "--ps", "%s,%s" % (a.address, b.address), "--consistency", "sync",
+         "--num-workers", "2", "--task-index", "1", "--steps", "2", "--epochs", "0",
+         "--limit", "1280", "--step-delay-ms", "2000", "--rpc-timeout", "2s",
+         "--shm", "off", "--log-level", "info"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ok = wait_for(lambda: all(s.Stats(pb.StatsRequest(), timeout=5).pulls >= 1
+                                  for s in (sa, sb)), 60, "workerd's first pulls")
+        r.check(ok, "workerd created its variables on both shards and pulled them")
+        if not ok:
+            return r
+        shapes = {}
+        for name, s in (("a", sa), ("b", sb)):
+            lv = s.ListVariables(pb.ListVariablesRequest(), timeout=5)
+            shapes[name] = [(v.spec.name, tuple(v.spec.shape)) for v in lv.variables]
+        r.check(shapes["a"] and shapes["b"] and
+                all(v.spec.consistency == pb.SYNC and v.spec.num_workers == 2
+                    for s in (sa, sb)
+                    for v in s.ListVariables(pb.ListVariablesRequest(),
+                                             timeout=5).variables),
+                "both shards hold sync variables over two workers (%d, %d)"
+                % (len(shapes["a"]), len(shapes["b"])))
+
+        def push(stub, shard, step, timeout=30):
+            return stub.Push(pb.PushRequest(worker=0, step=step, grads=[
+                pstest.grad(pb, n, np.zeros(shape, dtype=np.float32))
+                for n, shape in shapes[shard]]), timeout=timeout).versions[0]
+
+        # Shard A runs step 0 with worker 0 alone, then counts two again.
+        sa.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=1), timeout=5)
+        r.check(push(sa, "a", 0) == 1, "shard A applied step 0 with worker 0 alone")
+        sa.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=2), timeout=5)
+
+        # Worker 0 in lockstep: A's step, then B's, for two rounds.
+        got = {}
+
+        def worker0():
+            try:
+                for k in range(2):
+                    got["a%d" % k] = push(sa, "a", 1 + k)
+                    got["b%d" % k] = push(sb, "b", k)
+            except grpc.RpcError as e:
+                got["error"] = "%s: %s" % (e.code().name, e.details())
+
+        t = threading.Thread(target=worker0)
+        t.start()
+        t.join(timeout=90)
+        try:
+            out, err = w1.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            w1.kill()
+            out, err = w1.communicate()
+        r.check(not t.is_alive() and "error" not in got and
+                got == {"a0": 2, "b0": 1, "a1": 3, "b1": 2},
+                "worker 0's four pushes were each applied with workerd's (%s)" % got)
+        rejoined = "rejoining at theirs" in err
+        r.check(w1.returncode == 0 and rejoined,
+                "workerd found its push to A stale, sent it again at A's step and "
+                "finished its two steps (exit %s)" % w1.returncode)
+        if w1.returncode != 0 or not rejoined:
+            sys.stdout.write(err[-3000:])
+        for name, s, want in (("A", sa, 3), ("B", sb, 2)):
+            lv = s.ListVariables(pb.ListVariablesRequest(), timeout=5)
+            vs = {v.version for v in lv.variables}
+            r.check(vs == {want}, "shard %s's variables are at version %d (%s)"
+                    % (name, want, sorted(vs)))
+    finally:
+        if w1.poll() is None:
+            w1.kill()
+            w1.wait()
+        a.stop()
+        b.stop()
+    return r
+
+
+if __name__ == "__main__":
+    main().finish()
