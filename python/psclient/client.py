@@ -58,7 +58,8 @@ class PushResult:
     (for a split variable, the lowest of its parts'), the values when asked
     for (return_values), the step it was pushed as, and whether it was a
     sync push refused as stale (the client then rejoined at the variables'
-    step and `values` holds their current values)."""
+    step and pushed the gradient again at it, as workerd does; `values`
+    holds the values after that step)."""
     versions: Dict[str, int]
     values: Optional[Values]
     step: int
@@ -436,8 +437,11 @@ class Client:
         return_values: also bring each variable's value once the push is
         applied (sync: once the step's aggregate is), in the same round trip.
         step: the step to push as; None: the client's own (async: a counter;
-        sync: the step the variables aggregate, which it follows, and a push
-        refused as stale rejoins the variables' step instead of failing).
+        sync: the step the variables aggregate, which it follows; a push
+        refused as stale rejoins the variables' step and is sent again at it
+        instead of failing: dropped, a shard could wait for this worker's
+        next push while the worker waits on another shard whose step waits
+        for a worker stuck on the first).
         delta: each array is a change of the value, added as w += d with no
         optimizer (local SGD; psd refuses it for sync variables)."""
         checked = {n: self._check_grad(n, g) for n, g in grads.items()}
@@ -451,7 +455,9 @@ class Client:
         def push_shard(s: int) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:
             sh = self.shards[s]
             st = step if step is not None else (sh.sync_step if sync else self.step)
+            again = False  # sent again at the variables' step after a stale refusal
             while True:
+                rv = return_values or again
                 region = sh.shm_region()
                 gs = []
                 for name, p in by[s]:
@@ -465,27 +471,32 @@ class Client:
                         g.grad.CopyFrom(pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(rows.shape),
                                                   shm=pb.ShmRef(name=region.name, offset=off,
                                                                 length=4 * n)))
-                        if return_values:
+                        if rv:
                             g.value_into.CopyFrom(pb.ShmRef(name=region.name,
                                                             offset=sh.half + off, length=4 * n))
                     else:
                         g.grad.CopyFrom(_tensor(rows))
                     gs.append(g)
                 req = pb.PushRequest(worker=self.worker, step=st, grads=gs,
-                                     return_values=return_values, delta=delta)
+                                     return_values=rv, delta=delta)
                 try:
                     resp = sh.call("Push", req, pb.PushResponse, timeout=t)
                 except PsError as e:
                     if region is not None and sh.shm_refused(e):
                         continue
                     if sync and step is None and e.code == grpc.StatusCode.FAILED_PRECONDITION:
-                        return self._rejoin(sh, by[s], e)
+                        rejoined = self._rejoin(sh, by[s], e)
+                        if again:  # stale twice: the step ran without us
+                            return rejoined
+                        again = True
+                        st = sh.sync_step
+                        continue
                     raise
                 versions = [(p.name, v) for (_, p), v in zip(by[s], resp.versions)]
                 values = [(p.name, v) for (_, p), v in zip(by[s], resp.values)]
                 if sync and step is None:
                     sh.sync_step = min(v for _, v in versions)
-                return values, versions, False
+                return values, versions, again
 
         res = self._each(sorted(by), push_shard)
         stale = any(r[2] for r in res.values())
@@ -502,8 +513,8 @@ class Client:
 
     def _rejoin(self, sh: _Shard, parts: Sequence[Tuple[str, _place.Part]],
                 e: PsError) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:
-        """A sync push refused as stale: takes the variables' step instead,
-        as workerd does (this gradient is dropped)."""
+        """A sync push refused as stale: takes the variables' step (push
+        sends the gradient again at it, once)."""
         log.info("step %d is not the one the variables aggregate (%s); rejoining at theirs",
                  sh.sync_step, e.details)
         resp = sh.call("Pull", pb.PullRequest(items=[pb.PullItem(name=p.name)

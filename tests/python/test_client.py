@@ -258,10 +258,29 @@ def test_sync():
     late.create_variables([Variable("w", (1000,), Initializer.constant(1.0))],
                           optimizer=Optimizer.sgd(float(lr)), consistency="sync",
                           num_workers=2)
-    res = late.push({"w": grads[0, 0]})
-    r.check(res.stale and np.allclose(res.values["w"], w, atol=1e-6) and
-            late.shards[0].sync_step == 3,
-            "sync: a worker that is behind is refused as stale and rejoins at step 3")
+    # Behind at step 0: refused as stale, it rejoins at step 3 and sends
+    # the gradient again at it, which worker 0's push of step 3 completes.
+    got = {}
+
+    def late_push():
+        try:
+            got["late"] = late.push({"w": grads[0, 0]})
+        except Exception as e:  # noqa: BLE001 - reported as a check below
+            got["error"] = e
+    t = threading.Thread(target=late_push)
+    t.start()
+    time.sleep(0.3)
+    on_time = cs[0].push({"w": grads[1, 0]}, return_values=True)
+    t.join(30)
+    res = got.get("late")
+    w = w - lr * ((grads[1, 0] + grads[0, 0]) / np.float32(2))
+    r.check(res is not None and res.stale and res.versions["w"] == 4 and
+            np.allclose(res.values["w"], w, atol=1e-6) and
+            np.allclose(on_time.values["w"], w, atol=1e-6) and
+            late.shards[0].sync_step == 4,
+            "sync: a worker that is behind is refused as stale, rejoins at step 3 "
+            "and its gradient counts in step 3 with worker 0's (%s)"
+            % got.get("error", "no error"))
     for c in cs + [late]:
         c.close()
     s.stop()
