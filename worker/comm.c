@@ -68,7 +68,7 @@ static void job_done(struct session *s, uint64_t *done)
  * The push of one job. Sets *together when the push brought the values
  * back in the same round trip, and *minv to the version the pull must
  * reach (sync). A stale sync push (the variables aggregate another step)
- * is not an error: *stale is set, and the worker rejoins at their step.
+ * is not an error: *stale_out is set, and the worker rejoins at their step.
  */
 static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
                     bool *together, uint64_t *minv, bool *stale_out)
