@@ -289,47 +289,42 @@ static int apply_sealed(psd_shard *s, bool *did)
     return 0;
 }
 
-/* Both files applied. apply_run_mu held. */
-static int drain_locked(psd_shard *s)
+/* Applies the sealed file, then the active one: both, or (room) only
+ * until the RAM tier is back within its budget, each apply letting the
+ * tier drop the rows it unpins. apply_run_mu held. */
+static int drain_locked(psd_shard *s, bool room)
 {
     bool did = true;
     int rc = 0;
-    for (int k = 0; k < 3 && did && rc == 0; k++)
+    for (int k = 0; k < 3 && did && rc == 0 &&
+                    (!room || psd_sparse_ram_cost() > psd_sparse_budget(s)); k++)
         rc = apply_sealed(s, &did);
+    return rc;
+}
+
+static int drain(psd_shard *s, bool room)
+{
+    if (s->rowlog == NULL)
+        return 0;
+    pthread_mutex_lock(&s->apply_run_mu);
+    int rc = drain_locked(s, room);
+    pthread_mutex_unlock(&s->apply_run_mu);
+    if (rc != 0)
+        ps_log_err(rc, "applying the row log to LMDB failed");
     return rc;
 }
 
 int psd_sparse_drain(psd_shard *s)
 {
-    if (s->rowlog == NULL)
-        return 0;
-    pthread_mutex_lock(&s->apply_run_mu);
-    int rc = drain_locked(s);
-    pthread_mutex_unlock(&s->apply_run_mu);
-    if (rc != 0)
-        ps_log_err(rc, "applying the row log to LMDB failed");
-    return rc;
+    return drain(s, false);
 }
 
-/* Applies files until the RAM tier is back within its budget (each apply
- * lets the tier drop the rows it unpins): at most the file the applier is
- * writing and the active one. A push past the budget used to wait for the
- * whole log, which took bench/sparse's 4x-over push p99 to 1.4-1.5 s; this
- * way 0.35-0.8 s (the same throughput: the applier bounds it). */
+/* A push past the budget used to wait for the whole log, which took
+ * bench/sparse's 4x-over push p99 to 1.4-1.5 s; until the tier fits,
+ * 0.35-0.8 s (the same throughput: the applier bounds it). */
 int psd_sparse_make_room(psd_shard *s)
 {
-    if (s->rowlog == NULL)
-        return 0;
-    pthread_mutex_lock(&s->apply_run_mu);
-    bool did = true;
-    int rc = 0;
-    for (int k = 0; k < 3 && did && rc == 0 &&
-                    psd_sparse_ram_cost() > psd_sparse_budget(s); k++)
-        rc = apply_sealed(s, &did);
-    pthread_mutex_unlock(&s->apply_run_mu);
-    if (rc != 0)
-        ps_log_err(rc, "applying the row log to LMDB failed");
-    return rc;
+    return drain(s, true);
 }
 
 static void *applier_main(void *arg)
@@ -425,7 +420,7 @@ static int complete_copy(void *ctx, const char *dir)
 int shard_ckpt_begin(psd_shard *s)
 {
     pthread_mutex_lock(&s->apply_run_mu);
-    int rc = s->rowlog ? drain_locked(s) : 0;
+    int rc = s->rowlog ? drain_locked(s, false) : 0;
     if (rc != 0) {
         pthread_mutex_unlock(&s->apply_run_mu);
         ps_log_err(rc, "checkpoint: applying the row log to LMDB failed");
