@@ -36,6 +36,8 @@
  */
 #include "bench/pushpull.h"
 
+#include "common/fsutil.h"
+
 /* ---- the messages, encoded once (common/wire.h) ------------------------- */
 
 /* A PushRequest for one gradient, built once; the gradient bytes are its
@@ -441,24 +443,9 @@ struct usage {
 /* psd's user+system time and minor faults from /proc/<pid>/stat. */
 static void proc_usage(pid_t pid, struct usage *u)
 {
-    char path[64], buf[1024];
-    memset(u, 0, sizeof *u);
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long minflt, utime, stime;
-    if (p == NULL ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %lu %*u %*u %*u %lu %lu",
-               &minflt, &utime, &stime) != 3)
-        return;
     double hz = (double)sysconf(_SC_CLK_TCK);
-    u->cpu_s = (double)(utime + stime) / hz;
-    u->minflt = (double)minflt;
+    u->cpu_s = (double)(ps_proc_stat_field(pid, 14) + ps_proc_stat_field(pid, 15)) / hz;
+    u->minflt = (double)ps_proc_stat_field(pid, 10);
 }
 
 static void self_usage(struct usage *u)

@@ -33,6 +33,7 @@
  */
 #include "common/buf.h"
 #include "common/errors.h"
+#include "common/fsutil.h"
 #include "common/psclient.h"
 #include "common/rpc.h"
 #include "common/sparseclient.h"
@@ -88,25 +89,6 @@ static uint64_t mix64(uint64_t z)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
-}
-
-/* Major page faults of process pid so far, all its threads (the 12th field
- * of /proc/pid/stat); 0 when unreadable. */
-static uint64_t majflt(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the name may hold spaces */
-    unsigned long long v = 0;
-    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %llu", &v) != 1)
-        return 0;
-    return v;
 }
 
 /* The disk's random 4 KiB reads per second with DISK_THREADS in flight, as
@@ -636,9 +618,10 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         if (one(p, o, 0, ids, g, out, 0) != 0)
             exit(1);
     }
-    uint64_t read0 = tier_misses(p, NULL), mf0 = majflt(p->pid);
+    /* psd's major faults (all its threads) over the timed pulls */
+    uint64_t read0 = tier_misses(p, NULL), mf0 = ps_proc_stat_field(p->pid, 12);
     res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
-    uint64_t mf1 = majflt(p->pid);
+    uint64_t mf1 = ps_proc_stat_field(p->pid, 12);
     for (int k = 1; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
     uint64_t ram = 0, read1 = tier_misses(p, &ram);

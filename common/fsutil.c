@@ -71,3 +71,25 @@ int ps_dir_lock(const char *dir, const char *name, pid_t *holder)
     }
     return fd;
 }
+
+uint64_t ps_proc_stat_field(pid_t pid, int field)
+{
+    if (field < 4)
+        return 0;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* The command name (field 2) may hold spaces and parentheses: count
+     * from the last ')', which ends it. */
+    char *p = strrchr(buf, ')');
+    for (int f = 2; p != NULL && f < field; f++)
+        p = strchr(p + 1, ' ');
+    return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
+}

@@ -23,4 +23,11 @@ int ps_mkdirs(const char *path);
  * then in *holder (0 if it has not written it yet); *holder is 0 otherwise. */
 int ps_dir_lock(const char *dir, const char *name, pid_t *holder);
 
+#include <stdint.h>
+
+/* Field `field` of /proc/PID/stat, numbered from 1 as in proc(5) (10
+ * minflt, 12 majflt, 14 utime, 15 stime, 22 starttime), as a number; 0
+ * when it cannot be read (the process is gone) or field < 4. */
+uint64_t ps_proc_stat_field(pid_t pid, int field);
+
 #endif

@@ -6,6 +6,7 @@
 #include "common/rpc_local.h"
 
 #include "common/clock.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -87,28 +88,6 @@ int rpc_local_listen(const char *path, int max_conns, rpc_local **out)
     return 0;
 }
 
-/* Field 22 of /proc/PID/stat: the process's start time in clock ticks
- * since boot; 0 if it cannot be read (the process is gone already). */
-static uint64_t proc_start(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    /* The command name (field 2) may hold spaces and parentheses: count
-     * from the last ')'. */
-    char *p = strrchr(buf, ')');
-    for (int field = 2; p != NULL && field < 22; field++)
-        p = strchr(p + 1, ' ');
-    return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
-}
-
 /* Whether entry i is still the connection it was (descriptor i is the same
  * socket). Called with mu held. */
 static bool conn_alive(const rpc_local *l, size_t i)
@@ -152,8 +131,11 @@ static int record(rpc_local *l, int fd)
         return -errno;
     struct conn *c = &l->t[fd];
     *c = (struct conn){.used = true, .dev = st.st_dev, .ino = st.st_ino};
+    /* start: the peer's start time (field 22 of /proc/PID/stat, clock
+     * ticks since boot; 0 if it is gone already). */
     c->cred = (ps_rpc_peer_cred){.pid = uc.pid, .uid = uc.uid, .gid = uc.gid,
-                                 .start = proc_start(uc.pid), .conn = ++l->next_conn};
+                                 .start = ps_proc_stat_field(uc.pid, 22),
+                                 .conn = ++l->next_conn};
     return 0;
 }
 
