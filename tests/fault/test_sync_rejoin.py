@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -29,16 +28,6 @@ import pstest  # noqa: E402
 
 WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
 FM = "/usr/share/datasets/fashion-mnist"
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    print("timed out waiting for %s" % what, flush=True)
-    return False
 
 
 def main():
@@ -60,8 +49,8 @@ def main():
          "--shm", "off", "--log-level", "info"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ok = wait_for(lambda: all(s.Stats(pb.StatsRequest(), timeout=5).pulls >= 1
-                                  for s in (sa, sb)), 60, "workerd's first pulls")
+        ok = pstest.wait_until(lambda: all(s.Stats(pb.StatsRequest(), timeout=5).pulls >= 1
+                                           for s in (sa, sb)), 60)
         r.check(ok, "workerd created its variables on both shards and pulled them")
         if not ok:
             return r

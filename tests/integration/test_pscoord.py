@@ -167,14 +167,7 @@ def task(state, role, index):
     return None
 
 
-def wait_until(pred, timeout=10.0, every=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    return pred()
+wait_until = pstest.wait_until
 
 
 class Beater:

@@ -140,6 +140,18 @@ def free_port():
     return port
 
 
+def wait_until(pred, timeout=10.0, every=0.05):
+    """Calls pred every `every` s until it returns a true value (returned)
+    or timeout s pass; then returns pred() once more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
 def tmpdir(prefix="psd-test-"):
     d = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, d, True)

@@ -87,12 +87,7 @@ def summed(ids, g):
 
 
 def wait_for(cond, seconds=6.0):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
+    return pstest.wait_until(cond, seconds, 0.1)
 
 
 def test_pull_and_init(a, b):
