@@ -76,9 +76,9 @@ typedef int (*psd_rowlog_end_fn)(void *ctx);
 
 /* Walks the whole batches of file `which` (up to its end, or at open up
  * to the first that is not whole or does not grow), calling fn (unless
- * NULL) for the records of those with seq > after, then calls end (when not NULL); *last
- * (when not NULL) gets the highest seq seen (0: none). Returns 0, fn's or
- * end's code, or -errno. */
+ * NULL) for the records of those with seq > after, then calls end (unless
+ * NULL); *last (unless NULL) gets the highest seq seen (0: none). Returns
+ * 0, fn's or end's code, or -errno. */
 int psd_rowlog_walk(psd_rowlog *l, int which, uint64_t after, psd_rowlog_fn fn,
                     psd_rowlog_end_fn end, void *ctx, uint64_t *last);
 
