@@ -111,6 +111,7 @@ static void fail_waits(struct gone *g, const char *name)
 
 static void table_remove(psd_shard *s, size_t pos)
 {
+    shard_var_detach(s, s->vars[pos]);
     memmove(&s->vars[pos], &s->vars[pos + 1],
             (s->nvars - pos - 1) * sizeof *s->vars);
     s->nvars--;

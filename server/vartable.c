@@ -112,7 +112,7 @@ void shard_var_free(psd_var *v)
     free(v->slots);
     free(v->accum);
     free(v->pushed);
-    psd_sparse_free(v->sparse);
+    psd_sparse_table_free(v->sparse);
     pthread_rwlock_destroy(&v->lock);
     free(v);
 }
@@ -394,7 +394,7 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     v->slots = v->nslots ? shard_alloc_floats(n * (size_t)v->nslots) : NULL;
     if (v->value == NULL || (v->nslots && v->slots == NULL))
         goto nomem;
-    if (v->spec->sparse && (v->sparse = psd_sparse_new(v->spec, &v->opt)) == NULL)
+    if (v->spec->sparse && (v->sparse = psd_sparse_table_new(v->spec, &v->opt)) == NULL)
         goto nomem;
     v->persisted_version = UINT64_MAX; /* not in the store yet */
     *out = v;
@@ -416,7 +416,22 @@ static int table_insert(psd_shard *s, psd_var *v, size_t pos)
     memmove(&s->vars[pos + 1], &s->vars[pos], (s->nvars - pos) * sizeof *s->vars);
     s->vars[pos] = v;
     s->nvars++;
+    shard_var_attach(s, v);
     return 0;
+}
+
+/* A sparse table's rows join (leave) the shard's tier as its variable
+ * enters (leaves) the table. table_lock held for writing. */
+void shard_var_attach(psd_shard *s, psd_var *v)
+{
+    if (v->sparse != NULL)
+        psd_sparse_attach(s->sparse, v->sparse, v->step);
+}
+
+void shard_var_detach(psd_shard *s, psd_var *v)
+{
+    if (v->sparse != NULL)
+        psd_sparse_detach(s->sparse, v->sparse);
 }
 
 /* ---- CreateVariable --------------------------------------------------- */
@@ -744,7 +759,7 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         resp.slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
                            (v->accum ? v->n * sizeof(float) : 0);
     }
-    psd_sparse_stats(s, &resp);
+    psd_sparse_stats(s->sparse, &resp);
     pthread_rwlock_unlock(&s->table_lock);
     resp.pushes = atomic_load(&s->pushes);
     resp.pulls = atomic_load(&s->pulls);
