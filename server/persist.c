@@ -232,13 +232,36 @@ void *shard_flusher_main(void *arg)
                 ETIMEDOUT)
                 break;
         s->flush_requested = false;
+        uint64_t asked = s->flush_asked;
+        int rc = 0;
         if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
-            shard_flush_locked(s);
+            rc = shard_flush_locked(s);
+        if (asked != s->flush_done) {
+            s->flush_done = asked;
+            s->flush_rc = rc;
+            pthread_cond_broadcast(&s->flushed_cond);
+        }
         psd_sparse_maintain(s->sparse);
         maybe_trim(s, &trimmed_ms, &trimmed_bytes);
     }
     pthread_mutex_unlock(&s->flush_mu);
     return NULL;
+}
+
+/* Has the flusher commit everything applied so far and waits for it: an
+ * rpc thread that needs a commit does not write to LMDB itself. Returns
+ * the commit's result, or -ESHUTDOWN when psd is closing. */
+int shard_flush_wait(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    uint64_t mine = ++s->flush_asked;
+    s->flush_requested = true;
+    pthread_cond_signal(&s->flush_cond);
+    while (s->flush_done < mine && !s->closing)
+        pthread_cond_wait(&s->flushed_cond, &s->flush_mu);
+    int rc = s->flush_done >= mine ? s->flush_rc : -ESHUTDOWN;
+    pthread_mutex_unlock(&s->flush_mu);
+    return rc;
 }
 
 void shard_request_flush(psd_shard *s)

@@ -437,6 +437,7 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
+    pthread_cond_init(&s->flushed_cond, NULL);
     pthread_mutex_init(&s->caps_mu, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
@@ -538,6 +539,7 @@ int psd_shard_close(psd_shard *s)
         pthread_cond_signal(&s->wait_cond);
         pthread_mutex_unlock(&s->wait_mu);
         ps_cond_raise(&s->flush_mu, &s->flush_cond, NULL);
+        ps_cond_raise(&s->flush_mu, &s->flushed_cond, NULL);
         pthread_join(s->flusher, NULL);
         pthread_join(s->sweeper, NULL);
         rc = psd_shard_flush(s);
@@ -562,6 +564,7 @@ int psd_shard_close(psd_shard *s)
     pthread_cond_destroy(&s->wait_cond);
     pthread_mutex_destroy(&s->flush_mu);
     pthread_cond_destroy(&s->flush_cond);
+    pthread_cond_destroy(&s->flushed_cond);
     pthread_mutex_destroy(&s->caps_mu);
     free(s->data_dir);
     free(s->ckpt_root);

@@ -140,6 +140,11 @@ typedef struct pending_push {
     char *refused;            /* set: a sync step it joined was refused (its
                                  aggregate would make a value non-finite);
                                  the push is answered INVALID_ARGUMENT with it */
+    /* A SparsePush's answer, encoded when it was applied (sparse_rpc.c):
+     * parts over reply_mem, sent as they are. */
+    ps_rpc_part *parts;
+    int nparts;
+    void *reply_mem;
 } pending_push;
 
 /* A Pull waiting for a version. */
@@ -228,6 +233,11 @@ struct psd_shard {
     pthread_mutex_t flush_mu; /* one flush at a time */
     pthread_cond_t flush_cond;
     bool flush_requested;
+    /* Commits asked by shard_flush_wait, and the last the flusher ran for
+     * them (its result in flush_rc); flush_mu. */
+    pthread_cond_t flushed_cond;
+    uint64_t flush_asked, flush_done;
+    int flush_rc;
     pthread_t flusher, sweeper, ckpt_thread;
     /* Checkpoints run on their own thread (a copy of a big store takes
      * seconds, and the completion-queue thread must go on serving). */
@@ -352,6 +362,7 @@ uint64_t shard_store_commits(psd_shard *s);
 int shard_ckpt_load(const char *path, struct var_list *l);
 int shard_flush_locked(psd_shard *s);
 void shard_request_flush(psd_shard *s);
+int shard_flush_wait(psd_shard *s);
 void *shard_flusher_main(void *arg);
 
 /* sparse_rpc.c */
@@ -401,6 +412,7 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
 void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
                             void *ctx);
 void shard_pending_free(pending_push *p);
+void shard_push_complete(psd_shard *s, pending_push *p);
 void shard_answer_durable(psd_shard *s, uint64_t upto);
 
 /* ---- pushshm.c: a push's gradients in shared memory ------------------ */

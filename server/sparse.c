@@ -35,6 +35,7 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     pthread_mutex_init(&sp->apply_run_mu, NULL);
     pthread_mutex_init(&sp->apply_mu, NULL);
     pthread_cond_init(&sp->apply_cond, NULL);
+    pthread_cond_init(&sp->room_cond, NULL);
     pthread_mutex_init(&sp->pool.mu, NULL);
     pthread_cond_init(&sp->pool.work, NULL);
     pthread_cond_init(&sp->pool.idle, NULL);
@@ -69,6 +70,7 @@ void psd_sparse_close(psd_sparse *sp)
     pthread_mutex_destroy(&sp->apply_run_mu);
     pthread_mutex_destroy(&sp->apply_mu);
     pthread_cond_destroy(&sp->apply_cond);
+    pthread_cond_destroy(&sp->room_cond);
     pthread_mutex_destroy(&sp->pool.mu);
     pthread_cond_destroy(&sp->pool.work);
     pthread_cond_destroy(&sp->pool.idle);

@@ -146,6 +146,11 @@ struct psd_sparse {
     pthread_mutex_t apply_run_mu;
     pthread_mutex_t apply_mu;
     pthread_cond_t apply_cond;
+    /* Rounds of room asked of the applier by pushes past the budget, and
+     * done (psd_sparse_make_room); apply_mu. */
+    pthread_cond_t room_cond;
+    uint64_t room_req, room_done;
+    int room_rc;
     bool apply_quit, applier_started;
     atomic_bool apply_asap; /* a sweep wants the log in LMDB */
     pthread_t applier;

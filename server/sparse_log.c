@@ -473,10 +473,39 @@ int psd_sparse_drain(psd_sparse *sp)
 
 /* A push past the budget used to wait for the whole log, which took
  * bench/sparse's 4x-over push p99 to 1.4-1.5 s; until the tier fits,
- * 0.35-0.8 s (the same throughput: the applier bounds it). */
+ * 0.35-0.8 s (the same throughput: the applier bounds it). The applier
+ * does it (no rpc thread writes to LMDB) and the caller waits for that
+ * round; without an applier (stopped, or never started) the caller does
+ * it. */
 int psd_sparse_make_room(psd_sparse *sp)
 {
-    return drain(sp, true);
+    pthread_mutex_lock(&sp->apply_mu);
+    if (!sp->applier_started || sp->apply_quit) {
+        pthread_mutex_unlock(&sp->apply_mu);
+        return drain(sp, true);
+    }
+    uint64_t mine = ++sp->room_req;
+    pthread_cond_signal(&sp->apply_cond);
+    while (sp->room_done < mine && !sp->apply_quit)
+        pthread_cond_wait(&sp->room_cond, &sp->apply_mu);
+    int rc = sp->room_done >= mine ? sp->room_rc : 0;
+    pthread_mutex_unlock(&sp->apply_mu);
+    return rc;
+}
+
+/* The applier's side of psd_sparse_make_room: one round for every push
+ * that asked until now. apply_mu held on entry and exit. */
+static void room_round(psd_sparse *sp)
+{
+    uint64_t want = sp->room_req;
+    if (want == sp->room_done)
+        return;
+    pthread_mutex_unlock(&sp->apply_mu);
+    int rc = drain(sp, true);
+    pthread_mutex_lock(&sp->apply_mu);
+    sp->room_done = want;
+    sp->room_rc = rc;
+    pthread_cond_broadcast(&sp->room_cond);
 }
 
 static void *applier_main(void *arg)
@@ -487,9 +516,11 @@ static void *applier_main(void *arg)
     pthread_mutex_lock(&sp->apply_mu);
     while (!sp->apply_quit) {
         struct timespec until = ps_time_after_ms(CLOCK_REALTIME, 50);
-        pthread_cond_timedwait(&sp->apply_cond, &sp->apply_mu, &until);
+        if (sp->room_req == sp->room_done)
+            pthread_cond_timedwait(&sp->apply_cond, &sp->apply_mu, &until);
         if (sp->apply_quit)
             break;
+        room_round(sp);
         pthread_mutex_unlock(&sp->apply_mu);
         psd_rowlog *l = sp->rowlog;
         int a = psd_rowlog_active(l);
@@ -533,6 +564,7 @@ void sparse_applier_stop(psd_sparse *sp)
     pthread_mutex_lock(&sp->apply_mu);
     sp->apply_quit = true;
     pthread_cond_signal(&sp->apply_cond);
+    pthread_cond_broadcast(&sp->room_cond);
     pthread_mutex_unlock(&sp->apply_mu);
     pthread_join(sp->applier, NULL);
     sp->applier_started = false;

@@ -19,12 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Finds the sparse table `name` for method. Returns it, or NULL with call
- * failed and counted as a bad request. table_lock held. */
+/* Finds the sparse table `name` (len bytes on the wire) for method.
+ * Returns it, or NULL with call failed and counted as a bad request.
+ * table_lock held. */
 static psd_var *find_table(psd_shard *s, ps_rpc_call *call, const char *method,
-                           const char *name)
+                           const char *name, size_t len)
 {
-    size_t len = strlen(name);
     psd_var *v = shard_find_var(s, name, len, NULL);
     if (v != NULL && v->sparse != NULL)
         return v;
@@ -48,6 +48,39 @@ static void fail_rc(ps_rpc_call *call, const char *method, const char *name, int
                 "failed: %s", method, name, ps_strerror(rc));
 }
 
+/* Decodes a request in place (wire.c): the ids into r's array, a
+ * gradient's bytes left where they arrived. False with call failed: bytes
+ * that do not parse, a name with a NUL, or no items. */
+static bool decode(psd_shard *s, ps_rpc_call *call, bool push, const uint8_t *req,
+                   size_t len, ps_wire_sparse *r)
+{
+    const char *method = push ? "SparsePush" : "SparsePull";
+    const ProtobufCMessageDescriptor *d = push ? &ps__v1__sparse_push_request__descriptor
+                                               : &ps__v1__sparse_pull_request__descriptor;
+    char err[256], where[256];
+    size_t at;
+    int rc = ps_wire_sparse_decode(req, len, push, r, err, sizeof err);
+    if (rc == -ENOMEM) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "%s: out of memory", method);
+        return false;
+    }
+    shard_count_bad(s);
+    if (rc != 0)
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %zu bytes that are not a "
+                    "%sRequest (%s)", method, len, method, err);
+    else if (ps_wire_pb_nul(req, len, d, where, sizeof where, &at))
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: %s has a NUL byte at %zu",
+                    method, where, at);
+    else if (r->nitems == 0)
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: no %s", method,
+                    push ? "grads" : "items");
+    else {
+        atomic_fetch_sub(&s->bad, 1); /* counted only when refused */
+        return true;
+    }
+    return false;
+}
+
 /* Room for a reply: the rows and their headers within the message limit. */
 static bool reply_fits(psd_shard *s, ps_rpc_call *call, const char *method,
                        uint64_t floats)
@@ -69,17 +102,12 @@ static bool reply_fits(psd_shard *s, ps_rpc_call *call, const char *method,
 void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
-    Ps__V1__SparsePullRequest *r = shard_unpack(
-        s, call, "SparsePull", &ps__v1__sparse_pull_request__descriptor, req, len);
-    if (r == NULL)
-        return;
-    size_t n = r->n_items;
-    if (n == 0) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePull: no items");
-        ps__v1__sparse_pull_request__free_unpacked(r, NULL);
+    ps_wire_sparse r = {0};
+    if (!decode(s, call, false, req, len, &r)) {
+        ps_wire_sparse_free(&r);
         return;
     }
+    size_t n = r.nitems;
     psd_var **vars = calloc(n, sizeof *vars);
     ps_rpc_msg **msgs = calloc(n, sizeof *msgs);
     uint8_t *hdr = malloc(n * PS_WIRE_VALUE_HDR_MAX);
@@ -90,7 +118,8 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePull: out of memory");
     uint64_t floats = 0;
     for (size_t i = 0; i < n && ok; i++) {
-        vars[i] = find_table(s, call, "SparsePull", r->items[i]->name);
+        const ps_wire_grad *g = &r.items[i].g;
+        vars[i] = find_table(s, call, "SparsePull", g->name, g->name_len);
         ok = vars[i] != NULL;
         for (size_t j = 0; j < i && ok; j++)
             if (vars[j] == vars[i]) {
@@ -100,17 +129,17 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
                 ok = false;
             }
         if (ok)
-            floats += (uint64_t)r->items[i]->n_ids * psd_sparse_table_dim(vars[i]->sparse);
+            floats += (uint64_t)r.items[i].nids * psd_sparse_table_dim(vars[i]->sparse);
     }
     ok = ok && reply_fits(s, call, "SparsePull", floats);
     for (size_t i = 0; i < n && ok; i++) {
         psd_var *v = vars[i];
-        size_t ni = r->items[i]->n_ids, dim = psd_sparse_table_dim(v->sparse);
+        size_t ni = r.items[i].nids, dim = psd_sparse_table_dim(v->sparse);
         size_t nb = ni * dim * sizeof(float);
         msgs[i] = ps_rpc_msg_new(nb ? nb : 1);
         float *out = msgs[i] ? (float *)(void *)ps_rpc_msg_data(msgs[i]) : NULL;
         uint64_t inserted = 0;
-        int rc = out ? psd_sparse_pull(s->sparse, v->sparse, r->items[i]->ids, ni, out,
+        int rc = out ? psd_sparse_pull(s->sparse, v->sparse, r.items[i].ids, ni, out,
                                        &inserted)
                      : -ENOMEM;
         if (inserted > 0)
@@ -142,40 +171,42 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     free(msgs);
     free(hdr);
     free(parts);
-    ps__v1__sparse_pull_request__free_unpacked(r, NULL);
+    ps_wire_sparse_free(&r);
 }
 
 /* ---- SparsePush ---------------------------------------------------------- */
 
 /* Checks gradient g of the push against its table v; false with call
  * failed. */
-static bool check_grad(psd_shard *s, ps_rpc_call *call, const Ps__V1__SparseGradient *g,
+static bool check_grad(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse_item *it,
                        const psd_var *v)
 {
-    size_t dim = psd_sparse_table_dim(v->sparse);
-    const Ps__V1__Tensor *tn = g->grad;
+    size_t dim = psd_sparse_table_dim(v->sparse), n = it->nids;
+    const ps_wire_grad *g = &it->g;
+    const uint8_t *data = NULL;
+    ps_wire_bytes b = g->data;
+    if (g->nbytes > 0)
+        ps_wire_bytes_peek(&b, &data); /* one piece: all of it */
     const char *why = NULL;
     char buf[160];
-    if (tn == NULL)
+    if (!g->has_tensor)
         why = "grad is missing";
-    else if (tn->dtype != PS__V1__DTYPE__DTYPE_FLOAT32)
+    else if (g->dtype != PS__V1__DTYPE__DTYPE_FLOAT32)
         why = "grad must be FLOAT32";
-    else if (tn->shm != NULL)
+    else if (g->shm.set)
         why = "grad in shared memory is not served for sparse tables; send it inline";
-    else if (tn->n_shape != 2 || tn->shape[0] != (int64_t)g->n_ids ||
-             tn->shape[1] != (int64_t)dim) {
+    else if (g->ndim != 2 || g->shape[0] != (int64_t)n || g->shape[1] != (int64_t)dim) {
         snprintf(buf, sizeof buf, "grad must have shape [%zu, %zu] (ids, dim), got "
-                 "%zu dimension(s) %lld x %lld", g->n_ids, dim, tn->n_shape,
-                 tn->n_shape > 0 ? (long long)tn->shape[0] : 0LL,
-                 tn->n_shape > 1 ? (long long)tn->shape[1] : 0LL);
+                 "%d dimension(s) %lld x %lld", n, dim, g->ndim,
+                 g->ndim > 0 ? (long long)g->shape[0] : 0LL,
+                 g->ndim > 1 ? (long long)g->shape[1] : 0LL);
         why = buf;
-    } else if (tn->data.len != g->n_ids * dim * sizeof(float)) {
+    } else if (g->nbytes != n * dim * sizeof(float)) {
         snprintf(buf, sizeof buf, "grad has %zu bytes, [%zu, %zu] floats need %zu",
-                 tn->data.len, g->n_ids, dim, g->n_ids * dim * sizeof(float));
+                 g->nbytes, n, dim, n * dim * sizeof(float));
         why = buf;
     } else if (!s->o.allow_nonfinite &&
-               !psd_all_finite((const psd_ufloat *)(const void *)tn->data.data,
-                               g->n_ids * dim)) {
+               !psd_all_finite((const psd_ufloat *)(const void *)data, n * dim)) {
         atomic_fetch_add(&s->nonfinite, 1);
         why = "grad holds NaN or Inf";
     }
@@ -189,13 +220,13 @@ static bool check_grad(psd_shard *s, ps_rpc_call *call, const Ps__V1__SparseGrad
 
 /* Checks every gradient, each table named once, and makes the tier's
  * parts of the push; false with call failed. */
-static bool push_check(psd_shard *s, ps_rpc_call *call, const Ps__V1__SparsePushRequest *r,
+static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
                        psd_var **vars, struct psd_sparse_grad *parts, uint64_t *floats)
 {
-    for (size_t i = 0; i < r->n_grads; i++) {
-        const Ps__V1__SparseGradient *g = r->grads[i];
-        vars[i] = find_table(s, call, "SparsePush", g->name);
-        if (vars[i] == NULL || !check_grad(s, call, g, vars[i]))
+    for (size_t i = 0; i < r->nitems; i++) {
+        const ps_wire_sparse_item *it = &r->items[i];
+        vars[i] = find_table(s, call, "SparsePush", it->g.name, it->g.name_len);
+        if (vars[i] == NULL || !check_grad(s, call, it, vars[i]))
             return false;
         for (size_t j = 0; j < i; j++)
             if (vars[j] == vars[i]) {
@@ -204,28 +235,67 @@ static bool push_check(psd_shard *s, ps_rpc_call *call, const Ps__V1__SparsePush
                             "has two gradients in one push", vars[i]->name);
                 return false;
             }
-        size_t dim = psd_sparse_table_dim(vars[i]->sparse);
-        parts[i] = (struct psd_sparse_grad){.t = vars[i]->sparse, .ids = g->ids,
-                                            .n = g->n_ids, .grad = g->grad->data.data};
-        *floats += (uint64_t)g->n_ids * dim;
+        const uint8_t *data = NULL;
+        ps_wire_bytes b = it->g.data;
+        if (it->g.nbytes > 0)
+            ps_wire_bytes_peek(&b, &data);
+        parts[i] = (struct psd_sparse_grad){.t = vars[i]->sparse, .ids = it->ids,
+                                            .n = it->nids, .grad = data};
+        *floats += (uint64_t)it->nids * psd_sparse_table_dim(vars[i]->sparse);
     }
     return true;
 }
 
-/* Room for the rows a push returns, after the update. */
-static bool push_values_alloc(psd_shard *s, ps_rpc_call *call, struct psd_sparse_grad *parts,
-                              size_t n)
+/* The answer of a push, built where it is applied: PushResponse's bytes
+ * (versions, then with return_values each table's rows as a value), in
+ * one block: the rows first, where the tier writes them, then the
+ * headers. */
+struct answer {
+    void *mem;
+    uint8_t *hdr;          /* after the rows */
+    ps_rpc_part *parts;
+    int nparts;
+};
+
+static bool answer_alloc(ps_rpc_call *call, struct psd_sparse_grad *parts, size_t n,
+                         bool values, struct answer *a)
 {
-    for (size_t i = 0; i < n; i++) {
-        size_t dim = psd_sparse_table_dim(parts[i].t);
-        parts[i].values = malloc(parts[i].n * dim * sizeof(float) + 1);
-        if (parts[i].values == NULL) {
-            (void)s;
-            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: out of memory");
-            return false;
-        }
+    size_t rows = 0;
+    for (size_t i = 0; values && i < n; i++)
+        rows += parts[i].n * psd_sparse_table_dim(parts[i].t) * sizeof(float);
+    size_t hdr = 11 + 10 * n + (values ? n * PS_WIRE_VALUE_HDR_MAX : 0);
+    a->mem = malloc(rows + hdr);
+    a->parts = calloc(1 + 2 * n, sizeof *a->parts);
+    if (a->mem == NULL || a->parts == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: out of memory");
+        return false;
+    }
+    a->hdr = (uint8_t *)a->mem + rows;
+    float *at = a->mem;
+    for (size_t i = 0; values && i < n; i++) {
+        parts[i].values = at;
+        at += parts[i].n * psd_sparse_table_dim(parts[i].t);
     }
     return true;
+}
+
+/* Writes the headers of an applied push (versions known now). table_lock
+ * held: the names are the variables'. */
+static void answer_put(struct answer *a, psd_var **vars, struct psd_sparse_grad *parts,
+                       size_t n, const uint64_t *versions, bool values)
+{
+    uint8_t *h = a->hdr, *end = ps_wire_versions_put(h, versions, n);
+    a->nparts = 0;
+    for (size_t i = 0; values && i < n; i++) {
+        size_t dim = psd_sparse_table_dim(parts[i].t), nb = parts[i].n * dim * sizeof(float);
+        int64_t shape[2] = {(int64_t)parts[i].n, (int64_t)dim};
+        end = ps_wire_value_header(end, 2, vars[i]->name, versions[i], shape, 2, nb, NULL);
+        a->parts[a->nparts++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
+        a->parts[a->nparts++] = (ps_rpc_part){parts[i].values, nb, NULL, NULL};
+        h = end;
+    }
+    if (end > h)
+        a->parts[a->nparts++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
 }
 
 /* The push applied: each variable's version moves on, and its step. */
@@ -257,59 +327,17 @@ static void push_failed(psd_shard *s, ps_rpc_call *call, psd_var *v, int rc, int
     }
 }
 
-/* Answers an applied push, with the rows when asked. */
-static void push_reply(ps_rpc_call *call, psd_var **vars, struct psd_sparse_grad *parts,
-                       size_t n, uint64_t *versions, bool values)
-{
-    Ps__V1__SparsePushResponse resp = PS__V1__SPARSE_PUSH_RESPONSE__INIT;
-    resp.n_versions = n;
-    resp.versions = versions;
-    Ps__V1__SparseRows *rows = values ? calloc(n, sizeof *rows) : NULL;
-    Ps__V1__SparseRows **rowp = values ? calloc(n, sizeof *rowp) : NULL;
-    Ps__V1__Tensor *tens = values ? calloc(n, sizeof *tens) : NULL;
-    int64_t(*shapes)[2] = values ? calloc(n, sizeof *shapes) : NULL;
-    if (values && !(rows && rowp && tens && shapes)) {
-        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: applied, but out "
-                    "of memory for the returned rows");
-        goto out;
-    }
-    for (size_t i = 0; values && i < n; i++) {
-        size_t dim = psd_sparse_table_dim(parts[i].t);
-        ps__v1__sparse_rows__init(&rows[i]);
-        ps__v1__tensor__init(&tens[i]);
-        rows[i].name = vars[i]->name;
-        rows[i].version = versions[i];
-        shapes[i][0] = (int64_t)parts[i].n;
-        shapes[i][1] = (int64_t)dim;
-        tens[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        tens[i].n_shape = 2;
-        tens[i].shape = shapes[i];
-        tens[i].data.len = parts[i].n * dim * sizeof(float);
-        tens[i].data.data = (uint8_t *)parts[i].values;
-        rows[i].values = &tens[i];
-        rowp[i] = &rows[i];
-    }
-    resp.n_values = values ? n : 0;
-    resp.values = rowp;
-    ps_rpc_reply_pb(call, &resp);
-out:
-    free(rows);
-    free(rowp);
-    free(tens);
-    free(shapes);
-}
-
 /* Past the RAM tier's budget, or with more changed rows than a commit
- * writes in ~40 ms: commit first (and past the budget, apply the row
- * log), so that clean rows can go and the kill -9 bound holds. A commit
- * that fails (a full map or disk) leaves them all changed: then the push
- * is refused rather than the tier outgrowing its bound. False with call
- * failed. */
+ * writes in ~40 ms: a commit first (and past the budget, an apply of the
+ * row log), so that clean rows can go and the kill -9 bound holds. A
+ * commit that fails (a full map or disk) leaves them all changed: then
+ * the push is refused rather than the tier outgrowing its bound. False
+ * with call failed. */
 static bool push_room(psd_shard *s, ps_rpc_call *call)
 {
     if (!psd_sparse_needs_commit(s->sparse))
         return true;
-    int frc = psd_shard_flush(s);
+    int frc = shard_flush_wait(s);
     /* Rows still held: logged but not yet in LMDB. Apply enough of the
      * log. */
     if (frc == 0 && psd_sparse_over_budget(s->sparse))
@@ -324,59 +352,67 @@ static bool push_room(psd_shard *s, ps_rpc_call *call)
     return false;
 }
 
+/* Named steps, as Push's: decode, make room, check every gradient, apply
+ * them all or none (the tier), note the versions, answer at once or, with
+ * --durable, after the flusher's commit (push.c's durable list). */
 void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
 {
     psd_shard *s = ctx;
-    Ps__V1__SparsePushRequest *r = shard_unpack(
-        s, call, "SparsePush", &ps__v1__sparse_push_request__descriptor, req, len);
-    if (r == NULL)
-        return;
-    size_t n = r->n_grads;
-    if (n == 0) {
-        shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePush: no grads");
-        ps__v1__sparse_push_request__free_unpacked(r, NULL);
-        return;
-    }
-    if (!push_room(s, call)) {
-        ps__v1__sparse_push_request__free_unpacked(r, NULL);
-        return;
-    }
-    psd_var **vars = calloc(n, sizeof *vars);
-    struct psd_sparse_grad *parts = calloc(n, sizeof *parts);
-    uint64_t *versions = calloc(n, sizeof *versions);
+    ps_wire_sparse r = {0};
+    pending_push *p = NULL;
+    struct psd_sparse_grad *parts = NULL;
+    struct answer a = {0};
     uint64_t floats = 0;
-    pthread_rwlock_rdlock(&s->table_lock);
-    bool ok = vars && parts && versions;
-    if (!ok)
+    double t0 = ps_metrics_now();
+    if (!decode(s, call, true, req, len, &r) || !push_room(s, call))
+        goto out;
+    size_t n = r.nitems;
+    p = calloc(1, sizeof *p);
+    parts = calloc(n, sizeof *parts);
+    if (p == NULL || parts == NULL || (p->vars = calloc(n, sizeof *p->vars)) == NULL ||
+        (p->versions = calloc(n, sizeof *p->versions)) == NULL) {
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: out of memory");
-    ok = ok && push_check(s, call, r, vars, parts, &floats);
-    ok = ok && (!r->return_values || reply_fits(s, call, "SparsePush", floats));
-    ok = ok && (!r->return_values || push_values_alloc(s, call, parts, n));
+        goto out;
+    }
+    p->call = call;
+    p->nitems = n;
+    p->t0 = t0;
+    pthread_rwlock_rdlock(&s->table_lock);
+    bool ok = push_check(s, call, &r, p->vars, parts, &floats) &&
+              (!r.return_values || reply_fits(s, call, "SparsePush", floats)) &&
+              answer_alloc(call, parts, n, r.return_values, &a);
     if (ok) {
         size_t bad;
         int64_t bad_id;
-        int rc = psd_sparse_push(s->sparse, parts, n, r->step, &bad, &bad_id);
-        if (rc == 0)
-            push_note(s, vars, n, r->step, versions);
-        else
-            push_failed(s, call, vars[bad], rc, bad_id);
+        int rc = psd_sparse_push(s->sparse, parts, n, r.step, &bad, &bad_id);
+        if (rc != 0)
+            push_failed(s, call, p->vars[bad], rc, bad_id);
         ok = rc == 0;
+    }
+    if (ok) {
+        push_note(s, p->vars, n, r.step, p->versions);
+        answer_put(&a, p->vars, parts, n, p->versions, r.return_values);
+        p->parts = a.parts;
+        p->nparts = a.nparts;
+        p->reply_mem = a.mem;
+        a = (struct answer){0};
+        if (s->o.durable) { /* parked while its variables are sure to be listed */
+            shard_push_complete(s, p);
+            p = NULL;
+        }
     }
     pthread_rwlock_unlock(&s->table_lock);
     if (ok) {
         atomic_fetch_add(&s->bytes_in, floats * sizeof(float));
-        int rc = s->o.durable ? psd_shard_flush(s) : 0;
-        if (rc != 0)
-            ps_rpc_fail(call, ps_rpc_code_from_err(rc), "SparsePush: applied, but "
-                        "the commit to LMDB failed: %s", ps_strerror(rc));
-        else
-            push_reply(call, vars, parts, n, versions, r->return_values);
+        if (p != NULL) /* the answer reads no variable: sent without the lock */
+            shard_push_complete(s, p);
+        p = NULL;
     }
-    for (size_t i = 0; parts && i < n; i++)
-        free(parts[i].values);
+out:
+    if (p != NULL)
+        shard_pending_free(p);
+    free(a.mem);
+    free(a.parts);
     free(parts);
-    free(vars);
-    free(versions);
-    ps__v1__sparse_push_request__free_unpacked(r, NULL);
+    ps_wire_sparse_free(&r);
 }
