@@ -289,7 +289,8 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
     /* The sparse tier replays the rows acknowledged but not yet in LMDB. */
     struct psd_sparse_conf sc = {.store = s->store, .data_dir = s->data_dir,
                                  .memory_limit = s->o.memory_limit,
-                                 .map_size = s->o.map_size};
+                                 .map_size = s->o.map_size,
+                                 .max_rows = s->o.max_rows_per_table};
     rc = psd_sparse_open(&sc, &s->sparse);
     if (rc != 0)
         return rc;

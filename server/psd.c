@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -68,6 +69,7 @@ struct psd_conf {
     int64_t keepalive_ms;
     int64_t probe_interval_ms;
     uint64_t memory_limit;
+    uint64_t max_rows_per_table;
     char *metrics_listen;
     ps_tls_conf tls;
     char *tokens;
@@ -161,9 +163,15 @@ static const ps_opt psd_opts[] = {
      "lower", 0, 1e18, NULL},
     {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
      "most bytes the variables hold (values, optimizer slots, sync "
-     "aggregates), e.g. 16G; a CreateVariable beyond is refused "
-     "(RESOURCE_EXHAUSTED); 0: half of this host's physical memory",
-     0, 1e18, NULL},
+     "aggregates, sparse tables' rows with their slots), e.g. 16G; a "
+     "CreateVariable or a SparsePush beyond is refused (RESOURCE_EXHAUSTED); "
+     "0: half of this host's physical memory", 0, 1e18, NULL},
+    /* 0: a row of at least 64 bytes stored (head, a float, its key and
+     * LMDB's node) on at most half of the disk and memory psd plans for. */
+    {"max-rows-per-table", PS_OPT_UINT64, offsetof(struct psd_conf, max_rows_per_table), "0",
+     "most rows a sparse table holds, and the highest max_rows a spec may ask; "
+     "a SparsePush whose new rows pass it is refused whole (RESOURCE_EXHAUSTED); "
+     "0: (free disk of --data-dir + --memory-limit) / 128", 0, 0, NULL},
     /* 4096: each worker waits on about one pull per shard at a time;
      * thousands of workers per shard is beyond any job psd serves. */
     {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
@@ -392,6 +400,15 @@ static uint64_t memory_available(void)
     return mem;
 }
 
+/* --max-rows-per-table 0: (free disk + memory) / 128, at least a million. */
+static uint64_t rows_per_table(const char *dir, uint64_t memory)
+{
+    struct statvfs v;
+    uint64_t disk = statvfs(dir, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+    uint64_t rows = (disk + memory) / 128;
+    return rows < 1000000 ? 1000000 : rows;
+}
+
 /* Opens the store (and starts the shard's threads). Returns 0, or 1 after
  * the error line. */
 static int open_shard(struct psd *d, uint64_t *base_rss)
@@ -420,6 +437,9 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .tokens_required = d->auth != NULL,
         .memory_limit = c->memory_limit != 0 ? c->memory_limit : memory_available(),
     };
+    so.max_rows_per_table = c->max_rows_per_table != 0
+                                ? c->max_rows_per_table
+                                : rows_per_table(c->data_dir, so.memory_limit);
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
     if (rc != 0) {
@@ -427,9 +447,10 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
                 c->data_dir, ps_strerror(rc));
         return 1;
     }
-    ps_log_info("caps: %zu variables, %.1f GiB held, %zu waiting pulls for at "
-                "most %lld ms, %d calls per connection", so.max_variables,
-                (double)so.max_bytes / (1 << 30), so.max_waiting_pulls,
+    ps_log_info("caps: %zu variables, %.1f GiB held, %llu rows per sparse table, %zu "
+                "waiting pulls for at most %lld ms, %d calls per connection",
+                so.max_variables, (double)so.max_bytes / (1 << 30),
+                (unsigned long long)so.max_rows_per_table, so.max_waiting_pulls,
                 (long long)so.max_pull_wait_ms, c->max_streams);
     return 0;
 }

@@ -31,6 +31,7 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     sp->store = c->store;
     sp->memory_limit = c->memory_limit;
     sp->map_size = c->map_size;
+    sp->max_rows = c->max_rows;
     pthread_mutex_init(&sp->tables_mu, NULL);
     pthread_mutex_init(&sp->apply_run_mu, NULL);
     pthread_mutex_init(&sp->apply_mu, NULL);
@@ -155,6 +156,7 @@ psd_sparse_table *psd_sparse_table_new(const Ps__V1__VariableSpec *sp, const psd
     psd_init_defaults(&t->init);
     t->nslots = psd_opt_slot_count(&t->opt);
     t->rowf = t->dim * (size_t)(1 + t->nslots);
+    t->row_bytes = SPARSE_ROW_HEAD + t->rowf * sizeof(float);
     t->admit_after = sp->admit_after;
     t->ttl = sp->ttl_steps;
     t->max_rows = sp->max_rows;
@@ -194,6 +196,8 @@ void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     sp->tables = t;
     atomic_fetch_add(&sp->ram, t->nentries * sparse_entry_bytes(t));
     atomic_fetch_add(&sp->dirty, t->ndirty);
+    if (t->ready)
+        atomic_fetch_add(&sp->row_bytes, t->rows * t->row_bytes);
     pthread_mutex_unlock(&sp->tables_mu);
 }
 
@@ -210,6 +214,8 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
     sparse_lock(t);
     atomic_fetch_sub(&sp->ram, t->nentries * sparse_entry_bytes(t));
     atomic_fetch_sub(&sp->dirty, t->ndirty);
+    if (t->ready)
+        atomic_fetch_sub(&sp->row_bytes, t->rows * t->row_bytes);
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&sp->tables_mu);
 }
@@ -288,6 +294,18 @@ static void count_new(psd_sparse *sp, psd_sparse_table *t)
 {
     t->rows++;
     atomic_fetch_add(&sp->admitted, 1);
+    atomic_fetch_add(&sp->row_bytes, t->row_bytes);
+}
+
+uint64_t psd_sparse_row_bytes(psd_sparse *sp)
+{
+    return atomic_load(&sp->row_bytes);
+}
+
+uint64_t psd_sparse_spec_row_bytes(const Ps__V1__VariableSpec *spec, const psd_opt *opt)
+{
+    uint64_t dim = spec->n_shape == 1 && spec->shape[0] > 0 ? (uint64_t)spec->shape[0] : 0;
+    return SPARSE_ROW_HEAD + dim * (1 + (uint64_t)psd_opt_slot_count(opt)) * sizeof(float);
 }
 
 /* ---- pull -------------------------------------------------------------- */
@@ -509,10 +527,45 @@ static int cmp_item_table(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The new rows of a prepared part within the caps: the table's rows
+ * within --max-rows-per-table, all the parts' new bytes within room (what
+ * is left of it is passed on). Returns 0, or PS_EFULL with why. */
+static int check_caps(psd_sparse *sp, const struct item *it, uint64_t *room, char *why,
+                      size_t whylen)
+{
+    const psd_sparse_table *t = it->t;
+    uint64_t fresh = 0;
+    for (size_t u = 0; u < it->nu; u++)
+        fresh += it->kind[u] == 2;
+    if (fresh == 0)
+        return 0;
+    if (sp->max_rows != 0 && t->rows + fresh > sp->max_rows) {
+        snprintf(why, whylen, "sparse table '%s': %llu new rows would make %llu, over "
+                 "--max-rows-per-table %llu; nothing applied%s", t->name,
+                 (unsigned long long)fresh, (unsigned long long)(t->rows + fresh),
+                 (unsigned long long)sp->max_rows,
+                 t->max_rows || t->ttl ? " (its eviction has not caught up)" : "");
+        atomic_fetch_add(&sp->refused_rows, fresh);
+        return PS_EFULL;
+    }
+    uint64_t need = fresh * t->row_bytes;
+    if (need > *room) {
+        snprintf(why, whylen, "sparse table '%s': %llu new rows of %llu bytes would "
+                 "hold %llu bytes more, over --max-bytes (%llu bytes left); nothing "
+                 "applied", t->name, (unsigned long long)fresh,
+                 (unsigned long long)t->row_bytes, (unsigned long long)need,
+                 (unsigned long long)*room);
+        atomic_fetch_add(&sp->refused_rows, fresh);
+        return PS_EFULL;
+    }
+    *room -= need;
+    return 0;
+}
+
 /* Prepares and checks every part, then applies them all; every table's
  * mutex held. */
 static int push_locked(psd_sparse *sp, struct item *items, size_t n, uint64_t step,
-                       size_t *bad, int64_t *bad_id)
+                       uint64_t room, size_t *bad, char *why, size_t whylen)
 {
     for (size_t i = 0; i < n; i++) {
         int rc = group_ids(&items[i]);
@@ -520,9 +573,13 @@ static int push_locked(psd_sparse *sp, struct item *items, size_t n, uint64_t st
             rc = load_state(sp, &items[i]);
         ptrdiff_t u = rc == 0 ? check_updates(&items[i]) : -1;
         if (u >= 0) {
-            *bad_id = items[i].uid[u];
+            snprintf(why, whylen, "sparse table '%s': the update of row %lld would "
+                     "make a value or slot non-finite; nothing applied", items[i].t->name,
+                     (long long)items[i].uid[u]);
             rc = PS_EINVAL_ARG;
         }
+        if (rc == 0)
+            rc = check_caps(sp, &items[i], &room, why, whylen);
         if (rc != 0) {
             *bad = i;
             return rc;
@@ -539,10 +596,11 @@ static int push_locked(psd_sparse *sp, struct item *items, size_t n, uint64_t st
 }
 
 int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_t step,
-                    size_t *bad, int64_t *bad_id)
+                    uint64_t bytes_room, size_t *bad, char *why, size_t whylen)
 {
     *bad = 0;
-    *bad_id = 0;
+    uint64_t held = atomic_load(&sp->row_bytes);
+    uint64_t room = bytes_room > held ? bytes_room - held : 0;
     struct item *items = calloc(n ? n : 1, sizeof *items);
     if (items == NULL)
         return -ENOMEM;
@@ -555,7 +613,7 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
     qsort(items, n, sizeof *items, cmp_item_table);
     for (size_t i = 0; i < n; i++)
         sparse_lock(items[i].t);
-    int rc = push_locked(sp, items, n, step, bad, bad_id);
+    int rc = push_locked(sp, items, n, step, room, bad, why, whylen);
     for (size_t i = n; i-- > 0;)
         pthread_mutex_unlock(&items[i].t->mu);
     if (rc != 0)

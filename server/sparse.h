@@ -64,6 +64,8 @@ struct psd_sparse_conf {
     const char *data_dir;     /* where the row log lives */
     uint64_t memory_limit;    /* the RAM tier gets a quarter; 0: 256 MiB */
     uint64_t map_size;        /* a checkpoint copy's map (0: default) */
+    uint64_t max_rows;        /* rows a table may hold (--max-rows-per-table);
+                                 0: no cap */
 };
 
 /* Opens the row log in data_dir and writes what it holds beyond the
@@ -109,12 +111,20 @@ struct psd_sparse_grad {
     float *values;       /* (n, dim) or NULL */
 };
 /* Applies a push to its tables at step, all or nothing: every row's update
- * is proven finite first. Returns 0; PS_EINVAL_ARG with *bad the index of
- * the refused part and *bad_id its row (an update would be non-finite);
- * -ENOMEM or the store's error with *bad the part. Nothing is applied on
+ * is proven finite, and the new rows within the caps, first: a table's
+ * rows within --max-rows-per-table, and the bytes of the new rows (value,
+ * slots and head) within bytes_room beside the tier's rows. Returns 0;
+ * PS_EINVAL_ARG (an update would be non-finite) or PS_EFULL (past a cap)
+ * with a sentence in why naming the table and the limit; -ENOMEM or the
+ * store's error with *bad the index of the part. Nothing is applied on
  * failure. */
 int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_t step,
-                    size_t *bad, int64_t *bad_id);
+                    uint64_t bytes_room, size_t *bad, char *why, size_t whylen);
+/* The bytes of every stored row of the tables read so far: what the rows
+ * hold against --max-bytes. */
+uint64_t psd_sparse_row_bytes(psd_sparse *sp);
+/* The bytes one row of a spec holds: head, value and slots. */
+uint64_t psd_sparse_spec_row_bytes(const Ps__V1__VariableSpec *spec, const psd_opt *opt);
 
 /* The flusher's commit: appends the rows of every table changed since the
  * last commit to the row log as the next batch (one write, one fdatasync;

@@ -79,6 +79,7 @@ struct psd_sparse_table {
     pthread_mutex_t mu;
     atomic_int flusher_waits; /* the flusher wants mu: others wait (sparse_lock) */
     size_t dim, rowf; /* rowf = (1 + nslots) * dim */
+    uint64_t row_bytes; /* SPARSE_ROW_HEAD + rowf floats: one stored row */
     int nslots;
     psd_opt opt;
     psd_init init;
@@ -126,7 +127,11 @@ struct psd_sparse {
      * rows admitted, evicted, not admitted, pulled, pushed, read from
      * LMDB; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
-        read_lmdb, apply_pages, log_batches;
+        read_lmdb, apply_pages, log_batches, refused_rows;
+    /* The bytes of the stored rows of the ready tables (rows * row_bytes):
+     * what they hold against --max-bytes. */
+    atomic_uint_fast64_t row_bytes;
+    uint64_t max_rows;      /* per table, 0: none */
     /* The kill -9 bound needs each commit to end soon after it starts: the
      * rows a commit may carry follow what the last commits wrote per ms
      * (an average the flusher keeps). */

@@ -98,6 +98,8 @@ int sparse_ready(psd_sparse *sp, psd_sparse_table *t)
         return rc;
     }
     t->ready = true;
+    if (t->sp != NULL)
+        atomic_fetch_add(&sp->row_bytes, t->rows * t->row_bytes);
     return 0;
 }
 
@@ -247,6 +249,7 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     if (rc == 0) {
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
+        atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);
     }
     return rc;
 }

@@ -314,14 +314,14 @@ static void push_note(psd_shard *s, psd_var **vars, size_t n, uint64_t step,
     }
 }
 
-static void push_failed(psd_shard *s, ps_rpc_call *call, psd_var *v, int rc, int64_t bad_id)
+static void push_failed(psd_shard *s, ps_rpc_call *call, psd_var *v, int rc, const char *why)
 {
     if (rc == PS_EINVAL_ARG) {
         atomic_fetch_add(&s->nonfinite, 1);
         shard_count_bad(s);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePush: sparse table '%s': the "
-                    "update of row %lld would make a value or slot non-finite; nothing "
-                    "applied", v->name, (long long)bad_id);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePush: %s", why);
+    } else if (rc == PS_EFULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: %s", why);
     } else {
         fail_rc(call, "SparsePush", v->name, rc);
     }
@@ -383,10 +383,11 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
               answer_alloc(call, parts, n, r.return_values, &a);
     if (ok) {
         size_t bad;
-        int64_t bad_id;
-        int rc = psd_sparse_push(s->sparse, parts, n, r.step, &bad, &bad_id);
+        char why[512];
+        int rc = psd_sparse_push(s->sparse, parts, n, r.step, shard_caps_room(s), &bad, why,
+                                 sizeof why);
         if (rc != 0)
-            push_failed(s, call, p->vars[bad], rc, bad_id);
+            push_failed(s, call, p->vars[bad], rc, why);
         ok = rc == 0;
     }
     if (ok) {

@@ -274,6 +274,13 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
         int rc = psd_sparse_validate(sp, why, whylen);
         if (rc != 0)
             return rc;
+        uint64_t cap = s->o.max_rows_per_table;
+        if (cap != 0 && sp->max_rows > cap) {
+            snprintf(why, whylen, "sparse table '%s': max_rows %llu is over this psd's "
+                     "--max-rows-per-table %llu", sp->name,
+                     (unsigned long long)sp->max_rows, (unsigned long long)cap);
+            return PS_EFULL;
+        }
     }
     if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__FTRL) {
         snprintf(why, whylen, "variable '%s': unknown optimizer kind %d",
@@ -459,7 +466,8 @@ create_parse(psd_shard *s, ps_rpc_call *call, const uint8_t *req, size_t len,
     if (rc != 0) {
         shard_count_bad(s);
         ps_rpc_fail(call, rc == PS_EDTYPE && ns->spec.sparse ? PS_RPC_UNIMPLEMENTED
-                                                             : PS_RPC_INVALID_ARGUMENT,
+                          : rc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
+                                           : PS_RPC_INVALID_ARGUMENT,
                     "%s", why);
         ps__v1__create_variable_request__free_unpacked(r, NULL);
         return NULL;
