@@ -65,6 +65,18 @@ uint64_t shard_var_bytes(const psd_var *v)
     return (uint64_t)v->n * sizeof(float) * arrays;
 }
 
+/* The bytes of v's optimizer slots and of its sync step's aggregate when
+ * it has one now: what Stats, ListVariables and /metrics call slot bytes,
+ * the same sum in all three. Takes v->lock. */
+uint64_t shard_slot_bytes(psd_var *v)
+{
+    pthread_rwlock_rdlock(&v->lock);
+    uint64_t b = (uint64_t)v->n * (size_t)v->nslots * sizeof(float) +
+                 (v->accum ? v->n * sizeof(float) : 0);
+    pthread_rwlock_unlock(&v->lock);
+    return b;
+}
+
 /* As shard_var_bytes, for a variable of a normalized spec with n elements
  * that is not built yet. */
 uint64_t shard_spec_bytes(const Ps__V1__VariableSpec *sp, size_t n)

@@ -383,6 +383,7 @@ void *shard_sweeper_main(void *arg);
 
 /* limits.c */
 uint64_t shard_var_bytes(const psd_var *v);
+uint64_t shard_slot_bytes(psd_var *v);
 uint64_t shard_spec_bytes(const Ps__V1__VariableSpec *sp, size_t n);
 uint64_t shard_caps_room(psd_shard *s);
 bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,

@@ -649,6 +649,62 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_rows_read_lmdb = atomic_load(&sp->read_lmdb);
 }
 
+/* Each family names its unit; counters end in _total (common/metrics.h). */
+void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
+{
+    uint64_t tables = 0, rows = 0;
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+        tables++;
+        sparse_lock(t);
+        sparse_ready(sp, t);
+        rows += t->rows;
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&sp->tables_mu);
+#define LOAD(x) ((double)atomic_load(&sp->x))
+    ps_metrics_gauge(m, "psd_sparse_tables", "Sparse tables held.", (double)tables);
+    ps_metrics_gauge(m, "psd_sparse_rows", "Rows of all sparse tables, stored or "
+                     "waiting to be.", (double)rows);
+    ps_metrics_gauge(m, "psd_sparse_row_bytes", "Bytes of the sparse rows as stored "
+                     "(value, optimizer slots, head), counted against --max-bytes.",
+                     LOAD(row_bytes));
+    ps_metrics_gauge(m, "psd_sparse_ram_bytes", "Bytes of the sparse RAM tier.",
+                     LOAD(ram));
+    ps_metrics_gauge(m, "psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget "
+                     "(a quarter of --memory-limit).", (double)sparse_budget(sp));
+    ps_metrics_gauge(m, "psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
+                     (double)psd_store_disk_bytes(sp->store));
+    ps_metrics_gauge(m, "psd_sparse_log_bytes", "Bytes of the row log not yet "
+                     "applied to LMDB.", sp->rowlog ? (double)psd_rowlog_total(sp->rowlog)
+                                                   : 0.0);
+    ps_metrics_gauge(m, "psd_sparse_rows_unsaved", "Sparse rows changed and not yet "
+                     "committed.", LOAD(dirty));
+    ps_metrics_counter(m, "psd_sparse_ram_hits_total", "Row lookups answered from "
+                       "the RAM tier.", LOAD(ram_hits));
+    ps_metrics_counter(m, "psd_sparse_ram_misses_total", "Row lookups not in the "
+                       "RAM tier (read from LMDB, or no row yet).", LOAD(ram_misses));
+    ps_metrics_counter(m, "psd_sparse_cold_reads_total", "Rows read from LMDB.",
+                       LOAD(read_lmdb));
+    ps_metrics_counter(m, "psd_sparse_rows_pulled_total", "Rows answered by "
+                       "SparsePull.", LOAD(pulled));
+    ps_metrics_counter(m, "psd_sparse_rows_pushed_total", "Rows updated by "
+                       "SparsePush.", LOAD(pushed));
+    ps_metrics_counter(m, "psd_sparse_admitted_total", "Rows created.", LOAD(admitted));
+    ps_metrics_counter(m, "psd_sparse_not_admitted_total", "Pushed rows not created "
+                       "yet (admit_after).", LOAD(not_admitted));
+    ps_metrics_counter(m, "psd_sparse_evicted_total", "Rows evicted (ttl_steps, "
+                       "max_rows).", LOAD(evicted));
+    ps_metrics_counter(m, "psd_sparse_refused_rows_total", "New rows refused by "
+                       "--max-rows-per-table or --max-bytes.", LOAD(refused_rows));
+    ps_metrics_counter(m, "psd_sparse_commits_total", "Batches of changed rows "
+                       "appended to the row log.", LOAD(log_batches));
+    ps_metrics_gauge(m, "psd_sparse_commit_rows_per_second", "Rows a commit writes "
+                     "per second, as measured on the last commits.",
+                     atomic_load(&sp->rows_per_ms) * 1000.0);
+#undef LOAD
+}
+
 void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_sparse_brief *b)
 {
     sparse_lock(t);

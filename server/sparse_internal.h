@@ -127,7 +127,7 @@ struct psd_sparse {
      * rows admitted, evicted, not admitted, pulled, pushed, read from
      * LMDB; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
-        read_lmdb, apply_pages, log_batches, refused_rows;
+        read_lmdb, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
     /* The bytes of the stored rows of the ready tables (rows * row_bytes):
      * what they hold against --max-bytes. */
     atomic_uint_fast64_t row_bytes;

@@ -110,8 +110,10 @@ int sparse_lookup(psd_sparse *sp, psd_sparse_table *t, psd_store_rtxn **rt, int6
     if (*e != NULL) {
         if (!(*e)->ref)
             (*e)->ref = true; /* no store when set: the line stays clean */
+        atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
         return 1;
     }
+    atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
     if (!sparse_maybe_stored(t, id))
         return 0; /* never stored: no LMDB lookup */
     if (*rt == NULL) {

@@ -722,8 +722,15 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
         pthread_rwlock_rdlock(&v->lock);
         infos[i].version = v->version;
         pthread_rwlock_unlock(&v->lock);
+        infos[i].slot_bytes = shard_slot_bytes(v);
         infos[i].value_bytes = v->n * sizeof(float);
-        infos[i].slot_bytes = v->n * (size_t)v->nslots * sizeof(float);
+        if (v->sparse != NULL) {
+            struct psd_sparse_brief b;
+            psd_sparse_table_brief(s->sparse, v->sparse, &b);
+            infos[i].sparse_rows = b.rows;
+            infos[i].sparse_disk_bytes = b.rows * b.row_bytes;
+            infos[i].sparse_ram_bytes = b.ram_bytes;
+        }
         pi[i] = &infos[i];
     }
     resp.n_variables = n;
@@ -764,8 +771,7 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     for (size_t i = 0; i < s->nvars; i++) {
         psd_var *v = s->vars[i];
         resp.value_bytes += v->n * sizeof(float);
-        resp.slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
-                           (v->accum ? v->n * sizeof(float) : 0);
+        resp.slot_bytes += shard_slot_bytes(v);
     }
     psd_sparse_stats(s->sparse, &resp);
     pthread_rwlock_unlock(&s->table_lock);
