@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,22 @@
 
 /* ---- the tier ------------------------------------------------------------ */
 
+/* The tier's mutexes and condition variables, made and destroyed
+ * together. */
+enum { SYNC_N = 4 };
+
+static void sync_objects(psd_sparse *sp, pthread_mutex_t *m[SYNC_N], pthread_cond_t *c[SYNC_N])
+{
+    m[0] = &sp->tables_mu;
+    m[1] = &sp->apply_run_mu;
+    m[2] = &sp->apply_mu;
+    m[3] = &sp->pool.mu;
+    c[0] = &sp->apply_cond;
+    c[1] = &sp->room_cond;
+    c[2] = &sp->pool.work;
+    c[3] = &sp->pool.idle;
+}
+
 int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
 {
     psd_sparse *sp = calloc(1, sizeof *sp);
@@ -32,14 +49,13 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     sp->memory_limit = c->memory_limit;
     sp->map_size = c->map_size;
     sp->max_rows = c->max_rows;
-    pthread_mutex_init(&sp->tables_mu, NULL);
-    pthread_mutex_init(&sp->apply_run_mu, NULL);
-    pthread_mutex_init(&sp->apply_mu, NULL);
-    pthread_cond_init(&sp->apply_cond, NULL);
-    pthread_cond_init(&sp->room_cond, NULL);
-    pthread_mutex_init(&sp->pool.mu, NULL);
-    pthread_cond_init(&sp->pool.work, NULL);
-    pthread_cond_init(&sp->pool.idle, NULL);
+    pthread_mutex_t *mu[SYNC_N];
+    pthread_cond_t *cv[SYNC_N];
+    sync_objects(sp, mu, cv);
+    for (int i = 0; i < SYNC_N; i++) {
+        pthread_mutex_init(mu[i], NULL);
+        pthread_cond_init(cv[i], NULL);
+    }
     sp->data_dir = strdup(c->data_dir);
     int rc = sp->data_dir == NULL ? -ENOMEM : sparse_log_open(sp);
     if (rc != 0) {
@@ -67,14 +83,13 @@ void psd_sparse_close(psd_sparse *sp)
     sparse_pool_stop(sp);
     psd_rowlog_destroy(sp->rowlog);
     ps_buf_free(&sp->logbuf);
-    pthread_mutex_destroy(&sp->tables_mu);
-    pthread_mutex_destroy(&sp->apply_run_mu);
-    pthread_mutex_destroy(&sp->apply_mu);
-    pthread_cond_destroy(&sp->apply_cond);
-    pthread_cond_destroy(&sp->room_cond);
-    pthread_mutex_destroy(&sp->pool.mu);
-    pthread_cond_destroy(&sp->pool.work);
-    pthread_cond_destroy(&sp->pool.idle);
+    pthread_mutex_t *mu[SYNC_N];
+    pthread_cond_t *cv[SYNC_N];
+    sync_objects(sp, mu, cv);
+    for (int i = 0; i < SYNC_N; i++) {
+        pthread_mutex_destroy(mu[i]);
+        pthread_cond_destroy(cv[i]);
+    }
     free(sp->data_dir);
     free(sp);
 }
@@ -178,13 +193,10 @@ void psd_sparse_table_free(psd_sparse_table *t)
     if (t == NULL)
         return;
     sparse_free_entries(t);
-    free(t->dlist);
-    free(t->bloom);
-    free(t->buckets);
-    free(t->cms);
-    free(t->name);
+    void *own[] = {t->dlist, t->bloom, t->buckets, t->cms, t->name, t};
     pthread_mutex_destroy(&t->mu);
-    free(t);
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        free(own[i]);
 }
 
 void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
@@ -371,6 +383,7 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
 struct item {
     struct psd_sparse_grad *g;
     psd_sparse_table *t;
+    void *grouped, *loaded; /* the blocks of the arrays below */
     size_t nu;           /* distinct ids */
     int64_t *uid;        /* (nu) */
     size_t *which;       /* (n): the distinct id of ids[i] */
@@ -382,12 +395,8 @@ struct item {
 
 static void item_free(struct item *it)
 {
-    free(it->uid);
-    free(it->which);
-    free(it->gsum);
-    free(it->state);
-    free(it->upd);
-    free(it->kind);
+    free(it->grouped);
+    free(it->loaded);
 }
 
 static int cmp_idpos(const void *a, const void *b)
@@ -404,13 +413,15 @@ static int group_ids(struct item *it)
 {
     size_t n = it->g->n, dim = it->t->dim, m = n ? n : 1;
     int64_t *pairs = malloc(m * 2 * sizeof *pairs);
-    it->uid = malloc(m * sizeof *it->uid);
-    it->which = malloc(m * sizeof *it->which);
-    it->gsum = malloc(m * dim * sizeof(float));
-    if (!pairs || !it->uid || !it->which || !it->gsum) {
+    /* uid (m), which (m), gsum (m * dim): 8-byte elements first. */
+    it->grouped = malloc(m * (sizeof *it->uid + sizeof *it->which + dim * sizeof(float)));
+    if (!pairs || !it->grouped) {
         free(pairs);
         return -ENOMEM;
     }
+    it->uid = it->grouped;
+    it->which = (size_t *)(void *)(it->uid + m);
+    it->gsum = (float *)(void *)(it->which + m);
     for (size_t i = 0; i < n; i++) {
         pairs[2 * i] = it->g->ids[i];
         pairs[2 * i + 1] = (int64_t)i;
@@ -439,11 +450,13 @@ static int load_state(psd_sparse *sp, struct item *it)
 {
     psd_sparse_table *t = it->t;
     size_t nu = it->nu, rowf = t->rowf, m = nu ? nu : 1;
-    it->state = malloc(m * rowf * sizeof(float));
-    it->upd = malloc(m * sizeof *it->upd);
-    it->kind = malloc(m);
-    if (!it->state || !it->upd || !it->kind)
+    /* upd (m), state (m * rowf), kind (m). */
+    it->loaded = malloc(m * (sizeof *it->upd + rowf * sizeof(float) + 1));
+    if (it->loaded == NULL)
         return -ENOMEM;
+    it->upd = it->loaded;
+    it->state = (float *)(void *)(it->upd + m);
+    it->kind = (uint8_t *)(it->state + m * rowf);
     int rc = sparse_ready(sp, t);
     psd_store_rtxn *rt = NULL;
     for (size_t u = 0; u < nu && rc == 0; u++) {
@@ -649,7 +662,32 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_rows_read_lmdb = atomic_load(&sp->read_lmdb);
 }
 
-/* Each family names its unit; counters end in _total (common/metrics.h). */
+/* The tier's counters on /metrics, each with its unit in its name; a
+ * counter's ends in _total (common/metrics.h). */
+static const struct {
+    const char *name, *help;
+    size_t off; /* of an atomic_uint_fast64_t in struct psd_sparse */
+} counters[] = {
+#define C(n, f, h) {"psd_sparse_" n, h, offsetof(struct psd_sparse, f)}
+    C("row_bytes", row_bytes, "Bytes of the sparse rows as stored (value, optimizer "
+      "slots, head), counted against --max-bytes."),
+    C("ram_bytes", ram, "Bytes of the sparse RAM tier."),
+    C("rows_unsaved", dirty, "Sparse rows changed and not yet committed."),
+    C("ram_hits_total", ram_hits, "Row lookups answered from the RAM tier."),
+    C("ram_misses_total", ram_misses, "Row lookups not in the RAM tier (read from "
+      "LMDB, or no row yet)."),
+    C("cold_reads_total", read_lmdb, "Rows read from LMDB."),
+    C("rows_pulled_total", pulled, "Rows answered by SparsePull."),
+    C("rows_pushed_total", pushed, "Rows updated by SparsePush."),
+    C("admitted_total", admitted, "Rows created."),
+    C("not_admitted_total", not_admitted, "Pushed rows not created yet (admit_after)."),
+    C("evicted_total", evicted, "Rows evicted (ttl_steps, max_rows)."),
+    C("refused_rows_total", refused_rows, "New rows refused by --max-rows-per-table "
+      "or --max-bytes."),
+    C("commits_total", log_batches, "Batches of changed rows appended to the row log."),
+#undef C
+};
+
 void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
 {
     uint64_t tables = 0, rows = 0;
@@ -662,47 +700,31 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
         pthread_mutex_unlock(&t->mu);
     }
     pthread_mutex_unlock(&sp->tables_mu);
-#define LOAD(x) ((double)atomic_load(&sp->x))
     ps_metrics_gauge(m, "psd_sparse_tables", "Sparse tables held.", (double)tables);
     ps_metrics_gauge(m, "psd_sparse_rows", "Rows of all sparse tables, stored or "
                      "waiting to be.", (double)rows);
-    ps_metrics_gauge(m, "psd_sparse_row_bytes", "Bytes of the sparse rows as stored "
-                     "(value, optimizer slots, head), counted against --max-bytes.",
-                     LOAD(row_bytes));
-    ps_metrics_gauge(m, "psd_sparse_ram_bytes", "Bytes of the sparse RAM tier.",
-                     LOAD(ram));
-    ps_metrics_gauge(m, "psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget "
-                     "(a quarter of --memory-limit).", (double)sparse_budget(sp));
-    ps_metrics_gauge(m, "psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
-                     (double)psd_store_disk_bytes(sp->store));
-    ps_metrics_gauge(m, "psd_sparse_log_bytes", "Bytes of the row log not yet "
-                     "applied to LMDB.", sp->rowlog ? (double)psd_rowlog_total(sp->rowlog)
-                                                   : 0.0);
-    ps_metrics_gauge(m, "psd_sparse_rows_unsaved", "Sparse rows changed and not yet "
-                     "committed.", LOAD(dirty));
-    ps_metrics_counter(m, "psd_sparse_ram_hits_total", "Row lookups answered from "
-                       "the RAM tier.", LOAD(ram_hits));
-    ps_metrics_counter(m, "psd_sparse_ram_misses_total", "Row lookups not in the "
-                       "RAM tier (read from LMDB, or no row yet).", LOAD(ram_misses));
-    ps_metrics_counter(m, "psd_sparse_cold_reads_total", "Rows read from LMDB.",
-                       LOAD(read_lmdb));
-    ps_metrics_counter(m, "psd_sparse_rows_pulled_total", "Rows answered by "
-                       "SparsePull.", LOAD(pulled));
-    ps_metrics_counter(m, "psd_sparse_rows_pushed_total", "Rows updated by "
-                       "SparsePush.", LOAD(pushed));
-    ps_metrics_counter(m, "psd_sparse_admitted_total", "Rows created.", LOAD(admitted));
-    ps_metrics_counter(m, "psd_sparse_not_admitted_total", "Pushed rows not created "
-                       "yet (admit_after).", LOAD(not_admitted));
-    ps_metrics_counter(m, "psd_sparse_evicted_total", "Rows evicted (ttl_steps, "
-                       "max_rows).", LOAD(evicted));
-    ps_metrics_counter(m, "psd_sparse_refused_rows_total", "New rows refused by "
-                       "--max-rows-per-table or --max-bytes.", LOAD(refused_rows));
-    ps_metrics_counter(m, "psd_sparse_commits_total", "Batches of changed rows "
-                       "appended to the row log.", LOAD(log_batches));
-    ps_metrics_gauge(m, "psd_sparse_commit_rows_per_second", "Rows a commit writes "
-                     "per second, as measured on the last commits.",
-                     atomic_load(&sp->rows_per_ms) * 1000.0);
-#undef LOAD
+    for (size_t i = 0; i < sizeof counters / sizeof *counters; i++) {
+        const char *n = counters[i].name;
+        double v = (double)atomic_load(
+            (atomic_uint_fast64_t *)(void *)((char *)sp + counters[i].off));
+        size_t len = strlen(n);
+        if (len > 6 && strcmp(n + len - 6, "_total") == 0)
+            ps_metrics_counter(m, n, counters[i].help, v);
+        else
+            ps_metrics_gauge(m, n, counters[i].help, v);
+    }
+    const struct { const char *name, *help; double v; } gauges[] = {
+        {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (a quarter of "
+         "--memory-limit).", (double)sparse_budget(sp)},
+        {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
+         (double)psd_store_disk_bytes(sp->store)},
+        {"psd_sparse_log_bytes", "Bytes of the row log not yet applied to LMDB.",
+         sp->rowlog ? (double)psd_rowlog_total(sp->rowlog) : 0.0},
+        {"psd_sparse_commit_rows_per_second", "Rows a commit writes per second, as "
+         "measured on the last commits.", atomic_load(&sp->rows_per_ms) * 1000.0},
+    };
+    for (size_t i = 0; i < sizeof gauges / sizeof *gauges; i++)
+        ps_metrics_gauge(m, gauges[i].name, gauges[i].help, gauges[i].v);
 }
 
 void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_sparse_brief *b)

@@ -88,6 +88,14 @@ static void fx_open(struct fx *f, uint64_t memory_limit, uint64_t max_rows, bool
 
 static void commit(struct fx *f);
 
+/* Table "emb" with admit_after, ttl_steps and max_rows, in a new tier. */
+static void fx_start(struct fx *f, uint32_t admit_after, uint64_t ttl, uint64_t max_rows,
+                     uint64_t memory_limit, uint64_t rows_cap)
+{
+    spec_make(f, "emb", admit_after, ttl, max_rows);
+    fx_open(f, memory_limit, rows_cap, true);
+}
+
 /* Closes as a clean stop does (drain: a last commit, the log applied) or
  * as a kill leaves it. */
 static void fx_close(struct fx *f, bool drain)
@@ -145,6 +153,16 @@ static void commit(struct fx *f)
     psd_sparse_committed(f->sp, true);
 }
 
+/* The flusher's round after pushes: a commit, the row log applied (the
+ * sweeps look in LMDB), the sweeps; then the tier's counts. */
+static Ps__V1__StatsResponse settle(struct fx *f)
+{
+    commit(f);
+    ck_assert_int_eq(psd_sparse_drain(f->sp), 0);
+    psd_sparse_maintain(f->sp);
+    return stats(f);
+}
+
 static int64_t *range(int64_t from, size_t n)
 {
     int64_t *ids = malloc(n * sizeof *ids);
@@ -158,8 +176,7 @@ static int64_t *range(int64_t from, size_t n)
 START_TEST(test_insert)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 0);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 0, 0, 0, 0, 0);
     int64_t ids[] = {5, INT64_MIN, 5, INT64_MAX};
     ck_assert_int_eq(push(&f, ids, 4, 1.0f, 1, UINT64_MAX, NULL), 0);
     ck_assert(pull_one(&f, 5) == -2.0f); /* a repeated id summed */
@@ -182,8 +199,7 @@ END_TEST
 START_TEST(test_nonfinite)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 0);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 0, 0, 0, 0, 0);
     int64_t ids[] = {1, 2, 2};
     char why[512];
     ck_assert_int_eq(push(&f, ids, 3, 3e38f, 1, UINT64_MAX, why), PS_EINVAL_ARG);
@@ -199,8 +215,7 @@ END_TEST
 START_TEST(test_admission)
 {
     struct fx f;
-    spec_make(&f, "emb", 3, 0, 0);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 3, 0, 0, 0, 0);
     int64_t id = 77;
     ck_assert_int_eq(push(&f, &id, 1, 1.0f, 1, UINT64_MAX, NULL), 0);
     ck_assert_int_eq(push(&f, &id, 1, 1.0f, 2, UINT64_MAX, NULL), 0);
@@ -220,15 +235,11 @@ END_TEST
 START_TEST(test_ttl)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 5, 0);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 0, 5, 0, 0, 0);
     int64_t *old = range(1, 10), fresh[] = {100, 101};
     ck_assert_int_eq(push(&f, old, 10, 1.0f, 1, UINT64_MAX, NULL), 0);
     ck_assert_int_eq(push(&f, fresh, 2, 1.0f, 10, UINT64_MAX, NULL), 0);
-    commit(&f);
-    ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* the sweep looks in LMDB */
-    psd_sparse_maintain(f.sp);
-    Ps__V1__StatsResponse r = stats(&f);
+    Ps__V1__StatsResponse r = settle(&f);
     ck_assert_uint_eq(r.sparse_rows, 2);
     ck_assert_uint_eq(r.sparse_evicted, 10);
     ck_assert_uint_eq(psd_sparse_row_bytes(f.sp), 2 * (16 + DIM * 4));
@@ -242,14 +253,10 @@ END_TEST
 START_TEST(test_max_rows)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 5);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 0, 0, 5, 0, 0);
     for (int64_t id = 1; id <= 10; id++) /* id i last updated at step i */
         ck_assert_int_eq(push(&f, &id, 1, 1.0f, (uint64_t)id, UINT64_MAX, NULL), 0);
-    commit(&f);
-    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
-    psd_sparse_maintain(f.sp);
-    Ps__V1__StatsResponse r = stats(&f);
+    Ps__V1__StatsResponse r = settle(&f);
     ck_assert_uint_eq(r.sparse_rows, 5);
     ck_assert_uint_eq(r.sparse_evicted, 5);
     for (int64_t id = 1; id <= 10; id++) /* the least recently updated went */
@@ -263,8 +270,7 @@ END_TEST
 START_TEST(test_caps)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 0);
-    fx_open(&f, 0, 100, true);
+    fx_start(&f, 0, 0, 0, 0, 100);
     int64_t *ids = range(0, 150);
     char why[512];
     ck_assert_int_eq(push(&f, ids, 150, 1.0f, 1, UINT64_MAX, why), PS_EFULL);
@@ -285,8 +291,7 @@ END_TEST
 START_TEST(test_budget)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 0);
-    fx_open(&f, 1 << 20, 0, true); /* a budget of 256 KiB */
+    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 256 KiB */
     int64_t *ids = range(0, 8000);
     for (int k = 0; k < 4; k++) {
         ck_assert_int_eq(push(&f, ids + k * 2000, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
@@ -315,8 +320,7 @@ END_TEST
 static void reopen_case(bool drain)
 {
     struct fx f;
-    spec_make(&f, "emb", 0, 0, 0);
-    fx_open(&f, 0, 0, true);
+    fx_start(&f, 0, 0, 0, 0, 0);
     int64_t ids[] = {3, 4, 4};
     ck_assert_int_eq(push(&f, ids, 3, 1.0f, 1, UINT64_MAX, NULL), 0);
     commit(&f);
