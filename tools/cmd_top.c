@@ -44,6 +44,7 @@ struct top_cfg {
     int64_t timeout_ms;
     bool once;
     double interval; /* seconds */
+    int output;
 };
 
 static const ps_opt top_opts[] = {
@@ -59,6 +60,7 @@ static const ps_opt top_opts[] = {
      * so every frame shows new figures without flooding a terminal. */
     {"interval", PS_OPT_DOUBLE, offsetof(struct top_cfg, interval), "1",
      "seconds between frames", 0.1, 3600, NULL},
+    OUTPUT_OPT(struct top_cfg),
     {0},
 };
 
@@ -408,6 +410,12 @@ int cmd_top(const struct command *self, int argc, char **argv)
                            &npos);
     if (rc >= 0)
         goto out;
+    if (!cfg.once && cfg.output == OUTPUT_JSON) {
+        fprintf(stderr, "psctl: top: -o json needs --once (a live view is for "
+                "people)\n");
+        rc = EXIT_USAGE;
+        goto out;
+    }
     rc = session_open_at(
         &t.s, self, "pscoord", "--coordinator",
         coordinator_target(cfg.coordinator),
@@ -425,7 +433,10 @@ int cmd_top(const struct command *self, int argc, char **argv)
     void *resp;
     rc = session_call(&t.s, COORD_METHOD("GetCluster"), &req,
                       &ps__v1__cluster_state__descriptor, &resp);
-    if (rc == 0) {
+    if (rc == 0 && cfg.output == OUTPUT_JSON) {
+        rc = pbjson_print(self, cluster_json(resp));
+        protobuf_c_message_free_unpacked(resp, NULL);
+    } else if (rc == 0) {
         char *frame = render(&t, resp, now_s());
         protobuf_c_message_free_unpacked(resp, NULL);
         if (frame == NULL) {
