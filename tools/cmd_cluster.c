@@ -128,9 +128,9 @@ static const ps_opt status_opts[] = {
     {"coordinator", PS_OPT_STRING, offsetof(struct status_cfg, coordinator),
      NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
      DEFAULT_COORDINATOR ")", 0, 0, NULL},
-    {"timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
      NULL, "deadline of the call (default: 10s); --watch waits forever",
-     1, 3600000, NULL},
+     1, 3600000, NULL, "timeout"},
     {"watch", PS_OPT_BOOL, offsetof(struct status_cfg, watch), "false",
      "print a new block each time the coordinator sends one, until "
      "interrupted", 0, 0, NULL},
@@ -213,7 +213,7 @@ static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
         ROW("time", "%s", when);
     }
     ROW("job", "%s", c->job_id);
-    ROW("epoch", "%" PRIu64, c->epoch);
+    ROW("generation", "%" PRIu64, c->generation);
     ROW("global step", "%" PRIu64, c->global_step);
     ROW("workers", "%u/%u live", c->live_workers, c->num_workers);
     ROW("ps shards", "%u", c->num_ps);

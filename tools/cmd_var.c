@@ -489,7 +489,7 @@ static const ps_opt create_opts[] = {
     {"init", PS_OPT_STRING, offsetof(struct create_cfg, init), "zeros",
      "initial value: zeros, constant:V, uniform:MIN,MAX, normal:MEAN,STD, "
      "truncated_normal:MEAN,STD or glorot_uniform", 0, 0, NULL},
-    {"seed", PS_OPT_UINT64, offsetof(struct create_cfg, seed), "0",
+    {"init-seed", PS_OPT_UINT64, offsetof(struct create_cfg, seed), "0",
      "seed of a random --init: the same seed gives the same bits on every "
      "host", 0, 0, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct create_cfg, optimizer), "sgd",

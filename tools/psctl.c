@@ -80,7 +80,7 @@ static const struct command commands[] = {
      "summarise it",
      cmd_cluster_validate},
     {"status", "",
-     "the job as its coordinator sees it: job, epoch, global step, live "
+     "the job as its coordinator sees it: job, generation, global step, live "
      "workers, last checkpoint and evaluation, then one row per task "
      "(--watch: a new block at each change)",
      cmd_status},
@@ -100,7 +100,7 @@ static const struct command commands[] = {
 struct global_cfg psctl_global;
 
 static const ps_opt global_opts[] = {
-    {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), "warn",
+    {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), PS_PROC_LOG_DEFAULT,
      "least severe log lines shown on stderr", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct global_cfg, log_format), "text",
      PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
@@ -109,8 +109,8 @@ static const ps_opt global_opts[] = {
      ")", 0, 0, NULL},
     /* 10 s: a Pull of a 1 GiB variable fits; a hung server does not keep a
      * script waiting for minutes. */
-    {"timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
-     "10s", "deadline of each call to psd", 1, 3600000, NULL},
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
+     "10s", "deadline of each call to psd or pscoord", 1, 3600000, NULL, "timeout"},
     PS_TLS_CLIENT_OPTS(struct global_cfg, tls),
     {"token-file", PS_OPT_STRING, offsetof(struct global_cfg, token_file), NULL,
      "file holding the token to send (servers started with --tokens need "
@@ -215,7 +215,8 @@ static int option_width(const ps_opt *opts, int argc, char **argv, int i)
     const char *name = arg + 2;
     const ps_opt *found = NULL;
     for (const ps_opt *o = opts; o->name != NULL; o++)
-        if (strcmp(o->name, name) == 0)
+        if (strcmp(o->name, name) == 0 ||
+            (o->alias != NULL && strcmp(o->alias, name) == 0))
             found = o;
     bool takes_value = strcmp(name, "config") == 0 ||
                        (found != NULL && found->type != PS_OPT_BOOL);

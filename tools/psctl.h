@@ -99,8 +99,9 @@ struct conn_cfg {
     {"server", PS_OPT_STRING, offsetof(type, conn.server), NULL,            \
      "psd to talk to, HOST:PORT (default: $PSD_ADDR, else " DEFAULT_SERVER  \
      ")", 0, 0, NULL},                                                      \
-    {"timeout", PS_OPT_DURATION_MS, offsetof(type, conn.timeout_ms), NULL,  \
-     "deadline of each call to psd (default: 10s)", 1, 3600000, NULL}
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(type, conn.timeout_ms),    \
+     NULL, "deadline of each call to psd (default: 10s)", 1, 3600000, NULL, \
+     "timeout"}
 
 /* A command with no options of its own: it still gets --help. */
 extern const ps_opt no_opts[];

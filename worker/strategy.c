@@ -45,7 +45,7 @@ int wd_strategy_settle(int s, struct wd_strategy_flags *f, char *err, size_t err
             return refuse(err, errlen, "--strategy %s keeps the variables in a psd on "
                           "this host: not with --local", name);
         if (*f->num_workers > 1)
-            return refuse(err, errlen, "--strategy %s is one worker: --num-workers %d "
+            return refuse(err, errlen, "--strategy %s is one worker: --workers %d "
                           "(use multi_worker_mirrored)", name, *f->num_workers);
         if (*f->replicas == 1)
             *f->replicas = 2;

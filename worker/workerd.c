@@ -466,7 +466,7 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
 
 /* multi_worker_mirrored: registers (the heartbeats tell pscoord who is
  * alive, which decides the generations) and learns the worker count unless
- * --num-workers gave it. Returns the exit status. */
+ * --workers gave it. Returns the exit status. */
 static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char **ps,
                     int *nps, char *store, size_t storelen)
 {
@@ -850,7 +850,7 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
     if (!use_coord && c->task_index < 0)
         c->task_index = 0;
     if (!use_coord && c->task_index >= c->num_workers)
-        return fail(2, "--task-index %lld is out of range for --num-workers %lld",
+        return fail(2, "--task-index %lld is out of range for --workers %lld",
                     (long long)c->task_index, (long long)c->num_workers);
     status = check_compute_flags(c);
     if (status != 0)
@@ -895,7 +895,8 @@ int main(int argc, char **argv)
     struct wd_conf c;
     memset(&c, 0, sizeof c);
     ps_proc_cmd cmd = {.name = "workerd", .usage = "[options]",
-                       .opts = wd_opts, .conf = &c, .log_format = &c.log_format};
+                       .opts = wd_opts, .conf = &c, .log_format = &c.log_format,
+                       .env_prefix = "WORKERD"};
     int rc = ps_proc_prologue(&cmd, argc, argv);
     if (rc != PS_PROC_RUN)
         return rc;

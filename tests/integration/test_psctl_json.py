@@ -210,11 +210,11 @@ def main():
                 "%s sent to the wrong daemon: %s" % (args[0], line))
 
     # Exit statuses.
-    p = psctl("stats", "--server", "127.0.0.1:%d" % pstest.free_port(), "--timeout", "2s")
+    p = psctl("stats", "--server", "127.0.0.1:%d" % pstest.free_port(), "--rpc-timeout", "2s")
     ok, line = one_line(p, 1, "cannot reach psd")
     r.check(ok, "a failed call exits 1: %s" % line)
     p = psctl("stats", "--coordinator", "127.0.0.1:%d" % pstest.free_port(),
-              "--timeout", "2s")
+              "--rpc-timeout", "2s")
     ok, line = one_line(p, 1, "cannot reach pscoord")
     r.check(ok, "an unreachable coordinator exits 1: %s" % line)
     for args, words in ((["stats", "-o", "yaml"], ["--output", "yaml"]),

@@ -183,7 +183,7 @@ def main():
     sock = os.path.join(tmp, "psd.sock")
     d = pstest.start_psd(tmp, "--local-socket", sock)
     ok, res, _ = workerds(*[["--ps", addr, "--epochs", "1", "--json",
-                             "--num-workers", "2", "--task-index", str(i)]
+                             "--workers", "2", "--task-index", str(i)]
                             for i, addr in enumerate(["unix:" + sock, d.address])])
     r.check(ok and min(x["test_accuracy"] for x in res) > 0.78 and
             max(x["version"] for x in res) == sum(x["steps"] for x in res),
@@ -203,7 +203,7 @@ def main():
             (bad.returncode, lines))
 
     d = pstest.start_psd(pstest.tmpdir())
-    ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--num-workers", "2",
+    ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--workers", "2",
                              "--task-index", str(i), "--json", "--init-seed", "5"]
                             for i in range(2)])
     r.check(ok and all(x["steps"] == 468 for x in res),
@@ -216,7 +216,7 @@ def main():
     # Sync: two workers, every step averaged; versions equal steps.
     d = pstest.start_psd(pstest.tmpdir())
     ok, res, errs = workerds(*[["--ps", d.address, "--steps", "60", "--epochs", "0",
-                                "--limit", "10000", "--num-workers", "2",
+                                "--limit", "10000", "--workers", "2",
                                 "--task-index", str(i), "--json", "--consistency", "sync"]
                                for i in range(2)])
     r.check(ok and all(x["version"] == 60 for x in res),
@@ -321,7 +321,7 @@ def main():
         ("an unknown flag", ["--batchsize", "3"], 2, ["--batchsize"]),
         ("a bad --ps", ["--ps", "localhost"], 2, ["--ps", "localhost"]),
         ("an empty unix socket --ps", ["--ps", "unix:"], 2, ["--ps", "unix:"]),
-        ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
+        ("a task index out of range", ["--workers", "2", "--task-index", "2"], 2,
          ["--task-index"]),
         ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
         ("--self-update on with Adam", ["--ps", d.address, "--self-update", "on",
