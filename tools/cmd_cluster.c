@@ -67,12 +67,17 @@ static json_t *validate_json(const ps_cluster *c, const char *source, int total)
 int cmd_cluster_validate(const struct command *self, int argc, char **argv)
 {
     struct validate_cfg cfg = {0};
-    char *pos[1];
+    char *pos[64];
     int npos = 0;
-    int rc = parse_command(self, validate_opts, &cfg, argc, argv, "FILE", 0, 1, pos,
+    int rc = parse_command(self, validate_opts, &cfg, argc, argv, "FILE", 0, 64, pos,
                            &npos);
     if (rc >= 0)
         return rc;
+    if (npos > 1) {
+        fprintf(stderr, "psctl: cluster validate takes at most one FILE, "
+                        "got %d arguments\n", npos);
+        return EXIT_USAGE;
+    }
 
     ps_cluster c;
     char err[1024];
