@@ -373,6 +373,10 @@ int cmd_status(const struct command *self, int argc, char **argv)
         fprintf(stderr, "psctl: status: the coordinator ended the watch\n");
     } else if (blocks == 0 && unreachable(&st)) {
         report_unreachable(&s, &st);
+    } else if (st.code == PS_RPC_UNIMPLEMENTED &&
+               report_mismatch(&s, COORD_METHOD("WatchCluster"))) {
+        rc = EXIT_USAGE;
+        goto close;
     } else if (strcmp(st.message, "stopped by the reader") != 0) {
         report_status(&s, &st);
     }

@@ -602,7 +602,7 @@ struct init_kind {
     const char *name;
     Ps__V1__Initializer__Kind kind;
     const char *params; /* "" when it takes none */
-    bool random;        /* --seed applies */
+    bool random;        /* --init-seed applies */
 };
 
 static const struct init_kind init_kinds[] = {
@@ -763,7 +763,7 @@ int cmd_create(const struct command *self, int argc, char **argv)
     } else if (parse_shape(cfg.shape, dims, &ndims, err, sizeof err) == 0 &&
                (ik = parse_init(cfg.init, &init, err, sizeof err)) != NULL) {
         if (cfg.seed != 0 && !ik->random)
-            snprintf(err, sizeof err, "--seed applies to a random --init "
+            snprintf(err, sizeof err, "--init-seed applies to a random --init "
                      "only, not %s", ik->name);
         else if (check_applies(&cfg, err, sizeof err) == 0)
             err[0] = '\0';

@@ -10,12 +10,12 @@
  * returns the process exit status.
  *
  * The commands that talk to a psd (list, show, pull, create, delete,
- * checkpoint, restore, stats, health) take --server HOST:PORT and --timeout
+ * checkpoint, restore, stats, health) take --server HOST:PORT and --rpc-timeout
  * either before the command (psctl's own options) or among the command's
  * options; the command's own wins. --server defaults to $PSD_ADDR, else
  * 127.0.0.1:7070. Before its real call, a command asks grpc.health.v1 with a
  * deadline of at most PROBE_MS, so that an address where nothing answers is
- * reported in seconds as "cannot reach psd at ..." and not after --timeout.
+ * reported in seconds as "cannot reach psd at ..." and not after --rpc-timeout.
  * No call is retried: an operator sees the first answer and decides.
  *
  * status and top ask the job's coordinator (pscoord) instead:

@@ -41,7 +41,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 /* Where status looks for pscoord when neither --coordinator nor
  * $PSCOORD_ADDR says. */
 #define DEFAULT_COORDINATOR "127.0.0.1:7071"
-/* The first contact's deadline (or --timeout, if shorter): long enough for
+/* The first contact's deadline (or --rpc-timeout, if shorter): long enough for
  * a loaded server, or one under valgrind, to answer a health check; short
  * enough that a mistyped address is reported while the operator waits. */
 #define PROBE_MS 3000
@@ -89,7 +89,7 @@ struct global_cfg {
 extern struct global_cfg psctl_global;
 
 /* The connection options every server command also takes after its name;
- * zero values mean "as psctl's own --server and --timeout say". */
+ * zero values mean "as psctl's own --server and --rpc-timeout say". */
 struct conn_cfg {
     char *server;
     int64_t timeout_ms;
@@ -189,6 +189,11 @@ int session_start(struct session *s, const struct command *cmd,
 bool unreachable(const ps_rpc_status *st);
 void report_unreachable(const struct session *s, ps_rpc_status *st);
 void report_status(const struct session *s, ps_rpc_status *st);
+/* After UNIMPLEMENTED for method: when the other daemon's service answers
+ * at the address (pscoord's for a psd call, psd's for a pscoord call),
+ * prints one line naming the mismatch and returns true (exit status 2);
+ * false when it does not (report the status as it is). */
+bool report_mismatch(const struct session *s, const char *method);
 /* One unary call with the session's deadline. Returns 0 with *resp set
  * (free it with protobuf_c_message_free_unpacked), or EXIT_FAIL after the
  * one-line report of the status. */

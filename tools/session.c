@@ -110,7 +110,7 @@ void report_status(const struct session *s, ps_rpc_status *st)
  * service answers there, the command was sent to the wrong daemon (psd's
  * to pscoord, or pscoord's to psd); says so in one line and returns true.
  * False when the server is neither (the caller reports the status). */
-static bool report_mismatch(const struct session *s, const char *method)
+bool report_mismatch(const struct session *s, const char *method)
 {
     bool to_psd = strncmp(method, PS_METHOD(""), strlen(PS_METHOD(""))) == 0;
     void *resp = NULL;

@@ -203,7 +203,10 @@ def main():
                         (["status", "--coordinator", shards[0].address],
                          ["is psd, not pscoord", shards[0].address]),
                         (["top", "--once", "--coordinator", shards[0].address],
-                         ["is psd, not pscoord"])):
+                         ["is psd, not pscoord"]),
+                        (["status", "--watch", "--coordinator", shards[0].address],
+                         ["is psd, not pscoord"]),
+                        (["show", "w", "--server", caddr], ["is pscoord, not psd"])):
         p = psctl(*args)
         ok, line = one_line(p, 2, *words)
         r.check(ok and "UNIMPLEMENTED" not in p.stderr,
