@@ -691,10 +691,6 @@ void ps_conf_free(const ps_opt *opts, void *cfg)
     }
 }
 
-/* The first pass reads the command line's syntax only (so that --help, a
- * typo or a missing value is reported before any file is read) and finds
- * --config; the second applies the defaults, the file, then the command
- * line's values. */
 /* "PSD" and "data-dir" -> "PSD_DATA_DIR". */
 static void env_name(const char *prefix, const char *name, char *out, size_t len)
 {
@@ -729,6 +725,10 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
                             errlen);
 }
 
+/* The first pass reads the command line's syntax only (so that --help, a
+ * typo or a missing value is reported before any file or variable is read)
+ * and finds --config; the second applies the defaults, the file, the
+ * environment, then the command line's values. */
 int ps_conf_load_env(const ps_opt *opts, void *cfg, int argc, char **argv,
                      const char *env_prefix, int *first_positional, char *err,
                      size_t errlen)

@@ -791,7 +791,8 @@ static int open_device(struct wd_conf *c)
     if (c->replicas > n)
         return fail(2, "--replicas %lld: --device %s has %d device(s)",
                     (long long)c->replicas, c->device, n);
-    if (c->replicas <= 1)
+    /* --local trains one replica, on the plugin's first device. */
+    if (c->replicas <= 1 && !c->local)
         c->replicas = n;
     return 0;
 }
