@@ -168,6 +168,10 @@ def main():
                 all("lag" in t for t in st["tasks"]),
                 "%s -o json: job, generation (no epoch), tasks with state and lag (%s)"
                 % (" ".join(args), p.stderr.strip() or sorted(st or {})))
+    p = psctl("status", "--coordinator", caddr)
+    r.check(p.returncode == 0 and re.search(r"^generation +\d+$", p.stdout, re.M) and
+            "epoch" not in p.stdout,
+            "status's text names the membership counter the generation:\n%s" % p.stdout)
     p = psctl("top", "--coordinator", caddr, "-o", "json")
     ok, line = one_line(p, 2, "--once")
     r.check(ok, "top -o json without --once is bad usage: %s" % line)
