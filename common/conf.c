@@ -53,8 +53,15 @@ static const ps_opt *find_opt(const ps_opt *opts, const char *name,
     return find_opt_old(opts, name, len, NULL);
 }
 
-/* Once per old name and load: "PROG: warning: --old is an old name for
- * --name; it still works". warned has a slot per option of the table. */
+/* The old names warned about so far in this process: a program that loads
+ * two tables (psctl's own options, then its command's, which share
+ * --timeout) still warns once per name. Loads happen at start-up, on one
+ * thread. */
+static const char *warned_names[16];
+static size_t nwarned_names;
+
+/* Once per old name: "PROG: warning: --old is an old name for --name; it
+ * still works". warned has a slot per option of the table. */
 static void warn_old(const ps_opt *opts, const ps_opt *o, bool *warned,
                      const char *how)
 {
@@ -62,6 +69,11 @@ static void warn_old(const ps_opt *opts, const ps_opt *o, bool *warned,
     if (warned[i])
         return;
     warned[i] = true;
+    for (size_t k = 0; k < nwarned_names; k++)
+        if (strcmp(warned_names[k], o->alias) == 0)
+            return;
+    if (nwarned_names < sizeof warned_names / sizeof warned_names[0])
+        warned_names[nwarned_names++] = o->alias;
     fprintf(stderr, "%s: warning: %s%s is an old name for %s%s; it still works\n",
             program_invocation_short_name, how, o->alias, how, o->name);
 }

@@ -18,7 +18,8 @@
  *
  * An option may keep an old name (ps_opt.alias): "--old" on the command
  * line and the key "old" in the file still set it, with one warning per
- * old name on stderr ("PROG: warning: --old is an old name for --name").
+ * old name and process on stderr ("PROG: warning: --old is an old name for
+ * --name").
  *
  * Options stop at the first argument that does not start with "-" (or is
  * just "-"), or after "--"; what follows is positional, so a tool can take
@@ -42,7 +43,9 @@
  * "--help" (or "-h"), "--version" and "--config" are built in and must not
  * appear in a table.
  *
- * Threads and lifetime: no global state; a loaded struct is plain data.
+ * Threads and lifetime: a loaded struct is plain data. The one state kept
+ * across loads is the list of old names already warned about (so that one
+ * is warned about once per process): load at start-up, from one thread.
  */
 #ifndef PS_CONF_H
 #define PS_CONF_H

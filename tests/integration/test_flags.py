@@ -162,10 +162,12 @@ def check_old_names(r):
             "--step-delay-ms is an old name for --step-delay" in warn[1] and
             "--task-index 5 is out of range for --workers 2" in p.stderr,
             "workerd's old names work and each warns once: %r" % p.stderr)
-    p = run("psctl", "--timeout", "1s", "stats", "--server", "127.0.0.1:1")
+    p = run("psctl", "--timeout", "1s", "stats", "--timeout", "2s", "--server",
+            "127.0.0.1:1")
     r.check(p.returncode == 1 and p.stderr.count("warning") == 1 and
             "--timeout is an old name for --rpc-timeout" in p.stderr,
-            "psctl --timeout still works, with one warning: %r" % p.stderr)
+            "psctl --timeout still works, before and after the command, with one warning: "
+            "%r" % p.stderr)
     tmp = pstest.tmpdir()
     cfg = os.path.join(tmp, "w.json")
     with open(cfg, "w") as f:
