@@ -9,12 +9,14 @@ a PyTorch or Keras training loop. Sparse embedding tables (SparseTable,
 Client.sparse_pull / sparse_push) are hash-partitioned over the shards.
 """
 from ._rpc import PsError, Retry, TLS, read_token
-from .client import Client, PushResult, Values
+from .client import (Checkpoint, Client, PushResult, Restored, ShardStats, Values,
+                     VariableInfo)
 from .placement import Part, Placement, SPLIT_DEFAULT, place
 from .sparse import SparsePushResult, SparseValues, shard_of
 from .specs import Initializer, Optimizer, SparseTable, Variable
 
-__all__ = ["Client", "PushResult", "Values", "PsError", "Retry", "TLS", "read_token",
+__all__ = ["Client", "PushResult", "Values", "Checkpoint", "Restored", "ShardStats",
+           "VariableInfo", "PsError", "Retry", "TLS", "read_token",
            "Part", "Placement", "SPLIT_DEFAULT", "place", "Initializer", "Optimizer",
            "Variable", "SparseTable", "SparseValues", "SparsePushResult", "shard_of"]
 __version__ = "0.1.0"
