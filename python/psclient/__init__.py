@@ -19,4 +19,17 @@ __all__ = ["Client", "PushResult", "Values", "Checkpoint", "Restored", "ShardSta
            "VariableInfo", "PsError", "Retry", "TLS", "read_token",
            "Part", "Placement", "SPLIT_DEFAULT", "place", "Initializer", "Optimizer",
            "Variable", "SparseTable", "SparseValues", "SparsePushResult", "shard_of"]
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The project's version, written into the package when it was built."""
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_generated", "VERSION")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+__version__ = _version()
