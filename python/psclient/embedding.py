@@ -21,9 +21,11 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Union
 
+import grpc
 import numpy as np
 
 from ._proto import pb
+from ._rpc import PsError
 from .client import Client
 from .sparse import mix64
 from .specs import Initializer, Optimizer, SparseTable
@@ -115,9 +117,17 @@ class Lookup:
         self._fetcher: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def _check_dim(self) -> None:
-        """A table that exists with another dim: one line naming both."""
+        """A table that exists with another dim: one line naming both.
+        A worker's token may not list variables (psd --tokens): then psd's
+        own refusal of the CreateVariable, or of the first pull, names the
+        two."""
         sh = self.client.shards[0]
-        info = sh.call("ListVariables", pb.ListVariablesRequest(), pb.ListVariablesResponse)
+        try:
+            info = sh.call("ListVariables", pb.ListVariablesRequest(), pb.ListVariablesResponse)
+        except PsError as e:
+            if e.code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                return
+            raise
         for v in info.variables:
             if v.spec.name != self.name:
                 continue

@@ -11,6 +11,8 @@ answers for the same ids, so that the two start equal):
   adagrad   mode mean with a padding id, Adagrad on psd and torch.optim.
             Adagrad on the reference, the same; the padding row is never
             stored;
+  offsets   1-D ids with offsets (an empty bag among them), mode mean: the
+            output and the rows after a step equal nn.EmbeddingBag's;
   shared    ShardedEmbedding of [batch, 3] ids, three features sharing one
             table through per-feature offsets, against nn.Embedding; then
             two features sharing one through hash salts keep apart rows;
@@ -27,7 +29,8 @@ answers for the same ids, so that the two start equal):
             client's budget and raises PsError naming the shard's address.
 
 Prints ok/FAIL per check and "python-embedding: N passed, N failed"; exits
-77 (skip) with one line where torch is missing.
+77 (skip) with one line where torch is missing. EMB_ONLY=NAME runs one part
+(EMB_TIMES=N times; gloo only keeps its tables apart between repeats).
 """
 import os
 import subprocess
@@ -197,6 +200,27 @@ def test_adagrad(c):
     r.check(pad in seen and added == len(seen) - 1,
             "adagrad: the padding id's row was never pushed (%d rows stored for %d ids "
             "besides it)" % (added, len(seen) - 1))
+
+
+def test_offsets(c):
+    u = universe_of(13)
+    rng = np.random.default_rng(14)
+    t = SparseTable("bag_off", DIM, Initializer.uniform(-0.5, 0.5, seed=15))
+    emb = ShardedEmbeddingBag(c, t, mode="mean", optimizer=Optimizer.sgd(0.1))
+    ref = Ref(u, c.sparse_pull({"bag_off": u})["bag_off"], None, "mean")
+    opt = torch.optim.SGD(ref.emb.parameters(), lr=0.1)
+    ids = torch.from_numpy(rng.choice(u, 20))
+    offsets = torch.tensor([0, 3, 3, 10, 15])              # bag 1 is empty
+    out = emb(ids, offsets)
+    want = ref.emb(ref.index(ids), offsets)
+    same = close(out, want) and out.shape == (5, DIM)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    opt.step()
+    got = c.sparse_pull({"bag_off": u})["bag_off"]
+    r.check(same and close(got, ref.emb.weight),
+            "offsets: 1-D ids with offsets (an empty bag among them), mode mean: the output "
+            "and the rows after a step equal nn.EmbeddingBag's")
 
 
 def test_shared(c):
@@ -396,7 +420,8 @@ def main():
         for k in range(int(os.environ.get("EMB_TIMES", "1"))):
             globals()["test_" + only](*([c, addrs] if only == "gloo" else [c]))
         r.finish()
-    for t in (lambda: test_sgd(c), lambda: test_adagrad(c), lambda: test_shared(c),
+    for t in (lambda: test_sgd(c), lambda: test_adagrad(c), lambda: test_offsets(c),
+              lambda: test_shared(c),
               lambda: test_prefetch(c), lambda: test_loader(c),
               lambda: test_gloo(c, addrs), lambda: test_badinput(c, ds[1])):
         try:
