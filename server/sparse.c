@@ -391,6 +391,7 @@ struct item {
     float *state;        /* (nu * rowf): value and slots */
     uint64_t *upd;       /* (nu) updates applied so far */
     uint8_t *kind;       /* (nu) 0 not admitted, 1 has a row, 2 new */
+    size_t need;         /* rows to install that have no RAM entry */
 };
 
 static void item_free(struct item *it)
@@ -478,6 +479,7 @@ static int load_state(psd_sparse *sp, struct item *it)
             rc = k;
         }
         it->kind[u] = (uint8_t)(k == 0 ? (admits(t, it->uid[u]) ? 2 : 0) : 1);
+        it->need += k != 1 && it->kind[u] != 0;
     }
     psd_store_rend(rt);
     return rc;
@@ -593,6 +595,10 @@ static int push_locked(psd_sparse *sp, struct item *items, size_t n, uint64_t st
         }
         if (rc == 0)
             rc = check_caps(sp, &items[i], &room, why, whylen);
+        /* Every entry and place on the dirty list the rows need, before
+         * any is applied: the push is applied whole or not at all. */
+        if (rc == 0)
+            rc = sparse_reserve(items[i].t, items[i].nu, items[i].need);
         if (rc != 0) {
             *bad = i;
             return rc;
@@ -627,8 +633,10 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
     for (size_t i = 0; i < n; i++)
         sparse_lock(items[i].t);
     int rc = push_locked(sp, items, n, step, room, bad, why, whylen);
-    for (size_t i = n; i-- > 0;)
+    for (size_t i = n; i-- > 0;) {
+        sparse_unreserve(items[i].t);
         pthread_mutex_unlock(&items[i].t->mu);
+    }
     if (rc != 0)
         *bad = (size_t)(items[*bad].g - g);
     for (size_t i = 0; i < n; i++)

@@ -96,6 +96,9 @@ struct psd_sparse_table {
      * what changed, not the table: flush and committed walk this list. */
     struct sp_entry **dlist;
     size_t dn, dcap;
+    /* Entries a push reserved before it applies anything (sparse_reserve),
+     * so that installing its rows cannot fail half-way. */
+    struct sp_entry *spare;
     size_t trim_from;       /* the bucket where the next trim starts */
     /* A Bloom filter of the ids with a row (in LMDB or the RAM tier), built
      * by sparse_ready's walk and added to by sparse_install: an id it does
@@ -194,6 +197,12 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
                                 const float *row, uint64_t updates, uint64_t last_step);
 void sparse_cache(psd_sparse *sp, psd_sparse_table *t, int64_t id, const uint8_t *data);
 void sparse_trim(psd_sparse *sp, psd_sparse_table *t);
+/* Room for rows more rows on the dirty list and entries new entries, so
+ * that the next rows sparse_install calls, entries of them for ids not in
+ * the RAM tier, cannot fail: 0 or -ENOMEM (nothing to undo).
+ * sparse_unreserve frees the entries left. */
+int sparse_reserve(psd_sparse_table *t, size_t rows, size_t entries);
+void sparse_unreserve(psd_sparse_table *t);
 void sparse_free_entries(psd_sparse_table *t);
 /* Fetches what the ids a few ahead of i will need into the cache. */
 void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_t n);

@@ -6,6 +6,7 @@
  */
 #include "server/sparse_internal.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,13 +65,47 @@ static void grow(psd_sparse_table *t)
     free(old);
 }
 
-/* A new entry for id (not in the hash), its row uninitialized. */
+int sparse_reserve(psd_sparse_table *t, size_t rows, size_t entries)
+{
+    if (t->dn + rows > t->dcap) {
+        size_t nc = t->dcap ? t->dcap * 2 : 1024;
+        if (nc < t->dn + rows)
+            nc = t->dn + rows;
+        struct sp_entry **d = realloc(t->dlist, nc * sizeof *d);
+        if (d == NULL)
+            return -ENOMEM;
+        t->dlist = d;
+        t->dcap = nc;
+    }
+    for (size_t k = 0; k < entries; k++) {
+        struct sp_entry *e = malloc(sparse_entry_bytes(t));
+        if (e == NULL)
+            return -ENOMEM;
+        e->next = t->spare;
+        t->spare = e;
+    }
+    return 0;
+}
+
+void sparse_unreserve(psd_sparse_table *t)
+{
+    for (struct sp_entry *e = t->spare, *n; e != NULL; e = n) {
+        n = e->next;
+        free(e);
+    }
+    t->spare = NULL;
+}
+
+/* A new entry for id (not in the hash), its row uninitialized: a reserved
+ * one first. */
 static struct sp_entry *entry_add(psd_sparse *sp, psd_sparse_table *t, int64_t id)
 {
     if (t->nentries >= t->nbuckets)
         grow(t);
-    struct sp_entry *e = malloc(sparse_entry_bytes(t));
-    if (e == NULL)
+    struct sp_entry *e = t->spare;
+    if (e != NULL)
+        t->spare = e->next;
+    else if ((e = malloc(sparse_entry_bytes(t))) == NULL)
         return NULL;
     memset(e, 0, sizeof *e);
     e->id = id;
@@ -94,6 +129,7 @@ void sparse_entry_drop(psd_sparse *sp, psd_sparse_table *t, struct sp_entry **li
 /* Frees every entry of a table that left its tier. */
 void sparse_free_entries(psd_sparse_table *t)
 {
+    sparse_unreserve(t);
     for (size_t b = 0; b < t->nbuckets && t->buckets; b++)
         for (struct sp_entry *e = t->buckets[b], *n; e != NULL; e = n) {
             n = e->next;
