@@ -27,7 +27,8 @@ DEB_PACKAGES := \
 	help2man man-db \
 	python3-venv \
 	libgloo-dev \
-	python3-setuptools python3-pip python3-torch mypy
+	python3-setuptools python3-pip python3-torch mypy \
+	liburing-dev
 
 # The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
 # the benchmarks compare against PyTorch too.
