@@ -2,8 +2,8 @@
 # with sudo when not root), configures meson once and builds.
 #
 #   make demo    the main job: a local cluster training a real model
-#   make test    every test suite (unit, integration, interop, fault), then
-#                the unit suite again under valgrind
+#   make test    every test suite (unit, integration, interop, fault, deploy),
+#                then the unit suite again under valgrind
 #   make bench   the benchmarks under bench/
 #   make bench-tf-venv  tensorflow-cpu from PyPI in .venv-tf (about 1.6 GB),
 #                for bench/train.py --tensorflow, case (d); not part of bench
@@ -27,7 +27,8 @@ DEB_PACKAGES := \
 	help2man man-db \
 	python3-venv \
 	libgloo-dev \
-	python3-setuptools python3-pip python3-torch mypy
+	python3-setuptools python3-pip python3-torch mypy \
+	docker.io docker-compose debootstrap
 
 # The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
 # the benchmarks compare against PyTorch too.
