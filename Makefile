@@ -15,6 +15,8 @@ MESON_ARGS ?=
 SHELL := /bin/bash
 
 # Everything the build, the tests and the demo need, by Debian package name.
+# kubectl (for `kubectl kustomize`, tests/deploy/test_k8s.py) comes from
+# Debian's kubernetes-client unless a kubectl is installed already.
 DEB_PACKAGES := \
 	meson ninja-build pkg-config gcc g++ clang libclang-rt-14-dev \
 	libgrpc-dev protobuf-c-compiler libprotobuf-c-dev liblmdb-dev \
@@ -28,7 +30,8 @@ DEB_PACKAGES := \
 	python3-venv \
 	libgloo-dev \
 	python3-setuptools python3-pip python3-torch mypy \
-	docker.io docker-compose debootstrap
+	docker.io docker-compose debootstrap \
+	$(if $(shell command -v kubectl),,kubernetes-client)
 
 # The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
 # the benchmarks compare against PyTorch too.
