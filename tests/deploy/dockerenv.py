@@ -114,6 +114,12 @@ class Engine:
             pass
         self.pid = None
         if self.exec_root:
+            # dockerd leaves its default network namespace's bind mount
+            # (EXEC_ROOT/netns/default) behind: unmounted here, deepest first.
+            mounts = [ln.split()[1] for ln in open("/proc/self/mounts")]
+            for m in sorted((m for m in mounts if m.startswith(self.exec_root + "/")),
+                            key=len, reverse=True):
+                subprocess.run(["umount", m], capture_output=True, timeout=30)
             shutil.rmtree(self.exec_root, ignore_errors=True)
 
     def has_image(self, name):

@@ -182,9 +182,10 @@ def run(r, engine):
     try:
         t1 = time.monotonic()
         c.compose("up", "-d", "--no-build", timeout=600)
-        net = engine.docker("network", "inspect", "-f", "{{range .IPAM.Config}}{{.Subnet}}{{end}}"
-                            " {{index .Options \"com.docker.network.bridge.enable_ip_masquerade\"}}",
-                            PROJECT + "_psnet", check=False).stdout.strip()
+        masq = "com.docker.network.bridge.enable_ip_masquerade"
+        net = engine.docker("network", "inspect", "-f",
+                            "{{range .IPAM.Config}}{{.Subnet}}{{end}} {{index .Options \"%s\"}}"
+                            % masq, PROJECT + "_psnet", check=False).stdout.strip()
         r.check(net == SUBNET + " false", "the cluster's network is %s, not masqueraded (%s)"
                 % (SUBNET, net))
         r.check(c.inspect("certs", "{{.State.ExitCode}}") == "0", "the certs service made the "
@@ -193,6 +194,12 @@ def run(r, engine):
         healthy = wait_step(c, "health", lambda: all(
             c.inspect(s, "{{.State.Health.Status}}") == "healthy"
             for s in ("pscoord", "ps0", "ps1")), 90)
+        # The operator's psctl, with the operator's bundle only.
+        p = c.compose("--profile", "tools", "run", "--rm", "--no-deps", "psctl",
+                      "--server", "ps0:7070", "stats", check=False, timeout=120)
+        r.check(p.returncode == 0 and "variables" in p.stdout,
+                "psctl (the operator's bundle) reads ps0's stats over mutual TLS (%s)"
+                % (p.stdout.strip().splitlines()[:1] or p.stderr.strip()[-300:]))
         r.check(healthy, "pscoord, ps0 and ps1 are healthy by their grpc.health.v1 "
                 "HEALTHCHECK (%s)" % [c.inspect(s, "{{.State.Health.Status}}")
                                       for s in ("pscoord", "ps0", "ps1")])
@@ -228,7 +235,8 @@ def run(r, engine):
                         pass
             acc = summary.get("test_accuracy", -1)
             r.check(done and code == "0" and acc >= ACCURACY,
-                    "%s finished (exit %s) at test accuracy %.4f >= %.2f" % (s, code, acc, ACCURACY))
+                    "%s finished (exit %s) at test accuracy %.4f >= %.2f"
+                    % (s, code, acc, ACCURACY))
             if not (done and code == "0"):
                 print(logs.stderr[-2000:])
         final = c.value("pscoord_global_step")
