@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
@@ -29,9 +30,12 @@ import pstest  # noqa: E402
 
 COMPOSE_FILE = os.path.join(pstest.SOURCE_ROOT, "deploy", "docker-compose.yml")
 PROJECT = "psdtest"
-# The cluster's network: a private range no other test here uses. Override
+# The cluster's network: a /24 of 172.28.0.0/16, a private range no other
+# test here uses, picked by the build directory's path, so that two
+# checkouts testing at once on one host do not take the same one. Override
 # with PS_TEST_SUBNET when it collides with a network of this host.
-SUBNET = os.environ.get("PS_TEST_SUBNET", "172.28.28.0/24")
+SUBNET = os.environ.get("PS_TEST_SUBNET", "172.28.%d.0/24" % (
+    zlib.crc32(os.path.realpath(pstest.BUILD_ROOT).encode()) % 256))
 EPOCHS = os.environ.get("PS_TEST_EPOCHS", "5")
 ACCURACY = 0.85  # deploy/demo.py's bar
 TRAIN_TIMEOUT = 480
@@ -176,6 +180,7 @@ def run(r, engine):
             "the image runs as 10001, has a HEALTHCHECK and EXPOSEs its ports (%s)" % user)
     check_bad_input(r, engine)
 
+    print("network %s" % SUBNET, flush=True)
     c = Cluster(engine, pstest.free_port())
     if c.leftovers():  # a run that was interrupted
         c.compose("down", "-v", "--remove-orphans", check=False)
