@@ -147,7 +147,8 @@ def from_environment(env: Optional[Mapping[str, str]] = None) -> Optional[TaskEn
         if role not in ROLES:
             raise ValueError("TF_CONFIG: task type %r is not worker or evaluator" % role)
         n = len(cluster.get(role, []))
-        if not 0 <= index < n:
+        # An evaluator may be outside the training cluster, as TensorFlow has it.
+        if not 0 <= index < n and not (role == "evaluator" and n == 0 and index >= 0):
             raise ValueError("TF_CONFIG: task %s[%d], but the cluster lists %d %s task(s)"
                              % (role, index, n, role))
         chief = cluster.get("chief", [])

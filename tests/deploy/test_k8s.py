@@ -200,10 +200,10 @@ def check_tfjob(r, exe, known):
     tf = yaml.safe_load(open(os.path.join(K8S, "tfjob.yaml")))
     reps = tf["spec"]["tfReplicaSpecs"]
     r.check(tf["kind"] == "TFJob" and tf["apiVersion"] == "kubeflow.org/v1" and
-            set(reps) == {"Chief", "PS", "Worker"},
-            "tfjob.yaml is a kubeflow.org/v1 TFJob with Chief, PS and Worker")
+            set(reps) == {"Chief", "PS", "Worker", "Evaluator"},
+            "tfjob.yaml is a kubeflow.org/v1 TFJob with Chief, PS, Worker and Evaluator")
     docs = []
-    want = {"Chief": "pscoord", "PS": "psd", "Worker": "workerd"}
+    want = {"Chief": "pscoord", "PS": "psd", "Worker": "workerd", "Evaluator": "workerd"}
     for rtype, spec in reps.items():
         c = spec["template"]["spec"]["containers"][0]
         docs.append({"apiVersion": "v1", "kind": "PodTemplate",

@@ -6,6 +6,8 @@ real daemons on 127.0.0.1 and temporary directories:
             on its task's port and registers with the chief's pscoord;
   workers   workerd named worker[0] and worker[1], with no --coordinator,
             finds pscoord from TF_CONFIG, registers at its index and trains;
+            one named evaluator[0], which the cluster does not list (as
+            TensorFlow and TFJob have it), registers and evaluates;
   psclient  a Client() given nothing takes its task from TF_CONFIG
             (worker[2] via the chief) and, in from_environment, from RANK
             and WORLD_SIZE;
@@ -78,6 +80,17 @@ def main():
                 "workerd as TF_CONFIG's worker[%d] finds pscoord and trains 20 steps (%s)"
                 % (i, js[-1] if js else err.strip()[-300:]))
 
+    # An evaluator outside the training cluster, as TensorFlow (and TFJob)
+    # has it: TF_CONFIG lists no evaluator, neither does pscoord's spec.
+    p = subprocess.run([WORKERD, "--eval-count", "1", "--eval-interval", "100ms", "--json",
+                        "--log-level", "warn"], env=env_with(spec, "evaluator", 0),
+                       capture_output=True, text=True, timeout=120)
+    js = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    r.check(p.returncode == 0 and js and js[-1].get("role") == "evaluator" and
+            js[-1].get("test_accuracy", -1) > 0,
+            "workerd as evaluator[0], outside TF_CONFIG's cluster, registers with the chief "
+            "and evaluates (%s)" % (js[-1] if js else p.stderr.strip()[-300:]))
+
     import psclient
     from psclient.task import from_environment
     os.environ["TF_CONFIG"] = env_with(spec, "worker", 2)["TF_CONFIG"]
@@ -89,10 +102,10 @@ def main():
                 c.job_id == "tfjob",
                 "Client() takes worker[2] of job tfjob from TF_CONFIG (worker %d, job %s)"
                 % (c.worker, c.job_id))
-        PS, W = 3, 2  # ps.v1.Role
-        r.check({(PS, 0), (W, 0), (W, 1), (W, 2)} <= tasks and cs.job_id == "tfjob",
-                "pscoord lists ps[0] and worker[0..2] of job tfjob, each registered "
-                "from TF_CONFIG alone (%s)" % sorted(tasks))
+        PS, W, EV = 3, 2, 4  # ps.v1.Role
+        r.check({(PS, 0), (W, 0), (W, 1), (W, 2), (EV, 0)} <= tasks and cs.job_id == "tfjob",
+                "pscoord lists ps[0], worker[0..2] and evaluator[0] of job tfjob, each "
+                "registered from TF_CONFIG alone (%s)" % sorted(tasks))
         c.close()
     except Exception as e:  # noqa: BLE001 - a failed check, named
         r.check(False, "Client() from TF_CONFIG: %s" % e)
