@@ -216,10 +216,10 @@ static int load_tokens(struct pscoord *p)
  * chief's duties, serves on the chief's port, on every interface (as
  * TensorFlow's own server binds its task's port: the chief's name may not
  * resolve to this host before it is ready), or on the chief's address
- * when that is a loopback one (a cluster on one host stays on loopback). A --listen on another port is
- * refused with one line naming both. Without such a TF_CONFIG, --listen
- * defaults to 127.0.0.1:7071. Returns PS_PROC_RUN, or 2 after the error
- * line (configuration freed). */
+ * when that is a loopback one (a cluster on one host stays on loopback).
+ * A --listen on another port is refused with one line naming both.
+ * Without such a TF_CONFIG, --listen defaults to 127.0.0.1:7071. Returns
+ * PS_PROC_RUN, or 2 after the error line (configuration freed). */
 static int listen_from_tf_config(struct pscoord *p)
 {
     struct pscoord_conf *c = &p->c;

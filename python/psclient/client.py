@@ -214,8 +214,9 @@ class Client:
                  token: Optional[str] = None, timeout: float = 30.0,
                  retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
                  shm: bool = False, wait_for_shards: float = 60.0) -> None:
-        self.task_env: Optional[TaskEnv] = from_environment() if addresses is None and coordinator is None \
-            else None
+        self.task_env: Optional[TaskEnv] = None
+        if addresses is None and coordinator is None:
+            self.task_env = from_environment()
         if self.task_env is not None:
             te = self.task_env
             if worker is not None and worker != te.index:
