@@ -539,13 +539,14 @@ static void read_finish(psd_seg_read *q, const uint8_t *rec)
     q->rc = 0;
 }
 
+static uint64_t span_of(const psd_seg_read *q, uint64_t a, uint64_t *start);
+
 static int read_one_pread(psd_segs *s, psd_seg_read *q, uint8_t *tmp)
 {
     int fd = read_fd(s, q->loc.seg);
     if (fd < 0)
         return fd;
-    uint64_t a = s->align, start = q->loc.off & ~(a - 1);
-    uint64_t span = (q->loc.off + q->loc.len - start + a - 1) & ~(a - 1);
+    uint64_t start, span = span_of(q, s->align, &start);
     ssize_t r = pread(fd, tmp, span, (off_t)start);
     if (r < 0)
         return -errno;
@@ -557,86 +558,108 @@ static int read_one_pread(psd_segs *s, psd_seg_read *q, uint8_t *tmp)
     return 0;
 }
 
-int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
+/* The bytes read for q: its record widened to a's multiples. */
+static uint64_t span_of(const psd_seg_read *q, uint64_t a, uint64_t *start)
+{
+    *start = q->loc.off & ~(a - 1);
+    return (q->loc.off + q->loc.len - *start + a - 1) & ~(a - 1);
+}
+
+/* Reads through the ring, keeping up to RING_DEPTH in flight: a slot whose
+ * read completes takes the next request at once, so no round waits for
+ * its slowest read. */
+static int read_ring(psd_segs *s, struct io_uring *ring, psd_seg_read *rq, size_t n,
+                     uint8_t *arena, uint64_t slot_bytes)
 {
     uint64_t a = s->align;
-    struct io_uring *ring = ring_get();
-    size_t depth = RING_DEPTH;
+    size_t next = 0, inflight = 0, freeslot[RING_DEPTH], nfree = 0;
+    for (size_t k = 0; k < RING_DEPTH; k++)
+        freeslot[nfree++] = RING_DEPTH - 1 - k;
     int rc = 0;
-    for (size_t base = 0; base < n && rc == 0; base += depth) {
-        size_t m = n - base < depth ? n - base : depth;
-        /* One aligned arena for the round's spans. */
-        uint64_t total = 0;
-        for (size_t i = 0; i < m; i++) {
-            psd_seg_read *q = &rq[base + i];
-            uint64_t start = q->loc.off & ~(a - 1);
-            total += (q->loc.off + q->loc.len - start + a - 1) & ~(a - 1);
-        }
-        uint8_t *arena;
-        if (posix_memalign((void **)&arena, a, total ? total : a) != 0)
-            return -ENOMEM;
-        uint64_t at = 0;
+    while (next < n || inflight > 0) {
         size_t queued = 0;
-        for (size_t i = 0; i < m && rc == 0; i++) {
-            psd_seg_read *q = &rq[base + i];
-            uint64_t start = q->loc.off & ~(a - 1);
-            uint64_t span = (q->loc.off + q->loc.len - start + a - 1) & ~(a - 1);
-            if (ring == NULL) {
-                rc = read_one_pread(s, q, arena + at);
+        while (rc == 0 && next < n && nfree > 0) {
+            psd_seg_read *q = &rq[next];
+            int fd = read_fd(s, q->loc.seg);
+            if (fd < 0) {
+                rc = fd;
+                break;
+            }
+            uint64_t start, span = span_of(q, a, &start);
+            size_t slot = freeslot[--nfree];
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            io_uring_prep_read(sqe, fd, arena + slot * slot_bytes, (unsigned)span, start);
+            io_uring_sqe_set_data64(sqe, (uint64_t)next << 16 | slot);
+            next++;
+            queued++;
+        }
+        if (rc != 0 && next < n)
+            next = n; /* what is in flight still completes */
+        if (queued == 0 && inflight == 0)
+            break;
+        int sr;
+        do
+            sr = io_uring_submit_and_wait(ring, 1);
+        while (sr == -EINTR);
+        if (sr < 0) {
+            /* Nothing more was queued: what is in flight stays in flight
+             * and the ring is left as is, for its thread's next call. */
+            return rc ? rc : sr;
+        }
+        inflight += queued;
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(ring, head, cqe) {
+            uint64_t d = io_uring_cqe_get_data64(cqe);
+            size_t slot = (size_t)(d & 0xffff);
+            psd_seg_read *q = &rq[d >> 16];
+            int res = cqe->res;
+            seen++;
+            uint8_t *buf = arena + slot * slot_bytes;
+            uint64_t start;
+            span_of(q, a, &start);
+            if (res == -EINVAL) {
+                /* Alignment refused: read this one through pread. */
+                int pr = read_one_pread(s, q, buf);
+                rc = rc ? rc : pr;
+            } else if (res < 0) {
+                rc = rc ? rc : res;
+            } else if (VALGRIND_MAKE_MEM_DEFINED(buf, res),
+                       (uint64_t)res < q->loc.off + q->loc.len - start) {
+                /* (the kernel filled buf behind valgrind's back) */
+                q->rc = PS_ECORRUPT;
             } else {
-                int fd = read_fd(s, q->loc.seg);
-                if (fd < 0) {
-                    rc = fd;
-                    break;
-                }
-                struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-                io_uring_prep_read(sqe, fd, arena + at, (unsigned)span, start);
-                io_uring_sqe_set_data64(sqe, (base + i) << 1 | 0);
-                /* the arena offset rides in the request's version until done */
-                q->version = at;
-                queued++;
+                read_finish(q, buf + (q->loc.off - start));
             }
-            at += span;
+            freeslot[nfree++] = slot;
         }
-        if (ring != NULL && queued > 0) {
-            int sr;
-            do
-                sr = io_uring_submit_and_wait(ring, (unsigned)queued);
-            while (sr == -EINTR);
-            if (sr < 0 && rc == 0)
-                rc = sr;
-            for (size_t got = 0; got < queued;) {
-                struct io_uring_cqe *cqe;
-                int wr = io_uring_wait_cqe(ring, &cqe);
-                if (wr == -EINTR)
-                    continue;
-                if (wr < 0) {
-                    rc = rc ? rc : wr;
-                    break;
-                }
-                psd_seg_read *q = &rq[io_uring_cqe_get_data64(cqe) >> 1];
-                int res = cqe->res;
-                io_uring_cqe_seen(ring, cqe);
-                got++;
-                uint64_t start = q->loc.off & ~(a - 1);
-                uint8_t *buf = arena + q->version;
-                if (res == -EINVAL && atomic_load(&s->direct)) {
-                    /* Alignment refused: read this one through pread. */
-                    int pr = read_one_pread(s, q, buf);
-                    rc = rc ? rc : pr;
-                } else if (res < 0) {
-                    rc = rc ? rc : res;
-                } else if (VALGRIND_MAKE_MEM_DEFINED(buf, res),
-                           (uint64_t)res < q->loc.off + q->loc.len - start) {
-                    /* (the kernel filled buf behind valgrind's back) */
-                    q->rc = PS_ECORRUPT;
-                } else {
-                    read_finish(q, buf + (q->loc.off - start));
-                }
-            }
-        }
-        free(arena);
+        io_uring_cq_advance(ring, seen);
+        inflight -= seen;
     }
+    return rc;
+}
+
+int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
+{
+    uint64_t a = s->align, slot_bytes = a;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t start, span = span_of(&rq[i], a, &start);
+        if (span > slot_bytes)
+            slot_bytes = span;
+        rq[i].rc = PS_ECORRUPT; /* until its read says otherwise */
+    }
+    struct io_uring *ring = ring_get();
+    size_t slots = ring != NULL ? RING_DEPTH : 1;
+    uint8_t *arena;
+    if (posix_memalign((void **)&arena, a, slots * slot_bytes) != 0)
+        return -ENOMEM;
+    int rc = 0;
+    if (ring != NULL)
+        rc = read_ring(s, ring, rq, n, arena, slot_bytes);
+    else
+        for (size_t i = 0; i < n && rc == 0; i++)
+            rc = read_one_pread(s, &rq[i], arena);
+    free(arena);
     if (rc != 0)
         return rc;
     for (size_t i = 0; i < n; i++)
