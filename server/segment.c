@@ -269,16 +269,6 @@ int psd_segs_open(const char *dir, uint64_t seg_max, const psd_seg_loc *committe
                      strerror(errno));
         goto fail;
     }
-#ifdef STATX_DIOALIGN
-    struct statx sx;
-    if (statx(AT_FDCWD, dir, 0, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
-        sx.stx_dio_offset_align > 0) {
-        uint32_t a = sx.stx_dio_offset_align;
-        if (sx.stx_dio_mem_align > a)
-            a = sx.stx_dio_mem_align;
-        s->align = a;
-    }
-#endif
     DIR *d = opendir(dir);
     if (d == NULL) {
         rc = -errno;
@@ -338,6 +328,19 @@ int psd_segs_open(const char *dir, uint64_t seg_max, const psd_seg_loc *committe
         s->cur = max;
         s->wend = end;
     }
+#ifdef STATX_DIOALIGN
+    /* The direct-I/O alignment of a segment file (a directory has none). */
+    char *cp = seg_path(s, s->cur, "");
+    struct statx sx;
+    if (cp != NULL && statx(AT_FDCWD, cp, 0, STATX_DIOALIGN, &sx) == 0 &&
+        (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 0) {
+        uint32_t a = sx.stx_dio_offset_align;
+        if (sx.stx_dio_mem_align > a)
+            a = sx.stx_dio_mem_align;
+        s->align = a;
+    }
+    free(cp);
+#endif
     *out = s;
     return 0;
 fail:
