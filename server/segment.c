@@ -279,8 +279,13 @@ int psd_segs_open(const char *dir, uint64_t seg_max, const psd_seg_loc *committe
     while ((de = readdir(d)) != NULL) {
         unsigned n;
         char tail;
-        if (sscanf(de->d_name, "seg-%8u.psg%c", &n, &tail) == 1 && n > max)
+        int got = sscanf(de->d_name, "seg-%8u.psg%c", &n, &tail);
+        if (got == 1 && n > max)
             max = n;
+        if (got == 2 && strcmp(de->d_name + strlen(de->d_name) - 4, ".tmp") == 0 &&
+            unlinkat(dirfd(d), de->d_name, 0) != 0)
+            ps_log_warn("segments %s: cannot remove %s, a segment a crash left unmade: %s",
+                        dir, de->d_name, strerror(errno));
     }
     closedir(d);
     for (; committed != NULL && max > committed->seg; max--) {

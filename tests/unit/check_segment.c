@@ -127,7 +127,14 @@ START_TEST(test_seal_reopen)
     ck_assert_uint_eq(locs[20].seg, 2); /* 10 rows are 5620 bytes: 2 batches a segment */
     ck_assert_uint_eq(locs[39].seg, 2);
     psd_segs_close(s);
+    /* a segment a crash left before its rename: not one, removed */
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s/seg-%08u.psg.tmp", dir_of(), 7u);
+    int fd = open(tmp, O_WRONLY | O_CREAT, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
     s = open_ok(8192); /* seg 2 is past seg_max: a new one takes appends */
+    ck_assert_int_ne(access(tmp, F_OK), 0);
     ck_assert_uint_eq(psd_segs_current(s), 3);
     psd_seg_loc more[10];
     put_rows(s, 40, 10, 1, more);
