@@ -219,8 +219,13 @@ fetch_config(void *user_data, grpc_ssl_server_certificate_config **config)
         goto out;
     }
     grpc_ssl_pem_key_cert_pair pair = {.private_key = p.key, .cert_chain = p.cert};
-    /* gRPC copies the strings. */
-    *config = grpc_ssl_server_certificate_config_create(p.ca, &pair, 1);
+    /* gRPC copies the strings. gRPC 1.51's server connector asserts that a
+     * fetched configuration has root certificates, even when it asks
+     * clients for none (GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE): without
+     * a CA (one-way TLS) the server's own chain stands in. It verifies
+     * nothing, since no client is asked for a certificate. */
+    *config = grpc_ssl_server_certificate_config_create(p.ca != NULL ? p.ca : p.cert,
+                                                        &pair, 1);
     pems_free(&p);
     r->loaded = true;
     st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;

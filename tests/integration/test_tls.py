@@ -3,8 +3,9 @@ made with tools/pscerts (checked with `openssl verify`), psd with mutual
 TLS pushed to and pulled from by Python's grpcio, refused clients (another
 CA, no client certificate, plaintext), workerd and psctl over TLS, a
 certificate reload on SIGHUP (a new CA; a bad file keeps the old one), the
-loopback rule and --insecure, and pscoord with TLS, a psd and a workerd
-against it.
+loopback rule and --insecure, pscoord with TLS, a psd and a workerd
+against it, and one-way TLS (a server certificate without a CA) from
+grpcio, psctl and workerd.
 
 Prints ok/FAIL per check and "tls: N passed, N failed".
 """
@@ -371,6 +372,102 @@ def check_pscoord(r, pb, pbg, a):
     coord.stop()
 
 
+def check_one_way(r, pb, pbg, a):
+    """Server-only TLS: psd and pscoord with a certificate and key but no
+    CA. Clients verify the server and present no certificate; tokens give
+    the identity. (gRPC 1.51 aborted at start in this mode before.)"""
+    import secrets
+    tok = {role: secrets.token_urlsafe(32) for role in ("worker", "operator", "reader")}
+    t = pstest.tmpdir("tls-oneway-tok-")
+    table = os.path.join(t, "tokens")
+    with open(table, "w") as f:
+        f.write("".join("%s %s\n" % kv for kv in tok.items()))
+    files = {}
+    for role, v in tok.items():
+        files[role] = os.path.join(t, role + ".tok")
+        with open(files[role], "w") as f:
+            f.write(v + "\n")
+    for path in [table] + list(files.values()):
+        os.chmod(path, 0o600)
+    flags = ["--tls-cert", os.path.join(a, "psd.pem"), "--tls-key", os.path.join(a, "psd.key")]
+    d = Logged([pstest.psd_path(), "--data-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                "--metrics-listen", "off", "--tokens", table] + flags)
+    r.check(d.port is not None and d.proc.poll() is None,
+            "psd with --tls-cert and --tls-key but no --tls-ca serves (one-way TLS)")
+    ca = os.path.join(a, "ca.pem")
+    ch = tls_channel(d.address, ca)
+    stub = pbg.ParameterServerStub(ch)
+    w = [("authorization", "Bearer " + tok["worker"])]
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "w", (4,), lr=0.5)),
+                        timeout=10, metadata=w)
+    g = np.array([1, 2, 3, 4], dtype=np.float32)
+    stub.Push(pb.PushRequest(worker=0, step=1, grads=[pstest.grad(pb, "w", g)]), timeout=10,
+              metadata=w)
+    got = pstest.value(stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=10,
+                                 metadata=w).values[0])
+    r.check(np.array_equal(got, -0.5 * g),
+            "grpcio without a client certificate pushes and pulls over one-way TLS: %s" % got)
+    st = stub.Stats(pb.StatsRequest(), timeout=5,
+                    metadata=[("authorization", "Bearer " + tok["reader"])])
+    r.check(st.transport_security == "tls", "Stats: transport_security=%r"
+            % st.transport_security)
+    try:
+        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        code = e.code()
+    r.check(code == grpc.StatusCode.UNAUTHENTICATED,
+            "one-way TLS without a token is refused: the token is the identity (%s)" % code)
+    ch.close()
+    code = refused(pb, pbg, pstest.channel(d.address))
+    r.check(code == grpc.StatusCode.UNAVAILABLE,
+            "a plaintext client cannot connect to one-way TLS (%s)" % code)
+    b = pstest.tmpdir("tls-oneway-other-")
+    pscerts(b, "client")
+    code = refused(pb, pbg, tls_channel(d.address, os.path.join(b, "ca.pem")))
+    r.check(code == grpc.StatusCode.UNAVAILABLE,
+            "a client that trusts another CA does not accept the one-way server (%s)" % code)
+    p = subprocess.run([PSCTL, "--server", d.address, "--tls-ca", ca, "--token-file",
+                        files["reader"], "stats"], capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0 and re.search(r"transport\s+tls\b", p.stdout),
+            "psctl --tls-ca stats over one-way TLS shows the transport (%s)"
+            % (p.stderr.strip() or "exit 0"))
+    before = st.pushes
+    p = subprocess.run([WORKERD, "--ps", d.address, "--steps", "20", "--epochs", "0",
+                        "--limit", "2000", "--evaluate=false", "--shm", "off",
+                        "--model", "softmax", "--tls-ca", ca, "--token-file", files["worker"]],
+                       capture_output=True, text=True, timeout=240)
+    ch = tls_channel(d.address, ca)
+    after = pbg.ParameterServerStub(ch).Stats(
+        pb.StatsRequest(), timeout=5,
+        metadata=[("authorization", "Bearer " + tok["reader"])]).pushes
+    ch.close()
+    r.check(p.returncode == 0 and after - before >= 20,
+            "workerd with --tls-ca only trains over one-way TLS: %d pushes (%s)"
+            % (after - before, p.stderr.strip()[-200:] or "exit 0"))
+    d.stop()
+    coord = Logged([PSCOORD, "--state-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "off", "--job-id", "oneway"] +
+                   ["--tls-cert", os.path.join(a, "pscoord.pem"),
+                    "--tls-key", os.path.join(a, "pscoord.key")])
+    r.check(coord.port is not None and coord.proc.poll() is None,
+            "pscoord with --tls-cert and --tls-key but no --tls-ca serves")
+    ch = tls_channel(coord.address, ca)
+    try:
+        cs = pbg.CoordinatorStub(ch).GetCluster(pb.GetClusterRequest(job_id="oneway"),
+                                                timeout=5)
+        ok, what = True, "%d tasks" % len(cs.tasks)
+    except grpc.RpcError as e:
+        ok, what = False, e.details()
+    ch.close()
+    r.check(ok, "grpcio reads pscoord's cluster over one-way TLS (%s)" % what)
+    p = subprocess.run([PSCTL, "--tls-ca", ca, "status", "--coordinator", coord.address],
+                       capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0, "psctl status --tls-ca over one-way TLS (%s)"
+            % (p.stderr.strip() or "exit 0"))
+    coord.stop()
+
+
 def main():
     r = pstest.Results("tls")
     pb, pbg, _, _ = pstest.generate_stubs()
@@ -381,6 +478,7 @@ def main():
     d.stop()
     check_loopback_rule(r, pb, pbg, a)
     check_pscoord(r, pb, pbg, a)
+    check_one_way(r, pb, pbg, a)
     r.finish()
 
 
