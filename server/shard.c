@@ -67,7 +67,7 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
  * order of creation (checkpoint.h), so a forged step no longer outranks
  * anything, and this bound only refuses labels no job reaches. An honest
  * step can still exceed the versions: pscoord sends its
- * global step (coordinator/jobckpt.c: the highest step any worker
+ * global step (coordinator/jobckpt.c: the lower median of the steps the workers
  * reported), and in async mode a shard holding no variable, or variables a
  * restarted psd recreated at version 0 while workers go on counting, has
  * versions far below it. So the bound is a margin no job reaches: 2^40
