@@ -422,6 +422,29 @@ int coord_check_job(coord *c, const char *job_id, const char *what,
                   c->job_id);
 }
 
+int coord_check_worker(coord *c, uint32_t index, const char *secret,
+                       const char *what, struct coord_status *st)
+{
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock(&c->mu);
+    const struct ctask *t =
+        index <= INT32_MAX ? coord_find_locked(c, PS_ROLE_WORKER, (int)index) : NULL;
+    int rc = 0;
+    if (t == NULL || t->incarnation == 0)
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "worker[%u] has not registered; the rendezvous is for "
+                          "registered workers, with their task_secret", index);
+    else if (secret == NULL || secret[0] == '\0')
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "no task_secret: send the one worker[%u]'s RegisterTask "
+                          "answered with", index);
+    else if (!coord_secret_ok(t, secret))
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "the task_secret sent is not worker[%u]'s", index);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 /* The checks a heartbeat and a metrics report share: the job, the role, and
  * two numbers that must be finite (named in finite_names). Fills what
  * ("Heartbeat of ps[1]"). */

@@ -293,6 +293,11 @@ int coord_refuse(struct coord_status *st, int code, const char *what,
 
 /* The cluster as clients see it; NULL when out of memory. */
 struct coord_cluster *coord_snapshot(coord *c);
+/* Whether worker[index] has registered and secret is its task secret (the
+ * Kv store's callers). Returns 0, or PERMISSION_DENIED in st, its message
+ * opening with what. */
+int coord_check_worker(coord *c, uint32_t index, const char *secret,
+                       const char *what, struct coord_status *st);
 void coord_cluster_free(struct coord_cluster *s);
 
 /* Epoch (membership, placement, checkpoints) and progress (steps, metrics)
