@@ -468,6 +468,71 @@ def check_one_way(r, pb, pbg, a):
     coord.stop()
 
 
+def expired_cert(d):
+    """A self-signed certificate for localhost valid only on 2020-01-01
+    (openssl ca can backdate; req and x509 cannot), and its key."""
+    with open(os.path.join(d, "cnf"), "w") as f:
+        f.write("[ ca ]\ndefault_ca = d\n[ d ]\ndatabase = %s/index.txt\n"
+                "new_certs_dir = %s\nserial = %s/serial\ndefault_md = sha256\n"
+                "policy = p\n[ p ]\ncommonName = supplied\n" % (d, d, d))
+    open(os.path.join(d, "index.txt"), "w").close()
+    with open(os.path.join(d, "serial"), "w") as f:
+        f.write("01\n")
+    key, csr, pem = (os.path.join(d, n) for n in ("old.key", "old.csr", "old.pem"))
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                    "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=30)
+    subprocess.run(["openssl", "ca", "-batch", "-config", os.path.join(d, "cnf"),
+                    "-selfsign", "-keyfile", key, "-in", csr, "-out", pem, "-startdate",
+                    "20200101000000Z", "-enddate", "20200102000000Z"], check=True,
+                   capture_output=True, timeout=30)
+    return pem, key
+
+
+def check_cert_warnings(r, pb, pbg):
+    """A server certificate that expired or expires within 7 days, and a
+    private key others may read, are logged as warnings at start and again
+    at a reload."""
+    d = pstest.tmpdir("tls-expiry-")
+    pem, key = expired_cert(d)
+    os.chmod(key, 0o644)
+    ps = Logged([pstest.psd_path(), "--data-dir", pstest.tmpdir(), "--listen",
+                 "127.0.0.1:0", "--metrics-listen", "off", "--tls-cert", pem,
+                 "--tls-key", key])
+    time.sleep(0.3)
+    err = ps.stderr()
+    lines = [l for l in err.splitlines() if "expired on 2020-01-02" in l]
+    r.check(ps.proc.poll() is None and len(lines) == 1 and "WARN" in lines[0] and
+            pem in lines[0], "psd warns once about its expired certificate: %s" % lines)
+    lines = [l for l in err.splitlines() if "may be read by others" in l]
+    r.check(len(lines) == 1 and key in lines[0] and "644" in lines[0],
+            "psd warns about a private key others may read: %s" % lines)
+    ps.stop()
+    b = pstest.tmpdir("tls-soon-")
+    pscerts(b, "--days", "3", "psd=" + LOCAL)
+    coord = Logged([PSCOORD, "--state-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "off", "--tls-cert", os.path.join(b, "psd.pem"),
+                    "--tls-key", os.path.join(b, "psd.key")])
+    time.sleep(0.3)
+    soon = [l for l in coord.stderr().splitlines() if "expires on" in l]
+    r.check(len(soon) == 1 and "in 3.0 days" in soon[0] and "WARN" in soon[0],
+            "pscoord warns about a certificate that expires within 7 days: %s" % soon)
+    r.check("may be read by others" not in coord.stderr(),
+            "no warning for a key of mode 0600")
+    coord.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    ch = tls_channel(coord.address, os.path.join(b, "ca.pem"))
+    try:
+        pbg.CoordinatorStub(ch).GetCluster(pb.GetClusterRequest(), timeout=5)
+    except grpc.RpcError:
+        pass
+    ch.close()
+    soon = [l for l in coord.stderr().splitlines() if "expires on" in l]
+    r.check(len(soon) == 2, "... and again after the reload SIGHUP asks for (%d lines)"
+            % len(soon))
+    coord.stop()
+
+
 def main():
     r = pstest.Results("tls")
     pb, pbg, _, _ = pstest.generate_stubs()
@@ -479,6 +544,7 @@ def main():
     check_loopback_rule(r, pb, pbg, a)
     check_pscoord(r, pb, pbg, a)
     check_one_way(r, pb, pbg, a)
+    check_cert_warnings(r, pb, pbg)
     r.finish()
 
 
