@@ -1,7 +1,7 @@
 /*
  * sparseclient.h - SparsePull and SparsePush over a sparse table whose rows
- * are spread over several psd shards by a hash of the id (README "Sparse
- * embedding tables", "Sharding").
+ * are spread over several psd shards by a hash of the id (doc/sparse.md,
+ * "Sharding").
  *
  * The shard of an id: h = splitmix64's finalizer of the id (a fixed 64-bit
  * bijective mix, so ids that are sequential or share low bits still spread),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains a model through the local cluster (deploy/localcluster.py) on
 Fashion-MNIST and prints its test accuracy: the wide-and-deep model on
-psd's sparse tables beside the MLP (README "Sparse embedding tables").
+psd's sparse tables beside the MLP (doc/sparse.md, "Wide and deep").
 
     /usr/bin/python3 examples/widedeep_vs_mlp.py BUILD_DIR [--model widedeep]
         [--epochs 5] [--ps 2] [--workers 1]

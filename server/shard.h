@@ -11,10 +11,10 @@
  * interval (group commit); --durable makes each push wait for the commit
  * that holds it before it is acknowledged.
  *
- * Durability promise (see README): with the default 20 ms commit interval a
- * kill -9 loses at most the pushes acknowledged in the last commit interval
- * plus the duration of one commit; --durable loses nothing acknowledged. A
- * SIGTERM loses nothing: the shard flushes before it closes.
+ * Durability promise (doc/operating.md): with the default 20 ms commit
+ * interval a kill -9 loses at most the pushes acknowledged in the last
+ * commit interval plus the duration of one commit; --durable loses nothing
+ * acknowledged. A SIGTERM loses nothing: the shard flushes before it closes.
  *
  * Threads and lifetime: psd_shard_open loads the store; the service may then
  * be registered on an rpc server and called from its threads. Call
@@ -113,8 +113,8 @@ typedef struct psd_metrics_src {
 /* psd's collector (a ps_metrics_collect_fn, common/metrics.h; ctx is a
  * psd_metrics_src): writes every psd_* family, reading the shard's
  * counters and histograms and, briefly, its locks. Any thread. The
- * families and their meaning are listed in server/metrics.c and the
- * README's Operations section. */
+ * families and their meaning are listed in server/metrics.c and
+ * doc/operating.md, "Metrics: Prometheus". */
 void psd_metrics_collect(ps_metrics *m, void *ctx);
 
 #endif

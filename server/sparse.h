@@ -1,7 +1,7 @@
 /*
  * sparse.h - sparse embedding tables: rows of `dim` float32 keyed by int64
  * id, created on first push, stored in LMDB, updated by any optimizer of
- * optim.h one row at a time (README "Sparse embedding tables").
+ * optim.h one row at a time (doc/sparse.md).
  *
  * A sparse table is a variable of the shard (psd_var, spec.sparse set, shape
  * [dim]) with a struct psd_sparse beside it. Its rows live in the store's

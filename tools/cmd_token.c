@@ -1,7 +1,7 @@
 /*
  * cmd_token.c - psctl token: a fresh token for a --tokens file and the
- * --token-file of a client (see common/auth.h and README "Tokens and
- * roles").
+ * --token-file of a client (see common/auth.h and doc/security.md, "Tokens
+ * and roles").
  */
 #include "tools/psctl.h"
 

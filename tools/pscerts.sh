@@ -1,6 +1,6 @@
 #!/bin/sh
 # pscerts - makes a CA and a certificate per task for psd, pscoord,
-# workerd and psctl (README, "Transport security (TLS)").
+# workerd and psctl (doc/security.md, "Transport security (TLS)").
 #
 #   pscerts --out DIR [--days N] [--new-ca] [--tokens] NAME[=SAN,SAN...]...
 #

@@ -1,7 +1,7 @@
 /*
  * strategy.h - workerd's --strategy: TensorFlow's distribution strategies
- * as settings of workerd's finer flags (README "Strategies and multi-worker
- * all-reduce" has the table), and multi_worker_mirrored's closing line.
+ * as settings of workerd's finer flags (doc/strategies.md, "Strategies",
+ * has the table), and multi_worker_mirrored's closing line.
  *
  * Threads and lifetime: plain functions of their arguments, called from
  * workerd's main thread.

@@ -119,7 +119,7 @@ const ps_opt wd_opts[] = {
      "move gradients and values through memory shared with psd, not its "
      "socket: auto = with a psd reached by its unix socket (--ps unix:PATH, "
      "or, with --coordinator, each shard on this host that has one: same host "
-     "id, see PS_HOST_ID in README; psd takes shared memory over nothing "
+     "id, PS_HOST_ID in doc/operating.md; psd takes shared memory over nothing "
      "else), on = with every psd (one "
      "that will not map it says so, and the worker sends inline), off = "
      "never", 0, 0,

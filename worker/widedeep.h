@@ -1,7 +1,7 @@
 /*
  * widedeep.h - the wide-and-deep model (Cheng et al. 2016) on images, and
- * its training loop against psd's sparse tables (README "Sparse embedding
- * tables").
+ * its training loop against psd's sparse tables (doc/sparse.md, "Wide
+ * and deep").
  *
  * Spec "widedeep" or "widedeep:E-H" (embedding dim E, default 16; hidden
  * width H, default 64). Each pixel is quantized to 4 levels (v * 4, 0..3).

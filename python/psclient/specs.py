@@ -189,7 +189,7 @@ _SPARSE_INITS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 @dataclass(frozen=True)
 class SparseTable:
     """A sparse embedding table: rows of `dim` float32 keyed by int64 id,
-    created on first push (README "Sparse embedding tables"). It lives on
+    created on first push (doc/sparse.md). It lives on
     every shard of the job; an id's row on shard jump(splitmix64(id)).
     initializer (None: zeros; glorot_uniform is refused) draws each row from
     (seed, id) alone; optimizer None: the one given to

@@ -2,10 +2,10 @@
 clients push, restart it on the same data directory, and check that every
 variable is back, uncorrupted, at a version the promise allows.
 
-The promise (README, "Durability"): with write-behind commits every 20 ms,
-a kill -9 loses at most the pushes acknowledged in the last 100 ms
-(PROMISE_MS: the commit interval plus one commit); with
---durable it loses nothing acknowledged; SIGTERM loses nothing.
+The promise (doc/operating.md, "Durability"): with write-behind commits
+every 20 ms, a kill -9 loses at most the pushes acknowledged in the last
+100 ms (PROMISE_MS: the commit interval plus one commit); with --durable
+it loses nothing acknowledged; SIGTERM loses nothing.
 
 Every push is a gradient of ones under SGD with learning rate 1 on a
 variable initialized to zeros, so a variable at version v must hold exactly

@@ -1,7 +1,7 @@
 """Durability of sparse tables: SIGKILL psd while clients push sparse rows,
 restart it on the same data directory, and check that the rows are back at
-counts the promise allows (README, "Durability"): write-behind loses at
-most the pushes acknowledged in the last 100 ms, --durable none.
+counts the promise allows (doc/operating.md, "Durability"): write-behind
+loses at most the pushes acknowledged in the last 100 ms, --durable none.
 
 Thread i pushes ids [i, 1000 + i, 1000 + i] with gradients of ones under
 SGD (learning rate 1, zeros): row i must be exactly -n and row 1000 + i
