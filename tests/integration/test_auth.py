@@ -443,6 +443,15 @@ def test_fixh(d):
     # SetSyncWorkers: at most the workers the job's SYNC variables are made for.
     p = start_psd()
     s = ps_stub(p)
+    # ... and those are bounded by the server: a spec of 65536 workers
+    # raised the cap for any caller that may create a variable.
+    expect("fixh: a SYNC variable for 65536 workers",
+           lambda: s.CreateVariable(var("big", consistency=pb.SYNC, num_workers=65536),
+                                    timeout=5),
+           grpc.StatusCode.INVALID_ARGUMENT, "--max-sync-workers", "1024", "65536")
+    expect("fixh: ... so SetSyncWorkers(65536) stays refused",
+           lambda: s.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=65536), timeout=5),
+           grpc.StatusCode.INVALID_ARGUMENT)
     s.CreateVariable(var("sv", consistency=pb.SYNC, num_workers=2), timeout=5)
     expect("fixh: SetSyncWorkers(65536) for a job of 2 workers",
            lambda: s.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=65536), timeout=5),
