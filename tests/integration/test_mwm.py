@@ -30,7 +30,7 @@ BOUND = 240
 def train_pair(r, name, extra):
     job = mwmjob.Job(name)
     try:
-        args = ["--num-workers", "2", "--model", "softmax", "--checksum-every", "1"] + extra
+        args = ["--workers", "2", "--model", "softmax", "--checksum-every", "1"] + extra
         for i in range(2):
             job.start(i, args)
         codes = job.wait(BOUND)
@@ -123,8 +123,8 @@ def kv_checks(r):
         r.refused("KvSet of a key outside the rendezvous", lambda: kset(w0, "a", b"x"),
                   D, "not a key of the rendezvous")
         got = pstest.wait_until(
-            lambda: c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).generation, 10)
-        g = c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).generation
+            lambda: c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).group_generation, 10)
+        g = c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).group_generation
         gen = int(kget(w0, ["generation"]).values[0])
         r.check(got and gen == g and gen != 999999,
                 "the generation is pscoord's: %d, as GetCluster says" % gen)
@@ -147,7 +147,7 @@ def kv_checks(r):
         # A worker outside generation g does not learn its members' addresses.
         w2 = worker(2)
         pstest.wait_until(lambda: c.GetCluster(pb.GetClusterRequest(job_id="job"),
-                                               timeout=5).generation > g, 10)
+                                               timeout=5).group_generation > g, 10)
         r.refused("a rank address read by a worker outside its generation",
                   lambda: kget(w2, ["gen/%d/0" % g]), D, "members of generation")
         # Caps: 1 MiB values from as many workers as it takes pass 32 MiB.
@@ -177,8 +177,8 @@ def refusals(r):
     # Members with different models: refused at rendezvous.
     job = mwmjob.Job("models")
     try:
-        job.start(0, ["--num-workers", "2", "--model", "softmax"])
-        job.start(1, ["--num-workers", "2", "--model", "mlp:784-32-10"])
+        job.start(0, ["--workers", "2", "--model", "softmax"])
+        job.start(1, ["--workers", "2", "--model", "mlp:784-32-10"])
         codes = job.wait(60)
         outs = [job.log(i) for i in range(2)]
         r.check(codes == {0: 1, 1: 1} and all("trains another model" in o for o in outs)
@@ -191,7 +191,7 @@ def refusals(r):
     job = mwmjob.Job("alone")
     try:
         t0 = time.monotonic()
-        job.start(0, ["--num-workers", "2", "--rendezvous-timeout", "2s"])
+        job.start(0, ["--workers", "2", "--rendezvous-timeout", "2s"])
         codes = job.wait(60)
         out = job.log(0).strip().splitlines()
         r.check(codes == {0: 1} and "workers missing: 1" in out[-1] and
@@ -204,7 +204,7 @@ def refusals(r):
                         ("nosuchhost.invalid", "nosuchhost.invalid")]:
         job = mwmjob.Job("host")
         try:
-            job.start(0, ["--num-workers", "1", "--allreduce-host", host])
+            job.start(0, ["--workers", "1", "--allreduce-host", host])
             codes = job.wait(60)
             out = job.log(0).strip().splitlines()
             r.check(codes == {0: 1} and len(out) == 1 and words in out[0],
