@@ -53,6 +53,7 @@ static int do_register(ps_coord *c, int index, ps_rpc_status *st)
     req.address = c->address;
     req.local_address = c->local_address;
     req.host_id = c->host_id;
+    req.insecure_collective = c->o.insecure_collective;
     req.empty = c->o.is_empty != NULL ? c->o.is_empty(c->o.ctx) : c->o.empty;
     pthread_mutex_lock(&c->mu);
     char secret[sizeof c->secret];

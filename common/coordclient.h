@@ -48,6 +48,8 @@ typedef struct ps_coord_opts {
     const char *local_address; /* ps: "unix:/path" of its local socket; NULL
                                   or "": none */
     const char *host_id;       /* ps: common/hostid.h; NULL or "": none */
+    bool insecure_collective;  /* worker: all-reduce in plaintext on a
+                                  non-loopback address (published) */
 } ps_coord_opts;
 
 /* Registers (retrying UNAVAILABLE, and ALREADY_EXISTS or PERMISSION_DENIED

@@ -440,6 +440,21 @@ static bool host_is_loopback(const char *host)
     return all;
 }
 
+bool ps_tls_host_is_loopback(const char *host)
+{
+    if (host == NULL)
+        return false;
+    /* A bracketed IPv6 literal, as "[::1]". */
+    char h[256];
+    size_t n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof h) {
+        memcpy(h, host + 1, n - 2);
+        h[n - 2] = '\0';
+        return host_is_loopback(h);
+    }
+    return host_is_loopback(host);
+}
+
 int ps_tls_check_listen(const char *listen, const ps_tls_opts *o,
                         bool insecure, char *err, size_t errlen)
 {

@@ -123,6 +123,10 @@ bool ps_tls_is_unix(const char *addr);
 int ps_tls_check_listen(const char *listen, const ps_tls_opts *o,
                         bool insecure, char *err, size_t errlen);
 
+/* True when host (a name, an address, or "[v6]") resolves to loopback
+ * addresses only: 127.0.0.0/8 and ::1. "" and unresolvable names are not. */
+bool ps_tls_host_is_loopback(const char *host);
+
 /* ---- the flags --------------------------------------------------------- */
 
 /* The TLS flags as a daemon's or tool's config struct holds them (each a

@@ -304,6 +304,7 @@ static int tasks_info_locked(coord *c, struct coord_cluster *s, int64_t now)
         s->ntasks++;
         memcpy(ti->local_address, t->local_address, sizeof ti->local_address);
         memcpy(ti->host_id, t->host_id, sizeof ti->host_id);
+        ti->insecure_collective = t->insecure_collective;
         ti->role = t->role;
         ti->index = (uint32_t)t->index;
         ti->alive = t->state == CT_ALIVE;

@@ -169,6 +169,7 @@ struct coord_register_req {
      * (common/hostid.h); NULL or "": none. Published for workers. */
     const char *local_address;
     const char *host_id;
+    bool insecure_collective; /* worker: --insecure-collective in use */
     bool empty;           /* a ps that holds no variables (restore it) */
     const char *secret;   /* the task secret it was given; NULL or "" */
     /* The edge's finding (see probe_incarnation below): the ps serving the
@@ -184,6 +185,7 @@ struct coord_task_info {
     char *address;        /* "" when it serves nothing */
     char local_address[COORD_LOCAL_MAX]; /* ps: "unix:/path" or "" */
     char host_id[COORD_LOCAL_MAX];       /* "" when not given */
+    bool insecure_collective;            /* as registered */
     bool alive;
     uint64_t incarnation;
     uint64_t step;

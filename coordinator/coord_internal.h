@@ -29,6 +29,7 @@ struct ctask {
     char *address;          /* "" when it serves nothing; never NULL */
     char local_address[COORD_LOCAL_MAX]; /* coord_register_req's */
     char host_id[COORD_LOCAL_MAX];
+    bool insecure_collective; /* coord_register_req's */
     uint64_t incarnation;   /* 0: never registered */
     enum ctask_state state;
     int64_t heard_ms;       /* last register or heartbeat; -1 = never here */

@@ -359,6 +359,11 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
              k->req->local_address != NULL ? k->req->local_address : "");
     snprintf(t->host_id, sizeof t->host_id, "%s",
              k->req->host_id != NULL ? k->req->host_id : "");
+    t->insecure_collective = k->req->insecure_collective;
+    if (t->insecure_collective)
+        ps_log_warn("%s[%d] runs its all-reduce in plaintext on %s "
+                    "(--insecure-collective)", ps_role_name(k->role), k->index,
+                    coord_addr_or_none(k->addr));
     enum ctask_state was = t->state;
     /* A new holder gets a new secret; the holder itself keeps its own. */
     if (!restart && (rc = coord_secret_new(t)) != 0)

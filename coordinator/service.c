@@ -168,6 +168,7 @@ static int task_pb(const struct coord_task_info *t, Ps__V1__TaskInfo *ti)
     ti->role = role_out(t->role);
     ti->index = t->index;
     ti->alive = t->alive;
+    ti->insecure_collective = t->insecure_collective;
     ti->incarnation = t->incarnation;
     ti->step = t->step;
     ti->examples_per_second = t->examples_per_second;
@@ -303,6 +304,7 @@ static void on_register(coord_service *s, ps_rpc_call *call, const void *req)
                                     .address = r->address,
                                     .local_address = r->local_address,
                                     .host_id = r->host_id,
+                                    .insecure_collective = r->insecure_collective,
                                     .empty = r->empty,
                                     .secret = r->task_secret};
     role_in(r->role, &in.role, &in.role_sent);

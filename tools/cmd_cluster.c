@@ -240,6 +240,17 @@ static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
             c->n_placement, c->n_placement == 1 ? "" : "s", c->num_ps, split);
     else
         ROW("placement", "none yet");
+    /* multi_worker_mirrored workers whose all-reduce crosses the network
+     * in plaintext: Gloo and NCCL encrypt nothing. */
+    char coll[512] = "";
+    size_t clen = 0;
+    for (size_t i = 0; i < c->n_tasks && clen < sizeof coll - 32; i++)
+        if (c->tasks[i]->insecure_collective)
+            clen += (size_t)snprintf(coll + clen, sizeof coll - clen, "%s%s[%u]",
+                                     clen > 0 ? ", " : "", role_label(c->tasks[i]->role),
+                                     c->tasks[i]->index);
+    if (clen > 0)
+        ROW("collective", "plaintext on the network (--insecure-collective): %s", coll);
 #undef ROW
     int aw = (int)strlen("ADDRESS");
     for (size_t i = 0; i < c->n_tasks; i++) {

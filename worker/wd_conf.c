@@ -167,6 +167,10 @@ const ps_opt wd_opts[] = {
     {"allreduce-host", PS_OPT_STRING, offsetof(struct wd_conf, allreduce_host),
      "127.0.0.1", "multi_worker_mirrored: the address this worker's all-reduce "
      "listens on (its peers connect to it; a free port is picked)", 0, 0, NULL},
+    {"insecure-collective", PS_OPT_BOOL, offsetof(struct wd_conf, insecure_collective),
+     "false", "multi_worker_mirrored: let the all-reduce listen on an --allreduce-host "
+     "that is not loopback; its gradients then cross the network in plaintext (Gloo "
+     "and NCCL encrypt nothing), which is logged and shown by psctl status", 0, 0, NULL},
     /* 5 s: well past a loaded step on 2 cores, and short enough that a dead
      * peer costs little beside the coordinator's heartbeat timeout (3 s). */
     {"allreduce-timeout", PS_OPT_DURATION_MS, offsetof(struct wd_conf, allreduce_timeout_ms),

@@ -63,6 +63,7 @@ struct wd_conf {
     char token[PS_AUTH_TOKEN_MAX + 1]; /* what token_file holds, or "" */
     int strategy;               /* enum wd_strategy (worker/strategy.h) */
     char *allreduce_host;
+    bool insecure_collective;   /* --insecure-collective */
     int64_t allreduce_timeout_ms;
     int64_t rendezvous_timeout_ms;
     int allreduce_algorithm;

@@ -464,6 +464,24 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
     return 0;
 }
 
+/* multi_worker_mirrored: Gloo's TCP transport and NCCL have neither
+ * encryption nor authentication, so off loopback the gradients travel in
+ * the clear: that needs --insecure-collective, and is logged. Returns 0, or
+ * 2 after one line on stderr. */
+static int check_collective(const struct wd_conf *c)
+{
+    if (ps_tls_host_is_loopback(c->allreduce_host))
+        return 0;
+    if (!c->insecure_collective)
+        return fail(2, "--allreduce-host %s is not a loopback address: the all-reduce "
+                    "is plaintext; allow it with --insecure-collective",
+                    c->allreduce_host);
+    ps_log_warn("--insecure-collective: the all-reduce listens on %s in plaintext; "
+                "gradients cross the network unencrypted and unauthenticated",
+                c->allreduce_host);
+    return 0;
+}
+
 /* multi_worker_mirrored: registers (the heartbeats tell pscoord who is
  * alive, which decides the generations) and learns the worker count unless
  * --workers gave it. Returns the exit status. */
@@ -471,10 +489,12 @@ static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char
                     int *nps, char *store, size_t storelen)
 {
     char err[1024];
+    bool open_net = !ps_tls_host_is_loopback(c->allreduce_host);
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__WORKER, .index = (int)c->task_index,
                         .address = c->allreduce_host, .register_budget_ms = 60000,
-                        .on_directive = on_directive};
+                        .on_directive = on_directive,
+                        .insecure_collective = open_net};
     int idx = 0;
     if (ps_coord_join(&co, coord, &idx, err, sizeof err) != 0)
         return fail(1, "%s", err);
@@ -987,6 +1007,9 @@ int main(int argc, char **argv)
     if (status != 0)
         goto out;
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    if (c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED && !evaluator &&
+        (status = check_collective(&c)) != 0)
+        goto out;
     /* Every call, to psd and to pscoord, with the same TLS. */
     ps_tls_opts tls = ps_tls_opts_of(&c.tls);
     char tls_err[512];

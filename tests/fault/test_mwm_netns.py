@@ -87,7 +87,8 @@ def main():
     job = mwmjob.Job("netns", wrapper=wrap("c"), listen=ADDR["c"] + ":0")
     try:
         for i in range(3):
-            job.start(i, ARGS + ["--allreduce-host", ADDR["w%d" % i]],
+            job.start(i, ARGS + ["--allreduce-host", ADDR["w%d" % i],
+                                  "--insecure-collective"],
                       wrapper=wrap("w%d" % i), coord_host=ADDR["c"])
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

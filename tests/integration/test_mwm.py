@@ -204,7 +204,8 @@ def refusals(r):
                         ("nosuchhost.invalid", "nosuchhost.invalid")]:
         job = mwmjob.Job("host")
         try:
-            job.start(0, ["--workers", "1", "--allreduce-host", host])
+            job.start(0, ["--workers", "1", "--allreduce-host", host,
+                          "--insecure-collective"])
             codes = job.wait(60)
             out = job.log(0).strip().splitlines()
             r.check(codes == {0: 1} and len(out) == 1 and words in out[0],
@@ -231,6 +232,69 @@ def refusals(r):
             "--strategy one_device trains alone (%s)" % p.stderr.strip()[-200:])
 
 
+def own_address():
+    """One of this machine's own IPv4 addresses outside 127/8, or None."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        words = line.split()
+        if "inet" in words:
+            a = words[words.index("inet") + 1].split("/")[0]
+            if not a.startswith("127."):
+                return a
+    return None
+
+
+def insecure_collective(r):
+    """Gloo and NCCL encrypt nothing: off loopback the all-reduce needs
+    --insecure-collective, which is logged and shown by psctl status. The
+    whole of 127/8 is loopback."""
+    host = own_address()
+    # 127.0.0.2 is loopback: no flag needed.
+    job = mwmjob.Job("lo2")
+    try:
+        job.start(0, ["--workers", "1", "--steps", "3", "--allreduce-host", "127.0.0.2"])
+        codes = job.wait(60)
+        r.check(codes == {0: 0}, "--allreduce-host 127.0.0.2 trains without the flag (%s)"
+                % job.log(0).strip().splitlines()[-1:])
+    finally:
+        job.close()
+    if host is None:
+        print("SKIP: no non-loopback IPv4 address on this machine")
+        return
+    job = mwmjob.Job("open")
+    try:
+        job.start(0, ["--workers", "1", "--steps", "3", "--allreduce-host", host])
+        codes = job.wait(60)
+        out = job.log(0).strip().splitlines()
+        r.check(codes == {0: 2} and len(out) == 1 and "--insecure-collective" in out[0]
+                and host in out[0],
+                "--allreduce-host %s without --insecure-collective: exit 2, one line "
+                "naming the flag (%s, %s)" % (host, codes, out))
+    finally:
+        job.close()
+    job = mwmjob.Job("open-ok")
+    try:
+        job.start(0, ["--workers", "1", "--steps", "3", "--allreduce-host", host,
+                      "--insecure-collective"])
+        codes = job.wait(60)
+        log = job.log(0)
+        r.check(codes == {0: 0} and "--insecure-collective" in log and "plaintext" in log,
+                "--allreduce-host %s --insecure-collective trains, with a warning (%s)"
+                % (host, log.strip().splitlines()[:2]))
+        p = subprocess.run([mwmjob.build_path("tools", "psctl"), "status", "--coordinator",
+                            job.coord_addr()], capture_output=True, text=True, timeout=30)
+        line = [x for x in p.stdout.splitlines() if x.startswith("collective")]
+        r.check(p.returncode == 0 and len(line) == 1 and "worker[0]" in line[0]
+                and "--insecure-collective" in line[0],
+                "psctl status shows worker[0]'s plaintext collective (%s)" % line)
+    finally:
+        job.close()
+
+
 def main():
     r = pstest.Results("mwm")
     ring = train_pair(r, "ring", ["--epochs", "1", "--allreduce-algorithm", "ring"])
@@ -241,6 +305,7 @@ def main():
                                        "halving_doubling"])
     kv_checks(r)
     refusals(r)
+    insecure_collective(r)
     r.finish()
 
 
