@@ -223,26 +223,6 @@ static int start_coord(const char *path)
 
 /* ---- one rank ------------------------------------------------------------ */
 
-static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
-                  size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_set(ctx, key, val, len, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvSet %.100s: %.400s", key, st.message);
-    return rc;
-}
-
-static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t *len,
-                  char *err, size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_get(ctx, key, timeout_ms, val, len, NULL, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvGet %.100s: %.400s", key, st.message);
-    return rc;
-}
-
 static float input(int rank, size_t i)
 {
     return (float)((rank + 1) * (int)(i % 7 + 1));
@@ -297,7 +277,7 @@ static int rank_main(const struct opts *o, int port, int run, int rank, int size
     ps_coord *pc = NULL;
     if (ps_coord_join(&co, &pc, NULL, r->err, sizeof r->err) != 0)
         return 2;
-    struct wd_coll_store store = {.ctx = pc, .set = kv_set, .get = kv_get};
+    struct wd_coll_store store = wd_coll_coord_store(pc);
     struct wd_coll_opts go = {.rank = rank, .size = size, .prefix = prefix,
                               .host = "127.0.0.1", .timeout_ms = 30000,
                               .algorithm = algo, .store = &store};
@@ -311,12 +291,12 @@ static int rank_main(const struct opts *o, int port, int run, int rank, int size
         char key[96];
         snprintf(key, sizeof key, "%sdone/%d", prefix, rank);
         char e[1024];
-        kv_set(pc, key, "1", 2, e, sizeof e);
+        store.set(pc, key, "1", 2, e, sizeof e);
         for (int p = 0; p < size; p++) {
             void *v = NULL;
             size_t len = 0;
             snprintf(key, sizeof key, "%sdone/%d", prefix, p);
-            if (kv_get(pc, key, 60000, &v, &len, e, sizeof e) == 0)
+            if (store.get(pc, key, 60000, &v, &len, e, sizeof e) == 0)
                 free(v);
         }
         wd_coll_destroy(c);
