@@ -24,15 +24,7 @@ sys.path.insert(0, HERE)
 import pyenv  # noqa: E402
 import pstest  # noqa: E402
 
-if os.environ.get("PSCLIENT_TF_VENV") != "1":
-    py, why = pyenv.tf_python()
-    if py is None:
-        print("skip: keras: %s" % why)
-        sys.exit(77)
-    os.environ["PSCLIENT_TF_VENV"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+pyenv.reexec_tf("keras")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -172,13 +164,7 @@ def main():
     ds = [pstest.Daemon([pstest.psd_path(), "--data-dir", pstest.tmpdir("pykemb-"),
                          "--listen", "127.0.0.1:0", "--log-level", "warn"]) for _ in range(2)]
     c = Client([d.address for d in ds])
-    for t in (test_fit, test_tape, test_hybrid, test_badinput):
-        try:
-            t(c)
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "%s raised %s: %s" % (t.__name__, type(e).__name__, e))
+    r.run((test_fit, test_tape, test_hybrid, test_badinput), c)
     c.close()
     for d in ds:
         d.stop()
