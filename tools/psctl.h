@@ -103,6 +103,16 @@ struct conn_cfg {
      NULL, "deadline of each call to psd (default: 10s)", 1, 3600000, NULL, \
      "timeout"}
 
+/* --coordinator and --rpc-timeout of a command that asks pscoord: type has
+ * members coordinator and timeout_ms; timeout_help says what the deadline
+ * bounds. */
+#define COORD_OPTS(type, timeout_help)                                      \
+    {"coordinator", PS_OPT_STRING, offsetof(type, coordinator), NULL,       \
+     "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "             \
+     DEFAULT_COORDINATOR ")", 0, 0, NULL},                                  \
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(type, timeout_ms), NULL,   \
+     timeout_help, 1, 3600000, NULL, "timeout"}
+
 /* A command with no options of its own: it still gets --help. */
 extern const ps_opt no_opts[];
 
