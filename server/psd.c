@@ -98,7 +98,8 @@ static const ps_opt psd_opts[] = {
      "checkpoints go to DIR/checkpoints/<step> (default: the data dir); put it "
      "where it outlives the data dir, so a wiped shard can be restored", 0, 0, NULL},
     {"coordinator", PS_OPT_STRING, offsetof(struct psd_conf, coordinator), NULL,
-     "pscoord host:port to register with as a ps task (none: standalone)", 0, 0, NULL},
+     "pscoord host:port to register with as a ps task (default: TF_CONFIG's "
+     "chief, else none: standalone)", 0, 0, NULL},
     {"job-id", PS_OPT_STRING, offsetof(struct psd_conf, job_id), "job",
      "the job this shard belongs to (checked by the coordinator)", 0, 0, NULL},
     {"task-index", PS_OPT_INT, offsetof(struct psd_conf, task_index), "-1",
@@ -280,8 +281,20 @@ struct psd {
     bool probe_exit;    /* ... because the listener stopped accepting: exit 1 */
 };
 
-/* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
- * address, and take its index and the job id, unless flags say else.
+/* The port of a host:port (or unix:PATH: -1). */
+static int port_of(const char *addr)
+{
+    char host[256];
+    int port;
+    return ps_addr_split(addr, host, sizeof host, &port) == 0 ? port : -1;
+}
+
+/* TF_CONFIG, as TensorFlow's tasks read it: naming this task ps[i], psd
+ * serves on that address's port, advertises it, and takes the index and
+ * the job id; a chief in the cluster is the coordinator (pscoord does the
+ * chief's duties). A flag left unset takes TF_CONFIG's value; a flag that
+ * disagrees with it (another index, another port, another coordinator) is
+ * refused with one line naming both, since one of the two is a mistake.
  * Returns PS_PROC_RUN, or 2 after the error line. */
 static int tf_config_defaults(struct psd *d)
 {
@@ -294,14 +307,34 @@ static int tf_config_defaults(struct psd *d)
         return PS_PROC_RUN;
     if (rc != 0)
         return ps_proc_quit(&d->cmd, 2, "%s", err);
+    int status = PS_PROC_RUN;
     if (tf.has_task && tf.task_role != PS_ROLE_PS) {
-        rc = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
-                          ps_role_name(tf.task_role), tf.task_index);
-        ps_cluster_close(&tf);
-        return rc;
+        status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
+                              ps_role_name(tf.task_role), tf.task_index);
+        goto close;
     }
+    const char *chief = ps_cluster_task_address(&tf, PS_ROLE_CHIEF, 0);
+    if (chief != NULL && c->coordinator != NULL && c->coordinator[0] != '\0' &&
+        strcmp(chief, c->coordinator) != 0) {
+        status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG's chief is %s but --coordinator "
+                              "says %s", chief, c->coordinator);
+        goto close;
+    }
+    if (chief != NULL && c->coordinator == NULL)
+        c->coordinator = strdup(chief);
     if (tf.has_task) {
         const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
+        if (c->task_index >= 0 && c->task_index != tf.task_index) {
+            status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task ps[%d] but "
+                                  "--task-index says %lld", tf.task_index,
+                                  (long long)c->task_index);
+            goto close;
+        }
+        if (c->listen != NULL && port_of(c->listen) != port_of(addr)) {
+            status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG's ps[%d] is %s but --listen "
+                                  "says %s", tf.task_index, addr, c->listen);
+            goto close;
+        }
         /* The task's own address, as given: a name or address others
          * reach it at, so not loopback unless the cluster is one host. */
         if (c->listen == NULL && addr != NULL)
@@ -315,8 +348,9 @@ static int tf_config_defaults(struct psd *d)
             c->job_id = strdup(tf.job_id);
         }
     }
+close:
     ps_cluster_close(&tf);
-    return PS_PROC_RUN;
+    return status;
 }
 
 /* The loopback rule and the process's identity as a client (its calls to
