@@ -86,6 +86,26 @@ def run_workers(script, address, seed, timeout):
     return outs
 
 
+def through_psd(script, address, seed, model, optimizer_class, snapshot, accuracy, test,
+                timeout):
+    """The psd side of one seed: model's variables made on psd by
+    optimizer_class (the framework's PSOptimizer), WORKERS processes of
+    script trained through it, then model pulled. Returns (snapshot(model)
+    of the first values, the workers' outputs, accuracy(model, *test), the
+    pushes psd counted)."""
+    import psclient
+    with psclient.Client([address], worker=0) as c:
+        before = c.stats()[0].pushes
+        opt = optimizer_class(model, c, optimizer=psclient.Optimizer.sgd(LR),
+                              prefix="s%d/" % seed, seed=seed)
+        init = snapshot(model)
+        outs = run_workers(script, address, seed, timeout)
+        opt.pull()
+        acc_ps = accuracy(model, *test)
+        pushes = c.stats()[0].pushes - before
+    return init, outs, acc_ps, pushes
+
+
 def check_train(r, framework, run_seed, address):
     """The comparison above over SEEDS seeds: run_seed(address, seed, data)
     returns (acc_ps, acc_alone, outs, pushes, steps_alone)."""

@@ -113,16 +113,9 @@ def test_step(r, address):
 
 def run_seed(address, seed, data):
     x, y, xt, yt = data
-    model = make_model()
-    with psclient.Client([address], worker=0) as c:
-        before = c.stats()[0].pushes
-        opt = PSOptimizer(model, c, optimizer=psclient.Optimizer.sgd(fmnist.LR),
-                          prefix="s%d/" % seed, seed=seed)
-        init = model.get_weights()
-        outs = fmnist.run_workers(__file__, address, seed, 900)
-        opt.pull()
-        acc_ps = accuracy(model, xt, yt)
-        pushes = c.stats()[0].pushes - before
+    init, outs, acc_ps, pushes = fmnist.through_psd(
+        __file__, address, seed, make_model(), PSOptimizer, lambda m: m.get_weights(),
+        accuracy, (xt, yt), 900)
     alone = make_model()
     alone.set_weights(init)
     s_alone, _, _ = train(alone, keras_sgd(alone), x, y, 0, 1, seed)

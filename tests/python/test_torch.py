@@ -149,16 +149,9 @@ def run_seed(address, seed, data):
     """One seed: 2 processes through psd, then PyTorch alone from the same
     first values. Returns (acc_ps, acc_alone, outs, pushes, steps_alone)."""
     x, y, xt, yt = data
-    model = make_model()
-    with psclient.Client([address], worker=0) as c:
-        before = c.stats()[0].pushes
-        opt = PSOptimizer(model, c, optimizer=psclient.Optimizer.sgd(fmnist.LR),
-                          prefix="s%d/" % seed, seed=seed)
-        init = {k: v.clone() for k, v in model.state_dict().items()}
-        outs = fmnist.run_workers(__file__, address, seed, 600)
-        opt.pull()
-        acc_ps = accuracy(model, xt, yt)
-        pushes = c.stats()[0].pushes - before
+    init, outs, acc_ps, pushes = fmnist.through_psd(
+        __file__, address, seed, make_model(), PSOptimizer,
+        lambda m: {k: v.clone() for k, v in m.state_dict().items()}, accuracy, (xt, yt), 600)
     alone = make_model()
     alone.load_state_dict(init)
     torch.set_num_threads(1)
