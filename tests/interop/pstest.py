@@ -188,6 +188,17 @@ def in_threads(fn, n, timeout):
     return errors
 
 
+def rmdir_soon(path, tries=50, every=0.1):
+    """Removes directory path, again while it is busy (a cgroup whose last
+    process is still exiting), up to tries times every seconds."""
+    for _ in range(tries):
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(every)
+
+
 def free_port():
     """A port free on 127.0.0.1 now (for a daemon told its port up front)."""
     import socket
