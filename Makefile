@@ -30,6 +30,7 @@ DEB_PACKAGES := \
 	python3-venv \
 	libgloo-dev \
 	python3-setuptools python3-pip python3-torch mypy \
+	liburing-dev \
 	docker.io docker-compose debootstrap \
 	$(if $(shell command -v kubectl),,kubernetes-client)
 

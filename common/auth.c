@@ -266,8 +266,13 @@ static int table_load(const char *path, struct table *t, char *err,
                  strerror(e));
         return -e;
     }
+    /* As ssh treats a private key: a file of clear tokens that a group or
+     * others may read is refused, and so is any that they may write (they
+     * could add a token of their own), hashes or not. */
     struct stat st;
-    bool others = fstat(fileno(f), &st) == 0 && (st.st_mode & S_IROTH);
+    bool stat_ok = fstat(fileno(f), &st) == 0;
+    bool others_read = stat_ok && (st.st_mode & (S_IRGRP | S_IROTH));
+    bool others_write = stat_ok && (st.st_mode & (S_IWGRP | S_IWOTH));
     char line[PS_AUTH_TOKEN_MAX + 128], why[160];
     int rc = 0, lineno = 0;
     bool any_plain = false;
@@ -293,9 +298,14 @@ static int table_load(const char *path, struct table *t, char *err,
     } else if (t->n == 0) {
         snprintf(err, errlen, "%s: no tokens (lines 'ROLE TOKEN')", path);
         rc = PS_EPARSE;
-    } else if (any_plain && others) {
-        snprintf(err, errlen, "%s: holds tokens in the clear and others may "
-                 "read it (mode %03o): chmod 600, or write 'ROLE sha256:HEX'",
+    } else if (others_write) {
+        snprintf(err, errlen, "%s: group or others may write the token file "
+                 "(mode %03o): chmod go-w (600 for tokens in the clear)", path,
+                 (unsigned)(st.st_mode & 0777));
+        rc = PS_EINVAL_ARG;
+    } else if (any_plain && others_read) {
+        snprintf(err, errlen, "%s: holds tokens in the clear and group or others "
+                 "may read it (mode %03o): chmod 600, or write 'ROLE sha256:HEX'",
                  path, (unsigned)(st.st_mode & 0777));
         rc = PS_EINVAL_ARG;
     }
@@ -551,10 +561,15 @@ int ps_auth_read_token(const char *path, char *out, size_t outlen, char *err,
                  strerror(e));
         return -e;
     }
+    /* The token itself: refused when a group or others may read or write
+     * the file, as ssh refuses such a private key. */
     struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & S_IROTH))
-        ps_log_warn("token file %s may be read by others (mode %03o): "
-                    "chmod 600", path, (unsigned)(st.st_mode & 0777));
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077)) {
+        snprintf(err, errlen, "%s: group or others may read or write the token "
+                 "file (mode %03o): chmod 600", path, (unsigned)(st.st_mode & 0777));
+        fclose(f);
+        return PS_EINVAL_ARG;
+    }
     char line[PS_AUTH_TOKEN_MAX + 128], why[128] = "";
     int lineno = 0, rc = PS_EPARSE;
     while (fgets(line, sizeof line, f) != NULL) {

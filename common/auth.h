@@ -30,8 +30,9 @@
  * The token file: one `ROLE TOKEN` or `ROLE sha256:HEX` per line (HEX the
  * 64 hex digits of the token's SHA-256), blank lines, and comments from a
  * `#` that starts a word (a token may hold a `#`).
- * Tokens are 16 to 512 printable ASCII characters without spaces. A file
- * with plain tokens that others may read is refused. Presented tokens are
+ * Tokens are 16 to 512 printable ASCII characters without spaces. As ssh
+ * treats private keys, a file with plain tokens that a group or others may
+ * read is refused, and so is any token file they may write. Presented tokens are
  * hashed and compared with every entry in constant time.
  *
  * The processor refuses a call before its message is read (an
@@ -87,8 +88,9 @@ void ps_auth_roles_text(unsigned roles, char *out, size_t len);
 typedef struct ps_auth ps_auth;
 
 /* Reads a token file. Returns 0; PS_EPARSE with err "FILE:LINE: what is
- * wrong" for a bad line (or "FILE: no tokens"); PS_EINVAL_ARG when the file
- * holds plain tokens and others may read it; -errno when it cannot be
+ * wrong" for a bad line (or "FILE: no tokens"); PS_EINVAL_ARG when a group
+ * or others may write the file, or read it and it holds plain tokens;
+ * -errno when it cannot be
  * read (err names the file). */
 int ps_auth_create(const char *path, ps_auth **out, char *err, size_t errlen);
 
@@ -143,9 +145,9 @@ void ps_auth_reload_logged(void *ctx);
 
 /* Reads the token a client sends from a file: its first line that is not
  * blank or a comment, either the token alone or `ROLE TOKEN` as in a
- * server's file. Warns (one log line) when others may read the file.
- * Returns 0 with the token in out; PS_EPARSE, or -errno, with err naming
- * the file (and line). */
+ * server's file. Returns 0 with the token in out; PS_EINVAL_ARG when a
+ * group or others may read or write the file; PS_EPARSE, or -errno, with
+ * err naming the file (and line). */
 int ps_auth_read_token(const char *path, char *out, size_t outlen, char *err,
                        size_t errlen);
 

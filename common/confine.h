@@ -7,7 +7,8 @@
  * libsystemd, NCCL to worker/collective_nccl.cu, and CUDA stays in the .cu
  * files (Gloo, being C++, cannot reach a C file at all: only
  * worker/collective_gloo.cc includes it); only worker/backend_pjrt.c sees
- * the PJRT C API (third_party/pjrt).
+ * the PJRT C API (third_party/pjrt); only server/segment.c sees ISA-L's CRC
+ * on psd's side and liburing (and bench/segments.c, for its disk ceiling).
  * Their headers sit in /usr/include, where every compiler finds them, so an
  * include path alone cannot keep them out. The build therefore force-includes
  * this header into every C file of the project (-include, meson.build) and
@@ -44,6 +45,10 @@
 
 #ifndef PS_OWNS_ISAL
 #pragma GCC poison crc32_iscsi
+#endif
+
+#ifndef PS_OWNS_URING
+#pragma GCC poison io_uring_queue_init
 #endif
 
 #ifndef PS_OWNS_MHD

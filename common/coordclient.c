@@ -220,6 +220,12 @@ int ps_coord_kv_set(ps_coord *c, const char *key, const void *val, size_t len,
     req.key = (char *)key;
     req.value.data = (uint8_t *)val;
     req.value.len = len;
+    char secret[sizeof c->secret];
+    pthread_mutex_lock(&c->mu);
+    req.index = (uint32_t)c->index;
+    memcpy(secret, c->secret, sizeof secret);
+    pthread_mutex_unlock(&c->mu);
+    req.task_secret = secret;
     void *resp = NULL;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/KvSet", &req,
                               &ps__v1__kv_set_response__descriptor, &resp, 10000, st);
@@ -237,6 +243,12 @@ int ps_coord_kv_get(ps_coord *c, const char *key, int timeout_ms, void **val,
     req.keys = keys;
     req.n_keys = 1;
     req.timeout_ms = (uint32_t)(timeout_ms > 0 ? timeout_ms : 0);
+    char secret[sizeof c->secret];
+    pthread_mutex_lock(&c->mu);
+    req.index = (uint32_t)c->index;
+    memcpy(secret, c->secret, sizeof secret);
+    pthread_mutex_unlock(&c->mu);
+    req.task_secret = secret;
     void *p = NULL;
     *val = NULL;
     *len = 0;

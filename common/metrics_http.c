@@ -6,6 +6,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/tls.h"
 
 #include <errno.h>
 #include <arpa/inet.h>
@@ -26,6 +27,10 @@
  * holds no slot for ever). */
 #define MAX_CONNECTIONS 64
 #define IDLE_TIMEOUT_S 10
+/* Connections from one address at once: a client that trickles bytes to
+ * stay under the idle timeout (slowloris) holds only these, and the
+ * scrapes of other addresses go on. */
+#define PER_IP_CONNECTIONS 8
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 struct ps_metrics_http {
@@ -220,6 +225,13 @@ int ps_metrics_http_start(const char *addr, ps_metrics_collect_fn collect,
         free(h);
         return rc;
     }
+    /* The page names every variable and the job's progress; it is plain
+     * HTTP without authentication, as Prometheus scrapes by default. */
+    char why[256];
+    if (ps_tls_check_listen(addr, NULL, false, why, sizeof why) != 0)
+        ps_log_warn("--metrics-listen %s is not a loopback address: /metrics is served in "
+                    "plaintext, without authentication, to anyone who can reach it "
+                    "(keep it behind a firewall or a TLS proxy)", addr);
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC | MHD_USE_ERROR_LOG,
         0, NULL, NULL, answer, h,
@@ -227,6 +239,7 @@ int ps_metrics_http_start(const char *addr, ps_metrics_collect_fn collect,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)MAX_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)PER_IP_CONNECTIONS,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)IDLE_TIMEOUT_S,
         /* HTTP/1.1 without Host, spaces in the path: 400, not a guess. */
         MHD_OPTION_STRICT_FOR_CLIENT, (int)1,

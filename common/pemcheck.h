@@ -6,6 +6,9 @@
  * SIGHUP reload, so that a wrong key is one line naming both files and the
  * certificates in use stay in use.
  *
+ * It also reads a certificate's end of validity, for tls.c's warning about
+ * a server certificate that expired or is about to.
+ *
  * Threads and lifetime: pure functions; no state.
  */
 #ifndef PS_PEMCHECK_H
@@ -22,5 +25,10 @@ enum ps_pem_check {
  * NUL-terminated PEM text) and compares the key with the certificate's
  * public key. */
 enum ps_pem_check ps_pem_check_pair(const char *cert_pem, const char *key_pem);
+
+/* The end of the validity of cert_pem's first certificate (its notAfter),
+ * in seconds since 1970, into *out. Returns 0, or -1 when the certificate
+ * or its date cannot be read. */
+int ps_pem_cert_not_after(const char *cert_pem, long long *out);
 
 #endif

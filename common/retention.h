@@ -8,7 +8,9 @@
  * complete. psd applies it to checkpoints/<step>/ with the caller's
  * keep_at_least; pscoord applies it to its job manifests with nothing
  * asked, and asks every psd to keep as many, so that no manifest it still
- * lists loses a shard.
+ * lists loses a shard. "Newest" is by creation for psd (the step is its
+ * caller's word: checkpoint.h), by step for pscoord's manifests (the step
+ * is pscoord's own global step).
  *
  * Threads and lifetime: pure functions.
  */

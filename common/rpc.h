@@ -89,7 +89,8 @@ typedef struct ps_rpc_server_opts {
      * max_connections open and survives running out of descriptors. */
     int max_connections;      /* on the unix socket */
     int handshake_timeout_ms; /* a connection's HTTP/2 preface must come
-                                 within this (GRPC_ARG_SERVER_HANDSHAKE_...) */
+                                 within this (GRPC_ARG_SERVER_HANDSHAKE_...;
+                                 on the unix socket, rpc_local.h) */
     int idle_timeout_ms;      /* a connection with no call for this long is
                                  closed (GRPC_ARG_MAX_CONNECTION_IDLE_MS) */
     int keepalive_ms;         /* pings an idle connection this often and

@@ -25,6 +25,20 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* The client's HTTP/2 connection preface ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):
+ * a connection is handed to gRPC once this many bytes have come. */
+#define PREFACE_LEN 24
+/* How often a connection that sent part of it is looked at again. */
+#define PARTIAL_RECHECK_MS 10
+
+/* A connection accepted but not yet handed to gRPC: its preface has not
+ * all come. */
+struct pending {
+    int fd;
+    int64_t deadline_ms;
+    bool partial; /* some bytes came: poll would not wait for more */
+};
+
 /* One accepted connection, at the index of its descriptor. */
 struct conn {
     bool used;
@@ -39,6 +53,9 @@ struct rpc_local {
     int wake;    /* eventfd: rpc_local_stop */
     int spare;   /* a descriptor kept to let go at EMFILE */
     int max_conns;
+    int handshake_ms; /* the preface must come within this; 0 = no limit */
+    struct pending *pend;
+    size_t npend, cappend;
     grpc_server *server;
     pthread_t th;
     bool started;
@@ -50,7 +67,7 @@ struct rpc_local {
     int64_t last_warn_ms;
 };
 
-int rpc_local_listen(const char *path, int max_conns, rpc_local **out)
+int rpc_local_listen(const char *path, int max_conns, int handshake_ms, rpc_local **out)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof sa.sun_path)
@@ -61,6 +78,7 @@ int rpc_local_listen(const char *path, int max_conns, rpc_local **out)
         return -ENOMEM;
     snprintf(l->path, sizeof l->path, "%s", path);
     l->max_conns = max_conns > 0 ? max_conns : 1 << 30;
+    l->handshake_ms = handshake_ms > 0 ? handshake_ms : 0;
     l->wake = l->spare = -1;
     pthread_mutex_init(&l->mu, NULL);
     int rc = 0;
@@ -153,6 +171,67 @@ static void refuse(rpc_local *l, int fd, const char *why)
     }
 }
 
+static void handoff(rpc_local *l, int fd)
+{
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_add_channel_from_fd(l->server, fd, creds);
+    grpc_server_credentials_release(creds);
+}
+
+/* Waits for fd's preface (or hands it over at once without a handshake
+ * timeout). gRPC's own handshake timeout applies only to the connections
+ * its listener accepts, not to one given by descriptor: without this, a
+ * process that may connect could hold every slot of --max-connections
+ * until the idle timeout by saying nothing. */
+static void pend(rpc_local *l, int fd)
+{
+    if (l->handshake_ms == 0) {
+        handoff(l, fd);
+        return;
+    }
+    if (l->npend == l->cappend) {
+        size_t n = l->cappend ? l->cappend * 2 : 64;
+        struct pending *p = realloc(l->pend, n * sizeof *p);
+        if (p == NULL) {
+            refuse(l, fd, "out of memory");
+            return;
+        }
+        l->pend = p;
+        l->cappend = n;
+    }
+    l->pend[l->npend++] = (struct pending){fd, ps_now_ms() + l->handshake_ms, false};
+}
+
+/* Hands over the pending connections whose preface came, closes the ones
+ * that closed or whose time is up. ready[i]: poll saw pend[i] readable. */
+static void serve_pending(rpc_local *l, const bool *ready)
+{
+    int64_t now = ps_now_ms();
+    size_t keep = 0;
+    for (size_t i = 0; i < l->npend; i++) {
+        struct pending p = l->pend[i];
+        if (ready[i] || p.partial) {
+            char buf[PREFACE_LEN];
+            ssize_t n = recv(p.fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+            if (n == PREFACE_LEN) {
+                handoff(l, p.fd);
+                continue;
+            }
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                close(p.fd);
+                continue;
+            }
+            p.partial = n > 0;
+        }
+        if (now >= p.deadline_ms) {
+            refuse(l, p.fd, "no HTTP/2 preface within --handshake-timeout");
+            continue;
+        }
+        l->pend[keep++] = p;
+    }
+    l->npend = keep;
+}
+
 /* Accepts what is waiting. At EMFILE the spare descriptor is let go so
  * that the connection can be taken and closed (its client sees the close
  * at once instead of waiting in the backlog), and accepting goes on. */
@@ -180,30 +259,68 @@ static void accept_all(rpc_local *l)
                                                                    "credentials");
             continue;
         }
-        grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-        grpc_server_add_channel_from_fd(l->server, fd, creds);
-        grpc_server_credentials_release(creds);
+        pend(l, fd);
     }
 }
 
 static void *accept_main(void *arg)
 {
     rpc_local *l = arg;
+    struct pollfd *p = NULL;
+    bool *ready = NULL;
+    size_t cap = 0;
     for (;;) {
+        if (cap < l->npend + 2) {
+            size_t n = l->npend + 64;
+            struct pollfd *np = realloc(p, n * sizeof *np);
+            bool *nr = np != NULL ? realloc(ready, n * sizeof *nr) : NULL;
+            if (np != NULL)
+                p = np;
+            if (nr != NULL)
+                ready = nr;
+            if (np == NULL || nr == NULL) {
+                ps_log_warn("rpc: the unix socket's acceptor is out of memory");
+                break;
+            }
+            cap = n;
+        }
         /* At the descriptor limit with no spare: the listener is left
          * alone (its backlog waits) and looked at again shortly. */
-        struct pollfd p[2] = {{l->spare < 0 ? -1 : l->lfd, POLLIN, 0},
-                              {l->wake, POLLIN, 0}};
-        int n = poll(p, 2, l->spare < 0 ? 100 : -1);
+        p[0] = (struct pollfd){l->spare < 0 ? -1 : l->lfd, POLLIN, 0};
+        p[1] = (struct pollfd){l->wake, POLLIN, 0};
+        int timeout = l->spare < 0 ? 100 : -1;
+        int64_t now = ps_now_ms();
+        for (size_t i = 0; i < l->npend; i++) {
+            /* A partial preface is looked at again by the clock: poll
+             * would answer at once for the bytes already there. */
+            p[2 + i] = (struct pollfd){l->pend[i].partial ? -1 : l->pend[i].fd, POLLIN, 0};
+            int64_t left = l->pend[i].deadline_ms - now;
+            if (l->pend[i].partial && left > PARTIAL_RECHECK_MS)
+                left = PARTIAL_RECHECK_MS;
+            if (left < 0)
+                left = 0;
+            if (timeout < 0 || left < timeout)
+                timeout = (int)left;
+        }
+        int n = poll(p, (nfds_t)(2 + l->npend), timeout);
         if (n < 0 && errno != EINTR)
             break;
         if (p[1].revents)
             break;
         if (l->spare < 0)
             l->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (p[0].revents)
+        size_t npend = l->npend;
+        for (size_t i = 0; i < npend; i++)
+            ready[i] = n > 0 && p[2 + i].revents != 0;
+        serve_pending(l, ready);
+        if (n > 0 && p[0].revents)
             accept_all(l);
     }
+    for (size_t i = 0; i < l->npend; i++)
+        close(l->pend[i].fd);
+    l->npend = 0;
+    free(p);
+    free(ready);
     return NULL;
 }
 
@@ -242,6 +359,7 @@ void rpc_local_free(rpc_local *l)
     if (l->spare >= 0)
         close(l->spare);
     pthread_mutex_destroy(&l->mu);
+    free(l->pend);
     free(l->t);
     free(l);
 }

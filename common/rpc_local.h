@@ -21,7 +21,10 @@
  * is recorded for the layers above (ps_rpc_call_peer_cred).
  *
  * At most max_conns connections are open at once: one beyond is accepted
- * and closed at once (counted). A descriptor limit reached (EMFILE) is
+ * and closed at once (counted). A connection is handed to gRPC only once
+ * its HTTP/2 preface has come; one that has not sent it within
+ * handshake_ms is closed (counted), as gRPC's handshake timeout does on
+ * TCP, which it does not apply to a connection given by descriptor. A descriptor limit reached (EMFILE) is
  * survived, unlike gRPC 1.51's own listener (grpc/grpc#20418): a spare
  * descriptor is let go to accept and close the connection, and accepting
  * goes on.
@@ -45,7 +48,7 @@ typedef struct rpc_local rpc_local;
 /* Binds and listens on the unix socket at path (a stale socket file there
  * is replaced). Returns 0, -errno (-EADDRINUSE when psd cannot bind), or
  * -ENAMETOOLONG. */
-int rpc_local_listen(const char *path, int max_conns, rpc_local **out);
+int rpc_local_listen(const char *path, int max_conns, int handshake_ms, rpc_local **out);
 
 /* Starts accepting into server. Returns 0 or -errno. */
 int rpc_local_start(rpc_local *l, grpc_server *server);

@@ -607,7 +607,8 @@ static int local_bind(ps_rpc_server *srv)
     const char *a = srv->listen_also;
     if (a == NULL || strncmp(a, "unix:", 5) != 0)
         return 0;
-    int rc = rpc_local_listen(a + 5, srv->opts.max_connections, &srv->local);
+    int rc = rpc_local_listen(a + 5, srv->opts.max_connections,
+                              srv->opts.handshake_timeout_ms, &srv->local);
     if (rc != 0) {
         ps_log_error("rpc: cannot listen on '%s': %s", a, strerror(-rc));
         return -EADDRINUSE;

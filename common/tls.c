@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 
 /* A PEM file bigger than this is not a certificate bundle. */
 #define PEM_MAX (4u << 20)
@@ -177,6 +179,35 @@ int ps_tls_check_files(const ps_tls_opts *o, char *err, size_t errlen)
     return 0;
 }
 
+/* How close to its end a server certificate's validity draws a warning. */
+#define EXPIRY_WARN_S (7 * 86400)
+
+/* Warns, one line each, about what a server's files leave open: a
+ * certificate that expired or expires within 7 days (clients will refuse
+ * it), and a private key that others may read. At start and at each
+ * reload that takes new files. */
+static void warn_server_files(const ps_tls_opts *o, const struct pems *p)
+{
+    long long end;
+    if (p->cert != NULL && ps_pem_cert_not_after(p->cert, &end) == 0) {
+        long long left = end - (long long)time(NULL);
+        char when[32];
+        time_t t = (time_t)end;
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime_r(&t, &tm));
+        if (left <= 0)
+            ps_log_warn("tls: --tls-cert %s expired on %s: clients will refuse it",
+                        o->cert, when);
+        else if (left < EXPIRY_WARN_S)
+            ps_log_warn("tls: --tls-cert %s expires on %s, in %.1f days", o->cert,
+                        when, (double)left / 86400.0);
+    }
+    struct stat st;
+    if (given(o->key) && stat(o->key, &st) == 0 && (st.st_mode & S_IROTH))
+        ps_log_warn("tls: --tls-key %s may be read by others (mode %03o): chmod 600",
+                    o->key, (unsigned)(st.st_mode & 0777));
+}
+
 /* ---- the server's fetcher ----------------------------------------------- */
 
 /* What one server's credentials re-read. On a static list, so that it
@@ -219,8 +250,15 @@ fetch_config(void *user_data, grpc_ssl_server_certificate_config **config)
         goto out;
     }
     grpc_ssl_pem_key_cert_pair pair = {.private_key = p.key, .cert_chain = p.cert};
-    /* gRPC copies the strings. */
-    *config = grpc_ssl_server_certificate_config_create(p.ca, &pair, 1);
+    /* gRPC copies the strings. gRPC 1.51's server connector asserts that a
+     * fetched configuration has root certificates, even when it asks
+     * clients for none (GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE): without
+     * a CA (one-way TLS) the server's own chain stands in. It verifies
+     * nothing, since no client is asked for a certificate. */
+    *config = grpc_ssl_server_certificate_config_create(p.ca != NULL ? p.ca : p.cert,
+                                                        &pair, 1);
+    if (!first)
+        warn_server_files(&o, &p);
     pems_free(&p);
     r->loaded = true;
     st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
@@ -264,6 +302,7 @@ grpc_server_credentials *ps_tls_server_creds(const ps_tls_opts *o, char *err,
     struct pems p;
     if (pems_read(o, &p, err, errlen) != 0)
         return NULL;
+    warn_server_files(o, &p);
     pems_free(&p);
     struct reloader *r = reloader_create(o);
     if (r == NULL) {

@@ -14,6 +14,11 @@
  * (tools/pscerts.sh makes them so). The files are read by the process
  * itself, at start and at each reload; an error names the file.
  *
+ * One-way TLS. A server with a certificate and key but no CA serves TLS
+ * that clients verify while it asks them for no certificate: tokens
+ * (auth.h) are then the clients' identity. A daemon so configured checks
+ * the daemons it calls against the system's roots, as it has no CA.
+ *
  * Reload. The server credentials are made with gRPC's certificate-config
  * fetcher: gRPC asks it at every TLS handshake whether the configuration
  * changed. ps_tls_reload() (psd's and pscoord's control loop calls it on

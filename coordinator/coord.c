@@ -422,6 +422,29 @@ int coord_check_job(coord *c, const char *job_id, const char *what,
                   c->job_id);
 }
 
+int coord_check_worker(coord *c, uint32_t index, const char *secret,
+                       const char *what, struct coord_status *st)
+{
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock(&c->mu);
+    const struct ctask *t =
+        index <= INT32_MAX ? coord_find_locked(c, PS_ROLE_WORKER, (int)index) : NULL;
+    int rc = 0;
+    if (t == NULL || t->incarnation == 0)
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "worker[%u] has not registered; the rendezvous is for "
+                          "registered workers, with their task_secret", index);
+    else if (secret == NULL || secret[0] == '\0')
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "no task_secret: send the one worker[%u]'s RegisterTask "
+                          "answered with", index);
+    else if (!coord_secret_ok(t, secret))
+        rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, what,
+                          "the task_secret sent is not worker[%u]'s", index);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 /* The checks a heartbeat and a metrics report share: the job, the role, and
  * two numbers that must be finite (named in finite_names). Fills what
  * ("Heartbeat of ps[1]"). */
@@ -471,6 +494,60 @@ static int check_reporter_locked(coord *c, const struct ctask *t,
     return 0;
 }
 
+/* The step a report may record for t at now: req_step held to the task's
+ * pace (coord.h, Steps), logged the first time per incarnation that it is
+ * held. Called with c->mu held. */
+static uint64_t paced_step_locked(coord *c, struct ctask *t, uint64_t req_step,
+                                  int64_t now)
+{
+    if (t->pace_ms == 0) {
+        /* Loaded from state.json: paced from the coordinator's start. */
+        t->pace_step = t->step > c->global_step ? t->step : c->global_step;
+        t->pace_ms = c->start_ms;
+    }
+    uint64_t elapsed_ms = now > t->pace_ms ? (uint64_t)(now - t->pace_ms) : 0;
+    uint64_t room = COORD_STEP_SLACK + COORD_STEP_RATE_MAX / 1000 * elapsed_ms;
+    uint64_t limit = t->pace_step + room; /* no overflow: both below 2^62 */
+    if (req_step <= limit)
+        return req_step;
+    if (!t->pace_warned)
+        ps_log_warn("%s[%d]: reported step %" PRIu64 " is past its pace; held to %" PRIu64
+                    " (at most %" PRIu64 " steps a second since step %" PRIu64 ")",
+                    ps_role_name(t->role), t->index, req_step, limit,
+                    COORD_STEP_RATE_MAX, t->pace_step);
+    t->pace_warned = true;
+    return limit > t->step ? limit : t->step;
+}
+
+static int cmp_step(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Raises the global step to the lower median of the live workers' and
+ * chief's steps (coord.h, Steps). Called with c->mu held. */
+static void global_step_locked(coord *c)
+{
+    uint64_t *v = malloc(sizeof *v * (size_t)(c->ntasks > 0 ? c->ntasks : 1));
+    if (v == NULL)
+        return; /* it stays; the next heartbeat tries again */
+    size_t n = 0;
+    for (int i = 0; i < c->ntasks; i++) {
+        const struct ctask *t = &c->tasks[i];
+        if ((t->role == PS_ROLE_WORKER || t->role == PS_ROLE_CHIEF) &&
+            t->incarnation != 0 && t->state == CT_ALIVE)
+            v[n++] = t->step;
+    }
+    if (n > 0) {
+        qsort(v, n, sizeof *v, cmp_step);
+        uint64_t median = v[(n - 1) / 2];
+        if (median > c->global_step)
+            c->global_step = median;
+    }
+    free(v);
+}
+
 /* A heartbeat from the task's current incarnation: alive (again), and its
  * progress. Called with c->mu held. */
 static void heard_locked(coord *c, struct ctask *t,
@@ -490,18 +567,18 @@ static void heard_locked(coord *c, struct ctask *t,
         coord_bump_locked(c);
     }
     t->heard_ms = now;
-    if (t->step != req->step ||
+    uint64_t step = paced_step_locked(c, t, req->step, now);
+    if (t->step != step ||
         t->examples_per_second != req->examples_per_second)
         c->progress++;
-    t->step = req->step;
+    t->step = step;
     t->examples_per_second = req->examples_per_second;
     /* An evaluator's loss is its evaluation's, which ReportMetrics brings;
      * its heartbeats carry none. */
     if (t->role != PS_ROLE_EVALUATOR)
         t->loss = req->loss;
-    if ((t->role == PS_ROLE_WORKER || t->role == PS_ROLE_CHIEF) &&
-        req->step > c->global_step)
-        c->global_step = req->step;
+    if (t->role == PS_ROLE_WORKER || t->role == PS_ROLE_CHIEF)
+        global_step_locked(c);
     coord_recompute_sync_locked(c);
 }
 

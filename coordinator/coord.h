@@ -27,7 +27,19 @@
  * Steps. A reported step more than COORD_STEP_AHEAD_MAX past the global step
  * is refused (INVALID_ARGUMENT) and moves nothing: the global step drives the
  * checkpoint schedule, and psd itself refuses a checkpoint step that far
- * past its variables' versions.
+ * past its variables' versions. Below that, a task's steps are paced: since
+ * its registration (or the coordinator's start) a task's recorded step may
+ * rise by at most COORD_STEP_SLACK plus COORD_STEP_RATE_MAX per second, over
+ * the larger of its step and the global step then. A report past that is
+ * taken (the task is alive) with its step held to the pace, logged once per
+ * incarnation. Heartbeats sent in a burst gain nothing, and an honest worker
+ * (slower than COORD_STEP_RATE_MAX) that ran on while pscoord was down
+ * catches up within seconds.
+ *
+ * The global step is the job's: the lower median of the steps of the live
+ * workers and chief, and it never goes down. One lying worker (of three or
+ * more) cannot move it past the honest ones; with two, the slower one
+ * decides; alone, a worker is the job, and only its pace bounds it.
  *
  * The generation rises whenever membership (registered, dead, alive again),
  * placement or the latest checkpoint changes; watchers wait on it.
@@ -83,6 +95,12 @@ typedef struct coord coord;
  * bound (2^40 past its versions). No honest worker jumps that far (2^40 steps
  * are 127 days at 10^5 steps/s), yet 2^63-1 is refused. */
 #define COORD_STEP_AHEAD_MAX (UINT64_C(1) << 40)
+/* A task's steps are paced (see Steps above): at most this many steps a
+ * second on average (10x the fastest jobs we know of), plus a burst of
+ * COORD_STEP_SLACK (a worker that resumes a little ahead, or reports after
+ * a pause). */
+#define COORD_STEP_RATE_MAX UINT64_C(1000000)
+#define COORD_STEP_SLACK UINT64_C(100000)
 /* The most bytes, NUL included, of a task's local address ("unix:" and a
  * unix socket path of at most 107) and of its host id. */
 #define COORD_LOCAL_MAX 128
@@ -275,6 +293,11 @@ int coord_refuse(struct coord_status *st, int code, const char *what,
 
 /* The cluster as clients see it; NULL when out of memory. */
 struct coord_cluster *coord_snapshot(coord *c);
+/* Whether worker[index] has registered and secret is its task secret (the
+ * Kv store's callers). Returns 0, or PERMISSION_DENIED in st, its message
+ * opening with what. */
+int coord_check_worker(coord *c, uint32_t index, const char *secret,
+                       const char *what, struct coord_status *st);
 void coord_cluster_free(struct coord_cluster *s);
 
 /* Epoch (membership, placement, checkpoints) and progress (steps, metrics)

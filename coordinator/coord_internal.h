@@ -33,7 +33,10 @@ struct ctask {
     enum ctask_state state;
     int64_t heard_ms;       /* last register or heartbeat; -1 = never here */
     int64_t grace_until_ms; /* CT_UNKNOWN: dead after this */
-    uint64_t step;
+    uint64_t step;          /* the last reported step, as paced (coord.h) */
+    uint64_t pace_step;     /* the pace's start: step and time; pace_ms 0 = */
+    int64_t pace_ms;        /* not yet started (coord.c: paced_step_locked) */
+    bool pace_warned;       /* "reported step ... held to" logged */
     double examples_per_second;
     double loss;            /* workers: the heartbeat's; evaluators: their last
                                evaluation's (ReportMetrics), which heartbeats

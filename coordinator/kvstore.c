@@ -4,6 +4,7 @@
  */
 #include "coordinator/kvstore.h"
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/ps.pb-c.h"
@@ -25,6 +26,15 @@
 #define KV_MAX_GET_KEYS 64
 #define KV_MAX_TIMEOUT_MS 600000u
 #define KV_MAX_MEMBERS 4096
+#define KV_MAX_BYTES (32u << 20) /* keys and values in all */
+#define KV_GENS 3                /* the generations whose keys are kept */
+
+/* One generation's members: rank r is worker m[r]. */
+struct gen_members {
+    uint64_t gen; /* 0: none */
+    uint32_t *m;
+    size_t n;
+};
 
 struct entry {
     char *key;
@@ -53,6 +63,8 @@ struct coord_kv {
     uint64_t gen;
     uint32_t *members;
     size_t nmembers;
+    struct gen_members hist[KV_GENS]; /* the newest first */
+    size_t bytes;                     /* of every key and value held */
     bool stop;
     pthread_t th;
 };
@@ -65,23 +77,26 @@ static struct entry *find(coord_kv *kv, const char *key)
     return NULL;
 }
 
-/* Sets key (mu held). Returns 0 or -ENOMEM / -ENOSPC. */
+/* Sets key (mu held). Returns 0, -ENOMEM, -ENOSPC (KV_MAX_KEYS) or -E2BIG
+ * (KV_MAX_BYTES). */
 static int put_locked(coord_kv *kv, const char *key, const void *val, size_t len)
 {
+    struct entry *e = find(kv, key);
+    size_t was = e != NULL ? e->len : 0, klen = e != NULL ? 0 : strlen(key);
+    if (kv->bytes - was + len + klen > KV_MAX_BYTES)
+        return -E2BIG;
+    if (e == NULL && kv->n == KV_MAX_KEYS)
+        return -ENOSPC;
     uint8_t *copy = malloc(len > 0 ? len : 1);
     if (copy == NULL)
         return -ENOMEM;
     memcpy(copy, val, len);
-    struct entry *e = find(kv, key);
     if (e != NULL) {
         free(e->val);
         e->val = copy;
         e->len = len;
+        kv->bytes = kv->bytes - was + len;
         return 0;
-    }
-    if (kv->n == KV_MAX_KEYS) {
-        free(copy);
-        return -ENOSPC;
     }
     if ((kv->n & (kv->n - 1)) == 0 || kv->e == NULL) {
         struct entry *ne = realloc(kv->e, (kv->n ? kv->n * 2 : 16) * sizeof *ne);
@@ -97,6 +112,7 @@ static int put_locked(coord_kv *kv, const char *key, const void *val, size_t len
         return -ENOMEM;
     }
     kv->e[kv->n++] = (struct entry){k, copy, len};
+    kv->bytes += klen + len;
     return 0;
 }
 
@@ -106,6 +122,7 @@ static void drop_old_locked(coord_kv *kv, uint64_t below)
     for (size_t i = 0; i < kv->n;) {
         unsigned long long g;
         if (sscanf(kv->e[i].key, "gen/%llu/", &g) == 1 && g < below) {
+            kv->bytes -= strlen(kv->e[i].key) + kv->e[i].len;
             free(kv->e[i].key);
             free(kv->e[i].val);
             kv->e[i] = kv->e[--kv->n];
@@ -228,6 +245,12 @@ static void tick_generation(coord_kv *kv)
         kv->gen = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
     }
     kv->gen++;
+    uint32_t *copy = malloc((n > 0 ? n : 1) * sizeof *copy);
+    free(kv->hist[KV_GENS - 1].m);
+    memmove(kv->hist + 1, kv->hist, (KV_GENS - 1) * sizeof *kv->hist);
+    kv->hist[0] = (struct gen_members){.gen = kv->gen, .m = copy, .n = copy ? n : 0};
+    if (copy != NULL)
+        memcpy(copy, m, n * sizeof *copy);
     char list[KV_MAX_MEMBERS * 11 + 1], key[64], val[32];
     size_t used = 0;
     list[0] = '\0';
@@ -312,6 +335,8 @@ void coord_kv_destroy(coord_kv *kv)
     }
     free(kv->e);
     free(kv->members);
+    for (int i = 0; i < KV_GENS; i++)
+        free(kv->hist[i].m);
     pthread_mutex_destroy(&kv->mu);
     pthread_cond_destroy(&kv->cond);
     free(kv);
@@ -323,26 +348,171 @@ static bool key_ok(const char *k)
     return l >= 1 && l <= KV_MAX_KEY;
 }
 
+/* A bare decimal (no sign, no space, no leading zero) at s, up to end (or
+ * the NUL): its value, or -1. */
+static int64_t decimal(const char *s, const char **end)
+{
+    const char *p = s;
+    int64_t v = 0;
+    while (*p >= '0' && *p <= '9' && p - s < 18) /* 18 digits fit */
+        v = v * 10 + (*p++ - '0');
+    if (p == s || (s[0] == '0' && p - s > 1) || (*p >= '0' && *p <= '9'))
+        return -1;
+    if (end != NULL)
+        *end = p;
+    else if (*p != '\0')
+        return -1;
+    return v;
+}
+
+/* A key "gen/<G>/<rest>": G and rest, or false. */
+static bool gen_key(const char *key, uint64_t *g, const char **rest)
+{
+    const char *p;
+    if (strncmp(key, "gen/", 4) != 0)
+        return false;
+    int64_t v = decimal(key + 4, &p);
+    if (v < 0 || *p != '/')
+        return false;
+    *g = (uint64_t)v;
+    *rest = p + 1;
+    return true;
+}
+
+/* The members of generation g if it is one of the last KV_GENS (mu held). */
+static const struct gen_members *gen_of(const coord_kv *kv, uint64_t g)
+{
+    for (int i = 0; i < KV_GENS; i++)
+        if (kv->hist[i].gen != 0 && kv->hist[i].gen == g)
+            return &kv->hist[i];
+    return NULL;
+}
+
+static bool member(const struct gen_members *gm, uint32_t w)
+{
+    for (size_t i = 0; i < gm->n; i++)
+        if (gm->m[i] == w)
+            return true;
+    return false;
+}
+
+/* The rank a key of a generation belongs to: "<r>" and "rank_<r>" (Gloo's
+ * connectFullMesh), the same under "sync/" (the second mesh of
+ * worker/collective_gloo.cc), "nccl_id" (rank 0's), else -1. */
+static int64_t rank_key(const char *rest)
+{
+    if (strcmp(rest, "nccl_id") == 0)
+        return 0;
+    if (strncmp(rest, "sync/", 5) == 0)
+        rest += 5;
+    if (strncmp(rest, "rank_", 5) == 0)
+        rest += 5;
+    return decimal(rest, NULL);
+}
+
+/* Whether worker w may set key (mu held): 0, or a gRPC code with msg set.
+ * The rules are ps.proto's, above the Kv calls. */
+static int may_set_locked(coord_kv *kv, uint32_t w, const char *key, char *msg,
+                          size_t len)
+{
+    uint64_t g;
+    const char *rest;
+    if (strcmp(key, "started") == 0 || strcmp(key, "done") == 0)
+        return 0;
+    if (strncmp(key, "model/", 6) == 0) {
+        if (decimal(key + 6, NULL) == (int64_t)w)
+            return 0;
+        snprintf(msg, len, "'%s' is not worker[%u]'s: a worker sets only its own "
+                 "model/%u", key, w, w);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    if (strcmp(key, "generation") == 0 ||
+        (gen_key(key, &g, &rest) && strcmp(rest, "members") == 0)) {
+        snprintf(msg, len, "'%s' is pscoord's to set, not a worker's", key);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    if (!gen_key(key, &g, &rest)) {
+        snprintf(msg, len, "'%s' is not a key of the rendezvous (model/<index>, "
+                 "started, done, gen/<generation>/...)", key);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    const struct gen_members *gm = gen_of(kv, g);
+    if (gm == NULL) {
+        snprintf(msg, len, "generation %" PRIu64 " is not one of the last %d "
+                 "(the current one is %" PRIu64 ")", g, KV_GENS, kv->gen);
+        return PS_RPC_FAILED_PRECONDITION;
+    }
+    if (strcmp(rest, "failed") == 0) {
+        if (member(gm, w))
+            return 0;
+        snprintf(msg, len, "worker[%u] is not a member of generation %" PRIu64, w, g);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    int64_t r = rank_key(rest);
+    if (r < 0) {
+        snprintf(msg, len, "'%s' is not a key of the rendezvous", key);
+        return PS_RPC_PERMISSION_DENIED;
+    }
+    if ((uint64_t)r < gm->n && gm->m[r] == w)
+        return 0;
+    snprintf(msg, len, "'%s' is rank %" PRId64 "'s of generation %" PRIu64 ", and "
+             "worker[%u] is %s", key, r, g, w,
+             member(gm, w) ? "another rank" : "not a member");
+    return PS_RPC_PERMISSION_DENIED;
+}
+
+/* Whether worker w may read key (mu held): a generation's rank keys and
+ * NCCL id (its members' addresses) only by its members. */
+static int may_get_locked(coord_kv *kv, uint32_t w, const char *key, char *msg,
+                          size_t len)
+{
+    uint64_t g;
+    const char *rest;
+    if (!gen_key(key, &g, &rest) || strcmp(rest, "members") == 0 ||
+        strcmp(rest, "failed") == 0 || rank_key(rest) < 0)
+        return 0;
+    const struct gen_members *gm = gen_of(kv, g);
+    if (gm != NULL && member(gm, w))
+        return 0;
+    snprintf(msg, len, "'%s' is for the members of generation %" PRIu64 ", and "
+             "worker[%u] is not one", key, g, w);
+    return PS_RPC_PERMISSION_DENIED;
+}
+
 void coord_kv_on_set(coord_kv *kv, ps_rpc_call *call, const void *req)
 {
     const Ps__V1__KvSetRequest *r = req;
     struct coord_status st;
-    if (coord_check_job(kv->c, r->job_id, "KvSet", &st) != 0) {
-        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "%s", st.msg);
+    if (coord_check_job(kv->c, r->job_id, "KvSet", &st) != 0 ||
+        (key_ok(r->key) && coord_check_worker(kv->c, r->index, r->task_secret, "KvSet",
+                                              &st) != 0)) {
+        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "KvSet: %s", st.msg);
         return;
     }
-    if (!key_ok(r->key) || r->value.len > KV_MAX_VALUE) {
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "KvSet: key of %zu bytes (1..%d) "
-                    "or value of %zu bytes (at most %u)", strlen(r->key), KV_MAX_KEY,
-                    r->value.len, KV_MAX_VALUE);
+    if (!key_ok(r->key)) {
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "KvSet: key of %zu bytes (1..%d)",
+                    strlen(r->key), KV_MAX_KEY);
         return;
     }
+    if (r->value.len > KV_MAX_VALUE) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "KvSet '%s': a value of %zu bytes "
+                    "is past the cap of %u bytes per value", r->key, r->value.len,
+                    KV_MAX_VALUE);
+        return;
+    }
+    char msg[512];
     pthread_mutex_lock(&kv->mu);
     kv->active = true;
-    unsigned long long g;
-    char tail[16];
-    if (sscanf(r->key, "gen/%llu/%15s", &g, tail) == 2 &&
-        strcmp(tail, "failed") == 0 && g == kv->gen)
+    int code = may_set_locked(kv, r->index, r->key, msg, sizeof msg);
+    if (code != 0) {
+        pthread_mutex_unlock(&kv->mu);
+        ps_log_warn("KvSet by worker[%u] refused: %s", r->index, msg);
+        ps_rpc_fail(call, (enum ps_rpc_code)code, "KvSet: %s", msg);
+        return;
+    }
+    uint64_t g;
+    const char *rest;
+    if (gen_key(r->key, &g, &rest) && strcmp(rest, "failed") == 0 && g == kv->gen)
         kv->bump = true;
     int rc = put_locked(kv, r->key, r->value.data, r->value.len);
     Ps__V1__KvSetResponse resp = PS__V1__KV_SET_RESPONSE__INIT;
@@ -351,9 +521,15 @@ void coord_kv_on_set(coord_kv *kv, ps_rpc_call *call, const void *req)
         serve_waits_locked(kv, ps_now_ms());
     pthread_cond_broadcast(&kv->cond);
     pthread_mutex_unlock(&kv->mu);
-    if (rc != 0)
-        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "KvSet: %s",
-                    rc == -ENOSPC ? "the store holds its 4096 keys" : "out of memory");
+    if (rc == -ENOSPC)
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "KvSet '%s': the store holds %d "
+                    "keys, its cap", r->key, KV_MAX_KEYS);
+    else if (rc == -E2BIG)
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "KvSet '%s': the store would hold "
+                    "more than its cap of %u bytes of keys and values", r->key,
+                    KV_MAX_BYTES);
+    else if (rc != 0)
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "KvSet: out of memory");
     else
         ps_rpc_reply_pb(call, &resp);
 }
@@ -378,6 +554,11 @@ void coord_kv_on_get(coord_kv *kv, ps_rpc_call *call, const void *req)
                         "(1..%d)", i, strlen(r->keys[i]), KV_MAX_KEY);
             return;
         }
+    bool op = ps_rpc_call_role(call) == PS_AUTH_OPERATOR;
+    if (!op && coord_check_worker(kv->c, r->index, r->task_secret, "KvGet", &st) != 0) {
+        ps_rpc_fail(call, (enum ps_rpc_code)st.code, "KvGet: %s", st.msg);
+        return;
+    }
     struct wait *w = calloc(1, sizeof *w);
     if (w != NULL && (w->keys = calloc(r->n_keys, sizeof *w->keys)) != NULL)
         for (size_t i = 0; i < r->n_keys; i++)
@@ -393,6 +574,17 @@ void coord_kv_on_get(coord_kv *kv, ps_rpc_call *call, const void *req)
     w->deadline_ms = ps_now_ms() + r->timeout_ms;
     pthread_mutex_lock(&kv->mu);
     kv->active = true;
+    char msg[512];
+    for (size_t i = 0; !op && i < w->nkeys; i++) {
+        int code = may_get_locked(kv, r->index, w->keys[i], msg, sizeof msg);
+        if (code != 0) {
+            pthread_mutex_unlock(&kv->mu);
+            wait_free(w);
+            ps_log_warn("KvGet by worker[%u] refused: %s", r->index, msg);
+            ps_rpc_fail(call, (enum ps_rpc_code)code, "KvGet: %s", msg);
+            return;
+        }
+    }
     if (try_answer_locked(kv, w)) {
         pthread_mutex_unlock(&kv->mu);
         wait_free(w);

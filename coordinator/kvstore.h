@@ -22,8 +22,21 @@
  * GetCluster reports the generation and its members (ClusterState fields
  * 16 and 17).
  *
- * Caps: keys of 1..256 bytes, values of at most 1 MiB, 4096 keys, 1024
- * waiting calls; past them RESOURCE_EXHAUSTED.
+ * Who may write what. Every call names a registered worker and carries
+ * its task secret (coord_check_worker; an operator token stands in on
+ * KvGet). Each key has one writer (ps.proto lists them above the Kv
+ * calls): "generation" and "gen/<G>/members" are this module's alone,
+ * "model/<i>" worker i's, a generation's rank keys (Gloo's "<r>" and
+ * "rank_<r>", also under "sync/", and NCCL's id as rank 0's) the worker at
+ * that rank of gen/<G>/members, for one of the last three generations; a
+ * generation's rank keys are read only by its members. So a worker token
+ * holder cannot put its own address in another rank's place, nor learn the
+ * addresses of a group it is not in. One pscoord serves one job, so the
+ * keys are the job's.
+ *
+ * Caps: keys of 1..256 bytes (INVALID_ARGUMENT), values of at most 1 MiB,
+ * 4096 keys, 32 MiB of keys and values, 1024 waiting calls; past them
+ * RESOURCE_EXHAUSTED naming the cap.
  *
  * Threads and lifetime: every function may be called from any thread (one
  * mutex). coord_kv_create starts the module's thread; coord_kv_stop fails

@@ -124,8 +124,8 @@ static void tasks(ps_metrics *m, const struct view *v)
 
 static void progress(ps_metrics *m, const struct view *v)
 {
-    ps_metrics_gauge(m, "pscoord_global_step", "The job's global step: the highest "
-                     "step a worker has reported.", (double)v->global_step);
+    ps_metrics_gauge(m, "pscoord_global_step", "The job's global step: the lower median "
+                     "of the live workers' steps.", (double)v->global_step);
     ps_metrics_gauge(m, "pscoord_cluster_generation", "The cluster's membership "
                      "generation (GetCluster's generation): rises with every change of "
                      "membership, liveness, placement or latest checkpoint.",

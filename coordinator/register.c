@@ -289,6 +289,10 @@ static void take_slot_locked(coord *c, struct ctask *t, int64_t now)
     t->state = CT_ALIVE;
     t->heard_ms = now;
     t->registered_ms = now;
+    /* A new incarnation's steps are paced from here (coord.h, Steps). */
+    t->pace_step = t->step > c->global_step ? t->step : c->global_step;
+    t->pace_ms = now;
+    t->pace_warned = false;
     t->restoring = false;
     t->sync_told = 0;
     t->examples_per_second = 0;

@@ -30,11 +30,12 @@
 #define MANIFEST "MANIFEST.json"
 #define DATA_FILE "data.mdb"
 #define TMP_MARK ".tmp-"
-#define MANIFEST_FORMAT 1
+#define MANIFEST_FORMAT 2 /* 1: no "sequence" (read as 0) */
 #define IO_CHUNK (1u << 20)
 
 struct manifest {
     uint64_t step;
+    uint64_t seq; /* creation order: one more than any other checkpoint's */
     uint64_t nvars;
     uint64_t bytes;
     uint32_t crc;
@@ -146,8 +147,9 @@ static int write_manifest(const char *dir, const struct manifest *m)
         rc = pathf(final, sizeof final, "%s/" MANIFEST, dir);
     if (rc != 0)
         return rc;
-    json_t *root = json_pack("{s:i, s:I, s:I, s:I, s:I, s:s, s:I}", "format", MANIFEST_FORMAT,
-                             "step", (json_int_t)m->step, "variables", (json_int_t)m->nvars,
+    json_t *root = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "format",
+                             MANIFEST_FORMAT, "step", (json_int_t)m->step, "sequence",
+                             (json_int_t)m->seq, "variables", (json_int_t)m->nvars,
                              "bytes", (json_int_t)m->bytes, "created_unix",
                              (json_int_t)time(NULL), "data_file", DATA_FILE, "crc32",
                              (json_int_t)m->crc);
@@ -197,16 +199,18 @@ static int read_manifest(const char *dir, uint64_t step, struct manifest *m)
         ps_log_warn("checkpoint %s: %s line %d: %s", dir, MANIFEST, jerr.line, jerr.text);
         return PS_ECORRUPT;
     }
-    json_int_t format, jstep, nvars, bytes, created, crc;
+    json_int_t format, jstep, seq = 0, nvars, bytes, created, crc;
     const char *data_file;
-    if (json_unpack_ex(root, &jerr, JSON_STRICT, "{s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "format",
-                       &format, "step", &jstep, "variables", &nvars, "bytes", &bytes,
-                       "created_unix", &created, "data_file", &data_file, "crc32", &crc) != 0) {
+    if (json_unpack_ex(root, &jerr, JSON_STRICT, "{s:I, s:I, s?I, s:I, s:I, s:I, s:s, s:I}",
+                       "format", &format, "step", &jstep, "sequence", &seq, "variables",
+                       &nvars, "bytes", &bytes, "created_unix", &created, "data_file",
+                       &data_file, "crc32", &crc) != 0) {
         ps_log_warn("checkpoint %s: %s: %s", dir, MANIFEST, jerr.text);
         rc = PS_ECORRUPT;
         goto decref;
     }
-    if (format != MANIFEST_FORMAT || jstep < 0 || (uint64_t)jstep != step || nvars < 0 ||
+    if (format < 1 || format > MANIFEST_FORMAT || seq < 0 || jstep < 0 ||
+        (uint64_t)jstep != step || nvars < 0 ||
         bytes < 0 || crc < 0 || crc > (json_int_t)UINT32_MAX || strcmp(data_file, DATA_FILE)) {
         ps_log_warn("checkpoint %s: %s does not describe this checkpoint (format %lld, step %lld,"
                     " data file '%s')", dir, MANIFEST, (long long)format, (long long)jstep,
@@ -215,6 +219,7 @@ static int read_manifest(const char *dir, uint64_t step, struct manifest *m)
         goto decref;
     }
     m->step = step;
+    m->seq = (uint64_t)seq;
     m->nvars = (uint64_t)nvars;
     m->bytes = (uint64_t)bytes;
     m->crc = (uint32_t)crc;
@@ -281,22 +286,45 @@ static bool parse_step(const char *name, uint64_t *out)
     return true;
 }
 
+/* One complete checkpoint as scan() finds it. */
+struct entry {
+    uint64_t step, seq;
+};
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
 
-/* The steps of every complete checkpoint in ckdir, ascending, in a malloc'd
- * array (NULL when there are none). A missing ckdir has none. */
-static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
+/* Creation order: by sequence, then (for format-1 manifests, all 0) by step. */
+static int cmp_created(const void *a, const void *b)
 {
-    *steps_out = NULL;
+    const struct entry *x = a, *y = b;
+    if (x->seq != y->seq)
+        return (x->seq > y->seq) - (x->seq < y->seq);
+    return (x->step > y->step) - (x->step < y->step);
+}
+
+/* Every complete checkpoint in ckdir, oldest created first, in a malloc'd
+ * array (NULL when there are none). A missing ckdir has none.
+ *
+ * Why creation order and not the step: the step is the caller's word.
+ * Ordered by step, three checkpoints at steps far ahead of the training
+ * (within any bound a shard could check, since pscoord's global step may
+ * run ahead of a shard's versions) would outrank every honest checkpoint
+ * to come: retention would prune the honest ones at each call and Restore
+ * of the latest would load the forged one for good. Ordered by creation, a
+ * checkpoint at any step is just the newest one, pruned in its turn by
+ * the next --checkpoint-keep ones taken. */
+static int scan(const char *ckdir, struct entry **out, size_t *n_out)
+{
+    *out = NULL;
     *n_out = 0;
     DIR *d = opendir(ckdir);
     if (!d)
         return errno == ENOENT ? 0 : -errno;
-    uint64_t *steps = NULL;
+    struct entry *steps = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
     struct dirent *e;
@@ -305,13 +333,13 @@ static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
         if (!parse_step(e->d_name, &step))
             continue;
         char dir[PATH_MAX];
-        struct manifest m;
+        struct manifest m = {0};
         if (pathf(dir, sizeof dir, "%s/%s", ckdir, e->d_name) != 0 ||
             read_manifest(dir, step, &m) != 0)
             continue;
         if (n == cap) {
             size_t ncap = cap ? cap * 2 : 16;
-            uint64_t *p = realloc(steps, ncap * sizeof *p);
+            struct entry *p = realloc(steps, ncap * sizeof *p);
             if (!p) {
                 rc = -ENOMEM;
                 break;
@@ -319,7 +347,7 @@ static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
             steps = p;
             cap = ncap;
         }
-        steps[n++] = step;
+        steps[n++] = (struct entry){.step = step, .seq = m.seq};
     }
     closedir(d);
     if (rc != 0) {
@@ -327,17 +355,17 @@ static int scan(const char *ckdir, uint64_t **steps_out, size_t *n_out)
         return rc;
     }
     if (n > 1)
-        qsort(steps, n, sizeof *steps, cmp_u64);
-    *steps_out = steps;
+        qsort(steps, n, sizeof *steps, cmp_created);
+    *out = steps;
     *n_out = n;
     return 0;
 }
 
-/* A data directory's checkpoints directory and the steps scan() found in it;
- * the caller frees steps. */
+/* A data directory's checkpoints directory and the checkpoints scan()
+ * found in it, oldest created first; the caller frees steps. */
 struct listing {
     char ckdir[PATH_MAX];
-    uint64_t *steps;
+    struct entry *steps;
     size_t n;
 };
 
@@ -361,6 +389,20 @@ static bool rm_entry_of(const char *ckdir, const char *name, int *rc)
     if (r != 0 && *rc == 0)
         *rc = r;
     return r == 0;
+}
+
+/* One more than the highest sequence of the complete checkpoints in ckdir
+ * (1 when there are none): the new checkpoint is the newest created. */
+static int next_seq(const char *ckdir, uint64_t *out)
+{
+    struct entry *e;
+    size_t n;
+    int rc = scan(ckdir, &e, &n);
+    if (rc != 0)
+        return rc;
+    *out = (n > 0 ? e[n - 1].seq : 0) + 1;
+    free(e);
+    return 0;
 }
 
 /* Puts the finished tmp directory in place as final. A directory already at
@@ -446,7 +488,9 @@ int psd_ckpt_write_with(psd_store *s, const char *data_dir, uint64_t step, uint6
     if (rc != 0)
         goto remove_tmp;
     struct manifest m = {.step = step, .nvars = nvars};
-    rc = file_crc(file, true, &m.crc, &m.bytes);
+    rc = next_seq(ckdir, &m.seq);
+    if (rc == 0)
+        rc = file_crc(file, true, &m.crc, &m.bytes);
     if (rc != 0) {
         ps_log_err(rc, "checkpoint: reading back %s", file);
         goto remove_tmp;
@@ -492,10 +536,10 @@ int psd_ckpt_latest(const char *data_dir, uint64_t *step_out)
     rc = PS_ENOTFOUND;
     for (size_t i = l.n; i-- > 0;) {
         char dir[PATH_MAX];
-        if (pathf(dir, sizeof dir, "%s/%llu", l.ckdir, (unsigned long long)l.steps[i]) != 0)
+        if (pathf(dir, sizeof dir, "%s/%llu", l.ckdir, (unsigned long long)l.steps[i].step) != 0)
             continue;
-        if (verify(dir, l.steps[i]) == 0) {
-            *step_out = l.steps[i];
+        if (verify(dir, l.steps[i].step) == 0) {
+            *step_out = l.steps[i].step;
             rc = 0;
             break;
         }
@@ -530,8 +574,18 @@ int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *cou
     int rc = scan_root(data_dir, &l);
     if (rc != 0)
         return rc;
+    uint64_t *all = l.n > 0 ? malloc(l.n * sizeof *all) : NULL;
+    if (l.n > 0 && all == NULL) {
+        free(l.steps);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < l.n; i++)
+        all[i] = l.steps[i].step;
+    if (l.n > 1)
+        qsort(all, l.n, sizeof *all, cmp_u64);
     if (l.n > 0)
-        memcpy(steps, l.steps, (l.n < cap ? l.n : cap) * sizeof *l.steps);
+        memcpy(steps, all, (l.n < cap ? l.n : cap) * sizeof *all);
+    free(all);
     *count = l.n;
     free(l.steps);
     return 0;
@@ -577,10 +631,11 @@ static int prune(const char *data_dir, size_t keep_last, bool have_spare, uint64
     uint64_t keep;
     bool have_keep = l.n > 0 && psd_ckpt_latest(data_dir, &keep) == 0;
     for (size_t i = 0; i + keep_last < l.n; i++) {
-        if ((have_keep && l.steps[i] == keep) || (have_spare && l.steps[i] == spare))
+        if ((have_keep && l.steps[i].step == keep) ||
+            (have_spare && l.steps[i].step == spare))
             continue;
         char name[24];
-        snprintf(name, sizeof name, "%llu", (unsigned long long)l.steps[i]);
+        snprintf(name, sizeof name, "%llu", (unsigned long long)l.steps[i].step);
         if (rm_entry_of(l.ckdir, name, &rc))
             ps_log_info("checkpoint %s/%s: pruned", l.ckdir, name);
     }

@@ -5,10 +5,15 @@
  * data.mdb, a compacted copy of the store taken from one read transaction
  * (so pushes and commits go on while it is written), and MANIFEST.json:
  *
- *   {"format": 1, "step": 1200, "variables": 3, "bytes": 81920,
+ *   {"format": 2, "step": 1200, "sequence": 7, "variables": 3, "bytes": 81920,
  *    "created_unix": 1767225600, "data_file": "data.mdb", "crc32": 305419896}
  *
- * where bytes and crc32 (zlib's) describe data.mdb. It is built in
+ * where bytes and crc32 (zlib's) describe data.mdb, and sequence is one
+ * more than that of every checkpoint present when it was written (format 1
+ * manifests have none and count as 0). Retention and "latest" follow the
+ * sequence, the order of creation, not the step: the step is the caller's
+ * word, and ordered by it a few checkpoints at forged steps far ahead would
+ * outrank every honest one to come (ps.proto's CheckpointRequest). It is built in
  * checkpoints/<step>.tmp-<pid>/, fsync'ed file by file, with the manifest
  * written last and renamed into place, and only then renamed to
  * checkpoints/<step>/. So a directory named by a bare step number either
@@ -53,8 +58,8 @@ int psd_ckpt_write_with(psd_store *s, const char *data_dir, uint64_t step, uint6
                         int (*complete)(void *ctx, const char *dir), void *ctx,
                         char *path_out, size_t pathlen, uint64_t *bytes_out);
 
-/* The highest step whose checkpoint is valid; newer ones that are not are
- * skipped with a warning. Returns 0, PS_ENOTFOUND if there is none, or
+/* The step of the newest created checkpoint that is valid; newer ones that
+ * are not are skipped with a warning. Returns 0, PS_ENOTFOUND if there is none, or
  * -errno if the checkpoints directory cannot be read. */
 int psd_ckpt_latest(const char *data_dir, uint64_t *step_out);
 
@@ -70,8 +75,8 @@ int psd_ckpt_path(const char *data_dir, uint64_t step, char *out, size_t len);
  * Returns 0 (count 0 without a checkpoints directory) or -errno. */
 int psd_ckpt_list(const char *data_dir, uint64_t *steps, size_t cap, size_t *count);
 
-/* Removes complete checkpoints older than the newest keep_last, never the
- * one psd_ckpt_latest picks, and *.tmp-* directories whose writer process is
+/* Removes complete checkpoints created before the newest keep_last, never
+ * the one psd_ckpt_latest picks, and *.tmp-* directories whose writer process is
  * gone. Directories that are not complete checkpoints are left alone.
  * Returns 0 or the first error; it goes on past errors. */
 int psd_ckpt_prune(const char *data_dir, size_t keep_last);

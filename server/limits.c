@@ -26,6 +26,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 /* "512 B", "784.0 KiB", "16.0 GiB": bytes as an operator sets them. */
 static const char *human_bytes(uint64_t n, char *buf, size_t len)
@@ -188,26 +189,52 @@ void shard_caps_recount(psd_shard *s)
 
 /* ---- waiting pulls ---------------------------------------------------- */
 
+/* The most pulls one client (one connection) may keep waiting: a quarter
+ * of --max-waiting-pulls, so that one caller cannot park them all and
+ * refuse everyone else's. */
+static size_t per_client_cap(const psd_shard *s)
+{
+    size_t q = s->o.max_waiting_pulls / 4;
+    return q > 0 ? q : 1;
+}
+
 /* Counts w as one more waiting pull and sets when --max-pull-wait gives up
- * on it, unless --max-waiting-pulls wait already. Called with wait_mu held;
- * returns whether it was admitted (if not, the caller lets wait_mu go and
- * fails the call with shard_pull_refuse). */
-bool shard_pull_admit(psd_shard *s, pull_waiter *w)
+ * on it, unless --max-waiting-pulls wait already, or its client's share of
+ * them. Called with wait_mu held; returns 0 when it was admitted, else 1
+ * (the total cap) or 2 (the client's), and the caller lets wait_mu go and
+ * fails the call with shard_pull_refuse. */
+int shard_pull_admit(psd_shard *s, pull_waiter *w)
 {
     if (s->o.max_waiting_pulls != 0 && s->nwaiters >= s->o.max_waiting_pulls)
-        return false;
+        return 1;
+    const char *peer = ps_rpc_call_peer(w->call);
+    snprintf(w->client, sizeof w->client, "%s", peer != NULL ? peer : "");
+    if (s->o.max_waiting_pulls != 0) {
+        size_t mine = 0, cap = per_client_cap(s);
+        for (const pull_waiter *o = s->waiters; o != NULL && mine < cap; o = o->next)
+            mine += strcmp(o->client, w->client) == 0;
+        if (mine >= cap)
+            return 2;
+    }
     s->nwaiters++;
     w->give_up_ms = s->o.max_pull_wait_ms > 0 ? ps_now_ms() + s->o.max_pull_wait_ms
                                               : INT64_MAX;
-    return true;
+    return 0;
 }
 
-void shard_pull_refuse(psd_shard *s, ps_rpc_call *call)
+void shard_pull_refuse(psd_shard *s, ps_rpc_call *call, int why)
 {
-    ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
-                "Pull: %zu pulls wait for versions already, the most "
-                "--max-waiting-pulls %zu allows; pull again later, or without "
-                "min_version", s->o.max_waiting_pulls, s->o.max_waiting_pulls);
+    if (why == 2)
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
+                    "Pull: this client has %zu pulls waiting for versions already, "
+                    "the most one client may (a quarter of --max-waiting-pulls %zu); "
+                    "pull again later, or without min_version", per_client_cap(s),
+                    s->o.max_waiting_pulls);
+    else
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED,
+                    "Pull: %zu pulls wait for versions already, the most "
+                    "--max-waiting-pulls %zu allows; pull again later, or without "
+                    "min_version", s->o.max_waiting_pulls, s->o.max_waiting_pulls);
 }
 
 /* Whether --max-pull-wait has run out for w, a pull its client still waits

@@ -50,6 +50,7 @@ struct psd_conf {
     uint64_t max_message;
     int consistency;
     int workers;
+    int max_sync_workers;
     int64_t commit_interval_ms;
     bool durable;
     bool allow_nonfinite;
@@ -124,6 +125,11 @@ static const ps_opt psd_opts[] = {
      consistency_choices},
     {"workers", PS_OPT_INT, offsetof(struct psd_conf, workers), "1",
      "sync: pushes aggregated per step when a spec says 0", 1, 65536, NULL},
+    /* 1024: beyond any job we know of, and a bound a caller that creates a
+     * SYNC variable cannot raise (SetSyncWorkers is capped by the specs). */
+    {"max-sync-workers", PS_OPT_INT, offsetof(struct psd_conf, max_sync_workers), "1024",
+     "sync: the most workers a variable's num_workers may name, and so the most "
+     "SetSyncWorkers may ask for (at least --workers)", 1, 65536, NULL},
     /* 20 ms: a kill -9 loses at most ~20 ms of acknowledged pushes while
      * group commits stay cheap next to the pushes they batch. */
     {"commit-interval", PS_OPT_DURATION_MS, offsetof(struct psd_conf, commit_interval_ms),
@@ -456,6 +462,7 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .map_size_max = c->map_size_max,
         .consistency = c->consistency == 1 ? PSD_SYNC : PSD_ASYNC,
         .workers = (uint32_t)c->workers,
+        .max_sync_workers = (uint32_t)c->max_sync_workers,
         .commit_interval_ms = (int)c->commit_interval_ms,
         .durable = c->durable,
         .allow_nonfinite = c->allow_nonfinite,

@@ -494,9 +494,10 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
     w->staleness = staleness;
     *it = (struct pull_items){0};
     pthread_mutex_lock(&s->wait_mu);
-    if (!shard_pull_admit(s, w)) {
+    int why = shard_pull_admit(s, w);
+    if (why != 0) {
         pthread_mutex_unlock(&s->wait_mu);
-        shard_pull_refuse(s, call);
+        shard_pull_refuse(s, call, why);
         shard_waiter_free(w);
         return;
     }

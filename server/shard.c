@@ -63,10 +63,11 @@ static void checkpoint(ps_rpc_call *call, const uint8_t *req, size_t len, void *
 }
 
 /* How far a Checkpoint's step may run ahead of the highest variable
- * version on this psd. The step names the directory and orders retention,
- * so a caller's step near 2^63 would outrank every honest checkpoint to
- * come. An honest step can still exceed the versions: pscoord sends its
- * global step (coordinator/jobckpt.c: the highest step any worker
+ * version on this psd. The step names the directory; retention follows the
+ * order of creation (checkpoint.h), so a forged step no longer outranks
+ * anything, and this bound only refuses labels no job reaches. An honest
+ * step can still exceed the versions: pscoord sends its
+ * global step (coordinator/jobckpt.c: the lower median of the steps the workers
  * reported), and in async mode a shard holding no variable, or variables a
  * restarted psd recreated at version 0 while workers go on counting, has
  * versions far below it. So the bound is a margin no job reaches: 2^40

@@ -47,6 +47,8 @@ typedef struct psd_shard_opts {
     uint64_t map_size_max;       /* the map grows up to it; 0 = the free disk */
     int consistency;             /* default for specs that leave it unset */
     uint32_t workers;            /* sync: pushes per step when a spec says 0 */
+    uint32_t max_sync_workers;   /* sync: most num_workers of a spec (or
+                                    workers, if more); 0 = 65536 */
     int commit_interval_ms;      /* write-behind period, > 0 */
     bool durable;                /* acknowledge a push only once committed */
     bool allow_nonfinite;        /* accept NaN/Inf gradients */

@@ -158,6 +158,7 @@ typedef struct pull_waiter {
     double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
     int64_t give_up_ms;       /* --max-pull-wait: ps_now_ms it is answered
                                  DEADLINE_EXCEEDED at; INT64_MAX never */
+    char client[64];          /* its connection (limits.c: the per-client cap) */
     /* BOUNDED_STALENESS: the pulling worker and its clock, and the least
      * staleness of the variables pulled; bounded false: no such wait. */
     bool bounded;
@@ -391,8 +392,8 @@ bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,
 void shard_caps_settle(psd_shard *s, uint64_t bytes, bool held);
 void shard_caps_release(psd_shard *s, uint64_t bytes);
 void shard_caps_recount(psd_shard *s);
-bool shard_pull_admit(psd_shard *s, pull_waiter *w);
-void shard_pull_refuse(psd_shard *s, ps_rpc_call *call);
+int shard_pull_admit(psd_shard *s, pull_waiter *w);
+void shard_pull_refuse(psd_shard *s, ps_rpc_call *call, int why);
 bool shard_pull_timed_out(const pull_waiter *w, int64_t now_ms);
 void shard_pull_expired(psd_shard *s, pull_waiter *w, psd_var *v, uint64_t minv);
 

@@ -319,10 +319,16 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
                  sp->name, (int)sp->consistency);
         return PS_EINVAL_ARG;
     }
+    /* The bound is the server's: the largest num_workers also caps
+     * SetSyncWorkers (push.c), so a caller's spec must not raise it. */
+    uint32_t most = s->o.max_sync_workers != 0 ? s->o.max_sync_workers : 65536;
+    if (s->o.workers > most)
+        most = s->o.workers;
     if (sp->consistency == PS__V1__CONSISTENCY__SYNC &&
-        (sp->num_workers == 0 || sp->num_workers > 65536)) {
+        (sp->num_workers == 0 || sp->num_workers > most)) {
         snprintf(why, whylen, "variable '%s': SYNC needs num_workers in "
-                 "[1, 65536], got %u", sp->name, sp->num_workers);
+                 "[1, %u] (psd --max-sync-workers), got %u", sp->name, most,
+                 sp->num_workers);
         return PS_EINVAL_ARG;
     }
     *n_out = n;

@@ -11,7 +11,7 @@
   ones beyond --max-connections are closed at once and counted in Stats,
   and afterwards a new client is served by the same psd.
 - Idle sockets that never speak HTTP/2 are closed after
-  --handshake-timeout.
+  --handshake-timeout, on TCP and on the unix socket alike.
 """
 import os
 import resource
@@ -132,6 +132,22 @@ def main():
     r.check(st is not None and d.proc.poll() is None,
             "afterwards a new client on the unix socket is served by the same psd "
             "(%.1f s)" % (time.monotonic() - t0))
+
+    # Silent unix-socket connections time out like TCP ones: 100 of them
+    # held every slot of --max-connections until the idle timeout (15 min)
+    # before; now they are closed after --handshake-timeout 2s and a new
+    # client is served.
+    quiet = open_idle(unix_to(sock), 100)
+    time.sleep(0.5)
+    held = served(pb, pbg, d.address).local_connections
+    time.sleep(3)
+    after = served(pb, pbg, d.address).local_connections
+    st = served(pb, pbg, "unix:" + sock)
+    r.check(held >= 90 and after <= 5 and st is not None,
+            "100 silent unix-socket connections are closed after --handshake-timeout "
+            "2s (open %d -> %d) and a new client is served" % (held, after))
+    for s in quiet:
+        s.close()
 
     # Idle TCP sockets that never speak are closed after the handshake
     # timeout: psd's descriptors come back.

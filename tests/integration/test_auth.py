@@ -403,6 +403,31 @@ def test_files(d):
     p = start_psd("--tokens", hashed_loose)
     r.check(p.proc.poll() is None, "files: hashes only, readable by others: psd serves")
     p.stop()
+    # As ssh treats keys: a group that may read clear tokens, or anyone but
+    # the owner who may write the file, is refused in one line.
+    group_r = write(os.path.join(d, "group-r"), "worker %s\n" % T["worker"], mode=0o640)
+    group_w = write(os.path.join(d, "group-w"), "worker %s\n" % T["worker"], mode=0o620)
+    hashed_w = write(os.path.join(d, "hashed-w"), "worker sha256:%s\n"
+                     % hashlib.sha256(b"x" * 20).hexdigest(), mode=0o664)
+    for name, argv in base.items():
+        for path, mode, words in [(group_r, "640", "group or others may read"),
+                                  (group_w, "620", "group or others may write"),
+                                  (hashed_w, "664", "group or others may write")]:
+            rc, lines = run_to_exit(argv + ["--tokens", path])
+            r.check(rc == 2 and len(lines) == 1 and words in lines[0] and mode in lines[0]
+                    and T["worker"] not in lines[0],
+                    "files: %s --tokens of mode %s: exit %d, one line (%s)"
+                    % (name, mode, rc, lines))
+    client_r = write(os.path.join(d, "client-r"), "%s\n" % T["reader"], mode=0o640)
+    client_w = write(os.path.join(d, "client-w"), "%s\n" % T["reader"], mode=0o602)
+    for path, mode in [(client_r, "640"), (client_w, "602")]:
+        for argv in ([PSCTL, "--token-file", path, "stats"],
+                     [WORKERD, "--token-file", path, "--steps", "1"]):
+            rc, lines = run_to_exit(argv)
+            r.check(rc == 2 and len(lines) == 1 and "group or others may read or write"
+                    in lines[0] and path in lines[0],
+                    "files: %s --token-file of mode %s: exit %d, one line (%s)"
+                    % (os.path.basename(argv[0]), mode, rc, lines))
     empty = write(os.path.join(d, "empty"), "# nothing\n\n")
     rc, lines = run_to_exit([PSCTL, "--token-file", empty, "stats"])
     r.check(rc == 2 and len(lines) == 1 and "holds no token" in lines[0],
@@ -418,6 +443,15 @@ def test_fixh(d):
     # SetSyncWorkers: at most the workers the job's SYNC variables are made for.
     p = start_psd()
     s = ps_stub(p)
+    # ... and those are bounded by the server: a spec of 65536 workers
+    # raised the cap for any caller that may create a variable.
+    expect("fixh: a SYNC variable for 65536 workers",
+           lambda: s.CreateVariable(var("big", consistency=pb.SYNC, num_workers=65536),
+                                    timeout=5),
+           grpc.StatusCode.INVALID_ARGUMENT, "--max-sync-workers", "1024", "65536")
+    expect("fixh: ... so SetSyncWorkers(65536) stays refused",
+           lambda: s.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=65536), timeout=5),
+           grpc.StatusCode.INVALID_ARGUMENT)
     s.CreateVariable(var("sv", consistency=pb.SYNC, num_workers=2), timeout=5)
     expect("fixh: SetSyncWorkers(65536) for a job of 2 workers",
            lambda: s.SetSyncWorkers(pb.SetSyncWorkersRequest(workers=65536), timeout=5),

@@ -6,7 +6,10 @@ after every step, must be the same on both at each step (every worker
 applies the same averaged gradient), and the job must reach the expected
 accuracy. pscoord's KvSet/KvGet are driven directly with Python's grpcio:
 a KvGet waits for a key set later, times out naming the missing key, and
-bad keys and another job are refused. workerd refuses a member with
+bad keys and another job are refused; each key has one writer (a worker
+proving its task secret writes only its own rank's keys, the generation is
+pscoord's), a generation's addresses are read only by its members, and the
+store's caps answer RESOURCE_EXHAUSTED naming them. workerd refuses a member with
 another model (naming the first difference), a rendezvous that does not
 complete (naming the missing worker), and --strategy flags that contradict.
 """
@@ -47,47 +50,122 @@ def train_pair(r, name, extra):
         job.close()
 
 
+def vm_rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
 def kv_checks(r):
     pb, pbg, _, _ = pstest.generate_stubs()
     import grpc
-    job = mwmjob.Job("kv")
+    job = mwmjob.Job("kv", heartbeat_timeout="120s")
+    D, FP, RE = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
+                 grpc.StatusCode.RESOURCE_EXHAUSTED)
     try:
         ch = pstest.channel(job.coord_addr())
         c = pbg.CoordinatorStub(ch)
+
+        def worker(i):
+            return c.RegisterTask(pb.RegisterRequest(job_id="job", role=pb.WORKER, index=i),
+                                  timeout=5)
+
+        def kset(w, key, value, secret=None):
+            return c.KvSet(pb.KvSetRequest(
+                job_id="job", key=key, value=value, index=w.index,
+                task_secret=w.task_secret if secret is None else secret), timeout=5)
+
+        def kget(w, keys, timeout_ms=0):
+            return c.KvGet(pb.KvGetRequest(job_id="job", keys=keys, timeout_ms=timeout_ms,
+                                           index=w.index, task_secret=w.task_secret),
+                           timeout=timeout_ms / 1000.0 + 10)
+
+        w0, w1 = worker(0), worker(1)
         # A wait answered by a later set.
         got = {}
 
         def getter():
-            got["resp"] = c.KvGet(pb.KvGetRequest(job_id="job", keys=["a", "b"],
-                                                  timeout_ms=10000), timeout=20)
+            got["resp"] = kget(w1, ["model/0", "model/1"], 10000)
         t = threading.Thread(target=getter)
         t.start()
         time.sleep(0.3)
-        c.KvSet(pb.KvSetRequest(job_id="job", key="a", value=b"1"), timeout=5)
-        c.KvSet(pb.KvSetRequest(job_id="job", key="b", value=b"22"), timeout=5)
+        kset(w0, "model/0", b"1")
+        kset(w1, "model/1", b"22")
         t.join(20)
         resp = got.get("resp")
         r.check(resp is not None and list(resp.values) == [b"1", b"22"],
                 "KvGet waits for keys set later (%s)" % (list(resp.values) if resp else None))
         t0 = time.monotonic()
-        r.refused("KvGet of a key never set", lambda: c.KvGet(
-            pb.KvGetRequest(job_id="job", keys=["a", "never"], timeout_ms=300), timeout=5),
-            grpc.StatusCode.DEADLINE_EXCEEDED, "never")
+        r.refused("KvGet of a key never set", lambda: kget(w0, ["model/0", "model/7"], 300),
+                  grpc.StatusCode.DEADLINE_EXCEEDED, "model/7")
         r.check(time.monotonic() - t0 < 3, "its wait ends at its timeout")
-        r.refused("KvGet with timeout 0 of a missing key", lambda: c.KvGet(
-            pb.KvGetRequest(job_id="job", keys=["missing"]), timeout=5),
-            grpc.StatusCode.NOT_FOUND, "missing")
-        r.refused("KvSet of an empty key", lambda: c.KvSet(
-            pb.KvSetRequest(job_id="job", key="", value=b"x"), timeout=5),
-            grpc.StatusCode.INVALID_ARGUMENT, "key")
-        r.refused("KvSet of a 2 MiB value", lambda: c.KvSet(
-            pb.KvSetRequest(job_id="job", key="big", value=b"x" * (2 << 20)), timeout=5),
-            grpc.StatusCode.INVALID_ARGUMENT, "value")
+        r.refused("KvGet with timeout 0 of a missing key", lambda: kget(w0, ["done"]),
+                  grpc.StatusCode.NOT_FOUND, "done")
+        r.refused("KvSet of an empty key", lambda: kset(w0, "", b"x"),
+                  grpc.StatusCode.INVALID_ARGUMENT, "key")
+        r.refused("KvSet of a 2 MiB value", lambda: kset(w0, "model/0", b"x" * (2 << 20)),
+                  RE, "cap of 1048576 bytes per value")
         r.refused("KvGet of another job", lambda: c.KvGet(
-            pb.KvGetRequest(job_id="other", keys=["a"]), timeout=5),
-            grpc.StatusCode.FAILED_PRECONDITION, "other")
-        cs = c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5)
-        r.check(cs.group_generation == 0, "no worker alive: generation 0 (%d)" % cs.group_generation)
+            pb.KvGetRequest(job_id="other", keys=["a"]), timeout=5), FP, "other")
+        # Who may write what (the audit: any worker wrote any key).
+        r.refused("KvSet without a task secret", lambda: kset(w0, "model/0", b"x", ""),
+                  D, "no task_secret")
+        r.refused("KvSet with another worker's secret",
+                  lambda: kset(w0, "model/0", b"x", w1.task_secret), D, "not worker[0]'s")
+        r.refused("KvGet without a task secret", lambda: c.KvGet(pb.KvGetRequest(
+            job_id="job", keys=["model/0"], index=0), timeout=5), D, "no task_secret")
+        r.refused("KvSet generation=999999", lambda: kset(w0, "generation", b"999999"),
+                  D, "pscoord's")
+        r.refused("KvSet of another worker's model key", lambda: kset(w1, "model/0", b"x"),
+                  D, "not worker[1]'s")
+        r.refused("KvSet of a key outside the rendezvous", lambda: kset(w0, "a", b"x"),
+                  D, "not a key of the rendezvous")
+        got = pstest.wait_until(
+            lambda: c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).group_generation, 10)
+        g = c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5).group_generation
+        gen = int(kget(w0, ["generation"]).values[0])
+        r.check(got and gen == g and gen != 999999,
+                "the generation is pscoord's: %d, as GetCluster says" % gen)
+        members = kget(w0, ["gen/%d/members" % g]).values[0]
+        r.check(members == b"0,1", "generation %d: members %s" % (g, members))
+        r.refused("a rank address of another rank", lambda: kset(
+            w1, "gen/%d/0" % g, b"attacker:6666"), D, "rank 0's")
+        r.refused("Gloo's rank_<r> key of another rank", lambda: kset(
+            w1, "gen/%d/rank_0" % g, b"evil"), D, "rank 0's")
+        r.refused("the NCCL id by a rank other than 0", lambda: kset(
+            w1, "gen/%d/nccl_id" % g, b"evil"), D, "rank 0's")
+        r.refused("a generation's members", lambda: kset(
+            w0, "gen/%d/members" % g, b"0"), D, "pscoord's")
+        r.refused("gen/1/0=attacker:6666 (not a current generation)", lambda: kset(
+            w0, "gen/1/0", b"attacker:6666"), FP, "generation 1")
+        kset(w0, "gen/%d/0" % g, b"w0-addr")
+        kset(w1, "gen/%d/1" % g, b"w1-addr")
+        r.check(list(kget(w1, ["gen/%d/0" % g, "gen/%d/1" % g]).values) ==
+                [b"w0-addr", b"w1-addr"], "each rank writes its own address, both read them")
+        # A worker outside generation g does not learn its members' addresses.
+        w2 = worker(2)
+        pstest.wait_until(lambda: c.GetCluster(pb.GetClusterRequest(job_id="job"),
+                                               timeout=5).group_generation > g, 10)
+        r.refused("a rank address read by a worker outside its generation",
+                  lambda: kget(w2, ["gen/%d/0" % g]), D, "members of generation")
+        # Caps: 1 MiB values from as many workers as it takes pass 32 MiB.
+        before = vm_rss_mb(job.coord.proc.pid)
+        ws = [worker(i) for i in range(3, 43)]
+        codes, last = [], ""
+        for w in ws:
+            try:
+                kset(w, "model/%d" % w.index, b"x" * (1 << 20))
+                codes.append("ok")
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                last = e.details()
+        grown = vm_rss_mb(job.coord.proc.pid) - before
+        r.check(codes.count("ok") >= 28 and codes[-1] == RE and
+                "cap of 33554432 bytes" in last and grown < 120,
+                "40 values of 1 MiB: %d taken, then RESOURCE_EXHAUSTED naming the cap (%s); "
+                "pscoord grew %.0f MB" % (codes.count("ok"), last, grown))
         ch.close()
     except Exception as e:  # a refusal with another code
         r.check(False, "Kv checks: %s" % e)

@@ -3,8 +3,9 @@ made with tools/pscerts (checked with `openssl verify`), psd with mutual
 TLS pushed to and pulled from by Python's grpcio, refused clients (another
 CA, no client certificate, plaintext), workerd and psctl over TLS, a
 certificate reload on SIGHUP (a new CA; a bad file keeps the old one), the
-loopback rule and --insecure, and pscoord with TLS, a psd and a workerd
-against it.
+loopback rule and --insecure, pscoord with TLS, a psd and a workerd
+against it, and one-way TLS (a server certificate without a CA) from
+grpcio, psctl and workerd.
 
 Prints ok/FAIL per check and "tls: N passed, N failed".
 """
@@ -371,6 +372,167 @@ def check_pscoord(r, pb, pbg, a):
     coord.stop()
 
 
+def check_one_way(r, pb, pbg, a):
+    """Server-only TLS: psd and pscoord with a certificate and key but no
+    CA. Clients verify the server and present no certificate; tokens give
+    the identity. (gRPC 1.51 aborted at start in this mode before.)"""
+    import secrets
+    tok = {role: secrets.token_urlsafe(32) for role in ("worker", "operator", "reader")}
+    t = pstest.tmpdir("tls-oneway-tok-")
+    table = os.path.join(t, "tokens")
+    with open(table, "w") as f:
+        f.write("".join("%s %s\n" % kv for kv in tok.items()))
+    files = {}
+    for role, v in tok.items():
+        files[role] = os.path.join(t, role + ".tok")
+        with open(files[role], "w") as f:
+            f.write(v + "\n")
+    for path in [table] + list(files.values()):
+        os.chmod(path, 0o600)
+    flags = ["--tls-cert", os.path.join(a, "psd.pem"), "--tls-key", os.path.join(a, "psd.key")]
+    d = Logged([pstest.psd_path(), "--data-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                "--metrics-listen", "off", "--tokens", table] + flags)
+    r.check(d.port is not None and d.proc.poll() is None,
+            "psd with --tls-cert and --tls-key but no --tls-ca serves (one-way TLS)")
+    ca = os.path.join(a, "ca.pem")
+    ch = tls_channel(d.address, ca)
+    stub = pbg.ParameterServerStub(ch)
+    w = [("authorization", "Bearer " + tok["worker"])]
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "w", (4,), lr=0.5)),
+                        timeout=10, metadata=w)
+    g = np.array([1, 2, 3, 4], dtype=np.float32)
+    stub.Push(pb.PushRequest(worker=0, step=1, grads=[pstest.grad(pb, "w", g)]), timeout=10,
+              metadata=w)
+    got = pstest.value(stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=10,
+                                 metadata=w).values[0])
+    r.check(np.array_equal(got, -0.5 * g),
+            "grpcio without a client certificate pushes and pulls over one-way TLS: %s" % got)
+    st = stub.Stats(pb.StatsRequest(), timeout=5,
+                    metadata=[("authorization", "Bearer " + tok["reader"])])
+    r.check(st.transport_security == "tls", "Stats: transport_security=%r"
+            % st.transport_security)
+    try:
+        stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        code = e.code()
+    r.check(code == grpc.StatusCode.UNAUTHENTICATED,
+            "one-way TLS without a token is refused: the token is the identity (%s)" % code)
+    ch.close()
+    code = refused(pb, pbg, pstest.channel(d.address))
+    r.check(code == grpc.StatusCode.UNAVAILABLE,
+            "a plaintext client cannot connect to one-way TLS (%s)" % code)
+    b = pstest.tmpdir("tls-oneway-other-")
+    pscerts(b, "client")
+    code = refused(pb, pbg, tls_channel(d.address, os.path.join(b, "ca.pem")))
+    r.check(code == grpc.StatusCode.UNAVAILABLE,
+            "a client that trusts another CA does not accept the one-way server (%s)" % code)
+    p = subprocess.run([PSCTL, "--server", d.address, "--tls-ca", ca, "--token-file",
+                        files["reader"], "stats"], capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0 and re.search(r"transport\s+tls\b", p.stdout),
+            "psctl --tls-ca stats over one-way TLS shows the transport (%s)"
+            % (p.stderr.strip() or "exit 0"))
+    before = st.pushes
+    p = subprocess.run([WORKERD, "--ps", d.address, "--steps", "20", "--epochs", "0",
+                        "--limit", "2000", "--evaluate=false", "--shm", "off",
+                        "--model", "softmax", "--tls-ca", ca, "--token-file", files["worker"]],
+                       capture_output=True, text=True, timeout=240)
+    ch = tls_channel(d.address, ca)
+    after = pbg.ParameterServerStub(ch).Stats(
+        pb.StatsRequest(), timeout=5,
+        metadata=[("authorization", "Bearer " + tok["reader"])]).pushes
+    ch.close()
+    r.check(p.returncode == 0 and after - before >= 20,
+            "workerd with --tls-ca only trains over one-way TLS: %d pushes (%s)"
+            % (after - before, p.stderr.strip()[-200:] or "exit 0"))
+    d.stop()
+    coord = Logged([PSCOORD, "--state-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "off", "--job-id", "oneway"] +
+                   ["--tls-cert", os.path.join(a, "pscoord.pem"),
+                    "--tls-key", os.path.join(a, "pscoord.key")])
+    r.check(coord.port is not None and coord.proc.poll() is None,
+            "pscoord with --tls-cert and --tls-key but no --tls-ca serves")
+    ch = tls_channel(coord.address, ca)
+    try:
+        cs = pbg.CoordinatorStub(ch).GetCluster(pb.GetClusterRequest(job_id="oneway"),
+                                                timeout=5)
+        ok, what = True, "%d tasks" % len(cs.tasks)
+    except grpc.RpcError as e:
+        ok, what = False, e.details()
+    ch.close()
+    r.check(ok, "grpcio reads pscoord's cluster over one-way TLS (%s)" % what)
+    p = subprocess.run([PSCTL, "--tls-ca", ca, "status", "--coordinator", coord.address],
+                       capture_output=True, text=True, timeout=30)
+    r.check(p.returncode == 0, "psctl status --tls-ca over one-way TLS (%s)"
+            % (p.stderr.strip() or "exit 0"))
+    coord.stop()
+
+
+def expired_cert(d):
+    """A self-signed certificate for localhost valid only on 2020-01-01
+    (openssl ca can backdate; req and x509 cannot), and its key."""
+    with open(os.path.join(d, "cnf"), "w") as f:
+        f.write("[ ca ]\ndefault_ca = d\n[ d ]\ndatabase = %s/index.txt\n"
+                "new_certs_dir = %s\nserial = %s/serial\ndefault_md = sha256\n"
+                "policy = p\n[ p ]\ncommonName = supplied\n" % (d, d, d))
+    open(os.path.join(d, "index.txt"), "w").close()
+    with open(os.path.join(d, "serial"), "w") as f:
+        f.write("01\n")
+    key, csr, pem = (os.path.join(d, n) for n in ("old.key", "old.csr", "old.pem"))
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                    "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=30)
+    subprocess.run(["openssl", "ca", "-batch", "-config", os.path.join(d, "cnf"),
+                    "-selfsign", "-keyfile", key, "-in", csr, "-out", pem, "-startdate",
+                    "20200101000000Z", "-enddate", "20200102000000Z"], check=True,
+                   capture_output=True, timeout=30)
+    return pem, key
+
+
+def check_cert_warnings(r, pb, pbg):
+    """A server certificate that expired or expires within 7 days, and a
+    private key others may read, are logged as warnings at start and again
+    at a reload."""
+    d = pstest.tmpdir("tls-expiry-")
+    pem, key = expired_cert(d)
+    os.chmod(key, 0o644)
+    ps = Logged([pstest.psd_path(), "--data-dir", pstest.tmpdir(), "--listen",
+                 "127.0.0.1:0", "--metrics-listen", "off", "--tls-cert", pem,
+                 "--tls-key", key])
+    time.sleep(0.3)
+    err = ps.stderr()
+    lines = [l for l in err.splitlines() if "expired on 2020-01-02" in l]
+    r.check(ps.proc.poll() is None and len(lines) == 1 and "WARN" in lines[0] and
+            pem in lines[0], "psd warns once about its expired certificate: %s" % lines)
+    lines = [l for l in err.splitlines() if "may be read by others" in l]
+    r.check(len(lines) == 1 and key in lines[0] and "644" in lines[0],
+            "psd warns about a private key others may read: %s" % lines)
+    ps.stop()
+    b = pstest.tmpdir("tls-soon-")
+    pscerts(b, "--days", "3", "psd=" + LOCAL)
+    coord = Logged([PSCOORD, "--state-dir", pstest.tmpdir(), "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "off", "--tls-cert", os.path.join(b, "psd.pem"),
+                    "--tls-key", os.path.join(b, "psd.key")])
+    time.sleep(0.3)
+    soon = [l for l in coord.stderr().splitlines() if "expires on" in l]
+    r.check(len(soon) == 1 and "in 3.0 days" in soon[0] and "WARN" in soon[0],
+            "pscoord warns about a certificate that expires within 7 days: %s" % soon)
+    r.check("may be read by others" not in coord.stderr(),
+            "no warning for a key of mode 0600")
+    coord.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    ch = tls_channel(coord.address, os.path.join(b, "ca.pem"))
+    try:
+        pbg.CoordinatorStub(ch).GetCluster(pb.GetClusterRequest(), timeout=5)
+    except grpc.RpcError:
+        pass
+    ch.close()
+    soon = [l for l in coord.stderr().splitlines() if "expires on" in l]
+    r.check(len(soon) == 2, "... and again after the reload SIGHUP asks for (%d lines)"
+            % len(soon))
+    coord.stop()
+
+
 def main():
     r = pstest.Results("tls")
     pb, pbg, _, _ = pstest.generate_stubs()
@@ -381,6 +543,8 @@ def main():
     d.stop()
     check_loopback_rule(r, pb, pbg, a)
     check_pscoord(r, pb, pbg, a)
+    check_one_way(r, pb, pbg, a)
+    check_cert_warnings(r, pb, pbg)
     r.finish()
 
 

@@ -5,7 +5,8 @@ caps given on the command line (issue #13 e):
   over --max-variables is refused at once with RESOURCE_EXHAUSTED naming the
   limit and its value, allocates nothing, and leaves the variables as they
   were; an identical re-create at the cap still answers OK;
-- with --max-waiting-pulls N, the N+1st waiting pull is refused at once;
+- with --max-waiting-pulls N, the N+1st waiting pull is refused at once, and one
+  client may keep only a quarter of them waiting;
 - a waiting pull whose client set no deadline (or a long one) is answered
   DEADLINE_EXCEEDED after --max-pull-wait;
 - --max-streams caps one connection's calls in flight: one beyond waits
@@ -95,12 +96,22 @@ def caps_on_create(pb, stub, r):
     r.check(snapshot() == before, "the refused create changed nothing")
 
 
-def caps_on_pulls(pb, stub, r):
-    """--max-waiting-pulls 4, --max-pull-wait 3s: four pulls wait for a
-    version that never comes (one with no client deadline), a fifth is
-    refused at once; the four are answered DEADLINE_EXCEEDED after ~3 s."""
+def caps_on_pulls(pb, pbg, address, r):
+    """--max-waiting-pulls 4, --max-pull-wait 3s: four pulls from four
+    clients wait for a version that never comes (one with no client
+    deadline), a fifth is refused at once; the four are answered
+    DEADLINE_EXCEEDED after ~3 s. One client may keep only a quarter of
+    them waiting (here 1): its next waiting pull is refused naming that,
+    while another client's is still admitted (one worker parked them all
+    before, refusing everyone else's)."""
+    # Each its own connection: grpcio shares one between channels to the
+    # same target unless told not to.
+    own = list(pstest.CHANNEL_OPTIONS) + [("grpc.use_local_subchannel_pool", 1)]
+    stubs = [pbg.ParameterServerStub(grpc.insecure_channel(address, options=own))
+             for _ in range(7)]
+    stub = stubs[4]
     issued = time.monotonic()
-    waiting = [stub.Pull.future(pull_req(pb, "a", 100), timeout=None if i == 0 else 60)
+    waiting = [stubs[i].Pull.future(pull_req(pb, "a", 100), timeout=None if i == 0 else 60)
                for i in range(4)]
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -118,13 +129,20 @@ def caps_on_pulls(pb, stub, r):
                 "waiting pull %d (%s) is answered after --max-pull-wait (%.1f s): %s %r"
                 % (i, "no client deadline" if i == 0 else "client deadline 60 s",
                    after, code and code.name, msg))
-    # Their places are free again: a new waiting pull is admitted and answered.
-    fut = stub.Pull.future(pull_req(pb, "a", 2), timeout=20)
+    # One client's share: its second waiting pull is refused, another's
+    # first is admitted.
+    mine = stubs[5].Pull.future(pull_req(pb, "a", 2), timeout=20)
+    time.sleep(0.3)
+    r.refused("a client's second waiting pull (its share of --max-waiting-pulls 4 is 1)",
+              lambda: stubs[5].Pull(pull_req(pb, "a", 2), timeout=10),
+              C.RESOURCE_EXHAUSTED, "this client", "--max-waiting-pulls 4")
+    other = stubs[6].Pull.future(pull_req(pb, "a", 2), timeout=20)
     time.sleep(0.3)
     stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "a", np.ones(4096))]), timeout=5)
-    code, msg, _ = outcome(fut, 15)
-    r.check(code == C.OK, "a waiting pull is admitted again once they are answered (%s %s)"
-            % (code and code.name, msg))
+    codes = [outcome(f, 15)[0] for f in (mine, other)]
+    r.check(codes == [C.OK, C.OK], "their places are free again: the client's first and "
+            "another client's waiting pulls are admitted and answered (%s)"
+            % [c and c.name for c in codes])
 
 
 def delete_frees(pb, pbg, stub, r):
@@ -208,7 +226,7 @@ def main():
                          "--max-waiting-pulls", "4", "--max-pull-wait", "3s")
     stub = pbg.ParameterServerStub(pstest.channel(d.address))
     caps_on_create(pb, stub, r)
-    caps_on_pulls(pb, stub, r)
+    caps_on_pulls(pb, pbg, d.address, r)
     delete_frees(pb, pbg, stub, r)
     restart(pb, pbg, data, r, d)
     streams_cap(pb, pbg, r)

@@ -78,6 +78,52 @@ def forged_steps(pb, pbg, r):
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
 
 
+def forged_steps_within_bound(pb, pbg, r):
+    """The audit's attack: Checkpoint at steps just within the bound of
+    2^40 past the highest version (the audit's 2^40+99, +100, +50), outranked every honest
+    checkpoint by step, so psd pruned each honest one and Restore(0) loaded
+    a forged step. Retention follows creation: the next three honest
+    checkpoints (400, 500, 600) are the ones kept, and Restore(0) loads
+    600."""
+    data = pstest.tmpdir()
+    d = pstest.start_psd(data, "--checkpoint-keep", "3")
+    ch = pstest.channel(d.address)
+    stub = pbg.ParameterServerStub(ch)
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "w", (8,), lr=1.0)), timeout=10)
+    ck = os.path.join(data, "checkpoints")
+
+    def kept():
+        return sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+
+    def push_and_ckpt(st):
+        stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+        return stub.Checkpoint(pb.CheckpointRequest(step=st), timeout=30)
+
+    for st in (100, 200, 300):
+        push_and_ckpt(st)
+    # The highest version is 3: these are just within the bound of 2^40
+    # past it, as 2^40+99 was within it on the audit's psd.
+    big = 1 << 40
+    for forged in (big + 2, big + 3, big - 47):
+        stub.Checkpoint(pb.CheckpointRequest(step=forged), timeout=30)
+    for st in (400, 500, 600):
+        push_and_ckpt(st)
+    r.check(kept() == [400, 500, 600], "after forged steps 2^40+2, +3 and -47 the "
+            "honest 400, 500 and 600 are kept (%s)" % kept())
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+    r.check(resp.step == 600 and got.values[0].version == 6,
+            "Restore(0) loads the newest honest checkpoint 600 (step %d, version %d)"
+            % (resp.step, got.values[0].version))
+    man = json.load(open(os.path.join(ck, "600", "MANIFEST.json")))
+    r.check(man.get("format") == 2 and man.get("sequence", 0) > 0,
+            "the manifest records its creation order (%s)" % man)
+    ch.close()
+    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+
+
 def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-checkpoint")
@@ -232,6 +278,7 @@ def main():
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
 
     forged_steps(pb, pbg, r)
+    forged_steps_within_bound(pb, pbg, r)
 
     # A full disk.
     data2 = pstest.tmpdir()

@@ -160,8 +160,9 @@ START_TEST(test_write_two_latest_highest)
     json_error_t jerr;
     json_t *m = json_load_file(file, 0, &jerr);
     ck_assert_ptr_nonnull(m);
-    ck_assert_int_eq(json_integer_value(json_object_get(m, "format")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(m, "format")), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(m, "step")), 20);
+    ck_assert_int_eq(json_integer_value(json_object_get(m, "sequence")), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(m, "variables")), 2);
     ck_assert_str_eq(json_string_value(json_object_get(m, "data_file")), "data.mdb");
     ck_assert_int_gt(json_integer_value(json_object_get(m, "created_unix")), 0);
@@ -313,6 +314,27 @@ static int child_exit(void)
     return 0;
 }
 
+START_TEST(test_prune_by_creation)
+{
+    /* Forged steps far ahead (the audit's attack) are the newest only until
+     * honest checkpoints follow; they do not outrank those for good. */
+    const uint64_t big = (uint64_t)1 << 40;
+    psd_store *s = open_with_ckpts(100, 1.0f,
+                                   (uint64_t[]){100, 200, 300, big + 99, big + 100, big + 50},
+                                   6);
+    latest_eq(big + 50);
+    ck_assert_int_eq(psd_ckpt_prune(data_dir, 3), 0);
+    list_eq((uint64_t[]){big + 50, big + 99, big + 100}, 3);
+    for (uint64_t st = 400; st <= 600; st += 100) {
+        write_ckpt(s, st);
+        ck_assert_int_eq(psd_ckpt_prune_sparing(data_dir, 3, st), 0);
+    }
+    psd_store_close(s);
+    list_eq((uint64_t[]){400, 500, 600}, 3);
+    latest_eq(600);
+}
+END_TEST
+
 START_TEST(test_prune_keeps_last)
 {
     psd_store_close(open_with_ckpts(100, 1.0f, (uint64_t[]){1, 2, 3, 4, 5}, 5));
@@ -395,4 +417,4 @@ PSCHECK_MAIN("checkpoint",
                          test_bad_manifest_ignored}, &fx},
     {"psd_ckpt_path", {test_bad_crc_ignored}, &fx},
     {"psd_ckpt_list", {test_list_and_path_limits}, &fx},
-    {"psd_ckpt_prune", {test_prune_keeps_last}, &fx})
+    {"psd_ckpt_prune", {test_prune_keeps_last, test_prune_by_creation}, &fx})

@@ -1,0 +1,220 @@
+/*
+ * segments - cold-row reads from psd's segment files (server/segment.h)
+ * against the disk they sit on, in one run: --rows rows of --row bytes are
+ * appended and synced under --dir, then --calls calls each read --batch
+ * random rows with psd_segs_read (O_DIRECT through io_uring, the whole
+ * batch submitted at once), timed; the ceiling is the disk's rate for
+ * random O_DIRECT reads of the same span, with as many in flight as
+ * psd_segs_read keeps (a raw io_uring loop over the same files for
+ * --seconds), times the rows per read. The bench owns liburing for that
+ * loop (-DPS_OWNS_URING, common/confine.h).
+ *
+ *   segments [--dir DIR] [--rows 400000] [--row 530] [--batch 4096]
+ *            [--calls 50] [--seconds 3]
+ *
+ * Ends with one line: "segments: read N rows/s, C of disk ceiling (D reads/s
+ * of S bytes with Q in flight)".
+ */
+#include "common/clock.h"
+#include "common/errors.h"
+#include "server/segment.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEPTH 256 /* segment.c's ring */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Random O_DIRECT reads of span bytes at aligned offsets of segment 1..nseg
+ * files, DEPTH in flight, for secs: reads/s. */
+static double disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t align,
+                        double secs)
+{
+    int *fds = calloc(nseg + 1, sizeof *fds);
+    uint64_t *sizes = calloc(nseg + 1, sizeof *sizes);
+    for (uint32_t n = 1; n <= nseg; n++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/seg-%08u.psg", dir, n);
+        fds[n] = open(p, O_RDONLY | O_DIRECT);
+        struct stat st;
+        if (fds[n] < 0 || fstat(fds[n], &st) != 0) {
+            perror(p);
+            exit(1);
+        }
+        sizes[n] = (uint64_t)st.st_size;
+    }
+    struct io_uring ring;
+    if (io_uring_queue_init(DEPTH, &ring, 0) < 0) {
+        fprintf(stderr, "segments: no io_uring\n");
+        exit(1);
+    }
+    uint8_t *buf;
+    if (posix_memalign((void **)&buf, align, (size_t)DEPTH * span) != 0)
+        exit(1);
+    uint64_t rng = 99, done = 0;
+    double t0 = now_s(), t1 = t0;
+    for (int slot = 0; slot < DEPTH; slot++) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+        uint32_t n = 1 + (uint32_t)(rng_next(&rng) % nseg);
+        uint64_t blocks = (sizes[n] - span) / align;
+        uint64_t off = (rng_next(&rng) % (blocks ? blocks : 1)) * align;
+        io_uring_prep_read(sqe, fds[n], buf + (size_t)slot * span, span, off);
+        io_uring_sqe_set_data64(sqe, (uint64_t)slot);
+    }
+    /* Like psd_segs_read: refill the slots each wake-up reaped, one submit
+     * for them all. */
+    while ((t1 = now_s()) - t0 < secs) {
+        if (io_uring_submit_and_wait(&ring, 1) < 0)
+            continue;
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&ring, head, cqe) {
+            uint64_t slot = io_uring_cqe_get_data64(cqe);
+            if (cqe->res < 0) {
+                fprintf(stderr, "segments: disk read: %s\n", strerror(-cqe->res));
+                exit(1);
+            }
+            seen++;
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+            uint32_t n = 1 + (uint32_t)(rng_next(&rng) % nseg);
+            uint64_t blocks = (sizes[n] - span) / align;
+            uint64_t off = (rng_next(&rng) % (blocks ? blocks : 1)) * align;
+            io_uring_prep_read(sqe, fds[n], buf + slot * span, span, off);
+            io_uring_sqe_set_data64(sqe, slot);
+        }
+        io_uring_cq_advance(&ring, seen);
+        done += seen;
+    }
+    io_uring_queue_exit(&ring);
+    for (uint32_t n = 1; n <= nseg; n++)
+        close(fds[n]);
+    free(fds);
+    free(sizes);
+    free(buf);
+    return (double)done / (t1 - t0);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL;
+    long rows = 400000, row = 530, batch = 4096, calls = 50;
+    double secs = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--dir"))
+            dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--rows"))
+            rows = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--row"))
+            row = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batch"))
+            batch = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--calls"))
+            calls = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seconds"))
+            secs = atof(argv[i + 1]);
+    }
+    if (rows < batch || row < 16 || batch < 1 || calls < 1 || secs <= 0) {
+        fprintf(stderr, "usage: segments [--dir DIR] [--rows N] [--row BYTES] [--batch B] "
+                "[--calls C] [--seconds S]\n");
+        return 2;
+    }
+    char tmpl[] = "/var/tmp/segbench.XXXXXX";
+    if (dir == NULL && (dir = mkdtemp(tmpl)) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char segdir[4096];
+    snprintf(segdir, sizeof segdir, "%s/segments", dir);
+    psd_segs *s;
+    char why[512] = "";
+    int rc = psd_segs_open(segdir, 0, NULL, &s, why, sizeof why);
+    if (rc != 0) {
+        fprintf(stderr, "segments: %s (%s)\n", why, ps_strerror(rc));
+        return 1;
+    }
+    psd_seg_loc *locs = malloc((size_t)rows * sizeof *locs);
+    uint8_t *r = calloc(1, (size_t)row);
+    double t0 = now_s();
+    for (long i = 0; i < rows; i++) {
+        memcpy(r, &i, sizeof i);
+        if (psd_segs_append(s, 1, i, 1, r, 16, r + 16, (size_t)row - 16, &locs[i]) != 0)
+            return 1;
+        if ((i + 1) % 4096 == 0 || i + 1 == rows) {
+            rc = psd_segs_sync(s);
+            if (rc != 0) {
+                fprintf(stderr, "segments: sync: %s\n", ps_strerror(rc));
+                return 1;
+            }
+        }
+    }
+    double tw = now_s() - t0;
+    printf("wrote %ld rows of %ld bytes in %.2f s (%.0f rows/s, batches of 4096 synced), "
+           "%llu MiB in %u segment(s)\n", rows, row, tw, (double)rows / tw,
+           (unsigned long long)(psd_segs_bytes(s) >> 20), psd_segs_current(s));
+    psd_seg_read *rq = calloc((size_t)batch, sizeof *rq);
+    uint8_t *out = malloc((size_t)batch * (size_t)row);
+    uint64_t rng = 7;
+    double t = 0;
+    for (long c = 0; c < calls; c++) {
+        for (long k = 0; k < batch; k++) {
+            int64_t id = (int64_t)(rng_next(&rng) % (uint64_t)rows);
+            rq[k] = (psd_seg_read){.loc = locs[id], .var_id = 1, .id = id,
+                                   .dst = out + k * row, .cap = (size_t)row};
+        }
+        double a = now_s();
+        rc = psd_segs_read(s, rq, (size_t)batch);
+        t += now_s() - a;
+        if (rc != 0) {
+            fprintf(stderr, "segments: read: %s\n", ps_strerror(rc));
+            return 1;
+        }
+    }
+    double rate = (double)(calls * batch) / t;
+    uint32_t align = psd_segs_align(s);
+    /* A row's read spans its record widened to the alignment: most fit one
+     * block, some straddle two; the ceiling reads the average span. */
+    uint32_t span = align * (uint32_t)(((uint64_t)row + PSD_SEG_REC_HEAD + align - 1) / align);
+    double blocks_per_row = ((double)row + PSD_SEG_REC_HEAD + align - 1) / align;
+    printf("read: %ld calls of %ld random rows, %.3f ms a call, %s, alignment %u "
+           "(%.2f blocks a row on average)\n", calls, batch, 1e3 * t / (double)calls,
+           psd_segs_direct(s) ? "O_DIRECT through io_uring" : "pread fallback", align,
+           blocks_per_row);
+    uint32_t nseg = psd_segs_current(s);
+    psd_segs_close(s);
+    double disk = disk_rate(segdir, nseg, span, align, secs);
+    printf("segments: read %.0f rows/s, %.2f of disk ceiling (%.0f reads/s of %u bytes with "
+           "%d in flight)\n", rate, rate / disk, disk, span, DEPTH);
+    for (uint32_t n = 1; n <= nseg; n++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/seg-%08u.psg", segdir, n);
+        unlink(p);
+    }
+    rmdir(segdir);
+    if (dir == tmpl)
+        rmdir(dir);
+    free(locs);
+    free(r);
+    free(rq);
+    free(out);
+    return 0;
+}
