@@ -2,6 +2,7 @@
 
 #include "common/buf.h"
 #include "common/errors.h"
+#include "common/hostid.h"
 #include "common/log.h"
 #include "proto/ps.pb-c.h"
 #include "common/shm.h"
@@ -132,6 +133,64 @@ void ps_client_destroy(ps_client *c)
     ps_buf_free(&c->req);
     free(c->address);
     free(c);
+}
+
+/* Asks the psd at address (a TCP address of this host) for its local
+ * socket; copies it into out when this process is to use it, else sets
+ * why. Returns 0 or -ENAMETOOLONG. */
+static int stats_route(const char *address, const ps_rpc_client_opts *opts,
+                       int deadline_ms, char *out, size_t outlen, char *why,
+                       size_t whylen)
+{
+    ps_rpc_client *rpc = NULL;
+    ps_rpc_status st = {0};
+    void *resp = NULL;
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    int rc = ps_rpc_client_create(address, opts, &rpc);
+    if (rc == 0)
+        rc = ps_rpc_invoke_pb(rpc, "/ps.v1.ParameterServer/Stats", &req,
+                              &ps__v1__stats_response__descriptor, &resp,
+                              deadline_ms, &st);
+    ps_rpc_client_destroy(rpc);
+    if (rc == PS_ERPC) {
+        snprintf(why, whylen, "Stats: %s: %s", ps_rpc_code_name(st.code), st.message);
+        return 0;
+    }
+    if (rc != 0) {
+        snprintf(why, whylen, "Stats: %s", ps_strerror(rc));
+        return 0;
+    }
+    Ps__V1__StatsResponse *r = resp;
+    char mine[PS_HOST_ID_MAX];
+    if (ps_host_id(mine, sizeof mine) != 0)
+        mine[0] = '\0';
+    rc = 0;
+    if (r->local_address == NULL || r->local_address[0] == '\0') {
+        snprintf(why, whylen, "psd advertises no local socket (--local-socket off)");
+    } else if (ps_host_use_local(mine, r->host_id, r->local_address, why, whylen)) {
+        int n = snprintf(out, outlen, "%s", r->local_address);
+        rc = n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
+    }
+    ps__v1__stats_response__free_unpacked(r, NULL);
+    return rc;
+}
+
+int ps_client_local_route(const char *address, const ps_rpc_client_opts *opts,
+                          int deadline_ms, char *out, size_t outlen, char *why,
+                          size_t whylen)
+{
+    why[0] = '\0';
+    if (strncmp(address, "unix:", 5) != 0) {
+        if (!ps_shm_target_is_local(address))
+            snprintf(why, whylen, "another host");
+        else if (stats_route(address, opts, deadline_ms, out, outlen, why,
+                             whylen) != 0)
+            return -ENAMETOOLONG;
+        if (why[0] == '\0')
+            return 0; /* out is the socket */
+    }
+    int n = snprintf(out, outlen, "%s", address);
+    return n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
 }
 
 const char *ps_client_address(const ps_client *c)

@@ -26,6 +26,7 @@
 #include "worker/widedeep.h"
 #include "common/notify.h"
 #include "common/proc.h"
+#include "common/psclient.h"
 #include "common/tls.h"
 #include "worker/wd_conf.h"
 #include "proto/ps.pb-c.h"
@@ -216,6 +217,39 @@ static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
         }
         struct timespec ts = {0, 200 * 1000000L};
         nanosleep(&ts, NULL);
+    }
+}
+
+/* --ps without a coordinator: each psd given by a TCP address of this host
+ * that advertises its unix socket in Stats (psd's default) is reached there
+ * instead, so that the worker skips the TCP stack and, with --shm auto,
+ * moves tensors through shared memory (ps_client_local_route). --shm off
+ * keeps the addresses as given. ps[k] then points into store. Logs, per
+ * shard, how it is reached. */
+static void route_local(const struct wd_conf *c, const char **ps, int nps,
+                        char *store, size_t storelen)
+{
+    if (c->shm == 2)
+        return;
+    ps_rpc_client_opts co = {.deadline_ms = 2000, .max_attempts = 3,
+                             .token = c->token[0] ? c->token : NULL};
+    size_t used = 0;
+    for (int k = 0; k < nps; k++) {
+        char route[300], why[300];
+        if (strncmp(ps[k], "unix:", 5) == 0 ||
+            ps_client_local_route(ps[k], &co, 2000, route, sizeof route, why,
+                                  sizeof why) != 0)
+            continue;
+        size_t l = strlen(route) + 1;
+        if (why[0] != '\0' || used + l > storelen) {
+            ps_log_info("ps[%d]: %s over TCP (%s)", k, ps[k], why);
+            continue;
+        }
+        ps_log_info("ps[%d]: %s through its unix socket %s (on this host)", k,
+                    ps[k], route);
+        memcpy(store + used, route, l);
+        ps[k] = store + used;
+        used += l;
     }
 }
 
@@ -923,6 +957,8 @@ int main(int argc, char **argv)
     } else if (status == 0 && use_coord && !c.local)
         status = join_coordinator(&c, evaluator, d, &coord, ps, &nps, ps_store,
                                   sizeof ps_store, &placement);
+    else if (status == 0 && !use_coord && !c.local && !mwm)
+        route_local(&c, ps, nps, ps_store, sizeof ps_store);
     if (status != 0)
         goto out;
     events = open_events(&c, evaluator);

@@ -132,8 +132,10 @@ class Client:
     split_threshold: variables above it (bytes) are split by rows over all
     shards, as pscoord's --split-threshold (without a coordinator).
     shm: move tensors through shared memory with shards reached over a unix
-    socket (psd --local-socket); with a coordinator, reach each shard on
-    this host (the same host id, common/hostid.h) through its socket.
+    socket; a shard given by its TCP address, or by a coordinator, that runs
+    on this host (the same host id, common/hostid.h) and advertises its
+    socket (psd's default, --local-socket; Stats.local_address) is reached
+    through that socket.
     """
 
     def __init__(self, addresses: Optional[Sequence[str]] = None, *,
@@ -180,6 +182,8 @@ class Client:
         assert addresses is not None
         if len(addresses) == 0:
             raise ValueError("no psd addresses")
+        if coordinator is None and shm:
+            addresses = [self._route_local(i, a) for i, a in enumerate(addresses)]
         self.shards = [_Shard(i, Connection(a, **self._conn_args), shm)  # type: ignore[arg-type]
                        for i, a in enumerate(addresses)]
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -216,6 +220,29 @@ class Client:
                               "%d of %d ps tasks have an address after %.0f s"
                               % (len(got), n, wait), self.coord.address, "GetCluster")
             time.sleep(0.2)
+
+    def _route_local(self, index: int, address: str) -> str:
+        """The psd at address through its unix socket when it advertises one
+        in Stats with this host's id (as workerd and libpsclient do:
+        ps_client_local_route), else address."""
+        if is_local_socket(address):
+            return address
+        conn = Connection(address, **self._conn_args)  # type: ignore[arg-type]
+        try:
+            st = conn.call(PS, "Stats", pb.StatsRequest(), pb.StatsResponse,
+                           timeout=min(self.timeout, 5.0), retry=False)
+            why = (local_route(st.local_address, st.host_id) if st.local_address
+                   else "psd advertises no local socket (--local-socket off)")
+        except PsError as e:
+            why = "Stats: %s" % e.details
+        finally:
+            conn.close()
+        if why:
+            log.info("ps[%d]: %s over TCP (%s)", index, address, why)
+            return address
+        log.info("ps[%d]: %s through its unix socket %s (on this host: shared memory)",
+                 index, address, st.local_address)
+        return str(st.local_address)
 
     @property
     def addresses(self) -> List[str]:
