@@ -401,6 +401,7 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
     req->step = 0;
     req->return_values = 0;
     req->delta = 0;
+    req->wire_dtype = 0;
     req->ngrads = 0;
     while (c.left > 0) {
         size_t at = total - c.left;
@@ -420,6 +421,9 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
             rc = get_bool(&c, &req->return_values);
         } else if (field == 5 && wt == WT_VARINT) {
             rc = get_bool(&c, &req->delta);
+        } else if (field == 6 && wt == WT_VARINT) {
+            rc = get_varint(&c, &v);
+            req->wire_dtype = v > 1000 ? 1000 : (int)v;
         } else if (field == 3 && wt == WT_LEN) {
             if ((rc = read_push_grad(&c, req, err, errlen)) != 0)
                 return rc;
@@ -561,6 +565,15 @@ uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
                               uint64_t version, const int64_t *shape, int ndim,
                               size_t nbytes, const ps_wire_shm_ref *into)
 {
+    return ps_wire_value_header_dtype(p, field, name, version, shape, ndim, nbytes,
+                                      into, PS__V1__DTYPE__DTYPE_FLOAT32);
+}
+
+uint8_t *ps_wire_value_header_dtype(uint8_t *p, int field, const char *name,
+                                    uint64_t version, const int64_t *shape, int ndim,
+                                    size_t nbytes, const ps_wire_shm_ref *into,
+                                    int dtype)
+{
     size_t sl = shape_len(shape, ndim);
     size_t into_len = into ? ps_wire_shm_ref_len(into->name, into->offset, into->length) : 0;
     size_t tl = 2 + (ndim ? field_len(sl) : 0) +
@@ -576,7 +589,7 @@ uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
     }
     p = put_len_tag(p, 3, tl); /* VariableValue.value */
     *p++ = KEY(1, WT_VARINT); /* Tensor.dtype */
-    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+    *p++ = (uint8_t)dtype;
     if (ndim)
         p = put_shape(p, shape, ndim);
     if (into != NULL) /* Tensor.shm: where the bytes went */

@@ -107,6 +107,7 @@ typedef struct ps_wire_grad {
     ps_wire_bytes data;    /* the tensor's bytes, in pieces (any alignment) */
     size_t nbytes;
     int has_tensor;        /* the grad field was present */
+    int widened_from;      /* psd: the half dtype data was widened from, or 0 */
     int has_data;          /* Tensor.data was present */
     ps_wire_shm_ref shm;   /* Tensor.shm: the bytes are in shared memory */
     ps_wire_shm_ref value_into; /* Gradient.value_into */
@@ -119,6 +120,7 @@ typedef struct ps_wire_push {
     uint64_t step;
     int return_values;     /* answer with the values too */
     int delta;             /* w += grad, no optimizer (PushRequest.delta) */
+    int wire_dtype;        /* PushRequest.wire_dtype (0: unset, FLOAT32) */
     ps_wire_grad *grads;   /* ngrads entries; reused across decodes */
     size_t ngrads;
     size_t cap;
@@ -183,6 +185,11 @@ size_t ps_wire_push_step_at(const ps_wire_push_out *m);
 uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
                               uint64_t version, const int64_t *shape, int ndim,
                               size_t nbytes, const ps_wire_shm_ref *into);
+/* The same with Tensor.dtype `dtype` (a ps.v1.DType below 128). */
+uint8_t *ps_wire_value_header_dtype(uint8_t *p, int field, const char *name,
+                                    uint64_t version, const int64_t *shape, int ndim,
+                                    size_t nbytes, const ps_wire_shm_ref *into,
+                                    int dtype);
 
 /* PushResponse.versions, packed: its encoded length (at most 11 + 10 n)
  * and the field written at p (returns the end). */

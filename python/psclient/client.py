@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
+from . import half as _half
 from . import placement as _place
 from . import sparse as _sparse
 from ._proto import health, pb
@@ -136,6 +137,12 @@ class Client:
     on this host (the same host id, common/hostid.h) and advertises its
     socket (psd's default, --local-socket; Stats.local_address) is reached
     through that socket.
+    wire_dtype: "bf16" or "fp16" sends gradients and takes values in half
+    precision (half the bytes; psd keeps float32 values and optimizer
+    state), "f32" (default) float32; shared memory is always float32.
+    error_feedback: with a half wire_dtype, keep each variable's rounding
+    residual and add it to its next gradient (default), so that nothing is
+    lost over time; False rounds each gradient alone.
     """
 
     def __init__(self, addresses: Optional[Sequence[str]] = None, *,
@@ -144,7 +151,8 @@ class Client:
                  tls: Optional[TLS] = None, token_file: Optional[str] = None,
                  token: Optional[str] = None, timeout: float = 30.0,
                  retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
-                 shm: bool = False, wait_for_shards: float = 60.0) -> None:
+                 shm: bool = False, wait_for_shards: float = 60.0,
+                 wire_dtype: str = "f32", error_feedback: bool = True) -> None:
         if (addresses is None) == (coordinator is None):
             raise ValueError("give either addresses (the psd shards) or coordinator "
                              "(pscoord's address), not both or neither")
@@ -153,6 +161,8 @@ class Client:
                 raise ValueError("give token or token_file, not both")
             token = read_token(token_file)
         self._conn_args = dict(tls=tls, token=token, retry=retry, timeout=timeout)
+        self.wire_dtype = _half.wire_dtype(wire_dtype)
+        self.feedback = _half.ErrorFeedback() if error_feedback else None
         self._shm = shm
         self.worker = worker if worker is not None else 0
         self.job_id = job_id
@@ -382,6 +392,9 @@ class Client:
             assert region is not None
             off = t.shm.offset // 4
             return region.floats[off:off + t.shm.length // 4].reshape(shape).copy()
+        if t.dtype in (pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16):
+            return _half.from_half(np.frombuffer(t.data, dtype="<u2"),
+                                   t.dtype).reshape(shape)
         return np.frombuffer(t.data, dtype="<f4").reshape(shape)
 
     def _assemble(self, per_shard: Dict[int, List[Tuple[str, Any]]],
@@ -442,7 +455,9 @@ class Client:
                     if region is not None:
                         into = pb.ShmRef(name=region.name, offset=sh.half + sh.offsets[p.name],
                                          length=4 * _place.elements(self._part_shape(p)))
-                    items.append(pb.PullItem(name=p.name, min_version=min_version, into=into))
+                    wire = self.wire_dtype if into is None else pb.DTYPE_FLOAT32
+                    items.append(pb.PullItem(name=p.name, min_version=min_version, into=into,
+                                             wire_dtype=wire))
                 try:
                     resp = sh.call("Pull", pb.PullRequest(items=items, **clock),
                                    pb.PullResponse, timeout=timeout)
@@ -501,11 +516,14 @@ class Client:
                         if rv:
                             g.value_into.CopyFrom(pb.ShmRef(name=region.name,
                                                             offset=sh.half + off, length=4 * n))
+                    elif self.wire_dtype != pb.DTYPE_FLOAT32:
+                        g.grad.CopyFrom(self._half_tensor(p.name, rows))
                     else:
                         g.grad.CopyFrom(_tensor(rows))
                     gs.append(g)
+                wire = self.wire_dtype if region is None else pb.DTYPE_FLOAT32
                 req = pb.PushRequest(worker=self.worker, step=st, grads=gs,
-                                     return_values=rv, delta=delta)
+                                     return_values=rv, delta=delta, wire_dtype=wire)
                 try:
                     resp = sh.call("Push", req, pb.PushResponse, timeout=t)
                 except PsError as e:
@@ -537,6 +555,15 @@ class Client:
         if not sync and step is None:
             self.step += 1
         return PushResult(versions, values, pushed_as, stale)
+
+    def _half_tensor(self, part: str, rows: np.ndarray) -> Any:
+        """rows in the client's half wire_dtype, with error feedback."""
+        d = self.wire_dtype
+        if self.feedback is not None:
+            h = self.feedback.encode(part, rows, d)
+        else:
+            h, _ = _half.to_half(rows, d)
+        return pb.Tensor(dtype=d, shape=list(rows.shape), data=h.tobytes())
 
     def _rejoin(self, sh: _Shard, parts: Sequence[Tuple[str, _place.Part]],
                 e: PsError) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:
