@@ -107,6 +107,16 @@ int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
                    int deadline_ms, ps_rpc_status *st);
 
+/* Dense tensors on the wire in half precision from now on: dtype 2
+ * (ps.v1.DTYPE_FLOAT16) or 3 (BFLOAT16) sends each gradient rounded to it
+ * and asks each value in it (half the bytes; psd keeps float32), 1 or 0
+ * float32 again. With error_feedback the client keeps, per variable name,
+ * the residual of each rounding and adds it to the variable's next
+ * gradient (common/half.h), so that nothing is lost over time. Tensors in
+ * shared memory stay float32. Returns 0, or PS_EINVAL_ARG for another
+ * dtype. */
+int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
+
 /* From now on this client's pushes are deltas (PushRequest.delta): psd
  * adds each tensor to its variable, w += d, with no optimizer (local SGD's
  * exchange). false: gradients again. */

@@ -496,7 +496,7 @@ size_t ps_wire_push_len(const ps_wire_push_out *m)
         n += 1 + ps_wire_varint_len(m->step);
     for (size_t i = 0; i < m->ngrads; i++)
         n += field_len(grad_len(&m->grads[i]));
-    return n + (m->return_values ? 2 : 0);
+    return n + (m->return_values ? 2 : 0) + (m->delta ? 2 : 0) + (m->wire_dtype ? 2 : 0);
 }
 
 /* A dtype varint made `pad` bytes longer (0x81 0x80.. 0x00 for 1). */
@@ -555,6 +555,14 @@ uint8_t *ps_wire_push_put(uint8_t *p, const ps_wire_push_out *m)
     if (m->return_values) {
         *p++ = KEY(4, WT_VARINT);
         *p++ = 1;
+    }
+    if (m->delta) {
+        *p++ = KEY(5, WT_VARINT);
+        *p++ = 1;
+    }
+    if (m->wire_dtype) {
+        *p++ = KEY(6, WT_VARINT);
+        *p++ = (uint8_t)m->wire_dtype;
     }
     return p;
 }
@@ -639,7 +647,12 @@ static int read_value_tensor(cursor *t, ps_wire_value *v, struct values_walk *w)
         cursor s;
         if (get_varint(t, &key) != 0)
             return BAD;
-        if (key == KEY(3, WT_LEN)) {
+        if (key == KEY(1, WT_VARINT)) {
+            uint64_t d;
+            if (get_varint(t, &d) != 0)
+                return BAD;
+            v->dtype = d > 1000 ? 1000 : (int)d;
+        } else if (key == KEY(3, WT_LEN)) {
             if (get_sub(t, &v->data) != 0)
                 return BAD;
             int rc = w->fn(w->ctx, PS_WIRE_DATA, v, w->err, w->errlen);
@@ -664,6 +677,7 @@ static int read_value(cursor *vv, ps_wire_value *v, struct values_walk *w)
     v->name[0] = '\0';
     v->name_len = 0;
     v->version = 0;
+    v->dtype = 0;
     while (vv->left > 0) {
         uint64_t key;
         cursor s;

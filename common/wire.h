@@ -164,6 +164,8 @@ typedef struct ps_wire_push_out {
     const ps_wire_grad_out *grads;
     size_t ngrads;
     bool return_values;
+    bool delta;       /* PushRequest.delta */
+    int wire_dtype;   /* PushRequest.wire_dtype, below 128; 0: not sent */
 } ps_wire_push_out;
 
 /* The encoded length; the message written at p (returns its end). A
@@ -202,6 +204,7 @@ typedef struct ps_wire_value {
     char name[256];
     size_t name_len;
     uint64_t version;
+    int dtype;             /* Tensor.dtype when met before its data; 0: absent */
     ps_wire_bytes data;    /* PS_WIRE_DATA: Tensor.data */
     ps_wire_shm_ref shm;   /* PS_WIRE_SHM: Tensor.shm */
 } ps_wire_value;

@@ -481,6 +481,8 @@ static int connect_shards(struct session *s, const ps_rpc_client_opts *co,
         }
         if (s->shm != NULL && shm_with[k])
             ps_client_set_shm(sh->client, s->shm);
+        else if (o->wire_dtype != 0)
+            ps_client_set_wire_dtype(sh->client, o->wire_dtype, o->error_feedback);
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);
         if (sh->push_items == NULL || sh->pull_items == NULL)
@@ -799,7 +801,7 @@ static int run_open(struct run *r, const struct wd_train_opts *o,
     /* Only where the copy is exact: SGD, one replica that reads the pulled
      * block itself (workerd refuses the flag otherwise). */
     r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
-                     r->s.nrep == 1 &&
+                     r->s.nrep == 1 && o->wire_dtype == 0 &&
                      ps_model_backend(r->s.replicas[0])->host_memory;
     if (o->local_steps > 0 &&
         (rc = wd_local_open(&r->s, &r->local, err, errlen)) != 0)

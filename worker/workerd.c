@@ -620,6 +620,9 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .concurrent_pull = c->concurrent_pull,
         .self_update = c->self_update != 2,
         .shm = c->shm,
+        /* wire_choices' order: f32, bf16, fp16 -> ps.v1.DType */
+        .wire_dtype = c->wire_dtype == 1 ? 3 : c->wire_dtype == 2 ? 2 : 0,
+        .error_feedback = c->error_feedback,
         .summary_steps = (int)c->summary_steps,
         .token = c->token[0] ? c->token : NULL,
     };
@@ -636,13 +639,15 @@ static void print_summary(const struct wd_conf *c, const struct wd_train_result 
                "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
                "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
                "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu,"
-               "\"shm_shards\":%d}\n",
+               "\"shm_shards\":%d,\"wire_dtype\":\"%s\",\"error_feedback\":%s}\n",
                (long long)c->task_index, c->model, (long long)c->batch,
                (long long)c->replicas, (long long)res->steps, (long long)res->examples,
                res->seconds, res->examples_per_second, res->final_loss,
                res->compute_seconds, res->wait_seconds,
                evaluated ? loss : -1.0, evaluated ? acc : -1.0,
-               (unsigned long long)version, res->shm_shards);
+               (unsigned long long)version, res->shm_shards,
+               c->wire_dtype == 1 ? "bf16" : c->wire_dtype == 2 ? "fp16" : "f32",
+               c->error_feedback ? "true" : "false");
     } else {
         printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
                "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",

@@ -22,7 +22,11 @@ and a real psd on 127.0.0.1:0 in a temporary directory:
             Pull mixing wire dtypes: INVALID_ARGUMENT naming the variable,
             the value and version unchanged;
   client    psclient.Client(wire_dtype="bf16") trains a least-squares model
-            to the float32 client's loss; Stats.half_pushes counts.
+            to the float32 client's loss; Stats.half_pushes counts;
+  workerd   workerd --wire-dtype bf16 --shm off (libpsclient's half push
+            and pull, error feedback) on a fresh psd: every push and pull
+            in half (Stats), the model learns (test accuracy > 0.75); with
+            shared memory (psd's default socket) the wire stays float32.
 
 Prints ok/FAIL per check and "half: N passed, N failed".
 """
@@ -300,6 +304,37 @@ def check_client(p):
             "client: Stats half_pushes %d, half_pulls %d" % (st.half_pushes, st.half_pulls))
 
 
+def check_workerd():
+    import json
+    import subprocess
+    workerd = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
+    for extra, want_half in ((["--shm", "off"], True), ([], False)):
+        p = Psd()
+        try:
+            out = subprocess.run([workerd, "--ps", p.d.address, "--epochs", "1",
+                                  "--limit", "12800", "--batch", "64", "--json",
+                                  "--progress", "0", "--wire-dtype", "bf16"] + extra,
+                                 capture_output=True, text=True, timeout=240)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+            s = json.loads(lines[-1]) if lines else None
+            st = p.stats()
+            if want_half:
+                r.check(out.returncode == 0 and s is not None and
+                        s["wire_dtype"] == "bf16" and s["shm_shards"] == 0 and
+                        st.half_pushes >= s["steps"] and st.half_pulls >= 1 and
+                        s["test_accuracy"] > 0.75,
+                        "workerd: --wire-dtype bf16 --shm off: %s half pushes, %s half "
+                        "pulls, accuracy %s" % (st.half_pushes, st.half_pulls,
+                                                s and s["test_accuracy"]))
+            else:
+                r.check(out.returncode == 0 and s is not None and s["shm_shards"] == 1 and
+                        st.half_pushes == 0 and st.shm_bytes > 0,
+                        "workerd: --wire-dtype bf16 through shared memory stays float32 "
+                        "(half pushes %d, shm_bytes %d)" % (st.half_pushes, st.shm_bytes))
+        finally:
+            p.stop()
+
+
 def main():
     global pb, pbg
     pb, pbg, _, _ = pstest.generate_stubs()
@@ -313,6 +348,7 @@ def main():
         check_client(p)
     finally:
         p.stop()
+    check_workerd()
     r.finish()
 
 
