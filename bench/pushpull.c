@@ -28,7 +28,9 @@
  * With --link RATE (pushpull_link.c) psd and the client sit at the two ends
  * of a veth pair between two network namespaces, shaped to RATE by tc's
  * token bucket, and raw TCP over that link is the ceiling; it ends with
- * "pushpull link: 10 Gbit/s 4 MiB push+pull f32 T ms (R of link)".
+ * "pushpull link: 10 Gbit/s 4 MiB push+pull f32 T1 ms (R of link), bf16 T2 ms
+ * (X.Xx f32)", the bf16 case through psclient with bfloat16 on the wire
+ * and error feedback.
  *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
@@ -272,6 +274,8 @@ static int stream_setup(struct stream *s)
             s->dest = (float *)(void *)((uint8_t *)ps_shm_base(s->shm) + block);
             ps_client_set_shm(s->pc, s->shm);
         } else {
+            if (bc->o->wire_dtype != 0)
+                ps_client_set_wire_dtype(s->pc, bc->o->wire_dtype, true);
             /* In a message buffer, as workerd's gradients are: sent in place. */
             s->grad_msg = ps_rpc_msg_new(n * sizeof(float));
             s->grad = s->grad_msg ? (float *)(void *)ps_rpc_msg_data(s->grad_msg) : NULL;
@@ -889,24 +893,27 @@ static int run_tls(const struct opts *o, const struct psd_proc *plain_psd,
 /* ---- --link: across a shaped veth link (pushpull_link.c) ----------------- */
 
 static void print_link(const struct opts *o, const struct ceilings *lim,
-                       const struct case_result *f32)
+                       const struct case_result *f32, const struct case_result *bf16)
 {
     double ceiling = lim->tcp_gbps;
+    double x = bf16->rtt_med > 0 ? f32->rtt_med / bf16->rtt_med : 0;
     if (o->json)
         printf("{\"bench\":\"pushpull\",\"kind\":\"link\",\"rate_gbit\":%g,"
                "\"tcp_gbps\":%.4f,\"tcp_runs_gbps\":[%.4f,%.4f,%.4f],"
                "\"tcp_end_gbps\":%.4f,\"f32_rtt_median_ms\":%.4f,"
-               "\"f32_gbps\":%.4f,\"f32_ratio_link\":%.4f}\n",
+               "\"f32_gbps\":%.4f,\"f32_ratio_link\":%.4f,"
+               "\"bf16_rtt_median_ms\":%.4f,\"bf16_vs_f32\":%.4f}\n",
                o->link_gbit, ceiling, lim->tcp_runs[0], lim->tcp_runs[1],
                lim->tcp_runs[2], lim->tcp_end_gbps, f32->rtt_med * 1e3, f32->gbps,
-               f32->ratio);
+               f32->ratio, bf16->rtt_med * 1e3, x);
     else
         printf("\nlink %g Gbit/s (tc tbf, 256 KB burst): raw TCP %.3f GB/s "
                "(%.3f %.3f %.3f), %.3f GB/s again after the cases\n", o->link_gbit,
                ceiling, lim->tcp_runs[0], lim->tcp_runs[1], lim->tcp_runs[2],
                lim->tcp_end_gbps);
-    printf("pushpull link: %g Gbit/s 4 MiB push+pull f32 %.2f ms (%.2f of link)\n",
-           o->link_gbit, f32->rtt_med * 1e3, f32->ratio);
+    printf("pushpull link: %g Gbit/s 4 MiB push+pull f32 %.2f ms (%.2f of link), "
+           "bf16 %.2f ms (%.1fx f32)\n", o->link_gbit, f32->rtt_med * 1e3, f32->ratio,
+           bf16->rtt_med * 1e3, x);
     fflush(stdout);
 }
 
@@ -930,7 +937,7 @@ static int link_main(struct opts *o)
     o->psd_netns = link_psd_netns();
     struct ceilings lim = {0};
     struct psd_proc p;
-    struct case_result target = {0};
+    struct case_result target = {0}, half = {0};
     bool have_target = false;
     /* memcpy on this host, then everything after in the client's namespace. */
     if ((rc = measure_ceilings(o, &lim, false)) != 0 ||
@@ -958,6 +965,17 @@ static int link_main(struct opts *o)
             }
         }
     }
+    /* The same 4 MiB with bfloat16 on the wire (psclient's error feedback):
+     * half the bytes each way. */
+    if (rc == 0 && have_target) {
+        struct opts ho = *o;
+        ho.wire_dtype = 3;
+        if ((rc = run_case(&ho, p.pid, p.port, TARGET_BYTES, 1, &lim, &half)) == 0 &&
+            !o->json)
+            printf("bf16 on the wire:\n");
+        if (rc == 0)
+            print_case(o, &half);
+    }
     if (rc == 0 && link_tcp_ceiling(o, lim.tcp_end_runs, &lim.tcp_end_gbps) != 0)
         lim.tcp_end_gbps = 0;
     if (rc == 0)
@@ -968,7 +986,7 @@ static int link_main(struct opts *o)
         rc = PS_EUNAVAIL;
     }
     if (rc == 0 && have_target)
-        print_link(o, &lim, &target);
+        print_link(o, &lim, &target, &half);
 teardown:
     link_cleanup_now();
     return rc == 0 ? 0 : 1;

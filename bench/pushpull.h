@@ -78,6 +78,8 @@ struct opts {
     const char *link;         /* --link RATE as given, or NULL */
     double link_gbit;         /* its rate in Gbit/s */
     const char *psd_netns;    /* psd runs in this network namespace, or NULL */
+    int wire_dtype;           /* psclient streams: 0 float32, 2 FLOAT16, 3
+                                 BFLOAT16 (with error feedback) */
 };
 
 /* A growable array of samples in seconds: v[n] in the buffer's memory. */
