@@ -26,6 +26,8 @@ static void usage(FILE *f)
         "  --no-tls          skip the 4 MiB comparison with mutual TLS\n"
         "  --token-file F    send the token in F (an operator's: Stats too),\n"
         "                    for a psd given --psd-arg=--tokens=FILE\n"
+        "  --wire-dtype T    bf16 or fp16: psclient streams send gradients and\n"
+        "                    take values in half precision (error feedback)\n"
         "  --link RATE       psd and the client in two network namespaces joined\n"
         "                    by a veth pair shaped to RATE (10gbit, 25gbit; tc\n"
         "                    tbf, 256 KB burst), raw TCP over it the ceiling;\n"
@@ -163,6 +165,13 @@ void parse_opts(int argc, char **argv, struct opts *o)
             if (ps_auth_read_token(v, bench_token, sizeof bench_token, err,
                                    sizeof err) != 0) {
                 fprintf(stderr, "pushpull: --token-file: %s\n", err);
+                exit(2);
+            }
+        } else if ((v = opt_value(argc, argv, &i, "--wire-dtype")) != NULL) {
+            o->wire_dtype = strcmp(v, "bf16") == 0 ? 3 : strcmp(v, "fp16") == 0 ? 2
+                            : strcmp(v, "f32") == 0 ? 0 : -1;
+            if (o->wire_dtype < 0) {
+                fprintf(stderr, "pushpull: --wire-dtype: '%s' is not bf16, fp16 or f32\n", v);
                 exit(2);
             }
         } else if ((v = opt_value(argc, argv, &i, "--link")) != NULL) {
