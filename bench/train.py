@@ -207,7 +207,7 @@ def run_wire(build, batch, epochs):
     """(g): the MLP over TCP with each wire dtype, one worker, one psd."""
     row = {"g_batch": batch, "g_epochs": epochs}
     for k, extra in (("f32", []), ("bf16_ef", ["--wire-dtype", "bf16"]),
-                     ("bf16_no_ef", ["--wire-dtype", "bf16", "--error-feedback", "false"]),
+                     ("bf16_no_ef", ["--wire-dtype", "bf16", "--no-error-feedback"]),
                      ("fp16_ef", ["--wire-dtype", "fp16"])):
         r = run_ps(build, 1, batch, epochs, extra=["--shm", "off"] + extra)
         row["g_%s_examples_per_second" % k] = r["examples_per_second"]
