@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -443,6 +445,31 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
     return 0;
 }
 
+/* Whether a unix socket can be made at path: one there already (a stale
+ * one is replaced when psd binds), or a test bind that succeeds (the file
+ * is removed again). A data directory on a filesystem without sockets
+ * says no here, so that the default does not stop psd from starting. */
+static bool socket_possible(const char *path, char *why, size_t whylen)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            snprintf(why, whylen, "%s exists and is not a socket", path);
+        return S_ISSOCK(st.st_mode);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (!ok)
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    if (ok)
+        unlink(path);
+    return ok;
+}
+
 /* --local-socket as a second listen address in d->also, and its absolute
  * address and the host id in d->local and d->hostid for Stats and pscoord.
  * auto is psd.sock in the data directory, unless psd listens on a unix
@@ -461,6 +488,12 @@ static int local_socket(struct psd *d)
             return 0;
         snprintf(dflt, sizeof dflt, "%s/psd.sock", d->c.data_dir);
         path = dflt;
+    }
+    char why[600];
+    if (isauto && strlen(path) < max && !socket_possible(path, why, sizeof why)) {
+        ps_log_warn("no local socket: %s; workers on this host use TCP (set "
+                    "--local-socket to another path)", why);
+        return 0;
     }
     if (strlen(path) >= max) {
         if (isauto) {
