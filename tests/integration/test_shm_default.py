@@ -15,6 +15,8 @@ real processes on 127.0.0.1:0 in temporary directories:
              (test accuracy > 0.75);
   off        psd --local-socket off: Stats advertises no socket, no
              psd.sock in the data directory, the worker goes over TCP;
+  file       a regular file where the socket would go: psd starts, serves
+             TCP alone and advertises no socket;
   python     psclient.Client(["127.0.0.1:PORT"], shm=True) reaches the
              socket (Client.addresses) and pushes through shared memory;
              with another PS_HOST_ID it stays on TCP.
@@ -129,6 +131,27 @@ def check_off():
         p.stop()
 
 
+def check_not_a_socket():
+    """A regular file where the default socket would go: psd still starts,
+    advertises no socket, and leaves the file alone."""
+    root = pstest.tmpdir("shm-default-file-")
+    data = os.path.join(root, "data")
+    os.makedirs(data)
+    with open(os.path.join(data, "psd.sock"), "w") as f:
+        f.write("not a socket")
+    d = pstest.start_psd(data)
+    ch = pstest.channel(d.address)
+    try:
+        st = pbg.ParameterServerStub(ch).Stats(pb.StatsRequest(), timeout=5)
+        with open(os.path.join(data, "psd.sock")) as f:
+            kept = f.read() == "not a socket"
+        r.check(st.local_address == "" and kept, "file: a file at psd.sock: psd serves TCP "
+                "alone (local_address %r), the file kept" % st.local_address)
+    finally:
+        ch.close()
+        d.stop()
+
+
 def check_python(p):
     from psclient import Client, Initializer, Variable
     sock = "unix:" + os.path.join(os.path.abspath(p.data), "psd.sock")
@@ -165,6 +188,7 @@ def main():
     finally:
         p.stop()
     check_off()
+    check_not_a_socket()
     r.finish()
 
 

@@ -97,8 +97,9 @@ def main():
                                 a.get("test_accuracy"), o.get("test_accuracy")))
 
     # A psd over TCP will not take shared memory (issue 13 a): --shm on
-    # says so once and goes on inline.
-    dd = pstest.start_psd(pstest.tmpdir())
+    # says so once and goes on inline. (--local-socket off: a psd with its
+    # default socket would be reached there instead.)
+    dd = pstest.start_psd(pstest.tmpdir(), "--local-socket", "off")
     p = workerd("--ps", dd.address, "--epochs", "1", "--limit", "6400", "--json",
                 "--shm", "on")
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
