@@ -801,7 +801,7 @@ static int run_open(struct run *r, const struct wd_train_opts *o,
     /* Only where the copy is exact: SGD, one replica that reads the pulled
      * block itself (workerd refuses the flag otherwise). */
     r->self_update = o->self_update && !r->sync && o->optimizer == 0 &&
-                     r->s.nrep == 1 && o->wire_dtype == 0 &&
+                     r->s.nrep == 1 &&
                      ps_model_backend(r->s.replicas[0])->host_memory;
     if (o->local_steps > 0 &&
         (rc = wd_local_open(&r->s, &r->local, err, errlen)) != 0)
