@@ -85,7 +85,7 @@ def stop(p):
 
 
 def workerd(build, args, env=None):
-    argv = [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1"] + args
+    argv = [os.path.join(build, "worker", "workerd"), "--json", "--blas-threads", "1"] + args
     r = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
     if r.returncode != 0:
         raise RuntimeError("workerd %s failed: %s" % (" ".join(args), r.stderr.strip()))
@@ -98,9 +98,9 @@ def run_ps(build, nworkers, batch, epochs, seed=1, extra=(), unix=False):
         try:
             t0 = time.monotonic()
             procs = [subprocess.Popen(
-                [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1",
+                [os.path.join(build, "worker", "workerd"), "--json", "--blas-threads", "1",
                  "--ps", addr, "--batch", str(batch), "--epochs", str(epochs),
-                 "--lr", "0.1", "--num-workers", str(nworkers), "--task-index", str(i),
+                 "--lr", "0.1", "--workers", str(nworkers), "--task-index", str(i),
                  "--seed", str(seed), "--progress", "0"] + list(extra),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in range(nworkers)]
@@ -139,10 +139,10 @@ def run_mwm(build, nworkers, batch, epochs, seed=1, extra=()):
         try:
             t0 = time.monotonic()
             procs = [subprocess.Popen(
-                [os.path.join(build, "worker", "workerd"), "--json", "--threads", "1",
+                [os.path.join(build, "worker", "workerd"), "--json", "--blas-threads", "1",
                  "--strategy", "multi_worker_mirrored", "--coordinator",
                  "127.0.0.1:%s" % line.split()[1], "--batch", str(batch), "--epochs",
-                 str(epochs), "--lr", "0.1", "--num-workers", str(nworkers),
+                 str(epochs), "--lr", "0.1", "--workers", str(nworkers),
                  "--task-index", str(i), "--seed", str(seed), "--progress", "0",
                  "--metrics-listen", "off"] + list(extra),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

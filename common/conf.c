@@ -21,14 +21,61 @@ static void *field(const ps_opt *o, void *cfg)
     return (char *)cfg + o->offset;
 }
 
+static bool same_name(const char *a, const char *name, size_t len)
+{
+    return a != NULL && strlen(a) == len && strncmp(a, name, len) == 0;
+}
+
+/* The option named name[0..len), by its name or its old one (*old then
+ * set, when old is not NULL). */
+static const ps_opt *find_opt_old(const ps_opt *opts, const char *name,
+                                  size_t len, bool *old)
+{
+    if (old != NULL)
+        *old = false;
+    for (const ps_opt *o = opts; o->name != NULL; o++) {
+        if (same_name(o->name, name, len))
+            return o;
+    }
+    for (const ps_opt *o = opts; o->name != NULL; o++) {
+        if (same_name(o->alias, name, len)) {
+            if (old != NULL)
+                *old = true;
+            return o;
+        }
+    }
+    return NULL;
+}
+
 static const ps_opt *find_opt(const ps_opt *opts, const char *name,
                               size_t len)
 {
-    for (const ps_opt *o = opts; o->name != NULL; o++) {
-        if (strlen(o->name) == len && strncmp(o->name, name, len) == 0)
-            return o;
-    }
-    return NULL;
+    return find_opt_old(opts, name, len, NULL);
+}
+
+/* The old names warned about so far in this process: a program that loads
+ * two tables (psctl's own options, then its command's, which share
+ * --timeout) still warns once per name. Loads happen at start-up, on one
+ * thread. */
+static const char *warned_names[16];
+static size_t nwarned_names;
+
+/* Once per old name: "PROG: warning: --old is an old name for --name; it
+ * still works". warned has a slot per option of the table. */
+static void warn_old(const ps_opt *opts, const ps_opt *o, bool *warned,
+                     const char *how)
+{
+    size_t i = (size_t)(o - opts);
+    if (warned[i])
+        return;
+    warned[i] = true;
+    for (size_t k = 0; k < nwarned_names; k++)
+        if (strcmp(warned_names[k], o->alias) == 0)
+            return;
+    if (nwarned_names < sizeof warned_names / sizeof warned_names[0])
+        warned_names[nwarned_names++] = o->alias;
+    fprintf(stderr, "%s: warning: %s%s is an old name for %s%s; it still works\n",
+            program_invocation_short_name, how, o->alias, how, o->name);
 }
 
 /* A range bound as a person would write it: 1048576, not 1.04858e+06. */
@@ -446,12 +493,13 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
 }
 
 static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
-                             char *err, size_t errlen)
+                             const char *flag, bool *warned, char *err,
+                             size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         int rc = -errno;
-        return ps_errf(rc, err, errlen, "--config: cannot open '%s': %s", path,
+        return ps_errf(rc, err, errlen, "%s: cannot open '%s': %s", flag, path,
                        strerror(-rc));
     }
     json_error_t jerr;
@@ -472,12 +520,15 @@ static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,
     const char *key;
     json_t *val;
     json_object_foreach(root, key, val) {
-        const ps_opt *o = find_opt(opts, key, strlen(key));
+        bool old;
+        const ps_opt *o = find_opt_old(opts, key, strlen(key), &old);
         if (o == NULL) {
             rc = ps_errf(PS_EINVAL_ARG, err, errlen, "%s: unknown key '%s'",
                          path, key);
             goto decref;
         }
+        if (old)
+            warn_old(opts, o, warned, "");
         char where[512];
         snprintf(where, sizeof where, "%s: key '%s'", path, key);
         rc = set_json(o, cfg, val, where, err, errlen);
@@ -557,6 +608,7 @@ struct tok {
     const ps_opt *opt;    /* TOK_OPT */
     const char *value;    /* TOK_OPT, TOK_CONFIG: the text; NULL for bools */
     bool negated;         /* TOK_OPT: --no-name */
+    bool old;             /* TOK_OPT: given by its old name */
     int next;             /* the argv index after this token; TOK_END: the
                              first positional */
 };
@@ -603,9 +655,9 @@ static int scan(const ps_opt *opts, int argc, char **argv, int i,
         flag = "--config";
     } else {
         t->kind = TOK_OPT;
-        t->opt = find_opt(opts, name, len);
+        t->opt = find_opt_old(opts, name, len, &t->old);
         if (t->opt == NULL && len > 3 && strncmp(name, "no-", 3) == 0) {
-            const ps_opt *o = find_opt(opts, name + 3, len - 3);
+            const ps_opt *o = find_opt_old(opts, name + 3, len - 3, &t->old);
             if (o != NULL && o->type == PS_OPT_BOOL) {
                 if (eq != NULL)
                     return ps_errf(PS_EINVAL_ARG, err, errlen,
@@ -651,12 +703,47 @@ void ps_conf_free(const ps_opt *opts, void *cfg)
     }
 }
 
-/* The first pass reads the command line's syntax only (so that --help, a
- * typo or a missing value is reported before any file is read) and finds
- * --config; the second applies the defaults, the file, then the command
- * line's values. */
+/* "PSD" and "data-dir" -> "PSD_DATA_DIR". */
+static void env_name(const char *prefix, const char *name, char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s_", prefix);
+    for (size_t i = n > 0 ? (size_t)n : 0; *name != '\0' && i + 1 < len; name++, i++) {
+        out[i] = *name == '-' ? '_' : (char)toupper((unsigned char)*name);
+        out[i + 1] = '\0';
+    }
+}
+
+/* Layer 3: PREFIX_NAME for every option that has one set. */
+static int apply_env(const ps_opt *opts, void *cfg, const char *prefix, char *err,
+                     size_t errlen)
+{
+    for (const ps_opt *o = opts; o->name != NULL; o++) {
+        char var[160];
+        env_name(prefix, o->name, var, sizeof var);
+        const char *v = getenv(var);
+        if (v == NULL)
+            continue;
+        int rc = set_text(o, cfg, v, var, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
                  int *first_positional, char *err, size_t errlen)
+{
+    return ps_conf_load_env(opts, cfg, argc, argv, NULL, first_positional, err,
+                            errlen);
+}
+
+/* The first pass reads the command line's syntax only (so that --help, a
+ * typo or a missing value is reported before any file or variable is read)
+ * and finds --config; the second applies the defaults, the file, the
+ * environment, then the command line's values. */
+int ps_conf_load_env(const ps_opt *opts, void *cfg, int argc, char **argv,
+                     const char *env_prefix, int *first_positional, char *err,
+                     size_t errlen)
 {
     if (err != NULL && errlen > 0)
         err[0] = '\0';
@@ -688,6 +775,22 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
     if (first_positional == NULL && positional < argc)
         return ps_errf(PS_EINVAL_ARG, err, errlen, "unexpected argument '%s'",
                        argv[positional]);
+    char config_var[160] = "";
+    if (config == NULL && env_prefix != NULL) {
+        env_name(env_prefix, "config", config_var, sizeof config_var);
+        config = getenv(config_var);
+        if (config != NULL && config[0] == '\0')
+            return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: empty file name",
+                           config_var);
+        if (config == NULL)
+            config_var[0] = '\0';
+    }
+    size_t nopts = 0;
+    while (opts[nopts].name != NULL)
+        nopts++;
+    bool *warned = calloc(nopts + 1, sizeof *warned);
+    if (warned == NULL)
+        return ps_errf(-ENOMEM, err, errlen, "out of memory");
 
     for (const ps_opt *o = opts; o->name != NULL; o++) {
         if (o->type == PS_OPT_STRING)
@@ -705,7 +808,14 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
     }
 
     if (config != NULL) {
-        rc = apply_config_file(opts, cfg, config, err, errlen);
+        rc = apply_config_file(opts, cfg, config,
+                               config_var[0] != '\0' ? config_var : "--config", warned,
+                               err, errlen);
+        if (rc != 0)
+            goto free_strings;
+    }
+    if (env_prefix != NULL) {
+        rc = apply_env(opts, cfg, env_prefix, err, errlen);
         if (rc != 0)
             goto free_strings;
     }
@@ -716,8 +826,10 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
             break;
         if (t.kind != TOK_OPT)
             continue;
+        if (t.old)
+            warn_old(opts, t.opt, warned, "--");
         char where[128];
-        snprintf(where, sizeof where, "--%s", t.opt->name);
+        snprintf(where, sizeof where, "--%s", t.old ? t.opt->alias : t.opt->name);
         if (t.opt->type == PS_OPT_BOOL && t.value == NULL) {
             *(bool *)field(t.opt, cfg) = !t.negated;
             continue;
@@ -728,9 +840,11 @@ int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
     }
     if (first_positional != NULL)
         *first_positional = positional;
+    free(warned);
     return 0;
 
 free_strings:
+    free(warned);
     ps_conf_free(opts, cfg);
     return rc;
 }
@@ -801,6 +915,9 @@ void ps_conf_usage(const ps_opt *opts, const char *prog, const char *synopsis,
             used += (size_t)snprintf(right + used, sizeof right - used,
                                      " [%s, %s]", lo, hi);
         }
+        if (o->alias != NULL && used < sizeof right)
+            used += (size_t)snprintf(right + used, sizeof right - used,
+                                     " (old name: --%s)", o->alias);
         if (used < sizeof right) {
             const char *def = o->def;
             if (def == NULL && o->type == PS_OPT_BOOL)
@@ -824,4 +941,20 @@ void ps_conf_usage(const ps_opt *opts, const char *prog, const char *synopsis,
     if (units)
         fprintf(out, "\nSIZE takes bytes or K, M, G, T (powers of 1024); "
                  "DURATION takes ms, s, m, h\n(a plain number is ms).\n");
+}
+
+void ps_conf_usage_env(const ps_opt *opts, const char *prog, const char *synopsis,
+                       const char *env_prefix, FILE *out)
+{
+    ps_conf_usage(opts, prog, synopsis, out);
+    if (env_prefix == NULL)
+        return;
+    char example[160] = "";
+    if (opts[0].name != NULL)
+        env_name(env_prefix, opts[0].name, example, sizeof example);
+    fprintf(out, "\nEvery option can also come from the environment: %s_NAME, the name in "
+            "upper case\nwith '_' for '-' (--%s: %s; $%s_CONFIG names a config "
+            "file).\nLater layers win: defaults, then the config file, then the "
+            "environment, then\nthe command line.\n", env_prefix,
+            opts[0].name != NULL ? opts[0].name : "name", example, env_prefix);
 }

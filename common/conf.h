@@ -3,13 +3,23 @@
  *
  * A program describes its options once, in a table of ps_opt terminated by
  * {0}; each entry names a field of the program's own config struct by
- * offsetof. ps_conf_load then fills that struct in three layers, later ones
+ * offsetof. ps_conf_load then fills that struct in layers, later ones
  * winning:
  *
  *   1. every option's default (ps_opt.def, as text; NULL means zero/NULL);
- *   2. the keys of the JSON object in FILE, if "--config FILE" is given;
- *   3. the command line: "--name value", "--name=value"; for booleans
+ *   2. the keys of the JSON object in FILE, if "--config FILE" is given
+ *      (or, with an environment prefix, $PREFIX_CONFIG);
+ *   3. with an environment prefix (ps_conf_load_env), the environment:
+ *      PREFIX_NAME for --name, upper case, '-' as '_' (psd's --data-dir is
+ *      PSD_DATA_DIR), its value as on the command line; a variable that is
+ *      not an option is ignored, one with a bad value refused by its name;
+ *   4. the command line: "--name value", "--name=value"; for booleans
  *      "--name" and "--no-name".
+ *
+ * An option may keep an old name (ps_opt.alias): "--old" on the command
+ * line and the key "old" in the file still set it, with one warning per
+ * old name and process on stderr ("PROG: warning: --old is an old name for
+ * --name").
  *
  * Options stop at the first argument that does not start with "-" (or is
  * just "-"), or after "--"; what follows is positional, so a tool can take
@@ -33,7 +43,9 @@
  * "--help" (or "-h"), "--version" and "--config" are built in and must not
  * appear in a table.
  *
- * Threads and lifetime: no global state; a loaded struct is plain data.
+ * Threads and lifetime: a loaded struct is plain data. The one state kept
+ * across loads is the list of old names already warned about (so that one
+ * is warned about once per process): load at start-up, from one thread.
  */
 #ifndef PS_CONF_H
 #define PS_CONF_H
@@ -60,6 +72,7 @@ typedef struct ps_opt {
     const char *help;
     double min, max;    /* numeric range when min < max */
     const char *const *choices; /* ENUM: NULL-terminated */
+    const char *alias;  /* an old name still taken, with a warning; NULL */
 } ps_opt;
 
 /* Positive results of ps_conf_load: not errors, but the caller should print
@@ -85,6 +98,15 @@ typedef struct ps_opt {
 int ps_conf_load(const ps_opt *opts, void *cfg, int argc, char **argv,
                  int *first_positional, char *err, size_t errlen);
 
+/* ps_conf_load with the environment between the config file and the
+ * command line: env_prefix "PSD" reads PSD_DATA_DIR for --data-dir, and
+ * PSD_CONFIG for the file when no --config is given (NULL: no environment,
+ * as ps_conf_load). A bad value is PS_EINVAL_ARG with err naming the
+ * variable: "PSD_THREADS: 'x' is not an integer". */
+int ps_conf_load_env(const ps_opt *opts, void *cfg, int argc, char **argv,
+                     const char *env_prefix, int *first_positional, char *err,
+                     size_t errlen);
+
 /* Frees the strings of cfg and sets them to NULL. Safe to call twice. */
 void ps_conf_free(const ps_opt *opts, void *cfg);
 
@@ -92,5 +114,10 @@ void ps_conf_free(const ps_opt *opts, void *cfg);
  * default), then the built-in options. */
 void ps_conf_usage(const ps_opt *opts, const char *prog, const char *synopsis,
                    FILE *out);
+
+/* ps_conf_usage, then how the environment (env_prefix, as
+ * ps_conf_load_env) and the layers' precedence work. */
+void ps_conf_usage_env(const ps_opt *opts, const char *prog, const char *synopsis,
+                       const char *env_prefix, FILE *out);
 
 #endif

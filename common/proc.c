@@ -34,10 +34,12 @@ int ps_proc_prologue(const ps_proc_cmd *cmd, int argc, char **argv)
 {
     char err[1024];
     int first = argc;
-    int rc = ps_conf_load(cmd->opts, cmd->conf, argc, argv, &first, err,
-                          sizeof err);
+    int rc = ps_conf_load_env(cmd->opts, cmd->conf, argc, argv, cmd->env_prefix,
+                              &first, err, sizeof err);
     if (rc == PS_CONF_HELP) {
-        ps_conf_usage(cmd->opts, cmd->name, cmd->usage, stdout);
+        ps_conf_usage_env(cmd->opts, cmd->name, cmd->usage, cmd->env_prefix, stdout);
+        printf("\nExit status: 0 done; 1 a runtime failure; 2 a bad option, "
+               "environment variable\nor config file (one line on stderr).\n");
         ps_conf_free(cmd->opts, cmd->conf);
         return 0;
     }

@@ -43,12 +43,18 @@ typedef struct ps_proc_cmd {
                              options are loaded; NULL: the caller starts it */
     const int *log_format; /* in conf: a --log-format option (choices
                               ps_proc_log_formats); NULL: text */
+    const char *env_prefix; /* "PSD": options also from PSD_<NAME> in the
+                               environment (ps_conf_load_env); NULL: none */
 } ps_proc_cmd;
 
 /* The choices of a --log-level option (PS_OPT_ENUM) in the order of enum
  * ps_log_level, so that the int it fills can be cmd->log_level: "error",
  * "warn", "info", "debug". */
 extern const char *const ps_proc_log_levels[];
+/* Every binary's --log-level default: warn, so that a run that goes well
+ * is quiet and a refusal is the one line on stderr; info adds the events
+ * (registrations, reloads, restores). */
+#define PS_PROC_LOG_DEFAULT "warn"
 
 /* The choices of a --log-format option (PS_OPT_ENUM) in the order of enum
  * ps_log_format, for cmd->log_format: "text" (the default lines), "json"

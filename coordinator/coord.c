@@ -127,7 +127,7 @@ int coord_set_address(struct ctask *t, const char *addr)
 
 void coord_bump_locked(coord *c)
 {
-    c->epoch++;
+    c->generation++;
     pthread_cond_broadcast(&c->cond);
 }
 
@@ -252,7 +252,7 @@ int coord_create(const struct coord_opts *o, coord **out, char *err,
     }
     if (c->nckpts > 0)
         c->ck_last_step = c->ckpts[c->nckpts - 1].step;
-    c->epoch++;
+    c->generation++;
     coord_recompute_sync_locked(c);
     if ((rc = coord_state_save_locked(c)) != 0) {
         snprintf(err, errlen, "cannot write %s: %s", c->state_path,
@@ -342,7 +342,7 @@ struct coord_cluster *coord_snapshot_locked(coord *c)
         s->eval_loss = c->eval_loss;
         s->eval_step = c->eval_step;
     }
-    s->epoch = c->epoch;
+    s->generation = c->generation;
     if (c->placed && ps_placement_copy(&c->placement, &s->placement) != 0)
         goto fail;
     s->num_ps = coord_num_ps_locked(c);
@@ -506,7 +506,7 @@ static void heard_locked(coord *c, struct ctask *t,
 }
 
 int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
-                    enum coord_directive *directive, uint64_t *epoch,
+                    enum coord_directive *directive, uint64_t *generation,
                     struct coord_status *st)
 {
     *directive = COORD_DIRECTIVE_NONE;
@@ -535,7 +535,7 @@ int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
     } else {
         heard_locked(c, t, req, ps_now_ms());
     }
-    *epoch = c->epoch;
+    *generation = c->generation;
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -696,10 +696,10 @@ int coord_place(coord *c, const struct ps_place_var *vars, int n,
 
 /* ---- waiting, stopping ------------------------------------------------- */
 
-void coord_versions(coord *c, uint64_t *epoch, uint64_t *progress)
+void coord_versions(coord *c, uint64_t *generation, uint64_t *progress)
 {
     pthread_mutex_lock(&c->mu);
-    *epoch = c->epoch;
+    *generation = c->generation;
     *progress = c->progress;
     pthread_mutex_unlock(&c->mu);
 }
@@ -709,10 +709,10 @@ uint64_t coord_wait(coord *c, uint64_t seen, int timeout_ms)
     struct timespec until = ps_time_after_ms(CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&c->mu);
     uint64_t kicks = c->kicks;
-    while (!c->stopping && c->epoch == seen && c->kicks == kicks)
+    while (!c->stopping && c->generation == seen && c->kicks == kicks)
         if (pthread_cond_timedwait(&c->cond, &c->mu, &until) == ETIMEDOUT)
             break;
-    uint64_t e = c->epoch;
+    uint64_t e = c->generation;
     pthread_mutex_unlock(&c->mu);
     return e;
 }

@@ -29,7 +29,7 @@
  * checkpoint schedule, and psd itself refuses a checkpoint step that far
  * past its variables' versions.
  *
- * The epoch rises whenever membership (registered, dead, alive again),
+ * The generation rises whenever membership (registered, dead, alive again),
  * placement or the latest checkpoint changes; watchers wait on it.
  *
  * Sync worker count. The coordinator tells every live ps how many workers a
@@ -184,7 +184,7 @@ struct coord_cluster {
     char *last_checkpoint_path;    /* "" when none */
     double eval_accuracy, eval_loss; /* 0 until an evaluator reports */
     uint64_t eval_step;
-    uint64_t epoch;
+    uint64_t generation;
     struct ps_placement placement; /* empty until placed */
     uint32_t num_ps, num_workers, live_workers;
     uint64_t global_step;
@@ -252,7 +252,7 @@ int coord_register(coord *c, const struct coord_register_req *req,
                    struct coord_ps_call *restore, bool *want_restore,
                    struct coord_status *st);
 int coord_heartbeat(coord *c, const struct coord_heartbeat_req *req,
-                    enum coord_directive *directive, uint64_t *epoch,
+                    enum coord_directive *directive, uint64_t *generation,
                     struct coord_status *st);
 int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
                          struct coord_status *st);
@@ -279,9 +279,9 @@ void coord_cluster_free(struct coord_cluster *s);
 
 /* Epoch (membership, placement, checkpoints) and progress (steps, metrics)
  * counters, for watchers. */
-void coord_versions(coord *c, uint64_t *epoch, uint64_t *progress);
-/* Waits until the epoch differs from seen, the coordinator stops, or
- * timeout_ms passes. Returns the current epoch. */
+void coord_versions(coord *c, uint64_t *generation, uint64_t *progress);
+/* Waits until the generation differs from seen, the coordinator stops, or
+ * timeout_ms passes. Returns the current generation. */
 uint64_t coord_wait(coord *c, uint64_t seen, int timeout_ms);
 /* Wakes every coord_wait (e.g. for a thread that is stopping). */
 void coord_kick(coord *c);
@@ -305,7 +305,7 @@ void coord_sync_done(coord *c, const struct coord_ps_call *call,
  * waits for the shards. */
 bool coord_checkpoint_due(coord *c, uint64_t *step, struct coord_ps_call *out,
                           int max, int *n);
-/* Ends a round: all ok -> manifest, state, epoch, pruning; else logged and
+/* Ends a round: all ok -> manifest, state, generation, pruning; else logged and
  * the previous checkpoint stays the latest. */
 void coord_checkpoint_done(coord *c, uint64_t step,
                            const struct coord_shard_result *res, int n);

@@ -66,7 +66,7 @@ struct restore_rec {
 
 struct coord {
     pthread_mutex_t mu;
-    pthread_cond_t cond; /* broadcast on epoch change and stop */
+    pthread_cond_t cond; /* broadcast on generation change and stop */
 
     char *job_id;
     char *state_dir;
@@ -79,9 +79,9 @@ struct coord {
     struct ctask *tasks; /* sorted by (role, index) */
     int ntasks, cap;
 
-    uint64_t epoch;
+    uint64_t generation;
     uint64_t progress;
-    uint64_t kicks; /* coord_kick: wakes coord_wait without an epoch */
+    uint64_t kicks; /* coord_kick: wakes coord_wait without a generation */
     uint64_t global_step;
     int64_t start_ms;
     bool stopping;

@@ -8,7 +8,7 @@
  *               pscoord_live_workers, pscoord_ps_shards,
  *               pscoord_sync_workers, pscoord_ps_restoring
  * Liveness:     pscoord_missed_heartbeats_total{role}
- * Progress:     pscoord_global_step, pscoord_cluster_epoch,
+ * Progress:     pscoord_global_step, pscoord_cluster_generation,
  *               pscoord_eval_accuracy, pscoord_eval_loss, pscoord_eval_step
  * Checkpoints:  pscoord_job_checkpoint_last_step,
  *               pscoord_job_checkpoint_last_timestamp_seconds,
@@ -35,7 +35,7 @@ struct view {
     uint64_t tasks[PS_ROLE_COUNT][NSTATES];
     uint64_t missed[PS_ROLE_COUNT];
     uint32_t workers, live_workers, num_ps, sync_workers, restoring;
-    uint64_t global_step, epoch;
+    uint64_t global_step, generation;
     bool has_eval;
     double eval_accuracy, eval_loss;
     uint64_t eval_step;
@@ -71,7 +71,7 @@ static void copy_view(coord *c, struct view *v)
     v->num_ps = coord_num_ps_locked(c);
     v->sync_workers = c->sync_desired;
     v->global_step = c->global_step;
-    v->epoch = c->epoch;
+    v->generation = c->generation;
     v->has_eval = c->has_eval;
     v->eval_accuracy = c->eval_accuracy;
     v->eval_loss = c->eval_loss;
@@ -126,10 +126,10 @@ static void progress(ps_metrics *m, const struct view *v)
 {
     ps_metrics_gauge(m, "pscoord_global_step", "The job's global step: the highest "
                      "step a worker has reported.", (double)v->global_step);
-    ps_metrics_gauge(m, "pscoord_cluster_epoch", "The cluster's generation "
-                     "(GetCluster's epoch): rises with every change of "
+    ps_metrics_gauge(m, "pscoord_cluster_generation", "The cluster's membership "
+                     "generation (GetCluster's generation): rises with every change of "
                      "membership, liveness, placement or latest checkpoint.",
-                     (double)v->epoch);
+                     (double)v->generation);
     /* NaN until an evaluator reports: 0 would read as a model that is
      * always wrong. */
     ps_metrics_gauge(m, "pscoord_eval_accuracy", "Test accuracy of the latest "

@@ -140,7 +140,7 @@ static const ps_opt pscoord_opts[] = {
      "file holding the token pscoord sends to the psd shards (an operator's: "
      "it checkpoints, restores and sets sync counts); default: none", 0, 0, NULL},
     {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
-     "info", "error, warn, info or debug", 0, 0, ps_proc_log_levels},
+     PS_PROC_LOG_DEFAULT, "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_format),
      "text", PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
     {0},
@@ -437,7 +437,7 @@ int main(int argc, char **argv)
     p.cmd = (ps_proc_cmd){.name = "pscoord", .usage = "--state-dir DIR [options]",
                           .opts = pscoord_opts, .conf = &p.c,
                           .log_level = &p.c.log_level,
-                          .log_format = &p.c.log_format};
+                          .log_format = &p.c.log_format, .env_prefix = "PSCOORD"};
     int status = ps_proc_prologue(&p.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;

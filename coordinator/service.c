@@ -20,7 +20,7 @@
 
 struct watcher {
     ps_rpc_call *call;
-    uint64_t epoch;    /* of the last state sent */
+    uint64_t generation;    /* of the last state sent */
     uint64_t progress;
     int64_t sent_ms;
     struct watcher *next;
@@ -203,7 +203,7 @@ static Ps__V1__ClusterState *cluster_pb(const struct coord_cluster *c)
     s->eval_accuracy = c->eval_accuracy;
     s->eval_loss = c->eval_loss;
     s->eval_step = c->eval_step;
-    s->epoch = c->epoch;
+    s->generation = c->generation;
     if (placement_pb(&c->placement, &s->placement, &s->n_placement) != 0)
         goto fail;
     s->num_ps = c->num_ps;
@@ -234,8 +234,8 @@ static Ps__V1__ClusterState *snapshot_gen_pb(coord_service *sv)
 {
     Ps__V1__ClusterState *s = snapshot_pb(sv->c);
     if (s != NULL && sv->kv != NULL)
-        s->generation = coord_kv_generation(sv->kv, &s->generation_workers,
-                                            &s->n_generation_workers);
+        s->group_generation = coord_kv_generation(sv->kv, &s->group_workers,
+                                                  &s->n_group_workers);
     return s;
 }
 
@@ -351,7 +351,7 @@ static void on_heartbeat(coord_service *s, ps_rpc_call *call, const void *req)
     Ps__V1__Directive *dp = &d;
     struct coord_status st;
     enum coord_directive kind;
-    if (coord_heartbeat(s->c, &in, &kind, &resp.epoch, &st) != 0) {
+    if (coord_heartbeat(s->c, &in, &kind, &resp.generation, &st) != 0) {
         refused(call, &st);
     } else {
         if (kind == COORD_DIRECTIVE_REREGISTER) {
@@ -383,8 +383,8 @@ static void on_get_cluster(coord_service *s, ps_rpc_call *call,
 }
 
 /* Packs the current state for watchers. Returns a malloc'd buffer (and its
- * epoch and length) or NULL when out of memory. */
-static uint8_t *pack_state(coord *c, size_t *len, uint64_t *epoch)
+ * generation and length) or NULL when out of memory. */
+static uint8_t *pack_state(coord *c, size_t *len, uint64_t *generation)
 {
     Ps__V1__ClusterState *snap = snapshot_pb(c);
     if (snap == NULL)
@@ -393,7 +393,7 @@ static uint8_t *pack_state(coord *c, size_t *len, uint64_t *epoch)
     uint8_t *buf = malloc(*len > 0 ? *len : 1);
     if (buf != NULL)
         protobuf_c_message_pack(&snap->base, buf);
-    *epoch = snap->epoch;
+    *generation = snap->generation;
     protobuf_c_message_free_unpacked(&snap->base, NULL);
     return buf;
 }
@@ -422,10 +422,10 @@ static void on_watch_cluster(coord_service *s, ps_rpc_call *call,
                     "the coordinator is shutting down");
         return;
     }
-    uint64_t epoch, progress;
-    coord_versions(s->c, &epoch, &progress);
+    uint64_t generation, progress;
+    coord_versions(s->c, &generation, &progress);
     size_t n = 0;
-    uint8_t *buf = pack_state(s->c, &n, &w->epoch);
+    uint8_t *buf = pack_state(s->c, &n, &w->generation);
     w->progress = progress;
     w->sent_ms = ps_now_ms();
     if (buf == NULL || ps_rpc_stream_write(call, buf, n) != 0) {
@@ -520,25 +520,25 @@ static void on_kv_get(coord_service *s, ps_rpc_call *call, const void *req)
  * those that are behind. Called with s->mu held. */
 static void serve_watchers_locked(coord_service *s)
 {
-    uint64_t epoch, progress;
-    coord_versions(s->c, &epoch, &progress);
+    uint64_t generation, progress;
+    coord_versions(s->c, &generation, &progress);
     int64_t now = ps_now_ms();
     uint8_t *buf = NULL;
     size_t len = 0;
-    uint64_t buf_epoch = epoch;
+    uint64_t buf_generation = generation;
     for (struct watcher **p = &s->watchers; *p != NULL;) {
         struct watcher *w = *p;
-        bool send = w->epoch != epoch ||
+        bool send = w->generation != generation ||
                     (w->progress != progress &&
                      now - w->sent_ms >= s->interval_ms);
         bool gone = ps_rpc_call_cancelled(w->call);
         if (!gone && send) {
             if (buf == NULL)
-                buf = pack_state(s->c, &len, &buf_epoch);
+                buf = pack_state(s->c, &len, &buf_generation);
             if (buf == NULL)
                 break; /* out of memory: try again next pass */
             gone = ps_rpc_stream_write(w->call, buf, len) != 0;
-            w->epoch = buf_epoch;
+            w->generation = buf_generation;
             w->progress = progress;
             w->sent_ms = now;
         }

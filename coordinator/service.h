@@ -8,7 +8,7 @@
  * edge).
  *
  * WatchCluster streams stay open: each is kept in a list served by one
- * thread, which sends the cluster state when the epoch changes, and at most
+ * thread, which sends the cluster state when the generation changes, and at most
  * once per interval while only progress (steps, metrics) changes. A stream
  * ends when the client cancels it (CANCELLED) or when the service stops
  * (UNAVAILABLE "the coordinator is shutting down"); each exactly once.

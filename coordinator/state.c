@@ -4,7 +4,7 @@
  * state.json holds what a restarted coordinator needs to carry the job on:
  *
  *   {"format": 1, "job_id": "mnist-42", "membership": "static",
- *    "saved_unix": 1767225600, "epoch": 12, "global_step": 1200,
+ *    "saved_unix": 1767225600, "generation": 12, "global_step": 1200,
  *    "tasks": [{"role": "ps", "index": 0, "address": "h3:2222",
  *               "incarnation": 2, "step": 0, "secret": "9f...",
  *               "local_address": "unix:/run/psd/0.sock",
@@ -117,7 +117,7 @@ int coord_state_save_locked(coord *c)
         "{s:i, s:s, s:s, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
         "format", STATE_FORMAT, "job_id", c->job_id, "membership",
         c->spec != NULL ? "static" : "dynamic", "saved_unix",
-        (json_int_t)coord_unix_now(), "epoch", (json_int_t)c->epoch,
+        (json_int_t)coord_unix_now(), "generation", (json_int_t)c->generation,
         "global_step", (json_int_t)c->global_step, "tasks", tasks,
         "placement", c->placed ? placement_json(&c->placement) : json_null(),
         "checkpoints", ckpts, "last_eval", eval_json(c), "restores",
@@ -159,7 +159,7 @@ int coord_summary_write_locked(coord *c)
         "format", STATE_FORMAT, "job_id", c->job_id, "written_unix",
         (json_int_t)coord_unix_now(), "uptime_seconds",
         (json_int_t)((now - c->start_ms) / 1000), "global_step",
-        (json_int_t)c->global_step, "epoch", (json_int_t)c->epoch,
+        (json_int_t)c->global_step, "generation", (json_int_t)c->generation,
         "num_ps", (json_int_t)coord_num_ps_locked(c), "live_workers",
         (json_int_t)live, "num_workers", (int)workers, "tasks", tasks,
         "last_checkpoint", last_ckpt_json(c), "last_eval", eval_json(c));
@@ -378,7 +378,12 @@ int coord_state_load_locked(coord *c, char *err, size_t errlen)
         rc = PS_ECONFLICT;
         goto out;
     }
-    get_u64(root, "epoch", &c->epoch);
+    /* "epoch": the same counter in a state file written before it was
+     * called the generation. */
+    if (json_object_get(root, "generation") != NULL)
+        get_u64(root, "generation", &c->generation);
+    else
+        get_u64(root, "epoch", &c->generation);
     get_u64(root, "global_step", &c->global_step);
     if ((rc = load_tasks(c, tasks, err, errlen)) != 0)
         goto out;

@@ -6,9 +6,13 @@ it (Debian's grpcio-tools 1.14 writes gencode that newer runtimes refuse).
 
 The proto directory is $PSCLIENT_PROTO_DIR, else ../proto beside this file.
 The compiler is grpc_tools.protoc when importable, else `protoc` on PATH.
-Nothing generated is committed.
+The version is the project's: meson.build's project(version:) in the
+proto directory's parent (an sdist keeps it in PKG-INFO); build_py writes
+it into the package as well (psclient.__version__). Nothing generated is
+committed.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +54,24 @@ def compile_descriptors(out_dir):
         sys.exit("psclient: protoc failed on %s (exit %d)" % (src, rc))
 
 
+def project_version():
+    """meson.build's project version, or an sdist's PKG-INFO's."""
+    meson = os.path.join(proto_dir(), "..", "meson.build")
+    if os.path.isfile(meson):
+        with open(meson, encoding="utf-8") as f:
+            m = re.search(r"project\([^)]*?version:\s*'([^']+)'", f.read(), re.S)
+        if m is None:
+            sys.exit("psclient: no version: '...' in %s's project()" % os.path.abspath(meson))
+        return m.group(1)
+    info = os.path.join(HERE, "PKG-INFO")
+    if os.path.isfile(info):
+        with open(info, encoding="utf-8") as f:
+            m = re.search(r"^Version: (\S+)", f.read(), re.M)
+        if m:
+            return m.group(1)
+    sys.exit("psclient: neither %s nor PKG-INFO gives the version" % os.path.abspath(meson))
+
+
 class BuildWithProto(build_py):
     """build_py that first compiles the descriptor set into the package."""
 
@@ -60,6 +82,8 @@ class BuildWithProto(build_py):
         else:
             target = os.path.join(self.build_lib, "psclient", "_generated")
         compile_descriptors(target)
+        with open(os.path.join(target, "VERSION"), "w", encoding="utf-8") as f:
+            f.write(project_version() + "\n")
 
 
-setup(cmdclass={"build_py": BuildWithProto})
+setup(version=project_version(), cmdclass={"build_py": BuildWithProto})

@@ -243,7 +243,7 @@ static const ps_opt psd_opts[] = {
     {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
      "file holding the token psd sends to --coordinator (a worker's); "
      "default: none", 0, 0, NULL},
-    {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), "info",
+    {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), PS_PROC_LOG_DEFAULT,
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
      PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
@@ -787,7 +787,7 @@ int main(int argc, char **argv)
     d.cmd = (ps_proc_cmd){.name = "psd", .usage = "--data-dir DIR [options]",
                           .opts = psd_opts, .conf = &d.c,
                           .log_level = &d.c.log_level,
-                          .log_format = &d.c.log_format};
+                          .log_format = &d.c.log_format, .env_prefix = "PSD"};
     int status = ps_proc_prologue(&d.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;

@@ -30,23 +30,60 @@ static void print_role(const ps_cluster *c, enum ps_role r)
     printf("\n");
 }
 
+struct validate_cfg {
+    int output;
+};
+
+static const ps_opt validate_opts[] = {
+    OUTPUT_OPT(struct validate_cfg),
+    {0},
+};
+
+/* {"source", "tasks": N, "cluster": {role: [addresses]}, "task": {"type",
+ * "index", "address"} or null, "job_id": string or null}. */
+static json_t *validate_json(const ps_cluster *c, const char *source, int total)
+{
+    json_t *root = json_object(), *roles = json_object();
+    json_object_set_new(root, "source", json_string(source));
+    json_object_set_new(root, "tasks", json_integer(total));
+    for (int r = 0; r < PS_ROLE_COUNT; r++) {
+        json_t *list = json_array();
+        for (int i = 0; i < c->n[r]; i++)
+            json_array_append_new(list, json_string(c->addrs[r][i]));
+        json_object_set_new(roles, ps_role_name((enum ps_role)r), list);
+    }
+    json_object_set_new(root, "cluster", roles);
+    if (c->has_task)
+        json_object_set_new(root, "task", json_pack(
+            "{sssiss}", "type", ps_role_name(c->task_role), "index", c->task_index,
+            "address", ps_cluster_task_address(c, c->task_role, c->task_index)));
+    else
+        json_object_set_new(root, "task", json_null());
+    json_object_set_new(root, "job_id", c->job_id != NULL ? json_string(c->job_id)
+                                                          : json_null());
+    return root;
+}
+
 int cmd_cluster_validate(const struct command *self, int argc, char **argv)
 {
-    int first;
-    int rc = command_options(self, no_opts, NULL, argc, argv, &first);
+    struct validate_cfg cfg = {0};
+    char *pos[64];
+    int npos = 0;
+    int rc = parse_command(self, validate_opts, &cfg, argc, argv, "FILE", 0, 64, pos,
+                           &npos);
     if (rc >= 0)
         return rc;
-    if (argc - first > 1) {
+    if (npos > 1) {
         fprintf(stderr, "psctl: cluster validate takes at most one FILE, "
-                        "got %d arguments\n", argc - first);
+                        "got %d arguments\n", npos);
         return EXIT_USAGE;
     }
 
     ps_cluster c;
     char err[1024];
     const char *source;
-    if (first < argc) {
-        source = argv[first];
+    if (npos > 0) {
+        source = pos[0];
         rc = ps_cluster_load_file(source, &c, err, sizeof err);
     } else {
         source = "TF_CONFIG";
@@ -62,6 +99,11 @@ int cmd_cluster_validate(const struct command *self, int argc, char **argv)
     int total = 0;
     for (int r = 0; r < PS_ROLE_COUNT; r++)
         total += c.n[r];
+    if (cfg.output == OUTPUT_JSON) {
+        rc = pbjson_print(self, validate_json(&c, source, total));
+        ps_cluster_close(&c);
+        return rc;
+    }
     printf("%s: valid cluster spec, %d task%s\n", source, total,
            total == 1 ? "" : "s");
     for (int r = 0; r < PS_ROLE_COUNT; r++)
@@ -84,18 +126,20 @@ struct status_cfg {
     char *coordinator;
     int64_t timeout_ms;
     bool watch;
+    int output;
 };
 
 static const ps_opt status_opts[] = {
     {"coordinator", PS_OPT_STRING, offsetof(struct status_cfg, coordinator),
      NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
      DEFAULT_COORDINATOR ")", 0, 0, NULL},
-    {"timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
      NULL, "deadline of the call (default: 10s); --watch waits forever",
-     1, 3600000, NULL},
+     1, 3600000, NULL, "timeout"},
     {"watch", PS_OPT_BOOL, offsetof(struct status_cfg, watch), "false",
      "print a new block each time the coordinator sends one, until "
      "interrupted", 0, 0, NULL},
+    OUTPUT_OPT(struct status_cfg),
     {0},
 };
 
@@ -109,6 +153,35 @@ static const char *task_state(const Ps__V1__TaskInfo *t)
     if (t->last_heartbeat_age_seconds < 0)
         return "unknown";
     return "dead";
+}
+
+/* One word per task state, for scripts: "alive"; "unseen" (never
+ * registered); "unknown" (registered before the coordinator restarted, not
+ * heard from since); "dead". */
+static const char *state_word(const Ps__V1__TaskInfo *t)
+{
+    if (t->alive)
+        return "alive";
+    if (t->incarnation == 0)
+        return "unseen";
+    return t->last_heartbeat_age_seconds < 0 ? "unknown" : "dead";
+}
+
+json_t *cluster_json(const Ps__V1__ClusterState *c)
+{
+    json_t *root = pbjson_message(&c->base);
+    json_t *tasks = root != NULL ? json_object_get(root, "tasks") : NULL;
+    for (size_t i = 0; tasks != NULL && i < c->n_tasks; i++) {
+        const Ps__V1__TaskInfo *t = c->tasks[i];
+        json_t *o = json_array_get(tasks, i);
+        json_object_set_new(o, "state", json_string(state_word(t)));
+        bool trains = t->role == PS__V1__ROLE__WORKER || t->role == PS__V1__ROLE__CHIEF;
+        bool heard = t->incarnation > 0 && t->last_heartbeat_age_seconds >= 0;
+        json_object_set_new(o, "lag", trains && heard && c->global_step >= t->step
+                                          ? json_integer((json_int_t)(c->global_step - t->step))
+                                          : json_null());
+    }
+    return root;
 }
 
 /* The wire's Role values are ps_role + 1; 0 (unspecified) and any value
@@ -145,7 +218,7 @@ static void print_cluster(const Ps__V1__ClusterState *c, bool stamp)
         ROW("time", "%s", when);
     }
     ROW("job", "%s", c->job_id);
-    ROW("epoch", "%" PRIu64, c->epoch);
+    ROW("generation", "%" PRIu64, c->generation);
     ROW("global step", "%" PRIu64, c->global_step);
     ROW("workers", "%u/%u live", c->live_workers, c->num_workers);
     ROW("ps shards", "%u", c->num_ps);
@@ -261,6 +334,12 @@ int cmd_status(const struct command *self, int argc, char **argv)
                            NULL, &npos);
     if (rc >= 0)
         goto out;
+    if (cfg.watch && cfg.output == OUTPUT_JSON) {
+        fprintf(stderr, "psctl: status: --watch prints blocks for people; "
+                "-o json is one answer (poll it)\n");
+        rc = EXIT_USAGE;
+        goto out;
+    }
     rc = session_open_at(
         &s, self, "pscoord", "--coordinator",
         coordinator_target(cfg.coordinator),
@@ -274,7 +353,10 @@ int cmd_status(const struct command *self, int argc, char **argv)
         void *resp;
         rc = session_call(&s, COORD_METHOD("GetCluster"), &req,
                           &ps__v1__cluster_state__descriptor, &resp);
-        if (rc == 0) {
+        if (rc == 0 && cfg.output == OUTPUT_JSON) {
+            rc = pbjson_print(self, cluster_json(resp));
+            protobuf_c_message_free_unpacked(resp, NULL);
+        } else if (rc == 0) {
             print_cluster(resp, false);
             print_transport(resp, s.timeout_ms < 2000 ? s.timeout_ms : 2000);
             protobuf_c_message_free_unpacked(resp, NULL);
@@ -291,6 +373,10 @@ int cmd_status(const struct command *self, int argc, char **argv)
         fprintf(stderr, "psctl: status: the coordinator ended the watch\n");
     } else if (blocks == 0 && unreachable(&st)) {
         report_unreachable(&s, &st);
+    } else if (st.code == PS_RPC_UNIMPLEMENTED &&
+               report_mismatch(&s, COORD_METHOD("WatchCluster"))) {
+        rc = EXIT_USAGE;
+        goto close;
     } else if (strcmp(st.message, "stopped by the reader") != 0) {
         report_status(&s, &st);
     }

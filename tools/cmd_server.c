@@ -115,15 +115,109 @@ static void print_stats(const Ps__V1__StatsResponse *r)
 #undef ROW
 }
 
-static int print_stats_resp(const void *resp)
+/* A job's stats as a table: one row per shard, then the totals. */
+static void print_stats_table(Ps__V1__StatsResponse **r, const struct shard *sh,
+                              size_t n, const char *job_id)
 {
-    print_stats(resp);
-    return EXIT_OK;
+    printf("job %s: %zu shard%s\n", job_id, n, n == 1 ? "" : "s");
+    bool sparse = false;
+    int aw = (int)strlen("ADDRESS");
+    for (size_t i = 0; i < n; i++) {
+        sparse |= r[i]->sparse_tables > 0;
+        if ((int)strlen(sh[i].address) > aw)
+            aw = (int)strlen(sh[i].address);
+    }
+    printf("%-5s  %-*s  %9s  %10s  %10s  %10s  %10s  %10s  %10s  %10s%s\n", "SHARD",
+           aw, "ADDRESS", "VARIABLES", "BYTES", "PUSHES", "PULLS", "RECEIVED", "SENT",
+           "RESIDENT", "UPTIME", sparse ? "  SPARSE-ROWS" : "");
+    Ps__V1__StatsResponse tot = PS__V1__STATS_RESPONSE__INIT;
+    for (size_t i = 0; i <= n; i++) {
+        const Ps__V1__StatsResponse *x = i < n ? r[i] : &tot;
+        char idx[16], b[5][32];
+        if (i < n) {
+            snprintf(idx, sizeof idx, "%u", sh[i].index);
+            tot.variables += x->variables;
+            tot.value_bytes += x->value_bytes;
+            tot.slot_bytes += x->slot_bytes;
+            tot.pushes += x->pushes;
+            tot.pulls += x->pulls;
+            tot.bytes_received += x->bytes_received;
+            tot.bytes_sent += x->bytes_sent;
+            tot.resident_bytes += x->resident_bytes;
+            tot.sparse_rows += x->sparse_rows;
+            if (i == 0 || x->uptime_seconds < tot.uptime_seconds)
+                tot.uptime_seconds = x->uptime_seconds;
+        } else {
+            snprintf(idx, sizeof idx, "TOTAL");
+        }
+        char rows[32] = "";
+        if (sparse)
+            snprintf(rows, sizeof rows, "  %11" PRIu64, x->sparse_rows);
+        printf("%-5s  %-*s  %9" PRIu64 "  %10s  %10" PRIu64 "  %10" PRIu64
+               "  %10s  %10s  %10s  %10s%s\n", idx, aw, i < n ? sh[i].address : "",
+               x->variables, human_bytes(x->value_bytes + x->slot_bytes, b[0], 32),
+               x->pushes, x->pulls, human_bytes(x->bytes_received, b[1], 32),
+               human_bytes(x->bytes_sent, b[2], 32),
+               human_bytes(x->resident_bytes, b[3], 32),
+               human_duration(x->uptime_seconds, b[4], 32), rows);
+    }
 }
 
-const struct one_call stats_call = {
-    conn_opts, PS_METHOD("Stats"), &ps__v1__stats_request__descriptor, 0,
-    &ps__v1__stats_response__descriptor, print_stats_resp};
+/* {"job_id", "shards": [{"shard", "server", StatsResponse's fields}],
+ * "total": {...}}; job_id null for --server. */
+static json_t *stats_json(Ps__V1__StatsResponse **r, const struct shard *sh,
+                          size_t n, const char *job_id)
+{
+    /* A job has a checkpoint at a step when every shard has it; it has been
+     * up as long as its youngest shard. */
+    static const char *const lowest[] = {"uptime_seconds", "last_checkpoint_step",
+                                         NULL};
+    json_t *root = json_object(), *shards = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = pbjson_message(&r[i]->base);
+        if (o == NULL)
+            continue;
+        shard_json(o, &sh[i]);
+        json_array_append_new(shards, o);
+    }
+    json_object_set_new(root, "job_id", job_id[0] ? json_string(job_id) : json_null());
+    json_t *tot = pbjson_total(shards, lowest);
+    json_object_del(tot, "shard");
+    json_object_del(tot, "server");
+    json_object_set_new(root, "shards", shards);
+    json_object_set_new(root, "total", tot);
+    return root;
+}
+
+int cmd_stats(const struct command *self, int argc, char **argv)
+{
+    struct fan_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int npos;
+    int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    void **resps;
+    struct shard *sh;
+    size_t n;
+    char job[256];
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    rc = fan_call(self, &cfg, PS_METHOD("Stats"), &req,
+                  &ps__v1__stats_response__descriptor, &resps, &sh, &n, job, sizeof job);
+    if (rc >= 0)
+        goto out;
+    Ps__V1__StatsResponse **r = (Ps__V1__StatsResponse **)resps;
+    if (cfg.output == OUTPUT_JSON)
+        rc = pbjson_print(self, stats_json(r, sh, n, job));
+    else if (cfg.coordinator != NULL)
+        print_stats_table(r, sh, n, job), rc = EXIT_OK;
+    else
+        print_stats(r[0]), rc = EXIT_OK;
+    fan_free(resps, sh, n);
+out:
+    ps_conf_free(fan_opts, &cfg);
+    return rc;
+}
 
 struct health_cfg {
     struct conn_cfg conn;

@@ -1,7 +1,7 @@
 /*
  * cmd_top.c - psctl top: a live view of a job from its coordinator.
  *
- * Each frame is one GetCluster: a header line (job, epoch, live and total
+ * Each frame is one GetCluster: a header line (job, generation, live and total
  * workers, global step), the job's last checkpoint, then one row per task:
  * its state, step, steps/s, lag behind the global step, examples/s, loss and
  * (for the evaluator) test accuracy, and the age of its last heartbeat.
@@ -43,22 +43,24 @@ struct top_cfg {
     char *coordinator;
     int64_t timeout_ms;
     bool once;
-    double interval; /* seconds */
+    int64_t interval_ms;
+    int output;
 };
 
 static const ps_opt top_opts[] = {
     {"coordinator", PS_OPT_STRING, offsetof(struct top_cfg, coordinator),
      NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
      DEFAULT_COORDINATOR ")", 0, 0, NULL},
-    {"timeout", PS_OPT_DURATION_MS, offsetof(struct top_cfg, timeout_ms),
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct top_cfg, timeout_ms),
      NULL, "deadline of each call (default: 10s; a live frame waits at most "
-     "3s)", 1, 3600000, NULL},
+     "3s)", 1, 3600000, NULL, "timeout"},
     {"once", PS_OPT_BOOL, offsetof(struct top_cfg, once), "false",
      "print one frame as plain text and exit", 0, 0, NULL},
     /* 1 s: the coordinator hears from each task twice a second by default,
      * so every frame shows new figures without flooding a terminal. */
-    {"interval", PS_OPT_DOUBLE, offsetof(struct top_cfg, interval), "1",
-     "seconds between frames", 0.1, 3600, NULL},
+    {"interval", PS_OPT_DURATION_MS, offsetof(struct top_cfg, interval_ms), "1s",
+     "time between frames", 100, 3600000, NULL},
+    OUTPUT_OPT(struct top_cfg),
     {0},
 };
 
@@ -225,8 +227,8 @@ static char *render(struct top *t, const Ps__V1__ClusterState *c, double now)
     time_t wall = time(NULL);
     struct tm tm;
     strftime(when, sizeof when, "%H:%M:%S", localtime_r(&wall, &tm));
-    fprintf(f, "job %s  epoch %" PRIu64 "  workers %u/%u live  global step "
-            "%" PRIu64 "  pscoord %s  %s\n", c->job_id, c->epoch,
+    fprintf(f, "job %s  generation %" PRIu64 "  workers %u/%u live  global step "
+            "%" PRIu64 "  pscoord %s  %s\n", c->job_id, c->generation,
             c->live_workers, c->num_workers, c->global_step, t->s.target,
             when);
     if (c->last_checkpoint_step == 0)
@@ -292,7 +294,8 @@ static void lost(struct top *t, ps_rpc_status *st, double now)
     snprintf(line, sizeof line, "pscoord at %s: %s: %s; retrying every %gs "
              "(lost %s ago)", t->s.target, ps_rpc_code_name(st->code),
              st->message[0] != '\0' ? st->message : "(no message)",
-             t->cfg->interval, short_age(now - t->lost_since, age, sizeof age));
+             (double)t->cfg->interval_ms / 1000.0,
+             short_age(now - t->lost_since, age, sizeof age));
     if (t->tty)
         draw(t, t->last, line);
     else if (first)
@@ -378,14 +381,14 @@ static int run_live(struct top *t)
     keys_on(t);
     if (t->tty)
         fputs("\033[H\033[2J", stdout);
-    double start = now_s();
+    double start = now_s(), period = (double)t->cfg->interval_ms / 1000.0;
     for (uint64_t k = 1; !top_stop; k++) {
         tick(t);
         double now = now_s();
         /* A fixed cadence; ticks that a slow call overran are skipped. */
-        if (start + (double)k * t->cfg->interval < now)
-            k = (uint64_t)((now - start) / t->cfg->interval) + 1;
-        wait_until(t, start + (double)k * t->cfg->interval);
+        if (start + (double)k * period < now)
+            k = (uint64_t)((now - start) / period) + 1;
+        wait_until(t, start + (double)k * period);
     }
     keys_off(t);
     if (t->tty)
@@ -408,6 +411,12 @@ int cmd_top(const struct command *self, int argc, char **argv)
                            &npos);
     if (rc >= 0)
         goto out;
+    if (!cfg.once && cfg.output == OUTPUT_JSON) {
+        fprintf(stderr, "psctl: top: -o json needs --once (a live view is for "
+                "people)\n");
+        rc = EXIT_USAGE;
+        goto out;
+    }
     rc = session_open_at(
         &t.s, self, "pscoord", "--coordinator",
         coordinator_target(cfg.coordinator),
@@ -425,7 +434,10 @@ int cmd_top(const struct command *self, int argc, char **argv)
     void *resp;
     rc = session_call(&t.s, COORD_METHOD("GetCluster"), &req,
                       &ps__v1__cluster_state__descriptor, &resp);
-    if (rc == 0) {
+    if (rc == 0 && cfg.output == OUTPUT_JSON) {
+        rc = pbjson_print(self, cluster_json(resp));
+        protobuf_c_message_free_unpacked(resp, NULL);
+    } else if (rc == 0) {
         char *frame = render(&t, resp, now_s());
         protobuf_c_message_free_unpacked(resp, NULL);
         if (frame == NULL) {

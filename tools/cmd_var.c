@@ -21,20 +21,22 @@
 
 /* ---- list ------------------------------------------------------------- */
 
-enum { COL_NAME, COL_SHAPE, COL_DTYPE, COL_OPT, COL_CONS, COL_VERSION,
+enum { COL_SHARD, COL_NAME, COL_SHAPE, COL_DTYPE, COL_OPT, COL_CONS, COL_VERSION,
        COL_BYTES, NCOLS };
 
 struct list_row {
     const char *cell[NCOLS];
+    char shard[16];
     char shape[192];
     char cons[32];
     char version[24];
     char bytes[24];
 };
 
-static void print_row(const char *const *cell, const int *width)
+/* One row; the shard column only when fanned out over a job. */
+static void print_row(const char *const *cell, const int *width, bool shards)
 {
-    for (int c = 0; c < NCOLS; c++) {
+    for (int c = shards ? 0 : 1; c < NCOLS; c++) {
         bool right = c == COL_VERSION || c == COL_BYTES;
         printf(right ? "%*s%s" : "%-*s%s", c == NCOLS - 1 && !right ? 0
                                                                     : width[c],
@@ -42,13 +44,18 @@ static void print_row(const char *const *cell, const int *width)
     }
 }
 
-static int print_list(const Ps__V1__ListVariablesResponse *r)
+/* The variables of each answer, in shard order; with shards, a SHARD column
+ * and a closing total line. */
+static int print_list(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
+                      size_t nresp, bool shards)
 {
     static const char *const header[NCOLS] = {
-        "NAME", "SHAPE", "DTYPE", "OPTIMIZER", "CONSISTENCY", "VERSION",
+        "SHARD", "NAME", "SHAPE", "DTYPE", "OPTIMIZER", "CONSISTENCY", "VERSION",
         "BYTES"};
-    struct list_row *rows = calloc(r->n_variables ? r->n_variables : 1,
-                                   sizeof *rows);
+    size_t total = 0;
+    for (size_t k = 0; k < nresp; k++)
+        total += r[k]->n_variables;
+    struct list_row *rows = calloc(total ? total : 1, sizeof *rows);
     if (rows == NULL) {
         fprintf(stderr, "psctl: list: out of memory\n");
         return EXIT_FAIL;
@@ -56,48 +63,108 @@ static int print_list(const Ps__V1__ListVariablesResponse *r)
     int width[NCOLS];
     for (int c = 0; c < NCOLS; c++)
         width[c] = (int)strlen(header[c]);
-    for (size_t i = 0; i < r->n_variables; i++) {
-        const Ps__V1__VariableInfo *v = r->variables[i];
-        const Ps__V1__VariableSpec *sp = v->spec;
-        struct list_row *row = &rows[i];
-        if (sp == NULL) {
-            static const Ps__V1__VariableSpec empty =
-                PS__V1__VARIABLE_SPEC__INIT;
-            sp = &empty;
-        }
-        row->cell[COL_NAME] = sp->name;
-        row->cell[COL_SHAPE] = shape_text(sp->shape, sp->n_shape, row->shape,
-                                          sizeof row->shape);
-        row->cell[COL_DTYPE] = ps_dtype_name((enum ps_dtype)sp->dtype);
-        row->cell[COL_OPT] = optimizer_label(sp->optimizer);
-        row->cell[COL_CONS] = consistency_label(sp, row->cons,
-                                                sizeof row->cons);
-        snprintf(row->version, sizeof row->version, "%" PRIu64, v->version);
-        row->cell[COL_VERSION] = row->version;
-        row->cell[COL_BYTES] = human_bytes(v->value_bytes + v->slot_bytes,
-                                           row->bytes, sizeof row->bytes);
-        for (int c = 0; c < NCOLS; c++) {
-            int w = (int)strlen(row->cell[c]);
-            if (w > width[c])
-                width[c] = w;
+    uint64_t bytes = 0;
+    size_t i = 0;
+    for (size_t k = 0; k < nresp; k++) {
+        for (size_t j = 0; j < r[k]->n_variables; j++, i++) {
+            const Ps__V1__VariableInfo *v = r[k]->variables[j];
+            const Ps__V1__VariableSpec *sp = v->spec;
+            struct list_row *row = &rows[i];
+            if (sp == NULL) {
+                static const Ps__V1__VariableSpec empty =
+                    PS__V1__VARIABLE_SPEC__INIT;
+                sp = &empty;
+            }
+            snprintf(row->shard, sizeof row->shard, "%u", sh[k].index);
+            row->cell[COL_SHARD] = row->shard;
+            row->cell[COL_NAME] = sp->name;
+            row->cell[COL_SHAPE] = shape_text(sp->shape, sp->n_shape, row->shape,
+                                              sizeof row->shape);
+            row->cell[COL_DTYPE] = ps_dtype_name((enum ps_dtype)sp->dtype);
+            row->cell[COL_OPT] = optimizer_label(sp->optimizer);
+            row->cell[COL_CONS] = consistency_label(sp, row->cons,
+                                                    sizeof row->cons);
+            snprintf(row->version, sizeof row->version, "%" PRIu64, v->version);
+            row->cell[COL_VERSION] = row->version;
+            row->cell[COL_BYTES] = human_bytes(v->value_bytes + v->slot_bytes,
+                                               row->bytes, sizeof row->bytes);
+            bytes += v->value_bytes + v->slot_bytes;
+            for (int c = 0; c < NCOLS; c++) {
+                int w = (int)strlen(row->cell[c]);
+                if (w > width[c])
+                    width[c] = w;
+            }
         }
     }
-    print_row(header, width);
-    for (size_t i = 0; i < r->n_variables; i++)
-        print_row(rows[i].cell, width);
+    print_row(header, width, shards);
+    for (i = 0; i < total; i++)
+        print_row(rows[i].cell, width, shards);
+    if (shards) {
+        char b[32];
+        printf("TOTAL  %zu variable%s on %zu shard%s, %s\n", total,
+               total == 1 ? "" : "s", nresp, nresp == 1 ? "" : "s",
+               human_bytes(bytes, b, sizeof b));
+    }
     free(rows);
     return EXIT_OK;
 }
 
-static int print_list_resp(const void *resp)
+/* {"job_id", "variables": [{"shard", "server", VariableInfo's fields}],
+ * "total": {"variables", "value_bytes", "slot_bytes"}}. */
+static json_t *list_json(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
+                         size_t n, const char *job_id)
 {
-    return print_list(resp);
+    json_t *root = json_object(), *vars = json_array();
+    json_int_t count = 0, value = 0, slot = 0;
+    for (size_t k = 0; k < n; k++) {
+        for (size_t j = 0; j < r[k]->n_variables; j++) {
+            const Ps__V1__VariableInfo *v = r[k]->variables[j];
+            json_t *o = pbjson_message(&v->base);
+            if (o == NULL)
+                continue;
+            shard_json(o, &sh[k]);
+            json_array_append_new(vars, o);
+            count++;
+            value += (json_int_t)v->value_bytes;
+            slot += (json_int_t)v->slot_bytes;
+        }
+    }
+    json_object_set_new(root, "job_id", job_id[0] ? json_string(job_id) : json_null());
+    json_object_set_new(root, "variables", vars);
+    json_object_set_new(root, "total", json_pack("{sIsIsI}", "variables", count,
+                                                 "value_bytes", value, "slot_bytes",
+                                                 slot));
+    return root;
 }
 
-const struct one_call list_call = {
-    conn_opts, PS_METHOD("ListVariables"),
-    &ps__v1__list_variables_request__descriptor, 0,
-    &ps__v1__list_variables_response__descriptor, print_list_resp};
+int cmd_list(const struct command *self, int argc, char **argv)
+{
+    struct fan_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int npos;
+    int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    void **resps;
+    struct shard *sh;
+    size_t n;
+    char job[256];
+    Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
+    rc = fan_call(self, &cfg, PS_METHOD("ListVariables"), &req,
+                  &ps__v1__list_variables_response__descriptor, &resps, &sh, &n, job,
+                  sizeof job);
+    if (rc >= 0)
+        goto out;
+    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
+    if (cfg.output == OUTPUT_JSON)
+        rc = pbjson_print(self, list_json(r, sh, n, job));
+    else
+        rc = print_list(r, sh, n, cfg.coordinator != NULL);
+    fan_free(resps, sh, n);
+out:
+    ps_conf_free(fan_opts, &cfg);
+    return rc;
+}
 
 /* ---- show, pull ------------------------------------------------------- */
 
@@ -422,7 +489,7 @@ static const ps_opt create_opts[] = {
     {"init", PS_OPT_STRING, offsetof(struct create_cfg, init), "zeros",
      "initial value: zeros, constant:V, uniform:MIN,MAX, normal:MEAN,STD, "
      "truncated_normal:MEAN,STD or glorot_uniform", 0, 0, NULL},
-    {"seed", PS_OPT_UINT64, offsetof(struct create_cfg, seed), "0",
+    {"init-seed", PS_OPT_UINT64, offsetof(struct create_cfg, seed), "0",
      "seed of a random --init: the same seed gives the same bits on every "
      "host", 0, 0, NULL},
     {"optimizer", PS_OPT_ENUM, offsetof(struct create_cfg, optimizer), "sgd",
@@ -535,7 +602,7 @@ struct init_kind {
     const char *name;
     Ps__V1__Initializer__Kind kind;
     const char *params; /* "" when it takes none */
-    bool random;        /* --seed applies */
+    bool random;        /* --init-seed applies */
 };
 
 static const struct init_kind init_kinds[] = {
@@ -696,7 +763,7 @@ int cmd_create(const struct command *self, int argc, char **argv)
     } else if (parse_shape(cfg.shape, dims, &ndims, err, sizeof err) == 0 &&
                (ik = parse_init(cfg.init, &init, err, sizeof err)) != NULL) {
         if (cfg.seed != 0 && !ik->random)
-            snprintf(err, sizeof err, "--seed applies to a random --init "
+            snprintf(err, sizeof err, "--init-seed applies to a random --init "
                      "only, not %s", ik->name);
         else if (check_applies(&cfg, err, sizeof err) == 0)
             err[0] = '\0';

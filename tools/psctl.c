@@ -10,23 +10,30 @@
  * returns the process exit status.
  *
  * The commands that talk to a psd (list, show, pull, create, delete,
- * checkpoint, restore, stats, health) take --server HOST:PORT and --timeout
+ * checkpoint, restore, stats, health) take --server HOST:PORT and --rpc-timeout
  * either before the command (psctl's own options) or among the command's
  * options; the command's own wins. --server defaults to $PSD_ADDR, else
  * 127.0.0.1:7070. Before its real call, a command asks grpc.health.v1 with a
  * deadline of at most PROBE_MS, so that an address where nothing answers is
- * reported in seconds as "cannot reach psd at ..." and not after --timeout.
+ * reported in seconds as "cannot reach psd at ..." and not after --rpc-timeout.
  * No call is retried: an operator sees the first answer and decides.
  *
  * status and top ask the job's coordinator (pscoord) instead:
  * --coordinator HOST:PORT, default $PSCOORD_ADDR, else 127.0.0.1:7071.
+ * Given --coordinator, list and stats ask pscoord for the job's ps tasks
+ * and then each of them (a shard column, and totals).
+ *
+ * The read commands (list, stats, status, top --once, cluster validate)
+ * take -o json: one JSON object on stdout whose fields doc/psctl.md lists
+ * (pbjson.c: a reply's fields by their names in proto/ps.proto).
  *
  * The files of psctl are listed in psctl.h.
  *
  * Exit status: 0 success; 1 the command ran and failed (one line
  * "psctl: <problem>" on stderr; for a failed call "psctl: <command>:
  * <STATUS>: <server's message>"); 2 the command line was wrong (one line on
- * stderr, or the usage on --help).
+ * stderr, or the usage on --help), including a psd command sent to pscoord
+ * or the reverse (session.c names the mismatch).
  */
 #include "tools/psctl.h"
 
@@ -44,8 +51,8 @@
 static const struct command commands[] = {
     {"list", "",
      "one line per variable: name, shape, dtype, optimizer, consistency, "
-     "version, bytes (value + slots)",
-     NULL, &list_call},
+     "version, bytes (value + slots); --coordinator: of every shard",
+     cmd_list},
     {"show", "NAME",
      "a variable's spec, sizes and the L2 norm, min, max and mean of its "
      "value (pulls it)",
@@ -63,8 +70,8 @@ static const struct command commands[] = {
     {"restore", "",
      "replace every variable with a checkpoint's (default: the latest)",
      NULL, &restore_call},
-    {"stats", "", "the server's counters and memory use", NULL,
-     &stats_call},
+    {"stats", "", "the server's counters and memory use; --coordinator: "
+     "of every shard, with totals", cmd_stats},
     {"health", "",
      "SERVING or NOT_SERVING via grpc.health.v1; exit 0 only when SERVING",
      cmd_health},
@@ -73,7 +80,7 @@ static const struct command commands[] = {
      "summarise it",
      cmd_cluster_validate},
     {"status", "",
-     "the job as its coordinator sees it: job, epoch, global step, live "
+     "the job as its coordinator sees it: job, generation, global step, live "
      "workers, last checkpoint and evaluation, then one row per task "
      "(--watch: a new block at each change)",
      cmd_status},
@@ -93,7 +100,7 @@ static const struct command commands[] = {
 struct global_cfg psctl_global;
 
 static const ps_opt global_opts[] = {
-    {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), "warn",
+    {"log-level", PS_OPT_ENUM, offsetof(struct global_cfg, log_level), PS_PROC_LOG_DEFAULT,
      "least severe log lines shown on stderr", 0, 0, ps_proc_log_levels},
     {"log-format", PS_OPT_ENUM, offsetof(struct global_cfg, log_format), "text",
      PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
@@ -102,8 +109,8 @@ static const ps_opt global_opts[] = {
      ")", 0, 0, NULL},
     /* 10 s: a Pull of a 1 GiB variable fits; a hung server does not keep a
      * script waiting for minutes. */
-    {"timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
-     "10s", "deadline of each call to psd", 1, 3600000, NULL},
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct global_cfg, timeout_ms),
+     "10s", "deadline of each call to psd or pscoord", 1, 3600000, NULL, "timeout"},
     PS_TLS_CLIENT_OPTS(struct global_cfg, tls),
     {"token-file", PS_OPT_STRING, offsetof(struct global_cfg, token_file), NULL,
      "file holding the token to send (servers started with --tokens need "
@@ -114,10 +121,27 @@ static const ps_opt global_opts[] = {
 /* A command with no options of its own: it still gets --help. */
 const ps_opt no_opts[] = {{0}};
 
+const char *const output_formats[] = {"text", "json", NULL};
+
+const ps_opt fan_opts[] = {
+    CONN_OPTS(struct fan_cfg),
+    {"coordinator", PS_OPT_STRING, offsetof(struct fan_cfg, coordinator), NULL,
+     "ask every psd shard of the job this pscoord (HOST:PORT) coordinates, "
+     "instead of one --server: a shard column and totals", 0, 0, NULL},
+    OUTPUT_OPT(struct fan_cfg),
+    {0},
+};
+
 const ps_opt conn_opts[] = {
     CONN_OPTS(struct conn_only_cfg),
     {0},
 };
+
+/* The exit statuses, as every --help states them. */
+#define EXIT_HELP                                                           \
+    "\nExit status: 0 success; 1 the command ran and a call failed (one line " \
+    "on stderr);\n2 bad usage: a wrong option or argument, or a psd command " \
+    "sent to pscoord\nor the reverse (one line on stderr).\n"
 
 static void usage(FILE *out)
 {
@@ -131,7 +155,7 @@ static void usage(FILE *out)
         else
             fprintf(out, "  %s\n  %-28s %s\n", left, "", c->help);
     }
-    fprintf(out, "\nRun 'psctl COMMAND --help' for a command's options.\n");
+    fprintf(out, "\nRun 'psctl COMMAND --help' for a command's options.\n%s", EXIT_HELP);
 }
 
 /* Counts how many of argv[0..argc) spell out c->words, word by word;
@@ -165,7 +189,7 @@ int command_options(const struct command *cmd, const ps_opt *opts,
         snprintf(synopsis, sizeof synopsis, "%s [OPTIONS] %s", cmd->words,
                  cmd->args);
         ps_conf_usage(opts, "psctl", synopsis, stdout);
-        printf("\n%s\n", cmd->help);
+        printf("\n%s\n%s", cmd->help, EXIT_HELP);
         return EXIT_OK;
     }
     if (rc == PS_CONF_VERSION) {
@@ -191,7 +215,8 @@ static int option_width(const ps_opt *opts, int argc, char **argv, int i)
     const char *name = arg + 2;
     const ps_opt *found = NULL;
     for (const ps_opt *o = opts; o->name != NULL; o++)
-        if (strcmp(o->name, name) == 0)
+        if (strcmp(o->name, name) == 0 ||
+            (o->alias != NULL && strcmp(o->alias, name) == 0))
             found = o;
     bool takes_value = strcmp(name, "config") == 0 ||
                        (found != NULL && found->type != PS_OPT_BOOL);

@@ -8,6 +8,7 @@
  *   session.c      connecting to psd or pscoord, the first probe, calls and
  *                  how their failures are reported
  *   format.c       bytes, durations, shapes, optimizer and consistency labels
+ *   pbjson.c       -o json: a reply as JSON, by its descriptor; totals
  *   cmd_var.c      list, show, pull, create, delete (one variable or all of
  *                  them)
  *   cmd_server.c   checkpoint, restore, stats, health (the server as a whole)
@@ -28,6 +29,7 @@
 #include "common/rpc.h"
 #include "common/tls.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,7 +41,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 /* Where status looks for pscoord when neither --coordinator nor
  * $PSCOORD_ADDR says. */
 #define DEFAULT_COORDINATOR "127.0.0.1:7071"
-/* The first contact's deadline (or --timeout, if shorter): long enough for
+/* The first contact's deadline (or --rpc-timeout, if shorter): long enough for
  * a loaded server, or one under valgrind, to answer a health check; short
  * enough that a mistyped address is reported while the operator waits. */
 #define PROBE_MS 3000
@@ -59,8 +61,9 @@ struct command {
 
 /* The commands, each in the file of its subject: those that are one call
  * as a row, the others as a function. */
-extern const struct one_call list_call, checkpoint_call, restore_call,
-    stats_call;
+extern const struct one_call checkpoint_call, restore_call;
+int cmd_list(const struct command *self, int argc, char **argv);
+int cmd_stats(const struct command *self, int argc, char **argv);
 int cmd_show(const struct command *self, int argc, char **argv);
 int cmd_pull(const struct command *self, int argc, char **argv);
 int cmd_create(const struct command *self, int argc, char **argv);
@@ -86,7 +89,7 @@ struct global_cfg {
 extern struct global_cfg psctl_global;
 
 /* The connection options every server command also takes after its name;
- * zero values mean "as psctl's own --server and --timeout say". */
+ * zero values mean "as psctl's own --server and --rpc-timeout say". */
 struct conn_cfg {
     char *server;
     int64_t timeout_ms;
@@ -96,8 +99,9 @@ struct conn_cfg {
     {"server", PS_OPT_STRING, offsetof(type, conn.server), NULL,            \
      "psd to talk to, HOST:PORT (default: $PSD_ADDR, else " DEFAULT_SERVER  \
      ")", 0, 0, NULL},                                                      \
-    {"timeout", PS_OPT_DURATION_MS, offsetof(type, conn.timeout_ms), NULL,  \
-     "deadline of each call to psd (default: 10s)", 1, 3600000, NULL}
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(type, conn.timeout_ms),    \
+     NULL, "deadline of each call to psd (default: 10s)", 1, 3600000, NULL, \
+     "timeout"}
 
 /* A command with no options of its own: it still gets --help. */
 extern const ps_opt no_opts[];
@@ -114,6 +118,26 @@ struct step_cfg {
     struct conn_cfg conn;
     uint64_t step; /* 0: the server chooses */
 };
+
+/* -o/--output of the read commands (list, stats, status, top --once,
+ * cluster validate): text for people, json for scripts (the fields are
+ * listed in doc/psctl.md and kept stable). */
+enum { OUTPUT_TEXT, OUTPUT_JSON };
+extern const char *const output_formats[];
+#define OUTPUT_OPT(type)                                                    \
+    {"output", PS_OPT_ENUM, offsetof(type, output), "text",                 \
+     "text (for people) or json (one object for scripts); -o for short",    \
+     0, 0, output_formats}
+
+/* list and stats: the connection options, --coordinator (ask every shard
+ * of the job) and --output. */
+struct fan_cfg {
+    struct conn_cfg conn;
+    char *coordinator;
+    int output;
+};
+
+extern const ps_opt fan_opts[];
 
 /* ---- psctl.c: parsing a command's arguments ---------------------------- */
 
@@ -165,6 +189,11 @@ int session_start(struct session *s, const struct command *cmd,
 bool unreachable(const ps_rpc_status *st);
 void report_unreachable(const struct session *s, ps_rpc_status *st);
 void report_status(const struct session *s, ps_rpc_status *st);
+/* After UNIMPLEMENTED for method: when the other daemon's service answers
+ * at the address (pscoord's for a psd call, psd's for a pscoord call),
+ * prints one line naming the mismatch and returns true (exit status 2);
+ * false when it does not (report the status as it is). */
+bool report_mismatch(const struct session *s, const char *method);
 /* One unary call with the session's deadline. Returns 0 with *resp set
  * (free it with protobuf_c_message_free_unpacked), or EXIT_FAIL after the
  * one-line report of the status. */
@@ -196,8 +225,47 @@ struct one_call {
 int run_one_call(const struct command *self, int argc, char **argv,
                  const struct one_call *call);
 
+/* One psd that a fanned-out command asks: shard index (UINT32_MAX when
+ * named by --server rather than by the coordinator) and address. */
+struct shard {
+    uint32_t index;
+    char address[256];
+};
+
+/* The answers of one call made to each psd that cfg names: the one psd of
+ * --server, or with --coordinator every ps task of the job (asked of
+ * pscoord, in shard order). Returns -1 with resps[0..*n) (free each with
+ * protobuf_c_message_free_unpacked, then the arrays), *shards and, for a
+ * job, job_id filled; otherwise the exit status after one line on stderr
+ * (nothing to free). */
+int fan_call(const struct command *cmd, const struct fan_cfg *cfg,
+             const char *method, const void *req,
+             const ProtobufCMessageDescriptor *resp_desc, void ***resps,
+             struct shard **shards, size_t *n, char *job_id, size_t joblen);
+/* Frees what fan_call returned. */
+void fan_free(void **resps, struct shard *shards, size_t n);
+/* The shard's identity in JSON: "shard" (null for --server) and "server". */
+void shard_json(json_t *obj, const struct shard *sh);
+
+/* ---- pbjson.c: -o json -------------------------------------------------- */
+
+/* m as a JSON object, a key per field by its name in the .proto (NULL when
+ * out of memory). */
+json_t *pbjson_message(const ProtobufCMessage *m);
+/* The totals over a list of objects of the same keys: integers and
+ * doubles summed (those named in lowest: the smallest), booleans or-ed, a
+ * string kept when all agree, else "mixed"; lists and objects left out. */
+json_t *pbjson_total(const json_t *objects, const char *const *lowest);
+/* Prints j (indented, in key order) and a newline on stdout and drops it.
+ * Returns EXIT_OK, or EXIT_FAIL when j is NULL (out of memory). */
+int pbjson_print(const struct command *cmd, json_t *j);
+
 /* ---- cmd_cluster.c: what status and top share ------------------------- */
 
+/* The cluster state as JSON for status and top --once: ClusterState's
+ * fields, each task with "state" (alive, dead, unseen, unknown) and, for
+ * a worker or chief that reported a step, "lag" behind the global step. */
+json_t *cluster_json(const Ps__V1__ClusterState *c);
 /* "chief", "worker", "ps", "evaluator"; "unknown" for any other value. */
 const char *role_label(Ps__V1__Role r);
 /* The coordinator to ask: the command's --coordinator (flag, may be NULL),

@@ -106,6 +106,44 @@ void report_status(const struct session *s, ps_rpc_status *st)
             st->message[0] != '\0' ? st->message : "(no message)");
 }
 
+/* A call that the server does not implement: when the other daemon's
+ * service answers there, the command was sent to the wrong daemon (psd's
+ * to pscoord, or pscoord's to psd); says so in one line and returns true.
+ * False when the server is neither (the caller reports the status). */
+bool report_mismatch(const struct session *s, const char *method)
+{
+    bool to_psd = strncmp(method, PS_METHOD(""), strlen(PS_METHOD(""))) == 0;
+    void *resp = NULL;
+    ps_rpc_status st;
+    int rc;
+    if (to_psd) {
+        Ps__V1__GetClusterRequest req = PS__V1__GET_CLUSTER_REQUEST__INIT;
+        rc = ps_rpc_invoke_pb(s->client, COORD_METHOD("GetCluster"), &req,
+                              &ps__v1__cluster_state__descriptor, &resp,
+                              probe_ms(s), &st);
+    } else {
+        Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+        rc = ps_rpc_invoke_pb(s->client, PS_METHOD("Stats"), &req,
+                              &ps__v1__stats_response__descriptor, &resp,
+                              probe_ms(s), &st);
+    }
+    if (resp != NULL)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    /* Answered, or refused for a reason other than not knowing the call
+     * (a token): the other service is there. */
+    if (rc != 0 && (st.code == PS_RPC_UNIMPLEMENTED || unreachable(&st)))
+        return false;
+    if (to_psd)
+        fprintf(stderr, "psctl: %s: %s is pscoord, not psd: give a psd's address "
+                "with --server%s\n", s->cmd->words, s->target,
+                strcmp(s->cmd->words, "stats") == 0 || strcmp(s->cmd->words, "list") == 0
+                    ? ", or this one with --coordinator to ask every shard" : "");
+    else
+        fprintf(stderr, "psctl: %s: %s is psd, not pscoord: give the job's "
+                "coordinator with --coordinator\n", s->cmd->words, s->target);
+    return true;
+}
+
 /* The first contact: a health check with a short deadline. Returns -1 when
  * something answered (even a server without the health service, or one
  * that is NOT_SERVING: its real answer will say why), else EXIT_FAIL after
@@ -132,6 +170,8 @@ int session_call(struct session *s, const char *method,
     if (ps_rpc_invoke_pb(s->client, method, req, desc, resp, s->timeout_ms,
                          &st) == 0)
         return 0;
+    if (st.code == PS_RPC_UNIMPLEMENTED && report_mismatch(s, method))
+        return EXIT_USAGE;
     report_status(s, &st);
     return EXIT_FAIL;
 }
@@ -203,4 +243,132 @@ int run_one_call(const struct command *self, int argc, char **argv,
     free(req);
     free(cfg);
     return rc;
+}
+
+/* The job's psd shards as pscoord lists them: its ps tasks that serve an
+ * address, by index. Returns -1 with *out (free it) and *n, else the exit
+ * status after one line. */
+static int job_shards(const struct command *cmd, const struct fan_cfg *cfg,
+                      int timeout_ms, struct shard **out, size_t *n,
+                      char *job_id, size_t joblen)
+{
+    struct session s;
+    int rc = session_open_at(&s, cmd, "pscoord", "--coordinator", cfg->coordinator,
+                             timeout_ms);
+    if (rc >= 0)
+        return rc;
+    void *resp = NULL;
+    Ps__V1__GetClusterRequest req = PS__V1__GET_CLUSTER_REQUEST__INIT;
+    if ((rc = session_probe(&s)) < 0)
+        rc = session_call(&s, COORD_METHOD("GetCluster"), &req,
+                          &ps__v1__cluster_state__descriptor, &resp);
+    if (rc != 0) {
+        session_close(&s);
+        return rc;
+    }
+    const Ps__V1__ClusterState *c = resp;
+    snprintf(job_id, joblen, "%s", c->job_id);
+    struct shard *sh = calloc(c->n_tasks > 0 ? c->n_tasks : 1, sizeof *sh);
+    size_t k = 0;
+    for (size_t i = 0; sh != NULL && i < c->n_tasks; i++) {
+        const Ps__V1__TaskInfo *t = c->tasks[i];
+        if (t->role != PS__V1__ROLE__PS || t->address[0] == '\0')
+            continue;
+        size_t at = k++;
+        while (at > 0 && sh[at - 1].index > t->index) {
+            sh[at] = sh[at - 1];
+            at--;
+        }
+        sh[at].index = t->index;
+        snprintf(sh[at].address, sizeof sh[at].address, "%s", t->address);
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    session_close(&s);
+    if (sh == NULL) {
+        fprintf(stderr, "psctl: %s: out of memory\n", cmd->words);
+        return EXIT_FAIL;
+    }
+    if (k == 0) {
+        fprintf(stderr, "psctl: %s: the job '%s' at %s has no ps task with an "
+                "address yet\n", cmd->words, job_id, cfg->coordinator);
+        free(sh);
+        return EXIT_FAIL;
+    }
+    *out = sh;
+    *n = k;
+    return -1;
+}
+
+int fan_call(const struct command *cmd, const struct fan_cfg *cfg,
+             const char *method, const void *req,
+             const ProtobufCMessageDescriptor *resp_desc, void ***resps,
+             struct shard **shards, size_t *n, char *job_id, size_t joblen)
+{
+    int timeout_ms = (int)(cfg->conn.timeout_ms > 0 ? cfg->conn.timeout_ms
+                                                    : psctl_global.timeout_ms);
+    struct shard *sh = NULL;
+    size_t ns = 1;
+    int rc;
+    job_id[0] = '\0';
+    if (cfg->coordinator != NULL) {
+        if (cfg->conn.server != NULL) {
+            fprintf(stderr, "psctl: %s: give --server (one psd) or --coordinator "
+                    "(every shard of the job), not both\n", cmd->words);
+            return EXIT_USAGE;
+        }
+        if ((rc = job_shards(cmd, cfg, timeout_ms, &sh, &ns, job_id, joblen)) >= 0)
+            return rc;
+    } else {
+        sh = calloc(1, sizeof *sh);
+        if (sh == NULL) {
+            fprintf(stderr, "psctl: %s: out of memory\n", cmd->words);
+            return EXIT_FAIL;
+        }
+        sh->index = UINT32_MAX;
+        snprintf(sh->address, sizeof sh->address, "%s",
+                 cfg->conn.server != NULL ? cfg->conn.server : psctl_global.server);
+    }
+    void **out = calloc(ns, sizeof *out);
+    rc = out != NULL ? -1 : EXIT_FAIL;
+    if (out == NULL)
+        fprintf(stderr, "psctl: %s: out of memory\n", cmd->words);
+    for (size_t i = 0; rc < 0 && i < ns; i++) {
+        struct session s;
+        char flag[32];
+        if (sh[i].index == UINT32_MAX)
+            snprintf(flag, sizeof flag, "--server");
+        else
+            snprintf(flag, sizeof flag, "ps[%u]", sh[i].index);
+        rc = session_open_at(&s, cmd, "psd", flag, sh[i].address, timeout_ms);
+        if (rc >= 0)
+            break;
+        if ((rc = session_probe(&s)) < 0 &&
+            (rc = session_call(&s, method, req, resp_desc, &out[i])) == 0)
+            rc = -1;
+        session_close(&s);
+    }
+    if (rc >= 0) {
+        fan_free(out, sh, ns);
+        return rc;
+    }
+    *resps = out;
+    *shards = sh;
+    *n = ns;
+    return -1;
+}
+
+void fan_free(void **resps, struct shard *shards, size_t n)
+{
+    for (size_t i = 0; resps != NULL && i < n; i++)
+        if (resps[i] != NULL)
+            protobuf_c_message_free_unpacked(resps[i], NULL);
+    free(resps);
+    free(shards);
+}
+
+void shard_json(json_t *obj, const struct shard *sh)
+{
+    json_object_set_new(obj, "shard", sh->index == UINT32_MAX ? json_null()
+                                                              : json_integer(sh->index));
+    json_object_set_new(obj, "server", json_string(sh->address));
 }

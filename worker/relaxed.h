@@ -11,7 +11,7 @@
  *   parameters since the last exchange as a delta (PushRequest.delta,
  *   psd adds it), and takes psd's values back in the same round trip.
  *
- * --step-delay-ms slows a worker on purpose (the staleness tests).
+ * --step-delay slows a worker on purpose (the staleness tests).
  *
  * Threads and lifetime: called from the training loop's thread only, while
  * no comm job runs (wd_local_step posts its exchange and waits for it). A

@@ -3,6 +3,8 @@
  */
 #include "worker/strategy.h"
 
+#include "worker/jsonout.h"
+
 #include "common/errors.h"
 
 #include <stdarg.h>
@@ -43,7 +45,7 @@ int wd_strategy_settle(int s, struct wd_strategy_flags *f, char *err, size_t err
             return refuse(err, errlen, "--strategy %s keeps the variables in a psd on "
                           "this host: not with --local", name);
         if (*f->num_workers > 1)
-            return refuse(err, errlen, "--strategy %s is one worker: --num-workers %d "
+            return refuse(err, errlen, "--strategy %s is one worker: --workers %d "
                           "(use multi_worker_mirrored)", name, *f->num_workers);
         if (*f->replicas == 1)
             *f->replicas = 2;
@@ -80,24 +82,29 @@ void wd_strategy_print_mwm(const struct wd_train_result *res, int task_index,
         printf("worker %d: the job finished (step %llu) while this worker was out of "
                "its group\n", task_index, (unsigned long long)res->version);
     } else if (json) {
+        char fl[40], tl[40], ta[40];
         printf("{\"role\":\"worker\",\"strategy\":\"multi_worker_mirrored\","
                "\"task_index\":%d,\"model\":\"%s\",\"batch\":%d,\"steps\":%lld,"
                "\"examples\":%lld,\"seconds\":%.3f,\"examples_per_second\":%.1f,"
-               "\"final_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f,"
+               "\"final_loss\":%s,\"test_loss\":%s,\"test_accuracy\":%s,"
                "\"job_step\":%llu,\"checksum\":\"%016llx\",\"compute_seconds\":%.3f,"
                "\"comm_wait_seconds\":%.3f}\n",
                task_index, model, batch, (long long)res->steps, (long long)res->examples,
-               res->seconds, res->examples_per_second, res->final_loss,
-               res->evaluated ? res->test_loss : -1.0,
-               res->evaluated ? res->test_accuracy : -1.0,
+               res->seconds, res->examples_per_second,
+               wd_json_num(fl, res->steps > 0, res->final_loss, 5),
+               wd_json_num(tl, res->evaluated, res->test_loss, 5),
+               wd_json_num(ta, res->evaluated, res->test_accuracy, 5),
                (unsigned long long)res->version, (unsigned long long)res->checksum,
                res->compute_seconds, res->wait_seconds);
     } else {
+        char ta[40];
         printf("worker %d: done: %lld steps of the job's %llu, %lld examples in %.1f s "
-               "(%.0f examples/s), loss %.4f, test accuracy %.4f, checksum %016llx\n",
+               "(%.0f examples/s), loss %.4f, test accuracy %s, checksum %016llx\n",
                task_index, (long long)res->steps, (unsigned long long)res->version,
                (long long)res->examples, res->seconds, res->examples_per_second,
-               res->final_loss, res->evaluated ? res->test_accuracy : -1.0,
+               res->final_loss,
+               res->evaluated ? wd_json_num(ta, true, res->test_accuracy, 4)
+                              : "not evaluated",
                (unsigned long long)res->checksum);
     }
     fflush(stdout);

@@ -360,35 +360,39 @@ static void session_close(struct session *s)
     pthread_cond_destroy(&s->cond);
 }
 
-/* Where replica r computes: the CPU, GPU N+r for --device cuda:N, or the
- * PJRT plugin's device r for tpu or pjrt:PATH. */
+/* The backend of replica r on --device: the CPU, GPU N+r for cuda:N, or
+ * the PJRT plugin's device r for tpu or pjrt:PATH. NULL with err set
+ * (naming the device) when that device is not there. */
+static const struct ps_backend *device_backend(const char *device, int r, bool many,
+                                               char *err, size_t errlen)
+{
+    bool cuda = strncmp(device, "cuda:", 5) == 0;
+    bool pjrt = strcmp(device, "tpu") == 0 || strncmp(device, "pjrt:", 5) == 0;
+    if (!cuda && !pjrt)
+        return &ps_backend_cpu;
+    char plugin[4096], why[256];
+    const struct ps_backend *be = NULL;
+    if (pjrt && ps_pjrt_plugin_path(device, plugin, sizeof plugin, err, errlen) != 0)
+        return NULL;
+    be = pjrt ? ps_backend_pjrt(plugin, r, why, sizeof why)
+              : ps_backend_cuda(atoi(device + 5) + r, why, sizeof why);
+    if (be == NULL)
+        snprintf(err, errlen, "--device %s%s: %s", device, many ? " with --replicas" : "",
+                 why);
+    return be;
+}
+
+/* Where each replica computes (device_backend). */
 static int pick_backends(struct session *s, const struct wd_train_opts *o, int nrep,
                          char *err, size_t errlen)
 {
     s->backends = calloc((size_t)nrep, sizeof *s->backends);
     if (s->backends == NULL)
         return -ENOMEM;
-    int dev0 = 0;
-    bool cuda = strncmp(o->device, "cuda:", 5) == 0;
-    bool pjrt = strcmp(o->device, "tpu") == 0 || strncmp(o->device, "pjrt:", 5) == 0;
-    char plugin[4096];
-    if (pjrt && ps_pjrt_plugin_path(o->device, plugin, sizeof plugin, err, errlen) != 0)
-        return PS_ENODEV;
-    if (cuda)
-        dev0 = atoi(o->device + 5);
     for (int r = 0; r < nrep; r++) {
-        if (!cuda && !pjrt) {
-            s->backends[r] = &ps_backend_cpu;
-            continue;
-        }
-        char why[256];
-        s->backends[r] = pjrt ? ps_backend_pjrt(plugin, r, why, sizeof why)
-                              : ps_backend_cuda(dev0 + r, why, sizeof why);
-        if (s->backends[r] == NULL) {
-            snprintf(err, errlen, "--device %s%s: %s", o->device,
-                     nrep > 1 ? " with --replicas" : "", why);
+        s->backends[r] = device_backend(o->device, r, nrep > 1, err, errlen);
+        if (s->backends[r] == NULL)
             return PS_ENODEV;
-        }
     }
     return 0;
 }
@@ -679,13 +683,16 @@ static void summary_add(struct summary *sm, const struct wd_train_opts *o,
 
 /* --local: the same model and batches with SGD applied in-process and no
  * psd, the "workerd computing alone" baseline the benchmark compares
- * against. One replica. */
+ * against. One replica, on --device. */
 static int train_local(const struct wd_train_opts *o, const struct ps_dataset *train,
                        struct wd_train_result *res, char *err, size_t errlen)
 {
     ps_model *m;
-    int rc = ps_model_create(o->model, train->h, train->w, train->c, o->nclasses,
-                             o->batch, &m, err, errlen);
+    const struct ps_backend *be = device_backend(o->device, 0, false, err, errlen);
+    if (be == NULL)
+        return PS_ENODEV;
+    int rc = ps_model_create_on(be, o->model, train->h, train->w, train->c, o->nclasses,
+                                o->batch, &m, err, errlen);
     if (rc != 0)
         return rc;
     ps_model_init_params(m, o->init_seed);

@@ -13,7 +13,7 @@
  * with the parameters when a group forms.
  *
  * Forming a group (form): read the current generation and its members; a
- * worker not among them, or a first group smaller than --num-workers,
+ * worker not among them, or a first group smaller than --workers,
  * waits for the next. Each compares its model with the members' ("model/<i>"
  * keys) and refuses a difference. Then Gloo's rendezvous under "gen/<G>/",
  * an all-reduce of each rank's step to find the one furthest on (the
@@ -324,7 +324,7 @@ static int form(struct mwm *w, char *err, size_t errlen)
 {
     int64_t t0 = ps_now_ms();
     int64_t budget = w->formed_once ? w->mo->reform_ms : w->mo->rendezvous_ms;
-    /* The job's first group waits for all --num-workers; once it started
+    /* The job's first group waits for all --workers; once it started
      * ("started"), any group of the live workers will do. */
     int want = w->formed_once || kv_get_u64(w, "started", 0) >= 0 ? 1 : w->o->num_workers;
     uint32_t mem[1024];

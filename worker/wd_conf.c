@@ -56,8 +56,9 @@ const ps_opt wd_opts[] = {
     {"device", PS_OPT_STRING, offsetof(struct wd_conf, device), "cpu",
      "cpu, cuda:N, tpu (libtpu) or pjrt:PATH (a PJRT plugin; one replica per "
      "device, --replicas N > 1: the first N)", 0, 0, NULL},
-    {"threads", PS_OPT_INT, offsetof(struct wd_conf, threads), "1",
-     "OpenBLAS threads per replica", 1, 256, NULL},
+    {"blas-threads", PS_OPT_INT, offsetof(struct wd_conf, threads), "1",
+     "OpenBLAS threads per replica (the daemons' --threads serve calls)", 1, 256,
+     NULL, "threads"},
     {"epochs", PS_OPT_INT, offsetof(struct wd_conf, epochs), "1",
      "passes over this worker's shard (0 = until --steps)", 0, 1000000, NULL},
     {"steps", PS_OPT_INT, offsetof(struct wd_conf, steps), "0",
@@ -80,14 +81,15 @@ const ps_opt wd_opts[] = {
      "local SGD (PaddlePaddle's GEO mode): train this many steps with SGD on "
      "the worker's own copy, then push the change since the last exchange "
      "for psd to add (0: off; async SGD on one CPU replica)", 0, 1000000, NULL},
-    {"step-delay-ms", PS_OPT_INT, offsetof(struct wd_conf, step_delay_ms), "0",
+    {"step-delay", PS_OPT_DURATION_MS, offsetof(struct wd_conf, step_delay_ms), "0",
      "sleep this long before each step: a deliberately slow worker, for "
-     "tests of bounded staleness and of multi_worker_mirrored", 0, 3600000, NULL},
-    {"num-workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
+     "tests of bounded staleness and of multi_worker_mirrored", 0, 3600000, NULL,
+     "step-delay-ms"},
+    {"workers", PS_OPT_INT, offsetof(struct wd_conf, num_workers), "0",
      "workers in the job (data sharding, sync aggregation); 0: TF_CONFIG's "
-     "worker count, else 1", 0, 65536, NULL},
+     "worker count, else 1", 0, 65536, NULL, "num-workers"},
     {"task-index", PS_OPT_INT, offsetof(struct wd_conf, task_index), "-1",
-     "this worker's index in [0, num-workers) (-1: 0, or assigned by the "
+     "this worker's index in [0, workers) (-1: 0, or assigned by the "
      "coordinator)", -1, 65535, NULL},
     {"seed", PS_OPT_UINT64, offsetof(struct wd_conf, seed), "1",
      "data shuffle seed", 0, 0, NULL},
@@ -147,7 +149,7 @@ const ps_opt wd_opts[] = {
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
     /* Plaintext unless a CA is given: as psd's loopback default. */
     PS_TLS_CLIENT_OPTS(struct wd_conf, tls),
-    {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), "warn",
+    {"log-level", PS_OPT_ENUM, offsetof(struct wd_conf, log_level), PS_PROC_LOG_DEFAULT,
      "error, warn, info or debug", 0, 0, ps_proc_log_levels},
     /* The chief is worker task 0: workerd has no chief role of its own (a
      * TF_CONFIG chief is pscoord's), and task 0 exists in every job,
@@ -184,7 +186,7 @@ const ps_opt wd_opts[] = {
     {"rendezvous-timeout", PS_OPT_DURATION_MS,
      offsetof(struct wd_conf, rendezvous_timeout_ms), "120s",
      "multi_worker_mirrored: how long to wait for the first group of "
-     "--num-workers workers, and for any later group", 1000, 86400000, NULL},
+     "--workers workers, and for any later group", 1000, 86400000, NULL},
     {"allreduce-algorithm", PS_OPT_ENUM, offsetof(struct wd_conf, allreduce_algorithm),
      "auto", "multi_worker_mirrored on Gloo: ring, halving_doubling, or auto = "
      "halving_doubling for gradients under 4 MiB or up to net.core.wmem_max (over "

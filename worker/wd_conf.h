@@ -37,7 +37,8 @@ struct wd_conf {
     int optimizer;
     double momentum;
     int consistency;
-    int64_t staleness, local_steps, step_delay_ms; /* relaxed.h */
+    int staleness, local_steps;    /* relaxed.h; PS_OPT_INT fills an int */
+    int64_t step_delay_ms;         /* PS_OPT_DURATION_MS */
     int num_workers;
     int task_index;
     uint64_t seed;

@@ -15,10 +15,12 @@
 #include "common/conf.h"
 #include "common/hostid.h"
 #include "common/coordclient.h"
+#include "worker/backend.h"
 #include "worker/collective.h"
 #include "worker/data.h"
 #include "common/errors.h"
 #include "worker/events.h"
+#include "worker/jsonout.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "worker/metrics.h"
@@ -498,7 +500,7 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
 
 /* multi_worker_mirrored: registers (the heartbeats tell pscoord who is
  * alive, which decides the generations) and learns the worker count unless
- * --num-workers gave it. Returns the exit status. */
+ * --workers gave it. Returns the exit status. */
 static int join_mwm(struct wd_conf *c, int nw_flag, ps_coord **coord, const char **ps,
                     int *nps, char *store, size_t storelen)
 {
@@ -634,18 +636,20 @@ static void print_summary(const struct wd_conf *c, const struct wd_train_result 
                           bool evaluated, float loss, float acc, uint64_t version)
 {
     if (c->json) {
+        char fl[40], tl[40], ta[40], ver[40];
         printf("{\"role\":\"worker\",\"task_index\":%lld,\"model\":\"%s\","
                "\"batch\":%lld,\"replicas\":%lld,\"steps\":%lld,\"examples\":%lld,"
-               "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%.5f,"
+               "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%s,"
                "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
-               "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"version\":%llu,"
+               "\"test_loss\":%s,\"test_accuracy\":%s,\"version\":%s,"
                "\"shm_shards\":%d,\"wire_dtype\":\"%s\",\"error_feedback\":%s}\n",
                (long long)c->task_index, c->model, (long long)c->batch,
                (long long)c->replicas, (long long)res->steps, (long long)res->examples,
-               res->seconds, res->examples_per_second, res->final_loss,
+               res->seconds, res->examples_per_second,
+               wd_json_num(fl, res->steps > 0, res->final_loss, 5),
                res->compute_seconds, res->wait_seconds,
-               evaluated ? loss : -1.0, evaluated ? acc : -1.0,
-               (unsigned long long)version, res->shm_shards,
+               wd_json_num(tl, evaluated, loss, 5), wd_json_num(ta, evaluated, acc, 5),
+               wd_json_num(ver, evaluated, (double)version, 0), res->shm_shards,
                c->wire_dtype == 1 ? "bf16" : c->wire_dtype == 2 ? "fp16" : "f32",
                c->error_feedback ? "true" : "false");
     } else {
@@ -772,17 +776,49 @@ static int check_compute_flags(const struct wd_conf *c)
                     "(--optimizer %s, --consistency %s, --replicas %lld, --device %s)",
                     opt_choices[c->optimizer], cons_choices[c->consistency],
                     (long long)c->replicas, c->device);
+    /* Only the dense models run on a device, and multi_worker_mirrored
+     * on CUDA only: anything else would train on the CPU unasked. */
+    bool cpu = strcmp(c->device, "cpu") == 0;
+    if (!cpu && wd_is_widedeep(c->model))
+        return fail(2, "--model %s runs on the CPU only, not --device %s", c->model,
+                    c->device);
+    if (!cpu && strncmp(c->device, "cuda:", 5) != 0 &&
+        c->strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED)
+        return fail(2, "--strategy multi_worker_mirrored runs on cpu or cuda:N, "
+                    "not --device %s", c->device);
     if (c->staleness != 0 && c->consistency != 2)
         return fail(2, "--staleness applies to --consistency bounded only, not %s",
                     cons_choices[c->consistency]);
     return 0;
 }
 
-/* --device tpu or pjrt:PATH: loads the plugin before anything connects and
- * makes the replicas its devices (the first --replicas when that is > 1).
+/* --device cuda:N: every device the replicas use (N to N + replicas - 1)
+ * must answer before anything is loaded or connected, with or without
+ * --local, so that a host without the GPU never trains on the CPU instead.
  * Returns 0, or 2 after one line on stderr naming the cause. */
-static int open_pjrt(struct wd_conf *c)
+static int check_cuda(const struct wd_conf *c)
 {
+    const char *n = c->device + 5;
+    if (*n == '\0' || strspn(n, "0123456789") != strlen(n) || strlen(n) > 4)
+        return fail(2, "--device: '%s' is not cpu, cuda:N, tpu or pjrt:PATH", c->device);
+    int dev0 = atoi(n), nrep = c->replicas > 1 ? (int)c->replicas : 1;
+    for (int r = 0; r < nrep; r++) {
+        char why[256];
+        if (ps_backend_cuda(dev0 + r, why, sizeof why) == NULL)
+            return fail(2, "--device %s%s: %s", c->device,
+                        nrep > 1 ? " with --replicas" : "", why);
+    }
+    return 0;
+}
+
+/* --device cuda:N, tpu or pjrt:PATH: the device must be there before
+ * anything connects. For tpu and pjrt:PATH loads the plugin and makes the
+ * replicas its devices (the first --replicas when that is > 1). Returns 0,
+ * or 2 after one line on stderr naming the cause. */
+static int open_device(struct wd_conf *c)
+{
+    if (strncmp(c->device, "cuda:", 5) == 0)
+        return check_cuda(c);
     if (strcmp(c->device, "tpu") != 0 && strncmp(c->device, "pjrt:", 5) != 0)
         return 0;
     char path[4096], err[600];
@@ -794,7 +830,8 @@ static int open_pjrt(struct wd_conf *c)
     if (c->replicas > n)
         return fail(2, "--replicas %lld: --device %s has %d device(s)",
                     (long long)c->replicas, c->device, n);
-    if (c->replicas <= 1)
+    /* --local trains one replica, on the plugin's first device. */
+    if (c->replicas <= 1 && !c->local)
         c->replicas = n;
     return 0;
 }
@@ -853,7 +890,7 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
     if (!use_coord && c->task_index < 0)
         c->task_index = 0;
     if (!use_coord && c->task_index >= c->num_workers)
-        return fail(2, "--task-index %lld is out of range for --num-workers %lld",
+        return fail(2, "--task-index %lld is out of range for --workers %lld",
                     (long long)c->task_index, (long long)c->num_workers);
     status = check_compute_flags(c);
     if (status != 0)
@@ -898,7 +935,8 @@ int main(int argc, char **argv)
     struct wd_conf c;
     memset(&c, 0, sizeof c);
     ps_proc_cmd cmd = {.name = "workerd", .usage = "[options]",
-                       .opts = wd_opts, .conf = &c, .log_format = &c.log_format};
+                       .opts = wd_opts, .conf = &c, .log_format = &c.log_format,
+                       .env_prefix = "WORKERD"};
     int rc = ps_proc_prologue(&cmd, argc, argv);
     if (rc != PS_PROC_RUN)
         return rc;
@@ -942,7 +980,7 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
 
-    status = open_pjrt(&c);
+    status = open_device(&c);
     if (status != 0)
         goto out;
     wd_metrics_init(&wm, evaluator);

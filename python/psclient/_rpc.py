@@ -81,14 +81,38 @@ class Retry:
     budget: float = 60.0
 
 
+_ROLES = ("reader", "worker", "operator")
+
+
 def read_token(path: str) -> str:
-    """The bearer token in a file (whitespace around it dropped). Tokens are
-    read from files, never given on a command line."""
-    with open(path, "r", encoding="utf-8") as f:
-        tok = f.read().strip()
-    if not tok or any(c.isspace() for c in tok):
-        raise ValueError("token file %s: expected one token, no spaces" % path)
-    return tok
+    """The bearer token a client sends, from a file, as the daemons read
+    theirs (common/auth.h, ps_auth_read_token): the first line that is not
+    blank or a comment (from a '#' that starts a word), either the token
+    alone or "ROLE TOKEN" as tools/pscerts.sh and `psctl token` write it.
+    Tokens are read from files, never given on a command line. Raises
+    ValueError naming the file and line (OSError when it cannot be read)."""
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for n, line in enumerate(lines, 1):
+        words = []
+        for w in line.split():
+            if w.startswith("#"):
+                break
+            words.append(w)
+        if not words:
+            continue
+        if len(words) > 2 or (len(words) == 2 and words[0] not in _ROLES):
+            raise ValueError("token file %s:%d: expected 'TOKEN' or 'ROLE TOKEN' (ROLE "
+                             "reader, worker or operator)" % (path, n))
+        tok = words[-1]
+        if tok.startswith("sha256:"):
+            raise ValueError("token file %s:%d: a token's hash, not the token itself "
+                             "(a server's --tokens file?)" % (path, n))
+        if not 16 <= len(tok) <= 512 or not all(33 <= ord(c) <= 126 for c in tok):
+            raise ValueError("token file %s:%d: the token must be 16 to 512 printable "
+                             "ASCII characters" % (path, n))
+        return tok
+    raise ValueError("token file %s: holds no token" % path)
 
 
 class Connection:
@@ -138,10 +162,13 @@ class Connection:
         return m
 
     def call(self, service: str, name: str, request: Any, resp_cls: Any,
-             timeout: Optional[float] = None, retry: bool = True) -> Any:
+             timeout: Optional[float] = None, retry: bool = True,
+             token: Optional[str] = None) -> Any:
         """Calls service/name with request; retries UNAVAILABLE within the
-        budget (unless retry is False). Raises PsError."""
+        budget (unless retry is False). token: sent instead of the
+        connection's (an operator's for one call). Raises PsError."""
         m = self.method(service, name, type(request), resp_cls)
+        md = self.metadata if token is None else [("authorization", "Bearer " + token)]
         t = self.timeout if timeout is None else timeout
         start = time.monotonic()
         step = self.retry.initial
@@ -149,7 +176,7 @@ class Connection:
         while True:
             attempt += 1
             try:
-                return m(request, timeout=t, metadata=self.metadata or None)
+                return m(request, timeout=t, metadata=md or None)
             except grpc.RpcError as e:
                 code = e.code()
                 details = e.details() or ""

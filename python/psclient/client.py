@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -80,8 +81,9 @@ class _Shard:
         self.sync_step = 0
 
     def call(self, name: str, req: Any, resp_cls: Any, timeout: Optional[float] = None,
-             retry: bool = True) -> Any:
-        return self.conn.call(PS, name, req, resp_cls, timeout=timeout, retry=retry)
+             retry: bool = True, token: Optional[str] = None) -> Any:
+        return self.conn.call(PS, name, req, resp_cls, timeout=timeout, retry=retry,
+                              token=token)
 
     def layout(self, parts: Sequence[Tuple[str, int]]) -> None:
         """Lays the parts (name, bytes) of this shard out in its region."""
@@ -110,6 +112,69 @@ class _Shard:
                 self.region = None
             return True
         return False
+
+
+@dataclass
+class Checkpoint:
+    """One shard's checkpoint: the directory psd wrote (absolute, on its
+    host), the step it was taken at, and its size."""
+    shard: int
+    address: str
+    path: str
+    step: int
+    bytes: int
+
+
+@dataclass
+class Restored:
+    """One shard's restore: the checkpoint's step and how many variables
+    (dense and sparse tables) it held."""
+    shard: int
+    address: str
+    step: int
+    variables: int
+
+
+@dataclass
+class VariableInfo:
+    """A variable or sparse table on one shard (a split variable has one
+    per part; `name` is the part's). shape: the part's ([dim] for a sparse
+    table); optimizer, consistency: their proto names in lower case."""
+    shard: int
+    address: str
+    name: str
+    shape: Tuple[int, ...]
+    sparse: bool
+    version: int
+    value_bytes: int
+    slot_bytes: int
+    optimizer: str
+    consistency: str
+
+
+def _stats_class() -> Any:
+    """A dataclass of proto/ps.proto's StatsResponse (its fields as plain
+    ints, floats, bools and strings) with the shard's index and address
+    first: made from the descriptor so that fields psd gains appear."""
+    kinds = {"TYPE_DOUBLE": float, "TYPE_FLOAT": float, "TYPE_BOOL": bool,
+             "TYPE_STRING": str}
+    fields: List[Any] = [("shard", int), ("address", str)]
+    for f in pb.StatsResponse.DESCRIPTOR.fields:
+        tname = next((k for k in kinds if getattr(f, k, None) == f.type), None)
+        fields.append((f.name, kinds[tname] if tname else int))
+    cls = dataclasses.make_dataclass("ShardStats", fields)
+    cls.__doc__ = ("One shard's Stats (proto/ps.proto's StatsResponse, field by field), "
+                   "with its index and address.")
+    cls.__module__ = __name__
+    return cls
+
+
+ShardStats = _stats_class()
+
+
+def _token_arg(token_file: Optional[str]) -> Optional[str]:
+    from ._rpc import read_token as _read
+    return _read(token_file) if token_file is not None else None
 
 
 def _tensor(a: np.ndarray) -> Any:
@@ -645,10 +710,71 @@ class Client:
     # ---- the rest of the service ------------------------------------------
 
     def stats(self) -> List[Any]:
-        """Each shard's StatsResponse, by shard index."""
+        """Each shard's Stats as a ShardStats dataclass (StatsResponse's
+        fields, plus shard and address), by shard index."""
         r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
             "Stats", pb.StatsRequest(), pb.StatsResponse))
-        return [r[s] for s in range(len(self.shards))]
+        out = []
+        for s in range(len(self.shards)):
+            vals = {f.name: getattr(r[s], f.name) for f in pb.StatsResponse.DESCRIPTOR.fields}
+            out.append(ShardStats(shard=s, address=self.shards[s].conn.address, **vals))
+        return out
+
+    def list(self) -> List[VariableInfo]:
+        """Every variable and sparse table of every shard, as VariableInfo
+        dataclasses, shard by shard (each shard's sorted by name)."""
+        r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
+            "ListVariables", pb.ListVariablesRequest(), pb.ListVariablesResponse))
+        opt = pb.Optimizer.DESCRIPTOR.fields_by_name["kind"].enum_type
+        cons = pb.VariableSpec.DESCRIPTOR.fields_by_name["consistency"].enum_type
+
+        def name_of(enum: Any, v: int) -> str:
+            e = enum.values_by_number.get(v)
+            return e.name.lower() if e is not None else str(v)
+        return [VariableInfo(shard=s, address=self.shards[s].conn.address, name=v.spec.name,
+                             shape=tuple(int(d) for d in v.spec.shape),
+                             sparse=bool(v.spec.sparse), version=int(v.version),
+                             value_bytes=int(v.value_bytes), slot_bytes=int(v.slot_bytes),
+                             optimizer=name_of(opt, v.spec.optimizer.kind),
+                             consistency=name_of(cons, v.spec.consistency))
+                for s in range(len(self.shards)) for v in r[s].variables]
+
+    def checkpoint(self, step: int = 0, *, keep_at_least: int = 0,
+                   token_file: Optional[str] = None,
+                   timeout: Optional[float] = None) -> List[Checkpoint]:
+        """Has every shard write a checkpoint (psd's Checkpoint, in
+        parallel): at `step` (0: each shard's highest variable version; give
+        one step to have the shards' directories agree), keeping at least
+        keep_at_least of them. Needs an operator's token where psd has
+        --tokens: the client's own, or token_file's for these calls only.
+        Returns each shard's Checkpoint by index; raises PsError
+        (PERMISSION_DENIED for a token of another role)."""
+        if step < 0 or keep_at_least < 0:
+            raise ValueError("checkpoint: step and keep_at_least must be >= 0")
+        tok = _token_arg(token_file)
+        req = pb.CheckpointRequest(step=step, keep_at_least=keep_at_least)
+        r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
+            "Checkpoint", req, pb.CheckpointResponse, timeout=timeout, token=tok))
+        return [Checkpoint(s, self.shards[s].conn.address, r[s].path, int(r[s].step),
+                           int(r[s].bytes)) for s in range(len(self.shards))]
+
+    def restore(self, step: int = 0, *, token_file: Optional[str] = None,
+                timeout: Optional[float] = None) -> List[Restored]:
+        """Has every shard load a checkpoint (psd's Restore, in parallel):
+        the one at `step`, or each shard's latest complete one (0). The
+        variables' values, optimizer slots, versions and sparse tables
+        become the checkpoint's; the client's own step counters are not
+        touched. Operator token as checkpoint. Returns each shard's Restored
+        by index; raises PsError (NOT_FOUND naming the step when a shard has
+        no such checkpoint)."""
+        if step < 0:
+            raise ValueError("restore: step must be >= 0")
+        tok = _token_arg(token_file)
+        req = pb.RestoreRequest(step=step)
+        r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
+            "Restore", req, pb.RestoreResponse, timeout=timeout, token=tok))
+        return [Restored(s, self.shards[s].conn.address, int(r[s].step), int(r[s].variables))
+                for s in range(len(self.shards))]
 
     def list_variables(self) -> List[Any]:
         """Every shard's VariableInfo, shard by shard."""

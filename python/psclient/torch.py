@@ -23,6 +23,11 @@ more dimensions, zeros for the rest (pass `initializers` to choose), drawn
 from a seed derived from the name so that every process asks for the same;
 the constructor loads them into the module.
 
+ShardedEmbedding and ShardedEmbeddingBag are nn.Embedding and
+nn.EmbeddingBag over psd's sparse tables (ids of any int64 value, rows
+pulled per batch and updated on the server in backward), to train beside
+dense parameters that torch.distributed all-reduces.
+
 Threads and lifetime: as the Client it wraps (one thread); the module's
 parameters must stay float32 and on one device.
 """
@@ -126,3 +131,163 @@ class PSOptimizer(torch.optim.Optimizer):
         assert self.last.values is not None
         self._load(self.last.values)
         return loss
+
+
+# ---- embeddings on psd's sparse tables ------------------------------------
+
+_ID_DTYPES = (torch.int64, torch.int32)
+
+
+def _check_ids(layer: str, t: Any) -> torch.Tensor:
+    """ids as a tensor of int64 or int32; anything else (floats above all)
+    is a TypeError naming the layer, before anything is sent."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s: ids must be a torch.Tensor of int64, got %s"
+                        % (layer, type(t).__name__))
+    if t.dtype not in _ID_DTYPES:
+        raise TypeError("%s: ids dtype is %s, expected torch.int64 (or torch.int32)"
+                        % (layer, t.dtype))
+    return t
+
+
+class _Rows(torch.autograd.Function):
+    """The rows of a batch's unique keys as a [U (+1 zero row for padding),
+    dim] tensor whose backward pushes its gradient to psd: each key's
+    gradient arrives summed over its uses by autograd and is pushed once;
+    the zero row of the padding id is never pushed."""
+
+    @staticmethod
+    def forward(ctx: Any, trigger: torch.Tensor, rows: torch.Tensor,  # type: ignore[override]
+                lookup: Any, keys: Any) -> torch.Tensor:
+        ctx.lookup = lookup
+        ctx.keys = keys
+        return rows
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        keys = ctx.keys
+        g = grad[:len(keys)].detach().to("cpu", torch.float32).contiguous().numpy()
+        ctx.lookup.push(keys, g)
+        return None, None, None, None
+
+
+class _Sharded(torch.nn.Module):
+    """What ShardedEmbedding and ShardedEmbeddingBag share: the Lookup, the
+    pull of a batch's rows and the autograd hook of its push."""
+
+    def __init__(self, kind: str, client: Client, table: Any, dim: Optional[int], *,
+                 padding_idx: Optional[int], offset: Any, hash_salt: Any,
+                 optimizer: Optional[Optimizer], create: bool, seed: int) -> None:
+        super().__init__()
+        from . import embedding as _emb
+        from .specs import SparseTable
+        name = table.name if isinstance(table, SparseTable) else str(table)
+        layer = "%s '%s'" % (kind, name)
+        if isinstance(table, str) and create:
+            if dim is None:
+                raise ValueError("%s: give the table's dim (or a SparseTable)" % layer)
+            table = SparseTable(table, int(dim), _emb.default_initializer(table, int(dim), seed))
+        self.lookup = _emb.Lookup(client, table, dim, layer=layer, offset=offset,
+                                  hash_salt=hash_salt, padding_idx=padding_idx, create=create,
+                                  optimizer=optimizer or Optimizer.sgd(0.01))
+        self.embedding_dim = self.lookup.dim
+        self.padding_idx = padding_idx
+        self.layer = layer
+        # Makes the rows' node part of the graph so that backward reaches
+        # it; not a Parameter, so no dense optimizer or all-reduce sees it.
+        self._trigger = torch.zeros(0, requires_grad=True)
+
+    def _weight(self, ids: torch.Tensor, device: torch.device) -> Tuple[torch.Tensor,
+                                                                          torch.Tensor, int]:
+        """(rows [U(+1), dim] with the push in backward, inverse ids of the
+        input's shape, padding row index or -1)."""
+        b = self.lookup.batch(ids.detach().cpu().numpy())
+        rows = self.lookup.rows(b)
+        if self.padding_idx is not None:
+            rows = np.concatenate([rows, np.zeros((1, self.embedding_dim), np.float32)])
+        w = torch.from_numpy(rows).to(device)
+        if torch.is_grad_enabled():
+            w = _Rows.apply(self._trigger, w, self.lookup, b.keys)
+        inv = torch.from_numpy(b.inverse).to(device)
+        return w, inv, (len(b.keys) if self.padding_idx is not None else -1)
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Starts pulling the rows of the next batch's ids now, on a thread
+        of the layer's own, while the current step computes; the forward of
+        those ids then uses them (rows pushed in between are pulled again,
+        so that a single worker sees exactly what it would without)."""
+        self.lookup.prefetch(_check_ids(self.layer, ids).detach().cpu().numpy())
+
+    def close(self) -> None:
+        """Ends the prefetch thread (the Client stays the caller's)."""
+        self.lookup.close()
+
+    def extra_repr(self) -> str:
+        return "table=%r, dim=%d" % (self.lookup.name, self.embedding_dim)
+
+
+class ShardedEmbedding(_Sharded):
+    """nn.Embedding over a psd sparse table: any shape of int64 ids of any
+    range in, [*ids.shape, dim] out.
+
+    Forward pulls the batch's unique ids once (deduplicated here) from
+    their shards in parallel; backward pushes each id's gradient, summed
+    over its uses, once, and psd applies the table's optimizer to the rows
+    (no dense gradient of the table is formed, and no torch optimizer
+    holds it). table: a psclient.SparseTable (created if missing) or a
+    name (created with `dim` and rows uniform in +-1/sqrt(dim) from `seed`,
+    or with create=False attached as it is). optimizer: the table's when
+    it has none of its own (default SGD 0.01). padding_idx: an id whose
+    output is zeros and that is never updated. offset / hash_salt: map ids
+    onto the table's keys (psclient.embedding.table_keys) so that features
+    share one table; one value, or one per feature along the ids' last axis.
+
+        emb = ShardedEmbedding(client, SparseTable("item", 16,
+                               optimizer=Optimizer.adagrad(0.05)))
+        vec = emb(torch.tensor([[3, 2**40], [7, 3]]))    # (2, 2, 16)
+    """
+
+    def __init__(self, client: Client, table: Any, dim: Optional[int] = None, *,
+                 padding_idx: Optional[int] = None, offset: Any = 0, hash_salt: Any = None,
+                 optimizer: Optional[Optimizer] = None, create: bool = True,
+                 seed: int = 0) -> None:
+        super().__init__("ShardedEmbedding", client, table, dim, padding_idx=padding_idx,
+                         offset=offset, hash_salt=hash_salt, optimizer=optimizer,
+                         create=create, seed=seed)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = _check_ids(self.layer, ids)
+        w, inv, _ = self._weight(ids, ids.device)
+        return torch.nn.functional.embedding(inv, w)
+
+
+class ShardedEmbeddingBag(_Sharded):
+    """nn.EmbeddingBag over a psd sparse table: bags of int64 ids (2-D
+    [bags, n], or 1-D with offsets) reduced by mode "sum" or "mean", with
+    per_sample_weights (mode "sum"), as torch's; pulls and pushes as
+    ShardedEmbedding (which gives the arguments). padding_idx: an id left
+    out of its bag (and of a mean's count), as torch's."""
+
+    def __init__(self, client: Client, table: Any, dim: Optional[int] = None, *,
+                 mode: str = "mean", padding_idx: Optional[int] = None, offset: Any = 0,
+                 hash_salt: Any = None, optimizer: Optional[Optimizer] = None,
+                 create: bool = True, seed: int = 0) -> None:
+        if mode not in ("sum", "mean"):
+            raise ValueError("ShardedEmbeddingBag: mode %r, expected 'sum' or 'mean'" % mode)
+        super().__init__("ShardedEmbeddingBag", client, table, dim, padding_idx=padding_idx,
+                         offset=offset, hash_salt=hash_salt, optimizer=optimizer,
+                         create=create, seed=seed)
+        self.mode = mode
+
+    def forward(self, ids: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ids = _check_ids(self.layer, ids)
+        if ids.dim() not in (1, 2):
+            raise ValueError("%s: ids must be 2-D [bags, n] or 1-D with offsets, got shape %s"
+                             % (self.layer, list(ids.shape)))
+        if (ids.dim() == 1) != (offsets is not None):
+            raise ValueError("%s: 1-D ids need offsets, 2-D ids take none" % self.layer)
+        w, inv, pad = self._weight(ids, ids.device)
+        return torch.nn.functional.embedding_bag(
+            inv, w, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+            padding_idx=pad if pad >= 0 else None)

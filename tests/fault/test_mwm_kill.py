@@ -17,7 +17,7 @@ import mwmjob  # noqa: E402
 import pstest  # noqa: E402
 
 EPOCHS = os.environ.get("MWM_EPOCHS", "4")
-ARGS = ["--num-workers", "3", "--epochs", EPOCHS, "--lr", "0.05", "--seed", "7",
+ARGS = ["--workers", "3", "--epochs", EPOCHS, "--lr", "0.05", "--seed", "7",
         "--checksum-every", "25", "--allreduce-timeout", "5s"]
 TOLERANCE = 0.01
 BOUND = 300  # seconds for one run

@@ -25,12 +25,12 @@ SW = TAG + "sw"
 NODES = ["c", "w0", "w1", "w2"]
 ADDR = {"c": "10.77.0.1", "w0": "10.77.0.10", "w1": "10.77.0.11", "w2": "10.77.0.12"}
 OUTAGE = 9.0  # > --allreduce-timeout 4 s + heartbeat timeout 3 s
-# --step-delay-ms 1: the job outlasts the outage by several seconds (on a
+# --step-delay 1: the job outlasts the outage by several seconds (on a
 # fast machine 8 epochs took about as long as the outage, and worker 2 once
 # came back as the others finished, neither rejoining nor left out).
-ARGS = ["--num-workers", "3", "--epochs", os.environ.get("MWM_NETNS_EPOCHS", "8"),
+ARGS = ["--workers", "3", "--epochs", os.environ.get("MWM_NETNS_EPOCHS", "8"),
         "--lr", "0.05", "--checksum-every", "25", "--allreduce-timeout", "4s",
-        "--step-delay-ms", "1"]
+        "--step-delay", "1"]
 BOUND = 300
 
 

@@ -44,8 +44,8 @@ def main():
     # moves below come between its first pull and its first push.
     w1 = subprocess.Popen(
         [WORKERD, "--ps", "%s,%s" % (a.address, b.address), "--consistency", "sync",
-         "--num-workers", "2", "--task-index", "1", "--steps", "2", "--epochs", "0",
-         "--limit", "1280", "--step-delay-ms", "2000", "--rpc-timeout", "2s",
+         "--workers", "2", "--task-index", "1", "--steps", "2", "--epochs", "0",
+         "--limit", "1280", "--step-delay", "2000", "--rpc-timeout", "2s",
          "--shm", "off", "--log-level", "info"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -119,9 +119,9 @@ def check_worker(r, promtool, wport, cport):
     r.check(tasks(cpage, "worker", "alive") == 1 and tasks(cpage, "ps", "alive") == 1 and
             get(cpage, "pscoord_live_workers") == 1 and get(cpage, "pscoord_ps_shards") == 1,
             "pscoord_tasks: one worker and one ps alive; pscoord_live_workers 1")
-    r.check(get(cpage, "pscoord_global_step") > 0 and get(cpage, "pscoord_cluster_epoch") > 0,
-            "pscoord_global_step %s, pscoord_cluster_epoch %s"
-            % (get(cpage, "pscoord_global_step"), get(cpage, "pscoord_cluster_epoch")))
+    r.check(get(cpage, "pscoord_global_step") > 0 and get(cpage, "pscoord_cluster_generation") > 0,
+            "pscoord_global_step %s, pscoord_cluster_generation %s"
+            % (get(cpage, "pscoord_global_step"), get(cpage, "pscoord_cluster_generation")))
     step = get(cpage, "pscoord_job_checkpoint_last_step")
     age = get(cpage, "pscoord_job_checkpoint_age_seconds")
     r.check(step > 0 and

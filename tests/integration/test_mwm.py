@@ -27,7 +27,7 @@ BOUND = 240
 def train_pair(r, name, extra):
     job = mwmjob.Job(name)
     try:
-        args = ["--num-workers", "2", "--model", "softmax", "--checksum-every", "1"] + extra
+        args = ["--workers", "2", "--model", "softmax", "--checksum-every", "1"] + extra
         for i in range(2):
             job.start(i, args)
         codes = job.wait(BOUND)
@@ -87,7 +87,7 @@ def kv_checks(r):
             pb.KvGetRequest(job_id="other", keys=["a"]), timeout=5),
             grpc.StatusCode.FAILED_PRECONDITION, "other")
         cs = c.GetCluster(pb.GetClusterRequest(job_id="job"), timeout=5)
-        r.check(cs.generation == 0, "no worker alive: generation 0 (%d)" % cs.generation)
+        r.check(cs.group_generation == 0, "no worker alive: generation 0 (%d)" % cs.group_generation)
         ch.close()
     except Exception as e:  # a refusal with another code
         r.check(False, "Kv checks: %s" % e)
@@ -99,8 +99,8 @@ def refusals(r):
     # Members with different models: refused at rendezvous.
     job = mwmjob.Job("models")
     try:
-        job.start(0, ["--num-workers", "2", "--model", "softmax"])
-        job.start(1, ["--num-workers", "2", "--model", "mlp:784-32-10"])
+        job.start(0, ["--workers", "2", "--model", "softmax"])
+        job.start(1, ["--workers", "2", "--model", "mlp:784-32-10"])
         codes = job.wait(60)
         outs = [job.log(i) for i in range(2)]
         r.check(codes == {0: 1, 1: 1} and all("trains another model" in o for o in outs)
@@ -113,7 +113,7 @@ def refusals(r):
     job = mwmjob.Job("alone")
     try:
         t0 = time.monotonic()
-        job.start(0, ["--num-workers", "2", "--rendezvous-timeout", "2s"])
+        job.start(0, ["--workers", "2", "--rendezvous-timeout", "2s"])
         codes = job.wait(60)
         out = job.log(0).strip().splitlines()
         r.check(codes == {0: 1} and "workers missing: 1" in out[-1] and
@@ -126,7 +126,7 @@ def refusals(r):
                         ("nosuchhost.invalid", "nosuchhost.invalid")]:
         job = mwmjob.Job("host")
         try:
-            job.start(0, ["--num-workers", "1", "--allreduce-host", host])
+            job.start(0, ["--workers", "1", "--allreduce-host", host])
             codes = job.wait(60)
             out = job.log(0).strip().splitlines()
             r.check(codes == {0: 1} and len(out) == 1 and words in out[0],

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "fault"))
 import mwmjob  # noqa: E402
 import pstest  # noqa: E402
 
-ARGS = ["--num-workers", "2", "--model", "softmax", "--seed", "3"]
+ARGS = ["--workers", "2", "--model", "softmax", "--seed", "3"]
 
 
 def fnv(values):
@@ -79,7 +79,7 @@ def main():
     job = mwmjob.Job("ckpt", extra=coord_args)
     psd = start_psd(job.root, job.coord_addr())
     try:
-        codes, logs = run(job, ["--epochs", "1", "--step-delay-ms", "3"])
+        codes, logs = run(job, ["--epochs", "1", "--step-delay", "3"])
         r.check(codes == {0: 0, 1: 0}, "first run: both workers exit 0 (%s)" % codes)
         final = logs[0]["final"] or {}
         manifests = sorted(glob.glob(os.path.join(job.root, "coord", "checkpoints",

@@ -371,7 +371,7 @@ def test_log_format(root):
     json_lines(open(logp).read(), "pscoord", "pscoord", "chief")
 
     p = subprocess.run([PSCTL, "--log-format", "json", "--server",
-                        "127.0.0.1:1", "--timeout", "200ms", "health"],
+                        "127.0.0.1:1", "--rpc-timeout", "200ms", "health"],
                        capture_output=True, text=True, timeout=30)
     r.check(p.returncode == 1, "psctl --log-format json is accepted (health "
             "of nothing fails: %s)" % p.stderr.strip()[-120:])

@@ -294,8 +294,8 @@ def test_static():
     r.check([x.kind for x in d.directives] == [pb.Directive.REREGISTER],
             "static: a heartbeat from a task that never registered is told REREGISTER")
     d = hb(s, "jobA", W, 0, 2, step=7)
-    r.check(len(d.directives) == 0 and d.epoch == c.cluster().epoch,
-            "static: a current heartbeat gets no directive and the epoch")
+    r.check(len(d.directives) == 0 and d.generation == c.cluster().generation,
+            "static: a current heartbeat gets no directive and the generation")
     beat = Beater(s, "jobA")
     beat.add(W, 0, 2, step=7)
     ps0 = reg(s, "jobA", PS, -1, addrs["ps"][0])
@@ -635,7 +635,7 @@ def test_job():
     r.check(rs and rs[-1]["index"] == 1 and rs[-1]["step"] == 31 and rs[-1]["ok"],
             "restore: state.json records it")
 
-    # WatchCluster: a state now, and one when the epoch changes.
+    # WatchCluster: a state now, and one when the generation changes.
     msgs = []
     stream = s.WatchCluster(pb.GetClusterRequest(job_id="ck"))
 
@@ -649,17 +649,17 @@ def test_job():
     th = threading.Thread(target=reader, daemon=True)
     th.start()
     wait_until(lambda: len(msgs) >= 1, 5)
-    e0 = msgs[0].epoch if msgs else 0
+    e0 = msgs[0].generation if msgs else 0
     ev = reg(s, "ck", EV)
     beat.add(EV, ev.index, ev.incarnation)
     metrics(s, "ck", EV, 0, 31, 0.3, 0.875)
-    got = wait_until(lambda: any(not isinstance(x, grpc.StatusCode) and x.epoch > e0
+    got = wait_until(lambda: any(not isinstance(x, grpc.StatusCode) and x.generation > e0
                                  for x in msgs), 5)
-    r.check(msgs and got, "watch: the state comes at once (epoch %d) and again when "
-            "the epoch rises" % e0)
+    r.check(msgs and got, "watch: the state comes at once (generation %d) and again when "
+            "the generation rises" % e0)
     got = wait_until(lambda: any(not isinstance(x, grpc.StatusCode) and
                                  x.eval_accuracy == 0.875 for x in msgs), 5)
-    r.check(got, "watch: progress without an epoch change (an evaluation) is sent "
+    r.check(got, "watch: progress without a generation change (an evaluation) is sent "
             "within the interval")
     stream.cancel()
     th.join(timeout=5)
@@ -924,7 +924,7 @@ def test_identity():
 
 def test_psctl_errors():
     port = free_port()
-    p = psctl("status", "--coordinator", "127.0.0.1:%d" % port, "--timeout", "2s")
+    p = psctl("status", "--coordinator", "127.0.0.1:%d" % port, "--rpc-timeout", "2s")
     lines = p.stderr.strip().splitlines()
     r.check(p.returncode == 1 and len(lines) == 1 and
             lines[0].startswith("psctl: cannot reach pscoord at 127.0.0.1:%d" % port),

@@ -88,7 +88,7 @@ expect_err create-different 1 \
     "psctl: create: ALREADY_EXISTS: variable 'w' already exists with a different spec" \
     "${ctl[@]}" create w --shape 3,5 --init constant:2.0
 expect_ok create-adam 'created emb' "${ctl[@]}" create emb --shape 64,32 \
-    --init glorot_uniform --seed 7 --optimizer adam --lr 0.001 --beta2 0.99
+    --init glorot_uniform --init-seed 7 --optimizer adam --lr 0.001 --beta2 0.99
 expect_ok create-sync 'created m' "${ctl[@]}" create m --shape 10 \
     --optimizer nesterov --momentum 0.5 --consistency sync --workers 2 \
     --init normal:0,0.05
@@ -268,7 +268,7 @@ else
     fi
 fi
 
-expect_ok help-show '--timeout' "${ctl[@]}" show --help
+expect_ok help-show '--rpc-timeout' "${ctl[@]}" show --help
 expect_ok help-create '--consistency' "${ctl[@]}" create --help
 expect_ok help-top 'checkpoint' "$psctl" --help
 
@@ -302,7 +302,7 @@ expect_err flag-not-applicable 2 '--beta1 applies to --optimizer adam only' \
 expect_err server-refuses-lr 1 \
     "psctl: create: INVALID_ARGUMENT: variable 'x': optimizer: learning_rate" \
     "${ctl[@]}" create x --shape 3 --lr -1
-expect_err bad-timeout 2 '--timeout:' "${ctl[@]}" list --timeout soon
+expect_err bad-timeout 2 '--rpc-timeout:' "${ctl[@]}" list --rpc-timeout soon
 expect_err unknown-option 2 "unknown option '--bogus'" "${ctl[@]}" list --bogus
 expect_err unknown-command 2 "unknown command 'frobnicate'" "${ctl[@]}" frobnicate
 expect_err missing-name 2 'psctl: show: missing NAME' "${ctl[@]}" show

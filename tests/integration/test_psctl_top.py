@@ -3,7 +3,7 @@ two workerd workers and an evaluator training the MLP on Fashion-MNIST (the
 job is stopped once the checks are done):
 
   once     `psctl top --once` while the job trains: exit 0, plain text (no
-           escape codes), a header (job, epoch, workers 2/2 live, global
+           escape codes), a header (job, generation, workers 2/2 live, global
            step), the job checkpoint (step, age, a manifest that exists),
            and one row per task with its role: the workers alive with
            step > 0, examples/s > 0, a loss and a lag, the psd alive, the
@@ -102,8 +102,8 @@ def check_once(r, c):
             "top --once: exit 0, plain text (exit %d, %s)"
             % (p.returncode, p.stderr.strip()))
     r.check(header.startswith("job top ") and "workers 2/2 live" in header
-            and "epoch " in header and "global step " in header,
-            "top --once: header with job, epoch, live workers, global step "
+            and "generation " in header and "global step " in header,
+            "top --once: header with job, generation, live workers, global step "
             "(%s)" % header)
     f = ckpt.split(", ")
     r.check(len(f) == 3 and f[0].startswith("checkpoint step ") and
@@ -226,7 +226,7 @@ def check_errors(r):
     port = pstest.free_port()
     addr = "127.0.0.1:%d" % port
     for args in (["--once"], []):
-        p = psctl("top", "--coordinator", addr, "--timeout", "2s", *args)
+        p = psctl("top", "--coordinator", addr, "--rpc-timeout", "2s", *args)
         lines = p.stderr.strip().splitlines()
         r.check(p.returncode == 1 and len(lines) == 1 and
                 lines[0].startswith("psctl: cannot reach pscoord at " + addr)

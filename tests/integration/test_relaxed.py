@@ -1,7 +1,7 @@
 """workerd's relaxed consistency against a real psd on 127.0.0.1:
 
 bounded staleness: two workers with --consistency bounded --staleness S, one
-slowed (--step-delay-ms); while the slow one is stopped (SIGSTOP) the fast
+slowed (--step-delay); while the slow one is stopped (SIGSTOP) the fast
 one halts exactly S steps ahead of it, read from both workers' progress
 lines; once the slow one is killed, the fast one goes on after psd's
 --worker-timeout, not before, and finishes.
@@ -59,17 +59,17 @@ class Worker:
 def bounded(r):
     d = pstest.start_psd(pstest.tmpdir(), "--worker-timeout",
                          "%dms" % (WORKER_TIMEOUT * 1000))
-    common = ["--ps", d.address, "--num-workers", "2", "--model", "softmax",
+    common = ["--ps", d.address, "--workers", "2", "--model", "softmax",
               "--limit", "12800", "--epochs", "0", "--consistency", "bounded",
               "--staleness", str(S), "--progress", "1ms", "--evaluate=false",
               "--lr", "0.05"]
     # Every step of both takes more than --progress, so each prints a line.
     # The slow one starts first: psd counts a worker from its first pull.
     slow = Worker(*common, "--task-index", "1", "--steps", "1000",
-                  "--step-delay-ms", "60")
+                  "--step-delay", "60")
     slow.wait_step(1)
     fast = Worker(*common, "--task-index", "0", "--steps", "60",
-                  "--step-delay-ms", "5")
+                  "--step-delay", "5")
     try:
         r.check(slow.wait_step(8), "the slow worker reaches step 8 (%d)" % slow.last())
         slow.p.send_signal(signal.SIGSTOP)
@@ -130,10 +130,10 @@ def two_workers(extra):
     undelayed softmax epoch takes 0.25 s, less than a worker's start-up, and
     the two would train one after the other)."""
     d = pstest.start_psd(pstest.tmpdir())
-    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--num-workers", "2",
+    procs = [subprocess.Popen([WORKERD, "--ps", d.address, "--workers", "2",
                                "--task-index", str(i), "--model", "softmax",
                                "--epochs", "1", "--json", "--evaluate=false",
-                               "--lr", "0.1", "--step-delay-ms", "3", *extra],
+                               "--lr", "0.1", "--step-delay", "3", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]

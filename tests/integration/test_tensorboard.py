@@ -190,7 +190,7 @@ def check_chief_and_evaluator(r, tb, psd, tmp):
             "version %s, %s, %s; the worker's own evaluation %s)"
             % (step, vals.get("accuracy"), vals.get("loss"), ev.get("version"),
                ev.get("test_accuracy"), ev.get("test_loss"), out.get("test_accuracy")))
-    w = workerd("--ps", psd.address, "--num-workers", "2", "--task-index", "1",
+    w = workerd("--ps", psd.address, "--workers", "2", "--task-index", "1",
                 "--steps", "20", "--limit", "12800", "--json", "--no-evaluate",
                 "--logdir", logdir)
     r.check(w.returncode == 0 and sorted(os.listdir(logdir)) == ["eval", "worker0"] and

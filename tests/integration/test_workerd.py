@@ -184,7 +184,7 @@ def main():
     sock = os.path.join(tmp, "psd.sock")
     d = pstest.start_psd(tmp, "--local-socket", sock)
     ok, res, _ = workerds(*[["--ps", addr, "--epochs", "1", "--json",
-                             "--num-workers", "2", "--task-index", str(i)]
+                             "--workers", "2", "--task-index", str(i)]
                             for i, addr in enumerate(["unix:" + sock, d.address])])
     r.check(ok and min(x["test_accuracy"] for x in res) > 0.78 and
             max(x["version"] for x in res) == sum(x["steps"] for x in res),
@@ -204,7 +204,7 @@ def main():
             (bad.returncode, lines))
 
     d = pstest.start_psd(pstest.tmpdir())
-    ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--num-workers", "2",
+    ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--workers", "2",
                              "--task-index", str(i), "--json", "--init-seed", "5"]
                             for i in range(2)])
     r.check(ok and all(x["steps"] == 468 for x in res),
@@ -217,7 +217,7 @@ def main():
     # Sync: two workers, every step averaged; versions equal steps.
     d = pstest.start_psd(pstest.tmpdir())
     ok, res, errs = workerds(*[["--ps", d.address, "--steps", "60", "--epochs", "0",
-                                "--limit", "10000", "--num-workers", "2",
+                                "--limit", "10000", "--workers", "2",
                                 "--task-index", str(i), "--json", "--consistency", "sync"]
                                for i in range(2)])
     r.check(ok and all(x["version"] == 60 for x in res),
@@ -322,7 +322,7 @@ def main():
         ("an unknown flag", ["--batchsize", "3"], 2, ["--batchsize"]),
         ("a bad --ps", ["--ps", "localhost"], 2, ["--ps", "localhost"]),
         ("an empty unix socket --ps", ["--ps", "unix:"], 2, ["--ps", "unix:"]),
-        ("a task index out of range", ["--num-workers", "2", "--task-index", "2"], 2,
+        ("a task index out of range", ["--workers", "2", "--task-index", "2"], 2,
          ["--task-index"]),
         ("a bad device", ["--ps", d.address, "--device", "tpu:0"], 2, ["--device"]),
         ("--self-update on with Adam", ["--ps", d.address, "--self-update", "on",
@@ -336,10 +336,39 @@ def main():
         ok, line = one_line_error(r, p, code, *words)
         r.check(ok, "%s: exit %d, %r (%.1fs)" % (what, p.returncode, line,
                                                 time.monotonic() - t0))
-    p = workerd("--ps", d.address, "--device", "cuda:0", "--limit", "1000", timeout=60)
-    ok, line = one_line_error(r, p, 1, "cuda:0")
-    r.check(ok or p.returncode == 0,
-            "--device cuda:0 without a usable GPU names the cause: %r" % line)
+    # A device that is not there: exit 2 and one line before any data is
+    # read, with --local too; nothing trains on the CPU instead.
+    for args in (["--ps", d.address], ["--local"]):
+        p = workerd(*args, "--device", "cuda:999", "--limit", "1000", timeout=60)
+        ok, line = one_line_error(r, p, 2, "cuda:999")
+        r.check(ok and "done" not in p.stdout,
+                "%s --device cuda:999: exit %d, %r" % (args[0], p.returncode, line))
+        p = workerd(*args, "--device", "cuda:0", "--limit", "1000", "--steps", "5",
+                    timeout=60)
+        ok, line = one_line_error(r, p, 2, "cuda:0")
+        r.check(ok or (p.returncode == 0 and "cuda" in p.stdout + p.stderr),
+                "%s --device cuda:0 without a usable GPU: exit %d, %r"
+                % (args[0], p.returncode, line))
+    notpu = dict(os.environ, TPU_LIBRARY_PATH="/nonexistent/libtpu.so")
+    p = subprocess.run([WORKERD, "--local", "--device", "tpu", "--limit", "1000"],
+                       capture_output=True, text=True, timeout=60, env=notpu)
+    ok, line = one_line_error(r, p, 2, "tpu")
+    r.check(ok, "--local --device tpu without the plugin: exit %d, %r" % (p.returncode, line))
+    p = workerd("--local", "--device", "cuda:0", "--model", "widedeep",
+                "--limit", "1000", timeout=60)
+    ok, line = one_line_error(r, p, 2)
+    r.check(ok and ("cuda:0" in line), "a model that runs on the CPU only refuses "
+            "--device cuda:0: exit %d, %r" % (p.returncode, line))
+
+    # --json: a figure that was not measured is null, not -1.
+    p = workerd("--local", "--json", "--steps", "5", "--epochs", "0", "--limit", "2000")
+    out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    r.check(p.returncode == 0 and out.get("steps") == 5 and
+            all(k in out and out[k] is None for k in ("test_loss", "test_accuracy",
+                                                      "version")) and
+            isinstance(out.get("final_loss"), float),
+            "--local --json: test_loss, test_accuracy and version are null, "
+            "final_loss a number (%s)" % (out or p.stderr.strip()))
     d.stop()
     r.finish()
 

@@ -150,6 +150,21 @@ def part_train(r):
                     ": " + (pj.stderr + cpu.stderr).strip()[-400:]))
 
 
+    # --local on the plugin: the same steps on the device, not on the CPU
+    # (the plugin compiles its step), ending with the CPU's loss.
+    common = ["--local", "--steps", "100", "--epochs", "0", "--limit", "6400", "--json",
+              "--seed", "3"]
+    pj = workerd("--device", "pjrt:" + so, "--log-level", "info", *common)
+    cpu = workerd("--device", "cpu", *common)
+    sp, sc = summary(pj), summary(cpu)
+    r.check(pj.returncode == 0 and "pjrt: compiled the dense step" in pj.stderr and
+            sp.get("replicas") == 1 and sp.get("steps") == 100 and
+            abs(sp.get("final_loss", -1) - sc.get("final_loss", 1)) < 1e-3,
+            "--local --device pjrt: trains on the plugin (loss %s, the CPU's %s)%s" % (
+                sp.get("final_loss"), sc.get("final_loss"),
+                "" if pj.returncode == 0 else ": " + pj.stderr.strip()[-300:]))
+
+
 def refused(r, what, device, words, env=None, extra=()):
     d = pstest.start_psd(pstest.tmpdir())
     p = workerd("--ps", d.address, "--device", device, "--epochs", "1", *extra,

@@ -33,7 +33,7 @@ def _tree_hash():
                     h.update(p.encode())
                     with open(p, "rb") as fh:
                         h.update(fh.read())
-    for f in ("setup.py", "pyproject.toml"):
+    for f in ("setup.py", "pyproject.toml", os.path.join("..", "meson.build")):
         with open(os.path.join(PKG, f), "rb") as fh:
             h.update(fh.read())
     return h.hexdigest()

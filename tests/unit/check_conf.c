@@ -48,7 +48,7 @@ static const ps_opt opts[] = {
     {"map-size", PS_OPT_SIZE, offsetof(struct cfg, map_size), "1G",
      "LMDB map size", 1 << 20, 1099511627776.0},
     {"timeout", PS_OPT_DURATION_MS, offsetof(struct cfg, timeout_ms), "2s",
-     "call deadline", 1, 3600000},
+     "call deadline", 1, 3600000, NULL, "deadline"},
     {"consistency", PS_OPT_ENUM, offsetof(struct cfg, consistency), "async",
      "update rule", 0, 0, consistency_choices},
     {0},
@@ -320,6 +320,102 @@ START_TEST(test_config_file)
 }
 END_TEST
 
+/* Loads argv (argv[0] added) with the environment prefix "PSX". */
+#define LOAD_ENV(cfgp, ...)                                               \
+    load_env((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL})
+static int load_env(struct cfg *c, const char **args)
+{
+    int argc = 0;
+    while (args[argc] != NULL)
+        argc++;
+    err[0] = '\0';
+    memset(c, 0xAB, sizeof *c);
+    return ps_conf_load_env(opts, c, argc, (char **)args, "PSX", &first, err,
+                            sizeof err);
+}
+
+START_TEST(test_env)
+{
+    struct cfg c;
+    setenv("PSX_PORT", "7300", 1);
+    setenv("PSX_DATA_DIR", "/from/env", 1);
+    setenv("PSX_VERBOSE", "yes", 1);
+    setenv("PSX_MAP_SIZE", "2G", 1);
+    setenv("PSX_NOT_AN_OPTION", "whatever", 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--name", "n"), 0);
+    ck_assert_int_eq(c.port, 7300);
+    ck_assert_str_eq(c.data_dir, "/from/env");
+    ck_assert(c.verbose);
+    ck_assert_uint_eq(c.map_size, 2ull << 30);
+    ck_assert_int_eq(c.threads, 4); /* the default */
+    ps_conf_free(opts, &c);
+
+    /* defaults < file < environment < command line */
+    pscheck_write_text(tmppath, "{\"port\": 7100, \"threads\": 2, \"lr\": 0.5}");
+    ck_assert_int_eq(LOAD_ENV(&c, "--config", tmppath, "--data-dir", "/cli"), 0);
+    ck_assert_int_eq(c.port, 7300);
+    ck_assert_int_eq(c.threads, 2);
+    ck_assert_double_eq(c.lr, 0.5);
+    ck_assert_str_eq(c.data_dir, "/cli");
+    ps_conf_free(opts, &c);
+
+    /* PREFIX_CONFIG names the file when --config does not. */
+    setenv("PSX_CONFIG", tmppath, 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--lr", "1"), 0);
+    ck_assert_int_eq(c.threads, 2);
+    ck_assert_double_eq(c.lr, 1.0);
+    ps_conf_free(opts, &c);
+    setenv("PSX_CONFIG", "/nonexistent/psx.json", 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--lr", "1"), -ENOENT);
+    ck_assert_str_eq(err, "PSX_CONFIG: cannot open '/nonexistent/psx.json': "
+                          "No such file or directory");
+    unsetenv("PSX_CONFIG");
+
+    /* A bad value is refused by the variable's name, before the command
+     * line is looked at. */
+    setenv("PSX_THREADS", "0", 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--threads", "3"), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "PSX_THREADS: 0 is out of range [1, 64]");
+    setenv("PSX_THREADS", "many", 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--name", "n"), PS_EINVAL_ARG);
+    ck_assert_str_eq(err, "PSX_THREADS: 'many' is not an integer");
+    unsetenv("PSX_THREADS");
+    setenv("PSX_TIMEOUT", "soon", 1);
+    ck_assert_int_eq(LOAD_ENV(&c, "--name", "n"), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "PSX_TIMEOUT: 'soon' is not a duration"));
+    unsetenv("PSX_TIMEOUT");
+
+    /* ps_conf_load reads no environment. */
+    ck_assert_int_eq(LOAD(&c, "--name", "n"), 0);
+    ck_assert_int_eq(c.port, 7000);
+    ps_conf_free(opts, &c);
+    unsetenv("PSX_PORT");
+    unsetenv("PSX_DATA_DIR");
+    unsetenv("PSX_VERBOSE");
+    unsetenv("PSX_MAP_SIZE");
+    unsetenv("PSX_NOT_AN_OPTION");
+}
+END_TEST
+
+START_TEST(test_old_name)
+{
+    struct cfg c;
+    /* The old name sets the option, on the command line and in a file. */
+    ck_assert_int_eq(LOAD(&c, "--deadline", "5s"), 0);
+    ck_assert_int_eq(c.timeout_ms, 5000);
+    ps_conf_free(opts, &c);
+    ck_assert_int_eq(LOAD(&c, "--deadline=300ms", "--timeout", "7s"), 0);
+    ck_assert_int_eq(c.timeout_ms, 7000);
+    ps_conf_free(opts, &c);
+    ck_assert_int_eq(LOAD(&c, "--deadline", "soon"), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "--deadline: 'soon' is not a duration"));
+    pscheck_write_text(tmppath, "{\"deadline\": 700}");
+    ck_assert_int_eq(LOAD(&c, "--config", tmppath), 0);
+    ck_assert_int_eq(c.timeout_ms, 700);
+    ps_conf_free(opts, &c);
+}
+END_TEST
+
 START_TEST(test_config_file_bad)
 {
     static const struct {
@@ -428,6 +524,7 @@ START_TEST(test_usage)
     ck_assert_ptr_nonnull(strstr(buf, "log more (default: false)"));
     ck_assert_ptr_nonnull(strstr(buf, "--map-size SIZE"));
     ck_assert_ptr_nonnull(strstr(buf, "--timeout DURATION"));
+    ck_assert_ptr_nonnull(strstr(buf, "call deadline [1, 3600000] (old name: --deadline)"));
     ck_assert_ptr_nonnull(strstr(buf, "--consistency async|sync|bounded"));
     ck_assert_ptr_nonnull(strstr(buf, "--config FILE"));
     ck_assert_ptr_nonnull(strstr(buf, "--help"));
@@ -439,6 +536,8 @@ PSCHECK_MAIN("conf",
     {"ps_conf_load", {test_defaults, test_command_line, test_units, test_bad_values,
                       test_failure_frees, test_positionals, test_help_version,
                       test_bad_default}},
-    {"ps_conf_load --config", {test_config_file, test_config_file_bad}, &pscheck_tmp},
+    {"ps_conf_load --config", {test_config_file, test_config_file_bad, test_old_name},
+     &pscheck_tmp},
+    {"ps_conf_load_env", {test_env}, &pscheck_tmp},
     {"ps_conf_free", {test_free}},
     {"ps_conf_usage", {test_usage}})
