@@ -2,8 +2,8 @@
 # with sudo when not root), configures meson once and builds.
 #
 #   make demo    the main job: a local cluster training a real model
-#   make test    every test suite (unit, integration, interop, fault), then
-#                the unit suite again under valgrind
+#   make test    every test suite (unit, integration, interop, fault, deploy),
+#                then the unit suite again under valgrind
 #   make bench   the benchmarks under bench/
 #   make bench-tf-venv  tensorflow-cpu from PyPI in .venv-tf (about 1.6 GB),
 #                for bench/train.py --tensorflow, case (d); not part of bench
@@ -15,6 +15,8 @@ MESON_ARGS ?=
 SHELL := /bin/bash
 
 # Everything the build, the tests and the demo need, by Debian package name.
+# kubectl (for `kubectl kustomize`, tests/deploy/test_k8s.py) comes from
+# Debian's kubernetes-client unless a kubectl is installed already.
 DEB_PACKAGES := \
 	meson ninja-build pkg-config gcc g++ clang libclang-rt-14-dev \
 	libgrpc-dev protobuf-c-compiler libprotobuf-c-dev liblmdb-dev \
@@ -27,7 +29,9 @@ DEB_PACKAGES := \
 	help2man man-db \
 	python3-venv \
 	libgloo-dev \
-	python3-setuptools python3-pip python3-torch mypy
+	python3-setuptools python3-pip python3-torch mypy \
+	docker.io docker-compose debootstrap \
+	$(if $(shell command -v kubectl),,kubernetes-client)
 
 # The tests train a PyTorch model through psclient.torch (DEB_PACKAGES);
 # the benchmarks compare against PyTorch too.

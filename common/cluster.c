@@ -300,7 +300,9 @@ static int parse_task(const json_t *task, ps_cluster *c, char *err,
     if (index < 0)
         return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task index %" JSON_INTEGER_FORMAT " is negative", index);
-    if (index >= c->n[role])
+    /* An evaluator outside the training cluster, as TensorFlow has it. */
+    bool outside = role == PS_ROLE_EVALUATOR && c->n[role] == 0;
+    if (index >= c->n[role] && !outside)
         return ps_errf(PS_EINVAL_ARG, err, errlen,
                     "task %s[%" JSON_INTEGER_FORMAT "] but the cluster has "
                     "%d %s", role_names[role], index, c->n[role],

@@ -9,7 +9,11 @@
  * "cluster" is required and lists, per role, the task addresses as
  * "host:port" or "[v6addr]:port" strings; a role may be left out. "task"
  * (which of these tasks this process is) and "job_id" (a non-empty string)
- * are optional; a task without "index" is index 0. TensorFlow's "rpc_layer"
+ * are optional; a task without "index" is index 0. A task names one of the
+ * cluster's, except an evaluator when the cluster lists none: TensorFlow
+ * keeps the evaluator out of the training cluster (Kubeflow's TFJob sets
+ * its TF_CONFIG so), and then task_index is any index >= 0 and
+ * ps_cluster_task_address gives NULL for it. TensorFlow's "rpc_layer"
  * and "environment" keys are accepted and ignored; any other key is refused,
  * so that a typo ("tsak") is not silently dropped.
  *
@@ -39,7 +43,8 @@ typedef struct ps_cluster {
     int n[PS_ROLE_COUNT];
     bool has_task;               /* "task" was given */
     enum ps_role task_role;
-    int task_index;              /* 0 <= task_index < n[task_role] */
+    int task_index;              /* 0 <= task_index < n[task_role], but for
+                                  * an evaluator outside the cluster */
     char *job_id;                /* NULL when not given */
 } ps_cluster;
 

@@ -454,6 +454,157 @@ void ps_wire_push_free(ps_wire_push *req)
     req->cap = req->ngrads = 0;
 }
 
+/* ---- SparsePullRequest / SparsePushRequest -------------------------------- */
+
+static int sparse_id(ps_wire_sparse *req, uint64_t v)
+{
+    if (req->nids == req->idcap) {
+        size_t nc = req->idcap ? req->idcap * 2 : 256;
+        int64_t *n = realloc(req->ids, nc * sizeof *n);
+        if (n == NULL)
+            return -ENOMEM;
+        req->ids = n;
+        req->idcap = nc;
+    }
+    req->ids[req->nids++] = (int64_t)v;
+    return 0;
+}
+
+/* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3.
+ * Returns NULL, or what is wrong; *rc -ENOMEM when out of memory. */
+static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
+                                    ps_wire_sparse_item *it, int *rc)
+{
+    while (c->left > 0) {
+        uint64_t key, v;
+        cursor s;
+        if (get_varint(c, &key) != 0)
+            return push ? "SparseGradient: truncated field key"
+                        : "SparsePullItem: truncated field key";
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (field == 1 && wt == WT_LEN) {
+            if (get_name(c, it->g.name, sizeof it->g.name, &it->g.name_len) != 0)
+                return push ? "SparseGradient.name: length past the end"
+                            : "SparsePullItem.name: length past the end";
+        } else if (field == 2 && (wt == WT_LEN || wt == WT_VARINT)) {
+            int one = wt == WT_VARINT;
+            if (!one && get_sub(c, &s) != 0)
+                return push ? "SparseGradient.ids: length past the end"
+                            : "SparsePullItem.ids: length past the end";
+            cursor *r = one ? c : &s;
+            do {
+                if (get_varint(r, &v) != 0)
+                    return push ? "SparseGradient.ids: truncated varint"
+                                : "SparsePullItem.ids: truncated varint";
+                if ((*rc = sparse_id(req, v)) != 0)
+                    return "out of memory";
+                it->nids++;
+            } while (!one && s.left > 0);
+        } else if (push && field == 3 && wt == WT_LEN) {
+            if (get_sub(c, &s) != 0)
+                return "SparseGradient.grad: length past the end";
+            it->g.has_tensor = 1;
+            const char *why = read_tensor(&s, &it->g);
+            if (why != NULL)
+                return why;
+        } else if (skip_field(c, wt) != 0) {
+            return push ? "SparseGradient: malformed unknown field"
+                        : "SparsePullItem: malformed unknown field";
+        }
+    }
+    return NULL;
+}
+
+static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *err,
+                             size_t errlen)
+{
+    const char *what = push ? "SparsePushRequest.grads" : "SparsePullRequest.items";
+    cursor s;
+    if (get_sub(c, &s) != 0) {
+        snprintf(err, errlen, "%s[%zu]: length past the end of the message", what,
+                 req->nitems);
+        return PS_EPARSE;
+    }
+    if (req->nitems == req->cap) {
+        size_t nc = req->cap ? req->cap * 2 : 8;
+        ps_wire_sparse_item *n = realloc(req->items, nc * sizeof *n);
+        if (n == NULL)
+            return -ENOMEM;
+        req->items = n;
+        req->cap = nc;
+    }
+    ps_wire_sparse_item *it = &req->items[req->nitems];
+    memset(it, 0, sizeof *it);
+    it->ids_at = req->nids;
+    int rc = 0;
+    const char *why = read_sparse_item(&s, push, req, it, &rc);
+    if (rc != 0)
+        return rc;
+    if (why != NULL) {
+        snprintf(err, errlen, "%s[%zu]: %s", what, req->nitems, why);
+        return PS_EPARSE;
+    }
+    req->nitems++;
+    return 0;
+}
+
+int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_sparse *req,
+                          char *err, size_t errlen)
+{
+    const char *msg = push ? "SparsePushRequest" : "SparsePullRequest";
+    req->one = (struct ps_piece){buf, len};
+    cursor c;
+    ps_wire_bytes_init(&c, &req->one, 1);
+    req->worker = 0;
+    req->step = 0;
+    req->return_values = 0;
+    req->nitems = 0;
+    req->nids = 0;
+    while (c.left > 0) {
+        size_t at = len - c.left;
+        uint64_t key, v = 0;
+        int rc = 0;
+        if (get_varint(&c, &key) != 0) {
+            snprintf(err, errlen, "%s: truncated field key at byte %zu", msg, at);
+            return PS_EPARSE;
+        }
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        bool items = push ? field == 3 : field == 1;
+        if (items && wt == WT_LEN) {
+            if ((rc = read_sparse_items(&c, push, req, err, errlen)) != 0)
+                return rc;
+        } else if (push && field == 1 && wt == WT_VARINT) {
+            rc = get_varint(&c, &v);
+            req->worker = (uint32_t)v;
+        } else if (push && field == 2 && wt == WT_VARINT) {
+            rc = get_varint(&c, &req->step);
+        } else if (push && field == 4 && wt == WT_VARINT) {
+            rc = get_bool(&c, &req->return_values);
+        } else if (field == 0 || skip_field(&c, wt) != 0) {
+            snprintf(err, errlen, "%s: malformed field %d (wire type %d) at byte %zu", msg,
+                     field, wt, at);
+            return PS_EPARSE;
+        }
+        if (rc != 0) {
+            snprintf(err, errlen, "%s: truncated varint at byte %zu", msg, at);
+            return PS_EPARSE;
+        }
+    }
+    for (size_t i = 0; i < req->nitems; i++) /* the array has stopped moving */
+        req->items[i].ids = req->ids + req->items[i].ids_at;
+    return 0;
+}
+
+void ps_wire_sparse_free(ps_wire_sparse *req)
+{
+    free(req->items);
+    free(req->ids);
+    req->items = NULL;
+    req->ids = NULL;
+    req->cap = req->nitems = req->idcap = req->nids = 0;
+}
+
+
 /* ---- PushRequest: encoding ------------------------------------------------ */
 
 /* The contents of a gradient's Tensor, and of the Gradient. */

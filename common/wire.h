@@ -1,7 +1,9 @@
 /*
  * wire.h - the hot messages in protobuf wire format, encoded and decoded by
- * hand: PushRequest, PullResponse (and the values half of PushResponse) and
- * ShmRef, as proto/ps.proto defines them.
+ * hand: PushRequest, PullResponse (and the values half of PushResponse),
+ * SparsePullRequest and SparsePushRequest (whose responses are a
+ * PullResponse's and a PushResponse's bytes) and ShmRef, as
+ * proto/ps.proto defines them.
  *
  * protobuf-c copies every bytes field into fresh memory, which for a 4 MiB
  * tensor costs more than the optimizer that consumes it. So these messages
@@ -174,6 +176,40 @@ typedef struct ps_wire_push_out {
 size_t ps_wire_push_len(const ps_wire_push_out *m);
 uint8_t *ps_wire_push_put(uint8_t *p, const ps_wire_push_out *m);
 size_t ps_wire_push_step_at(const ps_wire_push_out *m);
+
+/* ---- SparsePullRequest / SparsePushRequest ----------------------------------- */
+
+/* One decoded SparsePullItem or SparseGradient: its name (g.name,
+ * g.name_len) and, for a gradient, its tensor (g.dtype, g.shape, g.data
+ * over the request's bytes, g.shm, g.has_tensor); the ids decoded into
+ * the request's array (repeated int64, packed or not). */
+typedef struct ps_wire_sparse_item {
+    ps_wire_grad g;
+    const int64_t *ids;    /* (nids), in the request's ids array */
+    size_t nids;
+    size_t ids_at;         /* where they start in that array */
+} ps_wire_sparse_item;
+
+/* A decoded SparsePullRequest (items) or SparsePushRequest (worker, step,
+ * grads as items, return_values). Its arrays are reused from decode to
+ * decode; ps_wire_sparse_free releases them. */
+typedef struct ps_wire_sparse {
+    uint32_t worker;
+    uint64_t step;
+    int return_values;
+    ps_wire_sparse_item *items;
+    size_t nitems, cap;
+    int64_t *ids;          /* every item's ids, one after the other */
+    size_t nids, idcap;
+    struct ps_piece one;
+} ps_wire_sparse;
+
+/* Decode a SparsePullRequest (push false) or a SparsePushRequest in buf,
+ * which must outlive req's use: a gradient's bytes are not copied. Returns
+ * 0, PS_EPARSE with one line in err, or -ENOMEM. */
+int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_sparse *req,
+                          char *err, size_t errlen);
+void ps_wire_sparse_free(ps_wire_sparse *req);
 
 /* ---- PullResponse / PushResponse ------------------------------------------ */
 

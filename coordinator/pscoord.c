@@ -69,12 +69,15 @@ struct pscoord_conf {
 
 /* Defaults, each with why. */
 static const ps_opt pscoord_opts[] = {
-    /* 7071: beside psd's 7070, so a one-host job needs no port list.
-     * Loopback: the network only when told to, with TLS. */
-    {"listen", PS_OPT_STRING, offsetof(struct pscoord_conf, listen),
-     "127.0.0.1:7071",
+    /* Unset: TF_CONFIG naming this task the chief gives the port (see
+     * listen_from_tf_config), else 127.0.0.1:7071: beside psd's 7070, so a
+     * one-host job needs no port list, and loopback, so the network only
+     * when told to, with TLS. */
+    {"listen", PS_OPT_STRING, offsetof(struct pscoord_conf, listen), NULL,
      "host:port to serve on; port 0 picks a free one (printed as PORT <n>); "
-     "an address other than loopback needs TLS or --insecure", 0, 0, NULL},
+     "an address other than loopback needs TLS or --insecure; default: "
+     "the chief's port (on 0.0.0.0 unless the chief's address is loopback) "
+     "when TF_CONFIG names this task the chief, else 127.0.0.1:7071", 0, 0, NULL},
     {"cluster", PS_OPT_STRING, offsetof(struct pscoord_conf, cluster), NULL,
      "TF_CONFIG-shaped cluster spec (static membership); default: "
      "$TF_CONFIG, else dynamic membership", 0, 0, NULL},
@@ -208,6 +211,57 @@ static int load_tokens(struct pscoord *p)
     return 0;
 }
 
+/* TF_CONFIG naming this task chief[0] (as a Kubeflow TFJob or any
+ * TensorFlow launcher does for the chief's pod): pscoord, which does the
+ * chief's duties, serves on the chief's port, on every interface (as
+ * TensorFlow's own server binds its task's port: the chief's name may not
+ * resolve to this host before it is ready), or on the chief's address
+ * when that is a loopback one (a cluster on one host stays on loopback).
+ * A --listen on another port is refused with one line naming both.
+ * Without such a TF_CONFIG, --listen defaults to 127.0.0.1:7071. Returns
+ * PS_PROC_RUN, or 2 after the error line (configuration freed). */
+static int listen_from_tf_config(struct pscoord *p)
+{
+    struct pscoord_conf *c = &p->c;
+    char err[512], host[256] = "";
+    int port = -1, lport;
+    ps_cluster tf;
+    memset(&tf, 0, sizeof tf);
+    int rc = ps_cluster_from_env(&tf, err, sizeof err);
+    if (rc != 0 && rc != PS_ENOTFOUND)
+        return ps_proc_quit(&p->cmd, 2, "%s", err);
+    const char *chief = rc == 0 && tf.has_task && tf.task_role == PS_ROLE_CHIEF
+                        ? ps_cluster_task_address(&tf, PS_ROLE_CHIEF, tf.task_index)
+                        : NULL;
+    if (chief != NULL && ps_addr_split(chief, host, sizeof host, &port) != 0)
+        port = -1;
+    int status = PS_PROC_RUN;
+    if (chief != NULL && c->listen != NULL &&
+        (ps_addr_split(c->listen, host, sizeof host, &lport) != 0 || lport != port)) {
+        char both[600];
+        snprintf(both, sizeof both, "TF_CONFIG's chief[%d] is %s but --listen says %s",
+                 tf.task_index, chief, c->listen);
+        ps_cluster_close(&tf);
+        return ps_proc_quit(&p->cmd, 2, "%s", both);
+    }
+    if (c->listen == NULL) {
+        char addr[64];
+        bool loopback = strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+                        strcmp(host, "localhost") == 0;
+        if (chief != NULL && loopback)
+            snprintf(addr, sizeof addr, "%s", chief);
+        else if (chief != NULL)
+            snprintf(addr, sizeof addr, "0.0.0.0:%d", port);
+        else
+            snprintf(addr, sizeof addr, "127.0.0.1:7071");
+        c->listen = strdup(addr);
+        if (c->listen == NULL)
+            status = ps_proc_quit(&p->cmd, 1, "out of memory");
+    }
+    ps_cluster_close(&tf);
+    return status;
+}
+
 /* The checks the options table cannot make, the cluster spec and the job
  * id. Returns PS_PROC_RUN, or 2 after the error line (configuration and
  * spec freed). */
@@ -216,6 +270,9 @@ static int check_conf(struct pscoord *p)
     const struct pscoord_conf *c = &p->c;
     if (c->state_dir == NULL || c->state_dir[0] == '\0')
         return ps_proc_quit(&p->cmd, 2, "--state-dir is required");
+    int tf_status = listen_from_tf_config(p);
+    if (tf_status != PS_PROC_RUN)
+        return tf_status;
     if (c->heartbeat_timeout_ms <= c->heartbeat_interval_ms)
         return ps_proc_quit(&p->cmd, 2, "--heartbeat-timeout (%" PRId64 " ms) "
                             "must exceed --heartbeat-interval (%" PRId64 " ms)",

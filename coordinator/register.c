@@ -117,6 +117,9 @@ static int pick_static_role(const ps_cluster *s, struct claim *k, bool *found,
     return 0;
 }
 
+static int pick_dynamic_locked(coord *c, struct claim *k,
+                               struct coord_status *st);
+
 /* Static spec: which task of the spec a registration claims. Returns 0 with
  * k->role, k->index and k->addr (the address to record) set, or the
  * refusal. */
@@ -133,6 +136,11 @@ static int pick_static_locked(coord *c, struct claim *k,
     }
     const char *rn = ps_role_name(k->role);
     int n = s->n[k->role], want_index = k->req->index;
+    /* TensorFlow keeps the evaluator out of the training cluster (TFJob's
+     * TF_CONFIG lists none): a spec without evaluators takes them as
+     * dynamic membership does. */
+    if (n == 0 && k->role == PS_ROLE_EVALUATOR)
+        return pick_dynamic_locked(c, k, st);
     if (n == 0)
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, k->what,
                             "%s[%d]: the cluster spec has no %s tasks (%s)",

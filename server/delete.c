@@ -81,6 +81,23 @@ static void take_waits(psd_shard *s, const psd_var *v, struct gone *g)
     pthread_mutex_unlock(&s->wait_mu);
 }
 
+/* Fails the pushes of list l (a sync step's, or durable ones waiting for
+ * their commit), naming the variable, and frees them. */
+static void fail_pushes(pending_push *l, const char *name, bool durable)
+{
+    for (pending_push *p = l, *next; p != NULL; p = next) {
+        next = p->next;
+        if (durable)
+            ps_rpc_fail(p->call, PS_RPC_ABORTED, "Push: variable '%s' was deleted "
+                        "before this push's update was committed", name);
+        else
+            ps_rpc_fail(p->call, PS_RPC_ABORTED, "Push: variable '%s' was deleted "
+                        "while this push waited for step %" PRIu64 " to complete",
+                        name, p->step);
+        shard_pending_free(p);
+    }
+}
+
 /* Fails the calls of g, each naming the variable; none of them reads a
  * variable. */
 static void fail_waits(struct gone *g, const char *name)
@@ -92,25 +109,14 @@ static void fail_waits(struct gone *g, const char *name)
                     "while this pull waited for a version of it", name);
         shard_waiter_free(w);
     }
-    while (g->steps != NULL) {
-        pending_push *p = g->steps;
-        g->steps = p->next;
-        ps_rpc_fail(p->call, PS_RPC_ABORTED, "Push: variable '%s' was deleted "
-                    "while this push waited for step %" PRIu64 " to complete",
-                    name, p->step);
-        shard_pending_free(p);
-    }
-    while (g->durable != NULL) {
-        pending_push *p = g->durable;
-        g->durable = p->next;
-        ps_rpc_fail(p->call, PS_RPC_ABORTED, "Push: variable '%s' was deleted "
-                    "before this push's update was committed", name);
-        shard_pending_free(p);
-    }
+    fail_pushes(g->steps, name, false);
+    fail_pushes(g->durable, name, true);
+    g->steps = g->durable = NULL;
 }
 
 static void table_remove(psd_shard *s, size_t pos)
 {
+    shard_var_detach(s, s->vars[pos]);
     memmove(&s->vars[pos], &s->vars[pos + 1],
             (s->nvars - pos - 1) * sizeof *s->vars);
     s->nvars--;

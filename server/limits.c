@@ -7,7 +7,10 @@
  *
  * The bytes a variable holds are its value, its optimizer's slots and, for
  * a SYNC variable, its step's aggregate (allocated at the first push): what
- * it costs in memory for as long as it lives. A CreateVariable reserves its
+ * it costs in memory for as long as it lives. A sparse table's rows, each
+ * with its slots, count too, as they are stored (psd_sparse_row_bytes):
+ * a push whose new rows would pass the cap is refused whole by the tier,
+ * as is one past --max-rows-per-table. A CreateVariable reserves its
  * bytes and one variable before it allocates anything, so that concurrent
  * creates cannot together pass a cap; the reservation is settled, as held
  * or let go, under table_lock held for writing, where the variable enters
@@ -15,6 +18,8 @@
  * variable half counted. The lock order is in shard_internal.h.
  */
 #include "server/shard_internal.h"
+
+#include "server/sparse.h"
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -60,6 +65,18 @@ uint64_t shard_var_bytes(const psd_var *v)
     return (uint64_t)v->n * sizeof(float) * arrays;
 }
 
+/* The bytes of v's optimizer slots and of its sync step's aggregate when
+ * it has one now: what Stats, ListVariables and /metrics call slot bytes,
+ * the same sum in all three. Takes v->lock. */
+uint64_t shard_slot_bytes(psd_var *v)
+{
+    pthread_rwlock_rdlock(&v->lock);
+    uint64_t b = (uint64_t)v->n * (size_t)v->nslots * sizeof(float) +
+                 (v->accum ? v->n * sizeof(float) : 0);
+    pthread_rwlock_unlock(&v->lock);
+    return b;
+}
+
 /* As shard_var_bytes, for a variable of a normalized spec with n elements
  * that is not built yet. */
 uint64_t shard_spec_bytes(const Ps__V1__VariableSpec *sp, size_t n)
@@ -82,7 +99,7 @@ bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,
     uint64_t maxb = s->o.max_bytes;
     pthread_mutex_lock(&s->caps_mu);
     size_t vars = s->held_vars + s->reserved_vars;
-    uint64_t held = s->held_bytes + s->reserved_bytes;
+    uint64_t held = s->held_bytes + s->reserved_bytes + psd_sparse_row_bytes(s->sparse);
     bool over_vars = maxv != 0 && vars >= maxv;
     bool over_bytes = maxb != 0 && (bytes > maxb || held > maxb - bytes);
     if (!over_vars && !over_bytes) {
@@ -103,6 +120,20 @@ bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,
                     human_bytes(held + bytes, b, sizeof b),
                     human_bytes(maxb, c, sizeof c));
     return !over_vars && !over_bytes;
+}
+
+/* The bytes --max-bytes leaves for sparse tables' rows: the cap less
+ * what the variables hold and creates have reserved (the rows themselves
+ * are counted by the tier); UINT64_MAX without a cap. */
+uint64_t shard_caps_room(psd_shard *s)
+{
+    uint64_t maxb = s->o.max_bytes;
+    if (maxb == 0)
+        return UINT64_MAX;
+    pthread_mutex_lock(&s->caps_mu);
+    uint64_t held = s->held_bytes + s->reserved_bytes;
+    pthread_mutex_unlock(&s->caps_mu);
+    return held < maxb ? maxb - held : 0;
 }
 
 /* Ends a reservation of shard_caps_reserve: held, the variable is in the

@@ -18,8 +18,15 @@
  *              psd_fixed_overhead_bytes, psd_commits_total,
  *              psd_checkpoint_last_step, psd_checkpoint_last_bytes,
  *              psd_shm_bytes_total, psd_shm_regions, psd_uptime_seconds
+ * Sparse:      psd_sparse_* (sparse.c's psd_sparse_metrics): tables, rows,
+ *              row, RAM tier, budget, disk and row-log bytes, unsaved
+ *              rows, RAM hits and misses, cold reads, rows pulled, pushed,
+ *              admitted, not admitted, evicted and refused, commits and
+ *              the commit rate
  */
 #include "server/shard_internal.h"
+
+#include "server/sparse.h"
 
 #include "common/rpc_code.h"
 
@@ -136,8 +143,7 @@ static void state(ps_metrics *m, psd_shard *s)
         psd_var *v = s->vars[i];
         elements += v->n;
         value_bytes += v->n * sizeof(float);
-        slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
-                      (v->accum ? v->n * sizeof(float) : 0);
+        slot_bytes += shard_slot_bytes(v);
         if (v->consistency == PSD_SYNC) {
             pthread_rwlock_rdlock(&v->lock);
             steps += v->accum_count > 0;
@@ -188,4 +194,5 @@ void psd_metrics_collect(ps_metrics *m, void *ctx)
     waiting(m, src->shard);
     state(m, src->shard);
     storage(m, src->shard);
+    psd_sparse_metrics(src->shard->sparse, m);
 }

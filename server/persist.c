@@ -12,7 +12,6 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
-#include "server/rowlog.h"
 #include "server/sparse.h"
 #include "server/store.h"
 
@@ -135,12 +134,9 @@ static int flush_once(psd_shard *s)
     /* The sparse tables' changed rows first, as one batch of the row log;
      * then the dense variables' records, in a transaction that marks the
      * batch (a copy of the store then knows which batches complete it). */
-    uint64_t lseq = atomic_load(&s->log_seq) + 1;
     bool wrote = false;
-    int rc = psd_sparse_flush(s, lseq, &wrote);
-    if (wrote)
-        atomic_store(&s->log_seq, lseq);
-    psd_sparse_committed(s, rc == 0);
+    int rc = psd_sparse_flush(s->sparse, &wrote);
+    psd_sparse_committed(s->sparse, rc == 0);
     psd_store_txn *t = NULL;
     size_t written = 0;
     for (size_t i = 0; i < nv && rc == 0; i++) {
@@ -162,7 +158,8 @@ static int flush_once(psd_shard *s)
     }
     if (t != NULL) {
         if (rc == 0)
-            rc = psd_store_set_log_mark(t, PSD_STORE_LOG_LOGGED, atomic_load(&s->log_seq));
+            rc = psd_store_set_log_mark(t, PSD_STORE_LOG_LOGGED,
+                                        psd_sparse_logged(s->sparse));
         if (rc == 0)
             rc = psd_store_commit(t);
         else
@@ -235,13 +232,36 @@ void *shard_flusher_main(void *arg)
                 ETIMEDOUT)
                 break;
         s->flush_requested = false;
+        uint64_t asked = s->flush_asked;
+        int rc = 0;
         if (atomic_load(&s->apply_seq) != atomic_load(&s->committed_seq))
-            shard_flush_locked(s);
-        psd_sparse_maintain(s);
+            rc = shard_flush_locked(s);
+        if (asked != s->flush_done) {
+            s->flush_done = asked;
+            s->flush_rc = rc;
+            pthread_cond_broadcast(&s->flushed_cond);
+        }
+        psd_sparse_maintain(s->sparse);
         maybe_trim(s, &trimmed_ms, &trimmed_bytes);
     }
     pthread_mutex_unlock(&s->flush_mu);
     return NULL;
+}
+
+/* Has the flusher commit everything applied so far and waits for it: an
+ * rpc thread that needs a commit does not write to LMDB itself. Returns
+ * the commit's result, or -ESHUTDOWN when psd is closing. */
+int shard_flush_wait(psd_shard *s)
+{
+    pthread_mutex_lock(&s->flush_mu);
+    uint64_t mine = ++s->flush_asked;
+    s->flush_requested = true;
+    pthread_cond_signal(&s->flush_cond);
+    while (s->flush_done < mine && !s->closing)
+        pthread_cond_wait(&s->flushed_cond, &s->flush_mu);
+    int rc = s->flush_done >= mine ? s->flush_rc : -ESHUTDOWN;
+    pthread_mutex_unlock(&s->flush_mu);
+    return rc;
 }
 
 void shard_request_flush(psd_shard *s)
@@ -266,7 +286,12 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
         return rc;
     }
     psd_store_set_map_max(s->store, s->o.map_size_max);
-    rc = shard_rowlog_open(s); /* rows acknowledged but not yet in LMDB */
+    /* The sparse tier replays the rows acknowledged but not yet in LMDB. */
+    struct psd_sparse_conf sc = {.store = s->store, .data_dir = s->data_dir,
+                                 .memory_limit = s->o.memory_limit,
+                                 .map_size = s->o.map_size,
+                                 .max_rows = s->o.max_rows_per_table};
+    rc = psd_sparse_open(&sc, &s->sparse);
     if (rc != 0)
         return rc;
     store_gc(s); /* the rows a restore cut short by a crash left behind */
@@ -279,15 +304,14 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
     s->vars = lc.vars;
     s->nvars = lc.n;
     s->cap = lc.cap;
+    for (size_t i = 0; i < s->nvars; i++)
+        shard_var_attach(s, s->vars[i]);
     shard_caps_recount(s);
     return 0;
 }
 
 void shard_store_close(psd_shard *s)
 {
-    psd_rowlog_destroy(s->rowlog);
-    s->rowlog = NULL;
-    ps_buf_free(&s->logbuf);
     psd_store_close(s->store);
     s->store = NULL;
 }

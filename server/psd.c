@@ -35,6 +35,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -70,6 +71,7 @@ struct psd_conf {
     int64_t keepalive_ms;
     int64_t probe_interval_ms;
     uint64_t memory_limit;
+    uint64_t max_rows_per_table;
     char *metrics_listen;
     ps_tls_conf tls;
     char *tokens;
@@ -103,7 +105,8 @@ static const ps_opt psd_opts[] = {
      "checkpoints go to DIR/checkpoints/<step> (default: the data dir); put it "
      "where it outlives the data dir, so a wiped shard can be restored", 0, 0, NULL},
     {"coordinator", PS_OPT_STRING, offsetof(struct psd_conf, coordinator), NULL,
-     "pscoord host:port to register with as a ps task (none: standalone)", 0, 0, NULL},
+     "pscoord host:port to register with as a ps task (default: TF_CONFIG's "
+     "chief, else none: standalone)", 0, 0, NULL},
     {"job-id", PS_OPT_STRING, offsetof(struct psd_conf, job_id), "job",
      "the job this shard belongs to (checked by the coordinator)", 0, 0, NULL},
     {"task-index", PS_OPT_INT, offsetof(struct psd_conf, task_index), "-1",
@@ -168,9 +171,15 @@ static const ps_opt psd_opts[] = {
      "lower", 0, 1e18, NULL},
     {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
      "most bytes the variables hold (values, optimizer slots, sync "
-     "aggregates), e.g. 16G; a CreateVariable beyond is refused "
-     "(RESOURCE_EXHAUSTED); 0: half of this host's physical memory",
-     0, 1e18, NULL},
+     "aggregates, sparse tables' rows with their slots), e.g. 16G; a "
+     "CreateVariable or a SparsePush beyond is refused (RESOURCE_EXHAUSTED); "
+     "0: half of this host's physical memory", 0, 1e18, NULL},
+    /* 0: a row of at least 64 bytes stored (head, a float, its key and
+     * LMDB's node) on at most half of the disk and memory psd plans for. */
+    {"max-rows-per-table", PS_OPT_UINT64, offsetof(struct psd_conf, max_rows_per_table), "0",
+     "most rows a sparse table holds, and the highest max_rows a spec may ask; "
+     "a SparsePush whose new rows pass it is refused whole (RESOURCE_EXHAUSTED); "
+     "0: (free disk of --data-dir + --memory-limit) / 128", 0, 0, NULL},
     /* 4096: each worker waits on about one pull per shard at a time;
      * thousands of workers per shard is beyond any job psd serves. */
     {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
@@ -281,8 +290,20 @@ struct psd {
     bool probe_exit;    /* ... because the listener stopped accepting: exit 1 */
 };
 
-/* TF_CONFIG naming this task ps[i]: serve on its port, advertise its
- * address, and take its index and the job id, unless flags say else.
+/* The port of a host:port (or unix:PATH: -1). */
+static int port_of(const char *addr)
+{
+    char host[256];
+    int port;
+    return ps_addr_split(addr, host, sizeof host, &port) == 0 ? port : -1;
+}
+
+/* TF_CONFIG, as TensorFlow's tasks read it: naming this task ps[i], psd
+ * serves on that address's port, advertises it, and takes the index and
+ * the job id; a chief in the cluster is the coordinator (pscoord does the
+ * chief's duties). A flag left unset takes TF_CONFIG's value; a flag that
+ * disagrees with it (another index, another port, another coordinator) is
+ * refused with one line naming both, since one of the two is a mistake.
  * Returns PS_PROC_RUN, or 2 after the error line. */
 static int tf_config_defaults(struct psd *d)
 {
@@ -295,14 +316,34 @@ static int tf_config_defaults(struct psd *d)
         return PS_PROC_RUN;
     if (rc != 0)
         return ps_proc_quit(&d->cmd, 2, "%s", err);
+    int status = PS_PROC_RUN;
     if (tf.has_task && tf.task_role != PS_ROLE_PS) {
-        rc = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
-                          ps_role_name(tf.task_role), tf.task_index);
-        ps_cluster_close(&tf);
-        return rc;
+        status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task %s[%d], not ps",
+                              ps_role_name(tf.task_role), tf.task_index);
+        goto close;
     }
+    const char *chief = ps_cluster_task_address(&tf, PS_ROLE_CHIEF, 0);
+    if (chief != NULL && c->coordinator != NULL && c->coordinator[0] != '\0' &&
+        strcmp(chief, c->coordinator) != 0) {
+        status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG's chief is %s but --coordinator "
+                              "says %s", chief, c->coordinator);
+        goto close;
+    }
+    if (chief != NULL && c->coordinator == NULL)
+        c->coordinator = strdup(chief);
     if (tf.has_task) {
         const char *addr = ps_cluster_task_address(&tf, PS_ROLE_PS, tf.task_index);
+        if (c->task_index >= 0 && c->task_index != tf.task_index) {
+            status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG names this task ps[%d] but "
+                                  "--task-index says %lld", tf.task_index,
+                                  (long long)c->task_index);
+            goto close;
+        }
+        if (c->listen != NULL && port_of(c->listen) != port_of(addr)) {
+            status = ps_proc_quit(&d->cmd, 2, "TF_CONFIG's ps[%d] is %s but --listen "
+                                  "says %s", tf.task_index, addr, c->listen);
+            goto close;
+        }
         /* The task's own address, as given: a name or address others
          * reach it at, so not loopback unless the cluster is one host. */
         if (c->listen == NULL && addr != NULL)
@@ -316,8 +357,9 @@ static int tf_config_defaults(struct psd *d)
             c->job_id = strdup(tf.job_id);
         }
     }
+close:
     ps_cluster_close(&tf);
-    return PS_PROC_RUN;
+    return status;
 }
 
 /* The loopback rule and the process's identity as a client (its calls to
@@ -401,6 +443,15 @@ static uint64_t memory_available(void)
     return mem;
 }
 
+/* --max-rows-per-table 0: (free disk + memory) / 128, at least a million. */
+static uint64_t rows_per_table(const char *dir, uint64_t memory)
+{
+    struct statvfs v;
+    uint64_t disk = statvfs(dir, &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+    uint64_t rows = (disk + memory) / 128;
+    return rows < 1000000 ? 1000000 : rows;
+}
+
 /* Opens the store (and starts the shard's threads). Returns 0, or 1 after
  * the error line. */
 static int open_shard(struct psd *d, uint64_t *base_rss)
@@ -431,6 +482,9 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .local_address = d->local,
         .host_id = d->hostid,
     };
+    so.max_rows_per_table = c->max_rows_per_table != 0
+                                ? c->max_rows_per_table
+                                : rows_per_table(c->data_dir, so.memory_limit);
     *base_rss = psd_rss_bytes();
     int rc = psd_shard_open(&so, &d->shard);
     if (rc != 0) {
@@ -438,9 +492,10 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
                 c->data_dir, ps_strerror(rc));
         return 1;
     }
-    ps_log_info("caps: %zu variables, %.1f GiB held, %zu waiting pulls for at "
-                "most %lld ms, %d calls per connection", so.max_variables,
-                (double)so.max_bytes / (1 << 30), so.max_waiting_pulls,
+    ps_log_info("caps: %zu variables, %.1f GiB held, %llu rows per sparse table, %zu "
+                "waiting pulls for at most %lld ms, %d calls per connection",
+                so.max_variables, (double)so.max_bytes / (1 << 30),
+                (unsigned long long)so.max_rows_per_table, so.max_waiting_pulls,
                 (long long)so.max_pull_wait_ms, c->max_streams);
     return 0;
 }

@@ -30,6 +30,8 @@ void shard_pending_free(pending_push *p)
     free(p->versions);
     free(p->into);
     free(p->refused);
+    free(p->parts);
+    free(p->reply_mem);
     free(p);
 }
 
@@ -41,6 +43,10 @@ static void reply_push(psd_shard *s, pending_push *p)
     if (p->refused != NULL) {
         shard_count_bad(s);
         ps_rpc_fail(p->call, PS_RPC_INVALID_ARGUMENT, "%s", p->refused);
+        return;
+    }
+    if (p->parts != NULL) { /* a SparsePush's, encoded already */
+        ps_rpc_reply_parts(p->call, p->parts, p->nparts);
         return;
     }
     if (!p->return_values) {
@@ -91,7 +97,7 @@ void shard_answer_durable(psd_shard *s, uint64_t upto)
 }
 
 /* A push whose every part is applied: answer now, or after its commit. */
-static void push_complete(psd_shard *s, pending_push *p)
+void shard_push_complete(psd_shard *s, pending_push *p)
 {
     if (s->o.durable) {
         pthread_mutex_lock(&s->wait_mu);
@@ -112,7 +118,7 @@ static void complete_all(psd_shard *s, pending_push *ready)
     while (ready != NULL) {
         pending_push *q = ready;
         ready = q->next;
-        push_complete(s, q);
+        shard_push_complete(s, q);
     }
 }
 
@@ -919,7 +925,7 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
     /* Answered before table_lock is let go: a reply with values reads the
      * variables, which only a Restore (holding it for writing) frees. */
     if (done)
-        push_complete(s, p);
+        shard_push_complete(s, p);
     pthread_rwlock_unlock(&s->table_lock);
     atomic_fetch_add(&s->bytes_in, bytes);
     atomic_fetch_add(&s->shm_bytes, shm_in);

@@ -84,13 +84,13 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
      * taken from one read transaction while pushes go on. */
     double t0 = ps_metrics_now();
     /* The row log applied first without the flusher held off (it may be
-     * long), then what the last commit adds with it: shard_ckpt_begin
+     * long), then what the last commit adds with it: psd_sparse_ckpt_begin
      * keeps the applier out until the copy is taken. */
-    psd_sparse_drain(s);
+    psd_sparse_drain(s->sparse);
     pthread_mutex_lock(&s->flush_mu);
     int rc = shard_flush_locked(s);
     if (rc == 0)
-        rc = shard_ckpt_begin(s);
+        rc = psd_sparse_ckpt_begin(s->sparse);
     bool began = rc == 0;
     uint64_t nvars = 0;
     uint64_t top = 0; /* the highest variable version */
@@ -105,7 +105,7 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
         step = top;
     if (step > top && step - top > CKPT_STEP_AHEAD) {
         if (began)
-            shard_ckpt_end(s);
+            psd_sparse_ckpt_end(s->sparse);
         shard_count_bad(s);
         ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Checkpoint: step %llu is far "
                     "ahead of the variables' highest version %llu (at most that "
@@ -119,8 +119,9 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     }
     char path[4096];
     uint64_t bytes = 0;
-    rc = shard_ckpt_copy(s, step, nvars, path, sizeof path, &bytes);
-    shard_ckpt_end(s);
+    rc = psd_ckpt_write_with(s->store, s->ckpt_root, step, nvars, psd_sparse_ckpt_complete,
+                             s->sparse, path, sizeof path, &bytes);
+    psd_sparse_ckpt_end(s->sparse);
     if (rc != 0) {
         ps_rpc_fail(call, ps_rpc_code_from_err(rc),
                     "Checkpoint at step %llu in %s/checkpoints failed: %s%s",
@@ -277,11 +278,15 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
         pthread_rwlock_wrlock(&s->table_lock);
         fail_all_waits(s, PS_RPC_ABORTED, "the variables were restored from a "
                        "checkpoint while this call waited; pull again");
-        for (size_t i = 0; i < s->nvars; i++)
+        for (size_t i = 0; i < s->nvars; i++) {
+            shard_var_detach(s, s->vars[i]);
             shard_var_free(s->vars[i]);
+        }
         free(s->vars);
         s->vars = lc->vars;
         s->nvars = s->cap = lc->n;
+        for (size_t i = 0; i < s->nvars; i++)
+            shard_var_attach(s, s->vars[i]);
         free(lc->from); /* the checkpoint's path, read by the replace */
         lc->from = NULL;
         shard_sort_vars(s->vars, s->nvars);
@@ -414,7 +419,7 @@ static int start_threads(psd_shard *s)
         pthread_create(&s->sweeper, NULL, shard_sweeper_main, s) != 0)
         return -EAGAIN; /* (a started flusher is stopped by close) */
     s->threads_started = true;
-    if (shard_applier_start(s) != 0)
+    if (psd_sparse_start(s->sparse) != 0)
         return -EAGAIN;
     return 0;
 }
@@ -432,9 +437,7 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
     pthread_cond_init(&s->wait_cond, NULL);
     pthread_mutex_init(&s->flush_mu, NULL);
     pthread_cond_init(&s->flush_cond, NULL);
-    pthread_mutex_init(&s->apply_run_mu, NULL);
-    pthread_mutex_init(&s->apply_mu, NULL);
-    pthread_cond_init(&s->apply_cond, NULL);
+    pthread_cond_init(&s->flushed_cond, NULL);
     pthread_mutex_init(&s->caps_mu, NULL);
     s->ckpt_tail = &s->ckpt_jobs;
     s->started_ms = ps_now_ms();
@@ -536,33 +539,32 @@ int psd_shard_close(psd_shard *s)
         pthread_cond_signal(&s->wait_cond);
         pthread_mutex_unlock(&s->wait_mu);
         ps_cond_raise(&s->flush_mu, &s->flush_cond, NULL);
+        ps_cond_raise(&s->flush_mu, &s->flushed_cond, NULL);
         pthread_join(s->flusher, NULL);
         pthread_join(s->sweeper, NULL);
         rc = psd_shard_flush(s);
         fail_all_waits(s, PS_RPC_UNAVAILABLE, "psd is shutting down");
     }
     /* The row log applied: LMDB whole after a clean stop. */
-    shard_applier_stop(s);
-    if (s->store != NULL && psd_sparse_drain(s) != 0 && rc == 0)
+    if (psd_sparse_stop(s->sparse) != 0 && rc == 0)
         rc = PS_ESTORE;
     /* A checkpoint under way finishes; queued ones are refused. */
     if (s->ckpt_started)
         ps_thread_stop(s->ckpt_thread, &s->ckpt_mu, &s->ckpt_cond, &s->ckpt_quit);
     psd_assist_stop(s->assist);
     psd_shmmap_destroy(s->shm);
-    shard_store_close(s);
     for (size_t i = 0; i < s->nvars; i++)
         shard_var_free(s->vars[i]);
     free(s->vars);
+    psd_sparse_close(s->sparse);
+    shard_store_close(s);
     shard_clocks_free(s);
     pthread_rwlock_destroy(&s->table_lock);
     pthread_mutex_destroy(&s->wait_mu);
     pthread_cond_destroy(&s->wait_cond);
     pthread_mutex_destroy(&s->flush_mu);
     pthread_cond_destroy(&s->flush_cond);
-    pthread_mutex_destroy(&s->apply_run_mu);
-    pthread_mutex_destroy(&s->apply_mu);
-    pthread_cond_destroy(&s->apply_cond);
+    pthread_cond_destroy(&s->flushed_cond);
     pthread_mutex_destroy(&s->caps_mu);
     free(s->data_dir);
     free(s->ckpt_root);

@@ -7,8 +7,7 @@
  *   vartable.c  the table of variables, spec normalisation and validation,
  *               CreateVariable, ListVariables, Stats
  *   persist.c   the store: loading it, the write-behind flusher, the writes
- *               of a new variable and of a restore (with sparse.c, the
- *               files of the module that include store.h)
+ *               of a new variable and of a restore
  *   pull.c      Pull, its waiters and the sweeper that answers them
  *   push.c      Push, sync steps, durable acknowledgements, SetSyncWorkers
  *   staleness.c BOUNDED_STALENESS: the workers' clocks and the bound
@@ -16,17 +15,17 @@
  *               long they wait
  *   delete.c    DeleteVariable
  *   metrics.c   psd's /metrics page, read from the counters below
- *   sparse.c    sparse tables (sparse.h): RAM tier, rows in LMDB, sweeps
- *   sparse_rpc.c SparsePull and SparsePush
+ *   sparse_rpc.c SparsePull and SparsePush: the edge of the sparse tier,
+ *               s->sparse (sparse.h), whose own files keep its state
  *
  * Locks, always taken in this order and never the reverse:
  *   s->flush_mu         one flush (commit) at a time
- *   s->apply_run_mu     one apply of the row log at a time (sparse_log.c)
+ *   the tier's apply_run_mu  one apply of the row log at a time (sparse.h)
  *   s->table_lock (rw)  the set of variables; handlers hold it for reading
  *                       for their whole run, CreateVariable and Restore for
  *                       writing
- *   sp->mu              a sparse table's rows (sparse.h); a push holds those
- *                       of all its tables, taken in table order
+ *   the tier's tables_mu, then a table's mu (sparse.h); a push holds the
+ *                       mutexes of all its tables
  *   v->lock (rw)        one variable's value, slots, version and sync state
  *   s->wait_mu          the lists of calls that wait (pulls for a version,
  *                       sync pushes for their step, durable pushes for their
@@ -35,7 +34,8 @@
  * DeleteVariable, like Restore, takes s->flush_mu before table_lock: a
  * durable push is answered (its values read) with flush_mu held.
  * The store's write transaction is begun only with table_lock held, but
- * for the applier's (sparse_log.c), which takes no lock while it holds one.
+ * for the sparse tier's (the applier's and the sweeps'), which take no
+ * shard lock while they hold one.
  *
  * Threads: the handlers run on the rpc server's threads; the flusher
  * (persist.c), the sweeper (pull.c) and the checkpoint thread (shard.c) are
@@ -119,7 +119,7 @@ typedef struct psd_var {
     uint32_t accum_count;
     uint32_t *pushed;         /* workers that pushed this step */
     size_t npushed, cap_pushed;
-    struct psd_sparse *sparse; /* a sparse table's rows (sparse.h), or NULL */
+    struct psd_sparse_table *sparse; /* a sparse table's rows (sparse.h), or NULL */
 } psd_var;
 
 /* A push that answers later: sync parts waiting for their step, or a
@@ -141,6 +141,11 @@ typedef struct pending_push {
     char *refused;            /* set: a sync step it joined was refused (its
                                  aggregate would make a value non-finite);
                                  the push is answered INVALID_ARGUMENT with it */
+    /* A SparsePush's answer, encoded when it was applied (sparse_rpc.c):
+     * parts over reply_mem, sent as they are. */
+    ps_rpc_part *parts;
+    int nparts;
+    void *reply_mem;
 } pending_push;
 
 /* A Pull waiting for a version. */
@@ -223,26 +228,18 @@ struct psd_shard {
     bool stopping;
     bool closing;
 
-    /* The log of changed sparse rows (rowlog.h, sparse_log.c): the
-     * flusher appends a batch per commit; the applier thread writes a
-     * sealed file's rows into LMDB behind. apply_run_mu is held through
-     * each apply (one at a time; taken after flush_mu, before table_lock);
-     * apply_mu guards the applier's wake-up. */
-    struct psd_rowlog *rowlog;
-    ps_buf logbuf;                    /* the batch a flush builds (flush_mu) */
-    atomic_uint_fast64_t log_seq;     /* the last batch appended */
-    atomic_uint_fast64_t log_applied; /* the last batch whose rows are in LMDB */
-    pthread_mutex_t apply_run_mu;
-    pthread_mutex_t apply_mu;
-    pthread_cond_t apply_cond;
-    bool apply_quit, applier_started;
-    atomic_bool apply_asap; /* a sweep wants the log in LMDB (sparse.c) */
-    pthread_t applier;
-    int64_t last_apply_ms;
+    /* The sparse tier (sparse.h): the rows of every sparse table, their
+     * row log and its applier. Opened with the store. */
+    struct psd_sparse *sparse;
 
     pthread_mutex_t flush_mu; /* one flush at a time */
     pthread_cond_t flush_cond;
     bool flush_requested;
+    /* Commits asked by shard_flush_wait, and the last the flusher ran for
+     * them (its result in flush_rc); flush_mu. */
+    pthread_cond_t flushed_cond;
+    uint64_t flush_asked, flush_done;
+    int flush_rc;
     pthread_t flusher, sweeper, ckpt_thread;
     /* Checkpoints run on their own thread (a copy of a big store takes
      * seconds, and the completion-queue thread must go on serving). */
@@ -349,6 +346,8 @@ const char *shard_name_problem(const char *name, size_t len);
 psd_var *shard_find_var(psd_shard *s, const char *name, size_t len, size_t *pos);
 int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out);
 void shard_var_free(psd_var *v);
+void shard_var_attach(psd_shard *s, psd_var *v);
+void shard_var_detach(psd_shard *s, psd_var *v);
 void shard_vars_free(struct var_list *l);
 void shard_sort_vars(psd_var **vars, size_t n);
 void shard_create_variable_run(psd_shard *s, ps_rpc_call *call, const uint8_t *req,
@@ -367,23 +366,12 @@ uint64_t shard_store_commits(psd_shard *s);
 int shard_ckpt_load(const char *path, struct var_list *l);
 int shard_flush_locked(psd_shard *s);
 void shard_request_flush(psd_shard *s);
+int shard_flush_wait(psd_shard *s);
 void *shard_flusher_main(void *arg);
 
-/* sparse_log.c: the row log. shard_rowlog_open replays it into the store
- * just opened (before the variables load); the applier thread writes it
- * behind; a checkpoint calls shard_ckpt_begin with flush_mu held after a
- * flush (0: the log applied and the applier held off), then
- * shard_ckpt_copy, then shard_ckpt_end. psd_sparse_drain applies the
- * whole log; psd_sparse_make_room only until the RAM tier fits its budget. */
-int shard_rowlog_open(psd_shard *s);
-int shard_applier_start(psd_shard *s);
-void shard_applier_stop(psd_shard *s);
-int psd_sparse_drain(psd_shard *s);
-int psd_sparse_make_room(psd_shard *s);
-int shard_ckpt_begin(psd_shard *s);
-int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path,
-                    size_t pathlen, uint64_t *bytes);
-void shard_ckpt_end(psd_shard *s);
+/* sparse_rpc.c */
+void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
+void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 
 /* pull.c */
 void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
@@ -415,7 +403,9 @@ void *shard_sweeper_main(void *arg);
 
 /* limits.c */
 uint64_t shard_var_bytes(const psd_var *v);
+uint64_t shard_slot_bytes(psd_var *v);
 uint64_t shard_spec_bytes(const Ps__V1__VariableSpec *sp, size_t n);
+uint64_t shard_caps_room(psd_shard *s);
 bool shard_caps_reserve(psd_shard *s, ps_rpc_call *call, const char *name,
                         uint64_t bytes);
 void shard_caps_settle(psd_shard *s, uint64_t bytes, bool held);
@@ -444,6 +434,7 @@ void shard_push(ps_rpc_call *call, const struct ps_piece *pieces, int npieces,
 void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
                             void *ctx);
 void shard_pending_free(pending_push *p);
+void shard_push_complete(psd_shard *s, pending_push *p);
 void shard_answer_durable(psd_shard *s, uint64_t upto);
 
 /* ---- pushshm.c: a push's gradients in shared memory ------------------ */

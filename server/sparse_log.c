@@ -1,6 +1,7 @@
 /*
- * sparse_log.c - the row log's second half (rowlog.h has the files): its
- * replay when psd opens its store, the applier thread that writes a sealed
+ * sparse_log.c - the row log's second half (rowlog.h has the files): the
+ * commit that appends a batch of changed rows to it, its replay when psd
+ * opens its store, the applier thread that writes a sealed
  * file's rows into LMDB behind the pushes, the drain a checkpoint and a
  * full RAM tier wait for, and the batches a checkpoint's copy adds.
  *
@@ -19,12 +20,8 @@
  * var_ids are never reused); at open they are written and deleted by the
  * store's collection of orphan rows.
  */
-#include "server/shard_internal.h"
+#include "server/sparse_internal.h"
 
-#include "server/checkpoint.h"
-#include "server/rowlog.h"
-#include "server/sparse.h"
-#include "server/store.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -32,16 +29,17 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The applier starts when the active file reaches APPLY_MAX_BYTES (or a
  * quarter of the RAM tier's budget, whichever is less), when it holds
  * anything APPLY_EVERY_MS after the last apply, or at once when an
- * eviction sweep is due (s->apply_asap: a sweep sees only LMDB's rows).
+ * eviction sweep is due (sp->apply_asap: a sweep sees only LMDB's rows).
  * A Zipf stream touches most of a table's leaf pages within a few
  * seconds, so an apply rewrites nearly the whole file whatever the log
  * holds, and fewer applies write less: an apply every 10 s took
- * bench/sparse's sustained pushes (1000 calls) from 542k to 662k rows/s,
- * but its 4x-over pushes had a p99 of 1.2-1.3 s (77 ms every 2 s), not
+ * bench/sparse's sustained pushes (1000 calls) from 542k to 662k rows/sp,
+ * but its 4x-over pushes had a p99 of 1.2-1.3 s (77 ms every 2 sp), not
  * understood yet: 2 s it is. */
 #define APPLY_EVERY_MS 2000
 #define APPLY_MAX_BYTES ((uint64_t)1 << 30)
@@ -67,7 +65,8 @@ struct apply {
     uint64_t last;        /* the last batch seen */
     size_t chunk;
     uint64_t mark;        /* the applied mark to set: last, or more */
-    psd_shard *pf;        /* faults the rows' pages in first; NULL: not */
+    psd_sparse *sp;       /* the tier: its counts of pages */
+    bool prefetch;        /* faults the rows' pages in first */
     int64_t *ids;         /* (chunk) for the prefetch */
 };
 
@@ -134,12 +133,12 @@ static int put_all(void *ctx)
         size_t end = i + a->chunk < a->n ? i + a->chunk : a->n;
         /* The chunk's leaf pages from many threads at once: the puts
          * below would otherwise fault them in one by one. */
-        for (size_t j = i; a->pf != NULL && a->ids != NULL && j < end;) {
+        for (size_t j = i; a->prefetch && a->ids != NULL && j < end;) {
             size_t k = 0;
             uint32_t var = a->r[j].var_id;
             for (; j < end && a->r[j].var_id == var; j++)
                 a->ids[k++] = a->r[j].id;
-            sparse_prefetch_rows(a->pf, var, a->ids, k);
+            sparse_prefetch_rows(a->sp, var, a->ids, k);
         }
         psd_store_txn *t = NULL;
         int rc = psd_store_begin(a->st, &t);
@@ -150,7 +149,7 @@ static int put_all(void *ctx)
             rc = psd_store_row_put(t, r->var_id, r->id, r->data, head, r->data + head,
                                    r->len - head);
             if (((j - i + 1) & 255) == 0)
-                psd_sparse_apply_pages(j - i + 1);
+                atomic_store(&a->sp->apply_pages, j - i + 1);
         }
         if (rc == 0 && j >= a->n && a->mark > 0)
             rc = psd_store_set_log_mark(t, PSD_STORE_LOG_APPLIED, a->mark);
@@ -158,7 +157,7 @@ static int put_all(void *ctx)
             rc = psd_store_commit(t);
         else if (t != NULL)
             psd_store_abort(t);
-        psd_sparse_apply_pages(0);
+        atomic_store(&a->sp->apply_pages, 0);
         if (rc == PS_EFULL && psd_store_grow(a->st) == 0)
             continue; /* the same rows again in a bigger map */
         if (rc != 0)
@@ -169,17 +168,24 @@ static int put_all(void *ctx)
     }
 }
 
+static size_t chunk_rows(psd_sparse *sp)
+{
+    uint64_t c = sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE;
+    return c > APPLY_CHUNK_MAX ? APPLY_CHUNK_MAX : c < APPLY_CHUNK_MIN ? APPLY_CHUNK_MIN : c;
+}
+
 /* Writes the rows of file which's batches in (after, upto] into st and
  * sets its applied mark (to at least mark). *last: the last batch. */
-static int apply_file(psd_store *st, psd_rowlog *l, int which, uint64_t after, uint64_t upto,
-                      const uint32_t *live, size_t nlive, size_t chunk, uint64_t mark,
-                      psd_shard *pf, uint64_t *last)
+static int apply_file(psd_sparse *sp, psd_store *st, int which, uint64_t after,
+                      uint64_t upto, const uint32_t *live, size_t nlive, uint64_t mark,
+                      bool prefetch, uint64_t *last)
 {
+    size_t chunk = chunk_rows(sp);
     struct apply a = {.st = st, .live = live, .nlive = nlive, .upto = upto,
-                      .chunk = chunk, .mark = mark, .pf = pf};
-    if (pf != NULL)
+                      .chunk = chunk, .mark = mark, .sp = sp, .prefetch = prefetch};
+    if (prefetch)
         a.ids = malloc(chunk * sizeof *a.ids);
-    int rc = psd_rowlog_walk(l, which, after, collect, put_all, &a, NULL);
+    int rc = psd_rowlog_walk(sp->rowlog, which, after, collect, put_all, &a, NULL);
     free(a.r);
     free(a.ids);
     if (last)
@@ -187,24 +193,171 @@ static int apply_file(psd_store *st, psd_rowlog *l, int which, uint64_t after, u
     return rc;
 }
 
-static size_t chunk_rows(psd_shard *s)
+/* ---- commits ------------------------------------------------------------ */
+
+static int64_t now_us(void)
 {
-    uint64_t c = psd_sparse_budget(s) / 8 / SPARSE_DIRTY_PAGE;
-    return c > APPLY_CHUNK_MAX ? APPLY_CHUNK_MAX : c < APPLY_CHUNK_MIN ? APPLY_CHUNK_MIN : c;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
+
+static int entry_by_id(const void *a, const void *b)
+{
+    int64_t x = (*(struct sp_entry *const *)a)->id, y = (*(struct sp_entry *const *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+/* sp->logbuf, the batch being built, is kept from one commit to the next
+ * so that a commit every 20 ms costs no allocation; let go after a burst
+ * made it big. */
+#define LOGBUF_KEEP ((size_t)16 << 20)
+
+/* Copies the changed rows of t into the batch, under t->mu all at once
+ * (each marked as being saved at its current change, and as held by batch
+ * seq), so that a batch holds the table as of one moment: a push is in it
+ * whole or not at all. The buffer grows before the copy, under the mutex
+ * only the copy runs. */
+static int flush_table(psd_sparse_table *t, uint64_t seq, ps_buf *b, uint32_t *nrecs)
+{
+    size_t recb = SPARSE_ROW_HEAD + t->rowf * sizeof(float);
+    sparse_flusher_lock(t);
+    size_t n0 = t->ready ? t->dn : 0;
+    if (n0 == 0) {
+        pthread_mutex_unlock(&t->mu);
+        return 0;
+    }
+    if (ps_buf_reserve(b, b->len + n0 * (PSD_ROWLOG_REC_HEAD + recb)) != 0) {
+        pthread_mutex_unlock(&t->mu);
+        return -ENOMEM;
+    }
+    /* In id order, the order of the keys: the applier's sort has less to
+     * do. */
+    qsort(t->dlist, t->dn, sizeof *t->dlist, entry_by_id);
+    uint32_t rl = (uint32_t)recb;
+    for (size_t j = 0; j < n0; j++) {
+        struct sp_entry *e = t->dlist[j];
+        if (!sparse_dirty(e))
+            continue;
+        uint8_t *r = b->data + b->len;
+        memcpy(r, &t->var_id, 4);
+        memcpy(r + 4, &rl, 4);
+        memcpy(r + 8, &e->id, 8);
+        r += PSD_ROWLOG_REC_HEAD;
+        memcpy(r, &e->updates, 8);
+        memcpy(r + 8, &e->last_step, 8);
+        memcpy(r + SPARSE_ROW_HEAD, e->row, t->rowf * sizeof(float));
+        b->len += PSD_ROWLOG_REC_HEAD + recb;
+        (*nrecs)++;
+        e->saving = e->mod;
+        e->logged = seq;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+int psd_sparse_flush(psd_sparse *sp, bool *wrote)
+{
+    int rc = 0;
+    uint64_t seq = atomic_load(&sp->log_seq) + 1;
+    *wrote = false;
+    sp->flush_t0_us = now_us();
+    sp->flush_rows = atomic_load(&sp->dirty);
+    ps_buf *b = &sp->logbuf;
+    uint32_t nrecs = 0;
+    b->len = 0;
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL && rc == 0; t = t->next)
+        rc = flush_table(t, seq, b, &nrecs);
+    pthread_mutex_unlock(&sp->tables_mu);
+    if (rc == 0 && nrecs > 0) {
+        rc = psd_rowlog_append(sp->rowlog, seq, b->data, b->len, nrecs);
+        *wrote = rc == 0;
+    }
+    if (*wrote) {
+        atomic_store(&sp->log_seq, seq);
+        atomic_fetch_add(&sp->log_batches, 1);
+    }
+    if (b->cap > LOGBUF_KEEP)
+        ps_buf_free(b);
+    return rc;
+}
+
+uint64_t psd_sparse_logged(psd_sparse *sp)
+{
+    return atomic_load(&sp->log_seq);
+}
+
+/* Rows written are clean (ok), or stay dirty; either way the tier is
+ * trimmed to its budget. */
+static void committed_table(psd_sparse *sp, psd_sparse_table *t, bool ok)
+{
+    sparse_flusher_lock(t);
+    size_t keep = 0;
+    for (size_t k = 0; k < t->dn; k++) {
+        struct sp_entry *e = t->dlist[k];
+        bool was = sparse_dirty(e);
+        if (ok)
+            e->saved = e->saving;
+        e->saving = e->saved;
+        if (was && !sparse_dirty(e)) {
+            t->ndirty--;
+            atomic_fetch_sub(&sp->dirty, 1);
+        }
+        if (sparse_dirty(e))
+            t->dlist[keep++] = e; /* changed again, or the commit failed */
+        else
+            e->listed = false;
+    }
+    t->dn = keep;
+    sparse_trim(sp, t);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void psd_sparse_committed(psd_sparse *sp, bool ok)
+{
+    int64_t took = now_us() - sp->flush_t0_us;
+    if (ok && sp->flush_rows >= 1024 && took > 0) {
+        double r = (double)sp->flush_rows * 1000.0 / (double)took;
+        double old = atomic_load(&sp->rows_per_ms);
+        atomic_store(&sp->rows_per_ms, old > 0 ? 0.7 * old + 0.3 * r : r);
+    }
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next)
+        committed_table(sp, t, ok);
+    pthread_mutex_unlock(&sp->tables_mu);
+}
+
+/* After an apply of the row log: drops clean, applied rows from every
+ * table while the RAM tier is above its budget, and makes each table's
+ * eviction sweep due again (the rows it could not see in LMDB are there
+ * now). */
+static void after_apply(psd_sparse *sp)
+{
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+        sparse_flusher_lock(t);
+        sparse_trim(sp, t);
+        t->sweep_clock = UINT64_MAX;
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&sp->tables_mu);
+}
+
+/* ---- replay, applier, drains -------------------------------------------- */
 
 /* Opens the row log and writes what it holds beyond the store's applied
  * mark into the store, older file first: a crash left those batches
  * acknowledged but not applied. Then empties both. Called by
- * shard_store_open before the variables are loaded. */
-int shard_rowlog_open(psd_shard *s)
+ * psd_sparse_open, before the shard loads its variables. */
+int sparse_log_open(psd_sparse *sp)
 {
-    int rc = psd_rowlog_open(s->data_dir, &s->rowlog);
+    int rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);
     uint64_t applied = 0, last[2] = {0, 0};
     if (rc == 0)
-        rc = psd_store_log_mark(s->store, PSD_STORE_LOG_APPLIED, &applied);
+        rc = psd_store_log_mark(sp->store, PSD_STORE_LOG_APPLIED, &applied);
     for (int i = 0; i < 2 && rc == 0; i++)
-        rc = psd_rowlog_walk(s->rowlog, i, UINT64_MAX, NULL, NULL, NULL, &last[i]);
+        rc = psd_rowlog_walk(sp->rowlog, i, UINT64_MAX, NULL, NULL, NULL, &last[i]);
     int first = last[0] <= last[1] ? 0 : 1;
     uint64_t top = applied;
     for (int k = 0; k < 2 && rc == 0; k++) {
@@ -212,8 +365,7 @@ int shard_rowlog_open(psd_shard *s)
         if (last[i] <= applied)
             continue;
         uint64_t got = 0;
-        rc = apply_file(s->store, s->rowlog, i, applied, UINT64_MAX, NULL, 0, chunk_rows(s),
-                        0, s, &got);
+        rc = apply_file(sp, sp->store, i, applied, UINT64_MAX, NULL, 0, 0, true, &got);
         if (rc == 0) {
             ps_log_info("row log: replayed batches %llu-%llu of %s (acknowledged "
                         "before psd stopped, not yet in LMDB)",
@@ -223,39 +375,39 @@ int shard_rowlog_open(psd_shard *s)
         }
     }
     for (int i = 0; i < 2 && rc == 0; i++)
-        rc = psd_rowlog_reset(s->rowlog, i);
+        rc = psd_rowlog_reset(sp->rowlog, i);
     if (rc != 0) {
         ps_log_err(rc, "cannot write the row log of %s into LMDB (its rows were "
                    "acknowledged and stay in the log: free the disk and start psd again)",
-                   s->data_dir);
+                   sp->data_dir);
         return rc;
     }
     if (last[0] > top)
         top = last[0];
     if (last[1] > top)
         top = last[1];
-    atomic_store(&s->log_seq, top);
-    atomic_store(&s->log_applied, top);
+    atomic_store(&sp->log_seq, top);
+    atomic_store(&sp->log_applied, top);
     return 0;
 }
 
-/* The var_ids of the tables that have them, sorted. table_lock is taken;
+/* The var_ids of the tables that have them, sorted. tables_mu is taken;
  * no transaction may be open in this thread. */
-static uint32_t *live_ids(psd_shard *s, size_t *n)
+static uint32_t *live_ids(psd_sparse *sp, size_t *n)
 {
-    pthread_rwlock_rdlock(&s->table_lock);
-    uint32_t *ids = malloc((s->nvars ? s->nvars : 1) * sizeof *ids);
+    pthread_mutex_lock(&sp->tables_mu);
+    size_t cap = 1;
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next)
+        cap++;
+    uint32_t *ids = malloc(cap * sizeof *ids);
     *n = 0;
-    for (size_t i = 0; ids && i < s->nvars; i++) {
-        struct psd_sparse *t = s->vars[i]->sparse;
-        if (t == NULL)
-            continue;
+    for (psd_sparse_table *t = sp->tables; ids && t != NULL; t = t->next) {
         sparse_lock(t);
         if (t->ready)
             ids[(*n)++] = t->var_id;
         pthread_mutex_unlock(&t->mu);
     }
-    pthread_rwlock_unlock(&s->table_lock);
+    pthread_mutex_unlock(&sp->tables_mu);
     if (ids)
         qsort(ids, *n, sizeof *ids, cmp_u32);
     return ids;
@@ -263,127 +415,159 @@ static uint32_t *live_ids(psd_shard *s, size_t *n)
 
 /* Applies the sealed file, sealing the active one first when the sealed
  * one is empty; *did: something was applied. apply_run_mu held. */
-static int apply_sealed(psd_shard *s, bool *did)
+static int apply_sealed(psd_sparse *sp, bool *did)
 {
-    psd_rowlog *l = s->rowlog;
+    psd_rowlog *l = sp->rowlog;
     *did = false;
     int which = !psd_rowlog_active(l);
     if (psd_rowlog_bytes(l, which) == 0 && (which = psd_rowlog_seal(l)) < 0)
         return 0;
     size_t nlive;
-    uint32_t *live = live_ids(s, &nlive);
+    uint32_t *live = live_ids(sp, &nlive);
     if (live == NULL)
         return -ENOMEM;
     uint64_t last = 0;
-    int rc = apply_file(s->store, l, which, atomic_load(&s->log_applied), UINT64_MAX, live,
-                        nlive, chunk_rows(s), 0, s, &last);
+    int rc = apply_file(sp, sp->store, which, atomic_load(&sp->log_applied), UINT64_MAX,
+                        live, nlive, 0, true, &last);
     free(live);
     if (rc == 0)
         rc = psd_rowlog_reset(l, which);
     if (rc != 0)
         return rc;
-    if (last > atomic_load(&s->log_applied))
-        atomic_store(&s->log_applied, last);
+    if (last > atomic_load(&sp->log_applied))
+        atomic_store(&sp->log_applied, last);
     *did = true;
-    psd_sparse_applied(s);
+    after_apply(sp);
     return 0;
 }
 
 /* Applies the sealed file, then the active one: both, or (room) only
  * until the RAM tier is back within its budget, each apply letting the
  * tier drop the rows it unpins. apply_run_mu held. */
-static int drain_locked(psd_shard *s, bool room)
+static int drain_locked(psd_sparse *sp, bool room)
 {
     bool did = true;
     int rc = 0;
     for (int k = 0; k < 3 && did && rc == 0 &&
-                    (!room || psd_sparse_ram_cost() > psd_sparse_budget(s)); k++)
-        rc = apply_sealed(s, &did);
+                    (!room || sparse_ram_cost(sp) > sparse_budget(sp)); k++)
+        rc = apply_sealed(sp, &did);
     return rc;
 }
 
-static int drain(psd_shard *s, bool room)
+static int drain(psd_sparse *sp, bool room)
 {
-    if (s->rowlog == NULL)
+    if (sp->rowlog == NULL)
         return 0;
-    pthread_mutex_lock(&s->apply_run_mu);
-    int rc = drain_locked(s, room);
-    pthread_mutex_unlock(&s->apply_run_mu);
+    pthread_mutex_lock(&sp->apply_run_mu);
+    int rc = drain_locked(sp, room);
+    pthread_mutex_unlock(&sp->apply_run_mu);
     if (rc != 0)
         ps_log_err(rc, "applying the row log to LMDB failed");
     return rc;
 }
 
-int psd_sparse_drain(psd_shard *s)
+int psd_sparse_drain(psd_sparse *sp)
 {
-    return drain(s, false);
+    return drain(sp, false);
 }
 
 /* A push past the budget used to wait for the whole log, which took
  * bench/sparse's 4x-over push p99 to 1.4-1.5 s; until the tier fits,
- * 0.35-0.8 s (the same throughput: the applier bounds it). */
-int psd_sparse_make_room(psd_shard *s)
+ * 0.35-0.8 s (the same throughput: the applier bounds it). The applier
+ * does it (no rpc thread writes to LMDB) and the caller waits for that
+ * round; without an applier (stopped, or never started) the caller does
+ * it. */
+int psd_sparse_make_room(psd_sparse *sp)
 {
-    return drain(s, true);
+    pthread_mutex_lock(&sp->apply_mu);
+    if (!sp->applier_started || sp->apply_quit) {
+        pthread_mutex_unlock(&sp->apply_mu);
+        return drain(sp, true);
+    }
+    uint64_t mine = ++sp->room_req;
+    pthread_cond_signal(&sp->apply_cond);
+    while (sp->room_done < mine && !sp->apply_quit)
+        pthread_cond_wait(&sp->room_cond, &sp->apply_mu);
+    int rc = sp->room_done >= mine ? sp->room_rc : 0;
+    pthread_mutex_unlock(&sp->apply_mu);
+    return rc;
+}
+
+/* The applier's side of psd_sparse_make_room: one round for every push
+ * that asked until now. apply_mu held on entry and exit. */
+static void room_round(psd_sparse *sp)
+{
+    uint64_t want = sp->room_req;
+    if (want == sp->room_done)
+        return;
+    pthread_mutex_unlock(&sp->apply_mu);
+    int rc = drain(sp, true);
+    pthread_mutex_lock(&sp->apply_mu);
+    sp->room_done = want;
+    sp->room_rc = rc;
+    pthread_cond_broadcast(&sp->room_cond);
 }
 
 static void *applier_main(void *arg)
 {
-    psd_shard *s = arg;
+    psd_sparse *sp = arg;
     pthread_setname_np(pthread_self(), "psd-apply");
     int64_t logged_ms = 0;
-    pthread_mutex_lock(&s->apply_mu);
-    while (!s->apply_quit) {
+    pthread_mutex_lock(&sp->apply_mu);
+    while (!sp->apply_quit) {
         struct timespec until = ps_time_after_ms(CLOCK_REALTIME, 50);
-        pthread_cond_timedwait(&s->apply_cond, &s->apply_mu, &until);
-        if (s->apply_quit)
+        if (sp->room_req == sp->room_done)
+            pthread_cond_timedwait(&sp->apply_cond, &sp->apply_mu, &until);
+        if (sp->apply_quit)
             break;
-        pthread_mutex_unlock(&s->apply_mu);
-        psd_rowlog *l = s->rowlog;
+        room_round(sp);
+        pthread_mutex_unlock(&sp->apply_mu);
+        psd_rowlog *l = sp->rowlog;
         int a = psd_rowlog_active(l);
-        uint64_t act = psd_rowlog_bytes(l, a), trig = psd_sparse_budget(s) / 4;
+        uint64_t act = psd_rowlog_bytes(l, a), trig = sparse_budget(sp) / 4;
         if (trig > APPLY_MAX_BYTES)
             trig = APPLY_MAX_BYTES;
         int64_t now = ps_now_ms();
-        bool asap = atomic_exchange(&s->apply_asap, false);
+        bool asap = atomic_exchange(&sp->apply_asap, false);
         if (act >= trig || psd_rowlog_bytes(l, !a) > 0 || (act > 0 && asap) ||
-            (act > 0 && now - s->last_apply_ms >= APPLY_EVERY_MS)) {
-            pthread_mutex_lock(&s->apply_run_mu);
+            (act > 0 && now - sp->last_apply_ms >= APPLY_EVERY_MS)) {
+            pthread_mutex_lock(&sp->apply_run_mu);
             bool did;
-            int rc = apply_sealed(s, &did);
-            pthread_mutex_unlock(&s->apply_run_mu);
-            s->last_apply_ms = ps_now_ms();
-            if (rc != 0 && s->last_apply_ms - logged_ms > 10000) {
+            int rc = apply_sealed(sp, &did);
+            pthread_mutex_unlock(&sp->apply_run_mu);
+            sp->last_apply_ms = ps_now_ms();
+            if (rc != 0 && sp->last_apply_ms - logged_ms > 10000) {
                 ps_log_err(rc, "applying the row log to LMDB failed (tried again; "
                            "its rows stay in memory and in the log)");
-                logged_ms = s->last_apply_ms;
+                logged_ms = sp->last_apply_ms;
             }
         }
-        pthread_mutex_lock(&s->apply_mu);
+        pthread_mutex_lock(&sp->apply_mu);
     }
-    pthread_mutex_unlock(&s->apply_mu);
+    pthread_mutex_unlock(&sp->apply_mu);
     return NULL;
 }
 
-int shard_applier_start(psd_shard *s)
+int psd_sparse_start(psd_sparse *sp)
 {
-    s->last_apply_ms = ps_now_ms();
-    if (pthread_create(&s->applier, NULL, applier_main, s) != 0)
+    sp->last_apply_ms = ps_now_ms();
+    if (pthread_create(&sp->applier, NULL, applier_main, sp) != 0)
         return -EAGAIN;
-    s->applier_started = true;
+    sp->applier_started = true;
     return 0;
 }
 
-void shard_applier_stop(psd_shard *s)
+void sparse_applier_stop(psd_sparse *sp)
 {
-    if (!s->applier_started)
+    if (!sp->applier_started)
         return;
-    pthread_mutex_lock(&s->apply_mu);
-    s->apply_quit = true;
-    pthread_cond_signal(&s->apply_cond);
-    pthread_mutex_unlock(&s->apply_mu);
-    pthread_join(s->applier, NULL);
-    s->applier_started = false;
+    pthread_mutex_lock(&sp->apply_mu);
+    sp->apply_quit = true;
+    pthread_cond_signal(&sp->apply_cond);
+    pthread_cond_broadcast(&sp->room_cond);
+    pthread_mutex_unlock(&sp->apply_mu);
+    pthread_join(sp->applier, NULL);
+    sp->applier_started = false;
 }
 
 /* ---- checkpoints ------------------------------------------------------- */
@@ -393,20 +577,20 @@ void shard_applier_stop(psd_shard *s)
  * applied up to the drain: the batches in between, still in the active
  * file (nothing is applied while the checkpoint holds apply_run_mu),
  * complete it to that one moment. */
-static int complete_copy(void *ctx, const char *dir)
+int psd_sparse_ckpt_complete(void *ctx, const char *dir)
 {
-    psd_shard *s = ctx;
+    psd_sparse *sp = ctx;
     psd_store *ck = NULL;
-    int rc = psd_store_open(dir, s->o.map_size, 0, &ck);
-    uint64_t logged = 0, applied = atomic_load(&s->log_applied);
+    int rc = psd_store_open(dir, sp->map_size, 0, &ck);
+    uint64_t logged = 0, applied = atomic_load(&sp->log_applied);
     if (rc == 0)
         rc = psd_store_log_mark(ck, PSD_STORE_LOG_LOGGED, &logged);
     if (rc == 0 && logged > applied) {
         size_t nlive;
-        uint32_t *live = live_ids(s, &nlive);
+        uint32_t *live = live_ids(sp, &nlive);
         rc = live == NULL ? -ENOMEM
-                          : apply_file(ck, s->rowlog, psd_rowlog_active(s->rowlog), applied,
-                                       logged, live, nlive, chunk_rows(s), logged, NULL, NULL);
+                          : apply_file(sp, ck, psd_rowlog_active(sp->rowlog), applied,
+                                       logged, live, nlive, logged, false, NULL);
         free(live);
     }
     if (rc == 0)
@@ -417,25 +601,18 @@ static int complete_copy(void *ctx, const char *dir)
     return rc;
 }
 
-int shard_ckpt_begin(psd_shard *s)
+int psd_sparse_ckpt_begin(psd_sparse *sp)
 {
-    pthread_mutex_lock(&s->apply_run_mu);
-    int rc = s->rowlog ? drain_locked(s, false) : 0;
+    pthread_mutex_lock(&sp->apply_run_mu);
+    int rc = sp->rowlog ? drain_locked(sp, false) : 0;
     if (rc != 0) {
-        pthread_mutex_unlock(&s->apply_run_mu);
+        pthread_mutex_unlock(&sp->apply_run_mu);
         ps_log_err(rc, "checkpoint: applying the row log to LMDB failed");
     }
     return rc;
 }
 
-int shard_ckpt_copy(psd_shard *s, uint64_t step, uint64_t nvars, char *path, size_t pathlen,
-                    uint64_t *bytes)
+void psd_sparse_ckpt_end(psd_sparse *sp)
 {
-    return psd_ckpt_write_with(s->store, s->ckpt_root, step, nvars, complete_copy, s, path,
-                               pathlen, bytes);
-}
-
-void shard_ckpt_end(psd_shard *s)
-{
-    pthread_mutex_unlock(&s->apply_run_mu);
+    pthread_mutex_unlock(&sp->apply_run_mu);
 }

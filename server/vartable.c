@@ -112,7 +112,7 @@ void shard_var_free(psd_var *v)
     free(v->slots);
     free(v->accum);
     free(v->pushed);
-    psd_sparse_free(v->sparse);
+    psd_sparse_table_free(v->sparse);
     pthread_rwlock_destroy(&v->lock);
     free(v);
 }
@@ -274,6 +274,13 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
         int rc = psd_sparse_validate(sp, why, whylen);
         if (rc != 0)
             return rc;
+        uint64_t cap = s->o.max_rows_per_table;
+        if (cap != 0 && sp->max_rows > cap) {
+            snprintf(why, whylen, "sparse table '%s': max_rows %llu is over this psd's "
+                     "--max-rows-per-table %llu", sp->name,
+                     (unsigned long long)sp->max_rows, (unsigned long long)cap);
+            return PS_EFULL;
+        }
     }
     if ((unsigned)sp->optimizer->kind > PS__V1__OPTIMIZER__KIND__FTRL) {
         snprintf(why, whylen, "variable '%s': unknown optimizer kind %d",
@@ -394,7 +401,7 @@ int shard_var_new(const Ps__V1__VariableSpec *sp, size_t n, psd_var **out)
     v->slots = v->nslots ? shard_alloc_floats(n * (size_t)v->nslots) : NULL;
     if (v->value == NULL || (v->nslots && v->slots == NULL))
         goto nomem;
-    if (v->spec->sparse && (v->sparse = psd_sparse_new(v->spec, &v->opt)) == NULL)
+    if (v->spec->sparse && (v->sparse = psd_sparse_table_new(v->spec, &v->opt)) == NULL)
         goto nomem;
     v->persisted_version = UINT64_MAX; /* not in the store yet */
     *out = v;
@@ -416,7 +423,22 @@ static int table_insert(psd_shard *s, psd_var *v, size_t pos)
     memmove(&s->vars[pos + 1], &s->vars[pos], (s->nvars - pos) * sizeof *s->vars);
     s->vars[pos] = v;
     s->nvars++;
+    shard_var_attach(s, v);
     return 0;
+}
+
+/* A sparse table's rows join (leave) the shard's tier as its variable
+ * enters (leaves) the table. table_lock held for writing. */
+void shard_var_attach(psd_shard *s, psd_var *v)
+{
+    if (v->sparse != NULL)
+        psd_sparse_attach(s->sparse, v->sparse, v->step);
+}
+
+void shard_var_detach(psd_shard *s, psd_var *v)
+{
+    if (v->sparse != NULL)
+        psd_sparse_detach(s->sparse, v->sparse);
 }
 
 /* ---- CreateVariable --------------------------------------------------- */
@@ -444,7 +466,8 @@ create_parse(psd_shard *s, ps_rpc_call *call, const uint8_t *req, size_t len,
     if (rc != 0) {
         shard_count_bad(s);
         ps_rpc_fail(call, rc == PS_EDTYPE && ns->spec.sparse ? PS_RPC_UNIMPLEMENTED
-                                                             : PS_RPC_INVALID_ARGUMENT,
+                          : rc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED
+                                           : PS_RPC_INVALID_ARGUMENT,
                     "%s", why);
         ps__v1__create_variable_request__free_unpacked(r, NULL);
         return NULL;
@@ -699,8 +722,15 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
         pthread_rwlock_rdlock(&v->lock);
         infos[i].version = v->version;
         pthread_rwlock_unlock(&v->lock);
+        infos[i].slot_bytes = shard_slot_bytes(v);
         infos[i].value_bytes = v->n * sizeof(float);
-        infos[i].slot_bytes = v->n * (size_t)v->nslots * sizeof(float);
+        if (v->sparse != NULL) {
+            struct psd_sparse_brief b;
+            psd_sparse_table_brief(s->sparse, v->sparse, &b);
+            infos[i].sparse_rows = b.rows;
+            infos[i].sparse_disk_bytes = b.rows * b.row_bytes;
+            infos[i].sparse_ram_bytes = b.ram_bytes;
+        }
         pi[i] = &infos[i];
     }
     resp.n_variables = n;
@@ -741,10 +771,9 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     for (size_t i = 0; i < s->nvars; i++) {
         psd_var *v = s->vars[i];
         resp.value_bytes += v->n * sizeof(float);
-        resp.slot_bytes += v->n * (size_t)v->nslots * sizeof(float) +
-                           (v->accum ? v->n * sizeof(float) : 0);
+        resp.slot_bytes += shard_slot_bytes(v);
     }
-    psd_sparse_stats(s, &resp);
+    psd_sparse_stats(s->sparse, &resp);
     pthread_rwlock_unlock(&s->table_lock);
     resp.pushes = atomic_load(&s->pushes);
     resp.pulls = atomic_load(&s->pulls);

@@ -30,8 +30,23 @@ struct list_row {
     char shape[192];
     char cons[32];
     char version[24];
-    char bytes[24];
+    char bytes[64];
 };
+
+/* A sparse table's cells: its rows and dim for the shape ("1200 rows x
+ * 64"), its rows' bytes on disk and in RAM for the bytes. */
+static void sparse_cells(const Ps__V1__VariableInfo *v, const Ps__V1__VariableSpec *sp,
+                         struct list_row *row)
+{
+    char disk[24], ram[24];
+    snprintf(row->shape, sizeof row->shape, "%" PRIu64 " rows x %lld", v->sparse_rows,
+             sp->n_shape == 1 ? (long long)sp->shape[0] : 0LL);
+    snprintf(row->bytes, sizeof row->bytes, "%s disk, %s RAM",
+             human_bytes(v->sparse_disk_bytes, disk, sizeof disk),
+             human_bytes(v->sparse_ram_bytes, ram, sizeof ram));
+    row->cell[COL_SHAPE] = row->shape;
+    row->cell[COL_BYTES] = row->bytes;
+}
 
 /* One row; the shard column only when fanned out over a job. */
 static void print_row(const char *const *cell, const int *width, bool shards)
@@ -88,6 +103,8 @@ static int print_list(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
             row->cell[COL_VERSION] = row->version;
             row->cell[COL_BYTES] = human_bytes(v->value_bytes + v->slot_bytes,
                                                row->bytes, sizeof row->bytes);
+            if (sp->sparse)
+                sparse_cells(v, sp, row);
             bytes += v->value_bytes + v->slot_bytes;
             for (int c = 0; c < NCOLS; c++) {
                 int w = (int)strlen(row->cell[c]);

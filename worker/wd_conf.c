@@ -25,7 +25,8 @@ const ps_opt wd_opts[] = {
      "default: TF_CONFIG's ps tasks, else 127.0.0.1:7070", 0, 0, NULL},
     {"coordinator", PS_OPT_STRING, offsetof(struct wd_conf, coordinator), NULL,
      "pscoord host:port: register there, learn the ps shards and the placement "
-     "from it, and report progress (--ps is then ignored)", 0, 0, NULL},
+     "from it, and report progress (--ps is then ignored); default: TF_CONFIG's "
+     "chief when --ps is not given", 0, 0, NULL},
     {"job-id", PS_OPT_STRING, offsetof(struct wd_conf, job_id), "job",
      "the job to join (checked by the coordinator)", 0, 0, NULL},
     {"local", PS_OPT_BOOL, offsetof(struct wd_conf, local), "false",

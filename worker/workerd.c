@@ -741,12 +741,72 @@ static int apply_tf_config(struct wd_conf *c, bool *evaluator)
         c->ps = tf_ps_list(&tf);
     if (c->num_workers == 0)
         c->num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
+    if (tf.has_task && c->task_index >= 0 && c->task_index != tf.task_index) {
+        status = fail(2, "TF_CONFIG names this task %s[%d] but --task-index says %lld",
+                      ps_role_name(tf.task_role), tf.task_index, (long long)c->task_index);
+        goto close;
+    }
     if (tf.has_task && c->task_index < 0)
         c->task_index = tf.task_index;
     if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR && !*evaluator) {
         free(c->role);
         c->role = strdup("evaluator");
         *evaluator = true;
+    }
+    if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
+        free(c->job_id);
+        c->job_id = strdup(tf.job_id);
+    }
+close:
+    ps_cluster_close(&tf);
+    return status;
+}
+
+/* TF_CONFIG with a chief: the chief's duties are pscoord's, so its address
+ * is the coordinator's, taken when neither --coordinator nor --ps names a
+ * way to the job; with it, this task's index and role (an evaluator) and
+ * the job id, unless flags give them. A flag that disagrees with TF_CONFIG
+ * (another coordinator, another index) is refused with one line naming
+ * both. Returns 0 (also without TF_CONFIG), or 2 after one line on stderr. */
+static int tf_config_coordinator(struct wd_conf *c)
+{
+    ps_cluster tf;
+    memset(&tf, 0, sizeof tf);
+    char tferr[512];
+    int rc = ps_cluster_from_env(&tf, tferr, sizeof tferr);
+    if (rc == PS_ENOTFOUND)
+        return 0;
+    if (rc != 0)
+        return fail(2, "%s", tferr);
+    int status = 0;
+    const char *chief = ps_cluster_task_address(&tf, PS_ROLE_CHIEF, 0);
+    bool given = c->coordinator != NULL && c->coordinator[0] != '\0';
+    if (chief != NULL && given && strcmp(chief, c->coordinator) != 0) {
+        status = fail(2, "TF_CONFIG's chief is %s but --coordinator says %s", chief,
+                      c->coordinator);
+        goto close;
+    }
+    if (chief == NULL || given || c->ps != NULL)
+        goto close;
+    /* A chief or ps task is refused by apply_tf_config's rules, here too. */
+    if (tf.has_task && (tf.task_role == PS_ROLE_CHIEF || tf.task_role == PS_ROLE_PS)) {
+        status = fail(2, "TF_CONFIG names this task %s[%d]: run %s for it",
+                      ps_role_name(tf.task_role), tf.task_index,
+                      tf.task_role == PS_ROLE_PS ? "psd" : "pscoord (the chief's duties)");
+        goto close;
+    }
+    if (tf.has_task && c->task_index >= 0 && c->task_index != tf.task_index) {
+        status = fail(2, "TF_CONFIG names this task %s[%d] but --task-index says %lld",
+                      ps_role_name(tf.task_role), tf.task_index, (long long)c->task_index);
+        goto close;
+    }
+    free(c->coordinator);
+    c->coordinator = strdup(chief);
+    if (tf.has_task && c->task_index < 0)
+        c->task_index = tf.task_index;
+    if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR) {
+        free(c->role);
+        c->role = strdup("evaluator");
     }
     if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
         free(c->job_id);
@@ -952,11 +1012,13 @@ int main(int argc, char **argv)
     struct wd_metrics wm;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
+    int status = tf_config_coordinator(&c);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int nw_flag = (int)c.num_workers;
     bool mwm = c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED;
     bool ps_given = c.ps != NULL;
-    int status = settle_strategy(&c, use_coord);
+    if (status == 0)
+        status = settle_strategy(&c, use_coord);
     if (status == 0)
         status = settle_flags(&c, use_coord, &evaluator, ps, &nps);
     if (status == 0)

@@ -36,7 +36,7 @@ from ._rpc import Connection, PsError, Retry, TLS, read_token
 from .shm import Region, is_local_socket, local_route
 from .sparse import SparsePushResult, SparseValues
 from .specs import Initializer, Optimizer, SparseTable, Variable, consistency_pb
-from .task import Task
+from .task import Task, TaskEnv, from_environment
 
 log = logging.getLogger("psclient")
 
@@ -208,6 +208,12 @@ class Client:
     error_feedback: with a half wire_dtype, keep each variable's rounding
     residual and add it to its next gradient (default), so that nothing is
     lost over time; False rounds each gradient alone.
+
+    Given neither addresses nor coordinator, the task comes from the
+    environment (psclient.task.from_environment): TF_CONFIG's chief is the
+    coordinator (else its ps tasks are the addresses), its task the role
+    and index; or RANK and WORLD_SIZE, with $PSCOORD_ADDR. An argument that
+    disagrees with it raises ValueError naming both.
     """
 
     def __init__(self, addresses: Optional[Sequence[str]] = None, *,
@@ -218,6 +224,24 @@ class Client:
                  retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
                  shm: bool = False, wait_for_shards: float = 60.0,
                  wire_dtype: str = "f32", error_feedback: bool = True) -> None:
+        self.task_env: Optional[TaskEnv] = None
+        if addresses is None and coordinator is None:
+            self.task_env = from_environment()
+        if self.task_env is not None:
+            te = self.task_env
+            if worker is not None and worker != te.index:
+                raise ValueError("%s names this task %s[%d] but worker=%d"
+                                 % (te.source, te.role, te.index, worker))
+            if te.coordinator:
+                coordinator = te.coordinator
+                if register is None:
+                    register = te.role
+            elif te.ps:
+                addresses = te.ps
+            if worker is None:
+                worker = te.index
+            if not job_id:
+                job_id = te.job_id
         if (addresses is None) == (coordinator is None):
             raise ValueError("give either addresses (the psd shards) or coordinator "
                              "(pscoord's address), not both or neither")

@@ -6,14 +6,22 @@ goes with every heartbeat and with Place, which pscoord takes only from a
 registered task (or an operator token), since the first placement fixes the
 job's for good.
 
+Which task this process is comes from the environment when the caller
+does not say (from_environment): TF_CONFIG, as TensorFlow and Kubeflow's
+TFJob set it, else RANK and WORLD_SIZE, as torchrun and Kubeflow's
+PyTorchJob set them.
+
 Threads and lifetime: the heartbeat thread runs from register() until
 close(); progress() may be called from the training thread.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional
 
 from ._proto import pb
 from ._rpc import Connection, PsError
@@ -101,3 +109,62 @@ class Task:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+
+@dataclass
+class TaskEnv:
+    """This process's task as its environment names it. coordinator: the
+    chief's address (pscoord does the chief's duties) or $PSCOORD_ADDR;
+    ps: the ps addresses by index; source: "TF_CONFIG" or "RANK"."""
+    role: str
+    index: int
+    num_workers: int
+    source: str
+    coordinator: Optional[str] = None
+    ps: List[str] = field(default_factory=list)
+    job_id: str = ""
+
+
+def from_environment(env: Optional[Mapping[str, str]] = None) -> Optional[TaskEnv]:
+    """The task of TF_CONFIG, else of RANK and WORLD_SIZE, else None.
+    Raises ValueError with one line naming the variable when it is not
+    what TensorFlow (or torchrun) would accept: a chief or ps task (their
+    duties are pscoord's and psd's), an index out of range."""
+    env = os.environ if env is None else env
+    raw = env.get("TF_CONFIG", "")
+    if raw.strip():
+        try:
+            tf = json.loads(raw)
+            cluster = tf["cluster"]
+            task = tf.get("task", {})
+            role = task.get("type", "worker")
+            index = int(task.get("index", 0))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError("TF_CONFIG: not a TensorFlow cluster spec (%s)" % e) from None
+        if role in ("chief", "ps"):
+            raise ValueError("TF_CONFIG names this task %s[%d]: run %s for it" % (
+                role, index, "psd" if role == "ps" else "pscoord (the chief's duties)"))
+        if role not in ROLES:
+            raise ValueError("TF_CONFIG: task type %r is not worker or evaluator" % role)
+        n = len(cluster.get(role, []))
+        # An evaluator may be outside the training cluster, as TensorFlow has it.
+        if not 0 <= index < n and not (role == "evaluator" and n == 0 and index >= 0):
+            raise ValueError("TF_CONFIG: task %s[%d], but the cluster lists %d %s task(s)"
+                             % (role, index, n, role))
+        chief = cluster.get("chief", [])
+        return TaskEnv(role=role, index=index, source="TF_CONFIG",
+                       num_workers=max(len(cluster.get("worker", [])), 1),
+                       coordinator=chief[0] if chief else env.get("PSCOORD_ADDR") or None,
+                       ps=list(cluster.get("ps", [])), job_id=str(tf.get("job_id", "")))
+    if "RANK" in env or "WORLD_SIZE" in env:
+        try:
+            rank, size = int(env.get("RANK", "")), int(env.get("WORLD_SIZE", ""))
+        except ValueError:
+            raise ValueError("RANK=%r, WORLD_SIZE=%r: expected two integers, "
+                             "0 <= RANK < WORLD_SIZE" % (env.get("RANK"), env.get("WORLD_SIZE"))
+                             ) from None
+        if not 0 <= rank < size:
+            raise ValueError("RANK=%d is out of range for WORLD_SIZE=%d" % (rank, size))
+        return TaskEnv(role="worker", index=rank, num_workers=size, source="RANK",
+                       coordinator=env.get("PSCOORD_ADDR") or None)
+    return None

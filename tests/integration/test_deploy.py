@@ -1,7 +1,8 @@
-"""deploy/ checked offline (no Docker engine runs here): the compose file
-parses, every service runs one of our binaries with flags that binary
-accepts, the cluster spec it mounts validates, and the systemd units'
-ExecStart lines use only flags their binaries accept."""
+"""deploy/ checked offline (tests/deploy/ runs the compose cluster for
+real): the compose file parses, every service runs one of our binaries
+with flags that binary accepts and mounts only its own secrets, the
+cluster spec it mounts validates, and the systemd units' ExecStart lines
+use only flags their binaries accept."""
 import configparser
 import os
 import re
@@ -22,7 +23,8 @@ BINS = {"psd": ("server", "psd"), "pscoord": ("coordinator", "pscoord"),
 def flags_of(binary):
     out = subprocess.run([os.path.join(pstest.BUILD_ROOT, *BINS[binary]), "--help"],
                          capture_output=True, text=True, timeout=30).stdout
-    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+    flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+    return flags | {"--" + f for f in re.findall(r"--\[no-\]([a-z][a-z0-9-]*)", out)}
 
 
 def dockerfile_final_stage(path):
@@ -63,6 +65,9 @@ def check_dockerfile(r, services):
     chowned = re.findall(r"chown\s+(?:-R\s+)?(\d+)(?::\d+)?\s+([^&;]+)", runs)
     owned = [path for who, paths in chowned if who == uid for path in paths.split()]
     for name, svc in services.items():
+        if str(svc.get("user", "")).split(":")[0] == "0" or "image" in svc and \
+                svc["image"] != "psd:local":
+            continue  # certs: root to hand each new volume to the psd user
         for vol in svc.get("volumes", []):
             parts = vol.split(":")
             if len(parts) < 2 or parts[0].startswith("."):
@@ -74,6 +79,15 @@ def check_dockerfile(r, services):
                     % (name, target, uid))
 
 
+def certs_bundles(certs):
+    """{task: "ROLE[,serves]"} of the ps-bundle line in the certs
+    service's script."""
+    script = " ".join(certs.get("command", []))
+    words = script[script.find("ps-bundle"):].replace("\\", " ").split()
+    return dict(w.rstrip("'").split("=", 1) for w in words if "=" in w and
+                not w.startswith("-"))
+
+
 def main():
     r = pstest.Results("deploy")
     known = {b: flags_of(b) for b in BINS if os.path.exists(
@@ -82,8 +96,11 @@ def main():
     services = compose.get("services", {})
     r.check(set(services) >= {"pscoord", "ps0", "ps1", "worker0", "worker1", "evaluator"},
             "compose defines the coordinator, two shards, two workers, an evaluator")
+    bundles = certs_bundles(services.get("certs", {}))
     for name, svc in services.items():
-        cmd = svc.get("command", [])
+        if name in ("certs", "prometheus"):
+            continue  # a shell script of pscerts and ps-bundle; Debian's prometheus
+        cmd = svc.get("entrypoint") or svc.get("command") or []
         binary = cmd[0] if cmd else None
         r.check(binary in BINS, "%s runs one of our binaries (%s)" % (name, binary))
         if binary in known:
@@ -92,22 +109,25 @@ def main():
             r.check(not bad, "%s: every flag is one %s accepts %s" % (name, binary, bad or ""))
         for dep in svc.get("depends_on", []):
             r.check(dep in services, "%s depends on a defined service %s" % (name, dep))
-        # TLS: every task has a certificate that the certs service makes.
+        # Secrets: each task mounts its own bundle (made by certs with
+        # ps-bundle) and no other: the CA's volume is the certs service's.
+        vols = [v.split(":") for v in svc.get("volumes", [])]
+        tls = [v[0] for v in vols if len(v) > 1 and v[1] == "/etc/psd/tls"]
+        r.check(tls == ["tls-" + name] and name in bundles and
+                not any(v[0] == "ca" or v[0].startswith("tls-") and v[0] != "tls-" + name
+                        for v in vols),
+                "%s mounts only its own bundle, tls-%s, made by certs (%s)"
+                % (name, name, [":".join(v) for v in vols]))
         if binary in ("psd", "pscoord", "workerd"):
-            made = services.get("certs", {}).get("command", [])
-            cert = cmd[cmd.index("--tls-cert") + 1] if "--tls-cert" in cmd else ""
-            r.check(os.path.basename(cert)[:-4] in made and "--tls-ca" in cmd,
-                    "%s runs with mutual TLS, its certificate made by certs (%s)"
-                    % (name, cert or "no --tls-cert"))
-            # Tokens: made by certs (pscerts --tokens); servers check them.
-            tok = cmd[cmd.index("--token-file") + 1] if "--token-file" in cmd else ""
-            table = cmd[cmd.index("--tokens") + 1] if "--tokens" in cmd else ""
+            r.check(all(f in cmd for f in ("--tls-cert", "--tls-key", "--tls-ca",
+                                           "--token-file")),
+                    "%s runs with mutual TLS and sends its token" % name)
             serves = binary in ("psd", "pscoord")
-            r.check("--tokens" in made and tok.startswith("/etc/psd/tls/tokens/") and
-                    (table == "/etc/psd/tls/tokens/server") == serves,
-                    "%s sends a token%s, made by certs (%s%s)"
-                    % (name, " and checks every call's" if serves else "", tok or
-                       "no --token-file", ", " + table if table else ""))
+            table = cmd[cmd.index("--tokens") + 1] if "--tokens" in cmd else ""
+            r.check((table == "/etc/psd/tls/tokens") == serves and
+                    bundles.get(name, "").endswith(",serves") == serves,
+                    "%s %s" % (name, "checks every call's token against the hashed table"
+                               if serves else "holds no role table"))
     check_dockerfile(r, services)
     spec = os.path.join(DEPLOY, "compose-cluster.json")
     p = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "cluster",

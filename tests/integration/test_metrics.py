@@ -204,6 +204,42 @@ def main():
     r.check(rss is not None and rss > get(page, "psd_value_bytes"),
             "psd_resident_memory_bytes %s beside psd_value_bytes" % rss)
 
+    # A sparse table: every sparse counter of Stats on the page, by the
+    # same count.
+    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "emb", (4,), sparse=True)), timeout=10)
+    g = np.ones((3, 4), np.float32)
+    stub.SparsePush(pb.SparsePushRequest(grads=[pb.SparseGradient(
+        name="emb", ids=[1, 2, 3], grad=pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[3, 4],
+                                                  data=g.tobytes()))]), timeout=10)
+    stub.SparsePull(pb.SparsePullRequest(items=[pb.SparsePullItem(
+        name="emb", ids=[1, 2, 9])]), timeout=10)
+    time.sleep(0.3)
+    page = check_page(r, promtool, mport, "with a sparse table")
+    st = stub.Stats(pb.StatsRequest(), timeout=10)
+    for name, field in (("psd_sparse_tables", "sparse_tables"),
+                        ("psd_sparse_rows", "sparse_rows"),
+                        ("psd_sparse_ram_bytes", "sparse_ram_bytes"),
+                        ("psd_sparse_rows_unsaved", "sparse_rows_unsaved"),
+                        ("psd_sparse_rows_pulled_total", "sparse_rows_pulled"),
+                        ("psd_sparse_rows_pushed_total", "sparse_rows_pushed"),
+                        ("psd_sparse_admitted_total", "sparse_admitted"),
+                        ("psd_sparse_not_admitted_total", "sparse_not_admitted"),
+                        ("psd_sparse_evicted_total", "sparse_evicted"),
+                        ("psd_sparse_cold_reads_total", "sparse_rows_read_lmdb")):
+        got, want = get(page, name), getattr(st, field)
+        r.check(got == want, "%s is %s, Stats' %s %s" % (name, got, field, want))
+    r.check(get(page, "psd_sparse_rows") == 3 and get(page, "psd_sparse_rows_pulled_total") == 3
+            and get(page, "psd_sparse_ram_hits_total") >= 2
+            and get(page, "psd_sparse_ram_misses_total") >= 4
+            and get(page, "psd_sparse_commits_total") >= 1
+            and get(page, "psd_sparse_row_bytes") == 3 * (16 + 4 * 4),
+            "the sparse series count 3 rows of 32 bytes, hits, misses and a commit")
+    for name in ("psd_sparse_disk_bytes", "psd_sparse_log_bytes",
+                 "psd_sparse_ram_budget_bytes", "psd_sparse_refused_rows_total",
+                 "psd_sparse_commit_rows_per_second"):
+        r.check(get(page, name) is not None, "%s is on the page" % name)
+
     r.check(http_status(mport, "/") == 404 and http_status(mport, "/metrics/x") == 404,
             "another path is 404")
     r.check(http_status(mport, "/metrics", "POST") == 405, "POST /metrics is 405")

@@ -127,6 +127,15 @@ def test_sgd(a, ra):
     R.check(len(line) == 1 and re.match(r"sparse rows\s+3 \(\d+ not yet committed\)$",
                                         line[0]) is not None,
             "psctl stats shows the sparse rows: %s" % (line or out[-200:]))
+    out = subprocess.run([os.path.join(pstest.BUILD_ROOT, "tools", "psctl"), "--server",
+                          a.d.address, "list"], capture_output=True, text=True,
+                         timeout=30).stdout
+    line = [l for l in out.splitlines() if l.startswith("e ")]
+    row = 16 + DIM * 4  # SGD: a head and the value
+    want_re = r"3 rows x %d +float32 +sgd .* %d B disk, [0-9.]+ [KMG]?i?B RAM$" % (DIM, 3 * row)
+    R.check(len(line) == 1 and re.search(want_re, line[0]) is not None,
+            "psctl list shows the table's rows, dim, optimizer, bytes on disk and in RAM: %s"
+            % (line or out[-300:]))
     return want
 
 

@@ -107,6 +107,14 @@ def main():
             "Pull with min_version waited for the step (%.2fs)" % waited.get("after", -1))
     got = s0.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
     r.check(np.allclose(pstest.value(got.values[0]), -9.0), "step 3 averaged to 3: -9")
+    # The step's aggregate (allocated at the first sync push) is slot bytes
+    # for Stats and for ListVariables alike.
+    st = s0.Stats(pb.StatsRequest(), timeout=5)
+    lv = s0.ListVariables(pb.ListVariablesRequest(), timeout=5)
+    listed = sum(v.slot_bytes for v in lv.variables)
+    r.check(st.slot_bytes == listed == 5 * 4,
+            "slot_bytes: Stats %d, the sum over ListVariables %d (the aggregate's 20)"
+            % (st.slot_bytes, listed))
     r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
     r.finish()
 

@@ -139,6 +139,17 @@ START_TEST(test_parse_minimal)
     ck_assert_int_eq(c.task_role, PS_ROLE_CHIEF);
     ck_assert_int_eq(c.task_index, 0);
     ps_cluster_close(&c);
+
+    /* An evaluator outside the training cluster (TensorFlow's, TFJob's). */
+    ck_assert_int_eq(
+        ps_cluster_parse("{\"cluster\": {\"chief\": [\"c:1\"], \"worker\": "
+                         "[\"w:1\"]}, \"task\": {\"type\": \"evaluator\", "
+                         "\"index\": 0}}", &c, err, sizeof err), 0);
+    ck_assert(c.has_task);
+    ck_assert_int_eq(c.task_role, PS_ROLE_EVALUATOR);
+    ck_assert_int_eq(c.task_index, 0);
+    ck_assert_ptr_null(ps_cluster_task_address(&c, PS_ROLE_EVALUATOR, 0));
+    ps_cluster_close(&c);
 }
 END_TEST
 
@@ -191,6 +202,9 @@ static const struct bad_case {
     {"{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
      "\"ps\", \"index\": 0}}",
      PS_EINVAL_ARG, "task ps[0] but the cluster has 0 ps"},
+    {"{\"cluster\": {\"worker\": [\"a:1\"], \"evaluator\": [\"e:1\"]}, "
+     "\"task\": {\"type\": \"evaluator\", \"index\": 1}}",
+     PS_EINVAL_ARG, "task evaluator[1] but the cluster has 1 evaluator"},
     {"{\"cluster\": {\"worker\": [\"a:1\"]}, \"task\": {\"type\": "
      "\"worker\", \"index\": -1}}",
      PS_EINVAL_ARG, "task index -1 is negative"},

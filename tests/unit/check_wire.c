@@ -563,10 +563,202 @@ START_TEST(test_pb_nul)
 }
 END_TEST
 
+/* ---- SparsePullRequest / SparsePushRequest / SparsePushResponse ----------- */
+
+static int64_t any_id(void)
+{
+    switch (below(4)) {
+    case 0: return INT64_MIN;
+    case 1: return INT64_MAX;
+    case 2: return -(int64_t)below(1000);
+    default: return (int64_t)rnd();
+    }
+}
+
+/* Random SparsePushRequests (push) or SparsePullRequests packed by
+ * protobuf-c decode to the same fields, ids included (negative ones are
+ * ten-byte varints), and a gradient's bytes stay where they were. */
+static void sparse_round(bool push)
+{
+    size_t n = 1 + below(MAXG);
+    Ps__V1__SparseGradient g[MAXG], *gp[MAXG];
+    Ps__V1__SparsePullItem it[MAXG], *ip[MAXG];
+    Ps__V1__Tensor tn[MAXG];
+    char names[MAXG][40];
+    int64_t ids[MAXG][20], shape[MAXG][2];
+    float data[MAXG][20 * 3];
+    for (size_t i = 0; i < n; i++) {
+        rand_name(names[i], 1 + below(30));
+        size_t k = below(20), dim = 1 + below(3);
+        for (size_t j = 0; j < k; j++)
+            ids[i][j] = any_id();
+        for (size_t j = 0; j < k * dim; j++)
+            data[i][j] = (float)j - 7.5f;
+        ps__v1__sparse_gradient__init(&g[i]);
+        ps__v1__sparse_pull_item__init(&it[i]);
+        ps__v1__tensor__init(&tn[i]);
+        g[i].name = it[i].name = names[i];
+        g[i].n_ids = it[i].n_ids = k;
+        g[i].ids = it[i].ids = ids[i];
+        shape[i][0] = (int64_t)k;
+        shape[i][1] = (int64_t)dim;
+        tn[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+        tn[i].n_shape = 2;
+        tn[i].shape = shape[i];
+        tn[i].data.len = k * dim * sizeof(float);
+        tn[i].data.data = (uint8_t *)data[i];
+        g[i].grad = below(8) ? &tn[i] : NULL;
+        gp[i] = &g[i];
+        ip[i] = &it[i];
+    }
+    Ps__V1__SparsePushRequest pr = PS__V1__SPARSE_PUSH_REQUEST__INIT;
+    Ps__V1__SparsePullRequest lr = PS__V1__SPARSE_PULL_REQUEST__INIT;
+    pr.worker = (uint32_t)below(1000);
+    pr.step = any_varint();
+    pr.return_values = below(2);
+    pr.n_grads = lr.n_items = n;
+    pr.grads = gp;
+    lr.items = ip;
+    const ProtobufCMessage *m = push ? &pr.base : &lr.base;
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(len + 1);
+    protobuf_c_message_pack(m, buf);
+    ps_wire_sparse r = {0};
+    char err[256] = "";
+    ck_assert_msg(ps_wire_sparse_decode(buf, len, push, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.nitems, n);
+    if (push) {
+        ck_assert_uint_eq(r.worker, pr.worker);
+        ck_assert_uint_eq(r.step, pr.step);
+        ck_assert_int_eq(r.return_values, pr.return_values);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ps_wire_sparse_item *w = &r.items[i];
+        ck_assert_str_eq(w->g.name, names[i]);
+        ck_assert_uint_eq(w->nids, g[i].n_ids);
+        for (size_t j = 0; j < w->nids; j++)
+            ck_assert(w->ids[j] == ids[i][j]);
+        if (!push)
+            continue;
+        ck_assert_int_eq(w->g.has_tensor, g[i].grad != NULL);
+        if (g[i].grad == NULL)
+            continue;
+        ck_assert_int_eq(w->g.dtype, PS__V1__DTYPE__DTYPE_FLOAT32);
+        ck_assert_int_eq(w->g.ndim, 2);
+        ck_assert(w->g.shape[0] == shape[i][0] && w->g.shape[1] == shape[i][1]);
+        ck_assert_uint_eq(w->g.nbytes, tn[i].data.len);
+        const uint8_t *at = NULL;
+        ps_wire_bytes b = w->g.data;
+        if (w->g.nbytes > 0) {
+            ck_assert_uint_eq(ps_wire_bytes_peek(&b, &at), w->g.nbytes);
+            ck_assert(at >= buf && at + w->g.nbytes <= buf + len); /* in place */
+            ck_assert(memcmp(at, data[i], w->g.nbytes) == 0);
+        }
+    }
+    ps_wire_sparse_free(&r);
+    free(buf);
+}
+
+START_TEST(test_sparse_decode)
+{
+    rng_state = 0x5eed5a55u;
+    for (int k = 0; k < ROUNDS; k++) {
+        sparse_round(true);
+        sparse_round(false);
+    }
+}
+END_TEST
+
+/* A SparsePushResponse as psd writes it (versions, then each table's rows
+ * as a value of field 2) is what protobuf-c packs. */
+START_TEST(test_sparse_push_response)
+{
+    rng_state = 0x0dd5eedu;
+    for (int k = 0; k < ROUNDS; k++) {
+        size_t n = 1 + below(MAXG);
+        bool values = below(2);
+        uint64_t versions[MAXG];
+        char names[MAXG][40];
+        int64_t shape[MAXG][2];
+        float data[MAXG][12];
+        Ps__V1__SparseRows rows[MAXG], *rp[MAXG];
+        Ps__V1__Tensor tn[MAXG];
+        uint8_t out[MAXG * (PS_WIRE_VALUE_HDR_MAX + sizeof data[0]) + 64], *e = out;
+        for (size_t i = 0; i < n; i++)
+            versions[i] = 1 + below(1u << 30);
+        e = ps_wire_versions_put(e, versions, n);
+        for (size_t i = 0; i < n; i++) {
+            rand_name(names[i], 1 + below(30));
+            shape[i][0] = (int64_t)below(4);
+            shape[i][1] = 3;
+            size_t nb = (size_t)shape[i][0] * 3 * sizeof(float);
+            for (size_t j = 0; j < 12; j++)
+                data[i][j] = (float)(i * 12 + j);
+            ps__v1__sparse_rows__init(&rows[i]);
+            ps__v1__tensor__init(&tn[i]);
+            rows[i].name = names[i];
+            rows[i].version = versions[i];
+            tn[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+            tn[i].n_shape = 2;
+            tn[i].shape = shape[i];
+            tn[i].data.len = nb;
+            tn[i].data.data = (uint8_t *)data[i];
+            rows[i].values = &tn[i];
+            rp[i] = &rows[i];
+            if (values) {
+                e = ps_wire_value_header(e, 2, names[i], versions[i], shape[i], 2, nb, NULL);
+                memcpy(e, data[i], nb);
+                e += nb;
+            }
+        }
+        Ps__V1__SparsePushResponse resp = PS__V1__SPARSE_PUSH_RESPONSE__INIT;
+        resp.n_versions = n;
+        resp.versions = versions;
+        resp.n_values = values ? n : 0;
+        resp.values = rp;
+        size_t want = ps__v1__sparse_push_response__get_packed_size(&resp);
+        uint8_t *pb = malloc(want);
+        ps__v1__sparse_push_response__pack(&resp, pb);
+        ck_assert_uint_eq((size_t)(e - out), want);
+        ck_assert(memcmp(out, pb, want) == 0);
+        free(pb);
+    }
+}
+END_TEST
+
+static void sparse_refused(const char *bytes, size_t len, bool push, const char *want)
+{
+    ps_wire_sparse r = {0};
+    char err[256] = "";
+    ck_assert_int_eq(ps_wire_sparse_decode((const uint8_t *)bytes, len, push, &r, err,
+                                           sizeof err), PS_EPARSE);
+    ck_assert_str_eq(err, want);
+    ps_wire_sparse_free(&r);
+}
+
+START_TEST(test_sparse_refused)
+{
+    sparse_refused("\x1a\x05\x0a", 3, true,
+                   "SparsePushRequest.grads[0]: length past the end of the message");
+    sparse_refused("\x0a\x03\x12\x01\x80", 5, false,
+                   "SparsePullRequest.items[0]: SparsePullItem.ids: truncated varint");
+    sparse_refused("\x1a\x02\x10\x80", 4, true,
+                   "SparsePushRequest.grads[0]: SparseGradient.ids: truncated varint");
+    sparse_refused("\x1a\x03\x1a\x01\x08", 5, true,
+                   "SparsePushRequest.grads[0]: Tensor.dtype: truncated varint");
+    sparse_refused("\x0b", 1, false,
+                   "SparsePullRequest: malformed field 1 (wire type 3) at byte 0");
+    sparse_refused("\x10\x80", 2, true, "SparsePushRequest: truncated varint at byte 0");
+}
+END_TEST
+
 PSCHECK_MAIN("wire",
     {"ps_wire_pb_nul", {test_pb_nul}},
     {"ps_wire_push_put", {test_push_encode}},
     {"ps_wire_push_decode", {test_push_decode}},
     {"ps_wire_values_decode", {test_values}},
     {"push refusals", {test_push_refused}},
-    {"values refusals", {test_values_refused}})
+    {"values refusals", {test_values_refused}},
+    {"ps_wire_sparse_decode", {test_sparse_decode}},
+    {"SparsePushResponse", {test_sparse_push_response}},
+    {"sparse refusals", {test_sparse_refused}})

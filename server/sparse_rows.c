@@ -1,0 +1,287 @@
+/*
+ * sparse_rows.c - the stored rows of sparse tables (sparse_internal.h):
+ * finding a table's rows in the store, the filter of ids that have a row,
+ * reading a row through LMDB's map, and the eviction sweeps (TTL and
+ * max_rows) the flusher runs.
+ */
+#include "server/sparse_internal.h"
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SWEEP_EVERY_MS 1000
+#define TTL_SWEEP_ROWS 65536
+
+/* ---- the filter of ids with a row ------------------------------------- */
+
+#define BLOOM_K 4
+#define BLOOM_MIN_BITS ((uint64_t)1 << 24)  /* 2 MiB */
+#define BLOOM_MAX_BITS ((uint64_t)1 << 29)  /* 64 MiB */
+
+/* The first of an id's BLOOM_K bit positions (*d apart: double hashing). */
+static uint64_t bloom_hash(int64_t id, uint64_t *d)
+{
+    uint64_t h = sparse_mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL);
+    *d = (h >> 32) | 1;
+    return h;
+}
+
+void sparse_bloom_add(psd_sparse_table *t, int64_t id)
+{
+    if (t->bloom == NULL)
+        return;
+    uint64_t d, h = bloom_hash(id, &d);
+    for (int i = 0; i < BLOOM_K; i++, h += d)
+        t->bloom[(h & t->bloom_mask) >> 6] |= (uint64_t)1 << (h & 63);
+}
+
+void sparse_bloom_prefetch(const psd_sparse_table *t, int64_t id)
+{
+    if (t->bloom == NULL)
+        return;
+    uint64_t d, h = bloom_hash(id, &d);
+    for (int k = 0; k < BLOOM_K; k++, h += d)
+        __builtin_prefetch(&t->bloom[(h & t->bloom_mask) >> 6]);
+}
+
+/* False only when id certainly has no row. */
+bool sparse_maybe_stored(const psd_sparse_table *t, int64_t id)
+{
+    if (t->bloom == NULL || t->rows > t->bloom_cap)
+        return true;
+    uint64_t d, h = bloom_hash(id, &d);
+    for (int i = 0; i < BLOOM_K; i++, h += d)
+        if (!(t->bloom[(h & t->bloom_mask) >> 6] & ((uint64_t)1 << (h & 63))))
+            return false;
+    return true;
+}
+
+/* Sized for 4x the table's rows at 16 bits a row (a false positive about
+ * 1 in 400 until then), between 2 and 64 MiB; past bloom_cap rows the
+ * filter answers "maybe" for every id. */
+static void bloom_alloc(psd_sparse_table *t, uint64_t rows)
+{
+    uint64_t bits = BLOOM_MIN_BITS;
+    while (bits < BLOOM_MAX_BITS && bits < rows * 64)
+        bits <<= 1;
+    t->bloom = calloc(bits / 64, sizeof *t->bloom);
+    t->bloom_mask = bits - 1;
+    t->bloom_cap = bits / 16;
+}
+
+static void bloom_each(void *ctx, int64_t id)
+{
+    sparse_bloom_add(ctx, id);
+}
+
+/* Learns the table's var_id and its row count, once (the first call after
+ * it was created, loaded or restored). With t->mu held. */
+int sparse_ready(psd_sparse *sp, psd_sparse_table *t)
+{
+    if (t->ready)
+        return 0;
+    int rc = psd_store_var_id(sp->store, t->name, &t->var_id);
+    if (rc == 0)
+        rc = psd_store_rows_count(sp->store, t->var_id, &t->rows);
+    if (rc == 0 && t->bloom == NULL) {
+        bloom_alloc(t, t->rows);
+        if (t->bloom != NULL && t->rows > 0)
+            rc = psd_store_rows_ids(sp->store, t->var_id, &t->rows, bloom_each, t);
+    }
+    if (rc != 0) {
+        ps_log_err(rc, "sparse table '%s': cannot find its rows in the store", t->name);
+        return rc;
+    }
+    t->ready = true;
+    if (t->sp != NULL)
+        atomic_fetch_add(&sp->row_bytes, t->rows * t->row_bytes);
+    return 0;
+}
+
+int sparse_lookup(psd_sparse *sp, psd_sparse_table *t, psd_store_rtxn **rt, int64_t id,
+                  struct sp_entry **e, const uint8_t **data)
+{
+    *e = sparse_find(t, id);
+    if (*e != NULL) {
+        if (!(*e)->ref)
+            (*e)->ref = true; /* no store when set: the line stays clean */
+        atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
+        return 1;
+    }
+    atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
+    if (!sparse_maybe_stored(t, id))
+        return 0; /* never stored: no LMDB lookup */
+    if (*rt == NULL) {
+        int rc = psd_store_rbegin(sp->store, rt);
+        if (rc != 0)
+            return rc;
+    }
+    const void *d;
+    size_t len;
+    int rc = psd_store_row_get(*rt, t->var_id, id, &d, &len);
+    if (rc == PS_ENOTFOUND)
+        return 0;
+    if (rc != 0)
+        return rc;
+    if (len != SPARSE_ROW_HEAD + t->rowf * sizeof(float)) {
+        ps_log_error("sparse table '%s': row %lld has %zu bytes, expected %zu", t->name,
+                     (long long)id, len, SPARSE_ROW_HEAD + t->rowf * sizeof(float));
+        return PS_ECORRUPT;
+    }
+    *data = d;
+    atomic_fetch_add_explicit(&sp->read_lmdb, 1, memory_order_relaxed);
+    return 2;
+}
+
+/* ---- sweeps ------------------------------------------------------------ */
+
+struct sweep {
+    psd_sparse *sp;
+    psd_sparse_table *t;
+    uint64_t clock;
+    /* max_rows: pass 1 collects (last step, id); pass 2 deletes below cut */
+    uint64_t *keys;
+    size_t n, cap;
+    uint64_t cut_step;
+    int64_t cut_id;
+    enum { SWEEP_TTL, SWEEP_COLLECT, SWEEP_CUT } mode;
+    uint64_t deleted;
+};
+
+static int collect_key(struct sweep *w, int64_t id, uint64_t last)
+{
+    if (w->n == w->cap) {
+        size_t nc = w->cap ? w->cap * 2 : 4096;
+        uint64_t *k = realloc(w->keys, nc * 2 * sizeof *k);
+        if (k == NULL)
+            return -ENOMEM;
+        w->keys = k;
+        w->cap = nc;
+    }
+    w->keys[2 * w->n] = last;
+    w->keys[2 * w->n + 1] = (uint64_t)id;
+    w->n++;
+    return 0;
+}
+
+static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
+{
+    struct sweep *w = ctx;
+    psd_sparse_table *t = w->t;
+    if (len < SPARSE_ROW_HEAD)
+        return 0;
+    uint64_t last;
+    memcpy(&last, (const uint8_t *)data + 8, sizeof last);
+    struct sp_entry **l = sparse_link(t, id);
+    if (*l != NULL) {
+        if (sparse_pinned(w->sp, *l))
+            return 0; /* changed since the commit or not in LMDB yet: kept */
+        last = (*l)->last_step;
+    }
+    if (w->mode == SWEEP_COLLECT)
+        return collect_key(w, id, last);
+    bool del = w->mode == SWEEP_CUT
+                   ? last < w->cut_step || (last == w->cut_step && id < w->cut_id)
+                   : w->clock > last && w->clock - last > t->ttl;
+    if (!del)
+        return 0;
+    if (*l != NULL)
+        sparse_entry_drop(w->sp, t, l);
+    w->deleted++;
+    return 1;
+}
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    int64_t i = (int64_t)x[1], j = (int64_t)y[1];
+    return i < j ? -1 : i > j;
+}
+
+/* The max_rows cut: one walk collects every row's (last step, id), a
+ * second deletes the oldest down to max_rows. */
+static int sweep_cut(psd_store_txn *txn, struct sweep *w)
+{
+    psd_sparse_table *t = w->t;
+    int64_t from = INT64_MIN;
+    int done = 0;
+    w->mode = SWEEP_COLLECT;
+    int rc = psd_store_rows_walk(txn, t->var_id, &from, SIZE_MAX, sweep_visit, w, &done);
+    if (rc == 0 && w->n > t->max_rows) {
+        qsort(w->keys, w->n, 2 * sizeof *w->keys, cmp_pair);
+        size_t k = w->n - t->max_rows; /* the first k pairs go */
+        w->cut_step = w->keys[2 * k];
+        w->cut_id = (int64_t)w->keys[2 * k + 1];
+        w->mode = SWEEP_CUT;
+        from = INT64_MIN;
+        rc = psd_store_rows_walk(txn, t->var_id, &from, SIZE_MAX, sweep_visit, w, &done);
+    }
+    free(w->keys);
+    return rc;
+}
+
+/* One sweep of table t (mu held) in a transaction of its own. */
+int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
+{
+    psd_store_txn *txn;
+    int rc = psd_store_begin(sp->store, &txn);
+    if (rc != 0)
+        return rc;
+    struct sweep w = {.sp = sp, .t = t, .clock = clock, .mode = SWEEP_TTL};
+    int done = 0;
+    if (t->ttl > 0) {
+        rc = psd_store_rows_walk(txn, t->var_id, &t->sweep_from, TTL_SWEEP_ROWS,
+                                 sweep_visit, &w, &done);
+        if (done)
+            t->sweep_from = INT64_MIN;
+    }
+    if (rc == 0 && t->max_rows > 0 && t->rows - w.deleted > t->max_rows)
+        rc = sweep_cut(txn, &w);
+    if (rc == 0 && w.deleted > 0)
+        rc = psd_store_commit(txn);
+    else
+        psd_store_abort(txn);
+    if (rc == 0) {
+        t->rows -= w.deleted;
+        atomic_fetch_add(&sp->evicted, w.deleted);
+        atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);
+    }
+    return rc;
+}
+
+void psd_sparse_maintain(psd_sparse *sp)
+{
+    int64_t now = ps_now_ms();
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+        if (t->ttl == 0 && t->max_rows == 0)
+            continue;
+        uint64_t clock = atomic_load(&t->clock);
+        sparse_flusher_lock(t);
+        bool due = t->ready && now - t->last_sweep_ms >= SWEEP_EVERY_MS &&
+                   (t->sweep_from != INT64_MIN || t->sweep_clock != clock ||
+                    (t->max_rows && t->rows > t->max_rows));
+        if (due && sp->rowlog != NULL && psd_rowlog_total(sp->rowlog) > 0) {
+            /* Rows still in the log are not in LMDB, where the sweep looks:
+             * apply now (the apply makes the sweep due again). */
+            atomic_store(&sp->apply_asap, true);
+            pthread_cond_signal(&sp->apply_cond);
+        }
+        if (due) {
+            t->last_sweep_ms = now;
+            t->sweep_clock = clock;
+            int rc = sparse_sweep(sp, t, clock);
+            if (rc != 0)
+                ps_log_err(rc, "sparse table '%s': eviction sweep failed", t->name);
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&sp->tables_mu);
+}

@@ -1,0 +1,354 @@
+/* check_sparse - the sparse tier (server/sparse.h) through its entry
+ * points, against a real LMDB store in a temporary directory, without
+ * gRPC or a shard: rows inserted by a push and read back by a pull,
+ * admission, TTL and max_rows eviction, the caps, the RAM tier's budget,
+ * and commits that survive closing the tier, with and without the row log
+ * applied (its replay). The flusher's part is played by the test: flush,
+ * committed, drain, maintain, as persist.c calls them. */
+#include "common/errors.h"
+#include "proto/ps.pb-c.h"
+#include "server/sparse.h"
+#include "server/store.h"
+
+#include "tests/unit/pscheck.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIM 4
+
+/* A store and its tier with one table, as a shard holds them. */
+struct fx {
+    psd_store *store;
+    psd_sparse *sp;
+    psd_sparse_table *t;
+    Ps__V1__VariableSpec spec;
+    Ps__V1__Initializer init;
+    Ps__V1__Optimizer opt;
+    int64_t shape[1];
+    psd_opt o;
+};
+
+static void spec_make(struct fx *f, const char *name, uint32_t admit_after, uint64_t ttl,
+                      uint64_t max_rows)
+{
+    ps__v1__variable_spec__init(&f->spec);
+    ps__v1__initializer__init(&f->init);
+    ps__v1__optimizer__init(&f->opt);
+    f->shape[0] = DIM;
+    f->spec.name = (char *)name;
+    f->spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    f->spec.n_shape = 1;
+    f->spec.shape = f->shape;
+    f->spec.sparse = true;
+    f->spec.consistency = PS__V1__CONSISTENCY__ASYNC;
+    f->spec.admit_after = admit_after;
+    f->spec.ttl_steps = ttl;
+    f->spec.max_rows = max_rows;
+    f->init.kind = PS__V1__INITIALIZER__KIND__ZEROS;
+    f->opt.kind = PS__V1__OPTIMIZER__KIND__SGD;
+    f->opt.learning_rate = 1.0f;
+    f->spec.initializer = &f->init;
+    f->spec.optimizer = &f->opt;
+    f->o = (psd_opt){.kind = PSD_OPT_SGD, .lr = 1.0f};
+    psd_opt_defaults(&f->o);
+    f->o.lr = 1.0f;
+}
+
+/* Opens the store and the tier (memory_limit and max_rows as given) and
+ * the table, its record written to the store as CreateVariable does. */
+static void fx_open(struct fx *f, uint64_t memory_limit, uint64_t max_rows, bool record)
+{
+    ck_assert_int_eq(psd_store_open(tmpdir, 0, 0, &f->store), 0);
+    struct psd_sparse_conf c = {.store = f->store, .data_dir = tmpdir,
+                                .memory_limit = memory_limit, .max_rows = max_rows};
+    ck_assert_int_eq(psd_sparse_open(&c, &f->sp), 0);
+    char why[256];
+    ck_assert_int_eq(psd_sparse_validate(&f->spec, why, sizeof why), 0);
+    if (record) {
+        size_t len = ps__v1__variable_spec__get_packed_size(&f->spec);
+        uint8_t *blob = malloc(len);
+        ps__v1__variable_spec__pack(&f->spec, blob);
+        float value[DIM] = {0};
+        psd_var_rec r = {.name = f->spec.name, .spec = blob, .spec_len = len,
+                         .value = value, .n = DIM};
+        psd_store_txn *txn;
+        ck_assert_int_eq(psd_store_begin(f->store, &txn), 0);
+        ck_assert_int_eq(psd_store_put(txn, &r), 0);
+        ck_assert_int_eq(psd_store_commit(txn), 0);
+        free(blob);
+    }
+    f->t = psd_sparse_table_new(&f->spec, &f->o);
+    ck_assert_ptr_nonnull(f->t);
+    psd_sparse_attach(f->sp, f->t, 0);
+}
+
+static void commit(struct fx *f);
+
+/* Table "emb" with admit_after, ttl_steps and max_rows, in a new tier. */
+static void fx_start(struct fx *f, uint32_t admit_after, uint64_t ttl, uint64_t max_rows,
+                     uint64_t memory_limit, uint64_t rows_cap)
+{
+    spec_make(f, "emb", admit_after, ttl, max_rows);
+    fx_open(f, memory_limit, rows_cap, true);
+}
+
+/* Closes as a clean stop does (drain: a last commit, the log applied) or
+ * as a kill leaves it. */
+static void fx_close(struct fx *f, bool drain)
+{
+    if (drain) {
+        commit(f);
+        ck_assert_int_eq(psd_sparse_stop(f->sp), 0);
+    }
+    psd_sparse_detach(f->sp, f->t);
+    psd_sparse_table_free(f->t);
+    psd_sparse_close(f->sp);
+    psd_store_close(f->store);
+    f->t = NULL;
+    f->sp = NULL;
+    f->store = NULL;
+}
+
+/* Pushes gradient g (each element) to ids at step: the push's result. */
+static int push(struct fx *f, const int64_t *ids, size_t n, float g, uint64_t step,
+                uint64_t room, char *why)
+{
+    float *grad = malloc((n ? n : 1) * DIM * sizeof *grad);
+    for (size_t i = 0; i < n * DIM; i++)
+        grad[i] = g;
+    struct psd_sparse_grad part = {.t = f->t, .ids = ids, .n = n, .grad = grad};
+    size_t bad;
+    char buf[512];
+    int rc = psd_sparse_push(f->sp, &part, 1, step, room, &bad, why ? why : buf, 512);
+    free(grad);
+    return rc;
+}
+
+static float pull_one(struct fx *f, int64_t id)
+{
+    float out[DIM];
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull(f->sp, f->t, &id, 1, out, &ins), 0);
+    for (int k = 1; k < DIM; k++)
+        ck_assert(out[k] == out[0]);
+    return out[0];
+}
+
+static Ps__V1__StatsResponse stats(struct fx *f)
+{
+    Ps__V1__StatsResponse r = PS__V1__STATS_RESPONSE__INIT;
+    psd_sparse_stats(f->sp, &r);
+    return r;
+}
+
+/* The flusher's commit: the batch, then what the rest of it did. */
+static void commit(struct fx *f)
+{
+    bool wrote;
+    ck_assert_int_eq(psd_sparse_flush(f->sp, &wrote), 0);
+    psd_sparse_committed(f->sp, true);
+}
+
+/* The flusher's round after pushes: a commit, the row log applied (the
+ * sweeps look in LMDB), the sweeps; then the tier's counts. */
+static Ps__V1__StatsResponse settle(struct fx *f)
+{
+    commit(f);
+    ck_assert_int_eq(psd_sparse_drain(f->sp), 0);
+    psd_sparse_maintain(f->sp);
+    return stats(f);
+}
+
+static int64_t *range(int64_t from, size_t n)
+{
+    int64_t *ids = malloc(n * sizeof *ids);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = from + (int64_t)i;
+    return ids;
+}
+
+/* ---- insert, pull ------------------------------------------------------- */
+
+START_TEST(test_insert)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t ids[] = {5, INT64_MIN, 5, INT64_MAX};
+    ck_assert_int_eq(push(&f, ids, 4, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert(pull_one(&f, 5) == -2.0f); /* a repeated id summed */
+    ck_assert(pull_one(&f, INT64_MIN) == -1.0f);
+    ck_assert(pull_one(&f, INT64_MAX) == -1.0f);
+    ck_assert(pull_one(&f, 6) == 0.0f); /* no row: its initial value */
+    Ps__V1__StatsResponse r = stats(&f);
+    ck_assert_uint_eq(r.sparse_rows, 3);
+    ck_assert_uint_eq(r.sparse_admitted, 3);
+    ck_assert_uint_eq(r.sparse_rows_unsaved, 3);
+    ck_assert_uint_eq(psd_sparse_row_bytes(f.sp), 3 * (16 + DIM * 4));
+    commit(&f);
+    ck_assert_uint_eq(stats(&f).sparse_rows_unsaved, 0);
+    ck_assert_uint_eq(psd_sparse_logged(f.sp), 1);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* An update that would be non-finite refuses the whole push. */
+START_TEST(test_nonfinite)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t ids[] = {1, 2, 2};
+    char why[512];
+    ck_assert_int_eq(push(&f, ids, 3, 3e38f, 1, UINT64_MAX, why), PS_EINVAL_ARG);
+    ck_assert_msg(strstr(why, "row 2") && strstr(why, "'emb'"), "%s", why);
+    ck_assert(pull_one(&f, 1) == 0.0f);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 0);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* ---- admission ---------------------------------------------------------- */
+
+START_TEST(test_admission)
+{
+    struct fx f;
+    fx_start(&f, 3, 0, 0, 0, 0);
+    int64_t id = 77;
+    ck_assert_int_eq(push(&f, &id, 1, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, &id, 1, 1.0f, 2, UINT64_MAX, NULL), 0);
+    Ps__V1__StatsResponse r = stats(&f);
+    ck_assert_uint_eq(r.sparse_rows, 0);
+    ck_assert_uint_eq(r.sparse_not_admitted, 2);
+    ck_assert(pull_one(&f, id) == 0.0f);
+    ck_assert_int_eq(push(&f, &id, 1, 1.0f, 3, UINT64_MAX, NULL), 0);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 1);
+    ck_assert(pull_one(&f, id) == -1.0f); /* the third push, once */
+    fx_close(&f, true);
+}
+END_TEST
+
+/* ---- eviction ------------------------------------------------------------ */
+
+START_TEST(test_ttl)
+{
+    struct fx f;
+    fx_start(&f, 0, 5, 0, 0, 0);
+    int64_t *old = range(1, 10), fresh[] = {100, 101};
+    ck_assert_int_eq(push(&f, old, 10, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, fresh, 2, 1.0f, 10, UINT64_MAX, NULL), 0);
+    Ps__V1__StatsResponse r = settle(&f);
+    ck_assert_uint_eq(r.sparse_rows, 2);
+    ck_assert_uint_eq(r.sparse_evicted, 10);
+    ck_assert_uint_eq(psd_sparse_row_bytes(f.sp), 2 * (16 + DIM * 4));
+    ck_assert(pull_one(&f, 1) == 0.0f);
+    ck_assert(pull_one(&f, 100) == -1.0f);
+    free(old);
+    fx_close(&f, true);
+}
+END_TEST
+
+START_TEST(test_max_rows)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 5, 0, 0);
+    for (int64_t id = 1; id <= 10; id++) /* id i last updated at step i */
+        ck_assert_int_eq(push(&f, &id, 1, 1.0f, (uint64_t)id, UINT64_MAX, NULL), 0);
+    Ps__V1__StatsResponse r = settle(&f);
+    ck_assert_uint_eq(r.sparse_rows, 5);
+    ck_assert_uint_eq(r.sparse_evicted, 5);
+    for (int64_t id = 1; id <= 10; id++) /* the least recently updated went */
+        ck_assert(pull_one(&f, id) == (id <= 5 ? 0.0f : -1.0f));
+    fx_close(&f, true);
+}
+END_TEST
+
+/* ---- caps and budget ----------------------------------------------------- */
+
+START_TEST(test_caps)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 100);
+    int64_t *ids = range(0, 150);
+    char why[512];
+    ck_assert_int_eq(push(&f, ids, 150, 1.0f, 1, UINT64_MAX, why), PS_EFULL);
+    ck_assert_msg(strstr(why, "'emb'") && strstr(why, "--max-rows-per-table 100"), "%s", why);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 0);
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
+    /* 100 rows of 32 bytes: 3200 bytes; 10 more need 320 of the room. */
+    ck_assert_int_eq(push(&f, ids + 50, 60, 1.0f, 2, 3200 + 319, why), PS_EFULL);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 100); /* the cap on rows too */
+    ck_assert(pull_one(&f, 50) == -1.0f);          /* nothing of it applied */
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* Past the RAM tier's budget a push must commit and make room first; then
+ * the tier is back under it (rows stay in LMDB and read back). */
+START_TEST(test_budget)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 256 KiB */
+    int64_t *ids = range(0, 8000);
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(push(&f, ids + k * 2000, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
+        if (psd_sparse_needs_commit(f.sp)) {
+            commit(&f);
+            if (psd_sparse_over_budget(f.sp))
+                ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
+        }
+    }
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
+    ck_assert(!psd_sparse_over_budget(f.sp));
+    Ps__V1__StatsResponse r = stats(&f);
+    ck_assert_uint_le(r.sparse_ram_bytes, 256 << 10);
+    ck_assert_uint_eq(r.sparse_rows, 8000);
+    for (int64_t id = 0; id < 8000; id += 997)
+        ck_assert(pull_one(&f, id) == -1.0f);
+    ck_assert_uint_gt(stats(&f).sparse_rows_read_lmdb, 0);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* ---- commit and reopen ---------------------------------------------------- */
+
+static void reopen_case(bool drain)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t ids[] = {3, 4, 4};
+    ck_assert_int_eq(push(&f, ids, 3, 1.0f, 1, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(push(&f, ids, 1, 1.0f, 2, UINT64_MAX, NULL), 0); /* not committed */
+    fx_close(&f, drain);
+    fx_open(&f, 0, 0, false);
+    ck_assert(pull_one(&f, 4) == -2.0f);
+    /* A clean stop applied the last change too; after a kill only the
+     * committed batch is back (the row log's replay). */
+    ck_assert(pull_one(&f, 3) == (drain ? -2.0f : -1.0f));
+    ck_assert_uint_eq(stats(&f).sparse_rows, 2);
+    fx_close(&f, true);
+}
+
+START_TEST(test_reopen_clean)
+{
+    reopen_case(true);
+}
+END_TEST
+
+START_TEST(test_reopen_replay)
+{
+    reopen_case(false);
+}
+END_TEST
+
+PSCHECK_MAIN("sparse",
+    {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
+    {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
+    {"caps", {test_caps, test_budget}, &pscheck_tmp},
+    {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp})
