@@ -203,7 +203,9 @@ def main():
             "psd --local-socket in a missing directory: exit %d, %r" %
             (bad.returncode, lines))
 
-    d = pstest.start_psd(pstest.tmpdir())
+    # Over TCP, as this case was written (--local-socket off: else the
+    # workers would find psd's default socket and share memory with it).
+    d = pstest.start_psd(pstest.tmpdir(), "--local-socket", "off")
     ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--workers", "2",
                              "--task-index", str(i), "--json", "--init-seed", "5"]
                             for i in range(2)])
