@@ -223,26 +223,6 @@ static int start_coord(const char *path)
 
 /* ---- one rank ------------------------------------------------------------ */
 
-static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
-                  size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_set(ctx, key, val, len, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvSet %.100s: %.400s", key, st.message);
-    return rc;
-}
-
-static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t *len,
-                  char *err, size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_get(ctx, key, timeout_ms, val, len, NULL, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvGet %.100s: %.400s", key, st.message);
-    return rc;
-}
-
 static float input(int rank, size_t i)
 {
     return (float)((rank + 1) * (int)(i % 7 + 1));
@@ -285,20 +265,75 @@ static int measure(wd_coll *c, const struct opts *o, size_t n, struct result *r)
     return rc;
 }
 
+/* The generation pscoord formed of exactly this run's ranks (worker
+ * indexes base .. base + size - 1), its prefix and this rank's place in
+ * it: the rendezvous keys are a generation's, each written by its rank
+ * (ps.proto, the Kv calls), so the group is named as workerd names it.
+ * 0, or -1 with r->err set. */
+static int await_generation(struct wd_coll_store *store, ps_coord *pc, uint32_t base,
+                            int size, uint32_t me, char *prefix, size_t plen, int *rank,
+                            char *err, size_t errlen)
+{
+    double until = now_s() + 30;
+    char why[256] = "no generation yet";
+    while (now_s() < until) {
+        void *v = NULL;
+        size_t len = 0;
+        if (store->get(pc, "generation", 200, &v, &len, why, sizeof why) != 0)
+            continue;
+        long long g = strtoll(v, NULL, 10);
+        free(v);
+        char key[64];
+        snprintf(key, sizeof key, "gen/%lld/members", g);
+        if (store->get(pc, key, 200, &v, &len, why, sizeof why) != 0)
+            continue;
+        int n = 0, at = -1;
+        bool ours = true;
+        for (const char *s = v; *s != '\0'; n++) {
+            char *end;
+            unsigned long w = strtoul(s, &end, 10);
+            ours = ours && end != s && w >= base && w < base + (uint32_t)size;
+            if (w == me)
+                at = n;
+            s = *end == ',' ? end + 1 : end;
+            if (end == s && *s != '\0')
+                break;
+        }
+        free(v);
+        if (ours && n == size && at >= 0) {
+            snprintf(prefix, plen, "gen/%lld/", g);
+            *rank = at;
+            return 0;
+        }
+        snprintf(why, sizeof why, "generation %lld has %d worker(s), not this run's %d", g,
+                 n, size);
+        usleep(20000);
+    }
+    snprintf(err, errlen, "no generation of this run's %d ranks within 30 s (%s)", size,
+             why);
+    return -1;
+}
+
 static int rank_main(const struct opts *o, int port, int run, int rank, int size,
                      int algo, size_t n, struct result *r)
 {
     char addr[64], prefix[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    snprintf(prefix, sizeof prefix, "bench/%d/", run);
+    uint32_t base = (uint32_t)(run * MAXV * 8);
     ps_coord_opts co = {.coordinator = addr, .job_id = "job",
-                        .role = PS__V1__ROLE__WORKER, .index = run * MAXV * 8 + rank,
+                        .role = PS__V1__ROLE__WORKER, .index = (int)base + rank,
                         .address = "127.0.0.1", .register_budget_ms = 30000};
     ps_coord *pc = NULL;
     if (ps_coord_join(&co, &pc, NULL, r->err, sizeof r->err) != 0)
         return 2;
-    struct wd_coll_store store = {.ctx = pc, .set = kv_set, .get = kv_get};
-    struct wd_coll_opts go = {.rank = rank, .size = size, .prefix = prefix,
+    struct wd_coll_store store = wd_coll_coord_store(pc);
+    int place = rank;
+    if (await_generation(&store, pc, base, size, base + (uint32_t)rank, prefix,
+                         sizeof prefix, &place, r->err, sizeof r->err) != 0) {
+        ps_coord_leave(pc);
+        return 2;
+    }
+    struct wd_coll_opts go = {.rank = place, .size = size, .prefix = prefix,
                               .host = "127.0.0.1", .timeout_ms = 30000,
                               .algorithm = algo, .store = &store};
     wd_coll *c = NULL;
@@ -307,17 +342,12 @@ static int rank_main(const struct opts *o, int port, int run, int rank, int size
         rc = measure(c, o, n, r);
         /* No rank closes its sockets before every rank is done: a close
          * with bytes still unread sends a reset that can cut a peer's last
-         * all-reduce short. */
-        char key[96];
-        snprintf(key, sizeof key, "%sdone/%d", prefix, rank);
-        char e[1024];
-        kv_set(pc, key, "1", 2, e, sizeof e);
-        for (int p = 0; p < size; p++) {
-            void *v = NULL;
-            size_t len = 0;
-            snprintf(key, sizeof key, "%sdone/%d", prefix, p);
-            if (kv_get(pc, key, 60000, &v, &len, e, sizeof e) == 0)
-                free(v);
+         * all-reduce short. One more small all-reduce is the barrier. */
+        double done = 1;
+        char e[256];
+        if (c->allreduce_f64(c, &done, 1, e, sizeof e) != 0 && rc == 0) {
+            snprintf(r->err, sizeof r->err, "the closing barrier: %s", e);
+            rc = 1;
         }
         wd_coll_destroy(c);
     }

@@ -144,12 +144,7 @@ def psd_run(data, label, limit=0):
     for s in shards:
         s.stop()
     for cg in cgs:
-        for _ in range(50):
-            try:
-                os.rmdir(cg)
-                break
-            except OSError:
-                time.sleep(0.1)
+        pstest.rmdir_soon(cg)
     print("%s: %s %s" % (label, json.dumps(res), json.dumps(info)), flush=True)
     return res, info
 

@@ -25,9 +25,16 @@
  * bytes. The Pull response is decoded in place to a pointer into the
  * response buffer (no copy).
  *
+ * With --link RATE (pushpull_link.c) psd and the client sit at the two ends
+ * of a veth pair between two network namespaces, shaped to RATE by tc's
+ * token bucket, and raw TCP over that link is the ceiling; it ends with
+ * "pushpull link: 10 Gbit/s 4 MiB push+pull f32 T1 ms (R of link), bf16 T2 ms
+ * (X.Xx f32)", the bf16 case through psclient with bfloat16 on the wire
+ * and error feedback.
+ *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
- *            [--pscerts PATH] [--no-tls]
+ *            [--pscerts PATH] [--no-tls] [--link 10gbit]
  *
  * Threads and lifetime: main owns psd (started and stopped here; it also
  * dies with us through PR_SET_PDEATHSIG) and its temporary directory; a
@@ -233,7 +240,7 @@ static int stream_setup(struct stream *s)
     if (bc->o->shm)
         snprintf(target, sizeof target, "unix:%s", shm_sock);
     else
-        snprintf(target, sizeof target, "127.0.0.1:%d", bc->port);
+        snprintf(target, sizeof target, "%s:%d", bc->o->host, bc->port);
     /* gRPC shares one connection among channels whose arguments match; a
      * message limit that differs per stream keeps each stream on its own
      * channel *and* its own TCP connection, as separate workers would be. */
@@ -267,6 +274,8 @@ static int stream_setup(struct stream *s)
             s->dest = (float *)(void *)((uint8_t *)ps_shm_base(s->shm) + block);
             ps_client_set_shm(s->pc, s->shm);
         } else {
+            if (bc->o->wire_dtype != 0)
+                ps_client_set_wire_dtype(s->pc, bc->o->wire_dtype, true);
             /* In a message buffer, as workerd's gradients are: sent in place. */
             s->grad_msg = ps_rpc_msg_new(n * sizeof(float));
             s->grad = s->grad_msg ? (float *)(void *)ps_rpc_msg_data(s->grad_msg) : NULL;
@@ -598,8 +607,8 @@ static void print_ceilings(const struct opts *o, const struct ceilings *c)
     } else {
         char sz[32];
         printf("ceilings (this run):\n");
-        printf("  loopback TCP  %6.2f GB/s  (median of 3 x %s: %.2f %.2f %.2f)\n",
-               c->tcp_gbps, size_str(o->tcp_bytes, sz, sizeof sz), c->tcp_runs[0],
+        printf("  %-13s %6.2f GB/s  (median of 3 x %s: %.2f %.2f %.2f)\n",
+               o->link != NULL ? "TCP over link" : "loopback TCP", c->tcp_gbps, size_str(o->tcp_bytes, sz, sizeof sz), c->tcp_runs[0],
                c->tcp_runs[1], c->tcp_runs[2]);
         printf("  memcpy        %6.2f GB/s  (median of 5 x 64 MiB, warm)\n\n",
                c->memcpy_gbps);
@@ -707,7 +716,7 @@ static void print_recheck(const struct opts *o, const struct ceilings *c)
 static int print_stats(const struct opts *o, int port, pid_t pid)
 {
     char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    snprintf(target, sizeof target, "%s:%d", o->host, port);
     ps_rpc_client *cli = NULL;
     ps_rpc_client_opts co = {.token = bench_token};
     int rc = ps_rpc_client_create(target, &co, &cli);
@@ -881,6 +890,108 @@ static int run_tls(const struct opts *o, const struct psd_proc *plain_psd,
     return rc;
 }
 
+/* ---- --link: across a shaped veth link (pushpull_link.c) ----------------- */
+
+static void print_link(const struct opts *o, const struct ceilings *lim,
+                       const struct case_result *f32, const struct case_result *bf16)
+{
+    double ceiling = lim->tcp_gbps;
+    double x = bf16->rtt_med > 0 ? f32->rtt_med / bf16->rtt_med : 0;
+    if (o->json)
+        printf("{\"bench\":\"pushpull\",\"kind\":\"link\",\"rate_gbit\":%g,"
+               "\"tcp_gbps\":%.4f,\"tcp_runs_gbps\":[%.4f,%.4f,%.4f],"
+               "\"tcp_end_gbps\":%.4f,\"f32_rtt_median_ms\":%.4f,"
+               "\"f32_gbps\":%.4f,\"f32_ratio_link\":%.4f,"
+               "\"bf16_rtt_median_ms\":%.4f,\"bf16_vs_f32\":%.4f}\n",
+               o->link_gbit, ceiling, lim->tcp_runs[0], lim->tcp_runs[1],
+               lim->tcp_runs[2], lim->tcp_end_gbps, f32->rtt_med * 1e3, f32->gbps,
+               f32->ratio, bf16->rtt_med * 1e3, x);
+    else
+        printf("\nlink %g Gbit/s (tc tbf, 256 KB burst): raw TCP %.3f GB/s "
+               "(%.3f %.3f %.3f), %.3f GB/s again after the cases\n", o->link_gbit,
+               ceiling, lim->tcp_runs[0], lim->tcp_runs[1], lim->tcp_runs[2],
+               lim->tcp_end_gbps);
+    printf("pushpull link: %g Gbit/s 4 MiB push+pull f32 %.2f ms (%.2f of link), "
+           "bf16 %.2f ms (%.1fx f32)\n", o->link_gbit, f32->rtt_med * 1e3, f32->ratio,
+           bf16->rtt_med * 1e3, x);
+    fflush(stdout);
+}
+
+/* --link: the link set up, psd at its far end, the cases over it beside raw
+ * TCP over the same link, then everything removed (also when a step fails;
+ * the signal thread removes it on a signal). Returns the exit status: 77
+ * without root (after one line), 1 on a failure. */
+static int link_main(struct opts *o)
+{
+    char err[256];
+    int rc = link_setup(o->link, err, sizeof err);
+    if (rc == 77) {
+        printf("pushpull link: skipped: %s\n", err);
+        return 77;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "pushpull link: %s\n", err);
+        return 1;
+    }
+    o->host = link_psd_host();
+    o->psd_netns = link_psd_netns();
+    struct ceilings lim = {0};
+    struct psd_proc p;
+    struct case_result target = {0}, half = {0};
+    bool have_target = false;
+    /* memcpy on this host, then everything after in the client's namespace. */
+    if ((rc = measure_ceilings(o, &lim, false)) != 0 ||
+        (rc = link_enter(link_client_netns())) != 0 ||
+        (rc = link_tcp_ceiling(o, lim.tcp_runs, &lim.tcp_gbps)) != 0) {
+        fprintf(stderr, "pushpull link: measuring raw TCP: %s\n", ps_strerror(rc));
+        goto teardown;
+    }
+    if ((rc = psd_start(o, &p)) != 0)
+        goto teardown;
+    if (!o->json)
+        printf("psd pid %d on %s:%d in namespace %s, the client in %s\n\n",
+               (int)p.pid, o->host, p.port, o->psd_netns, link_client_netns());
+    print_ceilings(o, &lim);
+    for (int i = 0; i < o->nsizes && rc == 0; i++) {
+        for (int j = 0; j < o->nstreams && rc == 0; j++) {
+            struct case_result r;
+            if ((rc = run_case(o, p.pid, p.port, o->sizes[i], o->streams[j], &lim,
+                               &r)) != 0)
+                break;
+            print_case(o, &r);
+            if (r.bytes == TARGET_BYTES && r.streams == 1) {
+                target = r;
+                have_target = true;
+            }
+        }
+    }
+    /* The same 4 MiB with bfloat16 on the wire (psclient's error feedback):
+     * half the bytes each way. */
+    if (rc == 0 && have_target) {
+        struct opts ho = *o;
+        ho.wire_dtype = 3;
+        if ((rc = run_case(&ho, p.pid, p.port, TARGET_BYTES, 1, &lim, &half)) == 0 &&
+            !o->json)
+            printf("bf16 on the wire:\n");
+        if (rc == 0)
+            print_case(o, &half);
+    }
+    if (rc == 0 && link_tcp_ceiling(o, lim.tcp_end_runs, &lim.tcp_end_gbps) != 0)
+        lim.tcp_end_gbps = 0;
+    if (rc == 0)
+        rc = print_stats(o, p.port, p.pid);
+    int st = psd_stop(&p);
+    if (st != 0 && rc == 0) {
+        fprintf(stderr, "pushpull link: psd exited with status %d\n", st);
+        rc = PS_EUNAVAIL;
+    }
+    if (rc == 0 && have_target)
+        print_link(o, &lim, &target, &half);
+teardown:
+    link_cleanup_now();
+    return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
@@ -905,6 +1016,8 @@ int main(int argc, char **argv)
         return 1;
     }
     pthread_detach(sig_thread);
+    if (o.link != NULL)
+        return link_main(&o);
 
     struct ceilings lim = {0};
     int rc = measure_ceilings(&o, &lim, false);

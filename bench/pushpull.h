@@ -74,6 +74,12 @@ struct opts {
     const char *pscerts;      /* NULL: <build>/tools/pscerts */
     bool no_tls;              /* skip the TLS comparison */
     const ps_tls_opts *tls;   /* the clients' TLS (the TLS case only) */
+    const char *host;         /* psd's address: 127.0.0.1, or its link end */
+    const char *link;         /* --link RATE as given, or NULL */
+    double link_gbit;         /* its rate in Gbit/s */
+    const char *psd_netns;    /* psd runs in this network namespace, or NULL */
+    int wire_dtype;           /* psclient streams: 0 float32, 2 FLOAT16, 3
+                                 BFLOAT16 (with error feedback) */
 };
 
 /* A growable array of samples in seconds: v[n] in the buffer's memory. */
@@ -124,6 +130,27 @@ int psd_stop(struct psd_proc *p);
 extern char shm_sock[sizeof(((struct psd_proc *)0)->root) + 16];
 uint64_t proc_status_bytes(pid_t pid, const char *name);
 int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
+
+/* One transfer of total bytes, from a fresh connection to the listener lfd
+ * at a, by a sender and a receiver thread. Returns GB/s, or -errno. */
+struct sockaddr_in;
+double tcp_once_on(int lfd, const struct sockaddr_in *a, size_t total, uint8_t *sbuf,
+                   uint8_t *rbuf, size_t chunk);
+
+/* --link (pushpull_link.c). link_parse_rate: "10gbit" -> 10 (0, or -1).
+ * link_setup: the two namespaces, the veth pair and tbf; returns 0, 77
+ * (not root, or no ip/tc) or 1, with err set. link_enter: this thread into
+ * the namespace (0 or -errno). link_tcp_ceiling: raw TCP from the client's
+ * namespace to psd's (0 or -errno). link_cleanup_now: removes both
+ * namespaces if they exist (from any thread). */
+int link_parse_rate(const char *s, double *gbit);
+int link_setup(const char *rate, char *err, size_t errlen);
+int link_enter(const char *ns);
+const char *link_psd_netns(void);
+const char *link_psd_host(void);
+const char *link_client_netns(void);
+int link_tcp_ceiling(const struct opts *o, double runs[3], double *median);
+void link_cleanup_now(void);
 
 /* What the signal thread (signal_main, given the blocked set) takes down if
  * we are interrupted. */

@@ -25,7 +25,14 @@ static void usage(FILE *f)
         "                    (default: <build>/tools/pscerts)\n"
         "  --no-tls          skip the 4 MiB comparison with mutual TLS\n"
         "  --token-file F    send the token in F (an operator's: Stats too),\n"
-        "                    for a psd given --psd-arg=--tokens=FILE\n");
+        "                    for a psd given --psd-arg=--tokens=FILE\n"
+        "  --wire-dtype T    bf16 or fp16: psclient streams send gradients and\n"
+        "                    take values in half precision (error feedback)\n"
+        "  --link RATE       psd and the client in two network namespaces joined\n"
+        "                    by a veth pair shaped to RATE (10gbit, 25gbit; tc\n"
+        "                    tbf, 256 KB burst), raw TCP over it the ceiling;\n"
+        "                    4 MiB, 1 stream unless --sizes/--streams; needs\n"
+        "                    root (else one line and exit 77)\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -160,6 +167,20 @@ void parse_opts(int argc, char **argv, struct opts *o)
                 fprintf(stderr, "pushpull: --token-file: %s\n", err);
                 exit(2);
             }
+        } else if ((v = opt_value(argc, argv, &i, "--wire-dtype")) != NULL) {
+            o->wire_dtype = strcmp(v, "bf16") == 0 ? 3 : strcmp(v, "fp16") == 0 ? 2
+                            : strcmp(v, "f32") == 0 ? 0 : -1;
+            if (o->wire_dtype < 0) {
+                fprintf(stderr, "pushpull: --wire-dtype: '%s' is not bf16, fp16 or f32\n", v);
+                exit(2);
+            }
+        } else if ((v = opt_value(argc, argv, &i, "--link")) != NULL) {
+            if (link_parse_rate(v, &o->link_gbit) != 0) {
+                fprintf(stderr, "pushpull: --link: '%s' is not a rate like 10gbit, "
+                        "25gbit or 800mbit\n", v);
+                exit(2);
+            }
+            o->link = v;
         } else if ((v = opt_value(argc, argv, &i, "--psd")) != NULL) {
             o->psd = v;
         } else if ((v = opt_value(argc, argv, &i, "--sizes")) != NULL) {
@@ -194,7 +215,16 @@ void parse_opts(int argc, char **argv, struct opts *o)
     }
     if (o->psd == NULL)
         o->psd = find_default_psd();
-    if (quick) {
+    o->host = "127.0.0.1";
+    if (o->link != NULL) {
+        /* The case: 4 MiB, one stream. */
+        o->sizes[0] = 4 << 20;
+        o->nsizes = 1;
+        o->streams[0] = 1;
+        o->nstreams = 1;
+        if (o->seconds < 0)
+            o->seconds = quick ? 1 : 4;
+    } else if (quick) {
         o->sizes[0] = 4 << 10;
         o->sizes[1] = 4 << 20;
         o->nsizes = 2;
@@ -325,16 +355,25 @@ static void *tcp_receiver(void *arg)
 static double tcp_once(size_t total, uint8_t *sbuf, uint8_t *rbuf, size_t chunk)
 {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int cfd = -1, afd = -1;
     double result = -EIO;
     struct sockaddr_in a = {.sin_family = AF_INET};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t alen = sizeof a;
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        listen(lfd, 1) != 0 || getsockname(lfd, (struct sockaddr *)&a, &alen) != 0)
-        goto close_fds;
+    if (lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        listen(lfd, 1) == 0 && getsockname(lfd, (struct sockaddr *)&a, &alen) == 0)
+        result = tcp_once_on(lfd, &a, total, sbuf, rbuf, chunk);
+    if (lfd >= 0)
+        close(lfd);
+    return result;
+}
+
+double tcp_once_on(int lfd, const struct sockaddr_in *a, size_t total, uint8_t *sbuf,
+                   uint8_t *rbuf, size_t chunk)
+{
+    int cfd = -1, afd = -1;
+    double result = -EIO;
     cfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (cfd < 0 || connect(cfd, (struct sockaddr *)&a, sizeof a) != 0)
+    if (cfd < 0 || connect(cfd, (const struct sockaddr *)a, sizeof *a) != 0)
         goto close_fds;
     afd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (afd < 0)
@@ -358,8 +397,6 @@ close_fds:
         close(afd);
     if (cfd >= 0)
         close(cfd);
-    if (lfd >= 0)
-        close(lfd);
     return result;
 }
 
@@ -442,6 +479,7 @@ void *signal_main(void *arg)
         if (live_root[0] != '\0')
             nftw(live_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     }
+    link_cleanup_now();
     _exit(128 + sig);
 }
 
@@ -524,11 +562,15 @@ int psd_start(const struct opts *o, struct psd_proc *p)
         rc = -errno;
         goto remove_root;
     }
-    const char *argv[10 + MAX_PSD_ARGS];
+    const char *argv[12 + MAX_PSD_ARGS];
     int argc = 0;
     argv[argc++] = o->psd;
+    char listen_at[64];
+    snprintf(listen_at, sizeof listen_at, "%s:0", o->host);
     argv[argc++] = "--listen";
-    argv[argc++] = "127.0.0.1:0";
+    argv[argc++] = listen_at;
+    if (o->psd_netns != NULL)
+        argv[argc++] = "--insecure"; /* a link of two namespaces of one host */
     argv[argc++] = "--data-dir";
     argv[argc++] = p->data;
     if (o->shm) {
@@ -558,6 +600,10 @@ int psd_start(const struct opts *o, struct psd_proc *p)
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (getppid() != parent)
             _exit(127);
+        if (o->psd_netns != NULL && link_enter(o->psd_netns) != 0) {
+            dprintf(2, "pushpull: cannot enter network namespace %s\n", o->psd_netns);
+            _exit(127);
+        }
         execv(o->psd, (char *const *)argv);
         dprintf(2, "pushpull: cannot run %s: %s\n", o->psd, strerror(errno));
         _exit(127);

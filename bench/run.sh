@@ -54,6 +54,20 @@ section_pushpull_shm() {
         --sizes 1M,4M,64M --streams 1,2 ${PUSHPULL_ARGS:-}
 }
 
+# 4 MiB push+pull across a veth link shaped to 10 and 25 Gbit/s (two network
+# namespaces, tc tbf with a 256 KB burst) beside raw TCP over the same link;
+# without root each prints one line and the section passes as skipped.
+section_pushpull_link() {
+    local rate rc
+    for rate in 10gbit 25gbit; do
+        rc=0
+        # shellcheck disable=SC2086
+        run "$BUILD/bench/pushpull" --psd "$BUILD/server/psd" --link "$rate" \
+            ${PUSHPULL_ARGS:-} || rc=$?
+        [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || return "$rc"
+    done
+}
+
 # training throughput and accuracy: workerd against psd beside PyTorch at one
 # thread, batch 64 and 256, and (f) the strategies with 2 workers
 # (TRAIN_ARGS="--json" or "--quick" pass through).
@@ -69,7 +83,7 @@ section_allreduce() {
     run "$BUILD/bench/allreduce" --pscoord "$BUILD/coordinator/pscoord" ${ALLREDUCE_ARGS:-}
 }
 
-ALL_SECTIONS=(pushpull pushpull_shm allreduce train)
+ALL_SECTIONS=(pushpull pushpull_shm pushpull_link allreduce train)
 
 SECTIONS=("${ALL_SECTIONS[@]}")
 if [ $# -gt 0 ]; then

@@ -5,11 +5,12 @@ Model MLP 784-256-256-10, SGD, learning rate 0.1, batch 64 and 256, one
 compute thread everywhere:
   local  workerd --local: the same model and batches with no psd (the
          compute-only ceiling that communication overlap is judged by)
-  (a)    one workerd against one psd on this host at 127.0.0.1, as a user
-         runs it: the tensors go through shared memory (workerd --shm
-         auto), the calls over loopback TCP; again with --shm off over
-         TCP, and with --shm off over psd's unix socket (psd --listen
-         unix:PATH, workerd --ps unix:PATH)
+  (a)    one workerd against one psd on this host, given --ps 127.0.0.1:PORT
+         as a user runs it: psd advertises its unix socket (psd.sock in its
+         data directory) in Stats, and workerd switches to it and moves the
+         tensors through shared memory (--shm auto); again with --shm off
+         over TCP, and with --shm off over psd's unix socket (workerd --ps
+         unix:PATH)
   (b)    one psd and two workerd (each half of the data)
   (c)    PyTorch (Debian's python3-torch), torch and OpenBLAS at 1 thread
   (e)    the PJRT backend (workerd --device pjrt:PLUGIN, XLA's CPU plugin
@@ -29,6 +30,12 @@ compute thread everywhere:
          doubling all-reduce over 127.0.0.1, no psd), beside one workerd (and psd)
          alone at the global batch (the accuracy to match); --only-strategies
          runs (f) alone
+  (g)    half precision on the wire, --wire: one workerd against one psd
+         over TCP (--shm off: shared memory is float32), float32, bf16 with
+         error feedback, bf16 without it (the ablation) and fp16 with it,
+         the same seed; test accuracy after --epochs, and the gap to float32
+         in points (target: bf16 with feedback within 0.3); --only-wire
+         runs (g) alone
 Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
 accuracy after 1 and 5 epochs; --json prints one object per measurement.
 
@@ -196,6 +203,39 @@ def print_strategies(r):
                                  100 * r["f_mwm_accuracy_gap"]), flush=True)
 
 
+def run_wire(build, batch, epochs):
+    """(g): the MLP over TCP with each wire dtype, one worker, one psd."""
+    row = {"g_batch": batch, "g_epochs": epochs}
+    for k, extra in (("f32", []), ("bf16_ef", ["--wire-dtype", "bf16"]),
+                     ("bf16_no_ef", ["--wire-dtype", "bf16", "--no-error-feedback"]),
+                     ("fp16_ef", ["--wire-dtype", "fp16"])):
+        r = run_ps(build, 1, batch, epochs, extra=["--shm", "off"] + extra)
+        row["g_%s_examples_per_second" % k] = r["examples_per_second"]
+        row["g_%s_test_accuracy" % k] = r["test_accuracy"]
+    for k in ("bf16_ef", "bf16_no_ef", "fp16_ef"):
+        row["g_%s_gap_points" % k] = 100 * (row["g_%s_test_accuracy" % k] -
+                                            row["g_f32_test_accuracy"])
+    return row
+
+
+def print_wire(r):
+    e = r["g_epochs"]
+    print("(g) half precision on the wire, MLP 784-256-256-10, SGD lr 0.1, batch %d, "
+          "%d epoch(s), 1 workerd + 1 psd over TCP (--shm off)" % (r["g_batch"], e))
+    print("    %-40s %12s %10s %12s" % ("configuration", "examples/s", "acc@%d" % e,
+                                        "vs f32"))
+    for k, name in (("f32", "float32"), ("bf16_ef", "bf16, error feedback"),
+                    ("bf16_no_ef", "bf16, no error feedback (ablation)"),
+                    ("fp16_ef", "fp16, error feedback")):
+        gap = r.get("g_%s_gap_points" % k)
+        print("    %-40s %12.0f %10.4f %12s" % (
+            name, r["g_%s_examples_per_second" % k], r["g_%s_test_accuracy" % k],
+            "-" if gap is None else "%+.2f pt" % gap))
+    print("    bf16 with error feedback: %+.2f points from float32 (target within 0.3): %s"
+          % (r["g_bf16_ef_gap_points"],
+             "MET" if abs(r["g_bf16_ef_gap_points"]) <= 0.3 else "MISSED"), flush=True)
+
+
 def pjrt_plugin(build, given):
     """The PJRT plugin to bench: --pjrt, else the CPU plugin in
     build/venv-pjrt; None for --pjrt none or when there is none."""
@@ -312,6 +352,10 @@ def main():
                          "2 workers at global batch 2 x 64, and one worker alone")
     ap.add_argument("--only-strategies", action="store_true",
                     help="run (f) alone")
+    ap.add_argument("--wire", action="store_true",
+                    help="also run (g): float32, bf16 with and without error feedback "
+                         "and fp16 on the wire, batch 64, --epochs")
+    ap.add_argument("--only-wire", action="store_true", help="run (g) alone")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
@@ -327,6 +371,14 @@ def main():
     epochs = 1 if a.quick else a.epochs
     batches = [64] if a.quick else [64, 256]
     env1 = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if a.wire or a.only_wire:
+        g = run_wire(build, 64, epochs)
+        if a.json:
+            print(json.dumps(g), flush=True)
+        else:
+            print_wire(g)
+        if a.only_wire:
+            return 0
     if a.strategies or a.only_strategies:
         f = run_strategies(build, 64, epochs, env1)
         if a.json:

@@ -93,3 +93,17 @@ uint64_t ps_proc_stat_field(pid_t pid, int field)
         p = strchr(p + 1, ' ');
     return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
 }
+
+int ps_write_all(int fd, const void *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, (const char *)buf + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        done += (size_t)w;
+    }
+    return 0;
+}

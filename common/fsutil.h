@@ -23,7 +23,12 @@ int ps_mkdirs(const char *path);
  * then in *holder (0 if it has not written it yet); *holder is 0 otherwise. */
 int ps_dir_lock(const char *dir, const char *name, pid_t *holder);
 
+#include <stddef.h>
 #include <stdint.h>
+
+/* Writes all len bytes of buf to fd, again after a short write or EINTR.
+ * Returns 0 or -errno of the write that failed. */
+int ps_write_all(int fd, const void *buf, size_t len);
 
 /* Field `field` of /proc/PID/stat, numbered from 1 as in proc(5) (10
  * minflt, 12 majflt, 14 utime, 15 stime, 22 starttime), as a number; 0

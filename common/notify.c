@@ -75,7 +75,7 @@ static void format_line(char *out, size_t len, const char *fmt, va_list ap)
 }
 
 /* Sends head (a state line and its newline, or "") followed by
- * STATUS=<fmt...>. remember keeps the status as the last one sent; with
+ * STATUS=<fmt...>, when notification is on. remember keeps the status as the last one sent; with
  * only_changed too, nothing is sent when it equals the last one. */
 static void send_with_status(const char *head, bool remember, bool only_changed,
                              const char *fmt, va_list ap)
@@ -83,6 +83,8 @@ static void send_with_status(const char *head, bool remember, bool only_changed,
 static void send_with_status(const char *head, bool remember, bool only_changed,
                              const char *fmt, va_list ap)
 {
+    if (!ps_notify_enabled())
+        return;
     char status[sizeof last_status], state[sizeof status + 32];
     format_line(status, sizeof status, fmt, ap);
     if (remember) {
@@ -100,8 +102,6 @@ static void send_with_status(const char *head, bool remember, bool only_changed,
 
 void ps_notify_ready(const char *fmt, ...)
 {
-    if (!ps_notify_enabled())
-        return;
     va_list ap;
     va_start(ap, fmt);
     send_with_status("READY=1\n", true, false, fmt, ap);
@@ -110,8 +110,6 @@ void ps_notify_ready(const char *fmt, ...)
 
 void ps_notify_status(const char *fmt, ...)
 {
-    if (!ps_notify_enabled())
-        return;
     va_list ap;
     va_start(ap, fmt);
     send_with_status("", true, true, fmt, ap);
@@ -139,8 +137,6 @@ void ps_notify_alive(void)
 
 void ps_notify_stopping(const char *fmt, ...)
 {
-    if (!ps_notify_enabled())
-        return;
     va_list ap;
     va_start(ap, fmt);
     send_with_status("STOPPING=1\n", false, false, fmt, ap);

@@ -2,6 +2,8 @@
 
 #include "common/buf.h"
 #include "common/errors.h"
+#include "common/half.h"
+#include "common/hostid.h"
 #include "common/log.h"
 #include "proto/ps.pb-c.h"
 #include "common/shm.h"
@@ -24,7 +26,64 @@ struct ps_client {
     const ps_shm *shm; /* tensors in it go by reference (ps_client_set_shm) */
     bool shm_off;      /* psd could not map it: inline from then on */
     bool delta;        /* pushes carry PushRequest.delta (ps_client_set_delta) */
+    int wire;          /* 2, 3: half on the wire (ps_client_set_wire_dtype); 0 */
+    bool feedback;     /* keep each variable's rounding residual */
+    struct residual *res; /* (nres), by variable name */
+    size_t nres;
+    ps_buf half;       /* the half gradients of one push */
 };
+
+/* Error feedback's memory of one variable: what its last rounding lost. */
+struct residual {
+    char *name;
+    float *r; /* (n) */
+    size_t n;
+};
+
+int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback)
+{
+    if (dtype != 0 && dtype != PS__V1__DTYPE__DTYPE_FLOAT32 &&
+        dtype != PS_HALF_F16 && dtype != PS_HALF_BF16)
+        return PS_EINVAL_ARG;
+    c->wire = dtype == PS_HALF_F16 || dtype == PS_HALF_BF16 ? dtype : 0;
+    c->feedback = error_feedback;
+    return 0;
+}
+
+/* The residual of variable name (n elements), made zero on first use or
+ * when its size changed; NULL when out of memory. */
+static float *residual_of(ps_client *c, const char *name, size_t n)
+{
+    for (size_t i = 0; i < c->nres; i++) {
+        struct residual *e = &c->res[i];
+        if (strcmp(e->name, name) != 0)
+            continue;
+        if (e->n != n) {
+            float *r = calloc(n ? n : 1, sizeof *r);
+            if (r == NULL)
+                return NULL;
+            free(e->r);
+            e->r = r;
+            e->n = n;
+        }
+        return e->r;
+    }
+    struct residual *grown = realloc(c->res, (c->nres + 1) * sizeof *grown);
+    if (grown == NULL)
+        return NULL;
+    c->res = grown;
+    struct residual *e = &c->res[c->nres];
+    e->name = strdup(name);
+    e->r = calloc(n ? n : 1, sizeof *e->r);
+    e->n = n;
+    if (e->name == NULL || e->r == NULL) {
+        free(e->name);
+        free(e->r);
+        return NULL;
+    }
+    c->nres++;
+    return e->r;
+}
 
 /* The fields written after the gradients, two bytes each: return_values
  * (4) and delta (5). */
@@ -130,8 +189,72 @@ void ps_client_destroy(ps_client *c)
         return;
     ps_rpc_client_destroy(c->rpc);
     ps_buf_free(&c->req);
+    ps_buf_free(&c->half);
+    for (size_t i = 0; i < c->nres; i++) {
+        free(c->res[i].name);
+        free(c->res[i].r);
+    }
+    free(c->res);
     free(c->address);
     free(c);
+}
+
+/* Asks the psd at address (a TCP address of this host) for its local
+ * socket; copies it into out when this process is to use it, else sets
+ * why. Returns 0 or -ENAMETOOLONG. */
+static int stats_route(const char *address, const ps_rpc_client_opts *opts,
+                       int deadline_ms, char *out, size_t outlen, char *why,
+                       size_t whylen)
+{
+    ps_rpc_client *rpc = NULL;
+    ps_rpc_status st = {0};
+    void *resp = NULL;
+    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
+    int rc = ps_rpc_client_create(address, opts, &rpc);
+    if (rc == 0)
+        rc = ps_rpc_invoke_pb(rpc, "/ps.v1.ParameterServer/Stats", &req,
+                              &ps__v1__stats_response__descriptor, &resp,
+                              deadline_ms, &st);
+    ps_rpc_client_destroy(rpc);
+    if (rc == PS_ERPC) {
+        snprintf(why, whylen, "Stats: %s: %s", ps_rpc_code_name(st.code), st.message);
+        return 0;
+    }
+    if (rc != 0) {
+        snprintf(why, whylen, "Stats: %s", ps_strerror(rc));
+        return 0;
+    }
+    Ps__V1__StatsResponse *r = resp;
+    char mine[PS_HOST_ID_MAX];
+    if (ps_host_id(mine, sizeof mine) != 0)
+        mine[0] = '\0';
+    rc = 0;
+    if (r->local_address == NULL || r->local_address[0] == '\0') {
+        snprintf(why, whylen, "psd advertises no local socket (--local-socket off)");
+    } else if (ps_host_use_local(mine, r->host_id, r->local_address, why, whylen)) {
+        int n = snprintf(out, outlen, "%s", r->local_address);
+        rc = n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
+    }
+    ps__v1__stats_response__free_unpacked(r, NULL);
+    return rc;
+}
+
+int ps_client_local_route(const char *address, const ps_rpc_client_opts *opts,
+                          int deadline_ms, char *out, size_t outlen, char *why,
+                          size_t whylen)
+{
+    why[0] = '\0';
+    if (strncmp(address, "unix:", 5) != 0) {
+        if (!ps_shm_target_is_local(address))
+            snprintf(why, whylen, "another host");
+        else if (stats_route(address, opts, deadline_ms, out, outlen, why,
+                             whylen) != 0)
+            return -ENAMETOOLONG;
+        if (why[0] == '\0')
+            return 0; /* out is the socket */
+    }
+    int n = snprintf(out, outlen, "%s", address);
+    return n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
 }
 
 const char *ps_client_address(const ps_client *c)
@@ -396,6 +519,49 @@ static bool push_uses_shm(const ps_client *c, const ps_client_item *items,
     return false;
 }
 
+/* A Push of items in the client's half wire dtype into a new message
+ * (common/wire.h's encoder): each gradient rounded, with its residual
+ * when error feedback is on. Returns 0 or -ENOMEM. */
+static int push_encode_half(ps_client *c, uint32_t worker, uint64_t step,
+                            const ps_client_item *items, size_t n, bool rv,
+                            ps_rpc_msg **out)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += items[i].n;
+    ps_wire_grad_out *g = calloc(n ? n : 1, sizeof *g);
+    if (g == NULL || ps_buf_reserve(&c->half, total * 2 + 2) != 0) {
+        free(g);
+        return -ENOMEM;
+    }
+    uint16_t *h = (uint16_t *)(void *)c->half.data;
+    for (size_t i = 0; i < n; i++) {
+        const ps_client_item *it = &items[i];
+        float *r = c->feedback ? residual_of(c, it->name, it->n) : NULL;
+        if (c->feedback && r == NULL) {
+            free(g);
+            return -ENOMEM;
+        }
+        ps_half_encode_ef(c->wire, it->data, r, h, it->n);
+        g[i] = (ps_wire_grad_out){.name = it->name, .dtype = c->wire,
+                                  .shape = it->shape, .ndim = it->shape ? it->ndim : 0,
+                                  .data = h, .nbytes = it->n * 2};
+        h += it->n;
+    }
+    ps_wire_push_out m = {.worker = worker, .step = step, .grads = g, .ngrads = n,
+                          .return_values = rv, .delta = c->delta,
+                          .wire_dtype = c->wire};
+    size_t len = ps_wire_push_len(&m);
+    ps_rpc_msg *msg = ps_rpc_msg_new(len);
+    if (msg != NULL) {
+        uint8_t *end = ps_wire_push_put(ps_rpc_msg_data(msg), &m);
+        ps_rpc_msg_set_len(msg, (size_t)(end - ps_rpc_msg_data(msg)));
+    }
+    free(g);
+    *out = msg;
+    return msg != NULL ? 0 : -ENOMEM;
+}
+
 /* A Push, and with pulls != NULL the values it asks back (see
  * ps_client_push_pull). */
 static int push_common(ps_client *c, uint32_t worker, uint64_t step,
@@ -423,7 +589,15 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
     int rc;
 again:
-    if (push_uses_shm(c, items, pulls, n)) {
+    if (c->wire != 0 && !push_uses_shm(c, items, pulls, n)) {
+        ps_rpc_msg *m = NULL;
+        rc = push_encode_half(c, worker, step, items, n, rv, &m);
+        if (rc == 0) {
+            rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
+                                   decode_pieces, &pc, deadline_ms, st);
+            ps_rpc_msg_unref(m);
+        }
+    } else if (push_uses_shm(c, items, pulls, n)) {
         ps_rpc_msg *m = NULL;
         rc = push_encode_shm(c, worker, step, items, pulls, n, &m);
         if (rc == 0) {
@@ -491,6 +665,8 @@ static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
         il += 1 + ps_wire_varint_len(it->min_version);
     if (c != NULL && by_ref(c, it->data, it->n, &off))
         il += field_len(shmref_len(c->shm, off, it->n * sizeof(float)));
+    else if (c != NULL && c->wire != 0)
+        il += 2; /* PullItem.wire_dtype */
     return il;
 }
 
@@ -519,8 +695,12 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
             *p++ = (2 << 3) | 0;
             p = ps_wire_put_varint(p, items[i].min_version);
         }
-        if (c != NULL && by_ref(c, items[i].data, items[i].n, &off))
+        if (c != NULL && by_ref(c, items[i].data, items[i].n, &off)) {
             p = put_shmref(p, 3, c->shm, off, items[i].n * sizeof(float));
+        } else if (c != NULL && c->wire != 0) {
+            *p++ = (4 << 3) | 0;
+            *p++ = (uint8_t)c->wire;
+        }
     }
     if (step != 0) {
         *p++ = (2 << 3) | 0;
@@ -529,6 +709,26 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
         p = ps_wire_put_varint(p, step);
     }
     b->len = (size_t)(p - b->data);
+    return 0;
+}
+
+/* A value sent in half precision, widened into the item's float32 memory
+ * in chunks. Returns 0, or -1 with err written when its size is not the
+ * item's. */
+static int take_half(ps_wire_value *v, ps_client_item *it, char *err, size_t errlen)
+{
+    if (v->data.left != it->n * 2) {
+        snprintf(err, errlen, "variable '%s' has %zu elements on the server, "
+                 "the model expects %zu", it->name, v->data.left / 2, it->n);
+        return -1;
+    }
+    uint16_t chunk[2048];
+    for (size_t i = 0; i < it->n;) {
+        size_t k = it->n - i < 2048 ? it->n - i : 2048;
+        ps_wire_bytes_take(&v->data, chunk, k * 2);
+        ps_half_to_f32(v->dtype, chunk, it->data + i, k);
+        i += k;
+    }
     return 0;
 }
 
@@ -544,6 +744,12 @@ static int on_value(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *er
     uint64_t want;
     switch (ev) {
     case PS_WIRE_DATA:
+        if (v->dtype == PS_HALF_F16 || v->dtype == PS_HALF_BF16) {
+            if (take_half(v, it, err, errlen) != 0)
+                return PS_ESHAPE;
+            pc->have_data = true;
+            return 0;
+        }
         if (v->data.left != bytes) {
             snprintf(err, errlen, "variable '%s' has %zu elements on the server, "
                      "the model expects %zu", it->name, v->data.left / sizeof(float),

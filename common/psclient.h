@@ -63,6 +63,20 @@ void ps_client_set_shm(ps_client *c, const struct ps_shm *shm);
  * not refused it). */
 bool ps_client_shm_active(const ps_client *c);
 void ps_client_destroy(ps_client *c);
+
+/* Where this process should reach the psd at address: its unix socket when
+ * address is a TCP address of this host (ps_shm_target_is_local) and psd's
+ * Stats advertises a socket (local_address) with this process's host id
+ * that this process may connect to (hostid.h's ps_host_use_local); the
+ * socket skips the TCP stack and lets tensors go through shared memory.
+ * Else address itself, and why says why not ("another host", "psd
+ * advertises no local socket", the Stats call's error, ...). A unix:
+ * address is its own route. opts are the TCP connection's (the Stats call
+ * is made with them, within deadline_ms). Returns 0 with out filled (why ""
+ * when out is the socket), or -ENAMETOOLONG when out is too small. */
+int ps_client_local_route(const char *address, const ps_rpc_client_opts *opts,
+                          int deadline_ms, char *out, size_t outlen, char *why,
+                          size_t whylen);
 const char *ps_client_address(const ps_client *c);
 /* The client's RPC channel, for the calls built elsewhere (sparseclient.c). */
 ps_rpc_client *ps_client_rpc(ps_client *c);
@@ -92,6 +106,16 @@ int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
  * (which must hold exactly n elements) and setting its version. */
 int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
                    int deadline_ms, ps_rpc_status *st);
+
+/* Dense tensors on the wire in half precision from now on: dtype 2
+ * (ps.v1.DTYPE_FLOAT16) or 3 (BFLOAT16) sends each gradient rounded to it
+ * and asks each value in it (half the bytes; psd keeps float32), 1 or 0
+ * float32 again. With error_feedback the client keeps, per variable name,
+ * the residual of each rounding and adds it to the variable's next
+ * gradient (common/half.h), so that nothing is lost over time. Tensors in
+ * shared memory stay float32. Returns 0, or PS_EINVAL_ARG for another
+ * dtype. */
+int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
 
 /* From now on this client's pushes are deltas (PushRequest.delta): psd
  * adds each tensor to its variable, w += d, with no optimizer (local SGD's

@@ -127,6 +127,22 @@ static int check_items(int nshards, const ps_sparse_item *items, size_t n,
     return PS_EINVAL_ARG;
 }
 
+/* What a pull and a push do before any shard is called: check the items, split them by shard
+ * and clear the versions the answers fill in. */
+static int split_begin(struct split *sp, int nshards, ps_sparse_item *items, size_t n,
+                       ps_rpc_status *st)
+{
+    int rc = check_items(nshards, items, n, st);
+    if (rc != 0)
+        return rc;
+    rc = split_make(sp, nshards, items, n);
+    if (rc != 0)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        items[i].version = 0;
+    return 0;
+}
+
 /* Copies one shard's answer for item i (rows of its ids in the split's
  * order) back to the item's positions. */
 static int merge_rows(const struct split *sp, int s, size_t i, ps_sparse_item *it,
@@ -279,15 +295,10 @@ int ps_client_sparse_pull(ps_client *const *shards, int nshards,
                           ps_sparse_item *items, size_t n, int deadline_ms,
                           ps_rpc_status *st)
 {
-    int rc = check_items(nshards, items, n, st);
-    if (rc != 0)
-        return rc;
     struct split sp;
-    rc = split_make(&sp, nshards, items, n);
+    int rc = split_begin(&sp, nshards, items, n, st);
     if (rc != 0)
         return rc;
-    for (size_t i = 0; i < n; i++)
-        items[i].version = 0;
     for (int s = 0; rc == 0 && s < nshards; s++)
         rc = pull_shard(shards[s], s, &sp, items, n, deadline_ms, st);
     split_free(&sp);
@@ -368,15 +379,10 @@ int ps_client_sparse_push(ps_client *const *shards, int nshards, uint32_t worker
                           uint64_t step, ps_sparse_item *items, size_t n,
                           bool return_values, int deadline_ms, ps_rpc_status *st)
 {
-    int rc = check_items(nshards, items, n, st);
-    if (rc != 0)
-        return rc;
     struct split sp;
-    rc = split_make(&sp, nshards, items, n);
+    int rc = split_begin(&sp, nshards, items, n, st);
     if (rc != 0)
         return rc;
-    for (size_t i = 0; i < n; i++)
-        items[i].version = 0;
     for (int s = 0; rc == 0 && s < nshards; s++)
         rc = push_shard(shards[s], s, &sp, worker, step, items, n, return_values,
                         deadline_ms, st);

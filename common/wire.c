@@ -401,6 +401,7 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
     req->step = 0;
     req->return_values = 0;
     req->delta = 0;
+    req->wire_dtype = 0;
     req->ngrads = 0;
     while (c.left > 0) {
         size_t at = total - c.left;
@@ -420,6 +421,9 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
             rc = get_bool(&c, &req->return_values);
         } else if (field == 5 && wt == WT_VARINT) {
             rc = get_bool(&c, &req->delta);
+        } else if (field == 6 && wt == WT_VARINT) {
+            rc = get_varint(&c, &v);
+            req->wire_dtype = v > 1000 ? 1000 : (int)v;
         } else if (field == 3 && wt == WT_LEN) {
             if ((rc = read_push_grad(&c, req, err, errlen)) != 0)
                 return rc;
@@ -643,7 +647,7 @@ size_t ps_wire_push_len(const ps_wire_push_out *m)
         n += 1 + ps_wire_varint_len(m->step);
     for (size_t i = 0; i < m->ngrads; i++)
         n += field_len(grad_len(&m->grads[i]));
-    return n + (m->return_values ? 2 : 0);
+    return n + (m->return_values ? 2 : 0) + (m->delta ? 2 : 0) + (m->wire_dtype ? 2 : 0);
 }
 
 /* A dtype varint made `pad` bytes longer (0x81 0x80.. 0x00 for 1). */
@@ -703,6 +707,14 @@ uint8_t *ps_wire_push_put(uint8_t *p, const ps_wire_push_out *m)
         *p++ = KEY(4, WT_VARINT);
         *p++ = 1;
     }
+    if (m->delta) {
+        *p++ = KEY(5, WT_VARINT);
+        *p++ = 1;
+    }
+    if (m->wire_dtype) {
+        *p++ = KEY(6, WT_VARINT);
+        *p++ = (uint8_t)m->wire_dtype;
+    }
     return p;
 }
 
@@ -711,6 +723,15 @@ uint8_t *ps_wire_push_put(uint8_t *p, const ps_wire_push_out *m)
 uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
                               uint64_t version, const int64_t *shape, int ndim,
                               size_t nbytes, const ps_wire_shm_ref *into)
+{
+    return ps_wire_value_header_dtype(p, field, name, version, shape, ndim, nbytes,
+                                      into, PS__V1__DTYPE__DTYPE_FLOAT32);
+}
+
+uint8_t *ps_wire_value_header_dtype(uint8_t *p, int field, const char *name,
+                                    uint64_t version, const int64_t *shape, int ndim,
+                                    size_t nbytes, const ps_wire_shm_ref *into,
+                                    int dtype)
 {
     size_t sl = shape_len(shape, ndim);
     size_t into_len = into ? ps_wire_shm_ref_len(into->name, into->offset, into->length) : 0;
@@ -727,7 +748,7 @@ uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
     }
     p = put_len_tag(p, 3, tl); /* VariableValue.value */
     *p++ = KEY(1, WT_VARINT); /* Tensor.dtype */
-    *p++ = PS__V1__DTYPE__DTYPE_FLOAT32;
+    *p++ = (uint8_t)dtype;
     if (ndim)
         p = put_shape(p, shape, ndim);
     if (into != NULL) /* Tensor.shm: where the bytes went */
@@ -777,7 +798,12 @@ static int read_value_tensor(cursor *t, ps_wire_value *v, struct values_walk *w)
         cursor s;
         if (get_varint(t, &key) != 0)
             return BAD;
-        if (key == KEY(3, WT_LEN)) {
+        if (key == KEY(1, WT_VARINT)) {
+            uint64_t d;
+            if (get_varint(t, &d) != 0)
+                return BAD;
+            v->dtype = d > 1000 ? 1000 : (int)d;
+        } else if (key == KEY(3, WT_LEN)) {
             if (get_sub(t, &v->data) != 0)
                 return BAD;
             int rc = w->fn(w->ctx, PS_WIRE_DATA, v, w->err, w->errlen);
@@ -802,6 +828,7 @@ static int read_value(cursor *vv, ps_wire_value *v, struct values_walk *w)
     v->name[0] = '\0';
     v->name_len = 0;
     v->version = 0;
+    v->dtype = 0;
     while (vv->left > 0) {
         uint64_t key;
         cursor s;

@@ -109,6 +109,7 @@ typedef struct ps_wire_grad {
     ps_wire_bytes data;    /* the tensor's bytes, in pieces (any alignment) */
     size_t nbytes;
     int has_tensor;        /* the grad field was present */
+    int widened_from;      /* psd: the half dtype data was widened from, or 0 */
     int has_data;          /* Tensor.data was present */
     ps_wire_shm_ref shm;   /* Tensor.shm: the bytes are in shared memory */
     ps_wire_shm_ref value_into; /* Gradient.value_into */
@@ -121,6 +122,7 @@ typedef struct ps_wire_push {
     uint64_t step;
     int return_values;     /* answer with the values too */
     int delta;             /* w += grad, no optimizer (PushRequest.delta) */
+    int wire_dtype;        /* PushRequest.wire_dtype (0: unset, FLOAT32) */
     ps_wire_grad *grads;   /* ngrads entries; reused across decodes */
     size_t ngrads;
     size_t cap;
@@ -164,6 +166,8 @@ typedef struct ps_wire_push_out {
     const ps_wire_grad_out *grads;
     size_t ngrads;
     bool return_values;
+    bool delta;       /* PushRequest.delta */
+    int wire_dtype;   /* PushRequest.wire_dtype, below 128; 0: not sent */
 } ps_wire_push_out;
 
 /* The encoded length; the message written at p (returns its end). A
@@ -219,6 +223,11 @@ void ps_wire_sparse_free(ps_wire_sparse *req);
 uint8_t *ps_wire_value_header(uint8_t *p, int field, const char *name,
                               uint64_t version, const int64_t *shape, int ndim,
                               size_t nbytes, const ps_wire_shm_ref *into);
+/* The same with Tensor.dtype `dtype` (a ps.v1.DType below 128). */
+uint8_t *ps_wire_value_header_dtype(uint8_t *p, int field, const char *name,
+                                    uint64_t version, const int64_t *shape, int ndim,
+                                    size_t nbytes, const ps_wire_shm_ref *into,
+                                    int dtype);
 
 /* PushResponse.versions, packed: its encoded length (at most 11 + 10 n)
  * and the field written at p (returns the end). */
@@ -231,6 +240,7 @@ typedef struct ps_wire_value {
     char name[256];
     size_t name_len;
     uint64_t version;
+    int dtype;             /* Tensor.dtype when met before its data; 0: absent */
     ps_wire_bytes data;    /* PS_WIRE_DATA: Tensor.data */
     ps_wire_shm_ref shm;   /* PS_WIRE_SHM: Tensor.shm */
 } ps_wire_value;

@@ -54,18 +54,9 @@ int coord_json_write(const char *path, const json_t *root, int mode,
         snprintf(err, errlen, "%s: cannot chmod: %s", tmp, strerror(errno));
         goto close;
     }
-    size_t len = strlen(text), done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, text + done, len - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = -errno;
-            snprintf(err, errlen, "%s: write failed: %s", tmp,
-                     strerror(errno));
-            goto close;
-        }
-        done += (size_t)w;
+    if ((rc = ps_write_all(fd, text, strlen(text))) != 0) {
+        snprintf(err, errlen, "%s: write failed: %s", tmp, strerror(-rc));
+        goto close;
     }
     if (write(fd, "\n", 1) != 1 || fsync(fd) != 0) {
         rc = errno != 0 ? -errno : -EIO;

@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -89,10 +91,15 @@ static const ps_opt psd_opts[] = {
      "PORT 0); an address other than loopback needs TLS or --insecure; "
      "default: this ps task's address in TF_CONFIG, else 127.0.0.1:7070",
      0, 0, NULL},
-    {"local-socket", PS_OPT_STRING, offsetof(struct psd_conf, local_socket), NULL,
-     "also serve on this unix socket path, for workers on this host "
-     "(workerd --ps unix:PATH): no TCP stack on their data path; default: none",
-     0, 0, NULL},
+    /* auto: a worker on this host given the TCP address finds the socket
+     * in Stats and moves tensors through shared memory, with nothing to
+     * set; the data directory is psd's own (locked), so the path is too. */
+    {"local-socket", PS_OPT_STRING, offsetof(struct psd_conf, local_socket), "auto",
+     "also serve on this unix socket path, for workers on this host: no TCP "
+     "stack on their data path, and shared memory; advertised in Stats with "
+     "the host id, so that workerd, libpsclient and Python given the TCP "
+     "address switch to it; auto = psd.sock in the data directory (none when "
+     "that path is too long for a socket); off = none", 0, 0, NULL},
     {"data-dir", PS_OPT_STRING, offsetof(struct psd_conf, data_dir), NULL,
      "directory of the LMDB store and checkpoints/ (required)", 0, 0, NULL},
     {"checkpoint-root", PS_OPT_STRING, offsetof(struct psd_conf, checkpoint_root), NULL,
@@ -280,6 +287,8 @@ struct psd {
     ps_auth *auth;            /* --tokens; NULL: open */
     char token[PS_AUTH_TOKEN_MAX + 1]; /* --token-file's, or "" */
     char also[300]; /* "unix:PATH" of --local-socket, or "" */
+    char local[300]; /* its absolute "unix:/PATH" for Stats and pscoord, or "" */
+    char hostid[PS_HOST_ID_MAX]; /* this host's id (hostid.h), or "" */
     bool insecure;  /* a non-loopback address in plaintext (--insecure) */
     int port;
     int probe_failures; /* in a row (probe) */
@@ -477,6 +486,8 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .worker_timeout_ms = c->worker_timeout_ms,
         .tokens_required = d->auth != NULL,
         .memory_limit = c->memory_limit != 0 ? c->memory_limit : memory_available(),
+        .local_address = d->local,
+        .host_id = d->hostid,
     };
     so.max_rows_per_table = c->max_rows_per_table != 0
                                 ? c->max_rows_per_table
@@ -496,20 +507,77 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
     return 0;
 }
 
-/* --local-socket as a second listen address in d->also. Returns 0, or 2
- * after the error line. */
+/* Whether a unix socket can be made at path: one there already (a stale
+ * one is replaced when psd binds), or a test bind that succeeds (the file
+ * is removed again). A data directory on a filesystem without sockets
+ * says no here, so that the default does not stop psd from starting. */
+static bool socket_possible(const char *path, char *why, size_t whylen)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            snprintf(why, whylen, "%s exists and is not a socket", path);
+        return S_ISSOCK(st.st_mode);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (!ok)
+        snprintf(why, whylen, "%s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    if (ok)
+        unlink(path);
+    return ok;
+}
+
+/* --local-socket as a second listen address in d->also, and its absolute
+ * address and the host id in d->local and d->hostid for Stats and pscoord.
+ * auto is psd.sock in the data directory, unless psd listens on a unix
+ * socket already or that path is too long for one (a warning: workers then
+ * use TCP). Returns 0, or 2 after the error line. */
 static int local_socket(struct psd *d)
 {
     const char *path = d->c.local_socket;
     size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
-    if (path == NULL || path[0] == '\0')
+    char dflt[4096];
+    bool isauto = path != NULL && strcmp(path, "auto") == 0;
+    if (path == NULL || path[0] == '\0' || strcmp(path, "off") == 0)
         return 0;
+    if (isauto) {
+        if (strncmp(d->c.listen, "unix:", 5) == 0)
+            return 0;
+        snprintf(dflt, sizeof dflt, "%s/psd.sock", d->c.data_dir);
+        path = dflt;
+    }
+    char why[600];
+    if (isauto && strlen(path) < max && !socket_possible(path, why, sizeof why)) {
+        ps_log_warn("no local socket: %s; workers on this host use TCP (set "
+                    "--local-socket to another path)", why);
+        return 0;
+    }
     if (strlen(path) >= max) {
+        if (isauto) {
+            ps_log_warn("no local socket: %s is longer than a unix socket path "
+                        "may be (%zu bytes); workers on this host use TCP (set "
+                        "--local-socket to a shorter path)", path, max - 1);
+            return 0;
+        }
         fprintf(stderr, "psd: --local-socket: '%s' is longer than a unix "
                 "socket path may be (%zu bytes)\n", path, max - 1);
         return 2;
     }
     snprintf(d->also, sizeof d->also, "unix:%s", path);
+    /* Without an absolute path or a host id, no client can check that the
+     * socket is its own host's: Stats then advertises none. */
+    if (ps_host_local_address(path, d->local, sizeof d->local) != 0 ||
+        ps_host_id(d->hostid, sizeof d->hostid) != 0) {
+        ps_log_warn("local socket %s: not advertised (no absolute path, or no "
+                    "host id): workers on this host reach it only when told "
+                    "unix:PATH", path);
+        d->local[0] = d->hostid[0] = '\0';
+    }
     return 0;
 }
 
@@ -591,19 +659,14 @@ static int join_coordinator(struct psd *d)
     } else {
         snprintf(adv, sizeof adv, "127.0.0.1:%d", d->port);
     }
-    /* With --local-socket, workers on this host reach it there (hostid.h). */
-    char local[300] = "", hid[PS_HOST_ID_MAX] = "";
-    if (c->local_socket != NULL && c->local_socket[0] != '\0' &&
-        (ps_host_local_address(c->local_socket, local, sizeof local) != 0 ||
-         ps_host_id(hid, sizeof hid) != 0))
-        ps_log_warn("--local-socket %s: workers will not find it through the "
-                    "coordinator (no absolute path, or no host id)", c->local_socket);
+    /* With a local socket, workers on this host reach it there (hostid.h). */
     ps_coord_opts co = {.coordinator = c->coordinator, .job_id = c->job_id,
                         .role = PS__V1__ROLE__PS, .index = (int)c->task_index,
                         .address = adv, .is_empty = shard_empty, .ctx = d->shard,
                         .register_budget_ms = 60000,
                         .token = d->token[0] ? d->token : NULL,
-                        .local_address = hid[0] ? local : "", .host_id = hid};
+                        .local_address = d->hostid[0] ? d->local : "",
+                        .host_id = d->hostid};
     int idx;
     if (ps_coord_join(&co, &d->coord, &idx, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
@@ -627,9 +690,9 @@ static int start(struct psd *d)
         return 1;
     }
     uint64_t base_rss;
-    if ((rc = open_shard(d, &base_rss)) != 0)
+    if ((rc = local_socket(d)) != 0 || (rc = open_shard(d, &base_rss)) != 0)
         return rc;
-    if ((rc = local_socket(d)) != 0 || (rc = serve(d)) != 0)
+    if ((rc = serve(d)) != 0)
         goto close_shard;
     /* What a psd with no variables costs: the overhead Stats reports. */
     uint64_t rss = psd_rss_bytes();

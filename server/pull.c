@@ -80,8 +80,9 @@ bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
 uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  const uint8_t *prefix, size_t prefix_len,
                                  int field, psd_var **vars, size_t n,
-                                 const psd_shm_ref *into)
+                                 const psd_shm_ref *into, int wire_dtype)
 {
+    bool half = shard_is_half(wire_dtype), oom = false;
     uint8_t *hdr = malloc((n ? n : 1) * PS_WIRE_VALUE_HDR_MAX);
     ps_rpc_part *parts = calloc(2 * n + 1, sizeof *parts);
     /* With shared memory: each value's destination, and whether its lock
@@ -117,11 +118,19 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
         pthread_rwlock_rdlock(&v->lock);
         uint8_t *h = hdr + i * PS_WIRE_VALUE_HDR_MAX;
         const psd_shm_ref *to = dst != NULL && dst[i] != NULL ? &into[i] : NULL;
-        uint8_t *end = ps_wire_value_header(h, field, v->name, v->version, v->shape,
-                                            v->ndim, v->n * sizeof(float), to);
+        size_t nbytes = v->n * (half && to == NULL ? 2 : sizeof(float));
+        uint8_t *end = ps_wire_value_header_dtype(
+            h, field, v->name, v->version, v->shape, v->ndim, nbytes, to,
+            half && to == NULL ? wire_dtype : PS__V1__DTYPE__DTYPE_FLOAT32);
         parts[np++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
-        size_t nbytes = v->n * sizeof(float);
-        if (to != NULL && v->vmsg != NULL) {
+        if (half && to == NULL) {
+            /* Narrowed under the lock into a buffer of its own (wirehalf.c). */
+            if (!shard_half_value(s, v, wire_dtype, &parts[np])) {
+                parts[np] = (ps_rpc_part){NULL, 0, NULL, NULL};
+                oom = true;
+            }
+            np++;
+        } else if (to != NULL && v->vmsg != NULL) {
             /* The one copy, straight to the client, from the value held by
              * a reference and not the lock: an update meanwhile writes a
              * copy (value_writable), so a big copy does not stall pushes. */
@@ -144,7 +153,16 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
         }
         bytes += nbytes;
     }
-    ps_rpc_reply_parts(call, parts, np);
+    if (!oom) {
+        ps_rpc_reply_parts(call, parts, np);
+    } else {
+        for (int k = 0; k < np; k++)
+            if (parts[k].release != NULL)
+                parts[k].release(parts[k].arg);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "out of memory building "
+                    "the response");
+        bytes = 0;
+    }
     for (size_t i = 0; i < n; i++)
         if (unlocked == NULL || !unlocked[i])
             pthread_rwlock_unlock(&vars[i]->lock);
@@ -159,9 +177,10 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
 /* Answers a Pull that arrived at t0 (ps_metrics_now) with the values of
  * vars. */
 static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
-                         size_t n, const psd_shm_ref *into, double t0)
+                         size_t n, const psd_shm_ref *into, int wire_dtype, double t0)
 {
-    uint64_t bytes = shard_reply_with_values(s, call, NULL, 0, 1, vars, n, into);
+    uint64_t bytes = shard_reply_with_values(s, call, NULL, 0, 1, vars, n, into,
+                                             wire_dtype);
     atomic_fetch_add(&s->pulls, 1);
     atomic_fetch_add(&s->bytes_out, bytes);
     ps_histogram_observe(&s->pull_seconds, ps_metrics_now() - t0);
@@ -270,7 +289,7 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
     while (sw->ready != NULL) {
         pull_waiter *w = sw->ready;
         sw->ready = w->next;
-        reply_values(s, w->call, w->vars, w->nitems, w->into, w->t0);
+        reply_values(s, w->call, w->vars, w->nitems, w->into, w->wire_dtype, w->t0);
         shard_waiter_free(w);
     }
     while (sw->expired != NULL) {
@@ -289,7 +308,7 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
             else if (i < w->nitems)
                 fail_unmet(w->call, w->vars[i], w->min_versions[i]);
             else
-                reply_values(s, w->call, w->vars, w->nitems, w->into, w->t0);
+                reply_values(s, w->call, w->vars, w->nitems, w->into, w->wire_dtype, w->t0);
         }
         shard_waiter_free(w);
     }
@@ -488,6 +507,7 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
     w->vars = it->vars;
     w->min_versions = it->minv;
     w->into = it->into;
+    w->wire_dtype = (int)r->items[0]->wire_dtype;
     w->bounded = bounded;
     w->worker = r->worker;
     w->step = r->step;
@@ -523,7 +543,8 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
                     "least one variable");
         goto out;
     }
-    if (!pull_items_init(call, r, &it))
+    int wire = 0;
+    if (!shard_half_wire_ok(s, call, r, &wire) || !pull_items_init(call, r, &it))
         goto out;
     pthread_rwlock_rdlock(&s->table_lock);
     if (pull_lookup(s, call, r, &it)) {
@@ -532,7 +553,7 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         bool clock_ok = pull_clock(s, r, bounded, staleness);
         size_t n = it.n, unmet = first_unmet(it.vars, it.minv, n);
         if (unmet == n && clock_ok)
-            reply_values(s, call, it.vars, n, it.into, t0);
+            reply_values(s, call, it.vars, n, it.into, wire, t0);
         else if (s->stopping)
             ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         else if (ps_rpc_call_cancelled(call) && unmet == n)

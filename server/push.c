@@ -62,7 +62,8 @@ static void reply_push(psd_shard *s, pending_push *p)
         } else {
             q = ps_wire_versions_put(pre, p->versions, p->nitems);
             uint64_t bytes = shard_reply_with_values(s, p->call, pre, (size_t)(q - pre),
-                                                     2, p->vars, p->nitems, p->into);
+                                                     2, p->vars, p->nitems, p->into,
+                                                     p->wire_dtype);
             atomic_fetch_add(&s->bytes_out, bytes);
             free(pre);
         }
@@ -576,6 +577,7 @@ static pending_push *push_begin(psd_shard *s, ps_rpc_call *call,
     p->nitems = r->ngrads;
     p->step = r->step;
     p->return_values = r->return_values;
+    p->wire_dtype = r->wire_dtype;
     p->vars = calloc(r->ngrads, sizeof *p->vars);
     p->versions = calloc(r->ngrads, sizeof *p->versions);
     if (p->vars == NULL || p->versions == NULL) {
@@ -653,6 +655,10 @@ static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
     } else if (g->dtype != PS__V1__DTYPE__DTYPE_FLOAT32) {
         snprintf(err, errlen, "variable '%s': gradient dtype is %s, "
                  "variable is FLOAT32", v->name, shard_dtype_name(g->dtype));
+    } else if (g->widened_from != 0 && v->spec->float32_only) {
+        snprintf(err, errlen, "variable '%s': a %s gradient, but the variable "
+                 "was created float32_only", v->name,
+                 shard_dtype_name(g->widened_from));
     } else if (g->nbytes != v->n * sizeof(float)) {
         if (g->nbytes % sizeof(float) != 0)
             snprintf(err, errlen, "variable '%s': gradient has %zu bytes, "
@@ -880,6 +886,10 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
     if (p == NULL)
         return;
     ps_wire_push *r = &tb->req;
+    if (!shard_half_widen(s, call, r)) {
+        shard_pending_free(p);
+        return;
+    }
 
     pthread_rwlock_rdlock(&s->table_lock);
     char err[512];

@@ -65,6 +65,10 @@ typedef struct psd_shard_opts {
     int64_t worker_timeout_ms;   /* BOUNDED_STALENESS: a worker silent this
                                     long stops holding the others back */
     bool tokens_required;        /* psd --tokens: shown in Stats */
+    /* Stats' local_address ("unix:/abs/path", "" or NULL for none) and
+     * host_id: where a client on this host reaches psd (hostid.h). */
+    const char *local_address;
+    const char *host_id;
     uint64_t memory_limit;       /* sparse tables' RAM tier gets a quarter (psd.c: never 0) */
     uint64_t max_rows_per_table; /* rows a sparse table may hold; bounds max_rows */
 } psd_shard_opts;

@@ -135,6 +135,7 @@ typedef struct pending_push {
     uint64_t seq;             /* durable: the apply sequence to commit */
     bool return_values;       /* answer with the values too */
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    int wire_dtype;           /* the values' dtype (PushRequest.wire_dtype) */
     bool armed;               /* its handler is done with it (under wait_mu) */
     double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */
     char *refused;            /* set: a sync step it joined was refused (its
@@ -155,6 +156,7 @@ typedef struct pull_waiter {
     psd_var **vars;
     uint64_t *min_versions;
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    int wire_dtype;           /* the values' dtype (PullItem.wire_dtype) */
     double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
     int64_t give_up_ms;       /* --max-pull-wait: ps_now_ms it is answered
                                  DEADLINE_EXCEEDED at; INT64_MAX never */
@@ -254,6 +256,8 @@ struct psd_shard {
     atomic_uint_fast64_t committed_seq;
     atomic_uint_fast64_t pushes, pulls, bytes_in, bytes_out, stale, bad,
         nonfinite, commits, last_ckpt, shm_bytes, last_ckpt_bytes;
+    /* wirehalf.c: float16 values clamped, half pushes and pulls. */
+    atomic_uint_fast64_t wire_clamped, half_pushes, half_pulls;
     /* When the oldest update not yet committed was applied (ps_now_ms), 0
      * when every update is committed: the write-behind lag. */
     atomic_int_fast64_t dirty_since_ms;
@@ -377,7 +381,23 @@ bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
 uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  const uint8_t *prefix, size_t prefix_len,
                                  int field, psd_var **vars, size_t n,
-                                 const psd_shm_ref *into);
+                                 const psd_shm_ref *into, int wire_dtype);
+
+/* wirehalf.c: dense values and gradients in half precision on the wire.
+ * shard_half_widen: every half gradient of r converted to float32 in this
+ * thread's scratch (valid until the thread's next push), so that the rest
+ * of the push sees FLOAT32; false with call failed (INVALID_ARGUMENT) for a
+ * dtype other than the push declares, NaN or Inf, or half in shared memory.
+ * shard_half_wire_ok: whether PullRequest r's items name one wire dtype
+ * (into *dtype); false with call failed. shard_half_value: the part of a
+ * value narrowed to dtype (a fresh buffer, released by the reply), the
+ * clamps counted; false when out of memory. */
+struct ps_wire_push;
+bool shard_half_widen(psd_shard *s, ps_rpc_call *call, struct ps_wire_push *r);
+bool shard_half_wire_ok(psd_shard *s, ps_rpc_call *call, const void *pull_request,
+                        int *dtype);
+bool shard_half_value(psd_shard *s, const psd_var *v, int dtype, ps_rpc_part *part);
+bool shard_is_half(int dtype);
 void shard_waiter_free(pull_waiter *w);
 void shard_wake_waiters(psd_shard *s);
 void *shard_sweeper_main(void *arg);

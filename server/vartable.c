@@ -799,6 +799,11 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
     resp.transport_security = (char *)(s->o.transport_security != NULL
                                            ? s->o.transport_security : "plaintext");
     resp.tokens_required = s->o.tokens_required;
+    resp.local_address = (char *)(s->o.local_address != NULL ? s->o.local_address : "");
+    resp.host_id = (char *)(s->o.host_id != NULL ? s->o.host_id : "");
+    resp.wire_clamped = atomic_load(&s->wire_clamped);
+    resp.half_pushes = atomic_load(&s->half_pushes);
+    resp.half_pulls = atomic_load(&s->half_pulls);
     if (s->srv != NULL) {
         resp.connections_refused = ps_rpc_server_local_refused(s->srv);
         resp.local_connections = (uint64_t)ps_rpc_server_local_open(s->srv);

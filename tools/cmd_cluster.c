@@ -130,12 +130,7 @@ struct status_cfg {
 };
 
 static const ps_opt status_opts[] = {
-    {"coordinator", PS_OPT_STRING, offsetof(struct status_cfg, coordinator),
-     NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
-     DEFAULT_COORDINATOR ")", 0, 0, NULL},
-    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct status_cfg, timeout_ms),
-     NULL, "deadline of the call (default: 10s); --watch waits forever",
-     1, 3600000, NULL, "timeout"},
+    COORD_OPTS(struct status_cfg, "deadline of the call (default: 10s); --watch waits forever"),
     {"watch", PS_OPT_BOOL, offsetof(struct status_cfg, watch), "false",
      "print a new block each time the coordinator sends one, until "
      "interrupted", 0, 0, NULL},

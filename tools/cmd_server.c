@@ -189,34 +189,24 @@ static json_t *stats_json(Ps__V1__StatsResponse **r, const struct shard *sh,
     return root;
 }
 
+static int show_stats(const struct command *self, const struct fan_cfg *cfg, void **resps,
+                      const struct shard *sh, size_t n, const char *job)
+{
+    Ps__V1__StatsResponse **r = (Ps__V1__StatsResponse **)resps;
+    if (cfg->output == OUTPUT_JSON)
+        return pbjson_print(self, stats_json(r, sh, n, job));
+    if (cfg->coordinator != NULL)
+        print_stats_table(r, sh, n, job);
+    else
+        print_stats(r[0]);
+    return EXIT_OK;
+}
+
 int cmd_stats(const struct command *self, int argc, char **argv)
 {
-    struct fan_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    int npos;
-    int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
-    if (rc >= 0)
-        goto out;
-    void **resps;
-    struct shard *sh;
-    size_t n;
-    char job[256];
     Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
-    rc = fan_call(self, &cfg, PS_METHOD("Stats"), &req,
-                  &ps__v1__stats_response__descriptor, &resps, &sh, &n, job, sizeof job);
-    if (rc >= 0)
-        goto out;
-    Ps__V1__StatsResponse **r = (Ps__V1__StatsResponse **)resps;
-    if (cfg.output == OUTPUT_JSON)
-        rc = pbjson_print(self, stats_json(r, sh, n, job));
-    else if (cfg.coordinator != NULL)
-        print_stats_table(r, sh, n, job), rc = EXIT_OK;
-    else
-        print_stats(r[0]), rc = EXIT_OK;
-    fan_free(resps, sh, n);
-out:
-    ps_conf_free(fan_opts, &cfg);
-    return rc;
+    return run_fan(self, argc, argv, PS_METHOD("Stats"), &req,
+                   &ps__v1__stats_response__descriptor, show_stats);
 }
 
 struct health_cfg {

@@ -48,12 +48,8 @@ struct top_cfg {
 };
 
 static const ps_opt top_opts[] = {
-    {"coordinator", PS_OPT_STRING, offsetof(struct top_cfg, coordinator),
-     NULL, "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "
-     DEFAULT_COORDINATOR ")", 0, 0, NULL},
-    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(struct top_cfg, timeout_ms),
-     NULL, "deadline of each call (default: 10s; a live frame waits at most "
-     "3s)", 1, 3600000, NULL, "timeout"},
+    COORD_OPTS(struct top_cfg, "deadline of each call (default: 10s; a live frame waits "
+                               "at most 3s)"),
     {"once", PS_OPT_BOOL, offsetof(struct top_cfg, once), "false",
      "print one frame as plain text and exit", 0, 0, NULL},
     /* 1 s: the coordinator hears from each task twice a second by default,

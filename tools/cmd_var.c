@@ -154,33 +154,20 @@ static json_t *list_json(Ps__V1__ListVariablesResponse **r, const struct shard *
     return root;
 }
 
+static int show_list(const struct command *self, const struct fan_cfg *cfg, void **resps,
+                     const struct shard *sh, size_t n, const char *job)
+{
+    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
+    if (cfg->output == OUTPUT_JSON)
+        return pbjson_print(self, list_json(r, sh, n, job));
+    return print_list(r, sh, n, cfg->coordinator != NULL);
+}
+
 int cmd_list(const struct command *self, int argc, char **argv)
 {
-    struct fan_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    int npos;
-    int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
-    if (rc >= 0)
-        goto out;
-    void **resps;
-    struct shard *sh;
-    size_t n;
-    char job[256];
     Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
-    rc = fan_call(self, &cfg, PS_METHOD("ListVariables"), &req,
-                  &ps__v1__list_variables_response__descriptor, &resps, &sh, &n, job,
-                  sizeof job);
-    if (rc >= 0)
-        goto out;
-    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
-    if (cfg.output == OUTPUT_JSON)
-        rc = pbjson_print(self, list_json(r, sh, n, job));
-    else
-        rc = print_list(r, sh, n, cfg.coordinator != NULL);
-    fan_free(resps, sh, n);
-out:
-    ps_conf_free(fan_opts, &cfg);
-    return rc;
+    return run_fan(self, argc, argv, PS_METHOD("ListVariables"), &req,
+                   &ps__v1__list_variables_response__descriptor, show_list);
 }
 
 /* ---- show, pull ------------------------------------------------------- */

@@ -63,6 +63,15 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Moves $tmp/$1.key and $tmp/$1.pem into $out (the certificate readable by
+# all) and says "made $2".
+install_pair() {
+    mv "$tmp/$1.key" "$out/$1.key"
+    mv "$tmp/$1.pem" "$out/$1.pem"
+    chmod 644 "$out/$1.pem"
+    echo "pscerts: made $2"
+}
+
 if [ "$new_ca" = 1 ] || [ ! -s "$out/ca.pem" ] || [ ! -s "$out/ca.key" ]; then
     openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
         -nodes -keyout "$tmp/ca.key" -out "$tmp/ca.pem" -days "$days" \
@@ -70,10 +79,7 @@ if [ "$new_ca" = 1 ] || [ ! -s "$out/ca.pem" ] || [ ! -s "$out/ca.key" ]; then
         -addext "basicConstraints=critical,CA:TRUE" \
         -addext "keyUsage=critical,keyCertSign,cRLSign" 2>"$tmp/err" ||
         { echo "pscerts: openssl could not make the CA: $(tail -1 "$tmp/err")" >&2; exit 1; }
-    mv "$tmp/ca.key" "$out/ca.key"
-    mv "$tmp/ca.pem" "$out/ca.pem"
-    chmod 644 "$out/ca.pem"
-    echo "pscerts: made the CA $out/ca.pem"
+    install_pair ca "the CA $out/ca.pem"
 fi
 
 is_ip() {
@@ -110,10 +116,7 @@ EOF
         -set_serial "0x$(openssl rand -hex 16)" -days "$days" -extfile "$tmp/ext" \
         -out "$tmp/$name.pem" 2>"$tmp/err" ||
         { echo "pscerts: openssl could not make $name's certificate: $(tail -1 "$tmp/err")" >&2; exit 1; }
-    mv "$tmp/$name.key" "$out/$name.key"
-    mv "$tmp/$name.pem" "$out/$name.pem"
-    chmod 644 "$out/$name.pem"
-    echo "pscerts: made $out/$name.pem ($sans)"
+    install_pair "$name" "$out/$name.pem ($sans)"
 done
 
 if [ "$tokens" = 1 ]; then

@@ -103,6 +103,16 @@ struct conn_cfg {
      NULL, "deadline of each call to psd (default: 10s)", 1, 3600000, NULL, \
      "timeout"}
 
+/* --coordinator and --rpc-timeout of a command that asks pscoord: type has
+ * members coordinator and timeout_ms; timeout_help says what the deadline
+ * bounds. */
+#define COORD_OPTS(type, timeout_help)                                      \
+    {"coordinator", PS_OPT_STRING, offsetof(type, coordinator), NULL,       \
+     "pscoord to ask, HOST:PORT (default: $PSCOORD_ADDR, else "             \
+     DEFAULT_COORDINATOR ")", 0, 0, NULL},                                  \
+    {"rpc-timeout", PS_OPT_DURATION_MS, offsetof(type, timeout_ms), NULL,   \
+     timeout_help, 1, 3600000, NULL, "timeout"}
+
 /* A command with no options of its own: it still gets --help. */
 extern const ps_opt no_opts[];
 
@@ -244,6 +254,13 @@ int fan_call(const struct command *cmd, const struct fan_cfg *cfg,
              struct shard **shards, size_t *n, char *job_id, size_t joblen);
 /* Frees what fan_call returned. */
 void fan_free(void **resps, struct shard *shards, size_t n);
+/* Shows the answers of a fanned-out call; returns the exit status. */
+typedef int (*fan_show)(const struct command *self, const struct fan_cfg *cfg, void **resps,
+                        const struct shard *sh, size_t n, const char *job);
+/* Parses fan_opts, makes the call with fan_call, shows the answers, frees.
+ * Returns the exit status. */
+int run_fan(const struct command *self, int argc, char **argv, const char *method,
+            const void *req, const ProtobufCMessageDescriptor *resp_desc, fan_show show);
 /* The shard's identity in JSON: "shard" (null for --server) and "server". */
 void shard_json(json_t *obj, const struct shard *sh);
 

@@ -366,6 +366,29 @@ void fan_free(void **resps, struct shard *shards, size_t n)
     free(shards);
 }
 
+int run_fan(const struct command *self, int argc, char **argv, const char *method,
+            const void *req, const ProtobufCMessageDescriptor *resp_desc, fan_show show)
+{
+    struct fan_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int npos;
+    int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
+    if (rc >= 0)
+        goto out;
+    void **resps;
+    struct shard *sh;
+    size_t n;
+    char job[256];
+    rc = fan_call(self, &cfg, method, req, resp_desc, &resps, &sh, &n, job, sizeof job);
+    if (rc >= 0)
+        goto out;
+    rc = show(self, &cfg, resps, sh, n, job);
+    fan_free(resps, sh, n);
+out:
+    ps_conf_free(fan_opts, &cfg);
+    return rc;
+}
+
 void shard_json(json_t *obj, const struct shard *sh)
 {
     json_object_set_new(obj, "shard", sh->index == UINT32_MAX ? json_null()

@@ -13,6 +13,8 @@
  */
 #include "worker/backend.h"
 
+#include "worker/softmax_row.h"
+
 #include "common/simd.h"
 
 #include "ps_config.h"
@@ -207,27 +209,11 @@ static void cpu_softmax_xent(const struct ps_backend *be, const float *logits,
                              float *losses, int32_t *pred, float *dlogits,
                              float dscale)
 {
-    for (int b = 0; b < batch; b++) {
-        const float *l = logits + (size_t)b * (size_t)nclasses;
-        int arg = 0;
-        for (int j = 1; j < nclasses; j++)
-            if (l[j] > l[arg])
-                arg = j;
-        double mx = l[arg], sum = 0.0;
-        for (int j = 0; j < nclasses; j++)
-            sum += exp((double)l[j] - mx);
-        int y = labels[b];
-        losses[b] = (float)(log(sum) - ((double)l[y] - mx));
-        if (pred != NULL)
-            pred[b] = arg;
-        if (dlogits != NULL) {
-            float *d = dlogits + (size_t)b * (size_t)nclasses;
-            for (int j = 0; j < nclasses; j++) {
-                double p = exp((double)l[j] - mx) / sum;
-                d[j] = (float)(dscale * (p - (j == y ? 1.0 : 0.0)));
-            }
-        }
-    }
+    for (int b = 0; b < batch; b++)
+        ps_softmax_xent_row(logits + (size_t)b * (size_t)nclasses, labels[b], nclasses,
+                            &losses[b], pred != NULL ? &pred[b] : NULL,
+                            dlogits != NULL ? dlogits + (size_t)b * (size_t)nclasses : NULL,
+                            dscale);
 }
 
 /*

@@ -25,6 +25,7 @@
 
 extern "C" {
 #include "worker/backend.h"
+#include "worker/softmax_row.h"
 #include "common/errors.h"
 #include "worker/gpu.h"
 }
@@ -272,27 +273,11 @@ static __global__ void k_softmax_xent(const float *logits,
                                       float dscale)
 {
     for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < batch;
-         b += gridDim.x * blockDim.x) {
-        const float *l = logits + (size_t)b * (size_t)nclasses;
-        int arg = 0;
-        for (int j = 1; j < nclasses; j++)
-            if (l[j] > l[arg])
-                arg = j;
-        double mx = l[arg], sum = 0.0;
-        for (int j = 0; j < nclasses; j++)
-            sum += exp((double)l[j] - mx);
-        int y = labels[b];
-        losses[b] = (float)(log(sum) - ((double)l[y] - mx));
-        if (pred != NULL)
-            pred[b] = arg;
-        if (dlogits != NULL) {
-            float *d = dlogits + (size_t)b * (size_t)nclasses;
-            for (int j = 0; j < nclasses; j++) {
-                double p = exp((double)l[j] - mx) / sum;
-                d[j] = (float)(dscale * (p - (j == y ? 1.0 : 0.0)));
-            }
-        }
-    }
+         b += gridDim.x * blockDim.x)
+        ps_softmax_xent_row(logits + (size_t)b * (size_t)nclasses, labels[b], nclasses,
+                            &losses[b], pred != NULL ? &pred[b] : NULL,
+                            dlogits != NULL ? dlogits + (size_t)b * (size_t)nclasses : NULL,
+                            dscale);
 }
 
 static void cuda_softmax_xent(const struct ps_backend *be,

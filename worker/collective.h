@@ -41,6 +41,11 @@ struct wd_coll_store {
                size_t *len, char *err, size_t errlen);
 };
 
+struct ps_coord;
+/* The store backed by pscoord's KvSet and KvGet (common/coordclient.h)
+ * through pc, which outlives it (worker/collective_store.c). */
+struct wd_coll_store wd_coll_coord_store(struct ps_coord *pc);
+
 enum wd_coll_algo {
     WD_COLL_RING = 0,               /* Gloo's ring all-reduce */
     WD_COLL_HALVING_DOUBLING = 1,   /* Gloo's halving-doubling */

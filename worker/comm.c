@@ -240,6 +240,8 @@ int wd_comm_start(struct session *s, const ps_rpc_client_opts *co, char *err,
         }
         if (ps_client_shm_active(sh->client))
             ps_client_set_shm(sh->pull_client, s->shm);
+        else if (o->wire_dtype != 0)
+            ps_client_set_wire_dtype(sh->pull_client, o->wire_dtype, false);
         if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
             return -EAGAIN;
     }

@@ -92,18 +92,7 @@ static int write_event(int fd, const Tensorflow__Event *e)
     if (rec == NULL)
         return -ENOMEM;
     tensorflow__event__pack(e, rec + 12);
-    size_t total = frame_in_place(rec, len), done = 0;
-    int rc = 0;
-    while (done < total) {
-        ssize_t w = write(fd, rec + done, total - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = -errno;
-            break;
-        }
-        done += (size_t)w;
-    }
+    int rc = ps_write_all(fd, rec, frame_in_place(rec, len));
     free(rec);
     return rc;
 }

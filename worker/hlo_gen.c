@@ -76,6 +76,15 @@ static void signature(struct text *t, const int *w, int nl, int batch)
            "    %%ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>\n");
 }
 
+/* The name of layer l's input: in0 for the first, else %h<l>. */
+static void layer_input(char *src, size_t len, int l, const char *in0)
+{
+    if (l == 0)
+        snprintf(src, len, "%s", in0);
+    else
+        snprintf(src, len, "%%h%d", l);
+}
+
 /* h0 = in (%x, or the CNN's %flat); z_l = h_l W_l + b_l; h_{l+1} =
  * max(z_l, 0) but for the last. */
 static void forward(struct text *t, const int *w, int nl, int batch, const char *in0)
@@ -83,10 +92,7 @@ static void forward(struct text *t, const int *w, int nl, int batch, const char 
     for (int l = 0; l < nl; l++) {
         const char *in = ty(batch, w[l], "f32"), *out = ty(batch, w[l + 1], "f32");
         char src[16];
-        if (l == 0)
-            snprintf(src, sizeof src, "%s", in0);
-        else
-            snprintf(src, sizeof src, "%%h%d", l);
+        layer_input(src, sizeof src, l, in0);
         put(t, "    %%mm%d = stablehlo.dot_general %s, %%w%d, contracting_dims = [1] x [0]"
                " : (%s, %s) -> %s\n", l, src, l, in, ty(w[l], w[l + 1], "f32"), out);
         put(t, "    %%bb%d = stablehlo.broadcast_in_dim %%b%d, dims = [1] : (%s) -> %s\n",
@@ -148,10 +154,7 @@ static void backward(struct text *t, const int *w, int nl, int batch, const char
     for (int l = nl - 1; l >= 0; l--) {
         const char *dl = ty(batch, w[l + 1], "f32"), *hl = ty(batch, w[l], "f32");
         char src[16];
-        if (l == 0)
-            snprintf(src, sizeof src, "%s", in0);
-        else
-            snprintf(src, sizeof src, "%%h%d", l);
+        layer_input(src, sizeof src, l, in0);
         put(t, "    %%gw%d = stablehlo.dot_general %s, %%d%d, contracting_dims = [0] x [0]"
                " : (%s, %s) -> %s\n", l, src, l, hl, dl, ty(w[l], w[l + 1], "f32"));
         put(t, "    %%gb%d = stablehlo.reduce(%%d%d init: %%zero) applies stablehlo.add "

@@ -485,6 +485,8 @@ static int connect_shards(struct session *s, const ps_rpc_client_opts *co,
         }
         if (s->shm != NULL && shm_with[k])
             ps_client_set_shm(sh->client, s->shm);
+        else if (o->wire_dtype != 0)
+            ps_client_set_wire_dtype(sh->client, o->wire_dtype, o->error_feedback);
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);
         if (sh->push_items == NULL || sh->pull_items == NULL)

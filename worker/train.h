@@ -109,6 +109,10 @@ struct wd_train_opts {
                                   its copy while the push is in flight */
     struct wd_metrics *metrics; /* step times and progress for /metrics;
                                    NULL: none */
+    int wire_dtype;            /* ps.v1.DType of dense tensors on the wire:
+                                  0 float32, 2 FLOAT16, 3 BFLOAT16 (not
+                                  with shared memory: float32 there) */
+    bool error_feedback;       /* with a half wire_dtype (common/half.h) */
     int shm;                   /* shared memory with psd (common/shm.h):
                                   0 auto (a psd reached by unix:, the only
                                   way psd takes it), 1 on (any address),

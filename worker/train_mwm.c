@@ -92,37 +92,13 @@ struct mwm {
     int64_t started_ms;
 };
 
-/* ---- the store: pscoord's KvSet / KvGet ------------------------------- */
-
-static int kv_set(void *ctx, const char *key, const void *val, size_t len, char *err,
-                  size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_set(ctx, key, val, len, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvSet %s: %s: %s", key, ps_rpc_code_name(st.code),
-                 st.message);
-    return rc;
-}
-
-static int kv_get(void *ctx, const char *key, int timeout_ms, void **val, size_t *len,
-                  char *err, size_t errlen)
-{
-    ps_rpc_status st;
-    int rc = ps_coord_kv_get(ctx, key, timeout_ms, val, len, NULL, &st);
-    if (rc != 0)
-        snprintf(err, errlen, "KvGet %s: %s: %s", key, ps_rpc_code_name(st.code),
-                 st.message);
-    return rc;
-}
-
 /* A key as a number; -1 when not set within timeout_ms. */
 static int64_t kv_get_u64(struct mwm *w, const char *key, int timeout_ms)
 {
     void *v = NULL;
     size_t len = 0;
     char err[256];
-    if (kv_get(w->mo->coord, key, timeout_ms, &v, &len, err, sizeof err) != 0)
+    if (w->store.get(w->store.ctx, key, timeout_ms, &v, &len, err, sizeof err) != 0)
         return -1;
     int64_t x = strtoll(v, NULL, 10);
     free(v);
@@ -174,7 +150,7 @@ static int check_models(struct mwm *w, const uint32_t *mem, int n, char *err, si
         void *v = NULL;
         size_t len = 0;
         snprintf(key, sizeof key, "model/%" PRIu32, mem[i]);
-        if (kv_get(w->mo->coord, key, w->mo->timeout_ms, &v, &len, err, errlen) != 0)
+        if (w->store.get(w->store.ctx, key, w->mo->timeout_ms, &v, &len, err, errlen) != 0)
             return PS_EUNAVAIL;
         int same = strcmp(v, w->model_desc) == 0;
         if (!same) {
@@ -282,7 +258,7 @@ static int form_gen(struct mwm *w, uint64_t g, const uint32_t *mem, int n, char 
     /* Again at every group: a restarted pscoord has lost the store. */
     char key[64];
     snprintf(key, sizeof key, "model/%d", w->o->task_index);
-    kv_set(w->mo->coord, key, w->model_desc, strlen(w->model_desc) + 1, err, errlen);
+    w->store.set(w->store.ctx, key, w->model_desc, strlen(w->model_desc) + 1, err, errlen);
     int rc = check_models(w, mem, n, err, errlen);
     if (rc != 0)
         return rc;
@@ -312,7 +288,7 @@ static void report_failed(struct mwm *w, uint64_t g)
 {
     char key[64], err[256];
     snprintf(key, sizeof key, "gen/%" PRIu64 "/failed", g);
-    kv_set(w->mo->coord, key, "1", 1, err, sizeof err);
+    w->store.set(w->store.ctx, key, "1", 1, err, sizeof err);
     if (w->skip_below <= g)
         w->skip_below = g + 1;
 }
@@ -362,7 +338,7 @@ static int form(struct mwm *w, char *err, size_t errlen)
         char key[64], *list = NULL;
         size_t len = 0;
         snprintf(key, sizeof key, "gen/%" PRId64 "/members", g);
-        if (kv_get(w->mo->coord, key, MWM_WAIT_SLICE_MS, (void **)&list, &len, why,
+        if (w->store.get(w->store.ctx, key, MWM_WAIT_SLICE_MS, (void **)&list, &len, why,
                    sizeof why) != 0)
             continue;
         n = parse_members(list, mem, 1024);
@@ -388,7 +364,7 @@ static int form(struct mwm *w, char *err, size_t errlen)
                    w->failed_at_ms ? w->left_why : "the rendezvous began");
             fflush(stdout);
             if (!w->formed_once)
-                kv_set(w->mo->coord, "started", "1", 1, why, sizeof why);
+                w->store.set(w->store.ctx, "started", "1", 1, why, sizeof why);
             w->formed_once = true;
             w->failed_at_ms = 0;
             w->reported = false;
@@ -634,7 +610,7 @@ static int mwm_open(struct mwm *w, const struct wd_train_opts *o,
     w->mo = o->mwm;
     w->train = train;
     w->perm_epoch = -1;
-    w->store = (struct wd_coll_store){.ctx = o->mwm->coord, .set = kv_set, .get = kv_get};
+    w->store = wd_coll_coord_store(o->mwm->coord);
     const struct ps_backend *be = &ps_backend_cpu;
     if (strncmp(o->device, "cuda:", 5) == 0) {
         char why[256];
@@ -664,7 +640,7 @@ static int mwm_open(struct mwm *w, const struct wd_train_opts *o,
         return rc;
     char key[64];
     snprintf(key, sizeof key, "model/%d", o->task_index);
-    return kv_set(o->mwm->coord, key, w->model_desc, strlen(w->model_desc) + 1, err,
+    return w->store.set(w->store.ctx, key, w->model_desc, strlen(w->model_desc) + 1, err,
                   errlen) != 0 ? PS_ERPC : 0;
 }
 
@@ -743,7 +719,7 @@ static int mwm_run(struct mwm *w, struct wd_train_result *res, char *err, size_t
     char val[32];
     snprintf(val, sizeof val, "%" PRId64, w->step);
     if (!wd_stop_requested)
-        kv_set(w->mo->coord, "done", val, strlen(val), err2, sizeof err2);
+        w->store.set(w->store.ctx, "done", val, strlen(val), err2, sizeof err2);
     return 0;
 }
 

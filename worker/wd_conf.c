@@ -12,6 +12,7 @@ const char *const opt_choices[] = {"sgd", "momentum", "adagrad", "adam", "ftrl",
 const char *const cons_choices[] = {"async", "sync", "bounded", NULL};
 static const char *const self_choices[] = {"auto", "on", "off", NULL};
 static const char *const shm_choices[] = {"auto", "on", "off", NULL};
+static const char *const wire_choices[] = {"f32", "bf16", "fp16", NULL};
 
 static const char *const algo_choices[] = {"ring", "halving_doubling", "auto", NULL};
 static const char *const engine_choices[] = {"auto", "gloo", "nccl", NULL};
@@ -127,6 +128,17 @@ const ps_opt wd_opts[] = {
      "that will not map it says so, and the worker sends inline), off = "
      "never", 0, 0,
      shm_choices},
+    /* f32: exact, and what a worker beside its psd uses anyway (shared
+     * memory is float32: it costs no bytes on a link). */
+    {"wire-dtype", PS_OPT_ENUM, offsetof(struct wd_conf, wire_dtype), "f32",
+     "dense gradients and values on the wire to psd: bf16 or fp16 halve the "
+     "bytes (psd keeps float32 values and optimizer state), f32 = float32; "
+     "shards reached through shared memory stay float32", 0, 0, wire_choices},
+    /* true: with half on the wire, rounding alone loses small updates. */
+    {"error-feedback", PS_OPT_BOOL, offsetof(struct wd_conf, error_feedback), "true",
+     "with --wire-dtype bf16 or fp16: keep each variable's rounding residual "
+     "and add it to its next gradient, so that nothing is lost over time",
+     0, 0, NULL},
     {"token-file", PS_OPT_STRING, offsetof(struct wd_conf, token_file), NULL,
      "file holding the token sent to psd and pscoord (a worker's; servers "
      "started with --tokens need one); default: none", 0, 0, NULL},

@@ -52,6 +52,8 @@ struct wd_conf {
     bool concurrent_pull;
     int self_update;            /* 0 auto, 1 on, 2 off */
     int shm;                    /* 0 auto, 1 on, 2 off */
+    int wire_dtype;             /* 0 f32, 1 bf16, 2 fp16 (wire_choices) */
+    bool error_feedback;
     bool json;
     char *metrics_listen;
     ps_tls_conf tls;

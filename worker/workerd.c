@@ -28,6 +28,7 @@
 #include "worker/widedeep.h"
 #include "common/notify.h"
 #include "common/proc.h"
+#include "common/psclient.h"
 #include "common/tls.h"
 #include "worker/wd_conf.h"
 #include "proto/ps.pb-c.h"
@@ -218,6 +219,39 @@ static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
         }
         struct timespec ts = {0, 200 * 1000000L};
         nanosleep(&ts, NULL);
+    }
+}
+
+/* --ps without a coordinator: each psd given by a TCP address of this host
+ * that advertises its unix socket in Stats (psd's default) is reached there
+ * instead, so that the worker skips the TCP stack and, with --shm auto,
+ * moves tensors through shared memory (ps_client_local_route). --shm off
+ * keeps the addresses as given. ps[k] then points into store. Logs, per
+ * shard, how it is reached. */
+static void route_local(const struct wd_conf *c, const char **ps, int nps,
+                        char *store, size_t storelen)
+{
+    if (c->shm == 2)
+        return;
+    ps_rpc_client_opts co = {.deadline_ms = 2000, .max_attempts = 3,
+                             .token = c->token[0] ? c->token : NULL};
+    size_t used = 0;
+    for (int k = 0; k < nps; k++) {
+        char route[300], why[300];
+        if (strncmp(ps[k], "unix:", 5) == 0 ||
+            ps_client_local_route(ps[k], &co, 2000, route, sizeof route, why,
+                                  sizeof why) != 0)
+            continue;
+        size_t l = strlen(route) + 1;
+        if (why[0] != '\0' || used + l > storelen) {
+            ps_log_info("ps[%d]: %s over TCP (%s)", k, ps[k], why);
+            continue;
+        }
+        ps_log_info("ps[%d]: %s through its unix socket %s (on this host)", k,
+                    ps[k], route);
+        memcpy(store + used, route, l);
+        ps[k] = store + used;
+        used += l;
     }
 }
 
@@ -608,6 +642,9 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .concurrent_pull = c->concurrent_pull,
         .self_update = c->self_update != 2,
         .shm = c->shm,
+        /* wire_choices' order: f32, bf16, fp16 -> ps.v1.DType */
+        .wire_dtype = c->wire_dtype == 1 ? 3 : c->wire_dtype == 2 ? 2 : 0,
+        .error_feedback = c->error_feedback,
         .summary_steps = (int)c->summary_steps,
         .token = c->token[0] ? c->token : NULL,
     };
@@ -625,14 +662,16 @@ static void print_summary(const struct wd_conf *c, const struct wd_train_result 
                "\"seconds\":%.3f,\"examples_per_second\":%.1f,\"final_loss\":%s,"
                "\"compute_seconds\":%.3f,\"comm_wait_seconds\":%.3f,"
                "\"test_loss\":%s,\"test_accuracy\":%s,\"version\":%s,"
-               "\"shm_shards\":%d}\n",
+               "\"shm_shards\":%d,\"wire_dtype\":\"%s\",\"error_feedback\":%s}\n",
                (long long)c->task_index, c->model, (long long)c->batch,
                (long long)c->replicas, (long long)res->steps, (long long)res->examples,
                res->seconds, res->examples_per_second,
                wd_json_num(fl, res->steps > 0, res->final_loss, 5),
                res->compute_seconds, res->wait_seconds,
                wd_json_num(tl, evaluated, loss, 5), wd_json_num(ta, evaluated, acc, 5),
-               wd_json_num(ver, evaluated, (double)version, 0), res->shm_shards);
+               wd_json_num(ver, evaluated, (double)version, 0), res->shm_shards,
+               c->wire_dtype == 1 ? "bf16" : c->wire_dtype == 2 ? "fp16" : "f32",
+               c->error_feedback ? "true" : "false");
     } else {
         printf("worker %lld: done: %lld steps, %lld examples in %.1f s (%.0f "
                "examples/s; compute %.1f s, waiting for psd %.1f s), loss %.4f",
@@ -1046,6 +1085,8 @@ int main(int argc, char **argv)
     } else if (status == 0 && use_coord && !c.local)
         status = join_coordinator(&c, evaluator, d, &coord, ps, &nps, ps_store,
                                   sizeof ps_store, &placement);
+    else if (status == 0 && !use_coord && !c.local && !mwm)
+        route_local(&c, ps, nps, ps_store, sizeof ps_store);
     if (status != 0)
         goto out;
     events = open_events(&c, evaluator);

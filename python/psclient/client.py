@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
+from . import half as _half
 from . import placement as _place
 from . import sparse as _sparse
 from ._proto import health, pb
@@ -197,8 +198,16 @@ class Client:
     split_threshold: variables above it (bytes) are split by rows over all
     shards, as pscoord's --split-threshold (without a coordinator).
     shm: move tensors through shared memory with shards reached over a unix
-    socket (psd --local-socket); with a coordinator, reach each shard on
-    this host (the same host id, common/hostid.h) through its socket.
+    socket; a shard given by its TCP address, or by a coordinator, that runs
+    on this host (the same host id, common/hostid.h) and advertises its
+    socket (psd's default, --local-socket; Stats.local_address) is reached
+    through that socket.
+    wire_dtype: "bf16" or "fp16" sends gradients and takes values in half
+    precision (half the bytes; psd keeps float32 values and optimizer
+    state), "f32" (default) float32; shared memory is always float32.
+    error_feedback: with a half wire_dtype, keep each variable's rounding
+    residual and add it to its next gradient (default), so that nothing is
+    lost over time; False rounds each gradient alone.
 
     Given neither addresses nor coordinator, the task comes from the
     environment (psclient.task.from_environment): TF_CONFIG's chief is the
@@ -213,7 +222,8 @@ class Client:
                  tls: Optional[TLS] = None, token_file: Optional[str] = None,
                  token: Optional[str] = None, timeout: float = 30.0,
                  retry: Retry = Retry(), split_threshold: int = _place.SPLIT_DEFAULT,
-                 shm: bool = False, wait_for_shards: float = 60.0) -> None:
+                 shm: bool = False, wait_for_shards: float = 60.0,
+                 wire_dtype: str = "f32", error_feedback: bool = True) -> None:
         self.task_env: Optional[TaskEnv] = None
         if addresses is None and coordinator is None:
             self.task_env = from_environment()
@@ -240,6 +250,8 @@ class Client:
                 raise ValueError("give token or token_file, not both")
             token = read_token(token_file)
         self._conn_args = dict(tls=tls, token=token, retry=retry, timeout=timeout)
+        self.wire_dtype = _half.wire_dtype(wire_dtype)
+        self.feedback = _half.ErrorFeedback() if error_feedback else None
         self._shm = shm
         self.worker = worker if worker is not None else 0
         self.job_id = job_id
@@ -269,6 +281,8 @@ class Client:
         assert addresses is not None
         if len(addresses) == 0:
             raise ValueError("no psd addresses")
+        if coordinator is None and shm:
+            addresses = [self._route_local(i, a) for i, a in enumerate(addresses)]
         self.shards = [_Shard(i, Connection(a, **self._conn_args), shm)  # type: ignore[arg-type]
                        for i, a in enumerate(addresses)]
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -305,6 +319,29 @@ class Client:
                               "%d of %d ps tasks have an address after %.0f s"
                               % (len(got), n, wait), self.coord.address, "GetCluster")
             time.sleep(0.2)
+
+    def _route_local(self, index: int, address: str) -> str:
+        """The psd at address through its unix socket when it advertises one
+        in Stats with this host's id (as workerd and libpsclient do:
+        ps_client_local_route), else address."""
+        if is_local_socket(address):
+            return address
+        conn = Connection(address, **self._conn_args)  # type: ignore[arg-type]
+        try:
+            st = conn.call(PS, "Stats", pb.StatsRequest(), pb.StatsResponse,
+                           timeout=min(self.timeout, 5.0), retry=False)
+            why = (local_route(st.local_address, st.host_id) if st.local_address
+                   else "psd advertises no local socket (--local-socket off)")
+        except PsError as e:
+            why = "Stats: %s" % e.details
+        finally:
+            conn.close()
+        if why:
+            log.info("ps[%d]: %s over TCP (%s)", index, address, why)
+            return address
+        log.info("ps[%d]: %s through its unix socket %s (on this host: shared memory)",
+                 index, address, st.local_address)
+        return str(st.local_address)
 
     @property
     def addresses(self) -> List[str]:
@@ -444,6 +481,9 @@ class Client:
             assert region is not None
             off = t.shm.offset // 4
             return region.floats[off:off + t.shm.length // 4].reshape(shape).copy()
+        if t.dtype in (pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16):
+            return _half.from_half(np.frombuffer(t.data, dtype="<u2"),
+                                   t.dtype).reshape(shape)
         return np.frombuffer(t.data, dtype="<f4").reshape(shape)
 
     def _assemble(self, per_shard: Dict[int, List[Tuple[str, Any]]],
@@ -504,7 +544,9 @@ class Client:
                     if region is not None:
                         into = pb.ShmRef(name=region.name, offset=sh.half + sh.offsets[p.name],
                                          length=4 * _place.elements(self._part_shape(p)))
-                    items.append(pb.PullItem(name=p.name, min_version=min_version, into=into))
+                    wire = self.wire_dtype if into is None else pb.DTYPE_FLOAT32
+                    items.append(pb.PullItem(name=p.name, min_version=min_version, into=into,
+                                             wire_dtype=wire))
                 try:
                     resp = sh.call("Pull", pb.PullRequest(items=items, **clock),
                                    pb.PullResponse, timeout=timeout)
@@ -563,11 +605,14 @@ class Client:
                         if rv:
                             g.value_into.CopyFrom(pb.ShmRef(name=region.name,
                                                             offset=sh.half + off, length=4 * n))
+                    elif self.wire_dtype != pb.DTYPE_FLOAT32:
+                        g.grad.CopyFrom(self._half_tensor(p.name, rows))
                     else:
                         g.grad.CopyFrom(_tensor(rows))
                     gs.append(g)
+                wire = self.wire_dtype if region is None else pb.DTYPE_FLOAT32
                 req = pb.PushRequest(worker=self.worker, step=st, grads=gs,
-                                     return_values=rv, delta=delta)
+                                     return_values=rv, delta=delta, wire_dtype=wire)
                 try:
                     resp = sh.call("Push", req, pb.PushResponse, timeout=t)
                 except PsError as e:
@@ -599,6 +644,15 @@ class Client:
         if not sync and step is None:
             self.step += 1
         return PushResult(versions, values, pushed_as, stale)
+
+    def _half_tensor(self, part: str, rows: np.ndarray) -> Any:
+        """rows in the client's half wire_dtype, with error feedback."""
+        d = self.wire_dtype
+        if self.feedback is not None:
+            h = self.feedback.encode(part, rows, d)
+        else:
+            h, _ = _half.to_half(rows, d)
+        return pb.Tensor(dtype=d, shape=list(rows.shape), data=h.tobytes())
 
     def _rejoin(self, sh: _Shard, parts: Sequence[Tuple[str, _place.Part]],
                 e: PsError) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:

@@ -220,3 +220,20 @@ def default_initializer(name: str, dim: int, seed: int = 0) -> Initializer:
     b = float(dim) ** -0.5
     return Initializer.uniform(-b, b, seed=s)
 
+
+
+def layer_lookup(kind: str, client: Client, table: Any, dim: Optional[int], *,
+                 padding_idx: Optional[int], offset: IdMap, hash_salt: IdMap,
+                 optimizer: Optional[Optimizer], create: bool, seed: int) -> Lookup:
+    """The Lookup of a framework's embedding layer (kind names it in
+    errors: "ShardedEmbedding 'NAME'"). A table given by name is created
+    with default_initializer when create is set, which needs its dim."""
+    name = table.name if isinstance(table, SparseTable) else str(table)
+    layer = "%s '%s'" % (kind, name)
+    if isinstance(table, str) and create:
+        if dim is None:
+            raise ValueError("%s: give the table's dim (or a SparseTable)" % layer)
+        table = SparseTable(table, int(dim), default_initializer(table, int(dim), seed))
+    return Lookup(client, table, dim, layer=layer, offset=offset, hash_salt=hash_salt,
+                  padding_idx=padding_idx, create=create,
+                  optimizer=optimizer or Optimizer.sgd(0.01))

@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from . import embedding as _emb
 from .client import Client, PushResult
-from .specs import Initializer, Optimizer, SparseTable, Variable
+from .specs import Initializer, Optimizer, Variable
 
 _KerasOptimizer: Any = tf.keras.optimizers.Optimizer
 _KerasLayer: Any = tf.keras.layers.Layer
@@ -220,15 +220,11 @@ class ShardedEmbedding(_KerasLayer):
                  optimizer: Optional[Optimizer] = None, create: bool = True, seed: int = 0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        name = table.name if isinstance(table, SparseTable) else str(table)
-        layer = "ShardedEmbedding '%s'" % name
-        if isinstance(table, str) and create:
-            if dim is None:
-                raise ValueError("%s: give the table's dim (or a SparseTable)" % layer)
-            table = SparseTable(table, int(dim), _emb.default_initializer(table, int(dim), seed))
-        self.lookup = _emb.Lookup(client, table, dim, layer=layer, offset=offset,
-                                  hash_salt=hash_salt, padding_idx=padding_idx, create=create,
-                                  optimizer=optimizer or Optimizer.sgd(0.01))
+        self.lookup = _emb.layer_lookup("ShardedEmbedding", client, table, dim,
+                                         padding_idx=padding_idx, offset=offset,
+                                         hash_salt=hash_salt, optimizer=optimizer,
+                                         create=create, seed=seed)
+        layer = self.lookup.layer
         self.output_dim = self.lookup.dim
         self.padding_idx = padding_idx
         self.layer_label = layer

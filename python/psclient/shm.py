@@ -5,10 +5,12 @@ writes the values back into the same region; the call is a few hundred
 bytes whatever the tensors' size.
 
 The client uses it only when asked (Client(shm=True)) and only with a psd
-reached over its unix socket (psd --local-socket PATH, address
-"unix:PATH"; with a coordinator, each shard of the same host id whose
-socket it may connect to, as workerd: local_route); where psd refuses ("shared memory ..."), the client warns once
-and sends inline from then on.
+reached over its unix socket: "unix:PATH", a TCP address whose psd
+advertises its socket in Stats with this host's id (psd opens one in its
+data directory by default), or with a coordinator each shard of the same
+host id, whose socket it may connect to (local_route, as workerd); where
+psd refuses ("shared memory ..."), the client warns once and sends inline
+from then on.
 
 Threads and lifetime: a Region belongs to one shard connection and is used
 by one call at a time; it lives until close() (or the process's exit).

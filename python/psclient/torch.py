@@ -180,16 +180,10 @@ class _Sharded(torch.nn.Module):
                  optimizer: Optional[Optimizer], create: bool, seed: int) -> None:
         super().__init__()
         from . import embedding as _emb
-        from .specs import SparseTable
-        name = table.name if isinstance(table, SparseTable) else str(table)
-        layer = "%s '%s'" % (kind, name)
-        if isinstance(table, str) and create:
-            if dim is None:
-                raise ValueError("%s: give the table's dim (or a SparseTable)" % layer)
-            table = SparseTable(table, int(dim), _emb.default_initializer(table, int(dim), seed))
-        self.lookup = _emb.Lookup(client, table, dim, layer=layer, offset=offset,
-                                  hash_salt=hash_salt, padding_idx=padding_idx, create=create,
-                                  optimizer=optimizer or Optimizer.sgd(0.01))
+        self.lookup = _emb.layer_lookup(kind, client, table, dim, padding_idx=padding_idx,
+                                         offset=offset, hash_salt=hash_salt,
+                                         optimizer=optimizer, create=create, seed=seed)
+        layer = self.lookup.layer
         self.embedding_dim = self.lookup.dim
         self.padding_idx = padding_idx
         self.layer = layer

@@ -82,10 +82,7 @@ def main():
     r = pstest.Results("psd-kill")
     rounds = int(os.environ.get("PSD_KILL_ROUNDS", "6"))
 
-    for durable in (False, True):
-        mode = "durable" if durable else "write-behind"
-        data = pstest.tmpdir()
-        extra = ["--durable"] if durable else []
+    for durable, mode, data, extra in pstest.durability_modes():
         d = pstest.start_psd(data, *extra)
         ch = pstest.channel(d.address)
         stub = pbg.ParameterServerStub(ch)

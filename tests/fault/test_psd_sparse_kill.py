@@ -107,10 +107,7 @@ def counts(address):
 
 def main():
     replays = 0
-    for durable in (False, True):
-        mode = "durable" if durable else "write-behind"
-        data = pstest.tmpdir()
-        extra = ["--durable"] if durable else []
+    for durable, mode, data, extra in pstest.durability_modes():
         d = pstest.start_psd(data, *extra)
         ch = pstest.channel(d.address)
         pbg.ParameterServerStub(ch).CreateVariable(pb.CreateVariableRequest(

@@ -11,7 +11,6 @@ Exit 77 (skipped) with one line when promtool is not installed
 """
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -120,10 +119,7 @@ def cumulative(page, name):
 
 
 def main():
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        print("skipped: promtool not found (apt install prometheus)")
-        sys.exit(77)
+    promtool = pstest.need_programs("promtool", apt="prometheus")
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("metrics")
 

@@ -15,7 +15,6 @@ Exit 77 (skipped) with one line without promtool or Fashion-MNIST.
 """
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -179,13 +178,8 @@ def check_bad_input(r, state):
 
 
 def main():
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        print("skipped: promtool not found (apt install prometheus)")
-        sys.exit(77)
-    if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
-        print("skipped: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
-        sys.exit(77)
+    promtool = pstest.need_programs("promtool", apt="prometheus")
+    pstest.need_file(os.path.join(FM, "train-images-idx3-ubyte.gz"), "dataset-fashion-mnist")
     r = pstest.Results("metrics-daemons")
     state = pstest.tmpdir("pscoord-state-")
 

@@ -13,7 +13,6 @@ with one line without prometheus/promtool or Fashion-MNIST.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -144,13 +143,8 @@ def wait_for(fn, deadline):
 
 
 def main():
-    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if prometheus is None or promtool is None:
-        print("skipped: prometheus or promtool not found (apt install prometheus)")
-        sys.exit(77)
-    if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
-        print("skipped: %s is missing (apt-get install dataset-fashion-mnist)" % FM)
-        sys.exit(77)
+    prometheus, promtool = pstest.need_programs("prometheus", "promtool", apt="prometheus")
+    pstest.need_file(os.path.join(FM, "train-images-idx3-ubyte.gz"), "dataset-fashion-mnist")
     r = pstest.Results("prometheus")
     p = subprocess.run([promtool, "check", "config",
                         os.path.join(pstest.SOURCE_ROOT, "deploy", "prometheus.yml")],

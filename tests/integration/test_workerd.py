@@ -97,8 +97,9 @@ def main():
                                 a.get("test_accuracy"), o.get("test_accuracy")))
 
     # A psd over TCP will not take shared memory (issue 13 a): --shm on
-    # says so once and goes on inline.
-    dd = pstest.start_psd(pstest.tmpdir())
+    # says so once and goes on inline. (--local-socket off: a psd with its
+    # default socket would be reached there instead.)
+    dd = pstest.start_psd(pstest.tmpdir(), "--local-socket", "off")
     p = workerd("--ps", dd.address, "--epochs", "1", "--limit", "6400", "--json",
                 "--shm", "on")
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
@@ -202,7 +203,9 @@ def main():
             "psd --local-socket in a missing directory: exit %d, %r" %
             (bad.returncode, lines))
 
-    d = pstest.start_psd(pstest.tmpdir())
+    # Over TCP, as this case was written (--local-socket off: else the
+    # workers would find psd's default socket and share memory with it).
+    d = pstest.start_psd(pstest.tmpdir(), "--local-socket", "off")
     ok, res, _ = workerds(*[["--ps", d.address, "--epochs", "1", "--workers", "2",
                              "--task-index", str(i), "--json", "--init-seed", "5"]
                             for i in range(2)])

@@ -114,9 +114,40 @@ class Results:
             self.check(e.code() == code and all(w in e.details() for w in words),
                        "%s is %s (%s)" % (what, code.name, e.details()))
 
+    def run(self, tests, *args):
+        """Calls each of tests with args; one that raises is a failed check
+        (with its traceback) and the rest still run."""
+        for t in tests:
+            try:
+                t(*args)
+            except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
+                import traceback
+                traceback.print_exc()
+                name = getattr(t, "__name__", "<lambda>")
+                self.check(False, "%sraised %s: %s" % ("" if name == "<lambda>" else name + " ",
+                                                        type(e).__name__, e))
+
     def finish(self):
         print("%s: %d passed, %d failed" % (self.name, self.passed, self.failed))
         sys.exit(0 if self.failed == 0 else 1)
+
+
+def need_programs(*names, apt):
+    """The paths of programs names on PATH, or exit 77 (skipped) naming
+    them and the Debian package apt that has them."""
+    import shutil
+    paths = [shutil.which(n) for n in names]
+    if None in paths:
+        print("skipped: %s not found (apt install %s)" % (" or ".join(names), apt))
+        sys.exit(77)
+    return paths[0] if len(paths) == 1 else paths
+
+
+def need_file(path, apt):
+    """Exits 77 (skipped) unless path exists, naming the package apt."""
+    if not os.path.exists(path):
+        print("skipped: %s is missing (apt-get install %s)" % (os.path.dirname(path), apt))
+        sys.exit(77)
 
 
 def psd_path():
@@ -128,6 +159,44 @@ def start_psd(data_dir, *args, wrapper=None):
     argv = [psd_path(), "--data-dir", data_dir, "--listen", "127.0.0.1:0",
             "--log-level", os.environ.get("PSD_LOG_LEVEL", "warn")] + list(args)
     return Daemon((wrapper or []) + argv)
+
+
+def durability_modes():
+    """For a test run once write-behind and once with --durable: yields
+    (durable, mode name, a new data directory, psd's extra arguments)."""
+    for durable in (False, True):
+        yield (durable, "durable" if durable else "write-behind", tmpdir(),
+               ["--durable"] if durable else [])
+
+
+def in_threads(fn, n, timeout):
+    """Runs fn(i) for i in range(n), each on a thread of its own, all at
+    once; waits up to timeout seconds for each. Returns what they raised."""
+    import threading
+    errors = []
+
+    def run(i):
+        try:
+            fn(i)
+        except Exception as e:  # noqa: BLE001 - returned to the caller's check
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    return errors
+
+
+def rmdir_soon(path, tries=50, every=0.1):
+    """Removes directory path, again while it is busy (a cgroup whose last
+    process is still exiting), up to tries times every seconds."""
+    for _ in range(tries):
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(every)
 
 
 def free_port():
@@ -177,3 +246,30 @@ def value(v):
     """The numpy array of a VariableValue."""
     import numpy as np
     return np.frombuffer(v.value.data, dtype="<f4").reshape(tuple(v.value.shape))
+
+
+class DensePsd:
+    """A psd of its own (data_dir, or a new temporary one) and a stub, with
+    the dense calls the optimizer tests make: push one float32 gradient,
+    pull one variable's (version, value)."""
+
+    def __init__(self, pb, pbg, *args, data_dir=None):
+        self.pb = pb
+        self.dir = data_dir or tmpdir()
+        self.d = start_psd(self.dir, *args)
+        self.ch = channel(self.d.address)
+        self.stub = pbg.ParameterServerStub(self.ch)
+
+    def push(self, name, g):
+        import numpy as np
+        return self.stub.Push(self.pb.PushRequest(
+            grads=[grad(self.pb, name, np.asarray(g, np.float32))]), timeout=5)
+
+    def pull(self, name):
+        v = self.stub.Pull(self.pb.PullRequest(
+            items=[self.pb.PullItem(name=name)]), timeout=5).values[0]
+        return v.version, value(v).copy()
+
+    def stop(self):
+        self.ch.close()
+        return self.d.stop()

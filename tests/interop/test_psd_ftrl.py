@@ -49,13 +49,9 @@ class FtrlRef:
         self.n = n + g * g
 
 
-class Psd:
+class Psd(pstest.DensePsd):
     def __init__(self, pb, pbg, data_dir=None):
-        self.pb, self.pbg = pb, pbg
-        self.dir = data_dir or pstest.tmpdir()
-        self.d = pstest.start_psd(self.dir)
-        self.ch = pstest.channel(self.d.address)
-        self.stub = pbg.ParameterServerStub(self.ch)
+        super().__init__(pb, pbg, data_dir=data_dir)
 
     def create(self, name, opt, init_value=0.0):
         init = self.pb.Initializer(kind=self.pb.Initializer.CONSTANT,
@@ -63,19 +59,6 @@ class Psd:
         return self.stub.CreateVariable(self.pb.CreateVariableRequest(
             spec=pstest.spec(self.pb, name, (N,), opt=opt, init=init)),
             timeout=5)
-
-    def push(self, name, g):
-        return self.stub.Push(self.pb.PushRequest(
-            grads=[pstest.grad(self.pb, name, np.asarray(g, F32))]), timeout=5)
-
-    def pull(self, name):
-        v = self.stub.Pull(self.pb.PullRequest(
-            items=[self.pb.PullItem(name=name)]), timeout=5).values[0]
-        return v.version, pstest.value(v).copy()
-
-    def stop(self):
-        self.ch.close()
-        return self.d.stop()
 
 
 # Each case: the proto's fields, and the reference's (None: same as proto).

@@ -29,29 +29,10 @@ def adam_ref(grads, lr=0.01, b1=0.9, b2=0.999, eps=1e-7):
     return w
 
 
-class Psd:
-    def __init__(self, pb, pbg, *args):
-        self.pb = pb
-        self.d = pstest.start_psd(pstest.tmpdir(), *args)
-        self.ch = pstest.channel(self.d.address)
-        self.stub = pbg.ParameterServerStub(self.ch)
-
+class Psd(pstest.DensePsd):
     def create(self, name, shape, opt):
         return self.stub.CreateVariable(self.pb.CreateVariableRequest(
             spec=pstest.spec(self.pb, name, shape, opt=opt)), timeout=5)
-
-    def push(self, name, g):
-        return self.stub.Push(self.pb.PushRequest(
-            grads=[pstest.grad(self.pb, name, np.asarray(g, F32))]), timeout=5)
-
-    def pull(self, name):
-        v = self.stub.Pull(self.pb.PullRequest(
-            items=[self.pb.PullItem(name=name)]), timeout=5).values[0]
-        return v.version, pstest.value(v).copy()
-
-    def stop(self):
-        self.ch.close()
-        return self.d.stop()
 
 
 def refusal(fn):

@@ -44,12 +44,7 @@ def main():
     try:
         run(cg)
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(cg)
-                break
-            except OSError:
-                time.sleep(0.1)
+        pstest.rmdir_soon(cg)
 
 
 def pull_all(pb, stub, ids):

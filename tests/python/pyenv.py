@@ -75,6 +75,34 @@ def reexec():
         os.execv(py, [py] + sys.argv)
 
 
+def reexec_tf(what, need=None):
+    """Runs the calling script again under tf_python(), unless it already
+    runs there; exits 77 (skip) naming `what` when there is none, or when
+    need() gives a reason to skip. Under TensorFlow, quiets its C++ log."""
+    if os.environ.get("PSCLIENT_TF_VENV") != "1":
+        why = need() if need is not None else None
+        if why is not None:
+            print("skip: %s" % why)
+            sys.exit(77)
+        py, why = tf_python()
+        if py is None:
+            print("skip: %s: %s" % (what, why))
+            sys.exit(77)
+        os.environ["PSCLIENT_TF_VENV"] = "1"
+        os.execv(py, [py] + sys.argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def import_torch():
+    """Debian's torch, or exit 77 (skip) saying which package to install."""
+    try:
+        import torch
+    except ImportError:
+        print("skip: python3-torch is not installed (apt-get install python3-torch)")
+        sys.exit(77)
+    return torch
+
+
 def tf_version():
     """The tensorflow-cpu version the Makefile's bench-tf-venv pins."""
     import re

@@ -231,19 +231,11 @@ def test_sync():
     rng = np.random.default_rng(3)
     grads = rng.standard_normal((3, 2, 1000)).astype(np.float32)
     out = [[None] * 3 for _ in range(2)]
-    errors = []
 
     def run(i):
-        try:
-            for k in range(3):
-                out[i][k] = cs[i].push({"w": grads[k, i]}, return_values=True)
-        except Exception as e:  # noqa: BLE001 - reported as a check below
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+        for k in range(3):
+            out[i][k] = cs[i].push({"w": grads[k, i]}, return_values=True)
+    errors = pstest.in_threads(run, 2, 60)
     w = np.ones(1000, np.float32)
     ok = not errors
     for k in range(3):
@@ -456,14 +448,8 @@ def test_tokens():
 def main():
     print("psclient %s from %s" % (psclient.__version__, os.path.dirname(psclient.__file__)),
           flush=True)
-    for t in (test_place, test_values, test_badinput, test_sync, test_restart, test_shm,
-              test_tls, test_tokens):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "%s raised %s: %s" % (t.__name__, type(e).__name__, e))
+    r.run((test_place, test_values, test_badinput, test_sync, test_restart, test_shm,
+           test_tls, test_tokens))
     r.finish()
 
 

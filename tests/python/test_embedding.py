@@ -47,11 +47,7 @@ import numpy as np  # noqa: E402
 
 import pstest  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    print("skip: python3-torch is not installed (apt-get install python3-torch)")
-    sys.exit(77)
+torch = pyenv.import_torch()
 
 from psclient import Client, Initializer, Optimizer, PsError, Retry, SparseTable  # noqa: E402
 from psclient.torch import ShardedEmbedding, ShardedEmbeddingBag  # noqa: E402
@@ -420,16 +416,10 @@ def main():
         for k in range(int(os.environ.get("EMB_TIMES", "1"))):
             globals()["test_" + only](*([c, addrs] if only == "gloo" else [c]))
         r.finish()
-    for t in (lambda: test_sgd(c), lambda: test_adagrad(c), lambda: test_offsets(c),
-              lambda: test_shared(c),
-              lambda: test_prefetch(c), lambda: test_loader(c),
-              lambda: test_gloo(c, addrs), lambda: test_badinput(c, ds[1])):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "raised %s: %s" % (type(e).__name__, e))
+    r.run((lambda: test_sgd(c), lambda: test_adagrad(c), lambda: test_offsets(c),
+           lambda: test_shared(c),
+           lambda: test_prefetch(c), lambda: test_loader(c),
+           lambda: test_gloo(c, addrs), lambda: test_badinput(c, ds[1])))
     c.close()
     for d in ds:
         d.kill()

@@ -16,7 +16,6 @@ Prints ok/FAIL per check and "python-keras: N passed, N failed".
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -26,18 +25,8 @@ import pyenv  # noqa: E402
 import fmnist  # noqa: E402
 import pstest  # noqa: E402
 
-if os.environ.get("PSCLIENT_TF_VENV") != "1":
-    if not fmnist.available():
-        print("skip: %s is missing (apt-get install dataset-fashion-mnist)" % fmnist.FM)
-        sys.exit(77)
-    py, why = pyenv.tf_python()
-    if py is None:
-        print("skip: keras: %s" % why)
-        sys.exit(77)
-    os.environ["PSCLIENT_TF_VENV"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+pyenv.reexec_tf("keras", lambda: None if fmnist.available() else
+                "%s is missing (apt-get install dataset-fashion-mnist)" % fmnist.FM)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -124,24 +113,9 @@ def test_step(r, address):
 
 def run_seed(address, seed, data):
     x, y, xt, yt = data
-    model = make_model()
-    with psclient.Client([address], worker=0) as c:
-        before = c.stats()[0].pushes
-        opt = PSOptimizer(model, c, optimizer=psclient.Optimizer.sgd(fmnist.LR),
-                          prefix="s%d/" % seed, seed=seed)
-        init = model.get_weights()
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), address,
-                                   str(seed)], stdout=subprocess.PIPE, text=True)
-                 for i in range(fmnist.WORKERS)]
-        outs = []
-        for p in procs:
-            out, _ = p.communicate(timeout=900)
-            outs.append(json.loads(out.strip().splitlines()[-1]) if p.returncode == 0 else None)
-        if None in outs:
-            raise RuntimeError("a worker process failed (%s)" % outs)
-        opt.pull()
-        acc_ps = accuracy(model, xt, yt)
-        pushes = c.stats()[0].pushes - before
+    init, outs, acc_ps, pushes = fmnist.through_psd(
+        __file__, address, seed, make_model(), PSOptimizer, lambda m: m.get_weights(),
+        accuracy, (xt, yt), 900)
     alone = make_model()
     alone.set_weights(init)
     s_alone, _, _ = train(alone, keras_sgd(alone), x, y, 0, 1, seed)
@@ -149,25 +123,7 @@ def run_seed(address, seed, data):
 
 
 def test_train(r, address):
-    data = fmnist.load()
-    ps, alone = [], []
-    t0 = time.time()
-    for seed in range(fmnist.SEEDS):
-        acc_ps, acc_alone, outs, pushes, s_alone = run_seed(address, seed, data)
-        ps.append(acc_ps)
-        alone.append(acc_alone)
-        steps = sum(o["steps"] for o in outs)
-        overlap = min(o["end"] for o in outs) - max(o["start"] for o in outs)
-        r.check(overlap > 0 and pushes == steps and s_alone == steps,
-                "train: seed %d: 2 processes pushed %d steps asynchronously (overlapping "
-                "%.1f s of %.1f s), as many as Keras alone takes (%d)" %
-                (seed, steps, overlap, max(o["end"] for o in outs) -
-                 min(o["start"] for o in outs), s_alone))
-    mp, ma = float(np.mean(ps)), float(np.mean(alone))
-    r.check(abs(mp - ma) <= 0.01 and ma > 0.75,
-            "train: mean test accuracy through psd %.4f %s, Keras alone %.4f %s: within "
-            "one point (%.0f s)" % (mp, ["%.4f" % a for a in ps], ma,
-                                    ["%.4f" % a for a in alone], time.time() - t0))
+    fmnist.check_train(r, "Keras", run_seed, address)
 
 
 def main():
@@ -176,19 +132,10 @@ def main():
                                        if hasattr(tf.keras, "__version__") else "?"),
           flush=True)
     d = pstest.start_psd(pstest.tmpdir())
-    for t in (lambda: test_step(r, d.address), lambda: test_train(r, d.address)):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - reported, the rest still runs
-            import traceback
-            traceback.print_exc()
-            r.check(False, "raised %s: %s" % (type(e).__name__, e))
+    r.run((lambda: test_step(r, d.address), lambda: test_train(r, d.address)))
     d.stop()
     r.finish()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        worker_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    fmnist.entry(worker_main, main)

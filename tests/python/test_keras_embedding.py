@@ -24,15 +24,7 @@ sys.path.insert(0, HERE)
 import pyenv  # noqa: E402
 import pstest  # noqa: E402
 
-if os.environ.get("PSCLIENT_TF_VENV") != "1":
-    py, why = pyenv.tf_python()
-    if py is None:
-        print("skip: keras: %s" % why)
-        sys.exit(77)
-    os.environ["PSCLIENT_TF_VENV"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+pyenv.reexec_tf("keras")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -82,6 +74,22 @@ def ref_model(u, rows, model):
     return m, emb
 
 
+def pair(c, table, k, seed, dense=False):
+    """Data set k, a psd model over a new sparse table (uniform rows from
+    seed, psd's SGD 0.1) and its Keras Embedding reference from the same rows
+    and Dense weights: (u, x, y, model, ref, emb, opt). With dense, opt is a
+    PSOptimizer (SGD 0.1) for the Dense, made first: the reference starts
+    from psd's Dense values."""
+    u, x, y = data(k)
+    t = SparseTable(table, DIM, Initializer.uniform(-0.5, 0.5, seed=seed),
+                    optimizer=Optimizer.sgd(0.1))
+    model = ps_model(c, t)
+    opt = (PSOptimizer(model, c, optimizer=Optimizer.sgd(0.1), prefix=table + "/")
+           if dense else None)
+    ref, emb = ref_model(u, c.sparse_pull({table: u})[table], model)
+    return u, x, y, model, ref, emb, opt
+
+
 def compare(label, c, table, u, x, model, ref, emb):
     idx = np.searchsorted(u, x)
     got_rows = c.sparse_pull({table: u})[table]
@@ -94,11 +102,7 @@ def compare(label, c, table, u, x, model, ref, emb):
 
 
 def test_fit(c):
-    u, x, y = data(1)
-    t = SparseTable("kfit", DIM, Initializer.uniform(-0.5, 0.5, seed=3),
-                    optimizer=Optimizer.sgd(0.1))
-    model = ps_model(c, t)
-    ref, emb = ref_model(u, c.sparse_pull({"kfit": u})["kfit"], model)
+    u, x, y, model, ref, emb, _ = pair(c, "kfit", 1, 3)
     for m in (model, ref):
         m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
@@ -107,12 +111,7 @@ def test_fit(c):
 
 
 def test_tape(c):
-    u, x, y = data(2)
-    t = SparseTable("ktape", DIM, Initializer.uniform(-0.5, 0.5, seed=4),
-                    optimizer=Optimizer.sgd(0.1))
-    model = ps_model(c, t)
-    opt = PSOptimizer(model, c, optimizer=Optimizer.sgd(0.1), prefix="ktape/")
-    ref, emb = ref_model(u, c.sparse_pull({"ktape": u})["ktape"], model)
+    u, x, y, model, ref, emb, opt = pair(c, "ktape", 2, 4, dense=True)
     ropt = keras.optimizers.SGD(0.1)
     mse = keras.losses.MeanSquaredError()
     for k in range(0, N, BATCH):
@@ -129,12 +128,7 @@ def test_tape(c):
 
 
 def test_hybrid(c):
-    u, x, y = data(3)
-    t = SparseTable("khyb", DIM, Initializer.uniform(-0.5, 0.5, seed=5),
-                    optimizer=Optimizer.sgd(0.1))
-    model = ps_model(c, t)
-    opt = PSOptimizer(model, c, optimizer=Optimizer.sgd(0.1), prefix="khyb/")
-    ref, emb = ref_model(u, c.sparse_pull({"khyb": u})["khyb"], model)
+    u, x, y, model, ref, emb, opt = pair(c, "khyb", 3, 5, dense=True)
     model.compile(optimizer=opt, loss="mse")
     ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
@@ -172,13 +166,7 @@ def main():
     ds = [pstest.Daemon([pstest.psd_path(), "--data-dir", pstest.tmpdir("pykemb-"),
                          "--listen", "127.0.0.1:0", "--log-level", "warn"]) for _ in range(2)]
     c = Client([d.address for d in ds])
-    for t in (test_fit, test_tape, test_hybrid, test_badinput):
-        try:
-            t(c)
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "%s raised %s: %s" % (t.__name__, type(e).__name__, e))
+    r.run((test_fit, test_tape, test_hybrid, test_badinput), c)
     c.close()
     for d in ds:
         d.stop()

@@ -229,15 +229,9 @@ def main():
     s = pstest.Daemon([pstest.psd_path(), "--data-dir", pstest.tmpdir("pyops-data-"),
                        "--listen", "127.0.0.1:0", "--log-level", "warn",
                        "--tokens", os.path.join(d, "server")])
-    for t in (lambda: test_tokens(d, lines),
-              lambda: test_ckpt(d, s.address, os.path.join(d, "operator")),
-              lambda: test_layer(d, s.address), lambda: test_info(d, s.address), test_docs):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "raised %s: %s" % (type(e).__name__, e))
+    r.run((lambda: test_tokens(d, lines),
+           lambda: test_ckpt(d, s.address, os.path.join(d, "operator")),
+           lambda: test_layer(d, s.address), lambda: test_info(d, s.address), test_docs))
     s.stop()
     r.finish()
 

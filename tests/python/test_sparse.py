@@ -203,16 +203,10 @@ def test_badinput(c):
 def main():
     ds = [psd("--worker-timeout", "5s", "--max-pull-wait", "1500ms") for _ in range(3)]
     c = Client([ds[0].address, ds[1].address])
-    for t in (lambda: test_shards(c, test_adagrad(c)),
-              lambda: test_membership([d.address for d in ds]),
-              lambda: test_ftrl(c), lambda: test_badinput(c),
-              lambda: test_stale(ds[2].address), lambda: test_delta(c)):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the rest
-            import traceback
-            traceback.print_exc()
-            r.check(False, "raised %s: %s" % (type(e).__name__, e))
+    r.run((lambda: test_shards(c, test_adagrad(c)),
+           lambda: test_membership([d.address for d in ds]),
+           lambda: test_ftrl(c), lambda: test_badinput(c),
+           lambda: test_stale(ds[2].address), lambda: test_delta(c)))
     c.close()
     for d in ds:
         d.stop()

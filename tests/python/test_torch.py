@@ -19,7 +19,6 @@ Prints ok/FAIL per check and "python-torch: N passed, N failed"; exits 77
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -34,11 +33,7 @@ import numpy as np  # noqa: E402
 import fmnist  # noqa: E402
 import pstest  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    print("skip: python3-torch is not installed (apt-get install python3-torch)")
-    sys.exit(77)
+torch = pyenv.import_torch()
 
 import psclient  # noqa: E402
 from psclient.torch import PSOptimizer  # noqa: E402
@@ -71,7 +66,6 @@ def train(model, opt, x, y, worker, workers, seed):
 def test_sync(r, address):
     """2 workers in lock-step (consistency sync): after each step both
     modules hold the update of the averaged gradients, as computed here."""
-    import threading
     torch.manual_seed(2)
     xs = torch.rand(3, 2, 16, 784)
     ys = torch.randint(0, 10, (3, 2, 16))
@@ -81,21 +75,13 @@ def test_sync(r, address):
                         consistency="sync", num_workers=2, prefix="sync/") for i in range(2)]
     ref = make_model()
     ref.load_state_dict(models[0].state_dict())
-    errors = []
 
     def run(i):
-        try:
-            for k in range(3):
-                opts[i].zero_grad()
-                torch.nn.functional.cross_entropy(models[i](xs[k, i]), ys[k, i]).backward()
-                opts[i].step()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
+        for k in range(3):
+            opts[i].zero_grad()
+            torch.nn.functional.cross_entropy(models[i](xs[k, i]), ys[k, i]).backward()
+            opts[i].step()
+    errors = pstest.in_threads(run, 2, 120)
     sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
     for k in range(3):
         sgd.zero_grad()
@@ -163,24 +149,9 @@ def run_seed(address, seed, data):
     """One seed: 2 processes through psd, then PyTorch alone from the same
     first values. Returns (acc_ps, acc_alone, outs, pushes, steps_alone)."""
     x, y, xt, yt = data
-    model = make_model()
-    with psclient.Client([address], worker=0) as c:
-        before = c.stats()[0].pushes
-        opt = PSOptimizer(model, c, optimizer=psclient.Optimizer.sgd(fmnist.LR),
-                          prefix="s%d/" % seed, seed=seed)
-        init = {k: v.clone() for k, v in model.state_dict().items()}
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), address,
-                                   str(seed)], stdout=subprocess.PIPE, text=True)
-                 for i in range(fmnist.WORKERS)]
-        outs = []
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            outs.append(json.loads(out.strip().splitlines()[-1]) if p.returncode == 0 else None)
-        if None in outs:
-            raise RuntimeError("a worker process failed (%s)" % outs)
-        opt.pull()
-        acc_ps = accuracy(model, xt, yt)
-        pushes = c.stats()[0].pushes - before
+    init, outs, acc_ps, pushes = fmnist.through_psd(
+        __file__, address, seed, make_model(), PSOptimizer,
+        lambda m: {k: v.clone() for k, v in m.state_dict().items()}, accuracy, (xt, yt), 600)
     alone = make_model()
     alone.load_state_dict(init)
     torch.set_num_threads(1)
@@ -190,25 +161,7 @@ def run_seed(address, seed, data):
 
 
 def test_train(r, address):
-    data = fmnist.load()
-    ps, alone = [], []
-    t0 = time.time()
-    for seed in range(fmnist.SEEDS):
-        acc_ps, acc_alone, outs, pushes, s_alone = run_seed(address, seed, data)
-        ps.append(acc_ps)
-        alone.append(acc_alone)
-        steps = sum(o["steps"] for o in outs)
-        overlap = min(o["end"] for o in outs) - max(o["start"] for o in outs)
-        r.check(overlap > 0 and pushes == steps and s_alone == steps,
-                "train: seed %d: 2 processes pushed %d steps asynchronously (overlapping "
-                "%.1f s of %.1f s), as many as PyTorch alone takes (%d)" %
-                (seed, steps, overlap, max(o["end"] for o in outs) -
-                 min(o["start"] for o in outs), s_alone))
-    mp, ma = float(np.mean(ps)), float(np.mean(alone))
-    r.check(abs(mp - ma) <= 0.01 and ma > 0.75,
-            "train: mean test accuracy through psd %.4f %s, PyTorch alone %.4f %s: within "
-            "one point (%.0f s)" % (mp, ["%.4f" % a for a in ps], ma,
-                                    ["%.4f" % a for a in alone], time.time() - t0))
+    fmnist.check_train(r, "PyTorch", run_seed, address)
 
 
 def main():
@@ -217,20 +170,11 @@ def main():
         sys.exit(77)
     r = pstest.Results("python-torch")
     d = pstest.start_psd(pstest.tmpdir())
-    for t in (lambda: test_step(r, d.address), lambda: test_sync(r, d.address),
-              lambda: test_train(r, d.address)):
-        try:
-            t()
-        except Exception as e:  # noqa: BLE001 - reported, the rest still runs
-            import traceback
-            traceback.print_exc()
-            r.check(False, "raised %s: %s" % (type(e).__name__, e))
+    r.run((lambda: test_step(r, d.address), lambda: test_sync(r, d.address),
+           lambda: test_train(r, d.address)))
     d.stop()
     r.finish()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        worker_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
-    else:
-        main()
+    fmnist.entry(worker_main, main)

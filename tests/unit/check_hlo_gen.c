@@ -83,6 +83,15 @@ static const char *undefined_name(const char *text)
     return NULL;
 }
 
+/* Checks that every name t reads is defined before (undefined_name), and
+ * frees t. */
+static void expect_names_defined(char *t)
+{
+    const char *bad = undefined_name(t);
+    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
+    free(t);
+}
+
 START_TEST(test_softmax_signature)
 {
     char err[128];
@@ -98,9 +107,7 @@ START_TEST(test_softmax_signature)
     ck_assert_ptr_nonnull(strstr(t, "dense<2.000000030e-01> : tensor<f32>"));
     /* No hidden layer: no ReLU. */
     ck_assert_int_eq(count(t, "compare GT"), 0);
-    const char *bad = undefined_name(t);
-    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
-    free(t);
+    expect_names_defined(t);
 }
 END_TEST
 
@@ -119,9 +126,7 @@ START_TEST(test_mlp_layers)
     ck_assert_ptr_nonnull(strstr(t, "%gw1 = stablehlo.dot_general %h1, %d1"));
     ck_assert_ptr_nonnull(strstr(t, "-> tensor<256x128xf32>"));
     ck_assert_ptr_nonnull(strstr(t, "return %gw0, %gb0, %gw1, %gb1, %gw2, %gb2, %loss"));
-    const char *bad = undefined_name(t);
-    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
-    free(t);
+    expect_names_defined(t);
 }
 END_TEST
 
@@ -140,9 +145,7 @@ START_TEST(test_refusals)
     ck_assert_ptr_null(ps_hlo_dense_step(w, 18, 5, NULL, 0));
     char *t = ps_hlo_dense_step(w, 17, 1, err, sizeof err);
     ck_assert_ptr_nonnull(t);
-    const char *bad = undefined_name(t);
-    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
-    free(t);
+    expect_names_defined(t);
 }
 END_TEST
 
@@ -164,9 +167,7 @@ START_TEST(test_cnn)
     ck_assert_ptr_nonnull(strstr(t, "-> tensor<8x7x7x64xf32>"));
     ck_assert_ptr_nonnull(strstr(t, "return %gck0, %gcb0, %gck1, %gcb1, %gw0, %gb0, %gw1, "
                                     "%gb1, %loss"));
-    const char *bad = undefined_name(t);
-    ck_assert_msg(bad == NULL, "%%%s is read before it is defined", bad);
-    free(t);
+    expect_names_defined(t);
     /* Odd sizes pool as VALID: 9 -> 4 -> 2. */
     t = ps_hlo_cnn_step(9, 9, 3, (int[]){4, 5, 6}, 3, 2, err, sizeof err);
     ck_assert_ptr_nonnull(t);

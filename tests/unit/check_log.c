@@ -66,6 +66,15 @@ static int count_lines(void)
     return n;
 }
 
+/* Captures fn's lines, checks that there are n, and returns the first as
+ * JSON (the caller drops it). */
+static json_t *capture_json(void (*fn)(void), int n)
+{
+    capture(fn);
+    ck_assert_int_eq(count_lines(), n);
+    return json_line(0);
+}
+
 static void emit_info_and_debug(void)
 {
     ps_log_set_format(PS_LOG_TEXT);
@@ -127,9 +136,7 @@ static void emit_json(void)
 /* One object per line with the line's own members. */
 START_TEST(test_json_members)
 {
-    capture(emit_json);
-    ck_assert_int_eq(count_lines(), 4);
-    json_t *o = json_line(0);
+    json_t *o = capture_json(emit_json, 4);
     const char *t = str_member(o, "time");
     /* RFC 3339 in UTC with milliseconds: 2026-11-21T23:59:01.123Z */
     ck_assert_uint_eq(strlen(t), 24);
@@ -170,9 +177,7 @@ static void emit_escapes(void)
 
 START_TEST(test_json_escapes)
 {
-    capture(emit_escapes);
-    ck_assert_int_eq(count_lines(), 1);
-    json_t *o = json_line(0);
+    json_t *o = capture_json(emit_escapes, 1);
     ck_assert_str_eq(str_member(o, "event"),
                      "a\"b\\c\nd\te\x01" "f \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 "
                      "\xef\xbf\xbd|\xef\xbf\xbd\xef\xbf\xbd|\xef\xbf\xbd\xef\xbf\xbd|"
@@ -201,9 +206,7 @@ static void emit_fields(void)
 
 START_TEST(test_json_fields)
 {
-    capture(emit_fields);
-    ck_assert_int_eq(count_lines(), 2);
-    json_t *o = json_line(0);
+    json_t *o = capture_json(emit_fields, 2);
     ck_assert_str_eq(str_member(o, "event"), "pushed w1");
     ck_assert_str_eq(str_member(o, "task"), "worker1");
     ck_assert_str_eq(str_member(o, "variable"), "w\"1\n");
@@ -239,9 +242,7 @@ static void emit_long(void)
 
 START_TEST(test_json_long_line)
 {
-    capture(emit_long);
-    ck_assert_int_eq(count_lines(), 2);
-    json_t *o = json_line(0);
+    json_t *o = capture_json(emit_long, 2);
     const char *ev = str_member(o, "event");
     ck_assert_uint_gt(strlen(ev), 1000);
     ck_assert(strspn(ev, "\"") == strlen(ev));

@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,19 @@ static int end(void *ctx)
 
 static char path0[PATH_MAX];
 
+/* Walks file `which` of l past `after` and checks that it gave n rows and
+ * ended at batch `last`; returns what it saw. */
+static struct seen walk_expect(psd_rowlog *l, int which, uint64_t after, bool with_end, int n,
+                               uint64_t last)
+{
+    struct seen s = {0};
+    uint64_t got = 0;
+    ck_assert_int_eq(psd_rowlog_walk(l, which, after, see, with_end ? end : NULL, &s, &got), 0);
+    ck_assert_int_eq(s.n, n);
+    ck_assert_uint_eq(got, last);
+    return s;
+}
+
 static psd_rowlog *three_batches(void)
 {
     psd_rowlog *l = NULL;
@@ -83,24 +97,17 @@ static psd_rowlog *three_batches(void)
 START_TEST(test_roundtrip)
 {
     psd_rowlog *l = three_batches();
-    struct seen s = {0};
-    uint64_t last = 0;
-    ck_assert_int_eq(psd_rowlog_walk(l, psd_rowlog_active(l), 1, see, end, &s, &last), 0);
-    ck_assert_int_eq(s.n, 4); /* batches 2 and 3: after 1 */
+    /* batches 2 and 3: after 1 */
+    struct seen s = walk_expect(l, psd_rowlog_active(l), 1, true, 4, 3);
     ck_assert_int_eq(s.bad, 0);
     ck_assert_int_eq(s.ended, 1);
-    ck_assert_uint_eq(last, 3);
     ck_assert_uint_eq(s.seqs[0], 2);
     ck_assert_int_eq(s.ids[0], 20);
     ck_assert_int_eq(s.ids[3], 31);
     psd_rowlog_destroy(l);
     /* Reopened: the same batches. */
     ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
-    memset(&s, 0, sizeof s);
-    int which = strstr(path0, "rows.log.0") ? 0 : 1;
-    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 6);
-    ck_assert_uint_eq(last, 3);
+    walk_expect(l, strstr(path0, "rows.log.0") ? 0 : 1, 0, false, 6, 3);
     psd_rowlog_destroy(l);
 }
 END_TEST
@@ -116,11 +123,7 @@ START_TEST(test_torn_and_corrupt)
     ck_assert_int_eq(truncate(path0, st.st_size - 5), 0);
     ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
     int which = strstr(path0, "rows.log.0") ? 0 : 1;
-    struct seen s = {0};
-    uint64_t last = 0;
-    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, end, &s, &last), 0);
-    ck_assert_int_eq(s.n, 4);
-    ck_assert_uint_eq(last, 2);
+    struct seen s = walk_expect(l, which, 0, true, 4, 2);
     ck_assert_int_eq(s.ended, 1);
     psd_rowlog_destroy(l);
     /* A byte of batch 2's payload flipped: batch 1 alone. */
@@ -133,10 +136,7 @@ START_TEST(test_torn_and_corrupt)
     ck_assert_int_eq(pwrite(fd, &b, 1, at), 1);
     close(fd);
     ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
-    memset(&s, 0, sizeof s);
-    ck_assert_int_eq(psd_rowlog_walk(l, which, 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 2);
-    ck_assert_uint_eq(last, 1);
+    s = walk_expect(l, which, 0, false, 2, 1);
     ck_assert_int_eq(s.bad, 0);
     psd_rowlog_destroy(l);
 }
@@ -155,11 +155,7 @@ START_TEST(test_seal_reset)
     size_t len = batch(buf, 7, 100, 1);
     ck_assert_int_eq(psd_rowlog_append(l, 4, buf, len, 1), 0);
     ck_assert_int_eq(psd_rowlog_seal(l), -1); /* the sealed one is not applied yet */
-    struct seen s = {0};
-    uint64_t last;
-    ck_assert_int_eq(psd_rowlog_walk(l, !a, 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_uint_eq(last, 4);
+    struct seen s = walk_expect(l, !a, 0, false, 1, 4);
     ck_assert_int_eq(psd_rowlog_reset(l, a), 0);
     ck_assert_uint_eq(psd_rowlog_bytes(l, a), 0);
     ck_assert_uint_eq(psd_rowlog_total(l), 24 + 40);
@@ -184,12 +180,9 @@ START_TEST(test_reuse)
     ck_assert_int_eq(psd_rowlog_append(l, 5, buf, len, 1), 0); /* over a's batch 1 */
     psd_rowlog_destroy(l);
     ck_assert_int_eq(psd_rowlog_open(tmpdir, &l), 0);
-    struct seen s = {0};
-    uint64_t last;
-    ck_assert_int_eq(psd_rowlog_walk(l, a, 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 1); /* batch 5; then batch 2 (older): the end */
+    /* batch 5; then batch 2 (older): the end */
+    struct seen s = walk_expect(l, a, 0, false, 1, 5);
     ck_assert_int_eq(s.ids[0], 300);
-    ck_assert_uint_eq(last, 5);
     ck_assert_int_eq(s.bad, 0);
     psd_rowlog_destroy(l);
 }
@@ -249,11 +242,7 @@ START_TEST(test_reset_drops_pages)
     ck_assert_int_eq(psd_rowlog_append(l, 51, buf, len, 1), 0); /* to !a */
     ck_assert_int_eq(psd_rowlog_seal(l), !a);
     ck_assert_int_eq(psd_rowlog_append(l, 52, buf, len, 1), 0); /* to a */
-    struct seen s = {0};
-    uint64_t last;
-    ck_assert_int_eq(psd_rowlog_walk(l, a, 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_uint_eq(last, 52);
+    struct seen s = walk_expect(l, a, 0, false, 1, 52);
     ck_assert_int_eq(s.bad, 0);
     psd_rowlog_destroy(l);
 }
@@ -266,11 +255,7 @@ START_TEST(test_seq_must_grow)
     uint8_t buf[256];
     size_t len = batch(buf, 7, 5, 1);
     ck_assert_int_eq(psd_rowlog_append(l, 2, buf, len, 1), 0);
-    struct seen s = {0};
-    uint64_t last;
-    ck_assert_int_eq(psd_rowlog_walk(l, psd_rowlog_active(l), 0, see, NULL, &s, &last), 0);
-    ck_assert_int_eq(s.n, 6);
-    ck_assert_uint_eq(last, 3);
+    struct seen s = walk_expect(l, psd_rowlog_active(l), 0, false, 6, 3);
     psd_rowlog_destroy(l);
 }
 END_TEST

@@ -121,6 +121,15 @@ static void put_var(psd_store_txn *t, const struct var *v)
     ck_assert_int_eq(psd_store_put(t, &r), 0);
 }
 
+/* Checks that v does not fit (PS_EFULL) and aborts the transaction. */
+static void put_full(psd_store *s, const struct var *v)
+{
+    psd_store_txn *t = begin(s);
+    psd_var_rec r = var_rec(v);
+    ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
+    psd_store_abort(t);
+}
+
 /* Puts vars in one transaction and commits it. */
 static void commit_vars(psd_store *s, struct var *vars, int nvars)
 {
@@ -312,10 +321,7 @@ START_TEST(test_map_grows)
     commit_vars(s, v, 1);
     ck_assert_uint_eq(psd_store_map_size(s), 4 << 20);
     ck_assert_int_eq(psd_store_grow(s), PS_EFULL); /* nothing was full */
-    psd_store_txn *t = begin(s);
-    psd_var_rec r = var_rec(&v[1]);
-    ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
-    psd_store_abort(t);
+    put_full(s, &v[1]);
     ck_assert_int_eq(psd_store_grow(s), 0);
     ck_assert_uint_eq(psd_store_map_size(s), 8 << 20);
     commit_vars(s, &v[1], 1);
@@ -325,8 +331,8 @@ START_TEST(test_map_grows)
     psd_store_set_map_max(s, 8 << 20);
     struct var w;
     vars_make(&w, 1, (const struct var_spec[]){{"z", 1280 << 10, 0, 3.0f}});
-    t = begin(s);
-    r = var_rec(&w);
+    psd_store_txn *t = begin(s);
+    psd_var_rec r = var_rec(&w);
     int rc = psd_store_put(t, &r);
     if (rc == 0)
         rc = psd_store_commit(t);
@@ -355,12 +361,9 @@ START_TEST(test_del_persists_and_frees)
                                               {"y", 640 << 10, 0, 2.0f},
                                               {"z", 10, 0, 3.0f}});
     commit_vars(s, v, 1);
-    psd_store_txn *t = begin(s);
-    psd_var_rec r = var_rec(&v[1]);
-    ck_assert_int_eq(psd_store_put(t, &r), PS_EFULL);
-    psd_store_abort(t);
+    put_full(s, &v[1]);
 
-    t = begin(s);
+    psd_store_txn *t = begin(s);
     ck_assert_int_eq(psd_store_del(t, "x"), 0);
     ck_assert_int_eq(psd_store_commit(t), 0);
     psd_store_close(s);
