@@ -289,9 +289,14 @@ int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
         return 0;
     }
     /* Where pip puts the libtpu package: a virtualenv, the user's site,
-     * the system's. */
+     * the system's. PS_LIBTPU_SYSTEM_ONLY=1 (the systemd units set it)
+     * skips the first two: a daemon loads code only from an explicit path
+     * or from what root installed, never from a file its user could write. */
     char pats[4][512];
-    const char *venv = getenv("VIRTUAL_ENV"), *home = getenv("HOME");
+    const char *sys_only = getenv("PS_LIBTPU_SYSTEM_ONLY");
+    bool system_only = sys_only != NULL && strcmp(sys_only, "1") == 0;
+    const char *venv = system_only ? NULL : getenv("VIRTUAL_ENV");
+    const char *home = system_only ? NULL : getenv("HOME");
     int n = 0;
     if (venv != NULL)
         snprintf(pats[n++], sizeof pats[0], "%s/lib/python3*/site-packages/libtpu/libtpu.so",
@@ -311,8 +316,11 @@ int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
         globfree(&g);
     }
     return ps_errf(PS_ENODEV, err, errlen,
-                   "no libtpu.so (pip install libtpu, or set "
-                   "TPU_LIBRARY_PATH)");
+                   system_only ? "no libtpu.so in the system's site-packages "
+                                 "(PS_LIBTPU_SYSTEM_ONLY=1: not a virtualenv's or "
+                                 "~/.local's; set TPU_LIBRARY_PATH)"
+                               : "no libtpu.so (pip install libtpu, or set "
+                                 "TPU_LIBRARY_PATH)");
 }
 
 /* ---- Compiling --------------------------------------------------------- */

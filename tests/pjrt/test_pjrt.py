@@ -218,6 +218,20 @@ def part_refuse(r):
     refused(r, "--device tpu finds ~/.local's libtpu/libtpu.so (here a plugin without "
             "devices)", "tpu", [os.path.join(site, "libtpu.so"), "has no addressable device"],
             env=notpu)
+    # Under the systemd units (PS_LIBTPU_SYSTEM_ONLY=1): neither ~/.local's
+    # nor a virtualenv's libtpu is loaded; an explicit path still is.
+    if not glob.glob("/usr/lib/python3*/*-packages/libtpu/libtpu.so") + \
+            glob.glob("/usr/local/lib/python3*/dist-packages/libtpu/libtpu.so"):
+        venv = os.path.join(tmp, "venv")
+        vsite = os.path.join(venv, "lib", "python3.11", "site-packages", "libtpu")
+        os.makedirs(vsite)
+        os.symlink(fake, os.path.join(vsite, "libtpu.so"))
+        refused(r, "PS_LIBTPU_SYSTEM_ONLY=1: ~/.local's and a virtualenv's libtpu not loaded",
+                "tpu", ["no libtpu.so in the system's site-packages", "PS_LIBTPU_SYSTEM_ONLY"],
+                env=dict(notpu, VIRTUAL_ENV=venv, PS_LIBTPU_SYSTEM_ONLY="1"))
+    refused(r, "PS_LIBTPU_SYSTEM_ONLY=1 with TPU_LIBRARY_PATH (an explicit path) loads it",
+            "tpu", ["has no addressable device"],
+            env=dict(notpu, TPU_LIBRARY_PATH=fake, PS_LIBTPU_SYSTEM_ONLY="1"))
 
 
 def main():
