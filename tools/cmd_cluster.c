@@ -172,7 +172,7 @@ json_t *cluster_json(const Ps__V1__ClusterState *c)
         json_object_set_new(o, "state", json_string(state_word(t)));
         bool trains = t->role == PS__V1__ROLE__WORKER || t->role == PS__V1__ROLE__CHIEF;
         bool heard = t->incarnation > 0 && t->last_heartbeat_age_seconds >= 0;
-        json_object_set_new(o, "lag", trains && heard && c->global_step >= t->step
+        json_object_set_new(o, "lag", trains && heard
                                           ? json_integer((json_int_t)(c->global_step - t->step))
                                           : json_null());
     }

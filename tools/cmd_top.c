@@ -183,8 +183,9 @@ static void print_task(FILE *f, const Ps__V1__ClusterState *c,
         snprintf(step, sizeof step, "%" PRIu64, ti->step);
         if (rate >= 0)
             snprintf(rs, sizeof rs, "%.1f", rate);
-        if (c->global_step >= ti->step)
-            snprintf(lag, sizeof lag, "%" PRIu64, c->global_step - ti->step);
+        /* Signed: the global step is the workers' lower median, so a worker
+         * ahead of it has a negative lag. */
+        snprintf(lag, sizeof lag, "%" PRId64, (int64_t)(c->global_step - ti->step));
         snprintf(eps, sizeof eps, "%.0f", ti->examples_per_second);
         snprintf(loss, sizeof loss, "%.4f", ti->loss);
     }
