@@ -30,6 +30,20 @@ void ps_wire_bytes_init(ps_wire_bytes *b, const struct ps_piece *pieces, int np)
 }
 
 /* Moves past exhausted pieces; false when none is left. */
+/* arr (n used of *cap elements of size bytes) with room for one more,
+ * doubling from first: arr itself, a new block, or NULL when out of memory
+ * (arr and *cap as they were). */
+static void *grow(void *arr, size_t *cap, size_t n, size_t size, size_t first)
+{
+    if (n < *cap)
+        return arr;
+    size_t nc = *cap ? *cap * 2 : first;
+    void *p = realloc(arr, nc * size);
+    if (p != NULL)
+        *cap = nc;
+    return p;
+}
+
 static int settle(cursor *c)
 {
     while (c->i < c->np && c->off == c->p[c->i].len) {
@@ -372,14 +386,10 @@ static int read_push_grad(cursor *c, ps_wire_push *req, char *err, size_t errlen
                  "of the message", req->ngrads);
         return PS_EPARSE;
     }
-    if (req->ngrads == req->cap) {
-        size_t ncap = req->cap ? req->cap * 2 : 8;
-        ps_wire_grad *g = realloc(req->grads, ncap * sizeof *g);
-        if (g == NULL)
-            return -ENOMEM;
-        req->grads = g;
-        req->cap = ncap;
-    }
+    ps_wire_grad *grads = grow(req->grads, &req->cap, req->ngrads, sizeof *grads, 8);
+    if (grads == NULL)
+        return -ENOMEM;
+    req->grads = grads;
     ps_wire_grad *g = &req->grads[req->ngrads];
     memset(g, 0, sizeof *g);
     const char *why = read_grad(&s, g);
@@ -458,14 +468,10 @@ void ps_wire_push_free(ps_wire_push *req)
 
 static int sparse_id(ps_wire_sparse *req, uint64_t v)
 {
-    if (req->nids == req->idcap) {
-        size_t nc = req->idcap ? req->idcap * 2 : 256;
-        int64_t *n = realloc(req->ids, nc * sizeof *n);
-        if (n == NULL)
-            return -ENOMEM;
-        req->ids = n;
-        req->idcap = nc;
-    }
+    int64_t *ids = grow(req->ids, &req->idcap, req->nids, sizeof *ids, 256);
+    if (ids == NULL)
+        return -ENOMEM;
+    req->ids = ids;
     req->ids[req->nids++] = (int64_t)v;
     return 0;
 }
@@ -525,14 +531,10 @@ static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *er
                  req->nitems);
         return PS_EPARSE;
     }
-    if (req->nitems == req->cap) {
-        size_t nc = req->cap ? req->cap * 2 : 8;
-        ps_wire_sparse_item *n = realloc(req->items, nc * sizeof *n);
-        if (n == NULL)
-            return -ENOMEM;
-        req->items = n;
-        req->cap = nc;
-    }
+    ps_wire_sparse_item *items = grow(req->items, &req->cap, req->nitems, sizeof *items, 8);
+    if (items == NULL)
+        return -ENOMEM;
+    req->items = items;
     ps_wire_sparse_item *it = &req->items[req->nitems];
     memset(it, 0, sizeof *it);
     it->ids_at = req->nids;
