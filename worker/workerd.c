@@ -732,6 +732,31 @@ static char *tf_ps_list(const ps_cluster *tf)
     return list;
 }
 
+/* This task's index, role (an evaluator) and job id from TF_CONFIG, where
+ * no flag gave them; a --task-index that disagrees is refused. *evaluator,
+ * when given, says whether the role is already an evaluator's and is set
+ * when TF_CONFIG makes it one. Returns 0, or 2 after one line on stderr. */
+static int take_tf_task(struct wd_conf *c, const ps_cluster *tf, bool *evaluator)
+{
+    if (tf->has_task && c->task_index >= 0 && c->task_index != tf->task_index)
+        return fail(2, "TF_CONFIG names this task %s[%d] but --task-index says %lld",
+                    ps_role_name(tf->task_role), tf->task_index, (long long)c->task_index);
+    if (tf->has_task && c->task_index < 0)
+        c->task_index = tf->task_index;
+    if (tf->has_task && tf->task_role == PS_ROLE_EVALUATOR &&
+        (evaluator == NULL || !*evaluator)) {
+        free(c->role);
+        c->role = strdup("evaluator");
+        if (evaluator != NULL)
+            *evaluator = true;
+    }
+    if (tf->job_id != NULL && strcmp(c->job_id, "job") == 0) {
+        free(c->job_id);
+        c->job_id = strdup(tf->job_id);
+    }
+    return 0;
+}
+
 /* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this task's
  * role and index, the worker count and the job. Flags given explicitly win.
  * Returns 0 (also without TF_CONFIG), or 2 after one line on stderr for a
@@ -761,22 +786,7 @@ static int apply_tf_config(struct wd_conf *c, bool *evaluator)
         c->ps = tf_ps_list(&tf);
     if (c->num_workers == 0)
         c->num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
-    if (tf.has_task && c->task_index >= 0 && c->task_index != tf.task_index) {
-        status = fail(2, "TF_CONFIG names this task %s[%d] but --task-index says %lld",
-                      ps_role_name(tf.task_role), tf.task_index, (long long)c->task_index);
-        goto close;
-    }
-    if (tf.has_task && c->task_index < 0)
-        c->task_index = tf.task_index;
-    if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR && !*evaluator) {
-        free(c->role);
-        c->role = strdup("evaluator");
-        *evaluator = true;
-    }
-    if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
-        free(c->job_id);
-        c->job_id = strdup(tf.job_id);
-    }
+    status = take_tf_task(c, &tf, evaluator);
 close:
     ps_cluster_close(&tf);
     return status;
@@ -815,23 +825,10 @@ static int tf_config_coordinator(struct wd_conf *c)
                       tf.task_role == PS_ROLE_PS ? "psd" : "pscoord (the chief's duties)");
         goto close;
     }
-    if (tf.has_task && c->task_index >= 0 && c->task_index != tf.task_index) {
-        status = fail(2, "TF_CONFIG names this task %s[%d] but --task-index says %lld",
-                      ps_role_name(tf.task_role), tf.task_index, (long long)c->task_index);
+    if ((status = take_tf_task(c, &tf, NULL)) != 0)
         goto close;
-    }
     free(c->coordinator);
     c->coordinator = strdup(chief);
-    if (tf.has_task && c->task_index < 0)
-        c->task_index = tf.task_index;
-    if (tf.has_task && tf.task_role == PS_ROLE_EVALUATOR) {
-        free(c->role);
-        c->role = strdup("evaluator");
-    }
-    if (tf.job_id != NULL && strcmp(c->job_id, "job") == 0) {
-        free(c->job_id);
-        c->job_id = strdup(tf.job_id);
-    }
 close:
     ps_cluster_close(&tf);
     return status;
