@@ -4,6 +4,7 @@
  */
 #include "common/sparseclient.h"
 #include "common/errors.h"
+#include "common/half.h"
 #include "common/rpc_msg.h"
 #include "common/wire.h"
 #include "proto/ps.pb-c.h"
@@ -145,12 +146,29 @@ static int split_begin(struct split *sp, int nshards, ps_sparse_item *items, siz
 
 /* Copies one shard's answer for item i (rows of its ids in the split's
  * order) back to the item's positions. */
+/* The bytes of an element of a SparseRows Tensor of dtype: a table of
+ * float16 or bfloat16 rows answers them as stored, 2 bytes each. */
+static size_t elem_bytes(int dtype)
+{
+    return dtype == PS_HALF_F16 || dtype == PS_HALF_BF16 ? 2 : sizeof(float);
+}
+
+/* Row j of c received (src, of dtype) into dst, d float32. */
+static void row_in(float *dst, const uint8_t *src, size_t d, int dtype)
+{
+    if (elem_bytes(dtype) == 2)
+        ps_half_to_f32(dtype, (const uint16_t *)(const void *)src, dst, d);
+    else
+        memcpy(dst, src, d * sizeof(float));
+}
+
 static int merge_rows(const struct split *sp, int s, size_t i, ps_sparse_item *it,
                       const Ps__V1__SparseRows *r, ps_rpc_status *st)
 {
     size_t c = sp->count[(size_t)s * sp->nitems + i];
     size_t d = (size_t)it->dim;
-    if (r == NULL || r->values == NULL || r->values->data.len != c * d * sizeof(float)) {
+    size_t eb = r && r->values ? elem_bytes((int)r->values->dtype) : sizeof(float);
+    if (r == NULL || r->values == NULL || r->values->data.len != c * d * eb) {
         if (st) {
             st->code = PS_RPC_INTERNAL;
             snprintf(st->message, sizeof st->message, "shard %d answered %zu bytes for "
@@ -159,10 +177,10 @@ static int merge_rows(const struct split *sp, int s, size_t i, ps_sparse_item *i
         }
         return PS_ESHAPE;
     }
-    const float *src = (const float *)(const void *)r->values->data.data;
+    const uint8_t *src = r->values->data.data;
     const size_t *pos = sp->pos[(size_t)s * sp->nitems + i];
     for (size_t j = 0; j < c; j++)
-        memcpy(it->rows + pos[j] * d, src + j * d, d * sizeof(float));
+        row_in(it->rows + pos[j] * d, src + j * d * eb, d, (int)r->values->dtype);
     if (r->version > it->version)
         it->version = r->version;
     return 0;
@@ -190,6 +208,7 @@ struct pull_rows {
     ps_sparse_item *items;
     const size_t *used;
     bool had;
+    uint16_t *tmp; /* a half row as received, before it is widened (max dim) */
 };
 
 static int on_rows(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *err,
@@ -204,15 +223,21 @@ static int on_rows(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *err
         return PS_EPARSE;
     }
     if (ev == PS_WIRE_DATA) {
-        if (v->data.left != c * d * sizeof(float)) {
+        size_t eb = elem_bytes(v->dtype);
+        if (v->data.left != c * d * eb) {
             snprintf(err, errlen, "answered %zu bytes for table '%s', expected %zu rows "
                      "of dim %zu", v->data.left, it->name, c, d);
             return PS_ESHAPE;
         }
         const size_t *pos = pr->sp->pos[(size_t)pr->s * pr->sp->nitems + i];
-        for (size_t j = 0; j < c; j++)
-            if (ps_wire_bytes_take(&v->data, it->rows + pos[j] * d, d * sizeof(float)) != 0)
+        for (size_t j = 0; j < c; j++) {
+            float *dst = it->rows + pos[j] * d;
+            if (ps_wire_bytes_take(&v->data, eb == 2 ? (void *)pr->tmp : (void *)dst,
+                                   d * eb) != 0)
                 return PS_EPARSE;
+            if (eb == 2)
+                ps_half_to_f32(v->dtype, pr->tmp, dst, d);
+        }
         pr->had = true;
         return 0;
     }
@@ -276,12 +301,20 @@ static int pull_shard(ps_client *c, int s, const struct split *sp,
         return -ENOMEM;
     ps__v1__sparse_pull_request__pack(&req, ps_rpc_msg_data(msg));
     ps_rpc_msg_set_len(msg, len);
-    struct pull_decode pd = {{sp, s, items, used, false}, m, ""};
+    int maxd = 1;
+    for (size_t k = 0; k < m; k++)
+        maxd = items[used[k]].dim > maxd ? items[used[k]].dim : maxd;
+    struct pull_decode pd = {{sp, s, items, used, false, malloc((size_t)maxd * 2)}, m, ""};
+    if (pd.pr.tmp == NULL) {
+        ps_rpc_msg_unref(msg);
+        return -ENOMEM;
+    }
     ps_rpc_status local;
     ps_rpc_status *stp = st ? st : &local;
     int rc = ps_rpc_invoke_msg(ps_client_rpc(c), "/ps.v1.ParameterServer/SparsePull", msg,
                                decode_rows, &pd, deadline_ms, stp);
     ps_rpc_msg_unref(msg);
+    free(pd.pr.tmp);
     if (rc != 0 && pd.err[0] != '\0') {
         stp->code = PS_RPC_INTERNAL;
         snprintf(stp->message, sizeof stp->message, "SparsePull: %s", pd.err);

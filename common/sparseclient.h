@@ -42,7 +42,9 @@ uint64_t ps_sparse_mix64(uint64_t x);
 #define PS_SPARSE_MAX_TABLES 16
 
 /* One table of a call: n ids and n * dim floats (pull: written, the rows in
- * the order of ids; push: read, row i the gradient of ids[i]). */
+ * the order of ids, widened from float16 or bfloat16 when that is the
+ * table's row dtype, which is what travels; push: read, row i the gradient
+ * of ids[i], sent as float32). */
 typedef struct ps_sparse_item {
     const char *name;
     const int64_t *ids;

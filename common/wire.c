@@ -506,6 +506,10 @@ static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                     return "out of memory";
                 it->nids++;
             } while (!one && s.left > 0);
+        } else if (!push && field == 3 && wt == WT_VARINT) {
+            if (get_varint(c, &v) != 0)
+                return "SparsePullItem.dtype: truncated varint";
+            it->g.dtype = v > 1000 ? 1000 : (int)v; /* the answer's dtype */
         } else if (push && field == 3 && wt == WT_LEN) {
             if (get_sub(c, &s) != 0)
                 return "SparseGradient.grad: length past the end";
@@ -560,6 +564,7 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
     req->worker = 0;
     req->step = 0;
     req->return_values = 0;
+    req->wire_dtype = 0;
     req->nitems = 0;
     req->nids = 0;
     while (c.left > 0) {
@@ -582,6 +587,9 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
             rc = get_varint(&c, &req->step);
         } else if (push && field == 4 && wt == WT_VARINT) {
             rc = get_bool(&c, &req->return_values);
+        } else if (push && field == 5 && wt == WT_VARINT) {
+            rc = get_varint(&c, &v);
+            req->wire_dtype = v > 1000 ? 1000 : (int)v;
         } else if (field == 0 || skip_field(&c, wt) != 0) {
             snprintf(err, errlen, "%s: malformed field %d (wire type %d) at byte %zu", msg,
                      field, wt, at);

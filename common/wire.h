@@ -181,8 +181,9 @@ size_t ps_wire_push_step_at(const ps_wire_push_out *m);
 
 /* One decoded SparsePullItem or SparseGradient: its name (g.name,
  * g.name_len) and, for a gradient, its tensor (g.dtype, g.shape, g.data
- * over the request's bytes, g.shm, g.has_tensor); the ids decoded into
- * the request's array (repeated int64, packed or not). */
+ * over the request's bytes, g.shm, g.has_tensor), for a pull item the
+ * answer's dtype (g.dtype, 0 when absent); the ids decoded into the
+ * request's array (repeated int64, packed or not). */
 typedef struct ps_wire_sparse_item {
     ps_wire_grad g;
     const int64_t *ids;    /* (nids), in the request's ids array */
@@ -197,6 +198,7 @@ typedef struct ps_wire_sparse {
     uint32_t worker;
     uint64_t step;
     int return_values;
+    int wire_dtype;        /* SparsePushRequest.wire_dtype (0: unset, FLOAT32) */
     ps_wire_sparse_item *items;
     size_t nitems, cap;
     int64_t *ids;          /* every item's ids, one after the other */

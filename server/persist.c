@@ -364,12 +364,59 @@ int shard_store_del(psd_shard *s, const char *name)
  * of dim 64, whatever the table's size. */
 #define RESTORE_CHUNK 8192
 
+/* The ps.v1.DType of a sparse table's rows (FLOAT32 for unset). */
+static int row_dtype_of(const psd_var *v)
+{
+    return v->spec->row_dtype ? (int)v->spec->row_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
+}
+
+/* A row of a table restored into another row dtype, as
+ * psd_store_rows_stage stages it. */
+struct convert {
+    const psd_sparse_table *from, *to;
+    float *scratch;
+    uint64_t clamped;
+};
+
+static int convert_row(void *ctx, const void *in, size_t in_len, void *out)
+{
+    struct convert *c = ctx;
+    return psd_sparse_convert_row(c->from, c->to, in, in_len, out, c->scratch, &c->clamped);
+}
+
+/* Copies the rows of l's variable i from the checkpoint ck under id, each
+ * converted into the variable's row dtype when l->was[i] says so (logged:
+ * a restore that changes what is stored says it did). */
+static int stage_table(psd_shard *s, psd_store *ck, struct var_list *l, size_t i, uint32_t id)
+{
+    psd_var *v = l->vars[i], *was = l->was != NULL ? l->was[i] : NULL;
+    if (was == NULL)
+        return psd_store_rows_stage(s->store, ck, v->name, id, RESTORE_CHUNK, NULL, NULL, 0,
+                                    NULL);
+    struct convert c = {was->sparse, v->sparse, NULL, 0};
+    c.scratch = malloc(psd_sparse_state_floats(v->sparse) * sizeof(float));
+    if (c.scratch == NULL)
+        return -ENOMEM;
+    uint64_t rows = 0;
+    int rc = psd_store_rows_stage(s->store, ck, v->name, id, RESTORE_CHUNK, convert_row, &c,
+                                  psd_sparse_stored_bytes(v->sparse), &rows);
+    free(c.scratch);
+    if (rc == 0) {
+        l->rows_converted += rows;
+        ps_log_info("restore: sparse table '%s': %llu rows converted from %s to %s "
+                    "(%llu float16 values clamped to +-65504)", v->name,
+                    (unsigned long long)rows, shard_dtype_name(row_dtype_of(was)),
+                    shard_dtype_name(row_dtype_of(v)), (unsigned long long)c.clamped);
+    }
+    return rc;
+}
+
 /* Reserves a variable id for each sparse table of l and copies its rows
  * from l's checkpoint under it, in transactions of RESTORE_CHUNK rows:
  * ids[i] for l->vars[i], 0 for a dense one. Nothing refers to these ids
  * until store_replace_once commits; if it never does, they are orphans that
  * psd_store_rows_gc deletes. */
-static int stage_sparse(psd_shard *s, const struct var_list *l, uint32_t *ids)
+static int stage_sparse(psd_shard *s, struct var_list *l, uint32_t *ids)
 {
     uint32_t k = 0, first = 0;
     for (size_t i = 0; i < l->n; i++)
@@ -390,7 +437,7 @@ static int stage_sparse(psd_shard *s, const struct var_list *l, uint32_t *ids)
     for (size_t i = 0, j = 0; i < l->n && rc == 0; i++)
         if (l->vars[i]->sparse != NULL) {
             ids[i] = first + (uint32_t)j++;
-            rc = psd_store_rows_stage(s->store, ck, l->vars[i]->name, ids[i], RESTORE_CHUNK);
+            rc = stage_table(s, ck, l, i, ids[i]);
         }
     psd_store_close(ck);
     return rc;
@@ -435,7 +482,7 @@ static void store_gc(psd_shard *s)
  * rows deleted in bounded transactions: a table larger than memory never
  * sits whole in one transaction. A crash leaves the old variables or the
  * new ones, and at most orphan rows that the next start deletes. */
-int shard_store_replace(psd_shard *s, const struct var_list *l)
+int shard_store_replace(psd_shard *s, struct var_list *l)
 {
     uint32_t *ids = calloc(l->n ? l->n : 1, sizeof *ids);
     if (ids == NULL)
@@ -452,6 +499,48 @@ int shard_store_replace(psd_shard *s, const struct var_list *l)
 uint64_t shard_store_commits(psd_shard *s)
 {
     return psd_store_commits(s->store);
+}
+
+/* Restore's sparse_row_dtype (FLOAT32, FLOAT16 or BFLOAT16): each sparse
+ * table of l whose rows are of another dtype is replaced by a variable of
+ * the same spec and state with rows of dtype, and kept in l->was, so that
+ * stage_sparse converts its rows as it copies them. Returns 0 or -ENOMEM
+ * (l as it was, or partly converted: consistent either way). */
+int shard_ckpt_convert(struct var_list *l, int dtype)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        psd_var *v = l->vars[i], *nv;
+        if (v->sparse == NULL || row_dtype_of(v) == dtype)
+            continue;
+        if (l->was == NULL && (l->was = calloc(l->n, sizeof *l->was)) == NULL)
+            return -ENOMEM;
+        Ps__V1__VariableSpec sp = *v->spec;
+        sp.row_dtype = dtype == PS__V1__DTYPE__DTYPE_FLOAT32 ? PS__V1__DTYPE__DTYPE_UNSPECIFIED
+                                                           : (Ps__V1__DType)dtype;
+        int rc = shard_var_new(&sp, v->n, &nv);
+        if (rc != 0)
+            return rc;
+        memcpy(nv->value, v->value, v->n * sizeof(float));
+        if (v->nslots)
+            memcpy(nv->slots, v->slots, v->n * (size_t)v->nslots * sizeof(float));
+        nv->version = v->version;
+        nv->persisted_version = v->persisted_version;
+        nv->step = v->step;
+        nv->persisted_step = v->persisted_step;
+        l->was[i] = v;
+        l->vars[i] = nv;
+        l->tables_converted++;
+    }
+    return 0;
+}
+
+/* Frees the checkpoint's tables that shard_ckpt_convert replaced. */
+void shard_ckpt_converted_free(struct var_list *l)
+{
+    for (size_t i = 0; l->was != NULL && i < l->n; i++)
+        shard_var_free(l->was[i]);
+    free(l->was);
+    l->was = NULL;
 }
 
 /* Loads the variables of the checkpoint in directory path into l. Returns

@@ -146,7 +146,7 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     ps_rpc_reply_pb(call, &resp);
 }
 
-static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step);
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype);
 
 static void *ckpt_main(void *arg)
 {
@@ -167,7 +167,7 @@ static void *ckpt_main(void *arg)
         if (quit)
             ps_rpc_fail(j->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         else if (j->kind == JOB_RESTORE)
-            restore_run(s, j->call, j->step);
+            restore_run(s, j->call, j->step, (int)j->keep_at_least);
         else if (j->kind == JOB_CREATE)
             shard_create_variable_run(s, j->call, j->req, j->len, true);
         else
@@ -222,8 +222,15 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
 {
     Ps__V1__RestoreRequest *r = shard_unpack(ctx, call, "Restore",
                                              &ps__v1__restore_request__descriptor, req, len);
-    if (r != NULL)
-        job_enqueue(ctx, call, JOB_RESTORE, r->step, 0, "Restore");
+    int d = r != NULL ? (int)r->sparse_row_dtype : 0;
+    if (r != NULL && d != 0 && d != PS__V1__DTYPE__DTYPE_FLOAT32 && !shard_is_half(d)) {
+        shard_count_bad(ctx);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Restore: sparse_row_dtype %d is not "
+                    "FLOAT32, FLOAT16 or BFLOAT16", d);
+    } else if (r != NULL) {
+        /* The dtype rides in the job's second number, unused by Restore. */
+        job_enqueue(ctx, call, JOB_RESTORE, r->step, (size_t)d, "Restore");
+    }
     ps__v1__restore_request__free_unpacked(r, NULL);
 }
 
@@ -307,13 +314,23 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
     return rc;
 }
 
-static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype)
 {
     struct var_list lc;
     if (!restore_load(s, call, &step, &lc))
         return;
     size_t n = lc.n;
+    if (row_dtype != 0 && shard_ckpt_convert(&lc, row_dtype) != 0) {
+        shard_vars_free(&lc);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Restore: out of memory converting "
+                    "the sparse tables to %s (the variables are unchanged)",
+                    shard_dtype_name(row_dtype));
+        return;
+    }
     int rc = restore_swap(s, &lc);
+    uint64_t tables = lc.tables_converted, rows = lc.rows_converted;
+    if (rc == 0)
+        shard_ckpt_converted_free(&lc); /* the rest is the table's now */
     if (rc != 0) {
         shard_vars_free(&lc);
         ps_rpc_fail(call, ps_rpc_code_from_err(rc), "Restore: writing the "
@@ -326,6 +343,8 @@ static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step)
     Ps__V1__RestoreResponse resp = PS__V1__RESTORE_RESPONSE__INIT;
     resp.step = step;
     resp.variables = n;
+    resp.sparse_tables_converted = tables;
+    resp.sparse_rows_converted = rows;
     ps_rpc_reply_pb(call, &resp);
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/half.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -140,6 +141,92 @@ int psd_sparse_validate(const Ps__V1__VariableSpec *sp, char *why, size_t whylen
                  "for sparse tables", sp->name);
         return PS_EINVAL_ARG;
     }
+    if (sp->row_dtype != PS__V1__DTYPE__DTYPE_UNSPECIFIED &&
+        sp->row_dtype != PS__V1__DTYPE__DTYPE_FLOAT32 &&
+        sp->row_dtype != PS__V1__DTYPE__DTYPE_FLOAT16 &&
+        sp->row_dtype != PS__V1__DTYPE__DTYPE_BFLOAT16) {
+        snprintf(why, whylen, "sparse table '%s': row_dtype %d is not FLOAT32, FLOAT16 "
+                 "or BFLOAT16", sp->name, (int)sp->row_dtype);
+        return PS_EDTYPE;
+    }
+    return 0;
+}
+
+/* The half type of a spec's rows (half.h), or 0 for float32. */
+static int spec_row_type(const Ps__V1__VariableSpec *spec)
+{
+    if (spec->row_dtype == PS__V1__DTYPE__DTYPE_FLOAT16)
+        return PS_HALF_F16;
+    return spec->row_dtype == PS__V1__DTYPE__DTYPE_BFLOAT16 ? PS_HALF_BF16 : 0;
+}
+
+/* A value of dim elements of a row type, padded so that the float32 slots
+ * after it stay aligned. */
+static uint64_t value_bytes(uint64_t dim, int type)
+{
+    return type ? (dim * 2 + 3) & ~(uint64_t)3 : dim * sizeof(float);
+}
+
+uint64_t sparse_row_bytes(const psd_sparse_table *t)
+{
+    return t->row_bytes;
+}
+
+void sparse_row_unpack(const psd_sparse_table *t, const uint8_t *body, float *state)
+{
+    size_t dim = t->dim;
+    if (t->row_dtype)
+        ps_half_to_f32(t->row_dtype, (const uint16_t *)(const void *)body, state, dim);
+    else
+        memcpy(state, body, dim * sizeof(float));
+    memcpy(state + dim, body + t->vbytes, (t->rowf - dim) * sizeof(float));
+}
+
+size_t sparse_row_pack(const psd_sparse_table *t, const float *state, uint8_t *body)
+{
+    size_t dim = t->dim, clamped = 0;
+    if (t->row_dtype) {
+        clamped = ps_half_from_f32(t->row_dtype, state, (uint16_t *)(void *)body, dim);
+        memset(body + dim * 2, 0, t->vbytes - dim * 2); /* the padding */
+    } else {
+        memcpy(body, state, dim * sizeof(float));
+    }
+    memcpy(body + t->vbytes, state + dim, (t->rowf - dim) * sizeof(float));
+    return clamped;
+}
+
+int psd_sparse_row_type(const psd_sparse_table *t)
+{
+    return t->row_dtype;
+}
+
+uint64_t psd_sparse_stored_bytes(const psd_sparse_table *t)
+{
+    return sparse_row_bytes(t);
+}
+
+size_t psd_sparse_state_floats(const psd_sparse_table *t)
+{
+    return 2 * t->rowf + 1; /* the state, then the body packed from it */
+}
+
+int psd_sparse_convert_row(const psd_sparse_table *from, const psd_sparse_table *to,
+                           const void *in, size_t in_len, void *out, float *scratch,
+                           uint64_t *clamped)
+{
+    if (in_len != sparse_row_bytes(from) || from->rowf != to->rowf) {
+        ps_log_error("sparse table '%s': a row of %zu bytes in the checkpoint, expected "
+                     "%zu", from->name, in_len, (size_t)sparse_row_bytes(from));
+        return PS_ECORRUPT;
+    }
+    const uint8_t *p = in;
+    uint8_t *o = out;
+    memcpy(o, p, SPARSE_ROW_HEAD);
+    sparse_row_unpack(from, p + SPARSE_ROW_HEAD, scratch);
+    /* out need not be aligned: the body is packed aside, then copied. */
+    uint8_t *body = (uint8_t *)(void *)(scratch + from->rowf);
+    *clamped += sparse_row_pack(to, scratch, body);
+    memcpy(o + SPARSE_ROW_HEAD, body, sparse_row_bytes(to) - SPARSE_ROW_HEAD);
     return 0;
 }
 
@@ -171,7 +258,9 @@ psd_sparse_table *psd_sparse_table_new(const Ps__V1__VariableSpec *sp, const psd
     psd_init_defaults(&t->init);
     t->nslots = psd_opt_slot_count(&t->opt);
     t->rowf = t->dim * (size_t)(1 + t->nslots);
-    t->row_bytes = SPARSE_ROW_HEAD + t->rowf * sizeof(float);
+    t->row_dtype = spec_row_type(sp);
+    t->vbytes = value_bytes(t->dim, t->row_dtype);
+    t->row_bytes = SPARSE_ROW_HEAD + t->vbytes + (t->rowf - t->dim) * sizeof(float);
     t->admit_after = sp->admit_after;
     t->ttl = sp->ttl_steps;
     t->max_rows = sp->max_rows;
@@ -267,6 +356,17 @@ static void init_row(const psd_sparse_table *t, int64_t id, float *row, bool slo
         psd_opt_init_slots(&t->opt, row + t->dim, t->dim);
 }
 
+/* A new row's value as storing it would make it (rounded to the row
+ * dtype): its first update starts from what a pull of it answered. */
+static void round_value(const psd_sparse_table *t, float *value)
+{
+    for (size_t i = 0; t->row_dtype && i < t->dim; i++) {
+        bool clamped;
+        value[i] = ps_half_to_f32_one(
+            t->row_dtype, ps_half_from_f32_one(t->row_dtype, value[i], &clamped));
+    }
+}
+
 static uint8_t *cms_cell(psd_sparse_table *t, int64_t id, int d)
 {
     uint64_t h = sparse_mix64((uint64_t)id + 0x632be59bd9b4e019ULL * (uint64_t)(d + 1));
@@ -317,36 +417,67 @@ uint64_t psd_sparse_row_bytes(psd_sparse *sp)
 uint64_t psd_sparse_spec_row_bytes(const Ps__V1__VariableSpec *spec, const psd_opt *opt)
 {
     uint64_t dim = spec->n_shape == 1 && spec->shape[0] > 0 ? (uint64_t)spec->shape[0] : 0;
-    return SPARSE_ROW_HEAD + dim * (1 + (uint64_t)psd_opt_slot_count(opt)) * sizeof(float);
+    return SPARSE_ROW_HEAD + value_bytes(dim, spec_row_type(spec)) +
+           dim * (uint64_t)psd_opt_slot_count(opt) * sizeof(float);
 }
 
 /* ---- pull -------------------------------------------------------------- */
 
+/* The value of a row's body as an answer wants it: the stored bits, or
+ * widened to float32 (f32 with a half table). out: dim elements of the
+ * answer's dtype, any alignment. */
+static void value_out(const psd_sparse_table *t, const uint8_t *body, void *out, bool f32)
+{
+    if (t->row_dtype && f32)
+        ps_half_to_f32(t->row_dtype, (const uint16_t *)(const void *)body, out, t->dim);
+    else
+        memcpy(out, body, t->dim * (t->row_dtype ? 2 : sizeof(float)));
+}
+
+/* A float32 value (dim) as an answer wants it: rounded to the row dtype as
+ * storing it would, unless f32. */
+static void state_out(const psd_sparse_table *t, const float *value, void *out, bool f32)
+{
+    if (t->row_dtype && !f32)
+        ps_half_from_f32(t->row_dtype, value, out, t->dim);
+    else
+        memcpy(out, value, t->dim * sizeof(float));
+}
+
 /* A row with no stored state: its initial value (and slots), stored now
- * with insert_on_pull. mu held. */
-static int pull_new(psd_sparse *sp, psd_sparse_table *t, int64_t id, float *out,
+ * with insert_on_pull. scratch: rowf floats. mu held. */
+static int pull_new(psd_sparse *sp, psd_sparse_table *t, int64_t id, void *out, bool f32,
                     float *scratch, uint64_t *inserted)
 {
     if (!t->insert_on_pull) {
-        init_row(t, id, out, false);
+        init_row(t, id, scratch, false);
+        round_value(t, scratch); /* as it would be stored, whatever is asked */
+        state_out(t, scratch, out, f32);
         return 0;
     }
     init_row(t, id, scratch, true);
-    if (sparse_install(sp, t, id, scratch, 0, atomic_load(&t->clock)) == NULL)
+    struct sp_entry *e = sparse_install(sp, t, id, scratch, 0, atomic_load(&t->clock));
+    if (e == NULL)
         return -ENOMEM;
     count_new(sp, t);
     (*inserted)++;
-    memcpy(out, scratch, t->dim * sizeof(float));
+    value_out(t, e->row, out, f32);
     return 0;
 }
 
-int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                    float *out, uint64_t *inserted)
+size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32)
 {
-    size_t dim = t->dim;
+    return t->dim * (t->row_dtype && !f32 ? 2 : sizeof(float));
+}
+
+int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                    void *out, bool f32, uint64_t *inserted)
+{
+    size_t vb = psd_sparse_value_bytes(t, f32);
+    uint8_t *o = out;
     *inserted = 0;
-    float *scratch = t->insert_on_pull ? malloc(t->rowf * sizeof(float)) : NULL;
-    if (t->insert_on_pull && scratch == NULL)
+    float *scratch = malloc(t->rowf * sizeof(float));
+    if (scratch == NULL)
         return -ENOMEM;
     sparse_prefetch(sp, t, ids, n);
     psd_store_rtxn *rt = NULL;
@@ -359,12 +490,12 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
         sparse_ahead(t, ids, i, n);
         int k = sparse_lookup(sp, t, &rt, id, &e, &data);
         if (k == 1) {
-            memcpy(out + i * dim, e->row, dim * sizeof(float));
+            value_out(t, e->row, o + i * vb, f32);
         } else if (k == 2) {
-            memcpy(out + i * dim, data + SPARSE_ROW_HEAD, dim * sizeof(float));
+            value_out(t, data + SPARSE_ROW_HEAD, o + i * vb, f32);
             sparse_cache(sp, t, id, data);
         } else if (k == 0) {
-            rc = pull_new(sp, t, id, out + i * dim, scratch, inserted);
+            rc = pull_new(sp, t, id, o + i * vb, f32, scratch, inserted);
         } else {
             rc = k;
         }
@@ -467,13 +598,14 @@ static int load_state(psd_sparse *sp, struct item *it)
         sparse_ahead(t, it->uid, u, nu);
         int k = sparse_lookup(sp, t, &rt, it->uid[u], &e, &data);
         if (k == 1) {
-            memcpy(st, e->row, rowf * sizeof(float));
+            sparse_row_unpack(t, e->row, st);
             it->upd[u] = e->updates;
         } else if (k == 2) {
-            memcpy(st, data + SPARSE_ROW_HEAD, rowf * sizeof(float));
+            sparse_row_unpack(t, data + SPARSE_ROW_HEAD, st);
             memcpy(&it->upd[u], data, sizeof(uint64_t));
         } else if (k == 0) {
             init_row(t, it->uid[u], st, true);
+            round_value(t, st);
             it->upd[u] = 0;
         } else {
             rc = k;
@@ -528,10 +660,12 @@ static int apply_item(psd_sparse *sp, struct item *it, uint64_t step)
     uint64_t c = atomic_load(&t->clock);
     while (step > c && !atomic_compare_exchange_weak(&t->clock, &c, step))
         ;
-    if (it->g->values != NULL)
-        for (size_t k = 0; k < it->g->n; k++)
-            memcpy(it->g->values + k * dim, it->state + it->which[k] * t->rowf,
-                   dim * sizeof(float));
+    /* The values as stored: rounded to the row dtype, as sparse_install
+     * rounded them. */
+    size_t vb = psd_sparse_value_bytes(t, false);
+    for (size_t k = 0; it->g->values != NULL && k < it->g->n; k++)
+        state_out(t, it->state + it->which[k] * t->rowf, (uint8_t *)it->g->values + k * vb,
+                  false);
     return 0;
 }
 
@@ -668,6 +802,7 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_rows_unsaved = atomic_load(&sp->dirty);
     r->sparse_log_bytes = sp->rowlog ? psd_rowlog_total(sp->rowlog) : 0;
     r->sparse_rows_read_lmdb = atomic_load(&sp->read_lmdb);
+    r->sparse_values_clamped = atomic_load(&sp->clamped);
 }
 
 /* The tier's counters on /metrics, each with its unit in its name; a
@@ -693,6 +828,8 @@ static const struct {
     C("refused_rows_total", refused_rows, "New rows refused by --max-rows-per-table "
       "or --max-bytes."),
     C("commits_total", log_batches, "Batches of changed rows appended to the row log."),
+    C("values_clamped_total", clamped, "Values of float16 rows stored as +-65504, "
+      "their update being beyond float16's range."),
 #undef C
 };
 
@@ -740,7 +877,7 @@ void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_spar
     sparse_lock(t);
     sparse_ready(sp, t);
     b->rows = t->rows;
-    b->row_bytes = SPARSE_ROW_HEAD + t->rowf * sizeof(float);
+    b->row_bytes = sparse_row_bytes(t);
     b->ram_bytes = t->nentries * sparse_entry_bytes(t);
     pthread_mutex_unlock(&t->mu);
 }

@@ -1,7 +1,8 @@
 /*
  * sparse.h - the sparse tier of a shard: embedding tables of rows of `dim`
- * float32 keyed by int64 id, created on first push, stored in LMDB, updated
- * by any optimizer of optim.h one row at a time (doc/sparse.md).
+ * values (float32, float16 or bfloat16: the spec's row_dtype) keyed by
+ * int64 id, created on first push, stored in LMDB, updated by any optimizer
+ * of optim.h one row at a time, in float32 (doc/sparse.md).
  *
  * The tier is one struct psd_sparse, owned by the shard (psd_shard.sparse)
  * and holding everything the rows need: the RAM tier, the row log and its
@@ -92,23 +93,32 @@ void psd_sparse_table_free(psd_sparse_table *t);
 void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
 void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t);
 size_t psd_sparse_table_dim(const psd_sparse_table *t);
+/* The half type (common/half.h) of the table's rows, or 0 for float32. */
+int psd_sparse_row_type(const psd_sparse_table *t);
+/* The bytes of one row's value in an answer: dim elements of the row dtype,
+ * or with f32 of float32. */
+size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32);
 
-/* Writes the values of rows ids[0..n) into out (n * dim floats), in order;
- * a row not stored gets its initial value, and with insert_on_pull is
- * stored (*inserted counts those). Returns 0, -ENOMEM or the store's
- * error. */
+/* Writes the values of rows ids[0..n) into out (n values of
+ * psd_sparse_value_bytes(t, f32) each, any alignment), in order: the
+ * stored bits, or with f32 widened to float32. A row not stored gets its
+ * initial value (rounded to the row dtype unless f32), and with
+ * insert_on_pull is stored (*inserted counts those). Returns 0, -ENOMEM or
+ * the store's error. */
 int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                    float *out, uint64_t *inserted);
+                    void *out, bool f32, uint64_t *inserted);
 
-/* One table's part of a push. grad: n * dim float32 as they arrived (any
- * alignment), read once into the rows' summed gradients. values: NULL, or
- * n * dim floats that receive the rows' values after the update. */
+/* One table's part of a push. grad: n * dim float32 (a half gradient is
+ * widened before, by the RPC edge), as they arrived (any alignment), read
+ * once into the rows' summed gradients. values: NULL, or n values of
+ * psd_sparse_value_bytes(t, false) that receive the rows' values after the
+ * update, in the row dtype. */
 struct psd_sparse_grad {
     psd_sparse_table *t;
     const int64_t *ids;  /* (n) */
     size_t n;
-    const void *grad;    /* (n, dim) */
-    float *values;       /* (n, dim) or NULL */
+    const void *grad;    /* (n, dim) float32 */
+    void *values;        /* (n, dim) of the row dtype, or NULL */
 };
 /* Applies a push to its tables at step, all or nothing: every row's update
  * is proven finite, and the new rows within the caps, first: a table's
@@ -161,6 +171,19 @@ void psd_sparse_ckpt_end(psd_sparse *sp);
 void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r);
 /* Writes the psd_sparse_* families of /metrics. Any thread. */
 void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m);
+
+/* A restore into another row dtype (RestoreRequest.sparse_row_dtype):
+ * psd_sparse_convert_row makes a stored row of table from (in: in_len
+ * bytes, head and body) a row of table to, of the same dim and optimizer
+ * and another row dtype (out: psd_sparse_stored_bytes(to) bytes), its
+ * value rounded to nearest even; scratch holds psd_sparse_state_floats
+ * floats. Adds the float16 values clamped to +-65504 to *clamped. Returns
+ * 0, or PS_ECORRUPT (logged) when in_len is not a row of from. */
+uint64_t psd_sparse_stored_bytes(const psd_sparse_table *t);
+size_t psd_sparse_state_floats(const psd_sparse_table *t);
+int psd_sparse_convert_row(const psd_sparse_table *from, const psd_sparse_table *to,
+                           const void *in, size_t in_len, void *out, float *scratch,
+                           uint64_t *clamped);
 
 /* A table as ListVariables and psctl show it. */
 struct psd_sparse_brief {

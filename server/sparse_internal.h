@@ -5,11 +5,15 @@
  * psd_sparse_conf and the calls of sparse.h.
  *
  * Rows live in the store's "rows" database (store.h) as {u64 updates, u64
- * last step} followed by the row's value and its optimizer slots: [value
- * dim | slot 0 dim | slot 1 dim], so slot k of a row is row + (1 + k) *
- * dim, optim.h's layout for a variable of dim elements. Each row keeps its
- * own update count, the t that ADAM's bias correction takes (lazy Adam, as
- * TensorFlow's LazyAdam).
+ * last step} followed by the row's body: its value in the table's row
+ * dtype (float32, float16 or bfloat16: VariableSpec.row_dtype), padded to
+ * a multiple of 4 bytes, then its float32 optimizer slots [slot 0 dim |
+ * slot 1 dim]. sparse_row_bytes gives a stored row's size; nothing else
+ * computes it. An update widens a body into a float32 state [value dim |
+ * slot 0 dim | ...] (sparse_row_unpack), optim.h's layout for a variable
+ * of dim elements, and rounds it back to nearest even (sparse_row_pack).
+ * Each row keeps its own update count, the t that ADAM's bias correction
+ * takes (lazy Adam, as TensorFlow's LazyAdam).
  *
  * Tiers: rows changed and not yet in LMDB, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier;
@@ -67,7 +71,8 @@ struct sp_entry {
                               memory until that batch is in LMDB */
     bool listed;           /* on the table's dirty list (dirty, or being saved) */
     bool ref;              /* read or written since the clock hand last passed */
-    float row[];           /* (1 + nslots) * dim: value, then each slot */
+    /* The row's body as stored: value in the row dtype, then the slots. */
+    uint8_t row[] __attribute__((aligned(8)));
 };
 
 /* A sparse table's state; every field below mu is guarded by it. */
@@ -78,8 +83,10 @@ struct psd_sparse_table {
     atomic_uint_fast64_t clock;   /* the highest step pushed */
     pthread_mutex_t mu;
     atomic_int flusher_waits; /* the flusher wants mu: others wait (sparse_lock) */
-    size_t dim, rowf; /* rowf = (1 + nslots) * dim */
-    uint64_t row_bytes; /* SPARSE_ROW_HEAD + rowf floats: one stored row */
+    size_t dim, rowf; /* rowf = (1 + nslots) * dim: a row's float32 state */
+    int row_dtype;      /* 0 (float32) or PS_HALF_F16 / PS_HALF_BF16 */
+    size_t vbytes;      /* the value's bytes in the body, padded to 4 */
+    uint64_t row_bytes; /* sparse_row_bytes: head and body, one stored row */
     int nslots;
     psd_opt opt;
     psd_init init;
@@ -131,6 +138,9 @@ struct psd_sparse {
      * LMDB; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
         read_lmdb, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
+    /* float16 row values clamped to +-65504 by an update or an initial
+     * row (Stats.wire_clamped adds them). */
+    atomic_uint_fast64_t clamped;
     /* The bytes of the stored rows of the ready tables (rows * row_bytes):
      * what they hold against --max-bytes. */
     atomic_uint_fast64_t row_bytes;
@@ -186,6 +196,15 @@ uint64_t sparse_mix64(uint64_t z);
 void sparse_lock(psd_sparse_table *t);
 void sparse_flusher_lock(psd_sparse_table *t);
 
+/* sparse.c: a row's bytes. A stored row is SPARSE_ROW_HEAD then
+ * sparse_row_bytes(t) - SPARSE_ROW_HEAD bytes of body. */
+uint64_t sparse_row_bytes(const psd_sparse_table *t);
+/* body (any alignment) into state, rowf float32 (exact). */
+void sparse_row_unpack(const psd_sparse_table *t, const uint8_t *body, float *state);
+/* state into body (8-aligned): the value rounded to the row dtype. Returns
+ * the float16 values clamped to +-65504. */
+size_t sparse_row_pack(const psd_sparse_table *t, const float *state, uint8_t *body);
+
 /* sparse_ram.c: with t->mu held. */
 struct sp_entry *sparse_find(psd_sparse_table *t, int64_t id);
 struct sp_entry **sparse_link(psd_sparse_table *t, int64_t id);
@@ -194,7 +213,7 @@ size_t sparse_entry_bytes(const psd_sparse_table *t);
 bool sparse_dirty(const struct sp_entry *e);
 bool sparse_pinned(const psd_sparse *sp, const struct sp_entry *e);
 struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
-                                const float *row, uint64_t updates, uint64_t last_step);
+                                const float *state, uint64_t updates, uint64_t last_step);
 void sparse_cache(psd_sparse *sp, psd_sparse_table *t, int64_t id, const uint8_t *data);
 void sparse_trim(psd_sparse *sp, psd_sparse_table *t);
 /* Room for rows more rows on the dirty list and entries new entries, so

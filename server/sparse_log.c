@@ -220,7 +220,7 @@ static int entry_by_id(const void *a, const void *b)
  * only the copy runs. */
 static int flush_table(psd_sparse_table *t, uint64_t seq, ps_buf *b, uint32_t *nrecs)
 {
-    size_t recb = SPARSE_ROW_HEAD + t->rowf * sizeof(float);
+    size_t recb = sparse_row_bytes(t);
     sparse_flusher_lock(t);
     size_t n0 = t->ready ? t->dn : 0;
     if (n0 == 0) {
@@ -246,7 +246,7 @@ static int flush_table(psd_sparse_table *t, uint64_t seq, ps_buf *b, uint32_t *n
         r += PSD_ROWLOG_REC_HEAD;
         memcpy(r, &e->updates, 8);
         memcpy(r + 8, &e->last_step, 8);
-        memcpy(r + SPARSE_ROW_HEAD, e->row, t->rowf * sizeof(float));
+        memcpy(r + SPARSE_ROW_HEAD, e->row, recb - SPARSE_ROW_HEAD);
         b->len += PSD_ROWLOG_REC_HEAD + recb;
         (*nrecs)++;
         e->saving = e->mod;

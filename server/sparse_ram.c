@@ -14,7 +14,7 @@
 
 size_t sparse_entry_bytes(const psd_sparse_table *t)
 {
-    return sizeof(struct sp_entry) + t->rowf * sizeof(float);
+    return sizeof(struct sp_entry) + (sparse_row_bytes(t) - SPARSE_ROW_HEAD);
 }
 
 bool sparse_dirty(const struct sp_entry *e)
@@ -161,10 +161,11 @@ void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_
     }
 }
 
-/* Installs a row's new state (row: rowf floats) into the RAM tier: a
- * change to write at the next commit. Returns the entry or NULL. */
+/* Installs a row's new state (rowf floats, rounded to the row dtype here)
+ * into the RAM tier: a change to write at the next commit. Returns the
+ * entry or NULL. */
 struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
-                                const float *row, uint64_t updates, uint64_t last_step)
+                                const float *state, uint64_t updates, uint64_t last_step)
 {
     if (t->dn == t->dcap) { /* room on the dirty list first: nothing half-done */
         size_t nc = t->dcap ? t->dcap * 2 : 1024;
@@ -183,7 +184,9 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
     }
     sparse_bloom_add(t, id);
     e->ref = true;
-    memcpy(e->row, row, t->rowf * sizeof(float));
+    size_t clamped = sparse_row_pack(t, state, e->row);
+    if (clamped > 0)
+        atomic_fetch_add(&sp->clamped, clamped);
     e->updates = updates;
     e->last_step = last_step;
     if (!sparse_dirty(e)) {
@@ -246,5 +249,5 @@ void sparse_cache(psd_sparse *sp, psd_sparse_table *t, int64_t id, const uint8_t
         return;
     memcpy(&e->updates, data, sizeof e->updates);
     memcpy(&e->last_step, data + 8, sizeof e->last_step);
-    memcpy(e->row, data + SPARSE_ROW_HEAD, t->rowf * sizeof(float));
+    memcpy(e->row, data + SPARSE_ROW_HEAD, sparse_row_bytes(t) - SPARSE_ROW_HEAD);
 }

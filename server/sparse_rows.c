@@ -128,9 +128,9 @@ int sparse_lookup(psd_sparse *sp, psd_sparse_table *t, psd_store_rtxn **rt, int6
         return 0;
     if (rc != 0)
         return rc;
-    if (len != SPARSE_ROW_HEAD + t->rowf * sizeof(float)) {
+    if (len != sparse_row_bytes(t)) {
         ps_log_error("sparse table '%s': row %lld has %zu bytes, expected %zu", t->name,
-                     (long long)id, len, SPARSE_ROW_HEAD + t->rowf * sizeof(float));
+                     (long long)id, len, (size_t)sparse_row_bytes(t));
         return PS_ECORRUPT;
     }
     *data = d;

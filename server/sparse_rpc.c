@@ -10,6 +10,7 @@
 #include "server/sparse.h"
 #include "server/store.h"
 #include "common/errors.h"
+#include "common/half.h"
 #include "common/log.h"
 #include "common/rpc_msg.h"
 #include "common/wire.h"
@@ -83,14 +84,38 @@ static bool decode(psd_shard *s, ps_rpc_call *call, bool push, const uint8_t *re
 
 /* Room for a reply: the rows and their headers within the message limit. */
 static bool reply_fits(psd_shard *s, ps_rpc_call *call, const char *method,
-                       uint64_t floats)
+                       uint64_t bytes)
 {
-    if (floats * sizeof(float) + 4096 <= s->o.max_message_bytes)
+    if (bytes + 4096 <= s->o.max_message_bytes)
         return true;
     shard_count_bad(s);
     ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: the rows asked for are %llu "
                 "bytes, over the message limit of %zu; ask for fewer ids", method,
-                (unsigned long long)(floats * sizeof(float)), s->o.max_message_bytes);
+                (unsigned long long)bytes, s->o.max_message_bytes);
+    return false;
+}
+
+/* A table's row dtype as a ps.v1.DType (half.h's types are numbered so). */
+static int row_dtype(const psd_var *v)
+{
+    int t = psd_sparse_row_type(v->sparse);
+    return t ? t : PS__V1__DTYPE__DTYPE_FLOAT32;
+}
+
+/* The dtype a pull item asks its rows in: unset or the row dtype (the
+ * stored bits), or FLOAT32 (*f32, widened). False with call failed. */
+static bool pull_dtype(psd_shard *s, ps_rpc_call *call, const psd_var *v, int asked,
+                       bool *f32)
+{
+    *f32 = asked == PS__V1__DTYPE__DTYPE_FLOAT32;
+    if (asked == 0 || asked == PS__V1__DTYPE__DTYPE_FLOAT32 || asked == row_dtype(v))
+        return true;
+    shard_count_bad(s);
+    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePull: sparse table '%s': dtype %s "
+                "asked, its rows are %s; ask FLOAT32 or leave dtype unset", v->name,
+                shard_is_half(asked) ? shard_dtype_name(asked)
+                                     : "(not FLOAT32, FLOAT16 or BFLOAT16)",
+                shard_dtype_name(row_dtype(v)));
     return false;
 }
 
@@ -116,11 +141,16 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     bool ok = vars && msgs && hdr && parts;
     if (!ok)
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePull: out of memory");
-    uint64_t floats = 0;
+    uint64_t bytes = 0;
+    bool *f32 = calloc(n, sizeof *f32), half = false;
+    if (ok && f32 == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePull: out of memory");
+        ok = false;
+    }
     for (size_t i = 0; i < n && ok; i++) {
         const ps_wire_grad *g = &r.items[i].g;
         vars[i] = find_table(s, call, "SparsePull", g->name, g->name_len);
-        ok = vars[i] != NULL;
+        ok = vars[i] != NULL && pull_dtype(s, call, vars[i], g->dtype, &f32[i]);
         for (size_t j = 0; j < i && ok; j++)
             if (vars[j] == vars[i]) {
                 shard_count_bad(s);
@@ -128,19 +158,22 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
                             "is named twice", vars[i]->name);
                 ok = false;
             }
-        if (ok)
-            floats += (uint64_t)r.items[i].nids * psd_sparse_table_dim(vars[i]->sparse);
+        if (ok) {
+            bytes += (uint64_t)r.items[i].nids * psd_sparse_value_bytes(vars[i]->sparse,
+                                                                        f32[i]);
+            half |= !f32[i] && psd_sparse_row_type(vars[i]->sparse) != 0;
+        }
     }
-    ok = ok && reply_fits(s, call, "SparsePull", floats);
+    ok = ok && reply_fits(s, call, "SparsePull", bytes);
     for (size_t i = 0; i < n && ok; i++) {
         psd_var *v = vars[i];
         size_t ni = r.items[i].nids, dim = psd_sparse_table_dim(v->sparse);
-        size_t nb = ni * dim * sizeof(float);
+        size_t nb = ni * psd_sparse_value_bytes(v->sparse, f32[i]);
         msgs[i] = ps_rpc_msg_new(nb ? nb : 1);
-        float *out = msgs[i] ? (float *)(void *)ps_rpc_msg_data(msgs[i]) : NULL;
+        uint8_t *out = msgs[i] ? ps_rpc_msg_data(msgs[i]) : NULL;
         uint64_t inserted = 0;
         int rc = out ? psd_sparse_pull(s->sparse, v->sparse, r.items[i].ids, ni, out,
-                                       &inserted)
+                                       f32[i], &inserted)
                      : -ENOMEM;
         if (inserted > 0)
             shard_count_apply(s);
@@ -153,14 +186,18 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         int64_t shape[2] = {(int64_t)ni, (int64_t)dim};
         uint8_t *h = hdr + i * PS_WIRE_VALUE_HDR_MAX;
         pthread_rwlock_rdlock(&v->lock);
-        uint8_t *end = ps_wire_value_header(h, 1, v->name, v->version, shape, 2, nb, NULL);
+        uint8_t *end = ps_wire_value_header_dtype(
+            h, 1, v->name, v->version, shape, 2, nb, NULL,
+            f32[i] ? PS__V1__DTYPE__DTYPE_FLOAT32 : row_dtype(v));
         pthread_rwlock_unlock(&v->lock);
         parts[2 * i] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
         parts[2 * i + 1] = (ps_rpc_part){out, nb, ps_rpc_msg_release, msgs[i]};
     }
     pthread_rwlock_unlock(&s->table_lock);
     if (ok) {
-        atomic_fetch_add(&s->bytes_out, floats * sizeof(float));
+        atomic_fetch_add(&s->bytes_out, bytes);
+        if (half)
+            atomic_fetch_add(&s->half_pulls, 1);
         ps_rpc_reply_parts(call, parts, (int)(2 * n)); /* releases the messages */
     } else {
         for (size_t i = 0; msgs && i < n; i++)
@@ -171,15 +208,17 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     free(msgs);
     free(hdr);
     free(parts);
+    free(f32);
     ps_wire_sparse_free(&r);
 }
 
 /* ---- SparsePush ---------------------------------------------------------- */
 
-/* Checks gradient g of the push against its table v; false with call
- * failed. */
+/* Checks gradient g of the push against its table v, declared its dtype
+ * (SparsePushRequest.wire_dtype); false with call failed. A half
+ * gradient's bytes are widened into *wide, which moves on past them. */
 static bool check_grad(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse_item *it,
-                       const psd_var *v)
+                       const psd_var *v, int declared, float **wide)
 {
     size_t dim = psd_sparse_table_dim(v->sparse), n = it->nids;
     const ps_wire_grad *g = &it->g;
@@ -187,24 +226,45 @@ static bool check_grad(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse_ite
     ps_wire_bytes b = g->data;
     if (g->nbytes > 0)
         ps_wire_bytes_peek(&b, &data); /* one piece: all of it */
+    bool half = shard_is_half(declared);
+    size_t esz = half ? 2 : sizeof(float);
     const char *why = NULL;
-    char buf[160];
-    if (!g->has_tensor)
+    char buf[200];
+    if (!g->has_tensor) {
         why = "grad is missing";
-    else if (g->dtype != PS__V1__DTYPE__DTYPE_FLOAT32)
-        why = "grad must be FLOAT32";
-    else if (g->shm.set)
+    } else if (g->dtype != declared) {
+        snprintf(buf, sizeof buf, "grad dtype is %s, the push declares %s "
+                 "(SparsePushRequest.wire_dtype)", shard_dtype_name(g->dtype),
+                 shard_dtype_name(declared));
+        why = buf;
+    } else if (half && declared != row_dtype(v)) {
+        snprintf(buf, sizeof buf, "a %s grad, but its rows are %s; push FLOAT32 or "
+                 "the rows' dtype", shard_dtype_name(declared),
+                 shard_dtype_name(row_dtype(v)));
+        why = buf;
+    } else if (g->shm.set) {
         why = "grad in shared memory is not served for sparse tables; send it inline";
-    else if (g->ndim != 2 || g->shape[0] != (int64_t)n || g->shape[1] != (int64_t)dim) {
+    } else if (g->ndim != 2 || g->shape[0] != (int64_t)n || g->shape[1] != (int64_t)dim) {
         snprintf(buf, sizeof buf, "grad must have shape [%zu, %zu] (ids, dim), got "
                  "%d dimension(s) %lld x %lld", n, dim, g->ndim,
                  g->ndim > 0 ? (long long)g->shape[0] : 0LL,
                  g->ndim > 1 ? (long long)g->shape[1] : 0LL);
         why = buf;
-    } else if (g->nbytes != n * dim * sizeof(float)) {
-        snprintf(buf, sizeof buf, "grad has %zu bytes, [%zu, %zu] floats need %zu",
-                 g->nbytes, n, dim, n * dim * sizeof(float));
+    } else if (g->nbytes != n * dim * esz) {
+        snprintf(buf, sizeof buf, "grad has %zu bytes, [%zu, %zu] of %s need %zu",
+                 g->nbytes, n, dim, shard_dtype_name(declared), n * dim * esz);
         why = buf;
+    } else if (half) {
+        /* Widened first, then checked: NaN and Inf stay so, and a half
+         * gradient's are refused whatever --allow-nonfinite says. */
+        ps_half_to_f32(declared, (const uint16_t *)(const void *)data, *wide, n * dim);
+        if (!psd_all_finite((const psd_ufloat *)*wide, n * dim)) {
+            atomic_fetch_add(&s->nonfinite, 1);
+            snprintf(buf, sizeof buf, "the %s grad holds NaN or Inf",
+                     shard_dtype_name(declared));
+            why = buf;
+        }
+        *wide += n * dim;
     } else if (!s->o.allow_nonfinite &&
                !psd_all_finite((const psd_ufloat *)(const void *)data, n * dim)) {
         atomic_fetch_add(&s->nonfinite, 1);
@@ -218,15 +278,46 @@ static bool check_grad(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse_ite
     return false;
 }
 
-/* Checks every gradient, each table named once, and makes the tier's
- * parts of the push; false with call failed. */
-static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
-                       psd_var **vars, struct psd_sparse_grad *parts, uint64_t *floats)
+/* The float32 a push's half gradients widen into: one block for the
+ * call, NULL (nothing to free) when they are FLOAT32. False with call
+ * failed. */
+static bool widen_room(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
+                       float **wide)
 {
+    *wide = NULL;
+    int d = r->wire_dtype;
+    if (d != 0 && d != PS__V1__DTYPE__DTYPE_FLOAT32 && !shard_is_half(d)) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePush: wire_dtype %d is not "
+                    "FLOAT32, FLOAT16 or BFLOAT16; nothing applied", d);
+        return false;
+    }
+    if (!shard_is_half(d))
+        return true;
+    size_t total = 0;
+    for (size_t i = 0; i < r->nitems; i++)
+        total += r->items[i].g.nbytes / 2;
+    *wide = malloc(total ? total * sizeof(float) : 1);
+    if (*wide == NULL) {
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "SparsePush: out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* Checks every gradient, each table named once, and makes the tier's
+ * parts of the push (half gradients widened into wide, widen_room's);
+ * false with call failed. */
+static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
+                       psd_var **vars, struct psd_sparse_grad *parts, float *wide,
+                       uint64_t *bytes)
+{
+    int declared = r->wire_dtype ? r->wire_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
     for (size_t i = 0; i < r->nitems; i++) {
         const ps_wire_sparse_item *it = &r->items[i];
+        float *at = wide;
         vars[i] = find_table(s, call, "SparsePush", it->g.name, it->g.name_len);
-        if (vars[i] == NULL || !check_grad(s, call, it, vars[i]))
+        if (vars[i] == NULL || !check_grad(s, call, it, vars[i], declared, &wide))
             return false;
         for (size_t j = 0; j < i; j++)
             if (vars[j] == vars[i]) {
@@ -240,8 +331,9 @@ static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
         if (it->g.nbytes > 0)
             ps_wire_bytes_peek(&b, &data);
         parts[i] = (struct psd_sparse_grad){.t = vars[i]->sparse, .ids = it->ids,
-                                            .n = it->nids, .grad = data};
-        *floats += (uint64_t)it->nids * psd_sparse_table_dim(vars[i]->sparse);
+                                            .n = it->nids,
+                                            .grad = at != NULL ? (const void *)at : data};
+        *bytes += it->g.nbytes;
     }
     return true;
 }
@@ -262,7 +354,8 @@ static bool answer_alloc(ps_rpc_call *call, struct psd_sparse_grad *parts, size_
 {
     size_t rows = 0;
     for (size_t i = 0; values && i < n; i++)
-        rows += parts[i].n * psd_sparse_table_dim(parts[i].t) * sizeof(float);
+        rows += parts[i].n * psd_sparse_value_bytes(parts[i].t, false);
+    rows = (rows + 7) & ~(size_t)7;
     size_t hdr = 11 + 10 * n + (values ? n * PS_WIRE_VALUE_HDR_MAX : 0);
     a->mem = malloc(rows + hdr);
     a->parts = calloc(1 + 2 * n, sizeof *a->parts);
@@ -271,10 +364,10 @@ static bool answer_alloc(ps_rpc_call *call, struct psd_sparse_grad *parts, size_
         return false;
     }
     a->hdr = (uint8_t *)a->mem + rows;
-    float *at = a->mem;
+    uint8_t *at = a->mem;
     for (size_t i = 0; values && i < n; i++) {
         parts[i].values = at;
-        at += parts[i].n * psd_sparse_table_dim(parts[i].t);
+        at += parts[i].n * psd_sparse_value_bytes(parts[i].t, false);
     }
     return true;
 }
@@ -287,9 +380,11 @@ static void answer_put(struct answer *a, psd_var **vars, struct psd_sparse_grad 
     uint8_t *h = a->hdr, *end = ps_wire_versions_put(h, versions, n);
     a->nparts = 0;
     for (size_t i = 0; values && i < n; i++) {
-        size_t dim = psd_sparse_table_dim(parts[i].t), nb = parts[i].n * dim * sizeof(float);
+        size_t dim = psd_sparse_table_dim(parts[i].t);
+        size_t nb = parts[i].n * psd_sparse_value_bytes(parts[i].t, false);
         int64_t shape[2] = {(int64_t)parts[i].n, (int64_t)dim};
-        end = ps_wire_value_header(end, 2, vars[i]->name, versions[i], shape, 2, nb, NULL);
+        end = ps_wire_value_header_dtype(end, 2, vars[i]->name, versions[i], shape, 2, nb,
+                                         NULL, row_dtype(vars[i]));
         a->parts[a->nparts++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
         a->parts[a->nparts++] = (ps_rpc_part){parts[i].values, nb, NULL, NULL};
         h = end;
@@ -362,9 +457,11 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     pending_push *p = NULL;
     struct psd_sparse_grad *parts = NULL;
     struct answer a = {0};
-    uint64_t floats = 0;
+    uint64_t bytes = 0, reply = 0;
+    float *wide = NULL;
     double t0 = ps_metrics_now();
-    if (!decode(s, call, true, req, len, &r) || !push_room(s, call))
+    if (!decode(s, call, true, req, len, &r) || !widen_room(s, call, &r, &wide) ||
+        !push_room(s, call))
         goto out;
     size_t n = r.nitems;
     p = calloc(1, sizeof *p);
@@ -378,8 +475,10 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     p->nitems = n;
     p->t0 = t0;
     pthread_rwlock_rdlock(&s->table_lock);
-    bool ok = push_check(s, call, &r, p->vars, parts, &floats) &&
-              (!r.return_values || reply_fits(s, call, "SparsePush", floats)) &&
+    bool ok = push_check(s, call, &r, p->vars, parts, wide, &bytes);
+    for (size_t i = 0; ok && r.return_values && i < n; i++)
+        reply += parts[i].n * psd_sparse_value_bytes(parts[i].t, false);
+    ok = ok && (!r.return_values || reply_fits(s, call, "SparsePush", reply)) &&
               answer_alloc(call, parts, n, r.return_values, &a);
     if (ok) {
         size_t bad;
@@ -404,7 +503,9 @@ void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *
     }
     pthread_rwlock_unlock(&s->table_lock);
     if (ok) {
-        atomic_fetch_add(&s->bytes_in, floats * sizeof(float));
+        atomic_fetch_add(&s->bytes_in, bytes);
+        if (wide != NULL)
+            atomic_fetch_add(&s->half_pushes, 1);
         if (p != NULL) /* the answer reads no variable: sent without the lock */
             shard_push_complete(s, p);
         p = NULL;
@@ -415,5 +516,6 @@ out:
     free(a.mem);
     free(a.parts);
     free(parts);
+    free(wide);
     ps_wire_sparse_free(&r);
 }

@@ -227,6 +227,8 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
         out->spec.ttl_steps = out->spec.max_rows = 0;
         out->spec.insert_on_pull = false;
     }
+    if (out->spec.row_dtype == PS__V1__DTYPE__DTYPE_FLOAT32) /* the default, spelled out */
+        out->spec.row_dtype = PS__V1__DTYPE__DTYPE_UNSPECIFIED;
 }
 
 /* Validates a normalized spec. Returns 0, or a project error with one line
@@ -269,6 +271,12 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
                  "message (limit %zu bytes; raise --max-message)", sp->name,
                  n * sizeof(float), s->o.max_message_bytes);
         return PS_ESHAPE;
+    }
+    if (!sp->sparse && sp->row_dtype != PS__V1__DTYPE__DTYPE_UNSPECIFIED) {
+        snprintf(why, whylen, "variable '%s': row_dtype %s is for sparse tables; a dense "
+                 "variable is FLOAT32 (send it in half precision with wire_dtype)",
+                 sp->name, shard_dtype_name(sp->row_dtype));
+        return PS_EDTYPE;
     }
     if (sp->sparse) {
         int rc = psd_sparse_validate(sp, why, whylen);
@@ -699,6 +707,7 @@ void shard_vars_free(struct var_list *l)
         shard_var_free(l->vars[i]);
     free(l->vars);
     free(l->from);
+    shard_ckpt_converted_free(l);
     memset(l, 0, sizeof *l);
 }
 

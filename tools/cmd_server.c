@@ -46,8 +46,12 @@ const struct one_call checkpoint_call = {
 static int print_restore(const void *resp)
 {
     const Ps__V1__RestoreResponse *r = resp;
-    printf("restored step %" PRIu64 ": %" PRIu64 " variable%s\n", r->step,
+    printf("restored step %" PRIu64 ": %" PRIu64 " variable%s", r->step,
            r->variables, r->variables == 1 ? "" : "s");
+    if (r->sparse_tables_converted > 0)
+        printf(" (%" PRIu64 " sparse table(s), %" PRIu64 " rows converted to another row "
+               "dtype)", r->sparse_tables_converted, r->sparse_rows_converted);
+    printf("\n");
     return EXIT_OK;
 }
 

@@ -95,7 +95,9 @@ static int print_list(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
             row->cell[COL_NAME] = sp->name;
             row->cell[COL_SHAPE] = shape_text(sp->shape, sp->n_shape, row->shape,
                                               sizeof row->shape);
-            row->cell[COL_DTYPE] = ps_dtype_name((enum ps_dtype)sp->dtype);
+            /* A sparse table's is its rows' (row_dtype), unset meaning float32. */
+            row->cell[COL_DTYPE] = ps_dtype_name(
+                (enum ps_dtype)(sp->sparse && sp->row_dtype ? sp->row_dtype : sp->dtype));
             row->cell[COL_OPT] = optimizer_label(sp->optimizer);
             row->cell[COL_CONS] = consistency_label(sp, row->cons,
                                                     sizeof row->cons);

@@ -6,6 +6,7 @@
  * applied (its replay). The flusher's part is played by the test: flush,
  * committed, drain, maintain, as persist.c calls them. */
 #include "common/errors.h"
+#include "common/half.h"
 #include "proto/ps.pb-c.h"
 #include "server/sparse.h"
 #include "server/store.h"
@@ -132,7 +133,7 @@ static float pull_one(struct fx *f, int64_t id)
 {
     float out[DIM];
     uint64_t ins;
-    ck_assert_int_eq(psd_sparse_pull(f->sp, f->t, &id, 1, out, &ins), 0);
+    ck_assert_int_eq(psd_sparse_pull(f->sp, f->t, &id, 1, out, true, &ins), 0);
     for (int k = 1; k < DIM; k++)
         ck_assert(out[k] == out[0]);
     return out[0];
@@ -347,7 +348,178 @@ START_TEST(test_reopen_replay)
 }
 END_TEST
 
+/* ---- rows in float16 and bfloat16 ------------------------------------------ */
+
+/* A table of rows of type (half.h), ADAM, rows starting at 0.1 (not a
+ * float16 or bfloat16 value: the start is rounded too). */
+static void half_start(struct fx *f, int type)
+{
+    spec_make(f, "emb16", 0, 0, 0);
+    f->spec.row_dtype = (Ps__V1__DType)type;
+    f->init.kind = PS__V1__INITIALIZER__KIND__CONSTANT;
+    f->init.value = 0.1f;
+    f->o = (psd_opt){.kind = PSD_OPT_ADAM};
+    psd_opt_defaults(&f->o);
+    f->o.lr = 0.01f;
+    fx_open(f, 0, 0, true);
+}
+
+static float round_to(int type, float x)
+{
+    bool c;
+    return ps_half_to_f32_one(type, ps_half_from_f32_one(type, x, &c));
+}
+
+/* Five pushes of varied gradients to two ids (one repeated), each row
+ * checked bit for bit against a float32 reference that applies the same
+ * ADAM update to the widened row and rounds the value back to nearest
+ * even: pulls in float32 and in the row dtype, and push's values. */
+static void half_case(int type)
+{
+    struct fx f;
+    half_start(&f, type);
+    ck_assert_int_eq(psd_sparse_row_type(f.t), type);
+    /* head 16, value 4 x 2 bytes, ADAM's two slots 4 x 4 bytes each. */
+    ck_assert_uint_eq(psd_sparse_stored_bytes(f.t), 16 + DIM * 2 + 2 * DIM * 4);
+    ck_assert_uint_eq(psd_sparse_value_bytes(f.t, false), DIM * 2);
+    ck_assert_uint_eq(psd_sparse_value_bytes(f.t, true), DIM * 4);
+    float ref[2][3 * DIM];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < DIM; k++)
+            ref[r][k] = round_to(type, 0.1f);
+        psd_opt_init_slots(&f.o, ref[r] + DIM, DIM);
+    }
+    int64_t ids[] = {7, -3, 7};
+    for (int step = 1; step <= 5; step++) {
+        float grad[3 * DIM], sum[2][DIM];
+        for (int i = 0; i < 3 * DIM; i++)
+            grad[i] = 0.37f * (float)(step * (i + 1)) * (i % 2 ? -1.0f : 1.0f);
+        for (int k = 0; k < DIM; k++) {
+            sum[0][k] = 0.0f + grad[k] + grad[2 * DIM + k];
+            sum[1][k] = 0.0f + grad[DIM + k];
+        }
+        uint16_t values[3 * DIM];
+        struct psd_sparse_grad part = {.t = f.t, .ids = ids, .n = 3, .grad = grad,
+                                       .values = values};
+        size_t bad;
+        char why[512];
+        ck_assert_int_eq(psd_sparse_push(f.sp, &part, 1, (uint64_t)step, UINT64_MAX, &bad,
+                                         why, sizeof why), 0);
+        for (int r = 0; r < 2; r++) {
+            psd_opt_apply(&f.o, ref[r], ref[r] + DIM, sum[r], DIM, 1.0f, (uint64_t)step);
+            for (int k = 0; k < DIM; k++)
+                ref[r][k] = round_to(type, ref[r][k]);
+        }
+        float w32[2 * DIM];
+        uint16_t w16[2 * DIM];
+        uint64_t ins;
+        int64_t two[] = {7, -3};
+        ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, two, 2, w32, true, &ins), 0);
+        ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, two, 2, w16, false, &ins), 0);
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < DIM; k++) {
+                bool c;
+                ck_assert_msg(w32[r * DIM + k] == ref[r][k], "step %d row %d [%d]: %.9g, "
+                              "reference %.9g", step, r, k, w32[r * DIM + k], ref[r][k]);
+                ck_assert_uint_eq(w16[r * DIM + k], ps_half_from_f32_one(type, ref[r][k], &c));
+            }
+        for (int k = 0; k < DIM; k++) {
+            ck_assert_uint_eq(values[k], w16[k]);
+            ck_assert_uint_eq(values[DIM + k], w16[DIM + k]);
+            ck_assert_uint_eq(values[2 * DIM + k], w16[k]);
+        }
+        if (step == 2)
+            settle(&f); /* from then on the rows are read back from LMDB */
+    }
+    /* A row never pushed answers its start, rounded. */
+    float w;
+    uint64_t ins;
+    int64_t none = 99;
+    float fresh[DIM];
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, &none, 1, fresh, true, &ins), 0);
+    w = fresh[0];
+    ck_assert(w == round_to(type, 0.1f));
+    ck_assert_uint_eq(psd_sparse_row_bytes(f.sp), 2 * psd_sparse_stored_bytes(f.t));
+    fx_close(&f, true);
+}
+
+START_TEST(test_f16_rows)
+{
+    half_case(PS_HALF_F16);
+}
+END_TEST
+
+START_TEST(test_bf16_rows)
+{
+    half_case(PS_HALF_BF16);
+}
+END_TEST
+
+/* An update beyond float16's range is stored as +-65504 and counted. */
+START_TEST(test_f16_clamp)
+{
+    struct fx f;
+    spec_make(&f, "emb16", 0, 0, 0);
+    f.spec.row_dtype = PS__V1__DTYPE__DTYPE_FLOAT16;
+    fx_open(&f, 0, 0, true);
+    int64_t id = 1;
+    ck_assert_int_eq(push(&f, &id, 1, 1e6f, 1, UINT64_MAX, NULL), 0); /* SGD lr 1 */
+    ck_assert(pull_one(&f, 1) == -65504.0f);
+    ck_assert_uint_eq(stats(&f).sparse_values_clamped, DIM);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* A stored row converted between row dtypes (a restore's): the head kept,
+ * the value rounded, the slots as they were; a row of the wrong size is
+ * refused. */
+START_TEST(test_convert_row)
+{
+    struct fx f;
+    half_start(&f, PS_HALF_BF16);
+    Ps__V1__VariableSpec s32 = f.spec;
+    s32.row_dtype = PS__V1__DTYPE__DTYPE_UNSPECIFIED;
+    psd_sparse_table *t32 = psd_sparse_table_new(&s32, &f.o);
+    uint8_t in[16 + 3 * DIM * 4], out[16 + DIM * 2 + 2 * DIM * 4], back[sizeof in];
+    ck_assert_uint_eq(psd_sparse_stored_bytes(t32), sizeof in);
+    ck_assert_uint_eq(psd_sparse_stored_bytes(f.t), sizeof out);
+    float row[3 * DIM];
+    for (int i = 0; i < 3 * DIM; i++)
+        row[i] = 1.0f / (float)(i + 3);
+    uint64_t head[2] = {12, 34};
+    memcpy(in, head, 16);
+    memcpy(in + 16, row, sizeof row);
+    float *scratch = malloc(psd_sparse_state_floats(f.t) * sizeof(float));
+    uint64_t clamped = 0;
+    ck_assert_int_eq(psd_sparse_convert_row(t32, f.t, in, sizeof in, out, scratch, &clamped),
+                     0);
+    ck_assert_int_eq(memcmp(out, head, 16), 0);
+    for (int k = 0; k < DIM; k++) {
+        uint16_t h;
+        bool c;
+        memcpy(&h, out + 16 + 2 * k, 2);
+        ck_assert_uint_eq(h, ps_half_from_f32_one(PS_HALF_BF16, row[k], &c));
+    }
+    ck_assert_int_eq(memcmp(out + 16 + DIM * 2, row + DIM, 2 * DIM * 4), 0);
+    ck_assert_int_eq(psd_sparse_convert_row(f.t, t32, out, sizeof out, back, scratch,
+                                            &clamped), 0);
+    float wide[DIM];
+    memcpy(wide, back + 16, sizeof wide);
+    for (int k = 0; k < DIM; k++)
+        ck_assert(wide[k] == round_to(PS_HALF_BF16, row[k]));
+    ck_assert_int_eq(memcmp(back + 16 + DIM * 4, row + DIM, 2 * DIM * 4), 0);
+    ck_assert_int_eq(psd_sparse_convert_row(t32, f.t, in, sizeof in - 4, out, scratch,
+                                            &clamped), PS_ECORRUPT);
+    ck_assert_uint_eq(clamped, 0);
+    free(scratch);
+    psd_sparse_table_free(t32);
+    fx_close(&f, true);
+}
+END_TEST
+
 PSCHECK_MAIN("sparse",
+    {"half rows", {test_f16_rows, test_bf16_rows, test_f16_clamp, test_convert_row},
+     &pscheck_tmp},
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget}, &pscheck_tmp},
