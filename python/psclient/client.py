@@ -35,7 +35,7 @@ from ._proto import health, pb
 from ._rpc import Connection, PsError, Retry, TLS, read_token
 from .shm import Region, is_local_socket, local_route
 from .sparse import SparsePushResult, SparseValues
-from .specs import Initializer, Optimizer, SparseTable, Variable, consistency_pb
+from .specs import Initializer, Optimizer, SparseTable, Variable, consistency_pb, row_dtype_pb
 from .task import Task, TaskEnv, from_environment
 
 log = logging.getLogger("psclient")
@@ -133,6 +133,8 @@ class Restored:
     address: str
     step: int
     variables: int
+    sparse_tables_converted: int = 0   # with sparse_row_dtype: tables of another dtype
+    sparse_rows_converted: int = 0
 
 
 @dataclass
@@ -262,6 +264,7 @@ class Client:
         self.consistency = "async"
         self.variables: Dict[str, _place.Placement] = {}
         self.sparse_tables: Dict[str, int] = {}   # sparse table -> dim
+        self.sparse_row_dtypes: Dict[str, int] = {}   # sparse table -> ps.v1.DType of its rows
         self.sparse_step = 0
         self._part_shapes: Dict[str, Tuple[int, ...]] = {}
         self.coord: Optional[Connection] = None
@@ -686,6 +689,7 @@ class Client:
         """Knows the tables without creating them (a reader)."""
         for t in tables:
             self.sparse_tables[t.name] = int(t.dim)
+            self.sparse_row_dtypes[t.name] = row_dtype_pb(t.row_dtype)
 
     def _sparse_call(self, timeout: Optional[float]) -> Callable[[int, str, Any, Any], Any]:
         return lambda s, m, req, resp: self.shards[s].call(m, req, resp, timeout=timeout)
@@ -715,7 +719,9 @@ class Client:
         """Pushes each table's (ids, rows): row i (float32 [len(ids), dim])
         is the gradient of ids[i]; psd sums a repeated id's rows before one
         update. Each shard gets the rows of its ids in one request, in
-        parallel. return_values: the updated rows back, in request order.
+        parallel; when every table of a request has half-precision rows of
+        one dtype, the gradients travel in it (rounded to nearest even).
+        return_values: the updated rows back, in request order.
         step: the table clock (ttl_steps); None: the client's sparse_step,
         which rises by one per call."""
         checked: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
@@ -726,7 +732,8 @@ class Client:
             raise ValueError("sparse_push: no ids")
         st = self.sparse_step if step is None else step
         res = _sparse.push(self._sparse_call(timeout), self._each, len(self.shards),
-                           self.worker, st, checked, return_values)
+                           self.worker, st, checked, return_values,
+                           {n: self.sparse_row_dtypes.get(n, 1) for n in checked})
         if step is None:
             self.sparse_step += 1
         return res
@@ -783,21 +790,26 @@ class Client:
                            int(r[s].bytes)) for s in range(len(self.shards))]
 
     def restore(self, step: int = 0, *, token_file: Optional[str] = None,
-                timeout: Optional[float] = None) -> List[Restored]:
+                timeout: Optional[float] = None,
+                sparse_row_dtype: Optional[str] = None) -> List[Restored]:
         """Has every shard load a checkpoint (psd's Restore, in parallel):
         the one at `step`, or each shard's latest complete one (0). The
         variables' values, optimizer slots, versions and sparse tables
         become the checkpoint's; the client's own step counters are not
         touched. Operator token as checkpoint. Returns each shard's Restored
         by index; raises PsError (NOT_FOUND naming the step when a shard has
-        no such checkpoint)."""
+        no such checkpoint). sparse_row_dtype ("f32", "fp16", "bf16"): every
+        sparse table comes back with rows of that dtype, converted where the
+        checkpoint holds another (counted in Restored); None: as saved."""
         if step < 0:
             raise ValueError("restore: step must be >= 0")
         tok = _token_arg(token_file)
-        req = pb.RestoreRequest(step=step)
+        req = pb.RestoreRequest(step=step, sparse_row_dtype=(
+            0 if sparse_row_dtype is None else row_dtype_pb(sparse_row_dtype)))
         r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
             "Restore", req, pb.RestoreResponse, timeout=timeout, token=tok))
-        return [Restored(s, self.shards[s].conn.address, int(r[s].step), int(r[s].variables))
+        return [Restored(s, self.shards[s].conn.address, int(r[s].step), int(r[s].variables),
+                         int(r[s].sparse_tables_converted), int(r[s].sparse_rows_converted))
                 for s in range(len(self.shards))]
 
     def list_variables(self) -> List[Any]:

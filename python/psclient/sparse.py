@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._proto import pb
+from .half import from_half, to_half
 
 _M1 = np.uint64(0xbf58476d1ce4e5b9)
 _M2 = np.uint64(0x94d049bb133111eb)
@@ -126,13 +127,20 @@ def split(ids: Mapping[str, np.ndarray], nshards: int) -> Split:
 
 
 def merge(name: str, rows: Any, pos: np.ndarray, into: np.ndarray, shard: int) -> None:
-    """Copies one shard's SparseRows (the rows of ids[pos]) into `into`."""
+    """Copies one shard's SparseRows (the rows of ids[pos]) into `into`,
+    widened to float32 when the table's rows are float16 or bfloat16 (they
+    travel as stored)."""
     t = rows.values
     dim = into.shape[1]
-    if len(t.data) != 4 * len(pos) * dim:
+    half = t.dtype in (pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16)
+    if len(t.data) != (2 if half else 4) * len(pos) * dim:
         raise ValueError("shard %d answered %d bytes for table '%s', expected %d rows of "
                          "dim %d" % (shard, len(t.data), name, len(pos), dim))
-    into[pos] = np.frombuffer(t.data, dtype="<f4").reshape(len(pos), dim)
+    if half:
+        got = from_half(np.frombuffer(t.data, dtype="<u2"), t.dtype)
+    else:
+        got = np.frombuffer(t.data, dtype="<f4")
+    into[pos] = got.reshape(len(pos), dim)
 
 
 def pull(call: Callable[[int, str, Any, Any], Any],
@@ -161,21 +169,26 @@ def push(call: Callable[[int, str, Any, Any], Any],
          each: Callable[[Sequence[int], Callable[[int], Any]], Dict[int, Any]],
          nshards: int, worker: int, step: int,
          grads: Mapping[str, Tuple[np.ndarray, np.ndarray]],
-         return_values: bool) -> SparsePushResult:
+         return_values: bool, row_dtypes: Mapping[str, int]) -> SparsePushResult:
     """SparsePush of each table's (ids, rows): one request per shard with
     the rows of its ids, in parallel; versions (and with return_values the
-    updated rows) merged back."""
+    updated rows) merged back. A request whose tables all have half rows of
+    one dtype (row_dtypes) sends its gradients in it, half the bytes."""
     ids = {n: g[0] for n, g in grads.items()}
     by = split(ids, nshards)
 
     def one(s: int) -> Any:
+        kinds = {row_dtypes.get(n, pb.DTYPE_FLOAT32) for n, _ in by[s]}
+        wire = kinds.pop() if len(kinds) == 1 else pb.DTYPE_FLOAT32
         gs = []
         for n, pos in by[s]:
             r = grads[n][1][pos]
+            data = r.tobytes() if wire == pb.DTYPE_FLOAT32 else to_half(r, wire)[0].tobytes()
             gs.append(pb.SparseGradient(name=n, ids=ids[n][pos].tolist(), grad=pb.Tensor(
-                dtype=pb.DTYPE_FLOAT32, shape=list(r.shape), data=r.tobytes())))
+                dtype=wire, shape=list(r.shape), data=data)))
         req = pb.SparsePushRequest(worker=worker, step=step, grads=gs,
-                                   return_values=return_values)
+                                   return_values=return_values,
+                                   wire_dtype=0 if wire == pb.DTYPE_FLOAT32 else wire)
         return call(s, "SparsePush", req, pb.SparsePushResponse)
     versions = {n: 0 for n in grads}
     values: Optional[SparseValues] = None

@@ -15,6 +15,15 @@ _INIT_KINDS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3,
                "truncated_normal": 4, "glorot_uniform": 5}
 _OPT_KINDS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "ftrl": 4}
 _CONSISTENCY = {"default": 0, "async": 1, "sync": 2, "bounded_staleness": 3}
+_ROW_DTYPES = {"f32": 1, "float32": 1, "fp16": 2, "float16": 2, "bf16": 3, "bfloat16": 3}
+
+
+def row_dtype_pb(name: str) -> int:
+    """A sparse table's row dtype ("f32", "fp16", "bf16") as a ps.v1.DType."""
+    try:
+        return _ROW_DTYPES[name]
+    except KeyError:
+        raise ValueError("row_dtype %r: expected f32, fp16 or bf16" % (name,)) from None
 
 
 @dataclass(frozen=True)
@@ -197,7 +206,11 @@ class SparseTable:
     admit_after-th push (0, 1: the first); ttl_steps: rows not updated in
     that many steps are evicted (0: never); max_rows: per shard, the least
     recently updated beyond it are evicted (0: unbounded); insert_on_pull: a
-    pull of an unknown id stores its initial row."""
+    pull of an unknown id stores its initial row. row_dtype: "fp16" or
+    "bf16" store the rows' values in half precision on psd (half the bytes
+    in memory, on disk and on the wire; the optimizer's slots and updates
+    stay float32, each new value rounded to nearest even), "f32" float32.
+    The client still hands out and takes float32 rows."""
     name: str
     dim: int
     initializer: Optional[Initializer] = None
@@ -206,8 +219,10 @@ class SparseTable:
     ttl_steps: int = 0
     max_rows: int = 0
     insert_on_pull: bool = False
+    row_dtype: str = "f32"
 
     def __post_init__(self) -> None:
+        row_dtype_pb(self.row_dtype)
         if not 1 <= int(self.dim) <= 65536:
             raise ValueError("sparse table '%s': dim must be in [1, 65536], got %r"
                              % (self.name, self.dim))
@@ -225,7 +240,8 @@ class SparseTable:
             optimizer=(self.optimizer or default_optimizer).to_pb(),
             consistency=_CONSISTENCY["async"], sparse=True,
             admit_after=int(self.admit_after), ttl_steps=int(self.ttl_steps),
-            max_rows=int(self.max_rows), insert_on_pull=bool(self.insert_on_pull))
+            max_rows=int(self.max_rows), insert_on_pull=bool(self.insert_on_pull),
+            row_dtype=0 if row_dtype_pb(self.row_dtype) == 1 else row_dtype_pb(self.row_dtype))
 
 
 def consistency_pb(name: str) -> int:
