@@ -36,6 +36,11 @@ compute thread everywhere:
          the same seed; test accuracy after --epochs, and the gap to float32
          in points (target: bf16 with feedback within 0.3); --only-wire
          runs (g) alone
+  (h)    sparse rows in half precision, --sparse-dtype: the wide-and-deep
+         model (workerd --model widedeep) against one psd, its tables'
+         rows float32, then fp16 (--sparse-row-dtype), the same seed; test
+         accuracy after --epochs and the gap in points (target: fp16 within
+         0.3 of float32); --only-sparse-dtype runs (h) alone
 Prints examples/s, ratios to PyTorch, the overlap gap to local, and test
 accuracy after 1 and 5 epochs; --json prints one object per measurement.
 
@@ -203,37 +208,67 @@ def print_strategies(r):
                                  100 * r["f_mwm_accuracy_gap"]), flush=True)
 
 
-def run_wire(build, batch, epochs):
-    """(g): the MLP over TCP with each wire dtype, one worker, one psd."""
-    row = {"g_batch": batch, "g_epochs": epochs}
-    for k, extra in (("f32", []), ("bf16_ef", ["--wire-dtype", "bf16"]),
-                     ("bf16_no_ef", ["--wire-dtype", "bf16", "--no-error-feedback"]),
-                     ("fp16_ef", ["--wire-dtype", "fp16"])):
-        r = run_ps(build, 1, batch, epochs, extra=["--shm", "off"] + extra)
-        row["g_%s_examples_per_second" % k] = r["examples_per_second"]
-        row["g_%s_test_accuracy" % k] = r["test_accuracy"]
-    for k in ("bf16_ef", "bf16_no_ef", "fp16_ef"):
-        row["g_%s_gap_points" % k] = 100 * (row["g_%s_test_accuracy" % k] -
-                                            row["g_f32_test_accuracy"])
+def run_variants(build, batch, epochs, tag, variants, common=()):
+    """One workerd and one psd per (key, workerd flags) of variants, the
+    same seed: examples/s and test accuracy as TAG_KEY_..., and each one's
+    gap to the first's accuracy in points (TAG_KEY_gap_points)."""
+    row = {"%s_batch" % tag: batch, "%s_epochs" % tag: epochs}
+    for k, extra in variants:
+        r = run_ps(build, 1, batch, epochs, extra=list(common) + extra)
+        row["%s_%s_examples_per_second" % (tag, k)] = r["examples_per_second"]
+        row["%s_%s_test_accuracy" % (tag, k)] = r["test_accuracy"]
+    base = row["%s_%s_test_accuracy" % (tag, variants[0][0])]
+    for k, _ in variants[1:]:
+        row["%s_%s_gap_points" % (tag, k)] = 100 * (row["%s_%s_test_accuracy" % (tag, k)] -
+                                                    base)
     return row
 
 
-def print_wire(r):
-    e = r["g_epochs"]
-    print("(g) half precision on the wire, MLP 784-256-256-10, SGD lr 0.1, batch %d, "
-          "%d epoch(s), 1 workerd + 1 psd over TCP (--shm off)" % (r["g_batch"], e))
+def print_variants(r, tag, title, names, target):
+    """run_variants' row: title (with the batch and epochs), one line per
+    (key, name), then whether target (key, name) is within 0.3 points."""
+    e = r["%s_epochs" % tag]
+    print(title % (r["%s_batch" % tag], e))
     print("    %-40s %12s %10s %12s" % ("configuration", "examples/s", "acc@%d" % e,
                                         "vs f32"))
-    for k, name in (("f32", "float32"), ("bf16_ef", "bf16, error feedback"),
-                    ("bf16_no_ef", "bf16, no error feedback (ablation)"),
-                    ("fp16_ef", "fp16, error feedback")):
-        gap = r.get("g_%s_gap_points" % k)
+    for k, name in names:
+        gap = r.get("%s_%s_gap_points" % (tag, k))
         print("    %-40s %12.0f %10.4f %12s" % (
-            name, r["g_%s_examples_per_second" % k], r["g_%s_test_accuracy" % k],
-            "-" if gap is None else "%+.2f pt" % gap))
-    print("    bf16 with error feedback: %+.2f points from float32 (target within 0.3): %s"
-          % (r["g_bf16_ef_gap_points"],
-             "MET" if abs(r["g_bf16_ef_gap_points"]) <= 0.3 else "MISSED"), flush=True)
+            name, r["%s_%s_examples_per_second" % (tag, k)],
+            r["%s_%s_test_accuracy" % (tag, k)], "-" if gap is None else "%+.2f pt" % gap))
+    gap = r["%s_%s_gap_points" % (tag, target[0])]
+    print("    %s: %+.2f points from float32 (target within 0.3): %s"
+          % (target[1], gap, "MET" if abs(gap) <= 0.3 else "MISSED"), flush=True)
+
+
+def run_wire(build, batch, epochs):
+    """(g): the MLP over TCP with each wire dtype, one worker, one psd."""
+    return run_variants(build, batch, epochs, "g", [
+        ("f32", []), ("bf16_ef", ["--wire-dtype", "bf16"]),
+        ("bf16_no_ef", ["--wire-dtype", "bf16", "--no-error-feedback"]),
+        ("fp16_ef", ["--wire-dtype", "fp16"])], common=["--shm", "off"])
+
+
+def print_wire(r):
+    print_variants(r, "g", "(g) half precision on the wire, MLP 784-256-256-10, SGD lr 0.1, "
+                   "batch %d, %d epoch(s), 1 workerd + 1 psd over TCP (--shm off)",
+                   (("f32", "float32"), ("bf16_ef", "bf16, error feedback"),
+                    ("bf16_no_ef", "bf16, no error feedback (ablation)"),
+                    ("fp16_ef", "fp16, error feedback")),
+                   ("bf16_ef", "bf16 with error feedback"))
+
+
+def run_sparse_dtype(build, batch, epochs):
+    """(h): wide-and-deep with float32, then fp16 sparse rows."""
+    return run_variants(build, batch, epochs, "h", [
+        (k, ["--model", "widedeep", "--sparse-row-dtype", k]) for k in ("f32", "fp16")])
+
+
+def print_sparse_dtype(r):
+    print_variants(r, "h", "(h) sparse rows in half precision, widedeep (E 16, H 64), "
+                   "batch %d, %d epoch(s), 1 workerd + 1 psd",
+                   (("f32", "float32 rows"), ("fp16", "fp16 rows (--sparse-row-dtype fp16)")),
+                   ("fp16", "fp16 rows"))
 
 
 def pjrt_plugin(build, given):
@@ -356,6 +391,10 @@ def main():
                     help="also run (g): float32, bf16 with and without error feedback "
                          "and fp16 on the wire, batch 64, --epochs")
     ap.add_argument("--only-wire", action="store_true", help="run (g) alone")
+    ap.add_argument("--sparse-dtype", action="store_true",
+                    help="also run (h): wide-and-deep with float32 and fp16 sparse rows, "
+                         "batch 64, --epochs")
+    ap.add_argument("--only-sparse-dtype", action="store_true", help="run (h) alone")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     if not os.path.exists(os.path.join(FM, "train-images-idx3-ubyte.gz")):
@@ -371,14 +410,17 @@ def main():
     epochs = 1 if a.quick else a.epochs
     batches = [64] if a.quick else [64, 256]
     env1 = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    if a.wire or a.only_wire:
-        g = run_wire(build, 64, epochs)
-        if a.json:
-            print(json.dumps(g), flush=True)
-        else:
-            print_wire(g)
-        if a.only_wire:
-            return 0
+    for on, only, run, show in ((a.sparse_dtype, a.only_sparse_dtype, run_sparse_dtype,
+                                 print_sparse_dtype),
+                                (a.wire, a.only_wire, run_wire, print_wire)):
+        if on or only:
+            row = run(build, 64, epochs)
+            if a.json:
+                print(json.dumps(row), flush=True)
+            else:
+                show(row)
+            if only:
+                return 0
     if a.strategies or a.only_strategies:
         f = run_strategies(build, 64, epochs, env1)
         if a.json:

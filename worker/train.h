@@ -113,6 +113,8 @@ struct wd_train_opts {
                                   0 float32, 2 FLOAT16, 3 BFLOAT16 (not
                                   with shared memory: float32 there) */
     bool error_feedback;       /* with a half wire_dtype (common/half.h) */
+    int sparse_row_dtype;      /* ps.v1.DType of widedeep's sparse rows:
+                                  0 float32, 2 FLOAT16, 3 BFLOAT16 */
     int shm;                   /* shared memory with psd (common/shm.h):
                                   0 auto (a psd reached by unix:, the only
                                   way psd takes it), 1 on (any address),

@@ -135,6 +135,12 @@ const ps_opt wd_opts[] = {
      "bytes (psd keeps float32 values and optimizer state), f32 = float32; "
      "shards reached through shared memory stay float32", 0, 0, wire_choices},
     /* true: with half on the wire, rounding alone loses small updates. */
+    /* f32: what a table of an older run holds; a table created with
+     * another row dtype is refused (ALREADY_EXISTS) rather than mixed. */
+    {"sparse-row-dtype", PS_OPT_ENUM, offsetof(struct wd_conf, sparse_row_dtype), "f32",
+     "the row dtype of the sparse tables widedeep creates: fp16 or bf16 halve "
+     "each row's value in psd's memory, on disk and on the wire (slots and "
+     "updates stay float32), f32 = float32", 0, 0, wire_choices},
     {"error-feedback", PS_OPT_BOOL, offsetof(struct wd_conf, error_feedback), "true",
      "with --wire-dtype bf16 or fp16: keep each variable's rounding residual "
      "and add it to its next gradient, so that nothing is lost over time",
