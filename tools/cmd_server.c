@@ -20,9 +20,14 @@ static const ps_opt checkpoint_opts[] = {
     {0},
 };
 
+static const char *const row_dtype_choices[] = {"keep", "f32", "bf16", "fp16", NULL};
+
 static const ps_opt restore_opts[] = {
     {"step", PS_OPT_UINT64, offsetof(struct step_cfg, step), NULL,
      "checkpoint to load (default: the latest complete one)", 0, 0, NULL},
+    {"sparse-row-dtype", PS_OPT_ENUM, offsetof(struct step_cfg, row_dtype), "keep",
+     "the row dtype every sparse table comes back with, its rows converted where "
+     "the checkpoint holds another; keep = as saved", 0, 0, row_dtype_choices},
     CONN_OPTS(struct step_cfg),
     {0},
 };
@@ -58,7 +63,8 @@ static int print_restore(const void *resp)
 const struct one_call restore_call = {
     restore_opts, PS_METHOD("Restore"), &ps__v1__restore_request__descriptor,
     offsetof(Ps__V1__RestoreRequest, step),
-    &ps__v1__restore_response__descriptor, print_restore};
+    &ps__v1__restore_response__descriptor, print_restore,
+    offsetof(Ps__V1__RestoreRequest, sparse_row_dtype)};
 
 /* ---- stats, health ---------------------------------------------------- */
 

@@ -127,6 +127,7 @@ extern const ps_opt conn_opts[];
 struct step_cfg {
     struct conn_cfg conn;
     uint64_t step; /* 0: the server chooses */
+    int row_dtype; /* restore: keep, f32, bf16, fp16 (row_dtype_choices' order) */
 };
 
 /* -o/--output of the read commands (list, stats, status, top --once,
@@ -228,6 +229,7 @@ struct one_call {
     size_t step_at;
     const ProtobufCMessageDescriptor *resp_desc;
     int (*print)(const void *resp);
+    size_t row_dtype_at; /* where step_cfg.row_dtype goes as a DType; 0: nowhere */
 };
 
 /* Parses the options, opens and probes the session, makes the call, prints

@@ -16,15 +16,17 @@ a real psd on 127.0.0.1:0 in a temporary directory:
            a half dtype that is not the rows': INVALID_ARGUMENT naming the
            table, no row changed;
   restore  a checkpoint keeps the rows' dtype and bits (after a restart
-           too); Restore with sparse_row_dtype converts each table of
-           another dtype (counted in the answer) and its rows equal
-           numpy's conversion of the checkpoint's;
+           too); Restore with sparse_row_dtype (and psctl restore
+           --sparse-row-dtype) converts each table of another dtype (counted
+           in the answer) and its rows equal numpy's conversion of the
+           checkpoint's;
   layer    psclient.embedding.layer_lookup(row_dtype="bf16") (what the
            torch and Keras layers call) creates the table with bf16 rows.
 
 Prints ok/FAIL per check and "python-sparse-half: N passed, N failed".
 """
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -256,6 +258,15 @@ def test_restore(c, stub, models, universe, data):
     mbh.push(ids, rnd(g, BF16))
     r.check(close(c.sparse_pull({"h16": ids})["h16"], mbh.rows(ids), BF16)[0],
             "restore: the converted table trains on, in bf16")
+    psctl = os.path.join(pstest.BUILD_ROOT, "tools", "psctl")
+    p = subprocess.run([psctl, "restore", "--server", c.shards[0].conn.address, "--step",
+                        "100", "--sparse-row-dtype", "bf16"], capture_output=True, text=True,
+                       timeout=60)
+    r.check(p.returncode == 0 and "(1 sparse table(s), %d rows converted"
+            % info["h16"].sparse_rows in p.stdout and np.array_equal(
+                np.frombuffer(raw_pull(stub, "h16", universe).data, "<u2"), want),
+            "restore: psctl restore --sparse-row-dtype bf16 converts the fp16 table: %r"
+            % (p.stdout.strip() or p.stderr.strip()))
 
 
 def test_restart(data, universe):
