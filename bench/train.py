@@ -47,6 +47,8 @@ accuracy after 1 and 5 epochs; --json prints one object per measurement.
 Usage: /usr/bin/python3 bench/train.py BUILD_DIR [--quick] [--json]
                                        [--tensorflow [--only-tf]]
                                        [--strategies [--only-strategies]]
+                                       [--wire [--only-wire]]
+                                       [--sparse-dtype [--only-sparse-dtype]]
 """
 import argparse
 import glob
