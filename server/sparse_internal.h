@@ -300,7 +300,10 @@ void sparse_catw_abort(struct sp_catw *w);
 int sparse_catw_end(struct sp_catw *w, int rc);
 /* Compaction's relocation of n rows, in one transaction, each only when
  * the catalog still points at old (apply_run_mu held: the caller is the
- * appender, and synced the new records). *moved: the rows moved. */
+ * appender, and synced the new records). *moved: the rows moved. A cold
+ * read that looked a row up before the relocation committed still reads
+ * the old record (sparse_cold.c reads outside the table's mutex): a
+ * segment may go only once no read begun before that is in flight. */
 struct sp_move {
     uint32_t var_id;
     int64_t id;
