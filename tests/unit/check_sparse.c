@@ -18,6 +18,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +444,35 @@ START_TEST(test_truncated_segment)
 }
 END_TEST
 
+/* Bytes past the end the catalog's last transaction recorded: a batch a
+ * kill cut short before its transaction committed (its rows are still in
+ * the row log). The tier cuts them off and opens; rows read back. */
+START_TEST(test_uncommitted_tail)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t *ids = range(0, 40);
+    ck_assert_int_eq(push(&f, ids, 40, 1.0f, 1, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    char *p = seg_file();
+    int fd = open(p, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    uint8_t junk[3 * REC_BYTES / 2];
+    memset(junk, 0xab, sizeof junk);
+    ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    close(fd);
+    fx_open(&f, 0, 0, false);
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_int_eq(st.st_size, 16 + 40 * REC_BYTES);
+    for (int64_t id = 0; id < 40; id += 7)
+        ck_assert(pull_one(&f, id) == -1.0f);
+    fx_close(&f, true);
+    free(p);
+    free(ids);
+}
+END_TEST
+
 /* A directory of an older psd held each row's bytes in LMDB's rows db:
  * the tier moves them into the segments at open, and they read back. */
 START_TEST(test_old_format)
@@ -495,4 +525,4 @@ PSCHECK_MAIN("sparse",
     {"caps", {test_caps, test_budget}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
-                  test_old_format}, &pscheck_tmp})
+                  test_uncommitted_tail, test_old_format}, &pscheck_tmp})
