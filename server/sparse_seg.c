@@ -30,7 +30,7 @@
 /* Rows a conversion or a checkpoint's copy moves per transaction, and the
  * bytes it buffers at most. */
 #define MOVE_ROWS 8192
-#define MOVE_BYTES ((size_t)16 << 20)
+#define MOVE_BYTES ((size_t)4 << 20)
 
 /* ---- catalog entries ---------------------------------------------------- */
 
@@ -360,9 +360,6 @@ static int move_pick(void *ctx, uint32_t var_id, int64_t id, const void *d, size
     return m->n >= MOVE_ROWS || m->buf.len >= MOVE_BYTES ? 1 : 0;
 }
 
-/* Appends the batch's rows to the segments and syncs them, then points
- * the catalog at them, each only if LMDB still holds the same bytes (a
- * sweep may have deleted it, an apply replaced it). apply_run_mu held. */
 /* Appends the batch's rows to the segments and syncs them (r[k].loc). */
 static int move_append(psd_sparse *sp, struct move *m)
 {
@@ -380,7 +377,12 @@ static int move_append(psd_sparse *sp, struct move *m)
     return rc;
 }
 
-static int convert_batch(psd_sparse *sp, psd_store *st, struct move *m)
+/* Appends the batch's rows to the segments, syncs them, and points the
+ * catalog at them: a conversion only where LMDB still holds the same bytes
+ * (a sweep may have deleted the row, an apply replaced it); a restore's
+ * staging (m->one_table) under m->to, a fresh var_id no other writer
+ * knows. apply_run_mu held. */
+static int append_batch(psd_sparse *sp, psd_store *st, struct move *m)
 {
     (void)st;
     struct move_row *r = move_rows(m);
@@ -391,40 +393,21 @@ static int convert_batch(psd_sparse *sp, psd_store *st, struct move *m)
         struct sp_catw w;
         rc = sparse_catw_begin(sp, &w, true);
         for (size_t k = 0; k < m->n && rc == 0; k++) {
+            const uint8_t *row = m->buf.data + r[k].off;
             const void *d;
             size_t len;
-            rc = psd_store_row_peek(w.t, r[k].var, r[k].id, &d, &len);
-            if (rc == PS_ENOTFOUND) {
-                rc = 0;
-                continue;
+            if (!m->one_table) {
+                int prc = psd_store_row_peek(w.t, r[k].var, r[k].id, &d, &len);
+                if (prc != 0 && prc != PS_ENOTFOUND) {
+                    rc = prc;
+                    break;
+                }
+                if (prc == PS_ENOTFOUND || len != r[k].len || memcmp(d, row, len) != 0)
+                    continue;
             }
-            if (rc != 0 || len != r[k].len || memcmp(d, m->buf.data + r[k].off, len) != 0)
-                continue;
             struct sp_cat c = {.loc = r[k].loc,
-                               .last_step = sparse_stored_last_step(d, len)};
-            rc = cat_put(&w, r[k].var, r[k].id, &c, NULL);
-        }
-        rc = sparse_catw_end(&w, rc);
-    } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
-    return rc;
-}
-
-/* A restore's batch: appended as table m->to, and pointed at in the
- * catalog under it (a fresh var_id no other writer knows). */
-static int stage_batch(psd_sparse *sp, psd_store *st, struct move *m)
-{
-    (void)st;
-    struct move_row *r = move_rows(m);
-    int rc = move_append(sp, m);
-    if (rc != 0)
-        return rc;
-    do {
-        struct sp_catw w;
-        rc = sparse_catw_begin(sp, &w, true);
-        for (size_t k = 0; k < m->n && rc == 0; k++) {
-            struct sp_cat c = {.loc = r[k].loc, .last_step = sparse_stored_last_step(
-                                                    m->buf.data + r[k].off, r[k].len)};
-            rc = cat_put(&w, m->to, r[k].id, &c, NULL);
+                               .last_step = sparse_stored_last_step(row, r[k].len)};
+            rc = cat_put(&w, m->one_table ? m->to : r[k].var, r[k].id, &c, NULL);
         }
         rc = sparse_catw_end(&w, rc);
     } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
@@ -463,7 +446,7 @@ int psd_sparse_stage(psd_sparse *sp, struct psd_store *src, const char *name, ui
     int rc = psd_store_var_id(src, name, &m.from);
     if (rc == 0) {
         pthread_mutex_lock(&sp->apply_run_mu);
-        rc = move_all(sp, src, &m, stage_batch, &moved);
+        rc = move_all(sp, src, &m, append_batch, &moved);
         pthread_mutex_unlock(&sp->apply_run_mu);
     }
     if (rc != 0)
@@ -476,7 +459,7 @@ int sparse_convert(psd_sparse *sp)
 {
     struct move m = {.want_inline = true};
     uint64_t moved = 0;
-    int rc = move_all(sp, sp->store, &m, convert_batch, &moved);
+    int rc = move_all(sp, sp->store, &m, append_batch, &moved);
     atomic_fetch_add(&sp->converted, moved);
     if (rc != 0)
         ps_log_err(rc, "moving the sparse rows held in LMDB into segment files (%llu moved; "
