@@ -120,9 +120,8 @@ void ps_half_to_f32_portable(int type, const uint16_t *in, float *out, size_t n)
     }
 }
 
-bool ps_half_nonfinite(int type, const uint16_t *in, size_t n)
+static bool nonfinite_portable(uint16_t mask, const uint16_t *in, size_t n)
 {
-    uint16_t mask = type == PS_HALF_BF16 ? 0x7f80 : 0x7c00;
     uint16_t any = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
@@ -130,6 +129,21 @@ bool ps_half_nonfinite(int type, const uint16_t *in, size_t n)
         any |= (uint16_t)((h & mask) == mask);
     }
     return any != 0;
+}
+
+/* Error feedback in portable C, element by element (see half.h). */
+static size_t ef_portable(int type, const float *g, float *res, uint16_t *out, size_t n)
+{
+    size_t clamped = 0;
+    for (size_t i = 0; i < n; i++) {
+        float t = g[i] + res[i];
+        bool c = false;
+        uint16_t h = type == PS_HALF_BF16 ? bf16_of(t) : f16_of(t, &c);
+        clamped += c;
+        memcpy((uint8_t *)out + 2 * i, &h, sizeof h);
+        res[i] = t - ps_half_to_f32_one(type, h);
+    }
+    return clamped;
 }
 
 /* ---- x86 kernels ---------------------------------------------------------- */
@@ -194,6 +208,85 @@ bf16_to_f32_avx2(const uint16_t *in, float *out, size_t n)
     }
     ps_half_to_f32_portable(PS_HALF_BF16, in + i, out + i, n - i);
 }
+
+/* float32 -> bfloat16 with AVX2's integers, bf16_of's rounding (to
+ * nearest even, NaN made quiet), for CPUs without AVX512-BF16. */
+__attribute__((target("avx2"))) static inline __m128i bf16_round_avx2(__m256 x)
+{
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(
+                                         _mm256_srli_epi32(u, 16), one)));
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    r = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
+    /* Pack the 8 low halves: packus works per 128-bit lane. */
+    __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+    return _mm_packus_epi32(lo, hi);
+}
+
+__attribute__((target("avx2"))) static void
+bf16_from_f32_avx2(const float *in, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(out + i), bf16_round_avx2(_mm256_loadu_ps(in + i)));
+    ps_half_from_f32_portable(PS_HALF_BF16, in + i, out + i, n - i);
+}
+
+/* Error feedback fused: t = g + r, h = half(t), r = t - float(h), one pass. */
+__attribute__((target("avx,f16c"))) static size_t
+f16_ef_f16c(const float *g, float *res, uint16_t *out, size_t n)
+{
+    size_t clamped = 0, i = 0;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(65520.0f), inf = _mm256_set1_ps(INFINITY);
+    const __m256 max = _mm256_set1_ps(65504.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(res + i));
+        __m256 x = t, a = _mm256_and_ps(t, absmask);
+        __m256 over = _mm256_and_ps(_mm256_cmp_ps(a, big, _CMP_GE_OQ),
+                                    _mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+        int m = _mm256_movemask_ps(over);
+        if (m != 0) {
+            clamped += (size_t)__builtin_popcount((unsigned)m);
+            x = _mm256_blendv_ps(x, _mm256_or_ps(max, _mm256_andnot_ps(absmask, x)), over);
+        }
+        __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(void *)(out + i), h);
+        _mm256_storeu_ps(res + i, _mm256_sub_ps(t, _mm256_cvtph_ps(h)));
+    }
+    return clamped + ef_portable(PS_HALF_F16, g + i, res + i, out + i, n - i);
+}
+
+__attribute__((target("avx2"))) static void
+bf16_ef_avx2(const float *g, float *res, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(res + i));
+        __m128i h = bf16_round_avx2(t);
+        __m256 back = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        _mm_storeu_si128((__m128i *)(void *)(out + i), h);
+        _mm256_storeu_ps(res + i, _mm256_sub_ps(t, back));
+    }
+    ef_portable(PS_HALF_BF16, g + i, res + i, out + i, n - i);
+}
+
+/* Any half whose exponent bits are all set (Inf, NaN), 16 at a time. */
+__attribute__((target("avx2"))) static bool
+nonfinite_avx2(uint16_t mask, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+    const __m256i m = _mm256_set1_epi16((short)mask);
+    __m256i any = _mm256_setzero_si256();
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
+        any = _mm256_or_si256(any, _mm256_cmpeq_epi16(_mm256_and_si256(h, m), m));
+    }
+    return !_mm256_testz_si256(any, any) || nonfinite_portable(mask, in + i, n - i);
+}
 #endif
 
 /* The kernels picked once: 0 portable, 1 the instructions. */
@@ -224,7 +317,7 @@ const char *ps_half_kernel(int type, bool to_f32)
         return have.f16c ? "f16c" : "portable";
     if (to_f32)
         return have.avx2 ? "avx2" : "portable";
-    return have.bf16_avx512 ? "avx512bf16" : "portable";
+    return have.bf16_avx512 ? "avx512bf16" : have.avx2 ? "avx2" : "portable";
 }
 
 size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n)
@@ -235,6 +328,10 @@ size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n)
         return f16_from_f32_f16c(in, out, n);
     if (type == PS_HALF_BF16 && have.bf16_avx512) {
         bf16_from_f32_avx512(in, out, n);
+        return 0;
+    }
+    if (type == PS_HALF_BF16 && have.avx2) {
+        bf16_from_f32_avx2(in, out, n);
         return 0;
     }
 #endif
@@ -257,22 +354,31 @@ void ps_half_to_f32(int type, const uint16_t *in, float *out, size_t n)
     ps_half_to_f32_portable(type, in, out, n);
 }
 
+bool ps_half_nonfinite(int type, const uint16_t *in, size_t n)
+{
+    uint16_t mask = type == PS_HALF_BF16 ? 0x7f80 : 0x7c00;
+    pthread_once(&pick_once, pick);
+#ifdef HALF_X86
+    if (have.avx2)
+        return nonfinite_avx2(mask, in, n);
+#endif
+    return nonfinite_portable(mask, in, n);
+}
+
 size_t ps_half_encode_ef(int type, const float *g, float *residual, uint16_t *out,
                          size_t n)
 {
     if (residual == NULL)
         return ps_half_from_f32(type, g, out, n);
-    enum { CHUNK = 1024 };
-    float t[CHUNK], back[CHUNK];
-    size_t clamped = 0;
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t k = n - i < CHUNK ? n - i : CHUNK;
-        for (size_t j = 0; j < k; j++)
-            t[j] = g[i + j] + residual[i + j];
-        clamped += ps_half_from_f32(type, t, out + i, k);
-        ps_half_to_f32(type, out + i, back, k);
-        for (size_t j = 0; j < k; j++)
-            residual[i + j] = t[j] - back[j];
+    pthread_once(&pick_once, pick);
+#ifdef HALF_X86
+    if (type == PS_HALF_F16 && have.f16c)
+        return f16_ef_f16c(g, residual, out, n);
+    if (type == PS_HALF_BF16 && have.avx2) {
+        /* AVX2's rounding is bf16_of's, the same bits as AVX512-BF16's. */
+        bf16_ef_avx2(g, residual, out, n);
+        return 0;
     }
-    return clamped;
+#endif
+    return ef_portable(type, g, residual, out, n);
 }

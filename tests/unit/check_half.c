@@ -40,9 +40,15 @@ static float *values(size_t n)
                                  65519.99f, 65520.0f, -65520.0f, 1e9f, 6e-8f, 3e-8f,
                                  2.9e-8f, 5.96e-8f, 6.1e-5f, 1.0f, -1.0f, 1.00048828125f,
                                  0.1f, 3.4e38f};
+    /* NaNs whose payload would carry into the exponent, or the sign, if a
+     * kernel rounded them as numbers; the signalling one too. */
+    static const uint32_t nan_bits[] = {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0x7fbfffffu};
+    size_t n_edge = sizeof edge / sizeof edge[0], n_nan = sizeof nan_bits / sizeof nan_bits[0];
     for (size_t i = 0; i < n; i++) {
-        if (i < sizeof edge / sizeof edge[0])
+        if (i < n_edge)
             v[i] = edge[i];
+        else if (i < n_edge + n_nan)
+            v[i] = f_of(nan_bits[i - n_edge]);
         else if (i % 3 == 0)
             v[i] = f_of(next());
         else
@@ -159,6 +165,62 @@ START_TEST(test_nonfinite)
 }
 END_TEST
 
+/* The fused error-feedback kernels give, bit for bit, what the rounding of
+ * one element at a time gives: the half sent and the residual kept, over
+ * every kind of value (subnormal, huge, NaN) and the vector tails. */
+START_TEST(test_error_feedback_kernels)
+{
+    size_t n = 100003;
+    float *g = values(n), *r = malloc(n * 4), *r_ref = malloc(n * 4);
+    uint16_t *out = malloc(n * 2);
+    for (int type = PS_HALF_F16; type <= PS_HALF_BF16; type++) {
+        for (size_t i = 0; i < n; i++)
+            r[i] = r_ref[i] = (float)(next() % 2001) * 1e-6f - 1e-3f;
+        size_t clamped = ps_half_encode_ef(type, g, r, out, n), clamped_ref = 0;
+        for (size_t i = 0; i < n; i++) {
+            float t = g[i] + r_ref[i];
+            bool c = false;
+            uint16_t h = ps_half_from_f32_one(type, t, &c);
+            clamped_ref += c;
+            r_ref[i] = t - ps_half_to_f32_one(type, h);
+            ck_assert_msg(out[i] == h, "%s: %a + %a -> %04x, one at a time %04x",
+                          type == PS_HALF_F16 ? "f16" : "bf16", (double)g[i],
+                          (double)(t - g[i]), out[i], h);
+            ck_assert_msg(memcmp(&r[i], &r_ref[i], 4) == 0 || (isnan(r[i]) && isnan(r_ref[i])),
+                          "residual %zu: %a against %a", i, (double)r[i], (double)r_ref[i]);
+        }
+        ck_assert_uint_eq(clamped, clamped_ref);
+    }
+    free(g);
+    free(r);
+    free(r_ref);
+    free(out);
+}
+END_TEST
+
+/* One Inf or NaN anywhere in a long array, in the vector body or the tail. */
+START_TEST(test_nonfinite_positions)
+{
+    enum { N = 1037 };
+    uint16_t h[N];
+    for (int type = PS_HALF_F16; type <= PS_HALF_BF16; type++) {
+        uint16_t bad = type == PS_HALF_F16 ? 0xfc00 : 0x7fc1;
+        for (size_t i = 0; i < N; i++)
+            h[i] = (uint16_t)(0x3c00 + (i & 0x3ff)); /* finite in both types */
+        ck_assert(!ps_half_nonfinite(type, h, N));
+        for (size_t at = 0; at < N; at += 97) {
+            uint16_t keep = h[at];
+            h[at] = bad;
+            ck_assert_msg(ps_half_nonfinite(type, h, N), "type %d: missed at %zu", type, at);
+            ck_assert(!ps_half_nonfinite(type, h, at)); /* before it: finite */
+            h[at] = keep;
+        }
+        h[N - 1] = bad;
+        ck_assert(ps_half_nonfinite(type, h, N));
+    }
+}
+END_TEST
+
 /* Over many steps: sum(sent) + residual == sum(g), in double, within the
  * float32 rounding of g + r at each step; without feedback the rounding
  * error grows with the step count instead. */
@@ -202,5 +264,5 @@ END_TEST
 
 PSCHECK_MAIN("half",
     {"kernels", {test_kernels_match_portable, test_round_trip_all_patterns}},
-    {"values", {test_f16_values, test_nonfinite}},
-    {"feedback", {test_error_feedback_invariant}})
+    {"values", {test_f16_values, test_nonfinite, test_nonfinite_positions}},
+    {"feedback", {test_error_feedback_invariant, test_error_feedback_kernels}})
