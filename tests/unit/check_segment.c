@@ -630,6 +630,12 @@ START_TEST(test_compact)
     cat_counts(o.s, &cat);
     for (int64_t id = 0; id < 20; id++)
         ck_assert_uint_ne(cat.loc[id].seg, 1);
+    /* A reader that looked row 3 up before the move still reads it after
+     * the removal (the descriptor is kept for the grace). */
+    psd_seg_loc old3 = {.seg = 1, .len = REC, .off = PSD_SEG_FILE_HEAD + 3 * REC};
+    uint8_t got3[ROW], want3[ROW];
+    psd_seg_read rq3 = {.loc = old3, .var_id = 3, .id = 3, .dst = got3, .cap = ROW};
+    ck_assert_int_eq(psd_segs_read(o.s, &rq3, 1), 0);
     /* Removed only past the committed end. */
     cat.end = psd_segs_end(o.s);
     psd_seg_loc early = {.seg = 1, .off = 100};
@@ -642,6 +648,10 @@ START_TEST(test_compact)
     snprintf(p, sizeof p, "%s/seg-%08u.psg", dir_of(), 1u);
     ck_assert_int_ne(access(p, F_OK), 0);
     cat_check(o.s, &cat);
+    memset(got3, 0, sizeof got3);
+    ck_assert_int_eq(psd_segs_read(o.s, &rq3, 1), 0);
+    fill(want3, 3, 1);
+    ck_assert_mem_eq(got3, want3, ROW);
     /* The next pick, whole, through cat_compact. */
     ck_assert_int_eq(psd_segs_pick(o.s, 0, &seg), 0);
     ck_assert_uint_eq(seg, 2);
@@ -1032,6 +1042,39 @@ START_TEST(test_checkpoint_big)
 }
 END_TEST
 
+/* A checkpoint on another file system (/dev/shm, a tmpfs): the sealed
+ * segments are copied, not linked, and restore back the same way. */
+START_TEST(test_checkpoint_elsewhere)
+{
+    struct stat a, b;
+    if (stat("/dev/shm", &b) != 0 || stat(tmpdir, &a) != 0 || a.st_dev == b.st_dev) {
+        fprintf(stderr, "skipped: no /dev/shm on another file system than %s\n", tmpdir);
+        return;
+    }
+    char ck[64] = "/dev/shm/check_segment.XXXXXX", rs[300], why[512] = "";
+    ck_assert_ptr_nonnull(mkdtemp(ck));
+    catalog cat = {0};
+    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
+    cat_fill(&o);
+    int rc = psd_segs_checkpoint(o.s, ck, &cat.end, why, sizeof why);
+    nlink_t links;
+    if (rc == 0)
+        inode_of(ck, 1, &links, NULL);
+    snprintf(rs, sizeof rs, "%s/restored", tmpdir);
+    int rrc = rc == 0 ? psd_segs_restore(ck, rs, &cat.end, why, sizeof why) : rc;
+    nftw(ck, pscheck_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    ck_assert_msg(rc == 0 && rrc == 0, "%s", why);
+    ck_assert_uint_eq(links, 1);
+    inode_of(rs, 1, &links, NULL);
+    ck_assert_uint_eq(links, 1);
+    psd_segs *r = NULL;
+    ck_assert_int_eq(psd_segs_open(rs, 8192, &cat.end, &r, why, sizeof why), 0);
+    cat_check(r, &cat);
+    psd_segs_close(r);
+    psd_segs_close(o.s);
+}
+END_TEST
+
 static const struct pscheck_opts slow_tmp = {pscheck_tmp_setup, pscheck_tmp_teardown, 300};
 
 PSCHECK_MAIN("segment",
@@ -1043,4 +1086,5 @@ PSCHECK_MAIN("segment",
     {"psd_segs_compact_step", {test_compact, test_compact_refused, test_compact_rate},
      &pscheck_tmp},
     {"psd_segs_remove", {test_compact_kill}, &slow_tmp},
-    {"psd_segs_checkpoint", {test_checkpoint, test_checkpoint_big}, &pscheck_tmp})
+    {"psd_segs_checkpoint", {test_checkpoint, test_checkpoint_big, test_checkpoint_elsewhere},
+     &pscheck_tmp})
