@@ -666,6 +666,41 @@ START_TEST(test_compact)
 }
 END_TEST
 
+/* The owner's batches between the steps: rows of the segment rewritten
+ * before their turn (then skipped as dead) and after their copy (the copy
+ * then dead); the counts stay those of the catalog all along. */
+START_TEST(test_compact_interleaved)
+{
+    catalog cat = {0};
+    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
+    cat_fill(&o);
+    psd_seg_compact_opts co = {.rate = (uint64_t)1 << 40, .batch = 3 * REC,
+                               .live = cat_live, .moved = cat_moved, .arg = &o};
+    psd_segs_compact *c;
+    char why[512] = "";
+    ck_assert_int_eq(psd_segs_compact_begin(o.s, 1, &co, &c, why, sizeof why), 0);
+    uint64_t wait;
+    int rc, step = 0;
+    while ((rc = psd_segs_compact_step(c, &wait, why, sizeof why)) == 0) {
+        /* Row 19 (last of the segment) before its turn, then each step the
+         * odd row just copied. */
+        int64_t id = step == 0 ? 19 : 2 * step + 1;
+        ck_assert_int_eq(cat_put(&o, id, 1, 7), 0);
+        step++;
+        cat_check(o.s, &cat);
+        cat_counts(o.s, &cat);
+    }
+    ck_assert_int_eq(rc, 1);
+    psd_segs_compact_end(c);
+    ck_assert_uint_lt(o.moves, 10); /* row 19 was dead at its turn */
+    cat.end = psd_segs_end(o.s);
+    ck_assert_int_eq(psd_segs_remove(o.s, 1, &cat.end), 0);
+    cat_check(o.s, &cat);
+    cat_counts(o.s, &cat);
+    psd_segs_close(o.s);
+}
+END_TEST
+
 /* What compaction refuses, and a step that failed tried again. */
 START_TEST(test_compact_refused)
 {
@@ -1083,7 +1118,8 @@ PSCHECK_MAIN("segment",
     {"psd_segs_open", {test_truncated_refused, test_corrupt_refused, test_committed_end}, &pscheck_tmp},
     {"psd_segs_sync", {test_full_disk}, &pscheck_tmp},
     {"psd_segs_pick", {test_pick}, &pscheck_tmp},
-    {"psd_segs_compact_step", {test_compact, test_compact_refused, test_compact_rate},
+    {"psd_segs_compact_step", {test_compact, test_compact_interleaved, test_compact_refused,
+                               test_compact_rate},
      &pscheck_tmp},
     {"psd_segs_remove", {test_compact_kill}, &slow_tmp},
     {"psd_segs_checkpoint", {test_checkpoint, test_checkpoint_big, test_checkpoint_elsewhere},
