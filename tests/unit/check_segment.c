@@ -587,6 +587,17 @@ static void cat_fill(owner *o)
         ck_assert_int_eq(cat_put(o, id, 1, 2), 0);
 }
 
+/* Compaction of segment seg, unbounded in rate, three records a step. */
+static psd_segs_compact *begin_fast(owner *o, uint32_t seg)
+{
+    psd_seg_compact_opts co = {.rate = (uint64_t)1 << 40, .batch = 3 * REC,
+                               .live = cat_live, .moved = cat_moved, .arg = o};
+    psd_segs_compact *c = NULL;
+    char why[512] = "";
+    ck_assert_msg(psd_segs_compact_begin(o->s, seg, &co, &c, why, sizeof why) == 0, "%s", why);
+    return c;
+}
+
 /* A half-dead segment compacted in batches of three records: after every
  * step every row reads where the catalog says; at the end the live records
  * are in the active segment, the old file removed, and a reopen at the
@@ -605,11 +616,8 @@ START_TEST(test_compact)
     uint64_t bytes, live;
     ck_assert_int_eq(psd_segs_usage(o.s, 1, &bytes, &live), 0);
     ck_assert_uint_eq(live * 2, bytes);
-    psd_seg_compact_opts co = {.rate = (uint64_t)1 << 40, .batch = 3 * REC,
-                               .live = cat_live, .moved = cat_moved, .arg = &o};
-    psd_segs_compact *c;
+    psd_segs_compact *c = begin_fast(&o, seg);
     char why[512] = "";
-    ck_assert_int_eq(psd_segs_compact_begin(o.s, seg, &co, &c, why, sizeof why), 0);
     uint64_t wait;
     int rc, steps = 0;
     o.vanish = 5;
@@ -674,11 +682,8 @@ START_TEST(test_compact_interleaved)
     catalog cat = {0};
     owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
     cat_fill(&o);
-    psd_seg_compact_opts co = {.rate = (uint64_t)1 << 40, .batch = 3 * REC,
-                               .live = cat_live, .moved = cat_moved, .arg = &o};
-    psd_segs_compact *c;
+    psd_segs_compact *c = begin_fast(&o, 1);
     char why[512] = "";
-    ck_assert_int_eq(psd_segs_compact_begin(o.s, 1, &co, &c, why, sizeof why), 0);
     uint64_t wait;
     int rc, step = 0;
     while ((rc = psd_segs_compact_step(c, &wait, why, sizeof why)) == 0) {
