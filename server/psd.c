@@ -76,6 +76,7 @@ struct psd_conf {
     uint64_t segment_size;
     uint64_t compact_rate;
     char *metrics_listen;
+    ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
     char *tokens;
     char *token_file;
@@ -260,6 +261,8 @@ static const ps_opt psd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
+    PS_METRICS_HTTP_OPTS(struct psd_conf, metrics_http),
     /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
     PS_TLS_SERVER_OPTS(struct psd_conf, tls),
     /* None: open, as before tokens existed; a warning when the address is
@@ -647,10 +650,12 @@ static int serve_metrics(struct psd *d)
         return 0;
     d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
     char err[512];
-    int rc = ps_metrics_http_start(addr, psd_metrics_collect, &d->msrc, &d->metrics,
-                                   err, sizeof err);
+    int rc = ps_metrics_http_start(addr, &d->c.metrics_http, psd_metrics_collect,
+                                   &d->msrc, &d->metrics, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "psd: --metrics-listen: %s\n", err);
+        /* A file's error names its flag; the address's does not. */
+        fprintf(stderr, "psd: %s%s\n", strncmp(err, "--", 2) == 0 ? "" : "--metrics-listen: ",
+                err);
         return rc == PS_EINVAL_ARG ? 2 : 1;
     }
     return 0;
