@@ -49,7 +49,7 @@ double bench_disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t a
     p.fds = calloc(nseg + 1, sizeof *p.fds);
     p.sizes = calloc(nseg + 1, sizeof *p.sizes);
     struct io_uring ring;
-    bool ring_ok = false;
+    bool ring_ok = false, drained = false;
     double rate = 0;
     int opened = 1;
     for (; p.fds && p.sizes && opened <= (int)nseg; opened++) {
@@ -72,34 +72,37 @@ double bench_disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t a
     /* Like psd_segs_read: refill the slots each wake-up reaped, one submit
      * for them all. */
     uint64_t done = 0;
-    bool failed = false;
     double t0 = seconds(), t1 = t0;
-    while (!failed && (t1 = seconds()) - t0 < secs) {
+    while ((t1 = seconds()) - t0 < secs) {
         if (io_uring_submit_and_wait(&ring, 1) < 0)
             continue;
         struct io_uring_cqe *cqe;
         unsigned head, seen = 0;
         io_uring_for_each_cqe(&ring, head, cqe) {
-            if (cqe->res < 0 && !failed)
+            if (cqe->res < 0) {
                 fprintf(stderr, "disk rate: read: %s\n", strerror(-cqe->res));
-            failed = failed || cqe->res < 0;
+                goto out;
+            }
             queue_read(&ring, &p, io_uring_cqe_get_data64(cqe));
             seen++;
         }
         io_uring_cq_advance(&ring, seen);
         done += seen;
     }
-    rate = failed ? 0 : (double)done / (t1 - t0);
-    /* Every read queued or in flight completes before its buffer is freed
-     * (the kernel would write into freed memory). */
+    rate = (double)done / (t1 - t0);
+    /* Every slot has a read queued or in flight: all complete before buf is
+     * freed (the kernel would write into freed memory). */
     io_uring_submit(&ring);
-    for (unsigned left = BENCH_DISK_DEPTH; left > 0; left--) {
+    for (int left = BENCH_DISK_DEPTH; left > 0; left--) {
         struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&ring, &cqe) != 0)
-            break;
+        while (io_uring_wait_cqe(&ring, &cqe) == -EINTR)
+            ;
         io_uring_cqe_seen(&ring, cqe);
     }
+    drained = true;
 out:
+    if (!drained && p.buf != NULL)
+        p.buf = NULL; /* reads may still land in it: left to the process's exit */
     if (ring_ok)
         io_uring_queue_exit(&ring);
     for (uint32_t n = 1; p.fds && n <= nseg; n++)

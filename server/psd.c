@@ -73,6 +73,8 @@ struct psd_conf {
     int64_t probe_interval_ms;
     uint64_t memory_limit;
     uint64_t max_rows_per_table;
+    uint64_t segment_size;
+    uint64_t compact_rate;
     char *metrics_listen;
     ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
@@ -188,6 +190,17 @@ static const ps_opt psd_opts[] = {
      "most rows a sparse table holds, and the highest max_rows a spec may ask; "
      "a SparsePush whose new rows pass it is refused whole (RESOURCE_EXHAUSTED); "
      "0: (free disk of --data-dir + --memory-limit) / 128", 0, 0, NULL},
+    /* 256M: a segment compacted is read and rewritten whole, a few seconds
+     * at the compaction's rate; fewer, larger files would hold dead bytes
+     * longer. */
+    {"segment-size", PS_OPT_SIZE, offsetof(struct psd_conf, segment_size), "256M",
+     "size past which a segment file of sparse rows is sealed (and may be "
+     "compacted once a third of it is dead)", 65536, 1e15, NULL},
+    /* 32M: a tenth of a common SSD's write rate, so that compaction never
+     * crowds out the appends and cold reads of the calls. */
+    {"compact-rate", PS_OPT_SIZE, offsetof(struct psd_conf, compact_rate), "32M",
+     "bytes a second compaction of the segment files reads and writes at "
+     "most", 65536, 1e15, NULL},
     /* 4096: each worker waits on about one pull per shard at a time;
      * thousands of workers per shard is beyond any job psd serves. */
     {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
@@ -493,6 +506,8 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .local_address = d->local,
         .host_id = d->hostid,
     };
+    so.segment_size = c->segment_size;
+    so.compact_rate = c->compact_rate;
     so.max_rows_per_table = c->max_rows_per_table != 0
                                 ? c->max_rows_per_table
                                 : rows_per_table(c->data_dir, so.memory_limit);
