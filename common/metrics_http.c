@@ -630,3 +630,18 @@ void ps_metrics_http_announce(int port)
     printf("METRICS_PORT %d\n", port);
     fflush(stdout);
 }
+
+int ps_metrics_http_serve(const char *prog, const char *addr, const ps_metrics_http_conf *conf,
+                          ps_metrics_collect_fn collect, void *ctx, ps_metrics_http **out)
+{
+    *out = NULL;
+    if (ps_metrics_http_off(addr))
+        return 0;
+    char err[512];
+    int rc = ps_metrics_http_start(addr, conf, collect, ctx, out, err, sizeof err);
+    if (rc == 0)
+        return 0;
+    fprintf(stderr, "%s: %s%s\n", prog, strncmp(err, "--", 2) == 0 ? "" : "--metrics-listen: ",
+            err);
+    return rc == PS_EINVAL_ARG ? 2 : 1;
+}

@@ -57,6 +57,14 @@ typedef struct ps_metrics_http_conf {
  * for its ps_opt table (common/conf.h): a string each, no default. */
 #define PS_METRICS_HTTP_OPT(NAME, TYPE, FIELD, HELP) \
     {NAME, PS_OPT_STRING, offsetof(TYPE, FIELD), NULL, HELP, 0, 0, NULL}
+/* --metrics-listen, into a char * FIELD: loopback, any free port by
+ * default, so that every daemon of a host (a local cluster runs several)
+ * serves a local scraper with nothing to set and nothing to clash; a node
+ * Prometheus scrapes sets a fixed one. */
+#define PS_METRICS_LISTEN_OPT(TYPE, FIELD)                                                  \
+    {"metrics-listen", PS_OPT_STRING, offsetof(TYPE, FIELD), "127.0.0.1:0",                 \
+     "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free one (printed as "     \
+     "METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL}
 #define PS_METRICS_HTTP_OPTS(TYPE, MEMBER)                                                \
     PS_METRICS_HTTP_OPT("metrics-auth", TYPE, MEMBER.auth,                                \
                         "file of 'USER:PASSWORD' or 'USER:sha256:HEX' lines: /metrics "   \
@@ -83,6 +91,14 @@ bool ps_metrics_http_off(const char *addr);
 int ps_metrics_http_start(const char *addr, const ps_metrics_http_conf *conf,
                           ps_metrics_collect_fn collect, void *ctx,
                           ps_metrics_http **out, char *err, size_t errlen);
+
+/* A daemon's start of its endpoint: nothing when addr is off (NULL, "",
+ * "off"), else ps_metrics_http_start; a failure is one line on stderr,
+ * "PROG: --metrics-listen: ..." (a file's error names its own flag).
+ * Returns 0 (*out NULL when off), or the exit code: 2 for a value that is
+ * not HOST:PORT or a bad file, 1 for an address that cannot be served. */
+int ps_metrics_http_serve(const char *prog, const char *addr, const ps_metrics_http_conf *conf,
+                          ps_metrics_collect_fn collect, void *ctx, ps_metrics_http **out);
 
 /* The port the endpoint listens on. */
 int ps_metrics_http_port(const ps_metrics_http *h);

@@ -256,22 +256,12 @@ static const ps_opt psd_opts[] = {
      "10s", "connect to the TCP listener this often; when two probes in a row "
      "are not answered, psd exits 1 with one line, to be restarted; 0: no "
      "probe", 0, 3600000, NULL},
-    /* Loopback, any free port: every psd of a host (a local cluster runs
-     * several) serves its metrics to a local scraper with nothing to set
-     * and nothing to clash; a node Prometheus scrapes sets a fixed one. */
-    {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
-     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
-     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    PS_METRICS_LISTEN_OPT(struct psd_conf, metrics_listen),
     /* None: plain HTTP without auth, as Prometheus scrapes by default. */
     PS_METRICS_HTTP_OPTS(struct psd_conf, metrics_http),
     /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
     PS_TLS_SERVER_OPTS(struct psd_conf, tls),
-    /* None: open, as before tokens existed; a warning when the address is
-     * not loopback. */
-    {"tokens", PS_OPT_STRING, offsetof(struct psd_conf, tokens), NULL,
-     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
-     "then needs a token whose role may call its method; reloaded on SIGHUP; "
-     "default: none, any caller may call anything", 0, 0, NULL},
+    PS_TOKENS_OPT(struct psd_conf, tokens),
     {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
      "file holding the token psd sends to --coordinator (a worker's); "
      "default: none", 0, 0, NULL},
@@ -641,25 +631,13 @@ static int serve(struct psd *d)
     return 0;
 }
 
-/* Serves /metrics on --metrics-listen, unless it is off. Returns 0, or
- * after the error line naming the address 2 for a value that is not
- * HOST:PORT, 1 for one that cannot be served. */
+/* Serves /metrics on --metrics-listen, unless it is off. Returns 0 or
+ * the exit code after the error line (ps_metrics_http_serve). */
 static int serve_metrics(struct psd *d)
 {
-    const char *addr = d->c.metrics_listen;
-    if (ps_metrics_http_off(addr))
-        return 0;
     d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
-    char err[512];
-    int rc = ps_metrics_http_start(addr, &d->c.metrics_http, psd_metrics_collect,
-                                   &d->msrc, &d->metrics, err, sizeof err);
-    if (rc != 0) {
-        /* A file's error names its flag; the address's does not. */
-        fprintf(stderr, "psd: %s%s\n", strncmp(err, "--", 2) == 0 ? "" : "--metrics-listen: ",
-                err);
-        return rc == PS_EINVAL_ARG ? 2 : 1;
-    }
-    return 0;
+    return ps_metrics_http_serve("psd", d->c.metrics_listen, &d->c.metrics_http,
+                                 psd_metrics_collect, &d->msrc, &d->metrics);
 }
 
 /* Registers with pscoord, when there is one, under the address others
@@ -748,8 +726,9 @@ close_shard:
 #define PSD_STATUS_MS 2000
 
 /* The STATUS= line: where the shard is. */
-static void describe(struct psd *d, char *out, size_t len)
+static void describe(void *ctx, char *out, size_t len)
 {
+    struct psd *d = ctx;
     struct psd_shard_brief b;
     psd_shard_brief(d->shard, &b);
     char ckpt[64] = "no checkpoint yet";
@@ -760,13 +739,6 @@ static void describe(struct psd *d, char *out, size_t len)
              "%llu updates since start, %s", d->port, b.variables,
              b.variables == 1 ? "" : "s", (unsigned long long)b.max_version,
              (unsigned long long)b.updates, ckpt);
-}
-
-static void status_line(void *ctx)
-{
-    char line[256];
-    describe(ctx, line, sizeof line);
-    ps_notify_status("%s", line);
 }
 
 /* Probes failed in a row before psd gives up on its listener. */
@@ -833,15 +805,7 @@ static void start_probe(struct psd *d)
  * is logged and psd serves on. */
 static void supervise(struct psd *d)
 {
-    if (!ps_notify_enabled())
-        return;
-    char line[256];
-    describe(d, line, sizeof line);
-    ps_notify_ready("%s", line);
-    int rc;
-    if ((rc = ps_proc_loop_every(d->loop, PSD_STATUS_MS, status_line, d)) != 0 ||
-        (rc = ps_proc_loop_keepalive(d->loop)) != 0)
-        ps_log_err(rc, "cannot add the status and watchdog timers");
+    ps_proc_loop_supervise(d->loop, PSD_STATUS_MS, describe, d);
 }
 
 /* SIGTERM's shutdown: leave the job, answer the waiting calls, drain the
