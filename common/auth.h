@@ -156,4 +156,13 @@ int ps_auth_read_token(const char *path, char *out, size_t outlen, char *err,
  * elsewhere without tokens. */
 bool ps_auth_is_loopback(const char *listen);
 
+/* --tokens, into a char * FIELD of a server's config: none by default,
+ * open as before tokens existed, with a warning when the address is not
+ * loopback. */
+#define PS_TOKENS_OPT(TYPE, FIELD)                                                         \
+    {"tokens", PS_OPT_STRING, offsetof(TYPE, FIELD), NULL,                                 \
+     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call then needs " \
+     "a token whose role may call its method; reloaded on SIGHUP; default: none, any "     \
+     "caller may call anything", 0, 0, NULL}
+
 #endif

@@ -121,6 +121,8 @@ struct ps_proc_loop {
     struct timer *timers;
     void (*on_hup)(void *ctx); /* SIGHUP runs this instead of stopping */
     void *hup_ctx;
+    void (*describe)(void *ctx, char *line, size_t len); /* the STATUS= line */
+    void *describe_ctx;
 };
 
 static void mask_signals(int how)
@@ -276,4 +278,28 @@ void ps_proc_loop_destroy(ps_proc_loop *l)
     if (uv_loop_close(&l->loop) != 0)
         ps_log_warn("proc: the control loop still had handles at close");
     free(l);
+}
+
+static void status_line(void *ctx)
+{
+    ps_proc_loop *l = ctx;
+    char line[512];
+    l->describe(l->describe_ctx, line, sizeof line);
+    ps_notify_status("%s", line);
+}
+
+void ps_proc_loop_supervise(ps_proc_loop *l, int64_t period_ms,
+                            void (*describe)(void *ctx, char *line, size_t len), void *ctx)
+{
+    if (!ps_notify_enabled())
+        return;
+    l->describe = describe;
+    l->describe_ctx = ctx;
+    char line[512];
+    describe(ctx, line, sizeof line);
+    ps_notify_ready("%s", line);
+    int rc;
+    if ((rc = ps_proc_loop_every(l, period_ms, status_line, l)) != 0 ||
+        (rc = ps_proc_loop_keepalive(l)) != 0)
+        ps_log_err(rc, "cannot add the status and watchdog timers");
 }

@@ -121,6 +121,14 @@ int ps_proc_loop_every(ps_proc_loop *l, int64_t period_ms,
  * a watchdog, adding nothing), or as ps_proc_loop_every. */
 int ps_proc_loop_keepalive(ps_proc_loop *l);
 
+/* A daemon's supervision under systemd, once it serves: READY=1 with a
+ * first STATUS= line that describe(ctx) writes, then from the loop a new
+ * STATUS= line every period_ms and the watchdog's keep-alives
+ * (common/notify.h). Nothing without systemd; a timer that cannot be added
+ * (out of memory) is logged and the daemon serves on. */
+void ps_proc_loop_supervise(ps_proc_loop *l, int64_t period_ms,
+                            void (*describe)(void *ctx, char *line, size_t len), void *ctx);
+
 /* Makes SIGHUP run fn(ctx) on the loop's thread (a reload: of the token
  * file, say) instead of stopping the loop. */
 void ps_proc_loop_on_hup(ps_proc_loop *l, void (*fn)(void *ctx), void *ctx);

@@ -60,6 +60,7 @@ struct pscoord_conf {
     int threads;
     int64_t shutdown_grace_ms;
     char *metrics_listen;
+    ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
     char *tokens;
     char *token_file;
@@ -127,18 +128,11 @@ static const ps_opt pscoord_opts[] = {
      offsetof(struct pscoord_conf, shutdown_grace_ms), "5s",
      "how long SIGTERM waits for calls in flight before cancelling them", 0,
      600000, NULL},
-    /* Loopback, any free port, as psd's: nothing to set and nothing to
-     * clash on one host; a node Prometheus scrapes sets a fixed one. */
-    {"metrics-listen", PS_OPT_STRING, offsetof(struct pscoord_conf, metrics_listen),
-     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
-     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    PS_METRICS_LISTEN_OPT(struct pscoord_conf, metrics_listen),
+    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
+    PS_METRICS_HTTP_OPTS(struct pscoord_conf, metrics_http),
     PS_TLS_SERVER_OPTS(struct pscoord_conf, tls),
-    /* None: open, as before tokens existed; a warning when the address is
-     * not loopback. */
-    {"tokens", PS_OPT_STRING, offsetof(struct pscoord_conf, tokens), NULL,
-     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
-     "then needs a token whose role may call its method; reloaded on SIGHUP; "
-     "default: none, any caller may call anything", 0, 0, NULL},
+    PS_TOKENS_OPT(struct pscoord_conf, tokens),
     {"token-file", PS_OPT_STRING, offsetof(struct pscoord_conf, token_file), NULL,
      "file holding the token pscoord sends to the psd shards (an operator's: "
      "it checkpoints, restores and sets sync counts); default: none", 0, 0, NULL},
@@ -344,22 +338,12 @@ static int start_core(struct pscoord *p)
 }
 
 /* Serves /metrics on --metrics-listen, unless it is off (announced by
- * serve, after PORT). Returns 0, or after the error line naming the
- * address 2 for a value that is not HOST:PORT, 1 for one that cannot be
- * served. */
+ * serve, after PORT). Returns 0 or the exit code after the error line
+ * (ps_metrics_http_serve). */
 static int serve_metrics(struct pscoord *p)
 {
-    const char *addr = p->c.metrics_listen;
-    if (ps_metrics_http_off(addr))
-        return 0;
-    char err[512];
-    int rc = ps_metrics_http_start(addr, coord_metrics_collect, p->co, &p->metrics,
-                                   err, sizeof err);
-    if (rc != 0) {
-        fprintf(stderr, "pscoord: --metrics-listen: %s\n", err);
-        return rc == PS_EINVAL_ARG ? 2 : 1;
-    }
-    return 0;
+    return ps_metrics_http_serve("pscoord", p->c.metrics_listen, &p->c.metrics_http,
+                                 coord_metrics_collect, p->co, &p->metrics);
 }
 
 /* The Coordinator service on a gRPC server, then its watch thread, then
@@ -411,8 +395,9 @@ static int serve(struct pscoord *p)
 #define PSCOORD_STATUS_MS 2000
 
 /* The STATUS= line: live tasks, the global step, the last job checkpoint. */
-static void describe(struct pscoord *p, char *out, size_t len)
+static void describe(void *ctx, char *out, size_t len)
 {
+    struct pscoord *p = ctx;
     struct coord_cluster *cs = coord_snapshot(p->co);
     if (cs == NULL) {
         snprintf(out, len, "serving job '%s' on port %d", p->job_id, p->port);
@@ -432,13 +417,6 @@ static void describe(struct pscoord *p, char *out, size_t len)
     coord_cluster_free(cs);
 }
 
-static void status_line(void *ctx)
-{
-    char line[384];
-    describe(ctx, line, sizeof line);
-    ps_notify_status("%s", line);
-}
-
 /* Once pscoord serves with its state loaded (start_core, serve): tells
  * systemd it is ready, with a first STATUS= line, then from the control
  * loop keeps the status current and sends the watchdog's keep-alives
@@ -446,15 +424,7 @@ static void status_line(void *ctx)
  * (out of memory) is logged and pscoord serves on. */
 static void supervise(struct pscoord *p)
 {
-    if (!ps_notify_enabled())
-        return;
-    char line[384];
-    describe(p, line, sizeof line);
-    ps_notify_ready("%s", line);
-    int rc;
-    if ((rc = ps_proc_loop_every(p->loop, PSCOORD_STATUS_MS, status_line, p)) != 0 ||
-        (rc = ps_proc_loop_keepalive(p->loop)) != 0)
-        ps_log_err(rc, "cannot add the status and watchdog timers");
+    ps_proc_loop_supervise(p->loop, PSCOORD_STATUS_MS, describe, p);
 }
 
 /* Undoes whatever start_core and serve made, in reverse. After a signal

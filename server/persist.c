@@ -290,7 +290,9 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
     struct psd_sparse_conf sc = {.store = s->store, .data_dir = s->data_dir,
                                  .memory_limit = s->o.memory_limit,
                                  .map_size = s->o.map_size,
-                                 .max_rows = s->o.max_rows_per_table};
+                                 .max_rows = s->o.max_rows_per_table,
+                                 .segment_size = s->o.segment_size,
+                                 .compact_rate = s->o.compact_rate};
     rc = psd_sparse_open(&sc, &s->sparse);
     if (rc != 0)
         return rc;
@@ -370,20 +372,6 @@ static int row_dtype_of(const psd_var *v)
     return v->spec->row_dtype ? (int)v->spec->row_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
 }
 
-/* A row of a table restored into another row dtype, as
- * psd_store_rows_stage stages it. */
-struct convert {
-    const psd_sparse_table *from, *to;
-    float *scratch;
-    uint64_t clamped;
-};
-
-static int convert_row(void *ctx, const void *in, size_t in_len, void *out)
-{
-    struct convert *c = ctx;
-    return psd_sparse_convert_row(c->from, c->to, in, in_len, out, c->scratch, &c->clamped);
-}
-
 /* Copies the rows of l's variable i from the checkpoint ck under id, each
  * converted into the variable's row dtype when l->was[i] says so (logged:
  * a restore that changes what is stored says it did). */
@@ -391,28 +379,22 @@ static int stage_table(psd_shard *s, psd_store *ck, struct var_list *l, size_t i
 {
     psd_var *v = l->vars[i], *was = l->was != NULL ? l->was[i] : NULL;
     if (was == NULL)
-        return psd_store_rows_stage(s->store, ck, v->name, id, RESTORE_CHUNK, NULL, NULL, 0,
-                                    NULL);
-    struct convert c = {was->sparse, v->sparse, NULL, 0};
-    c.scratch = malloc(psd_sparse_state_floats(v->sparse) * sizeof(float));
-    if (c.scratch == NULL)
-        return -ENOMEM;
-    uint64_t rows = 0;
-    int rc = psd_store_rows_stage(s->store, ck, v->name, id, RESTORE_CHUNK, convert_row, &c,
-                                  psd_sparse_stored_bytes(v->sparse), &rows);
-    free(c.scratch);
+        return psd_sparse_stage(s->sparse, ck, v->name, id, NULL);
+    struct psd_sparse_conv c = {was->sparse, v->sparse, 0, 0};
+    int rc = psd_sparse_stage(s->sparse, ck, v->name, id, &c);
     if (rc == 0) {
-        l->rows_converted += rows;
+        l->rows_converted += c.rows;
         ps_log_info("restore: sparse table '%s': %llu rows converted from %s to %s "
                     "(%llu float16 values clamped to +-65504)", v->name,
-                    (unsigned long long)rows, shard_dtype_name(row_dtype_of(was)),
+                    (unsigned long long)c.rows, shard_dtype_name(row_dtype_of(was)),
                     shard_dtype_name(row_dtype_of(v)), (unsigned long long)c.clamped);
     }
     return rc;
 }
 
 /* Reserves a variable id for each sparse table of l and copies its rows
- * from l's checkpoint under it, in transactions of RESTORE_CHUNK rows:
+ * from l's checkpoint under it into the segment files (psd_sparse_stage,
+ * in bounded transactions):
  * ids[i] for l->vars[i], 0 for a dense one. Nothing refers to these ids
  * until store_replace_once commits; if it never does, they are orphans that
  * psd_store_rows_gc deletes. */

@@ -73,7 +73,10 @@ struct psd_conf {
     int64_t probe_interval_ms;
     uint64_t memory_limit;
     uint64_t max_rows_per_table;
+    uint64_t segment_size;
+    uint64_t compact_rate;
     char *metrics_listen;
+    ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
     char *tokens;
     char *token_file;
@@ -171,7 +174,8 @@ static const ps_opt psd_opts[] = {
     /* 0: plan for the host's memory, or psd's memory cgroup's limit. */
     {"memory-limit", PS_OPT_SIZE, offsetof(struct psd_conf, memory_limit), "0",
      "memory psd's sparse tables plan for, e.g. 4G: their RAM tier of rows "
-     "is kept under 3/8 of it (the rest of the rows are read from their "
+     "is kept under half of it less 24M, at least a quarter (the rest of the "
+     "rows are read from their "
      "segment files with O_DIRECT); run psd in a memory cgroup of this size to bound "
      "it; 0: the host's physical memory, or psd's memory cgroup's limit when "
      "lower", 0, 1e18, NULL},
@@ -186,6 +190,17 @@ static const ps_opt psd_opts[] = {
      "most rows a sparse table holds, and the highest max_rows a spec may ask; "
      "a SparsePush whose new rows pass it is refused whole (RESOURCE_EXHAUSTED); "
      "0: (free disk of --data-dir + --memory-limit) / 128", 0, 0, NULL},
+    /* 256M: a segment compacted is read and rewritten whole, a few seconds
+     * at the compaction's rate; fewer, larger files would hold dead bytes
+     * longer. */
+    {"segment-size", PS_OPT_SIZE, offsetof(struct psd_conf, segment_size), "256M",
+     "size past which a segment file of sparse rows is sealed (and may be "
+     "compacted once a third of it is dead)", 65536, 1e15, NULL},
+    /* 32M: a tenth of a common SSD's write rate, so that compaction never
+     * crowds out the appends and cold reads of the calls. */
+    {"compact-rate", PS_OPT_SIZE, offsetof(struct psd_conf, compact_rate), "32M",
+     "bytes a second compaction of the segment files reads and writes at "
+     "most", 65536, 1e15, NULL},
     /* 4096: each worker waits on about one pull per shard at a time;
      * thousands of workers per shard is beyond any job psd serves. */
     {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
@@ -241,20 +256,12 @@ static const ps_opt psd_opts[] = {
      "10s", "connect to the TCP listener this often; when two probes in a row "
      "are not answered, psd exits 1 with one line, to be restarted; 0: no "
      "probe", 0, 3600000, NULL},
-    /* Loopback, any free port: every psd of a host (a local cluster runs
-     * several) serves its metrics to a local scraper with nothing to set
-     * and nothing to clash; a node Prometheus scrapes sets a fixed one. */
-    {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
-     "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
-     "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    PS_METRICS_LISTEN_OPT(struct psd_conf, metrics_listen),
+    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
+    PS_METRICS_HTTP_OPTS(struct psd_conf, metrics_http),
     /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
     PS_TLS_SERVER_OPTS(struct psd_conf, tls),
-    /* None: open, as before tokens existed; a warning when the address is
-     * not loopback. */
-    {"tokens", PS_OPT_STRING, offsetof(struct psd_conf, tokens), NULL,
-     "file of 'ROLE TOKEN' lines (roles reader, worker, operator): every call "
-     "then needs a token whose role may call its method; reloaded on SIGHUP; "
-     "default: none, any caller may call anything", 0, 0, NULL},
+    PS_TOKENS_OPT(struct psd_conf, tokens),
     {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
      "file holding the token psd sends to --coordinator (a worker's); "
      "default: none", 0, 0, NULL},
@@ -489,6 +496,8 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .local_address = d->local,
         .host_id = d->hostid,
     };
+    so.segment_size = c->segment_size;
+    so.compact_rate = c->compact_rate;
     so.max_rows_per_table = c->max_rows_per_table != 0
                                 ? c->max_rows_per_table
                                 : rows_per_table(c->data_dir, so.memory_limit);
@@ -622,23 +631,13 @@ static int serve(struct psd *d)
     return 0;
 }
 
-/* Serves /metrics on --metrics-listen, unless it is off. Returns 0, or
- * after the error line naming the address 2 for a value that is not
- * HOST:PORT, 1 for one that cannot be served. */
+/* Serves /metrics on --metrics-listen, unless it is off. Returns 0 or
+ * the exit code after the error line (ps_metrics_http_serve). */
 static int serve_metrics(struct psd *d)
 {
-    const char *addr = d->c.metrics_listen;
-    if (ps_metrics_http_off(addr))
-        return 0;
     d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
-    char err[512];
-    int rc = ps_metrics_http_start(addr, psd_metrics_collect, &d->msrc, &d->metrics,
-                                   err, sizeof err);
-    if (rc != 0) {
-        fprintf(stderr, "psd: --metrics-listen: %s\n", err);
-        return rc == PS_EINVAL_ARG ? 2 : 1;
-    }
-    return 0;
+    return ps_metrics_http_serve("psd", d->c.metrics_listen, &d->c.metrics_http,
+                                 psd_metrics_collect, &d->msrc, &d->metrics);
 }
 
 /* Registers with pscoord, when there is one, under the address others
@@ -727,8 +726,9 @@ close_shard:
 #define PSD_STATUS_MS 2000
 
 /* The STATUS= line: where the shard is. */
-static void describe(struct psd *d, char *out, size_t len)
+static void describe(void *ctx, char *out, size_t len)
 {
+    struct psd *d = ctx;
     struct psd_shard_brief b;
     psd_shard_brief(d->shard, &b);
     char ckpt[64] = "no checkpoint yet";
@@ -739,13 +739,6 @@ static void describe(struct psd *d, char *out, size_t len)
              "%llu updates since start, %s", d->port, b.variables,
              b.variables == 1 ? "" : "s", (unsigned long long)b.max_version,
              (unsigned long long)b.updates, ckpt);
-}
-
-static void status_line(void *ctx)
-{
-    char line[256];
-    describe(ctx, line, sizeof line);
-    ps_notify_status("%s", line);
 }
 
 /* Probes failed in a row before psd gives up on its listener. */
@@ -812,15 +805,7 @@ static void start_probe(struct psd *d)
  * is logged and psd serves on. */
 static void supervise(struct psd *d)
 {
-    if (!ps_notify_enabled())
-        return;
-    char line[256];
-    describe(d, line, sizeof line);
-    ps_notify_ready("%s", line);
-    int rc;
-    if ((rc = ps_proc_loop_every(d->loop, PSD_STATUS_MS, status_line, d)) != 0 ||
-        (rc = ps_proc_loop_keepalive(d->loop)) != 0)
-        ps_log_err(rc, "cannot add the status and watchdog timers");
+    ps_proc_loop_supervise(d->loop, PSD_STATUS_MS, describe, d);
 }
 
 /* SIGTERM's shutdown: leave the job, answer the waiting calls, drain the

@@ -49,6 +49,8 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     sp->memory_limit = c->memory_limit;
     sp->map_size = c->map_size;
     sp->max_rows = c->max_rows;
+    sp->segment_size = c->segment_size;
+    sp->compact_rate = c->compact_rate;
     pthread_mutex_t *mu[SYNC_N];
     pthread_cond_t *cv[SYNC_C];
     sync_objects(sp, mu, cv);
@@ -79,6 +81,7 @@ void psd_sparse_close(psd_sparse *sp)
     if (sp == NULL)
         return;
     sparse_applier_stop(sp);
+    sparse_compact_free(sp);
     psd_rowlog_destroy(sp->rowlog);
     psd_segs_close(sp->segs);
     ps_buf_free(&sp->logbuf);
@@ -94,12 +97,21 @@ void psd_sparse_close(psd_sparse *sp)
     free(sp);
 }
 
-/* 3/8 of --memory-limit: rows are read with O_DIRECT, so the page cache
- * no longer holds them (a quarter did when LMDB's pages held the cold
- * rows); the other 5/8 are psd's own and the catalog's pages. */
+/* Half of --memory-limit less SPARSE_OWN_BYTES, and at least a quarter:
+ * rows are read with O_DIRECT, so the page cache no longer holds them (a
+ * quarter was the tier's when LMDB's pages held the cold rows), but psd's
+ * own memory does not shrink with the limit. In psd-sparse-cgroup's 96 MiB
+ * group psd's anonymous memory besides the tier reached ~60 MiB during
+ * pushes and a checkpoint, and a tier of 3/8 (36 MiB) had the group kill
+ * psd three times in four runs; a quarter (24 MiB) never did. */
+#define SPARSE_OWN_BYTES ((uint64_t)24 << 20)
+
 uint64_t sparse_budget(const psd_sparse *sp)
 {
-    return sp->memory_limit ? sp->memory_limit / 8 * 3 : (uint64_t)256 << 20;
+    uint64_t lim = sp->memory_limit;
+    if (lim == 0)
+        return (uint64_t)256 << 20;
+    return lim / 2 > lim / 4 + SPARSE_OWN_BYTES ? lim / 2 - SPARSE_OWN_BYTES : lim / 4;
 }
 
 /* LMDB mallocs a write transaction's dirty pages and keeps them on its
@@ -849,6 +861,9 @@ static const struct {
     C("segment_live_bytes", live_bytes, "Bytes of the segments' records the catalog "
       "points at."),
     C("converted_rows_total", converted, "Rows moved from LMDB into the segment files."),
+    C("compacted_bytes_total", compacted, "Bytes of live records compaction copied out of "
+      "segments a third dead."),
+    C("segments_removed_total", segs_removed, "Segment files compaction removed."),
     C("rows_pulled_total", pulled, "Rows answered by SparsePull."),
     C("rows_pushed_total", pushed, "Rows updated by SparsePush."),
     C("admitted_total", admitted, "Rows created."),
@@ -889,7 +904,7 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
     }
     const struct { const char *name, *help; double v; } gauges[] = {
         {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (half of "
-         "--memory-limit).", (double)sparse_budget(sp)},
+         "--memory-limit less 24 MiB, at least a quarter).", (double)sparse_budget(sp)},
         {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
          (double)psd_store_disk_bytes(sp->store)},
         {"psd_sparse_segment_bytes", "Bytes of the segment files of sparse rows.",

@@ -38,8 +38,9 @@
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the catalog and read in one batch through io_uring with O_DIRECT,
  * never a page fault on row bytes, and the rows enter the RAM tier. The
- * RAM tier is kept under half of --memory-limit (the page cache no longer
- * holds rows): past it a push first waits for a commit and, if need be,
+ * RAM tier is kept under half of --memory-limit less 24 MiB (the page
+ * cache no longer holds rows; sparse_budget): past it a push first waits
+ * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
  * memory. Every overwrite or deletion leaves the old record dead; the
  * live bytes per segment are counted (rebuilt at open) for compaction.
@@ -205,6 +206,9 @@ struct psd_sparse {
     atomic_uint_fast64_t live_bytes, converted;
     atomic_bool seg_recount;
     atomic_bool seg_full;   /* the last append found no room (PS_EFULL) */
+    uint64_t segment_size, compact_rate;
+    struct sp_compact *compact; /* the applier's (sparse_compact.c) */
+    atomic_uint_fast64_t compacted, segs_removed;
 };
 
 /* sparse.c */
@@ -319,7 +323,10 @@ void sparse_catw_abort(struct sp_catw *w);
 int sparse_catw_end(struct sp_catw *w, int rc);
 /* Compaction's relocation of n rows, in one transaction, each only when
  * the catalog still points at old (apply_run_mu held: the caller is the
- * appender, and synced the new records). *moved: the rows moved. */
+ * appender, and synced the new records). *moved: the rows moved. A cold
+ * read that looked a row up before the relocation committed still reads
+ * the old record (sparse_cold.c reads outside the table's mutex): a
+ * segment may go only once no read begun before that is in flight. */
 struct sp_move {
     uint32_t var_id;
     int64_t id;
@@ -339,6 +346,13 @@ int sparse_convert(psd_sparse *sp);
 int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck);
 /* Dead bytes: of the segments, those of no row. */
 uint64_t sparse_dead_bytes(psd_sparse *sp);
+
+/* sparse_compact.c: the applier, apply_run_mu held, between its applies:
+ * a few steps of the compaction of a segment a third dead (the catalog
+ * points the moved rows at their copies, and the file goes once the
+ * catalog's end is past it), each step under its token bucket. */
+void sparse_compact_tick(psd_sparse *sp);
+void sparse_compact_free(psd_sparse *sp);
 
 /* sparse_log.c */
 int sparse_log_open(psd_sparse *sp);

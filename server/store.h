@@ -146,23 +146,15 @@ int psd_store_del(psd_store_txn *t, const char *name);
 int psd_store_clear(psd_store_txn *t, bool keep_rows);
 /* Sets n variable ids aside (the counter moves past them): *first..+n-1. */
 int psd_store_reserve_ids(psd_store_txn *t, uint32_t n, uint32_t *first);
-/* A row's bytes changed as they are staged: in (in_len bytes) written as
- * the bytes at out (the length psd_store_rows_stage was given). Returns 0
- * or an error, which stops the copy. */
-typedef int (*psd_store_row_map)(void *ctx, const void *in, size_t in_len, void *out);
-
 /* Copies the rows of table name in the store src into this store's rows
  * under var_id to, in transactions of at most chunk rows each, committed
  * one after another (growing the map when full): memory stays bounded
- * whatever the table's size. With map, each row is map's out_len bytes
- * instead of its own (a restore into another row dtype). Not atomic: a
- * restore copies under ids reserved for it and switches the records to
- * them in one transaction at the end; rows of ids no record names are
- * psd_store_rows_gc's. *copied (may be NULL) counts the rows. Returns 0,
- * -ENOMEM, map's error or the store's. */
+ * whatever the table's size. Not atomic: a restore copies under ids
+ * reserved for it and switches the records to them in one transaction at
+ * the end; rows of ids no record names are psd_store_rows_gc's. Returns 0
+ * or the store's error. */
 int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_t to,
-                         size_t chunk, psd_store_row_map map, void *ctx, size_t out_len,
-                         uint64_t *copied);
+                         size_t chunk);
 /* Deletes the rows of var_ids that no variable record names (a restore's
  * old rows, or its copy cut short by a crash), at most chunk rows a
  * transaction. Returns 0 or the store's error. */

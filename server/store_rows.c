@@ -343,16 +343,8 @@ uint64_t psd_store_disk_bytes(psd_store *s)
 /* One transaction of psd_store_rows_stage: rows of from in src, from id
  * *next on, at most chunk of them, put under to. *next moves past them;
  * *done when the table has no more. */
-struct stage_map {
-    psd_store_row_map fn;
-    void *ctx;
-    void *buf;     /* out_len bytes */
-    size_t out_len;
-};
-
 static int stage_chunk(psd_store *s, MDB_cursor *src, uint32_t from, uint32_t to,
-                       size_t chunk, const struct stage_map *m, int64_t *next, bool *done,
-                       size_t *staged)
+                       size_t chunk, int64_t *next, bool *done)
 {
     psd_store_txn *t = NULL;
     int rc = psd_store_begin(s, &t);
@@ -366,12 +358,8 @@ static int stage_chunk(psd_store *s, MDB_cursor *src, uint32_t from, uint32_t to
     int mrc;
     for (mrc = mdb_cursor_get(src, &k, &v, MDB_SET_RANGE);
          mrc == 0 && key_id(&k, from, &id) && n < chunk && rc == 0;
-         mrc = mdb_cursor_get(src, &k, &v, MDB_NEXT), n++) {
-        if (m->fn != NULL && (rc = m->fn(m->ctx, v.mv_data, v.mv_size, m->buf)) != 0)
-            break;
-        rc = m->fn != NULL ? psd_store_row_put(t, to, id, m->buf, m->out_len, NULL, 0)
-                           : psd_store_row_put(t, to, id, v.mv_data, v.mv_size, NULL, 0);
-    }
+         mrc = mdb_cursor_get(src, &k, &v, MDB_NEXT), n++)
+        rc = psd_store_row_put(t, to, id, v.mv_data, v.mv_size, NULL, 0);
     if (rc != 0) {
         psd_store_abort(t);
         return rc;
@@ -384,26 +372,16 @@ static int stage_chunk(psd_store *s, MDB_cursor *src, uint32_t from, uint32_t to
     rc = psd_store_commit(t);
     if (rc == 0 && !*done)
         *next = id; /* the first row of the next chunk */
-    if (rc == 0)
-        *staged += n;
     return rc;
 }
 
 int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_t to,
-                         size_t chunk, psd_store_row_map map, void *ctx, size_t out_len,
-                         uint64_t *copied)
+                         size_t chunk)
 {
-    struct stage_map m = {map, ctx, map != NULL ? malloc(out_len ? out_len : 1) : NULL,
-                          out_len};
-    if (map != NULL && m.buf == NULL)
-        return -ENOMEM;
-    size_t staged = 0;
     MDB_txn *rt;
     int mrc = store_txn_begin(src, MDB_RDONLY, &rt);
-    if (mrc != 0) {
-        free(m.buf);
+    if (mrc != 0)
         return store_map_rc(mrc, false);
-    }
     uint32_t from = 0;
     int rc = var_id_in(src, rt, name, &from);
     MDB_cursor *cur = NULL;
@@ -412,16 +390,13 @@ int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_
     int64_t next = INT64_MIN;
     bool done = false;
     while (rc == 0 && !done) {
-        rc = stage_chunk(s, cur, from, to, chunk, &m, &next, &done, &staged);
+        rc = stage_chunk(s, cur, from, to, chunk, &next, &done);
         if (rc == PS_EFULL && psd_store_grow(s) == 0)
             rc = 0; /* the same chunk again, in the grown map */
     }
     if (cur)
         mdb_cursor_close(cur);
     store_txn_end(src, rt);
-    free(m.buf);
-    if (copied != NULL)
-        *copied = staged;
     return rc;
 }
 
