@@ -1,6 +1,7 @@
 #include "common/thread.h"
 
 #include <errno.h>
+#include <stdlib.h>
 
 int ps_thread_start(pthread_t *th, pthread_mutex_t *mu, pthread_cond_t *cv,
                     void *(*fn)(void *), void *arg)
@@ -21,6 +22,19 @@ void ps_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, bool 
     pthread_join(th, NULL);
     pthread_cond_destroy(cv);
     pthread_mutex_destroy(mu);
+}
+
+void *ps_thread_specific(pthread_key_t key, size_t size)
+{
+    void *b = pthread_getspecific(key);
+    if (b == NULL) {
+        b = calloc(1, size);
+        if (b != NULL && pthread_setspecific(key, b) != 0) {
+            free(b);
+            b = NULL;
+        }
+    }
+    return b;
 }
 
 void ps_cond_raise(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag)

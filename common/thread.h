@@ -1,6 +1,7 @@
 /*
  * thread.h - the start and stop of a helper thread that sleeps on a
- * condition variable until it has work or is told to quit.
+ * condition variable until it has work or is told to quit; and a thread's
+ * own buffers behind a pthread key.
  *
  * The idiom these functions write once: the thread waits on cv under mu
  * for its work or for a quit flag; to stop it, the owner sets the flag
@@ -32,5 +33,10 @@ void ps_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, bool 
 /* Sets *flag under mu (no flag when NULL) and wakes every thread waiting
  * on cv. */
 void ps_cond_raise(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag);
+
+/* The calling thread's value of key: on its first call, a zeroed block of
+ * size bytes set as that value (the key's destructor frees it when the
+ * thread exits). NULL when it cannot be allocated. */
+void *ps_thread_specific(pthread_key_t key, size_t size);
 
 #endif
