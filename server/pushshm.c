@@ -7,6 +7,7 @@
  */
 #include "server/shard_internal.h"
 
+#include "common/thread.h"
 #include "common/wire.h"
 
 #include <errno.h>
@@ -43,13 +44,7 @@ static void bufs_key_make(void)
 static struct shm_bufs *shm_bufs(void)
 {
     pthread_once(&bufs_once, bufs_key_make);
-    struct shm_bufs *b = pthread_getspecific(bufs_key);
-    if (b == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b != NULL)
-            pthread_setspecific(bufs_key, b);
-    }
-    return b;
+    return ps_thread_specific(bufs_key, sizeof(struct shm_bufs));
 }
 
 /* Room for bytes of gradients copied out of shared memory in tb, and for
