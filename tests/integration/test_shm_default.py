@@ -46,12 +46,6 @@ pb = pbg = None
 r = pstest.Results("shm-default")
 
 
-def host_id_oracle():
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
-
-
 class Psd:
     def __init__(self, *args):
         self.data = os.path.join(pstest.tmpdir("shm-default-"), "data")
@@ -91,7 +85,7 @@ def check_default(p):
     r.check(st.local_address == "unix:" + sock and
             stat.S_ISSOCK(os.stat(sock).st_mode),
             "stats: local_address is the socket in the data dir (%r)" % st.local_address)
-    r.check(st.host_id == host_id_oracle(), "stats: host_id is boot id:pid "
+    r.check(st.host_id == pstest.host_id_oracle(), "stats: host_id is boot id:pid "
             "namespace (%r)" % st.host_id)
     rc, s, err = p.train()
     lines = route_lines(err)

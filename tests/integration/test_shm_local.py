@@ -80,13 +80,6 @@ class Tokens:
         return [("authorization", "Bearer " + self.tok[role])]
 
 
-def host_id_oracle():
-    """This host's id as common/hostid.h defines it, from /proc."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
-
-
 class Job:
     """pscoord and one psd with --local-socket, registered with it."""
 
@@ -156,7 +149,7 @@ def check_publish(job):
     r.check(t.local_address == "unix:" + job.sock,
             "publish: TaskInfo.local_address is unix: and the socket's path (%r)"
             % t.local_address)
-    r.check(t.host_id == host_id_oracle(),
+    r.check(t.host_id == pstest.host_id_oracle(),
             "publish: TaskInfo.host_id is boot id:pid namespace (%r)" % t.host_id)
 
 
@@ -229,7 +222,7 @@ def check_persist(job):
     job.coord.stop()
     job.start_coord()
     t = job.ps_task()
-    r.check(t.local_address == "unix:" + job.sock and t.host_id == host_id_oracle(),
+    r.check(t.local_address == "unix:" + job.sock and t.host_id == pstest.host_id_oracle(),
             "persist: a restarted pscoord still publishes them (%r)" % t.local_address)
 
 

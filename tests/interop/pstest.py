@@ -221,6 +221,58 @@ def wait_until(pred, timeout=10.0, every=0.05):
     return pred()
 
 
+def pip_install(py, requirement, minutes):
+    """Installs one PyPI requirement with python py, for at most `minutes`.
+    Returns None, or why not ("PyPI cannot be reached (...)") for a skip."""
+    try:
+        pip = subprocess.run([py, "-m", "pip", "install", "--quiet",
+                              "--disable-pip-version-check", "--timeout", "15",
+                              "--retries", "1", requirement],
+                             capture_output=True, text=True, timeout=60 * minutes)
+    except subprocess.TimeoutExpired:
+        return "pip install %s did not finish in %d minutes" % (requirement, minutes)
+    if pip.returncode != 0:
+        last = (pip.stderr or pip.stdout).strip().splitlines()
+        return "PyPI cannot be reached (pip install %s: %s)" % (
+            requirement, last[-1] if last else "exit %d" % pip.returncode)
+    return None
+
+
+def json_summary(p):
+    """A finished workerd's --json summary (its last stdout line), or {}
+    when it failed or printed none."""
+    import json
+    lines = p.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if p.returncode == 0 and lines else {}
+
+
+def recv_all(sock):
+    """What sock receives until the peer closes (or its timeout raises)."""
+    parts = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def help_flags(path):
+    """The flags that program `path` names in its --help (--[no-]x as --x)."""
+    import re
+    out = subprocess.run([path, "--help"], capture_output=True, text=True,
+                         timeout=30).stdout
+    flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+    return flags | {"--" + f for f in re.findall(r"--\[no-\]([a-z][a-z0-9-]*)", out)}
+
+
+def host_id_oracle():
+    """This host's id as common/hostid.h defines it (boot id and pid
+    namespace), read here from /proc."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
+
+
 def tmpdir(prefix="psd-test-"):
     d = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, d, True)
