@@ -54,12 +54,15 @@ static const ps_opt opts[] = {
     {0},
 };
 
-/* Runs ps_conf_load on a NULL-terminated argument list (argv[0] added). */
+/* Runs ps_conf_load on a NULL-terminated argument list (LOAD adds argv[0]);
+ * with an environment prefix (LOAD_ENV's "PSX"), ps_conf_load_env. */
 static char err[512];
 static int first;
 #define LOAD(cfgp, ...)                                                   \
-    load((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL})
-static int load(struct cfg *c, const char **args)
+    load((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL}, NULL)
+#define LOAD_ENV(cfgp, ...)                                               \
+    load((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL}, "PSX")
+static int load(struct cfg *c, const char **args, const char *env_prefix)
 {
     int argc = 0;
     while (args[argc] != NULL)
@@ -67,14 +70,16 @@ static int load(struct cfg *c, const char **args)
     err[0] = '\0';
     first = -1;
     memset(c, 0xAB, sizeof *c); /* whatever was there is overwritten */
-    return ps_conf_load(opts, c, argc, (char **)args, &first, err,
-                        sizeof err);
+    if (env_prefix != NULL)
+        return ps_conf_load_env(opts, c, argc, (char **)args, env_prefix, &first, err,
+                                sizeof err);
+    return ps_conf_load(opts, c, argc, (char **)args, &first, err, sizeof err);
 }
 
 START_TEST(test_defaults)
 {
     struct cfg c;
-    ck_assert_int_eq(load(&c, (const char *[]){"prog", NULL}), 0);
+    ck_assert_int_eq(load(&c, (const char *[]){"prog", NULL}, NULL), 0);
     ck_assert_str_eq(c.data_dir, "/var/lib/psd");
     ck_assert_ptr_null(c.name);
     ck_assert_int_eq(c.port, 7000);
@@ -319,20 +324,6 @@ START_TEST(test_config_file)
     ck_assert_str_eq(err, "--config: given more than once");
 }
 END_TEST
-
-/* Loads argv (argv[0] added) with the environment prefix "PSX". */
-#define LOAD_ENV(cfgp, ...)                                               \
-    load_env((cfgp), (const char *[]){"prog", __VA_ARGS__, NULL})
-static int load_env(struct cfg *c, const char **args)
-{
-    int argc = 0;
-    while (args[argc] != NULL)
-        argc++;
-    err[0] = '\0';
-    memset(c, 0xAB, sizeof *c);
-    return ps_conf_load_env(opts, c, argc, (char **)args, "PSX", &first, err,
-                            sizeof err);
-}
 
 START_TEST(test_env)
 {
