@@ -133,9 +133,6 @@ struct thread_bufs {
     size_t nmags, cap_mags;
 };
 
-static pthread_key_t bufs_key;
-static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
-
 static void bufs_free(void *p)
 {
     struct thread_bufs *b = p;
@@ -144,15 +141,11 @@ static void bufs_free(void *p)
     free(b);
 }
 
-static void bufs_key_make(void)
-{
-    pthread_key_create(&bufs_key, bufs_free);
-}
+static ps_thread_slot bufs_slot = PS_THREAD_SLOT(struct thread_bufs, bufs_free);
 
 static struct thread_bufs *thread_bufs(void)
 {
-    pthread_once(&bufs_once, bufs_key_make);
-    return ps_thread_specific(bufs_key, sizeof(struct thread_bufs));
+    return ps_thread_slot_get(&bufs_slot);
 }
 
 /* The next floats of a gradient whose bytes the cursor c covers (a whole
