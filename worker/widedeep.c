@@ -401,6 +401,17 @@ static int push_dense(struct wdm *m, uint64_t step, char *err, size_t errlen)
     return 0;
 }
 
+/* The two tables' items for a call: the batch's distinct ids of each, with
+ * wide_rows and deep_rows as the rows pulled into or pushed from. */
+static void table_items(struct wdm *m, float *wide_rows, float *deep_rows,
+                        ps_sparse_item it[2])
+{
+    it[0] = (ps_sparse_item){.name = WIDE_TABLE, .ids = m->wide.uniq,
+                             .n = (size_t)m->wide.nuniq, .dim = m->k, .rows = wide_rows};
+    it[1] = (ps_sparse_item){.name = DEEP_TABLE, .ids = m->deep.uniq,
+                             .n = (size_t)m->deep.nuniq, .dim = m->e, .rows = deep_rows};
+}
+
 /* The batch's ids of both tables, and their rows pulled. */
 static int gather_rows(struct wdm *m, const float *x, int n, char *err, size_t errlen)
 {
@@ -414,12 +425,8 @@ static int gather_rows(struct wdm *m, const float *x, int n, char *err, size_t e
     }
     bag_index(&m->wide, n);
     bag_index(&m->deep, n);
-    ps_sparse_item it[2] = {
-        {.name = WIDE_TABLE, .ids = m->wide.uniq, .n = (size_t)m->wide.nuniq,
-         .dim = m->k, .rows = m->wide.rows},
-        {.name = DEEP_TABLE, .ids = m->deep.uniq, .n = (size_t)m->deep.nuniq,
-         .dim = m->e, .rows = m->deep.rows},
-    };
+    ps_sparse_item it[2];
+    table_items(m, m->wide.rows, m->deep.rows, it);
     ps_rpc_status st = {0};
     int rc = ps_client_sparse_pull(m->cl, m->ncl, it, 2, m->o->rpc_timeout_ms, &st);
     return rc ? rpc_fail(rc, &st, "SparsePull", err, errlen) : 0;
@@ -522,12 +529,8 @@ static void forward(struct wdm *m, int n, const int32_t *y, bool grads, double *
 
 static int push_rows(struct wdm *m, uint64_t step, char *err, size_t errlen)
 {
-    ps_sparse_item it[2] = {
-        {.name = WIDE_TABLE, .ids = m->wide.uniq, .n = (size_t)m->wide.nuniq,
-         .dim = m->k, .rows = m->wide.grad},
-        {.name = DEEP_TABLE, .ids = m->deep.uniq, .n = (size_t)m->deep.nuniq,
-         .dim = m->e, .rows = m->deep.grad},
-    };
+    ps_sparse_item it[2];
+    table_items(m, m->wide.grad, m->deep.grad, it);
     ps_rpc_status st = {0};
     int rc = ps_client_sparse_push(m->cl, m->ncl, (uint32_t)m->o->task_index, step, it,
                                    2, false, m->o->rpc_timeout_ms, &st);
