@@ -1005,14 +1005,9 @@ def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("pscoord")
     try:
-        for t in (test_static, test_dynamic, test_sync, test_job, test_timed,
-                  test_identity, test_rogue_steps, test_psctl_errors):
-            try:
-                t()
-            except Exception as e:  # one broken case must not hide the others
-                import traceback
-                traceback.print_exc()
-                r.check(False, "%s raised %s: %s" % (t.__name__, type(e).__name__, e))
+        # One broken case must not hide the others.
+        r.run((test_static, test_dynamic, test_sync, test_job, test_timed,
+               test_identity, test_rogue_steps, test_psctl_errors))
     finally:
         for x in LIVE:
             x.kill()
