@@ -15,20 +15,18 @@
  * Ends with one line: "segments: read N rows/s, C of disk ceiling (D reads/s
  * of S bytes with Q in flight)".
  */
+#include "bench/diskrate.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "server/segment.h"
 
 #include <fcntl.h>
-#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define DEPTH 256 /* segment.c's ring */
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -43,75 +41,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Random O_DIRECT reads of span bytes at aligned offsets of segment 1..nseg
- * files, DEPTH in flight, for secs: reads/s. */
-static double disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t align,
-                        double secs)
-{
-    int *fds = calloc(nseg + 1, sizeof *fds);
-    uint64_t *sizes = calloc(nseg + 1, sizeof *sizes);
-    for (uint32_t n = 1; n <= nseg; n++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/seg-%08u.psg", dir, n);
-        fds[n] = open(p, O_RDONLY | O_DIRECT);
-        struct stat st;
-        if (fds[n] < 0 || fstat(fds[n], &st) != 0) {
-            perror(p);
-            exit(1);
-        }
-        sizes[n] = (uint64_t)st.st_size;
-    }
-    struct io_uring ring;
-    if (io_uring_queue_init(DEPTH, &ring, 0) < 0) {
-        fprintf(stderr, "segments: no io_uring\n");
-        exit(1);
-    }
-    uint8_t *buf;
-    if (posix_memalign((void **)&buf, align, (size_t)DEPTH * span) != 0)
-        exit(1);
-    uint64_t rng = 99, done = 0;
-    double t0 = now_s(), t1 = t0;
-    for (int slot = 0; slot < DEPTH; slot++) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-        uint32_t n = 1 + (uint32_t)(rng_next(&rng) % nseg);
-        uint64_t blocks = (sizes[n] - span) / align;
-        uint64_t off = (rng_next(&rng) % (blocks ? blocks : 1)) * align;
-        io_uring_prep_read(sqe, fds[n], buf + (size_t)slot * span, span, off);
-        io_uring_sqe_set_data64(sqe, (uint64_t)slot);
-    }
-    /* Like psd_segs_read: refill the slots each wake-up reaped, one submit
-     * for them all. */
-    while ((t1 = now_s()) - t0 < secs) {
-        if (io_uring_submit_and_wait(&ring, 1) < 0)
-            continue;
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&ring, head, cqe) {
-            uint64_t slot = io_uring_cqe_get_data64(cqe);
-            if (cqe->res < 0) {
-                fprintf(stderr, "segments: disk read: %s\n", strerror(-cqe->res));
-                exit(1);
-            }
-            seen++;
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-            uint32_t n = 1 + (uint32_t)(rng_next(&rng) % nseg);
-            uint64_t blocks = (sizes[n] - span) / align;
-            uint64_t off = (rng_next(&rng) % (blocks ? blocks : 1)) * align;
-            io_uring_prep_read(sqe, fds[n], buf + slot * span, span, off);
-            io_uring_sqe_set_data64(sqe, slot);
-        }
-        io_uring_cq_advance(&ring, seen);
-        done += seen;
-    }
-    io_uring_queue_exit(&ring);
-    for (uint32_t n = 1; n <= nseg; n++)
-        close(fds[n]);
-    free(fds);
-    free(sizes);
-    free(buf);
-    return (double)done / (t1 - t0);
 }
 
 int main(int argc, char **argv)
@@ -201,9 +130,11 @@ int main(int argc, char **argv)
            blocks_per_row);
     uint32_t nseg = psd_segs_current(s);
     psd_segs_close(s);
-    double disk = disk_rate(segdir, nseg, span, align, secs);
+    double disk = bench_disk_rate(segdir, nseg, span, align, secs);
+    if (disk <= 0)
+        return 1;
     printf("segments: read %.0f rows/s, %.2f of disk ceiling (%.0f reads/s of %u bytes with "
-           "%d in flight)\n", rate, rate / disk, disk, span, DEPTH);
+           "%d in flight)\n", rate, rate / disk, disk, span, BENCH_DISK_DEPTH);
     for (uint32_t n = 1; n <= nseg; n++) {
         char p[4200];
         snprintf(p, sizeof p, "%s/seg-%08u.psg", segdir, n);

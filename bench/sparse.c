@@ -12,17 +12,19 @@
  * nil (zeros) and a push SETs it. dim --dim, from one C client over
  * 127.0.0.1, against, in the same run and on the same id sequences:
  *   - ceilings: an in-process gather from a RAM array of the table, and an
- *     in-process read of the same rows from psd's own LMDB file
- *     (psd_store_lib, read only, while psd runs; page cache warm);
+ *     in-process read of the same rows from psd's own store: the catalog
+ *     in its LMDB file (psd_store_lib, read only, while psd runs), the
+ *     bytes from its segment files through a warm page cache;
  *   - the peer: redis-server on a free loopback port holding the same rows
  *     the way TFRA's Redis backend does (bench/redis_peer.h).
  * Two regimes for psd: the table in RAM (no memory limit), and psd with
- * --memory-limit a quarter of the table's LMDB bytes, inside a cgroup v1
- * memory group of that size when run as root (else --memory-limit alone,
- * said so). For that regime a ceiling from the disk, measured in the same
- * run: the pulls' major faults a call (/proc/PID/stat) at the rate the
- * disk gives random 4 KiB O_DIRECT reads under psd's file with as many in
- * flight as psd's prefetch pool keeps.
+ * --memory-limit a quarter of the table's bytes (LMDB and segments),
+ * inside a cgroup v1 memory group of that size when run as root (else
+ * --memory-limit alone, said so). For that regime a ceiling from the disk,
+ * measured in the same run: psd's own cold reads of the timed pulls (Stats
+ * sparse_segment_reads) at the rate the disk gives random O_DIRECT reads
+ * of a record's aligned size in psd's segment files, BENCH_DISK_DEPTH in flight
+ * through io_uring as psd keeps them.
  *
  *   sparse --psd build/server/psd [--rows 1000000] [--keyspace 1000000000]
  *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server] [--quick]
@@ -31,11 +33,12 @@
  * rows/s (R of lmdb, X.Xx redis); push N rows/s (X.Xx redis); 4x over
  * memory R of in-ram, pull C of disk ceiling" (the factor is the table's
  * bytes over the limit). The disk ceiling, in rows/s, is the disk's rate
- * for reads like psd's cold reads (random 4 KiB O_DIRECT reads, as many in
- * flight as psd keeps, measured in the run) times the rows psd served per
- * cold read in the timed pulls (their rows over their major faults); "n/a"
- * when the regime made no cold reads or the disk was not measured.
+ * for reads like psd's cold reads (random O_DIRECT reads of the same size
+ * at the same depth, measured in the run) times the rows psd served per
+ * cold read in the timed pulls (their rows over their segment reads);
+ * "n/a" when the regime made no cold reads or the disk was not measured.
  */
+#include "bench/diskrate.h"
 #include "common/buf.h"
 #include "common/errors.h"
 #include "common/fsutil.h"
@@ -96,62 +99,7 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* The disk's random 4 KiB reads per second with DISK_THREADS in flight, as
- * psd's prefetch pool keeps them (server/sparse_prefetch.c): O_DIRECT
- * preads at random pages of a file, for DISK_SECONDS. */
-#define DISK_THREADS 48
 #define DISK_SECONDS 2.0
-
-struct disk_probe {
-    int fd;
-    uint64_t pages;
-    atomic_uint_fast64_t reads;
-    atomic_bool stop;
-};
-
-static void *disk_reader(void *arg)
-{
-    struct disk_probe *d = arg;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, 4096) != 0)
-        return NULL;
-    uint64_t z = mix64((uint64_t)(uintptr_t)&buf);
-    while (!atomic_load(&d->stop)) {
-        z = mix64(z + 0x9e3779b97f4a7c15ULL);
-        if (pread(d->fd, buf, 4096, (off_t)((z % d->pages) * 4096)) == 4096)
-            atomic_fetch_add(&d->reads, 1);
-    }
-    free(buf);
-    return NULL;
-}
-
-static double disk_reads_per_s(const char *file)
-{
-    struct disk_probe d = {.fd = open(file, O_RDONLY | O_DIRECT)};
-    struct stat st;
-    if (d.fd < 0 || fstat(d.fd, &st) != 0 || st.st_size < (1 << 24)) {
-        if (d.fd >= 0)
-            close(d.fd);
-        return 0;
-    }
-    d.pages = (uint64_t)st.st_size / 4096;
-    atomic_init(&d.reads, 0);
-    atomic_init(&d.stop, false);
-    pthread_t th[DISK_THREADS];
-    int n = 0;
-    double t0 = now_s();
-    for (; n < DISK_THREADS; n++)
-        if (pthread_create(&th[n], NULL, disk_reader, &d) != 0)
-            break;
-    struct timespec ts = {(time_t)DISK_SECONDS, 0};
-    nanosleep(&ts, NULL);
-    atomic_store(&d.stop, true);
-    for (int i = 0; i < n; i++)
-        pthread_join(th[i], NULL);
-    double secs = now_s() - t0;
-    close(d.fd);
-    return n == DISK_THREADS ? (double)atomic_load(&d.reads) / secs : 0;
-}
 
 /* Starts psd (in cgroup cg when cg[0]) with --memory-limit limit (0: none). */
 static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
@@ -200,16 +148,25 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
 
 /* Stops psd (it applies its row log first) and removes its directory;
  * before the removal, when disk is not NULL, *disk = the disk's random
- * reads/s under psd's LMDB file (disk_reads_per_s). */
-static void psd_stop(struct psd *p, double *disk)
+ * reads/s of a record's aligned span (rec bytes at any offset, as psd
+ * reads it: 512-byte alignment, else 4096) in psd's first segment file
+ * (bench_disk_rate). */
+static void psd_stop(struct psd *p, double *disk, uint32_t rec)
 {
     ps_client_destroy(p->pc);
     kill(p->pid, SIGTERM);
     waitpid(p->pid, NULL, 0);
     char cmd[300];
     if (disk != NULL) {
-        snprintf(cmd, sizeof cmd, "%s/data.mdb", p->dir);
-        *disk = disk_reads_per_s(cmd);
+        uint32_t nseg = 0;
+        struct stat st;
+        do
+            snprintf(cmd, sizeof cmd, "%s/seg-%08u.psg", p->dir, ++nseg);
+        while (stat(cmd, &st) == 0);
+        *disk = 0;
+        for (uint32_t a = 512; a <= 4096 && *disk == 0 && nseg > 1; a *= 8)
+            *disk = bench_disk_rate(p->dir, nseg - 1, (rec + a - 1) / a * a, a,
+                                    DISK_SECONDS);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", p->dir);
     if (system(cmd) != 0)
@@ -421,14 +378,44 @@ static int ram_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint6
     return 0;
 }
 
-/* Ceiling 2: the same rows read from psd's LMDB in one read transaction a
- * call, copied out as psd copies them into its reply. */
+/* Ceiling 2: the same rows read from psd's store: each row's catalog
+ * entry in LMDB (one read transaction a call), then its bytes from the
+ * segment file (pread through the page cache, warm), copied out as psd
+ * copies them into its reply. A catalog entry (server/sparse_seg.c) is
+ * 33 bytes: 'C', u32 segment, u32 record length, u64 offset, ...; the row
+ * is after the record's 32-byte head and its own 16-byte head. */
 struct lmdb_ctx {
     psd_store *st;
+    const char *dir;
+    int fd[64];        /* per segment number, 0: not open */
     uint32_t var_id;
     long dim, batch;
     uint64_t missing;
 };
+
+static int lmdb_row(struct lmdb_ctx *c, const uint8_t *d, size_t len, float *out, size_t rb)
+{
+    uint32_t seg;
+    uint64_t off;
+    if (len >= 16 + rb && len != 33) {
+        memcpy(out, d + 16, rb); /* a row LMDB still holds, after its head */
+        return 0;
+    }
+    if (len != 33 || d[0] != 'C')
+        return -1;
+    memcpy(&seg, d + 1, 4);
+    memcpy(&off, d + 9, 8);
+    if (seg >= 64)
+        return -1;
+    if (c->fd[seg] <= 0) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/seg-%08u.psg", c->dir, seg);
+        c->fd[seg] = open(p, O_RDONLY);
+        if (c->fd[seg] < 0)
+            return -1;
+    }
+    return pread(c->fd[seg], out, rb, (off_t)(off + 32 + 16)) == (ssize_t)rb ? 0 : -1;
+}
 
 static int lmdb_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
 {
@@ -441,9 +428,8 @@ static int lmdb_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint
     for (long i = 0; i < c->batch; i++) {
         const void *d;
         size_t len;
-        if (psd_store_row_get(rt, c->var_id, ids[i], &d, &len) == 0 && len >= 16 + rb) {
-            memcpy(out + i * c->dim, (const uint8_t *)d + 16, rb); /* after the head */
-        } else {
+        if (psd_store_row_get(rt, c->var_id, ids[i], &d, &len) != 0 ||
+            lmdb_row(c, d, len, out + i * c->dim, rb) != 0) {
             memset(out + i * c->dim, 0, rb);
             c->missing++;
         }
@@ -499,9 +485,11 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
         protobuf_c_message_free_unpacked(&s->base, NULL);
         usleep(100000);
     }
-    uint64_t bytes = s->sparse_disk_bytes;
-    printf("table: %llu rows of dim %ld, %llu MiB in LMDB\n",
-           (unsigned long long)s->sparse_rows, o->dim, (unsigned long long)(bytes >> 20));
+    uint64_t bytes = s->sparse_disk_bytes + s->sparse_segment_live_bytes;
+    printf("table: %llu rows of dim %ld, %llu MiB (LMDB's catalog %llu MiB, the rest in "
+           "segment files)\n", (unsigned long long)s->sparse_rows, o->dim,
+           (unsigned long long)(bytes >> 20),
+           (unsigned long long)(s->sparse_disk_bytes >> 20));
     protobuf_c_message_free_unpacked(&s->base, NULL);
     return bytes;
 }
@@ -529,7 +517,7 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
     pr->ram = measure(o, ram_op, &rc, 0, cdf, ids, g, out, "ceiling ram");
 
     nanosleep(&(struct timespec){0, 200000000}, NULL); /* the last commit */
-    struct lmdb_ctx lc = {.dim = o->dim, .batch = o->batch};
+    struct lmdb_ctx lc = {.dim = o->dim, .batch = o->batch, .dir = p->dir};
     if (psd_store_open(p->dir, 0, PSD_STORE_RDONLY, &lc.st) != 0 ||
         psd_store_var_id(lc.st, "emb", &lc.var_id) != 0) {
         fprintf(stderr, "sparse: cannot read psd's LMDB in %s\n", p->dir);
@@ -541,6 +529,9 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
                "pushed, read as zeros)\n", (unsigned long long)lc.missing,
                o->calls * o->batch);
     psd_store_close(lc.st);
+    for (int k = 0; k < 64; k++)
+        if (lc.fd[k] > 0)
+            close(lc.fd[k]);
 
 #ifdef BENCH_HAVE_REDIS
     /* Redis as TFRA runs it (no persistence), then for pushes with its
@@ -580,8 +571,9 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
     free(table);
 }
 
-/* Rows psd has read from LMDB since it started (Stats); *ram: its RAM tier. */
-static uint64_t tier_misses(struct psd *p, uint64_t *ram)
+/* Rows psd has read from disk since it started (Stats); *ram: its RAM
+ * tier; *segs: its reads of the segment files. */
+static uint64_t tier_misses(struct psd *p, uint64_t *ram, uint64_t *segs)
 {
     Ps__V1__StatsRequest r = PS__V1__STATS_REQUEST__INIT;
     Ps__V1__StatsResponse *s = NULL;
@@ -591,6 +583,8 @@ static uint64_t tier_misses(struct psd *p, uint64_t *ram)
     uint64_t n = s->sparse_rows_read_lmdb;
     if (ram)
         *ram = s->sparse_ram_bytes;
+    if (segs)
+        *segs = s->sparse_segment_reads;
     protobuf_c_message_free_unpacked(&s->base, NULL);
     return n;
 }
@@ -626,31 +620,36 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         if (one(p, o, 0, ids, g, out, 0) != 0)
             exit(1);
     }
-    /* psd's major faults (all its threads) over the timed pulls */
-    uint64_t read0 = tier_misses(p, NULL), mf0 = ps_proc_stat_field(p->pid, 12);
+    /* psd's cold reads (Stats) over the timed pulls */
+    uint64_t sr0 = 0, sr1 = 0, read0 = tier_misses(p, NULL, &sr0);
     res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
-    uint64_t mf1 = ps_proc_stat_field(p->pid, 12);
+    tier_misses(p, NULL, &sr1);
     for (int k = 1; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
-    uint64_t ram = 0, read1 = tier_misses(p, &ram);
-    printf("%s: %.1f%% of the rows the calls touched were read from LMDB, the rest from "
+    uint64_t ram = 0, read1 = tier_misses(p, &ram, NULL);
+    printf("%s: %.1f%% of the rows the calls touched were read from disk, the rest from "
            "the RAM tier (%llu MiB)\n", who,
            100.0 * (double)(read1 - read0) / (double)(3 * o->calls * o->batch),
            (unsigned long long)(ram >> 20));
     if (pr)
         measure_peers(o, p, cdf, ids, g, out, pr);
     double disk = 0;
-    psd_stop(p, limit ? &disk : NULL);
-    /* What the disk allows a pull that reads this much from it: each call
-     * waits for its major faults at the disk's rate with as many in flight
-     * as psd's prefetch keeps, and does nothing else. */
-    double faults = (double)(mf1 - mf0) / (double)o->calls;
-    if (limit && disk > 0 && faults >= 1) {
-        double bound = (double)o->batch / (faults / disk);
-        printf("%s: pulls waited for %.0f major faults a call; the disk gave %.0f random "
-               "4 KiB reads/s with %d in flight (O_DIRECT under psd's file, after the "
-               "calls): reads alone bound a pull at %.0f rows/s, psd's is %.2f of it\n",
-               who, faults, disk, DISK_THREADS, bound, res[0] / bound);
+    /* A stored record: its 32-byte head, the row's 16-byte head, the value
+     * and Adagrad's slot. */
+    uint32_t rec = 32 + 16 + (uint32_t)(2 * o->dim * (long)sizeof(float));
+    psd_stop(p, limit ? &disk : NULL, rec);
+    /* What the disk allows a pull that reads this much from it: the rows
+     * psd served per cold read at the rate the disk gives reads like them
+     * (same size, same depth), and nothing else. */
+    double cold = (double)(sr1 - sr0);
+    if (limit && disk > 0 && cold >= 1) {
+        double per = (double)o->calls * (double)o->batch / cold;
+        double bound = disk * per;
+        printf("%s: pulls made %.0f cold reads a call (%.1f rows served per read); the disk "
+               "gave %.0f random reads/s of a %u-byte record (O_DIRECT, %d in flight, in "
+               "psd's segment file after the calls): reads alone bound a pull at %.0f "
+               "rows/s, psd's is %.2f of it\n", who, cold / (double)o->calls, per, disk,
+               rec, BENCH_DISK_DEPTH, bound, res[0] / bound);
         g_disk_frac = res[0] / bound;
     }
     free(ids);

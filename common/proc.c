@@ -168,6 +168,9 @@ int ps_proc_loop_create(ps_proc_loop **out)
 {
     mask_signals(SIG_BLOCK);
     signal(SIGPIPE, SIG_IGN);
+    /* A write past RLIMIT_FSIZE fails with EFBIG, which the store and the
+     * segment files answer as a full disk, instead of killing the daemon. */
+    signal(SIGXFSZ, SIG_IGN);
     ps_proc_loop *l = calloc(1, sizeof *l);
     if (l == NULL)
         return -ENOMEM;

@@ -445,6 +445,8 @@ int shard_store_replace(psd_shard *s, const struct var_list *l)
            psd_store_grow(s->store) == 0)
         ;
     store_gc(s);
+    if (rc == 0)
+        psd_sparse_restored(s->sparse); /* what fails stays readable in LMDB */
     free(ids);
     return rc;
 }

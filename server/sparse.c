@@ -2,7 +2,8 @@
  * sparse.c - the sparse tier (sparse.h): its lifetime and its tables,
  * initial rows and admission, the pull and the push of rows, and what
  * Stats and /metrics read of it. The rows themselves are sparse_ram.c's
- * (in memory) and sparse_rows.c's (in LMDB).
+ * (in memory), sparse_cold.c's (read from the segments) and
+ * sparse_seg.c's (the segments and the catalog in LMDB).
  */
 #include "server/sparse_internal.h"
 
@@ -26,18 +27,16 @@
 
 /* The tier's mutexes and condition variables, made and destroyed
  * together. */
-enum { SYNC_N = 4 };
+enum { SYNC_N = 4, SYNC_C = 2 };
 
-static void sync_objects(psd_sparse *sp, pthread_mutex_t *m[SYNC_N], pthread_cond_t *c[SYNC_N])
+static void sync_objects(psd_sparse *sp, pthread_mutex_t *m[SYNC_N], pthread_cond_t *c[SYNC_C])
 {
     m[0] = &sp->tables_mu;
     m[1] = &sp->apply_run_mu;
     m[2] = &sp->apply_mu;
-    m[3] = &sp->pool.mu;
+    m[3] = &sp->seg_mu;
     c[0] = &sp->apply_cond;
     c[1] = &sp->room_cond;
-    c[2] = &sp->pool.work;
-    c[3] = &sp->pool.idle;
 }
 
 int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
@@ -50,12 +49,12 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     sp->map_size = c->map_size;
     sp->max_rows = c->max_rows;
     pthread_mutex_t *mu[SYNC_N];
-    pthread_cond_t *cv[SYNC_N];
+    pthread_cond_t *cv[SYNC_C];
     sync_objects(sp, mu, cv);
-    for (int i = 0; i < SYNC_N; i++) {
+    for (int i = 0; i < SYNC_N; i++)
         pthread_mutex_init(mu[i], NULL);
+    for (int i = 0; i < SYNC_C; i++)
         pthread_cond_init(cv[i], NULL);
-    }
     sp->data_dir = strdup(c->data_dir);
     int rc = sp->data_dir == NULL ? -ENOMEM : sparse_log_open(sp);
     if (rc != 0) {
@@ -71,7 +70,6 @@ int psd_sparse_stop(psd_sparse *sp)
     if (sp == NULL)
         return 0;
     sparse_applier_stop(sp);
-    sparse_pool_stop(sp);
     return psd_sparse_drain(sp);
 }
 
@@ -80,23 +78,27 @@ void psd_sparse_close(psd_sparse *sp)
     if (sp == NULL)
         return;
     sparse_applier_stop(sp);
-    sparse_pool_stop(sp);
     psd_rowlog_destroy(sp->rowlog);
+    psd_segs_close(sp->segs);
     ps_buf_free(&sp->logbuf);
     pthread_mutex_t *mu[SYNC_N];
-    pthread_cond_t *cv[SYNC_N];
+    pthread_cond_t *cv[SYNC_C];
     sync_objects(sp, mu, cv);
-    for (int i = 0; i < SYNC_N; i++) {
+    for (int i = 0; i < SYNC_N; i++)
         pthread_mutex_destroy(mu[i]);
+    for (int i = 0; i < SYNC_C; i++)
         pthread_cond_destroy(cv[i]);
-    }
+    free(sp->seg_live);
     free(sp->data_dir);
     free(sp);
 }
 
+/* 3/8 of --memory-limit: rows are read with O_DIRECT, so the page cache
+ * no longer holds them (a quarter did when LMDB's pages held the cold
+ * rows); the other 5/8 are psd's own and the catalog's pages. */
 uint64_t sparse_budget(const psd_sparse *sp)
 {
-    return sp->memory_limit ? sp->memory_limit / 4 : (uint64_t)256 << 20;
+    return sp->memory_limit ? sp->memory_limit / 8 * 3 : (uint64_t)256 << 20;
 }
 
 /* LMDB mallocs a write transaction's dirty pages and keeps them on its
@@ -230,6 +232,8 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
         atomic_fetch_sub(&sp->row_bytes, t->rows * t->row_bytes);
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&sp->tables_mu);
+    /* Its rows go with its variable's record: their records are dead. */
+    atomic_store(&sp->seg_recount, true);
 }
 
 size_t psd_sparse_table_dim(const psd_sparse_table *t)
@@ -348,29 +352,36 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
     float *scratch = t->insert_on_pull ? malloc(t->rowf * sizeof(float)) : NULL;
     if (t->insert_on_pull && scratch == NULL)
         return -ENOMEM;
-    sparse_prefetch(sp, t, ids, n);
-    psd_store_rtxn *rt = NULL;
+    struct sp_cold c = {0};
+    /* The call's cold rows, cached once every row is copied out: caching
+     * drops rows the clock passes over, which the loop may still need. */
+    size_t *cold = malloc((n ? n : 1) * sizeof *cold), ncold = 0;
+    int rc = cold == NULL ? -ENOMEM : sparse_cold_read(sp, t, ids, n, &c);
     sparse_lock(t);
-    int rc = sparse_ready(sp, t);
+    if (rc == 0)
+        rc = sparse_ready(sp, t);
+    if (rc == 0)
+        rc = sparse_cold_settle(sp, t, ids, &c);
     for (size_t i = 0; i < n && rc == 0; i++) {
-        struct sp_entry *e;
         const uint8_t *data;
         int64_t id = ids[i];
         sparse_ahead(t, ids, i, n);
-        int k = sparse_lookup(sp, t, &rt, id, &e, &data);
-        if (k == 1) {
+        struct sp_entry *e = sparse_get(sp, t, id);
+        if (e != NULL) {
             memcpy(out + i * dim, e->row, dim * sizeof(float));
-        } else if (k == 2) {
+        } else if ((data = sparse_cold_row(t, &c, i)) != NULL) {
             memcpy(out + i * dim, data + SPARSE_ROW_HEAD, dim * sizeof(float));
-            sparse_cache(sp, t, id, data);
-        } else if (k == 0) {
-            rc = pull_new(sp, t, id, out + i * dim, scratch, inserted);
+            cold[ncold++] = i;
         } else {
-            rc = k;
+            rc = pull_new(sp, t, id, out + i * dim, scratch, inserted);
         }
     }
+    for (size_t k = 0; k < ncold; k++)
+        if (sparse_find(t, ids[cold[k]]) == NULL) /* an id twice in the call */
+            sparse_cache(sp, t, ids[cold[k]], sparse_cold_row(t, &c, cold[k]));
     pthread_mutex_unlock(&t->mu);
-    psd_store_rend(rt);
+    sparse_cold_free(&c);
+    free(cold);
     free(scratch);
     atomic_fetch_add(&sp->pulled, rc == 0 ? n : 0);
     return rc;
@@ -392,12 +403,14 @@ struct item {
     uint64_t *upd;       /* (nu) updates applied so far */
     uint8_t *kind;       /* (nu) 0 not admitted, 1 has a row, 2 new */
     size_t need;         /* rows to install that have no RAM entry */
+    struct sp_cold cold; /* its rows outside the RAM tier, read first */
 };
 
 static void item_free(struct item *it)
 {
     free(it->grouped);
     free(it->loaded);
+    sparse_cold_free(&it->cold);
 }
 
 static int cmp_idpos(const void *a, const void *b)
@@ -459,29 +472,29 @@ static int load_state(psd_sparse *sp, struct item *it)
     it->state = (float *)(void *)(it->upd + m);
     it->kind = (uint8_t *)(it->state + m * rowf);
     int rc = sparse_ready(sp, t);
-    psd_store_rtxn *rt = NULL;
+    if (rc == 0)
+        rc = sparse_cold_remap(&it->cold, it->which, nu);
+    if (rc == 0)
+        rc = sparse_cold_settle(sp, t, it->uid, &it->cold);
     for (size_t u = 0; u < nu && rc == 0; u++) {
-        struct sp_entry *e;
-        const uint8_t *data;
+        const uint8_t *data = NULL;
         float *st = it->state + u * rowf;
         sparse_ahead(t, it->uid, u, nu);
-        int k = sparse_lookup(sp, t, &rt, it->uid[u], &e, &data);
-        if (k == 1) {
+        struct sp_entry *e = sparse_get(sp, t, it->uid[u]);
+        if (e != NULL) {
             memcpy(st, e->row, rowf * sizeof(float));
             it->upd[u] = e->updates;
-        } else if (k == 2) {
+        } else if ((data = sparse_cold_row(t, &it->cold, u)) != NULL) {
             memcpy(st, data + SPARSE_ROW_HEAD, rowf * sizeof(float));
             memcpy(&it->upd[u], data, sizeof(uint64_t));
-        } else if (k == 0) {
+        } else {
             init_row(t, it->uid[u], st, true);
             it->upd[u] = 0;
-        } else {
-            rc = k;
         }
-        it->kind[u] = (uint8_t)(k == 0 ? (admits(t, it->uid[u]) ? 2 : 0) : 1);
-        it->need += k != 1 && it->kind[u] != 0;
+        bool had = e != NULL || data != NULL;
+        it->kind[u] = (uint8_t)(!had ? (admits(t, it->uid[u]) ? 2 : 0) : 1);
+        it->need += e == NULL && it->kind[u] != 0;
     }
-    psd_store_rend(rt);
     return rc;
 }
 
@@ -623,16 +636,24 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
     struct item *items = calloc(n ? n : 1, sizeof *items);
     if (items == NULL)
         return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
         items[i] = (struct item){.g = &g[i], .t = g[i].t};
-        sparse_prefetch(sp, g[i].t, g[i].ids, g[i].n);
+        rc = sparse_cold_read(sp, g[i].t, g[i].ids, g[i].n, &items[i].cold);
+        *bad = i;
+    }
+    if (rc != 0) {
+        for (size_t i = 0; i < n; i++)
+            item_free(&items[i]);
+        free(items);
+        return rc;
     }
     /* The tables' mutexes in address order; items sorted so, their g
      * pointers still name their parts. */
     qsort(items, n, sizeof *items, cmp_item_table);
     for (size_t i = 0; i < n; i++)
         sparse_lock(items[i].t);
-    int rc = push_locked(sp, items, n, step, room, bad, why, whylen);
+    rc = push_locked(sp, items, n, step, room, bad, why, whylen);
     for (size_t i = n; i-- > 0;) {
         sparse_unreserve(items[i].t);
         pthread_mutex_unlock(&items[i].t->mu);
@@ -667,7 +688,11 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_rows_pushed = atomic_load(&sp->pushed);
     r->sparse_rows_unsaved = atomic_load(&sp->dirty);
     r->sparse_log_bytes = sp->rowlog ? psd_rowlog_total(sp->rowlog) : 0;
-    r->sparse_rows_read_lmdb = atomic_load(&sp->read_lmdb);
+    r->sparse_rows_read_lmdb = atomic_load(&sp->read_cold);
+    r->sparse_segment_reads = atomic_load(&sp->seg_reads);
+    r->sparse_segment_bytes = sp->segs ? psd_segs_bytes(sp->segs) : 0;
+    r->sparse_segment_live_bytes = atomic_load(&sp->live_bytes);
+    r->sparse_segment_dead_bytes = sparse_dead_bytes(sp);
 }
 
 /* The tier's counters on /metrics, each with its unit in its name; a
@@ -684,7 +709,11 @@ static const struct {
     C("ram_hits_total", ram_hits, "Row lookups answered from the RAM tier."),
     C("ram_misses_total", ram_misses, "Row lookups not in the RAM tier (read from "
       "LMDB, or no row yet)."),
-    C("cold_reads_total", read_lmdb, "Rows read from LMDB."),
+    C("cold_reads_total", read_cold, "Rows read from disk (not in the RAM tier)."),
+    C("segment_reads_total", seg_reads, "Rows read from the segment files (O_DIRECT)."),
+    C("segment_live_bytes", live_bytes, "Bytes of the segments' records the catalog "
+      "points at."),
+    C("converted_rows_total", converted, "Rows moved from LMDB into the segment files."),
     C("rows_pulled_total", pulled, "Rows answered by SparsePull."),
     C("rows_pushed_total", pushed, "Rows updated by SparsePush."),
     C("admitted_total", admitted, "Rows created."),
@@ -722,10 +751,15 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
             ps_metrics_gauge(m, n, counters[i].help, v);
     }
     const struct { const char *name, *help; double v; } gauges[] = {
-        {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (a quarter of "
+        {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (half of "
          "--memory-limit).", (double)sparse_budget(sp)},
         {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
          (double)psd_store_disk_bytes(sp->store)},
+        {"psd_sparse_segment_bytes", "Bytes of the segment files of sparse rows.",
+         sp->segs ? (double)psd_segs_bytes(sp->segs) : 0.0},
+        {"psd_sparse_segment_dead_bytes", "Bytes of the segments' records no row "
+         "points at (overwritten or deleted): what compaction reclaims.",
+         (double)sparse_dead_bytes(sp)},
         {"psd_sparse_log_bytes", "Bytes of the row log not yet applied to LMDB.",
          sp->rowlog ? (double)psd_rowlog_total(sp->rowlog) : 0.0},
         {"psd_sparse_commit_rows_per_second", "Rows a commit writes per second, as "

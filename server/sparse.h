@@ -5,7 +5,7 @@
  *
  * The tier is one struct psd_sparse, owned by the shard (psd_shard.sparse)
  * and holding everything the rows need: the RAM tier, the row log and its
- * applier thread, the prefetch threads of the cold reads, and the counters
+ * applier thread, the segment files of the rows, and the counters
  * Stats and /metrics read. Nothing of it is process-wide: two shards in one
  * process have two tiers. A sparse table is a variable of the shard
  * (psd_var, spec.sparse set, shape [dim]) with a psd_sparse_table beside
@@ -30,7 +30,8 @@
  *   sparse_ram.c      the RAM tier: a hash of rows and its clock
  *   sparse_rows.c     stored rows: the filter of ids, lookups, sweeps
  *   sparse_log.c      the row log: commits, the applier, replay, drains
- *   sparse_prefetch.c cold reads: faults a call's rows in from threads
+ *   sparse_cold.c     cold reads: a call's misses read in one batch
+ *   sparse_seg.c      the segment files and the catalog in LMDB
  * and the RPC edge, sparse_rpc.c, is the shard's: it decodes SparsePull
  * and SparsePush, finds the tables, and answers.
  *
@@ -62,7 +63,7 @@ struct psd_store;
 struct psd_sparse_conf {
     struct psd_store *store;  /* the shard's, open; outlives the tier */
     const char *data_dir;     /* where the row log lives */
-    uint64_t memory_limit;    /* the RAM tier gets a quarter; 0: 256 MiB */
+    uint64_t memory_limit;    /* the RAM tier gets 3/8; 0: 256 MiB */
     uint64_t map_size;        /* a checkpoint copy's map (0: default) */
     uint64_t max_rows;        /* rows a table may hold (--max-rows-per-table);
                                  0: no cap */
@@ -74,7 +75,7 @@ struct psd_sparse_conf {
 int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out);
 /* Starts the applier thread: 0 or -EAGAIN. */
 int psd_sparse_start(psd_sparse *sp);
-/* Stops the applier and the prefetch threads and applies the whole log:
+/* Stops the applier and applies the whole log:
  * LMDB is whole after it. Returns 0 or the store's error. */
 int psd_sparse_stop(psd_sparse *sp);
 /* Frees the tier, after every table was freed. NULL is a no-op. */
@@ -146,8 +147,19 @@ bool psd_sparse_over_budget(psd_sparse *sp);
 int psd_sparse_make_room(psd_sparse *sp);
 int psd_sparse_drain(psd_sparse *sp);
 
+/* Why the last apply found no room, when a segment append failed for want
+ * of it (a full disk, or RLIMIT_FSIZE); NULL otherwise (the store's own
+ * reason then applies: psd_store_full_reason). */
+const char *psd_sparse_full_reason(psd_sparse *sp);
+
 /* The flusher's periodic work: the eviction sweeps. flush_mu held. */
 void psd_sparse_maintain(psd_sparse *sp);
+
+/* After a Restore staged rows in LMDB: moves them into the segments and
+ * counts the segments' live bytes again. flush_mu held. Returns 0 or the
+ * error, logged (the rows not moved are read from LMDB, and moved at the
+ * next start). */
+int psd_sparse_restored(psd_sparse *sp);
 
 /* A checkpoint: _begin (flush_mu held, after a commit) applies the log
  * and holds the applier off, 0 or an error, logged; _complete, the

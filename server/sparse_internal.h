@@ -4,22 +4,41 @@
  * shard's state either: what the tier needs of the shard comes in
  * psd_sparse_conf and the calls of sparse.h.
  *
- * Rows live in the store's "rows" database (store.h) as {u64 updates, u64
- * last step} followed by the row's value and its optimizer slots: [value
- * dim | slot 0 dim | slot 1 dim], so slot k of a row is row + (1 + k) *
- * dim, optim.h's layout for a variable of dim elements. Each row keeps its
- * own update count, the t that ADAM's bias correction takes (lazy Adam, as
- * TensorFlow's LazyAdam).
+ * A row is {u64 updates, u64 last step} followed by the row's value and
+ * its optimizer slots: [value dim | slot 0 dim | slot 1 dim], so slot k of
+ * a row is row + (1 + k) * dim, optim.h's layout for a variable of dim
+ * elements. Each row keeps its own update count, the t that ADAM's bias
+ * correction takes (lazy Adam, as TensorFlow's LazyAdam).
  *
- * Tiers: rows changed and not yet in LMDB, and within the RAM budget the
- * rows read most (a clock), are held in a hash in memory, the RAM tier;
- * every other row is read from LMDB's map, without a copy, when a call
- * needs it. At each commit the flusher appends the changed rows to the row
- * log (rowlog.h; the same kill -9 bound), and the applier (sparse_log.c)
- * writes them into LMDB behind. The RAM tier is kept under a quarter of
- * --memory-limit: past it a push first waits for a commit and, if need
- * be, an apply, after which rows the clock passes over are dropped from
- * memory (they stay in LMDB, whose pages are the kernel's page cache).
+ * Where rows are: the bytes of stored rows are records of the segment
+ * files beside data.mdb (segment.h: append-only, a CRC32C each); LMDB, the
+ * store of record and the commit point, holds the catalog, in its "rows"
+ * database: (var_id, id) -> a SPARSE_CAT_LEN-byte entry {segment, offset,
+ * length, version, last step} (sparse_seg.c). A directory written before
+ * the segments held the row's bytes there instead; psd_sparse_open
+ * converts them, and a restore's staged rows, in bounded transactions, and
+ * until then they are read as they are.
+ *
+ *     data.mdb (LMDB)                       seg-00000001.psg ...
+ *     rows: (var, id) -> {seg, off, len} ---> | hdr | rec | rec | rec ... |
+ *     meta: rowlog_applied, segs_end             (O_DIRECT, io_uring)
+ *     rows.log.0/1: batches of changed rows, applied behind
+ *
+ * Tiers: rows changed and not yet applied, and within the RAM budget the
+ * rows read most (a clock), are held in a hash in memory, the RAM tier. At
+ * each commit the flusher appends the changed rows to the row log
+ * (rowlog.h; the same kill -9 bound), and the applier (sparse_log.c)
+ * appends them to the segments behind, fdatasyncs them, and only then
+ * commits the LMDB transaction that points the catalog at them and moves
+ * "segs_end" (psd_segs_open cuts anything past it). A row outside the RAM
+ * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
+ * up in the catalog and read in one batch through io_uring with O_DIRECT,
+ * never a page fault on row bytes, and the rows enter the RAM tier. The
+ * RAM tier is kept under half of --memory-limit (the page cache no longer
+ * holds rows): past it a push first waits for a commit and, if need be,
+ * an apply, after which rows the clock passes over are dropped from
+ * memory. Every overwrite or deletion leaves the old record dead; the
+ * live bytes per segment are counted (rebuilt at open) for compaction.
  *
  * A row's initial value is psd_init_fill of the table's initializer with
  * the seed replaced by splitmix64(seed ^ splitmix64(id)): a function of
@@ -45,6 +64,7 @@
 #include "common/buf.h"
 #include "server/init.h"
 #include "server/rowlog.h"
+#include "server/segment.h"
 #include "server/store.h"
 
 #include <pthread.h>
@@ -54,7 +74,6 @@
 #define SPARSE_DIRTY_PAGE 4096
 #define SPARSE_CMS_DEPTH 4
 #define SPARSE_CMS_WIDTH 65536
-#define SPARSE_PREFETCH_THREADS 48
 
 /* A row in the RAM tier: dirty while mod != saved (a change not yet
  * committed); saving is the mod a commit under way holds. */
@@ -108,13 +127,12 @@ struct psd_sparse_table {
     uint64_t bloom_mask;    /* bits - 1 (a power of two) */
     uint64_t bloom_cap;     /* rows it is sized for */
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
+    uint64_t evicts;        /* rows the sweeps deleted: a cold read begun
+                               before one is done again (sparse_cold.c) */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
 };
-
-/* A job of the prefetch pool (sparse_prefetch.c). */
-struct sp_pf_job;
 
 struct psd_sparse {
     psd_store *store;
@@ -127,10 +145,11 @@ struct psd_sparse {
     psd_sparse_table *tables;
 
     /* Counters: bytes of the RAM tier, rows changed and not committed,
-     * rows admitted, evicted, not admitted, pulled, pushed, read from
-     * LMDB; the LMDB pages the applier's transaction holds now. */
+     * rows admitted, evicted, not admitted, pulled, pushed, read cold (from
+     * the segments, or an unconverted row from LMDB), read from the
+     * segments; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
-        read_lmdb, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
+        read_cold, seg_reads, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
     /* The bytes of the stored rows of the ready tables (rows * row_bytes):
      * what they hold against --max-bytes. */
     atomic_uint_fast64_t row_bytes;
@@ -164,15 +183,18 @@ struct psd_sparse {
     pthread_t applier;
     int64_t last_apply_ms;
 
-    /* The prefetch pool (sparse_prefetch.c), started on first need. */
-    struct {
-        pthread_mutex_t mu;
-        pthread_cond_t work, idle;
-        struct sp_pf_job *jobs; /* queued, ids may be left */
-        int threads;            /* started; -1 when starting failed */
-        bool quit;
-        pthread_t tid[SPARSE_PREFETCH_THREADS];
-    } pool;
+    /* The segment files (segment.h): appended to by one thread at a time,
+     * the applier's (apply_run_mu held), read by any. seg_mu guards the
+     * live bytes of each segment (indexed by its number): those of the
+     * records the catalog points at. seg_recount asks the applier to count
+     * them again (a table's rows were deleted with it). */
+    psd_segs *segs;
+    pthread_mutex_t seg_mu;
+    uint64_t *seg_live;
+    uint32_t seg_cap;
+    atomic_uint_fast64_t live_bytes, converted;
+    atomic_bool seg_recount;
+    atomic_bool seg_full;   /* the last append found no room (PS_EFULL) */
 };
 
 /* sparse.c */
@@ -209,20 +231,95 @@ void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_
 
 /* sparse_rows.c: with t->mu held. */
 int sparse_ready(psd_sparse *sp, psd_sparse_table *t);
+/* id's RAM entry (its clock bit set), or NULL; counts a hit or a miss. */
+struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id);
 bool sparse_maybe_stored(const psd_sparse_table *t, int64_t id);
 void sparse_bloom_add(psd_sparse_table *t, int64_t id);
 void sparse_bloom_prefetch(const psd_sparse_table *t, int64_t id);
-/* The state of id's row: 1 with *e its RAM entry; 2 with its stored bytes
- * at *data (value at data + SPARSE_ROW_HEAD); 0 when it has none. rt is
- * begun on first need. Returns a negative error too. */
-int sparse_lookup(psd_sparse *sp, psd_sparse_table *t, psd_store_rtxn **rt, int64_t id,
-                  struct sp_entry **e, const uint8_t **data);
 int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
 
-/* sparse_prefetch.c: without t->mu; before the call takes it. */
-void sparse_prefetch(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n);
-void sparse_prefetch_rows(psd_sparse *sp, uint32_t var_id, const int64_t *ids, size_t n);
-void sparse_pool_stop(psd_sparse *sp);
+/* sparse_cold.c: the rows of a call that are not in the RAM tier, read
+ * from the store in one batch. sparse_cold_read without t->mu, before the
+ * call takes it: slot[i] says where ids[i]'s row was read to (-1: not
+ * read). sparse_cold_remap moves the slots to the distinct ids of a push
+ * (which[i] the distinct index of ids[i]). sparse_cold_settle, with t->mu
+ * held, reads what the first pass could not know: rows that left the RAM
+ * tier since, and all of them again when an apply or a sweep may have
+ * changed what it read. sparse_cold_row: ids[i]'s stored bytes (value at
+ * + SPARSE_ROW_HEAD) or NULL when it has no row outside the RAM tier. */
+struct sp_cold {
+    int32_t *slot;       /* (n) */
+    size_t n;
+    uint8_t *rows;       /* (nslots * row_bytes) */
+    uint8_t *have;       /* (nslots) */
+    size_t nslots, cap;
+    uint64_t applied, evicts; /* when the first pass began */
+};
+int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                     struct sp_cold *c);
+int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu);
+int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
+                       struct sp_cold *c);
+const uint8_t *sparse_cold_row(const psd_sparse_table *t, const struct sp_cold *c, size_t i);
+void sparse_cold_free(struct sp_cold *c);
+
+/* sparse_seg.c: the segments and the catalog. An entry of the store's
+ * "rows" db is a catalog entry of SPARSE_CAT_LEN bytes (never the length
+ * of a row, a multiple of 4) or, not converted yet, the row's bytes. */
+#define SPARSE_CAT_LEN 33
+struct sp_cat {
+    psd_seg_loc loc;
+    uint64_t version;   /* the row log batch that wrote it (0: converted) */
+    uint64_t last_step;
+};
+bool sparse_cat_decode(const void *data, size_t len, struct sp_cat *c);
+/* The last step of a stored entry (catalog entry or row). */
+uint64_t sparse_stored_last_step(const void *data, size_t len);
+/* A write transaction of the catalog: what it changes in the segments'
+ * live bytes is counted once it commits. set_end: it points rows at
+ * records just synced, and moves "segs_end" to the segments' end (only
+ * the appender's transactions: apply_run_mu held). */
+struct sp_catw {
+    psd_sparse *sp;
+    psd_store_txn *t;
+    int64_t *delta;     /* (ndelta) per segment number */
+    uint32_t ndelta;
+    bool set_end;
+};
+int sparse_catw_begin(psd_sparse *sp, struct sp_catw *w, bool set_end);
+/* Points row id at c. only_if: only when the catalog still points at that
+ * record (*set says whether it did): a compaction's relocation, which a
+ * newer write wins. Returns 0 or the store's error. */
+int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c,
+                   const psd_seg_loc *only_if, bool *set);
+/* Counts a stored entry the transaction deletes as dead. */
+void sparse_cat_gone(struct sp_catw *w, const void *data, size_t len);
+int sparse_catw_commit(struct sp_catw *w);
+void sparse_catw_abort(struct sp_catw *w);
+/* Commits when rc is 0, else aborts: the commit's result, or rc. */
+int sparse_catw_end(struct sp_catw *w, int rc);
+/* Compaction's relocation of n rows, in one transaction, each only when
+ * the catalog still points at old (apply_run_mu held: the caller is the
+ * appender, and synced the new records). *moved: the rows moved. */
+struct sp_move {
+    uint32_t var_id;
+    int64_t id;
+    psd_seg_loc old_loc, new_loc;
+    uint64_t version, last_step;
+};
+int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved);
+/* Opens the segments at the committed end the store records, counts the
+ * live bytes and converts rows still held in LMDB (psd_sparse_open). */
+int sparse_segs_open(psd_sparse *sp);
+/* Counts the live bytes of each segment again from the catalog. */
+int sparse_seg_recount(psd_sparse *sp);
+/* Moves rows held in LMDB into the segments (apply_run_mu held). */
+int sparse_convert(psd_sparse *sp);
+/* Replaces the catalog entries of the store copy ck by the rows' bytes
+ * read from the segments: a checkpoint holds its rows. */
+int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck);
+/* Dead bytes: of the segments, those of no row. */
+uint64_t sparse_dead_bytes(psd_sparse *sp);
 
 /* sparse_log.c */
 int sparse_log_open(psd_sparse *sp);

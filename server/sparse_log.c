@@ -5,6 +5,11 @@
  * file's rows into LMDB behind the pushes, the drain a checkpoint and a
  * full RAM tier wait for, and the batches a checkpoint's copy adds.
  *
+ * The applier appends each row's last state to the segments (segment.h),
+ * syncs them, and then commits the LMDB transaction that points the
+ * catalog at them (sparse_seg.c): a row is in LMDB, as the applied mark
+ * says, only once its bytes are on the disk.
+ *
  * Why a log: a commit used to put every changed row into LMDB, whose
  * copy-on-write B+tree rewrites the 4 KiB leaf page of each scattered row
  * (a ~530-byte row of dim 64 with Adagrad), and fsynced it: the disk's
@@ -51,7 +56,7 @@
 struct rec {
     uint32_t var_id, len;
     int64_t id;
-    uint64_t ord;
+    uint64_t ord, seq;
     const uint8_t *data;
 };
 
@@ -66,8 +71,9 @@ struct apply {
     size_t chunk;
     uint64_t mark;        /* the applied mark to set: last, or more */
     psd_sparse *sp;       /* the tier: its counts of pages */
-    bool prefetch;        /* faults the rows' pages in first */
-    int64_t *ids;         /* (chunk) for the prefetch */
+    psd_segs *segs;       /* rows go to the segments, and st holds the
+                             catalog; NULL: the rows' bytes go into st (a
+                             checkpoint's copy) */
 };
 
 static int cmp_u32(const void *a, const void *b)
@@ -94,7 +100,7 @@ static int collect(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const u
         a->r = nr;
         a->cap = nc;
     }
-    a->r[a->n] = (struct rec){var_id, len, id, a->n, data};
+    a->r[a->n] = (struct rec){var_id, len, id, a->n, seq, data};
     a->n++;
     return 0;
 }
@@ -114,9 +120,47 @@ static bool same_row(const struct rec *x, const struct rec *y)
     return x->var_id == y->var_id && x->id == y->id;
 }
 
+/* Appends a->r[i..end) to the segments and syncs them: loc[k - i] is
+ * where row k went. On failure the segments are as they were. */
+static int append_chunk(struct apply *a, size_t i, size_t end, psd_seg_loc *loc)
+{
+    int rc = 0;
+    for (size_t k = i; k < end && rc == 0; k++) {
+        const struct rec *r = &a->r[k];
+        rc = psd_segs_append(a->segs, r->var_id, r->id, r->seq, r->data, r->len, NULL, 0,
+                             &loc[k - i]);
+    }
+    if (rc != 0) {
+        psd_segs_discard(a->segs);
+        return rc;
+    }
+    rc = psd_segs_sync(a->segs);
+    atomic_store(&a->sp->seg_full, rc == PS_EFULL);
+    return rc;
+}
+
+/* Writes row r into the transaction: its catalog entry (at loc), or its
+ * bytes into a checkpoint's copy. */
+static int put_row(struct apply *a, struct sp_catw *w, const struct rec *r,
+                   const psd_seg_loc *loc)
+{
+    if (a->segs != NULL) {
+        uint64_t last = 0;
+        if (r->len >= SPARSE_ROW_HEAD)
+            memcpy(&last, r->data + 8, sizeof last);
+        struct sp_cat c = {.loc = *loc, .version = r->seq, .last_step = last};
+        return sparse_cat_set(w, r->var_id, r->id, &c, NULL, NULL);
+    }
+    uint32_t head = r->len < SPARSE_ROW_HEAD ? r->len : SPARSE_ROW_HEAD;
+    return psd_store_row_put(w->t, r->var_id, r->id, r->data, head, r->data + head,
+                             r->len - head);
+}
+
 /* Puts the last record of each row, in key order (LMDB walks its leaves
- * forward), in transactions of a->chunk rows; the last one also sets the
- * applied mark. A full map is grown and the transaction done again. */
+ * forward), in transactions of a->chunk rows, each chunk's rows appended
+ * to the segments and synced before its transaction begins; the last one
+ * also sets the applied mark. A full map is grown and the transaction done
+ * again (the records stay: the same ones are pointed at). */
 static int put_all(void *ctx)
 {
     struct apply *a = ctx;
@@ -128,44 +172,47 @@ static int put_all(void *ctx)
         if (j + 1 == a->n || !same_row(&a->r[j], &a->r[j + 1]))
             a->r[u++] = a->r[j];
     a->n = u;
+    psd_seg_loc *loc = a->segs ? malloc(a->chunk * sizeof *loc) : NULL;
+    if (a->segs != NULL && loc == NULL)
+        return -ENOMEM;
     size_t i = 0;
+    bool appended = false;
+    int rc;
     for (;;) {
         size_t end = i + a->chunk < a->n ? i + a->chunk : a->n;
-        /* The chunk's leaf pages from many threads at once: the puts
-         * below would otherwise fault them in one by one. */
-        for (size_t j = i; a->prefetch && a->ids != NULL && j < end;) {
-            size_t k = 0;
-            uint32_t var = a->r[j].var_id;
-            for (; j < end && a->r[j].var_id == var; j++)
-                a->ids[k++] = a->r[j].id;
-            sparse_prefetch_rows(a->sp, var, a->ids, k);
+        if (a->segs != NULL && !appended) {
+            if ((rc = append_chunk(a, i, end, loc)) != 0)
+                break;
+            appended = true;
         }
-        psd_store_txn *t = NULL;
-        int rc = psd_store_begin(a->st, &t);
+        struct sp_catw w = {0};
+        rc = a->segs ? sparse_catw_begin(a->sp, &w, true) : psd_store_begin(a->st, &w.t);
         size_t j = i;
         for (; rc == 0 && j < end; j++) {
-            const struct rec *r = &a->r[j];
-            uint32_t head = r->len < SPARSE_ROW_HEAD ? r->len : SPARSE_ROW_HEAD;
-            rc = psd_store_row_put(t, r->var_id, r->id, r->data, head, r->data + head,
-                                   r->len - head);
+            rc = put_row(a, &w, &a->r[j], loc ? &loc[j - i] : NULL);
             if (((j - i + 1) & 255) == 0)
                 atomic_store(&a->sp->apply_pages, j - i + 1);
         }
         if (rc == 0 && j >= a->n && a->mark > 0)
-            rc = psd_store_set_log_mark(t, PSD_STORE_LOG_APPLIED, a->mark);
-        if (rc == 0)
-            rc = psd_store_commit(t);
-        else if (t != NULL)
-            psd_store_abort(t);
+            rc = psd_store_set_log_mark(w.t, PSD_STORE_LOG_APPLIED, a->mark);
+        if (a->segs != NULL)
+            rc = sparse_catw_end(&w, rc);
+        else if (rc == 0)
+            rc = psd_store_commit(w.t);
+        else
+            psd_store_abort(w.t);
         atomic_store(&a->sp->apply_pages, 0);
         if (rc == PS_EFULL && psd_store_grow(a->st) == 0)
             continue; /* the same rows again in a bigger map */
         if (rc != 0)
-            return rc;
+            break;
+        appended = false;
         i = j;
         if (i >= a->n)
-            return 0;
+            break;
     }
+    free(loc);
+    return rc;
 }
 
 static size_t chunk_rows(psd_sparse *sp)
@@ -178,16 +225,14 @@ static size_t chunk_rows(psd_sparse *sp)
  * sets its applied mark (to at least mark). *last: the last batch. */
 static int apply_file(psd_sparse *sp, psd_store *st, int which, uint64_t after,
                       uint64_t upto, const uint32_t *live, size_t nlive, uint64_t mark,
-                      bool prefetch, uint64_t *last)
+                      uint64_t *last)
 {
     size_t chunk = chunk_rows(sp);
     struct apply a = {.st = st, .live = live, .nlive = nlive, .upto = upto,
-                      .chunk = chunk, .mark = mark, .sp = sp, .prefetch = prefetch};
-    if (prefetch)
-        a.ids = malloc(chunk * sizeof *a.ids);
+                      .chunk = chunk, .mark = mark, .sp = sp,
+                      .segs = st == sp->store ? sp->segs : NULL};
     int rc = psd_rowlog_walk(sp->rowlog, which, after, collect, put_all, &a, NULL);
     free(a.r);
-    free(a.ids);
     if (last)
         *last = a.last;
     return rc;
@@ -346,13 +391,17 @@ static void after_apply(psd_sparse *sp)
 
 /* ---- replay, applier, drains -------------------------------------------- */
 
-/* Opens the row log and writes what it holds beyond the store's applied
+/* Opens the segments (sparse_seg.c) and the row log, and writes what the
+ * log holds beyond the store's applied
  * mark into the store, older file first: a crash left those batches
  * acknowledged but not applied. Then empties both. Called by
  * psd_sparse_open, before the shard loads its variables. */
 int sparse_log_open(psd_sparse *sp)
 {
-    int rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);
+    int rc = sparse_segs_open(sp);
+    if (rc != 0)
+        return rc;
+    rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);
     uint64_t applied = 0, last[2] = {0, 0};
     if (rc == 0)
         rc = psd_store_log_mark(sp->store, PSD_STORE_LOG_APPLIED, &applied);
@@ -365,7 +414,7 @@ int sparse_log_open(psd_sparse *sp)
         if (last[i] <= applied)
             continue;
         uint64_t got = 0;
-        rc = apply_file(sp, sp->store, i, applied, UINT64_MAX, NULL, 0, 0, true, &got);
+        rc = apply_file(sp, sp->store, i, applied, UINT64_MAX, NULL, 0, 0, &got);
         if (rc == 0) {
             ps_log_info("row log: replayed batches %llu-%llu of %s (acknowledged "
                         "before psd stopped, not yet in LMDB)",
@@ -428,7 +477,7 @@ static int apply_sealed(psd_sparse *sp, bool *did)
         return -ENOMEM;
     uint64_t last = 0;
     int rc = apply_file(sp, sp->store, which, atomic_load(&sp->log_applied), UINT64_MAX,
-                        live, nlive, 0, true, &last);
+                        live, nlive, 0, &last);
     free(live);
     if (rc == 0)
         rc = psd_rowlog_reset(l, which);
@@ -462,7 +511,7 @@ static int drain(psd_sparse *sp, bool room)
     int rc = drain_locked(sp, room);
     pthread_mutex_unlock(&sp->apply_run_mu);
     if (rc != 0)
-        ps_log_err(rc, "applying the row log to LMDB failed");
+        ps_log_err(rc, "applying the row log to the segments and LMDB failed");
     return rc;
 }
 
@@ -537,10 +586,17 @@ static void *applier_main(void *arg)
             pthread_mutex_unlock(&sp->apply_run_mu);
             sp->last_apply_ms = ps_now_ms();
             if (rc != 0 && sp->last_apply_ms - logged_ms > 10000) {
-                ps_log_err(rc, "applying the row log to LMDB failed (tried again; "
-                           "its rows stay in memory and in the log)");
+                ps_log_err(rc, "applying the row log to the segments and LMDB failed "
+                           "(tried again; its rows stay in memory and in the log)");
                 logged_ms = sp->last_apply_ms;
             }
+        }
+        if (atomic_load(&sp->seg_recount)) {
+            pthread_mutex_lock(&sp->apply_run_mu);
+            int rc = sparse_seg_recount(sp);
+            pthread_mutex_unlock(&sp->apply_run_mu);
+            if (rc != 0)
+                ps_log_err(rc, "counting the segments' live bytes");
         }
         pthread_mutex_lock(&sp->apply_mu);
     }
@@ -590,15 +646,28 @@ int psd_sparse_ckpt_complete(void *ctx, const char *dir)
         uint32_t *live = live_ids(sp, &nlive);
         rc = live == NULL ? -ENOMEM
                           : apply_file(sp, ck, psd_rowlog_active(sp->rowlog), applied,
-                                       logged, live, nlive, logged, false, NULL);
+                                       logged, live, nlive, logged, NULL);
         free(live);
     }
+    /* The copy's catalog points into this psd's segments: the rows' bytes
+     * go into it instead, so that it stands alone. */
+    if (rc == 0)
+        rc = sparse_ckpt_materialize(sp, ck);
     if (rc == 0)
         rc = psd_store_sync(ck);
     psd_store_close(ck);
     if (rc != 0)
         ps_log_err(rc, "checkpoint: adding the row log's batches to the copy");
     return rc;
+}
+
+int psd_sparse_restored(psd_sparse *sp)
+{
+    pthread_mutex_lock(&sp->apply_run_mu);
+    int rc = sparse_convert(sp);
+    int rc2 = sparse_seg_recount(sp);
+    pthread_mutex_unlock(&sp->apply_run_mu);
+    return rc ? rc : rc2;
 }
 
 int psd_sparse_ckpt_begin(psd_sparse *sp)

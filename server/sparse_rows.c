@@ -1,8 +1,8 @@
 /*
  * sparse_rows.c - the stored rows of sparse tables (sparse_internal.h):
  * finding a table's rows in the store, the filter of ids that have a row,
- * reading a row through LMDB's map, and the eviction sweeps (TTL and
- * max_rows) the flusher runs.
+ * the RAM tier's hits and misses, and the eviction sweeps (TTL and
+ * max_rows) the flusher runs over the catalog.
  */
 #include "server/sparse_internal.h"
 
@@ -103,45 +103,24 @@ int sparse_ready(psd_sparse *sp, psd_sparse_table *t)
     return 0;
 }
 
-int sparse_lookup(psd_sparse *sp, psd_sparse_table *t, psd_store_rtxn **rt, int64_t id,
-                  struct sp_entry **e, const uint8_t **data)
+struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id)
 {
-    *e = sparse_find(t, id);
-    if (*e != NULL) {
-        if (!(*e)->ref)
-            (*e)->ref = true; /* no store when set: the line stays clean */
+    struct sp_entry *e = sparse_find(t, id);
+    if (e != NULL) {
+        if (!e->ref)
+            e->ref = true; /* no store when set: the line stays clean */
         atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
-        return 1;
+    } else {
+        atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
     }
-    atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
-    if (!sparse_maybe_stored(t, id))
-        return 0; /* never stored: no LMDB lookup */
-    if (*rt == NULL) {
-        int rc = psd_store_rbegin(sp->store, rt);
-        if (rc != 0)
-            return rc;
-    }
-    const void *d;
-    size_t len;
-    int rc = psd_store_row_get(*rt, t->var_id, id, &d, &len);
-    if (rc == PS_ENOTFOUND)
-        return 0;
-    if (rc != 0)
-        return rc;
-    if (len != SPARSE_ROW_HEAD + t->rowf * sizeof(float)) {
-        ps_log_error("sparse table '%s': row %lld has %zu bytes, expected %zu", t->name,
-                     (long long)id, len, SPARSE_ROW_HEAD + t->rowf * sizeof(float));
-        return PS_ECORRUPT;
-    }
-    *data = d;
-    atomic_fetch_add_explicit(&sp->read_lmdb, 1, memory_order_relaxed);
-    return 2;
+    return e;
 }
 
 /* ---- sweeps ------------------------------------------------------------ */
 
 struct sweep {
     psd_sparse *sp;
+    struct sp_catw *w;
     psd_sparse_table *t;
     uint64_t clock;
     /* max_rows: pass 1 collects (last step, id); pass 2 deletes below cut */
@@ -175,8 +154,7 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
     psd_sparse_table *t = w->t;
     if (len < SPARSE_ROW_HEAD)
         return 0;
-    uint64_t last;
-    memcpy(&last, (const uint8_t *)data + 8, sizeof last);
+    uint64_t last = sparse_stored_last_step(data, len);
     struct sp_entry **l = sparse_link(t, id);
     if (*l != NULL) {
         if (sparse_pinned(w->sp, *l))
@@ -192,6 +170,7 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
         return 0;
     if (*l != NULL)
         sparse_entry_drop(w->sp, t, l);
+    sparse_cat_gone(w->w, data, len);
     w->deleted++;
     return 1;
 }
@@ -230,11 +209,12 @@ static int sweep_cut(psd_store_txn *txn, struct sweep *w)
 /* One sweep of table t (mu held) in a transaction of its own. */
 int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
 {
-    psd_store_txn *txn;
-    int rc = psd_store_begin(sp->store, &txn);
+    struct sp_catw cw;
+    int rc = sparse_catw_begin(sp, &cw, false);
     if (rc != 0)
         return rc;
-    struct sweep w = {.sp = sp, .t = t, .clock = clock, .mode = SWEEP_TTL};
+    psd_store_txn *txn = cw.t;
+    struct sweep w = {.sp = sp, .w = &cw, .t = t, .clock = clock, .mode = SWEEP_TTL};
     int done = 0;
     if (t->ttl > 0) {
         rc = psd_store_rows_walk(txn, t->var_id, &t->sweep_from, TTL_SWEEP_ROWS,
@@ -245,10 +225,11 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     if (rc == 0 && t->max_rows > 0 && t->rows - w.deleted > t->max_rows)
         rc = sweep_cut(txn, &w);
     if (rc == 0 && w.deleted > 0)
-        rc = psd_store_commit(txn);
+        rc = sparse_catw_commit(&cw);
     else
-        psd_store_abort(txn);
+        sparse_catw_abort(&cw);
     if (rc == 0) {
+        t->evicts += w.deleted;
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
         atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);

@@ -344,11 +344,12 @@ static bool push_room(psd_shard *s, ps_rpc_call *call)
         frc = psd_sparse_make_room(s->sparse);
     if (frc == 0 || !psd_sparse_over_budget(s->sparse))
         return true;
+    const char *full = psd_sparse_full_reason(s->sparse);
     ps_rpc_fail(call, frc == PS_EFULL ? PS_RPC_RESOURCE_EXHAUSTED : ps_rpc_code_from_err(frc),
                 "SparsePush: the rows changed so far cannot be committed (%s%s%s) and "
                 "fill the RAM tier; nothing applied", ps_strerror(frc),
                 frc == PS_EFULL ? ": " : "",
-                frc == PS_EFULL ? psd_store_full_reason(s->store) : "");
+                frc != PS_EFULL ? "" : full ? full : psd_store_full_reason(s->store));
     return false;
 }
 

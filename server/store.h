@@ -198,6 +198,11 @@ void psd_store_rend(psd_store_rtxn *r);
  * Returns 0, PS_ENOTFOUND or PS_ESTORE. */
 int psd_store_row_get(psd_store_rtxn *r, uint32_t var_id, int64_t id,
                       const void **data, size_t *len);
+/* Row id of table var_id as the write transaction t sees it: *data points
+ * into the map, valid until t's next write. Returns 0, PS_ENOTFOUND or as
+ * psd_store_put. */
+int psd_store_row_peek(psd_store_txn *t, uint32_t var_id, int64_t id,
+                       const void **data, size_t *len);
 /* Inserts or replaces row id: head (head_len bytes) then body, written
  * straight into the map. Returns 0 or as psd_store_put (PS_EFULL...). */
 int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
@@ -212,6 +217,17 @@ typedef int (*psd_store_row_fn)(void *ctx, int64_t id, const void *data, size_t 
  * Returns 0, fn's negative return, or as psd_store_put. */
 int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t max,
                         psd_store_row_fn fn, void *ctx, int *done);
+/* Called for a row of any table by psd_store_rows_scan: 0 to go on, 1 to
+ * end the scan after this row, a negative value to stop it (returned).
+ * data is valid during the call only. */
+typedef int (*psd_store_scan_fn)(void *ctx, uint32_t var_id, int64_t id, const void *data,
+                                 size_t len);
+/* Reads at most max rows of every table in key order (var_id, then id) in
+ * one read transaction, from (*var_id, *id) on (inclusive); both are set
+ * to the key after the last one read, and *done to true at the end of the
+ * rows. Returns 0, fn's negative return, or PS_ESTORE. */
+int psd_store_rows_scan(psd_store *s, uint32_t *var_id, int64_t *id, size_t max,
+                        psd_store_scan_fn fn, void *ctx, bool *done);
 /* Counts the rows of table var_id (a walk of its keys); _ids also calls
  * each(ctx, id) for every row, in id order. */
 int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n);
@@ -230,7 +246,10 @@ uint64_t psd_store_disk_bytes(psd_store *s);
  * written before a commit of the dense variables (set in that commit: a
  * copy of the store plus the batches up to it is one moment). Return 0 or
  * as psd_store_put / psd_store_row_get. */
-enum psd_store_log_mark { PSD_STORE_LOG_APPLIED, PSD_STORE_LOG_LOGGED };
+/* "segs_end" is where the segment records the rows db points at end
+ * (sparse_seg.c packs it: segment << 40 | offset), set in each
+ * transaction that points rows at new records. */
+enum psd_store_log_mark { PSD_STORE_LOG_APPLIED, PSD_STORE_LOG_LOGGED, PSD_STORE_SEGS_END };
 int psd_store_log_mark(psd_store *s, enum psd_store_log_mark m, uint64_t *seq);
 int psd_store_set_log_mark(psd_store_txn *t, enum psd_store_log_mark m, uint64_t seq);
 

@@ -111,6 +111,24 @@ int psd_store_row_get(psd_store_rtxn *r, uint32_t var_id, int64_t id,
     return 0;
 }
 
+int psd_store_row_peek(psd_store_txn *t, uint32_t var_id, int64_t id,
+                       const void **data, size_t *len)
+{
+    if (t->err)
+        return t->err;
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, var_id, id);
+    MDB_val k = {sizeof kb, kb}, v;
+    int mrc = mdb_get(t->txn, t->s->rows, &k, &v);
+    if (mrc == MDB_NOTFOUND)
+        return PS_ENOTFOUND;
+    if (mrc != 0)
+        return store_txn_fail(t, mrc, "reading a row", "(sparse)");
+    *data = v.mv_data;
+    *len = v.mv_size;
+    return 0;
+}
+
 int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
                       const void *head, size_t head_len, const void *body,
                       size_t body_len)
@@ -184,6 +202,54 @@ int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t
     }
     mdb_cursor_close(cur);
     return rc;
+}
+
+/* The var_id of any row key. */
+static uint32_t key_var(const MDB_val *k);
+
+int psd_store_rows_scan(psd_store *s, uint32_t *var_id, int64_t *id, size_t max,
+                        psd_store_scan_fn fn, void *ctx, bool *done)
+{
+    MDB_txn *txn;
+    *done = false;
+    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    MDB_cursor *cur;
+    int rc = 0;
+    mrc = mdb_cursor_open(txn, s->rows, &cur);
+    if (mrc == 0) {
+        uint8_t kb[ROW_KEY_LEN];
+        row_key(kb, *var_id, *id);
+        MDB_val k = {sizeof kb, kb}, v;
+        size_t seen = 0;
+        bool stop = false;
+        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); mrc == 0;
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            int64_t kid;
+            if (k.mv_size != ROW_KEY_LEN)
+                continue;
+            uint32_t kv = key_var(&k);
+            key_id(&k, kv, &kid);
+            if (seen == max || stop) {
+                *var_id = kv;
+                *id = kid;
+                break;
+            }
+            seen++;
+            if ((rc = fn(ctx, kv, kid, v.mv_data, v.mv_size)) < 0)
+                break;
+            stop = rc == 1;
+            rc = 0;
+        }
+        mdb_cursor_close(cur);
+        if (mrc == MDB_NOTFOUND) {
+            *done = true;
+            mrc = 0;
+        }
+    }
+    store_txn_end(s, txn);
+    return rc ? rc : store_map_rc(mrc, false);
 }
 
 int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
@@ -449,7 +515,7 @@ int psd_store_rows_gc(psd_store *s, size_t chunk, uint64_t *deleted)
 
 static MDB_val mark_key(enum psd_store_log_mark m)
 {
-    static const char *keys[] = {"rowlog_applied", "rowlog_logged"};
+    static const char *keys[] = {"rowlog_applied", "rowlog_logged", "segs_end"};
     return (MDB_val){strlen(keys[m]), (void *)keys[m]};
 }
 

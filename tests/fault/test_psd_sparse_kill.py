@@ -15,10 +15,8 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 
-import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -58,34 +56,10 @@ def bulk_count(address):
     return int(-v[0]) if np.all(v == v[0]) else None
 
 
-class Pusher:
-    def __init__(self, address):
-        self.address = address
-        self.acks = [[] for _ in range(THREADS + 1)]
-        self.sent = [0] * (THREADS + 1)
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(i,))
-                        for i in range(THREADS + 1)]
-        for t in self.threads:
-            t.start()
-
-    def run(self, i):
-        ch = pstest.channel(self.address)
-        stub = pbg.ParameterServerStub(ch)
-        req = push_req(i) if i < THREADS else bulk_req()
-        while not self.stop.is_set():
-            self.sent[i] += 1
-            try:
-                stub.SparsePush(req, timeout=2)
-            except grpc.RpcError:
-                break
-            self.acks[i].append(time.monotonic())
-        ch.close()
-
-    def join(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+def pushers(address):
+    """The THREADS small pushers and the bulk one."""
+    reqs = [push_req(i) for i in range(THREADS)] + [bulk_req()]
+    return pstest.Pushers(address, [lambda r=r: r for r in reqs], timeout=2)
 
 
 def counts(address):
@@ -117,7 +91,7 @@ def main():
         for rnd in range(3):
             base = counts(d.address)
             bbase = bulk_count(d.address)
-            p = Pusher(d.address)
+            p = pushers(d.address)
             time.sleep(rng.uniform(0.3, 1.0))
             t_kill = time.monotonic()
             d.proc.send_signal(signal.SIGKILL)

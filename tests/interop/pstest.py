@@ -188,6 +188,76 @@ def in_threads(fn, n, timeout):
     return errors
 
 
+class Pushers:
+    """One thread per request maker: thread i sends reqs[i]() with
+    SparsePush over and over until join(), or until a call fails (the
+    daemon was killed), noting in acks[i] when each call was acknowledged
+    and in sent[i] how many it sent."""
+
+    def __init__(self, address, reqs, timeout=10):
+        import threading
+        self.address, self.reqs, self.timeout = address, reqs, timeout
+        self.acks = [[] for _ in reqs]
+        self.sent = [0] * len(reqs)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,))
+                        for i in range(len(reqs))]
+        for t in self.threads:
+            t.start()
+
+    def run(self, i):
+        import grpc
+        _, pbg, _, _ = generate_stubs()
+        ch = channel(self.address)
+        stub = pbg.ParameterServerStub(ch)
+        while not self.stop.is_set():
+            req = self.reqs[i]()
+            self.sent[i] += 1
+            try:
+                stub.SparsePush(req, timeout=self.timeout)
+            except grpc.RpcError:
+                break
+            self.acks[i].append(time.monotonic())
+        ch.close()
+
+    def join(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+CGROUP_V1_MEMORY = "/sys/fs/cgroup/memory"
+
+
+def memory_cgroup(test, limit):
+    """A new cgroup v1 memory group of limit bytes for test (removed at
+    exit); exits 77 (skip) with one line when not root or there is no
+    writable controller."""
+    if os.geteuid() != 0:
+        print("SKIP %s: not root: cannot make a memory cgroup" % test)
+        sys.exit(77)
+    if not os.access(CGROUP_V1_MEMORY, os.W_OK):
+        print("SKIP %s: no writable cgroup v1 memory controller at %s"
+              % (test, CGROUP_V1_MEMORY))
+        sys.exit(77)
+    cg = os.path.join(CGROUP_V1_MEMORY, "%s-%d" % (test, os.getpid()))
+    os.mkdir(cg)
+    atexit.register(rmdir_soon, cg)
+    with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(limit))
+    return cg
+
+
+def cgroup_wrapper(cg):
+    """argv before a daemon's that starts it inside cgroup cg."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cg]
+
+
+def cgroup_read(cg, name):
+    with open(os.path.join(cg, name)) as f:
+        return f.read()
+
+
 def rmdir_soon(path, tries=50, every=0.1):
     """Removes directory path, again while it is busy (a cgroup whose last
     process is still exiting), up to tries times every seconds."""

@@ -3,8 +3,11 @@
  * gRPC or a shard: rows inserted by a push and read back by a pull,
  * admission, TTL and max_rows eviction, the caps, the RAM tier's budget,
  * and commits that survive closing the tier, with and without the row log
- * applied (its replay). The flusher's part is played by the test: flush,
- * committed, drain, maintain, as persist.c calls them. */
+ * applied (its replay); the segment files: cold reads from them, their
+ * live and dead bytes, a corrupt or truncated one refused, and rows a
+ * directory of an older psd held in LMDB moved into them. The flusher's
+ * part is played by the test: flush, committed, drain, maintain, as
+ * persist.c calls them. */
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
 #include "server/sparse.h"
@@ -13,7 +16,9 @@
 #include "tests/unit/pscheck.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <math.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,7 +296,7 @@ END_TEST
 START_TEST(test_budget)
 {
     struct fx f;
-    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 256 KiB */
+    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 384 KiB */
     int64_t *ids = range(0, 8000);
     for (int k = 0; k < 4; k++) {
         ck_assert_int_eq(push(&f, ids + k * 2000, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
@@ -305,11 +310,20 @@ START_TEST(test_budget)
     ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
     ck_assert(!psd_sparse_over_budget(f.sp));
     Ps__V1__StatsResponse r = stats(&f);
-    ck_assert_uint_le(r.sparse_ram_bytes, 256 << 10);
+    ck_assert_uint_le(r.sparse_ram_bytes, 384 << 10);
     ck_assert_uint_eq(r.sparse_rows, 8000);
     for (int64_t id = 0; id < 8000; id += 997)
         ck_assert(pull_one(&f, id) == -1.0f);
+    /* The rows the tier dropped were read back from the segments. */
     ck_assert_uint_gt(stats(&f).sparse_rows_read_lmdb, 0);
+    ck_assert_uint_gt(stats(&f).sparse_segment_reads, 0);
+    /* A whole call of cold rows is one batch, and right. */
+    float *out = malloc(8000 * DIM * sizeof *out);
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, ids, 8000, out, &ins), 0);
+    for (size_t i = 0; i < 8000 * DIM; i++)
+        ck_assert(out[i] == -1.0f);
+    free(out);
     free(ids);
     fx_close(&f, true);
 }
@@ -347,8 +361,138 @@ START_TEST(test_reopen_replay)
 }
 END_TEST
 
+/* ---- segments ------------------------------------------------------------ */
+
+/* One stored record is 32 bytes of record head and the row: 16 bytes of
+ * row head and DIM floats (SGD has no slots). */
+#define REC_BYTES (32 + 16 + DIM * 4)
+
+/* Every overwrite leaves a dead record; the live bytes are the rows'. */
+START_TEST(test_dead_bytes)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t *ids = range(100, 50);
+    ck_assert_int_eq(push(&f, ids, 50, 1.0f, 1, UINT64_MAX, NULL), 0);
+    Ps__V1__StatsResponse r = settle(&f);
+    ck_assert_uint_eq(r.sparse_segment_live_bytes, 50 * REC_BYTES);
+    ck_assert_uint_le(r.sparse_segment_dead_bytes, 16); /* the file's header */
+    ck_assert_int_eq(push(&f, ids, 20, 1.0f, 2, UINT64_MAX, NULL), 0);
+    r = settle(&f);
+    ck_assert_uint_eq(r.sparse_segment_live_bytes, 50 * REC_BYTES);
+    ck_assert_uint_ge(r.sparse_segment_dead_bytes, 20 * REC_BYTES);
+    fx_close(&f, true);
+    /* Counted again from the catalog at open. */
+    fx_open(&f, 0, 0, false);
+    r = stats(&f);
+    ck_assert_uint_eq(r.sparse_segment_live_bytes, 50 * REC_BYTES);
+    ck_assert_uint_ge(r.sparse_segment_dead_bytes, 20 * REC_BYTES);
+    ck_assert(pull_one(&f, 100) == -2.0f);
+    ck_assert(pull_one(&f, 149) == -1.0f);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
+static char *seg_file(void)
+{
+    char *p;
+    ck_assert_int_ge(asprintf(&p, "%s/seg-00000001.psg", tmpdir), 0);
+    return p;
+}
+
+/* A segment with a flipped byte in a committed record, or cut short of
+ * the committed end: the tier does not open (psd does not start). */
+static void damaged_case(bool truncate)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t *ids = range(0, 40);
+    ck_assert_int_eq(push(&f, ids, 40, 1.0f, 1, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    char *p = seg_file();
+    int fd = open(p, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    if (truncate) {
+        ck_assert_int_eq(ftruncate(fd, 16 + 10 * REC_BYTES + 7), 0);
+    } else {
+        uint8_t b;
+        off_t at = 16 + 5 * REC_BYTES + 40;
+        ck_assert_int_eq(pread(fd, &b, 1, at), 1);
+        b ^= 0x5a;
+        ck_assert_int_eq(pwrite(fd, &b, 1, at), 1);
+    }
+    close(fd);
+    ck_assert_int_eq(psd_store_open(tmpdir, 0, 0, &f.store), 0);
+    struct psd_sparse_conf c = {.store = f.store, .data_dir = tmpdir};
+    ck_assert_int_eq(psd_sparse_open(&c, &f.sp), PS_ECORRUPT);
+    psd_store_close(f.store);
+    free(p);
+    free(ids);
+}
+
+START_TEST(test_corrupt_segment)
+{
+    damaged_case(false);
+}
+END_TEST
+
+START_TEST(test_truncated_segment)
+{
+    damaged_case(true);
+}
+END_TEST
+
+/* A directory of an older psd held each row's bytes in LMDB's rows db:
+ * the tier moves them into the segments at open, and they read back. */
+START_TEST(test_old_format)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    fx_close(&f, true);
+    ck_assert_int_eq(psd_store_open(tmpdir, 0, 0, &f.store), 0);
+    uint32_t var_id;
+    ck_assert_int_eq(psd_store_var_id(f.store, "emb", &var_id), 0);
+    psd_store_txn *txn;
+    ck_assert_int_eq(psd_store_begin(f.store, &txn), 0);
+    for (int64_t id = -500; id < 500; id++) {
+        uint64_t head[2] = {3, 7}; /* updates, last step */
+        float row[DIM];
+        for (int k = 0; k < DIM; k++)
+            row[k] = (float)id / 4.0f;
+        ck_assert_int_eq(psd_store_row_put(txn, var_id, id, head, sizeof head, row,
+                                           sizeof row), 0);
+    }
+    ck_assert_int_eq(psd_store_commit(txn), 0);
+    psd_store_close(f.store);
+    fx_open(&f, 0, 0, false);
+    /* Moved: the catalog's entries (33 bytes) in place of the rows. */
+    psd_store_rtxn *rt;
+    const void *d;
+    size_t len;
+    ck_assert_int_eq(psd_store_rbegin(f.store, &rt), 0);
+    ck_assert_int_eq(psd_store_row_get(rt, var_id, -500, &d, &len), 0);
+    ck_assert_uint_eq(len, 33);
+    ck_assert_int_eq(psd_store_row_get(rt, var_id, 499, &d, &len), 0);
+    ck_assert_uint_eq(len, 33);
+    psd_store_rend(rt);
+    ck_assert_uint_eq(stats(&f).sparse_segment_live_bytes, 1000 * REC_BYTES);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 1000);
+    for (int64_t id = -500; id < 500; id += 37)
+        ck_assert(pull_one(&f, id) == (float)id / 4.0f);
+    ck_assert_uint_gt(stats(&f).sparse_segment_reads, 0);
+    /* The row came along whole: a push updates what was stored. */
+    int64_t one = 8;
+    ck_assert_int_eq(push(&f, &one, 1, 1.0f, 9, UINT64_MAX, NULL), 0);
+    ck_assert(pull_one(&f, 8) == 2.0f - 1.0f);
+    fx_close(&f, true);
+}
+END_TEST
+
 PSCHECK_MAIN("sparse",
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget}, &pscheck_tmp},
-    {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp})
+    {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp},
+    {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
+                  test_old_format}, &pscheck_tmp})

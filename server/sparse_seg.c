@@ -1,0 +1,503 @@
+/*
+ * sparse_seg.c - the tier's rows on disk (sparse_internal.h): the segment
+ * files beside data.mdb (segment.h) and the catalog in the store's "rows"
+ * database that points each row at its record, the live bytes of each
+ * segment, the one-time conversion of rows LMDB still holds, and the copy
+ * of a checkpoint that takes the rows' bytes along.
+ *
+ * Order of durability: records are appended and fdatasynced
+ * (psd_segs_sync) before the LMDB transaction that points the catalog at
+ * them commits, and that transaction moves "segs_end" to where the synced
+ * records end. psd_segs_open cuts anything past "segs_end" (a batch whose
+ * transaction never committed: its rows are still in the row log), and
+ * refuses a segment shorter than it, or a corrupt one, naming file and
+ * offset. A directory with no "segs_end" has no catalog entry: any segment
+ * in it is such a batch, removed.
+ */
+#include "server/sparse_internal.h"
+
+#include "common/buf.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAT_TAG 0x43 /* 'C' */
+#define END_OFF_BITS 40
+#define SCAN_CHUNK ((size_t)1 << 16)
+/* Rows a conversion or a checkpoint's copy moves per transaction, and the
+ * bytes it buffers at most. */
+#define MOVE_ROWS 8192
+#define MOVE_BYTES ((size_t)16 << 20)
+
+/* ---- catalog entries ---------------------------------------------------- */
+
+bool sparse_cat_decode(const void *data, size_t len, struct sp_cat *c)
+{
+    const uint8_t *p = data;
+    if (len != SPARSE_CAT_LEN || p[0] != CAT_TAG)
+        return false;
+    memcpy(&c->loc.seg, p + 1, 4);
+    memcpy(&c->loc.len, p + 5, 4);
+    memcpy(&c->loc.off, p + 9, 8);
+    memcpy(&c->version, p + 17, 8);
+    memcpy(&c->last_step, p + 25, 8);
+    return true;
+}
+
+static void cat_encode(uint8_t p[SPARSE_CAT_LEN], const struct sp_cat *c)
+{
+    p[0] = CAT_TAG;
+    memcpy(p + 1, &c->loc.seg, 4);
+    memcpy(p + 5, &c->loc.len, 4);
+    memcpy(p + 9, &c->loc.off, 8);
+    memcpy(p + 17, &c->version, 8);
+    memcpy(p + 25, &c->last_step, 8);
+}
+
+uint64_t sparse_stored_last_step(const void *data, size_t len)
+{
+    struct sp_cat c;
+    uint64_t last = 0;
+    if (sparse_cat_decode(data, len, &c))
+        return c.last_step;
+    if (len >= SPARSE_ROW_HEAD)
+        memcpy(&last, (const uint8_t *)data + 8, sizeof last);
+    return last;
+}
+
+/* ---- catalog transactions ----------------------------------------------- */
+
+static void add_delta(struct sp_catw *w, uint32_t seg, int64_t d)
+{
+    if (seg >= w->ndelta) {
+        uint32_t nc = w->ndelta ? w->ndelta : 64;
+        while (nc <= seg)
+            nc *= 2;
+        int64_t *a = realloc(w->delta, nc * sizeof *a);
+        if (a == NULL) {
+            /* The counts are only compaction's hint: counted again. */
+            atomic_store(&w->sp->seg_recount, true);
+            return;
+        }
+        memset(a + w->ndelta, 0, (nc - w->ndelta) * sizeof *a);
+        w->delta = a;
+        w->ndelta = nc;
+    }
+    w->delta[seg] += d;
+}
+
+int sparse_catw_begin(psd_sparse *sp, struct sp_catw *w, bool set_end)
+{
+    *w = (struct sp_catw){.sp = sp, .set_end = set_end};
+    return psd_store_begin(sp->store, &w->t);
+}
+
+void sparse_cat_gone(struct sp_catw *w, const void *data, size_t len)
+{
+    struct sp_cat c;
+    if (sparse_cat_decode(data, len, &c))
+        add_delta(w, c.loc.seg, -(int64_t)c.loc.len);
+}
+
+/* Writes c's entry for row id; old: the entry it replaces (NULL: none). */
+static int cat_put(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c,
+                   const struct sp_cat *old)
+{
+    uint8_t e[SPARSE_CAT_LEN];
+    cat_encode(e, c);
+    int rc = psd_store_row_put(w->t, var_id, id, e, sizeof e, NULL, 0);
+    if (rc != 0)
+        return rc;
+    if (old != NULL)
+        add_delta(w, old->loc.seg, -(int64_t)old->loc.len);
+    add_delta(w, c->loc.seg, c->loc.len);
+    return 0;
+}
+
+int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c,
+                   const psd_seg_loc *only_if, bool *set)
+{
+    const void *d;
+    size_t len;
+    struct sp_cat old;
+    if (set != NULL)
+        *set = false;
+    int rc = psd_store_row_peek(w->t, var_id, id, &d, &len);
+    if (rc != 0 && rc != PS_ENOTFOUND)
+        return rc;
+    bool had = rc == 0 && sparse_cat_decode(d, len, &old);
+    if (only_if != NULL &&
+        (!had || old.loc.seg != only_if->seg || old.loc.off != only_if->off))
+        return 0;
+    rc = cat_put(w, var_id, id, c, had ? &old : NULL);
+    if (rc == 0 && set != NULL)
+        *set = true;
+    return rc;
+}
+
+int sparse_catw_commit(struct sp_catw *w)
+{
+    psd_sparse *sp = w->sp;
+    int rc = 0;
+    if (w->set_end) {
+        psd_seg_loc e = psd_segs_end(sp->segs);
+        rc = psd_store_set_log_mark(w->t, PSD_STORE_SEGS_END,
+                                    (uint64_t)e.seg << END_OFF_BITS | e.off);
+    }
+    if (rc == 0) {
+        rc = psd_store_commit(w->t);
+    } else {
+        psd_store_abort(w->t);
+    }
+    w->t = NULL;
+    if (rc == 0 && w->ndelta > 0) {
+        pthread_mutex_lock(&sp->seg_mu);
+        if (w->ndelta > sp->seg_cap) {
+            uint64_t *a = realloc(sp->seg_live, w->ndelta * sizeof *a);
+            if (a != NULL) {
+                memset(a + sp->seg_cap, 0, (w->ndelta - sp->seg_cap) * sizeof *a);
+                sp->seg_live = a;
+                sp->seg_cap = w->ndelta;
+            } else {
+                atomic_store(&sp->seg_recount, true);
+            }
+        }
+        int64_t total = 0;
+        for (uint32_t i = 0; i < w->ndelta && i < sp->seg_cap; i++) {
+            int64_t v = (int64_t)sp->seg_live[i] + w->delta[i];
+            sp->seg_live[i] = v > 0 ? (uint64_t)v : 0;
+            total += w->delta[i];
+        }
+        uint64_t live = atomic_load(&sp->live_bytes);
+        atomic_store(&sp->live_bytes, (int64_t)live + total > 0 ? live + (uint64_t)total : 0);
+        pthread_mutex_unlock(&sp->seg_mu);
+    }
+    free(w->delta);
+    w->delta = NULL;
+    w->ndelta = 0;
+    return rc;
+}
+
+void sparse_catw_abort(struct sp_catw *w)
+{
+    psd_store_abort(w->t);
+    w->t = NULL;
+    free(w->delta);
+    w->delta = NULL;
+    w->ndelta = 0;
+}
+
+int sparse_catw_end(struct sp_catw *w, int rc)
+{
+    if (rc == 0)
+        return sparse_catw_commit(w);
+    sparse_catw_abort(w);
+    return rc;
+}
+
+int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved)
+{
+    int rc;
+    do {
+        struct sp_catw w;
+        *moved = 0;
+        rc = sparse_catw_begin(sp, &w, true);
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            struct sp_cat c = {.loc = mv[i].new_loc, .version = mv[i].version,
+                               .last_step = mv[i].last_step};
+            bool set;
+            rc = sparse_cat_set(&w, mv[i].var_id, mv[i].id, &c, &mv[i].old_loc, &set);
+            *moved += set;
+        }
+        rc = sparse_catw_end(&w, rc);
+    } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
+    return rc;
+}
+
+/* ---- live bytes --------------------------------------------------------- */
+
+struct recount {
+    uint64_t *live;
+    uint32_t cap;
+    uint64_t total, inline_rows;
+};
+
+static int recount_row(void *ctx, uint32_t var_id, int64_t id, const void *d, size_t len)
+{
+    struct recount *r = ctx;
+    struct sp_cat c;
+    (void)var_id;
+    (void)id;
+    if (!sparse_cat_decode(d, len, &c)) {
+        r->inline_rows++;
+        return 0;
+    }
+    if (c.loc.seg >= r->cap) {
+        uint32_t nc = r->cap ? r->cap : 64;
+        while (nc <= c.loc.seg)
+            nc *= 2;
+        uint64_t *a = realloc(r->live, nc * sizeof *a);
+        if (a == NULL)
+            return -ENOMEM;
+        memset(a + r->cap, 0, (nc - r->cap) * sizeof *a);
+        r->live = a;
+        r->cap = nc;
+    }
+    r->live[c.loc.seg] += c.loc.len;
+    r->total += c.loc.len;
+    return 0;
+}
+
+/* Counts the live bytes from the catalog, in read transactions of
+ * SCAN_CHUNK rows, seg_mu held throughout (the appender is the caller or
+ * not started, and a sweep's counts wait). *inline_rows: rows not in the
+ * segments yet. */
+static int recount(psd_sparse *sp, uint64_t *inline_rows)
+{
+    struct recount r = {0};
+    uint32_t var = 0;
+    int64_t id = INT64_MIN;
+    bool done = false;
+    int rc = 0;
+    pthread_mutex_lock(&sp->seg_mu);
+    atomic_store(&sp->seg_recount, false);
+    while (rc == 0 && !done)
+        rc = psd_store_rows_scan(sp->store, &var, &id, SCAN_CHUNK, recount_row, &r, &done);
+    if (rc == 0) {
+        free(sp->seg_live);
+        sp->seg_live = r.live;
+        sp->seg_cap = r.cap;
+        atomic_store(&sp->live_bytes, r.total);
+        r.live = NULL;
+    }
+    pthread_mutex_unlock(&sp->seg_mu);
+    free(r.live);
+    if (inline_rows != NULL)
+        *inline_rows = r.inline_rows;
+    return rc;
+}
+
+int sparse_seg_recount(psd_sparse *sp)
+{
+    return recount(sp, NULL);
+}
+
+const char *psd_sparse_full_reason(psd_sparse *sp)
+{
+    return sp != NULL && atomic_load(&sp->seg_full)
+               ? "the disk is full, or a segment file is at psd's file size limit"
+               : NULL;
+}
+
+uint64_t sparse_dead_bytes(psd_sparse *sp)
+{
+    if (sp->segs == NULL)
+        return 0;
+    uint64_t all = psd_segs_bytes(sp->segs), live = atomic_load(&sp->live_bytes);
+    return all > live ? all - live : 0;
+}
+
+/* ---- moving rows: conversion and checkpoint copies ---------------------- */
+
+/* A batch of rows a scan picked: their keys, entries and bytes. */
+struct move_row {
+    uint32_t var, len;  /* len: the row's bytes */
+    int64_t id;
+    size_t off;         /* of its bytes in buf */
+    struct sp_cat cat;  /* its catalog entry (a checkpoint's copy) */
+    psd_seg_loc loc;    /* where it was appended (a conversion) */
+};
+
+struct move {
+    bool want_inline;  /* rows held in LMDB (conversion), else catalog entries */
+    ps_buf rows;       /* struct move_row of each row */
+    ps_buf buf;        /* their bytes */
+    size_t n;
+};
+
+static void move_free(struct move *m)
+{
+    ps_buf_free(&m->rows);
+    ps_buf_free(&m->buf);
+}
+
+static struct move_row *move_rows(const struct move *m)
+{
+    return (struct move_row *)(void *)m->rows.data;
+}
+
+/* Picks a row for the batch; 1 (stop after it) once the batch is full. */
+static int move_pick(void *ctx, uint32_t var_id, int64_t id, const void *d, size_t len)
+{
+    struct move *m = ctx;
+    struct sp_cat c = {0};
+    bool cat = sparse_cat_decode(d, len, &c);
+    if (cat == m->want_inline)
+        return 0;
+    if (!cat && len > UINT32_MAX - PSD_SEG_REC_HEAD)
+        return PS_ECORRUPT;
+    size_t bytes = cat ? c.loc.len : len;
+    if (ps_buf_reserve(&m->rows, (m->n + 1) * sizeof(struct move_row)) != 0 ||
+        ps_buf_reserve(&m->buf, m->buf.len + bytes) != 0)
+        return -ENOMEM;
+    move_rows(m)[m->n++] = (struct move_row){
+        .var = var_id, .id = id, .off = m->buf.len, .cat = c,
+        .len = (uint32_t)(cat ? c.loc.len - PSD_SEG_REC_HEAD : len)};
+    if (!cat)
+        memcpy(m->buf.data + m->buf.len, d, len);
+    m->buf.len += bytes;
+    return m->n >= MOVE_ROWS || m->buf.len >= MOVE_BYTES ? 1 : 0;
+}
+
+/* Appends the batch's rows to the segments and syncs them, then points
+ * the catalog at them, each only if LMDB still holds the same bytes (a
+ * sweep may have deleted it, an apply replaced it). apply_run_mu held. */
+static int convert_batch(psd_sparse *sp, psd_store *st, struct move *m)
+{
+    (void)st;
+    struct move_row *r = move_rows(m);
+    int rc = 0;
+    for (size_t k = 0; k < m->n && rc == 0; k++)
+        rc = psd_segs_append(sp->segs, r[k].var, r[k].id, 0, m->buf.data + r[k].off,
+                             r[k].len, NULL, 0, &r[k].loc);
+    if (rc == 0) {
+        rc = psd_segs_sync(sp->segs);
+        atomic_store(&sp->seg_full, rc == PS_EFULL);
+    } else {
+        psd_segs_discard(sp->segs);
+    }
+    if (rc != 0)
+        return rc;
+    do {
+        struct sp_catw w;
+        rc = sparse_catw_begin(sp, &w, true);
+        for (size_t k = 0; k < m->n && rc == 0; k++) {
+            const void *d;
+            size_t len;
+            rc = psd_store_row_peek(w.t, r[k].var, r[k].id, &d, &len);
+            if (rc == PS_ENOTFOUND) {
+                rc = 0;
+                continue;
+            }
+            if (rc != 0 || len != r[k].len || memcmp(d, m->buf.data + r[k].off, len) != 0)
+                continue;
+            struct sp_cat c = {.loc = r[k].loc,
+                               .last_step = sparse_stored_last_step(d, len)};
+            rc = cat_put(&w, r[k].var, r[k].id, &c, NULL);
+        }
+        rc = sparse_catw_end(&w, rc);
+    } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
+    return rc;
+}
+
+/* Scans the rows of st in batches of what want_inline picks, each batch
+ * handed to fn; *moved: the rows of the batches fn took. */
+static int move_all(psd_sparse *sp, psd_store *st, bool want_inline,
+                    int (*fn)(psd_sparse *sp, psd_store *st, struct move *m), uint64_t *moved)
+{
+    struct move m = {.want_inline = want_inline};
+    uint32_t var = 0;
+    int64_t id = INT64_MIN;
+    bool done = false;
+    int rc = 0;
+    *moved = 0;
+    while (rc == 0 && !done) {
+        m.n = m.buf.len = 0;
+        rc = psd_store_rows_scan(st, &var, &id, SIZE_MAX, move_pick, &m, &done);
+        if (rc == 0 && m.n > 0)
+            rc = fn(sp, st, &m);
+        *moved += rc == 0 ? m.n : 0;
+    }
+    move_free(&m);
+    return rc;
+}
+
+int sparse_convert(psd_sparse *sp)
+{
+    uint64_t moved = 0;
+    int rc = move_all(sp, sp->store, true, convert_batch, &moved);
+    atomic_fetch_add(&sp->converted, moved);
+    if (rc != 0)
+        ps_log_err(rc, "moving the sparse rows held in LMDB into segment files (%llu moved; "
+                   "the rest are read from LMDB, and moved at the next start)",
+                   (unsigned long long)moved);
+    else if (moved > 0)
+        ps_log_info("moved %llu sparse rows from LMDB into segment files",
+                    (unsigned long long)moved);
+    return rc;
+}
+
+/* Reads the batch's rows from the segments and writes their bytes into the
+ * store copy ck in place of their catalog entries. */
+static int materialize_batch(psd_sparse *sp, psd_store *ck, struct move *m)
+{
+    struct move_row *r = move_rows(m);
+    psd_seg_read *rq = calloc(m->n, sizeof *rq);
+    if (rq == NULL)
+        return -ENOMEM;
+    for (size_t k = 0; k < m->n; k++)
+        rq[k] = (psd_seg_read){.loc = r[k].cat.loc, .var_id = r[k].var, .id = r[k].id,
+                               .dst = m->buf.data + r[k].off, .cap = r[k].len};
+    int rc = psd_segs_read(sp->segs, rq, m->n);
+    for (size_t k = 0; rc == PS_ECORRUPT && k < m->n; k++)
+        if (rq[k].rc != 0) {
+            ps_log_error("checkpoint: row %lld of table id %u: its record at segment %u "
+                         "offset %llu is corrupt", (long long)r[k].id, r[k].var,
+                         r[k].cat.loc.seg, (unsigned long long)r[k].cat.loc.off);
+            break;
+        }
+    free(rq);
+    while (rc == 0) {
+        psd_store_txn *t = NULL;
+        rc = psd_store_begin(ck, &t);
+        for (size_t k = 0; k < m->n && rc == 0; k++)
+            rc = psd_store_row_put(t, r[k].var, r[k].id, m->buf.data + r[k].off, r[k].len,
+                                   NULL, 0);
+        if (rc == 0)
+            return psd_store_commit(t);
+        psd_store_abort(t);
+        if (rc == PS_EFULL && psd_store_grow(ck) == 0)
+            rc = 0;
+        else
+            break;
+    }
+    return rc;
+}
+
+int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck)
+{
+    uint64_t moved;
+    return move_all(sp, ck, false, materialize_batch, &moved);
+}
+
+/* ---- open --------------------------------------------------------------- */
+
+int sparse_segs_open(psd_sparse *sp)
+{
+    uint64_t packed = 0;
+    int rc = psd_store_log_mark(sp->store, PSD_STORE_SEGS_END, &packed);
+    if (rc != 0) {
+        ps_log_err(rc, "cannot read the segments' committed end in %s", sp->data_dir);
+        return rc;
+    }
+    psd_seg_loc end = {.seg = (uint32_t)(packed >> END_OFF_BITS),
+                       .off = packed & (((uint64_t)1 << END_OFF_BITS) - 1)};
+    char why[1024] = "";
+    rc = psd_segs_open(sp->data_dir, 0, &end, &sp->segs, why, sizeof why);
+    if (rc != 0) {
+        ps_log_error("%s", why[0] ? why : ps_strerror(rc));
+        return rc;
+    }
+    uint64_t inline_rows = 0;
+    rc = recount(sp, &inline_rows);
+    if (rc == 0 && inline_rows > 0) {
+        ps_log_info("%llu sparse rows are held in LMDB (a directory of an older psd, or "
+                    "a restore): moving them into segment files",
+                    (unsigned long long)inline_rows);
+        sparse_convert(sp); /* what fails is logged, and read from LMDB */
+    }
+    return rc;
+}
