@@ -49,7 +49,7 @@ double bench_disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t a
     p.fds = calloc(nseg + 1, sizeof *p.fds);
     p.sizes = calloc(nseg + 1, sizeof *p.sizes);
     struct io_uring ring;
-    bool ring_ok = false;
+    bool ring_ok = false, drained = false;
     double rate = 0;
     int opened = 1;
     for (; p.fds && p.sizes && opened <= (int)nseg; opened++) {
@@ -90,7 +90,19 @@ double bench_disk_rate(const char *dir, uint32_t nseg, uint32_t span, uint32_t a
         done += seen;
     }
     rate = (double)done / (t1 - t0);
+    /* Every slot has a read queued or in flight: all complete before buf is
+     * freed (the kernel would write into freed memory). */
+    io_uring_submit(&ring);
+    for (int left = BENCH_DISK_DEPTH; left > 0; left--) {
+        struct io_uring_cqe *cqe;
+        while (io_uring_wait_cqe(&ring, &cqe) == -EINTR)
+            ;
+        io_uring_cqe_seen(&ring, cqe);
+    }
+    drained = true;
 out:
+    if (!drained && p.buf != NULL)
+        p.buf = NULL; /* reads may still land in it: left to the process's exit */
     if (ring_ok)
         io_uring_queue_exit(&ring);
     for (uint32_t n = 1; p.fds && n <= nseg; n++)

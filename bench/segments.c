@@ -7,10 +7,11 @@
  * random O_DIRECT reads of the same span, with as many in flight as
  * psd_segs_read keeps (a raw io_uring loop over the same files for
  * --seconds), times the rows per read. The bench owns liburing for that
- * loop (-DPS_OWNS_URING, common/confine.h).
+ * loop (-DPS_OWNS_URING, common/confine.h). Then every other row is written
+ * again and the segments compacted at no rate bound, timing each step.
  *
  *   segments [--dir DIR] [--rows 400000] [--row 530] [--batch 4096]
- *            [--calls 50] [--seconds 3]
+ *            [--calls 50] [--seconds 3] [--seg-mib 16] [--compact-kib 256]
  *
  * Ends with one line: "segments: read N rows/s, C of disk ceiling (D reads/s
  * of S bytes with Q in flight)".
@@ -43,10 +44,99 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The bench's catalog, for compaction: where each row is now. */
+static psd_seg_loc *cat;
+
+static int cat_live(void *arg, uint32_t var_id, int64_t id, uint64_t version, psd_seg_loc loc)
+{
+    (void)arg, (void)var_id, (void)version;
+    return cat[id].seg == loc.seg && cat[id].off == loc.off;
+}
+
+static int cat_moved(void *arg, psd_seg_move *mv, size_t n)
+{
+    (void)arg;
+    for (size_t i = 0; i < n; i++)
+        cat[mv[i].id] = mv[i].to;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Writes every other row again (the old record dead), then compacts each
+ * segment picked, unbounded in rate, and prints the rate and the steps'
+ * durations. Returns 0 or 1. */
+static int compact_run(psd_segs *s, long rows, long row, uint32_t batch)
+{
+    uint8_t *r = calloc(1, (size_t)row);
+    for (long i = 0; i < rows; i += 2) {
+        psd_seg_loc to;
+        memcpy(r, &i, sizeof i);
+        if (psd_segs_append(s, 1, i, 2, r, 16, r + 16, (size_t)row - 16, &to) != 0)
+            return 1;
+        psd_segs_dead(s, cat[i]);
+        cat[i] = to;
+        if ((i / 2 + 1) % 4096 == 0 || i + 2 >= rows) {
+            if (psd_segs_sync(s) != 0)
+                return 1;
+        }
+    }
+    free(r);
+    size_t nstep = 0, cap = 1024;
+    double *step = malloc(cap * sizeof *step), t = 0;
+    uint64_t read = 0, before = psd_segs_copied(s);
+    uint32_t seg, segs = 0;
+    psd_seg_compact_opts o = {.rate = UINT64_MAX / 4, .batch = batch, .live = cat_live,
+                              .moved = cat_moved};
+    while (psd_segs_pick(s, 0, &seg) == 0) {
+        psd_segs_compact *c;
+        char why[512] = "";
+        uint64_t bytes, live, wait;
+        psd_segs_usage(s, seg, &bytes, &live);
+        if (psd_segs_compact_begin(s, seg, &o, &c, why, sizeof why) != 0) {
+            fprintf(stderr, "segments: compaction: %s\n", why);
+            return 1;
+        }
+        int rc;
+        do {
+            double a = now_s();
+            rc = psd_segs_compact_step(c, &wait, why, sizeof why);
+            double d = now_s() - a;
+            t += d;
+            if (nstep == cap)
+                step = realloc(step, (cap *= 2) * sizeof *step);
+            step[nstep++] = d;
+        } while (rc == 0);
+        psd_segs_compact_end(c);
+        psd_seg_loc end = psd_segs_end(s);
+        if (rc != 1 || psd_segs_remove(s, seg, &end) != 0) {
+            fprintf(stderr, "segments: compaction of %u: %s\n", seg, why);
+            return 1;
+        }
+        read += bytes;
+        segs++;
+    }
+    uint64_t copied = psd_segs_copied(s) - before;
+    qsort(step, nstep, sizeof *step, cmp_double);
+    printf("compaction: %u segment(s), %.1f MiB read and %.1f MiB copied in %.2f s "
+           "(%.0f MiB/s unbounded), %zu steps of %u KiB: p50 %.2f ms, p99 %.2f ms, "
+           "max %.2f ms\n", segs, (double)read / 1048576, (double)copied / 1048576, t,
+           (double)(read + copied) / 1048576 / (t > 0 ? t : 1), nstep,
+           batch >> 10, nstep ? 1e3 * step[nstep / 2] : 0,
+           nstep ? 1e3 * step[nstep * 99 / 100] : 0, nstep ? 1e3 * step[nstep - 1] : 0);
+    free(step);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
-    long rows = 400000, row = 530, batch = 4096, calls = 50;
+    long rows = 400000, row = 530, batch = 4096, calls = 50, seg_mib = 16;
+    long compact_kib = PSD_SEG_BATCH_DEFAULT >> 10;
     double secs = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--dir"))
@@ -61,10 +151,15 @@ int main(int argc, char **argv)
             calls = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--seconds"))
             secs = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seg-mib"))
+            seg_mib = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--compact-kib"))
+            compact_kib = atol(argv[i + 1]);
     }
-    if (rows < batch || row < 16 || batch < 1 || calls < 1 || secs <= 0) {
+    if (rows < batch || row < 16 || batch < 1 || calls < 1 || secs <= 0 || seg_mib < 1 ||
+        compact_kib < 1) {
         fprintf(stderr, "usage: segments [--dir DIR] [--rows N] [--row BYTES] [--batch B] "
-                "[--calls C] [--seconds S]\n");
+                "[--calls C] [--seconds S] [--seg-mib M] [--compact-kib K]\n");
         return 2;
     }
     char tmpl[] = "/var/tmp/segbench.XXXXXX";
@@ -76,7 +171,7 @@ int main(int argc, char **argv)
     snprintf(segdir, sizeof segdir, "%s/segments", dir);
     psd_segs *s;
     char why[512] = "";
-    int rc = psd_segs_open(segdir, 0, NULL, &s, why, sizeof why);
+    int rc = psd_segs_open(segdir, (uint64_t)seg_mib << 20, NULL, &s, why, sizeof why);
     if (rc != 0) {
         fprintf(stderr, "segments: %s (%s)\n", why, ps_strerror(rc));
         return 1;
@@ -129,10 +224,14 @@ int main(int argc, char **argv)
            psd_segs_direct(s) ? "O_DIRECT through io_uring" : "pread fallback", align,
            blocks_per_row);
     uint32_t nseg = psd_segs_current(s);
-    psd_segs_close(s);
     double disk = bench_disk_rate(segdir, nseg, span, align, secs);
     if (disk <= 0)
         return 1;
+    cat = locs;
+    if (compact_run(s, rows, row, (uint32_t)compact_kib << 10) != 0)
+        return 1;
+    nseg = psd_segs_current(s);
+    psd_segs_close(s);
     printf("segments: read %.0f rows/s, %.2f of disk ceiling (%.0f reads/s of %u bytes with "
            "%d in flight)\n", rate, rate / disk, disk, span, BENCH_DISK_DEPTH);
     for (uint32_t n = 1; n <= nseg; n++) {

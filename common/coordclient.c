@@ -297,10 +297,13 @@ int ps_coord_place(ps_coord *c, void *req, void **resp_out, ps_rpc_status *st)
 {
     Ps__V1__PlaceRequest *r = req;
     r->job_id = c->job_id;
-    /* pscoord places only for a registered task that proves it is one. */
+    /* pscoord places only for a registered task that proves it is one, and
+     * makes the first placement only for the chief. */
+    r->role = (Ps__V1__Role)c->o.role;
     pthread_mutex_lock(&c->mu);
     char secret[sizeof c->secret];
     memcpy(secret, c->secret, sizeof secret);
+    r->index = (uint32_t)c->index;
     pthread_mutex_unlock(&c->mu);
     r->task_secret = secret;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/Place", r,

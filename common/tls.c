@@ -119,26 +119,46 @@ static void pems_free(struct pems *p)
     memset(p, 0, sizeof *p);
 }
 
-/* Whether p's key is its certificate's (gRPC would take a wrong pair and
- * fail every handshake after). Returns 0, or -1 with err set. */
-static int pair_check(const ps_tls_opts *o, const struct pems *p, char *err,
-                      size_t errlen)
+/* Whether key_pem (from key_flag's file key) is the key of cert_pem (from
+ * cert_flag's file cert): gRPC or GnuTLS would take a wrong pair and fail
+ * every handshake after. Returns 0, or -1 with err set. */
+static int pair_check(const char *cert_flag, const char *cert, const char *cert_pem,
+                      const char *key_flag, const char *key, const char *key_pem,
+                      char *err, size_t errlen)
 {
-    switch (ps_pem_check_pair(p->cert, p->key)) {
+    switch (ps_pem_check_pair(cert_pem, key_pem)) {
     case PS_PEM_OK:
         return 0;
     case PS_PEM_BAD_CERT:
-        snprintf(err, errlen, "--tls-cert %s: its certificate cannot be parsed", o->cert);
+        snprintf(err, errlen, "%s %s: its certificate cannot be parsed", cert_flag, cert);
         return -1;
     case PS_PEM_BAD_KEY:
-        snprintf(err, errlen, "--tls-key %s: its private key cannot be parsed", o->key);
+        snprintf(err, errlen, "%s %s: its private key cannot be parsed", key_flag, key);
         return -1;
     case PS_PEM_MISMATCH:
     default:
-        snprintf(err, errlen, "--tls-key %s is not the key of --tls-cert %s", o->key,
-                 o->cert);
+        snprintf(err, errlen, "%s %s is not the key of %s %s", key_flag, key, cert_flag,
+                 cert);
         return -1;
     }
+}
+
+int ps_tls_read_pair(const char *cert_flag, const char *cert, const char *key_flag,
+                     const char *key, char **cert_pem, char **key_pem, char *err,
+                     size_t errlen)
+{
+    *cert_pem = *key_pem = NULL;
+    if (read_pem(cert_flag, cert, "CERTIFICATE", cert_pem, err, errlen) != 0)
+        return -1;
+    if (read_pem(key_flag, key, "PRIVATE KEY", key_pem, err, errlen) != 0 ||
+        pair_check(cert_flag, cert, *cert_pem, key_flag, key, *key_pem, err,
+                   errlen) != 0) {
+        free(*cert_pem);
+        free(*key_pem);
+        *cert_pem = *key_pem = NULL;
+        return -1;
+    }
+    return 0;
 }
 
 /* Reads what o names. A certificate needs its key and the other way
@@ -161,7 +181,8 @@ static int pems_read(const ps_tls_opts *o, struct pems *p, char *err,
         pems_free(p);
         return -1;
     }
-    if (given(o->cert) && pair_check(o, p, err, errlen) != 0) {
+    if (given(o->cert) && pair_check("--tls-cert", o->cert, p->cert, "--tls-key", o->key,
+                                     p->key, err, errlen) != 0) {
         pems_free(p);
         return -1;
     }

@@ -99,6 +99,16 @@ const char *ps_tls_target_name(const ps_tls_opts *o);
  * Returns 0, or -1 with err naming the flag and file. */
 int ps_tls_check_files(const ps_tls_opts *o, char *err, size_t errlen);
 
+/* Reads a certificate and its key for a listener that gRPC does not serve
+ * (the /metrics endpoint's HTTPS, common/metrics_http.h): both PEM files
+ * whole and NUL-terminated into *cert_pem and *key_pem (the caller frees
+ * both), checked to be a pair. cert_flag and key_flag name the options in
+ * err. Returns 0, or -1 with err naming the flag and file and nothing
+ * held. */
+int ps_tls_read_pair(const char *cert_flag, const char *cert, const char *key_flag,
+                     const char *key, char **cert_pem, char **key_pem, char *err,
+                     size_t errlen);
+
 /* Asks every TLS server of the process to re-read its files at its next
  * handshake (see Reload). Async-signal-safe (one atomic increment). */
 void ps_tls_reload(void);

@@ -727,22 +727,72 @@ static int place_first_locked(coord *c, const struct ps_place_var *vars,
     return 0;
 }
 
-/* True when secret is that of a registered task that may propose a model
- * (any but a ps). Every task is compared (no early exit). Called with c->mu
- * held. */
-static bool proposer_locked(coord *c, const char *secret)
+/* The registered task that sends secret, found by it (a proposal from a
+ * client that names no task): every task is compared (no early exit).
+ * NULL when none. Called with c->mu held. */
+static const struct ctask *task_by_secret_locked(coord *c, const char *secret)
 {
-    bool ok = false;
+    const struct ctask *found = NULL;
     for (int i = 0; i < c->ntasks; i++) {
         const struct ctask *t = &c->tasks[i];
-        ok |= t->role != PS_ROLE_PS && t->incarnation != 0 &&
-              coord_secret_ok(t, secret);
+        if (t->incarnation != 0 && coord_secret_ok(t, secret))
+            found = t;
     }
-    return ok;
+    return found;
+}
+
+/* The task a Place comes from, proven by its secret, into *out; or the
+ * refusal. Called with c->mu held. */
+static int proposer_locked(coord *c, const struct coord_task_ref *from,
+                           const struct ctask **out, struct coord_status *st)
+{
+    const char *secret = from->secret != NULL ? from->secret : "";
+    const char *rn = coord_role_label(from->role);
+    if (from->role == COORD_ROLE_BAD)
+        return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, "Place",
+                            "role %d is not CHIEF, WORKER, PS or EVALUATOR",
+                            from->role_sent);
+    if (secret[0] == '\0')
+        return coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                            "no task_secret: only a registered chief, worker or "
+                            "evaluator that sends the task_secret its RegisterTask "
+                            "answered with (or an operator token) may propose the "
+                            "job's model");
+    const struct ctask *t;
+    if (from->role == COORD_ROLE_ANY) {
+        t = task_by_secret_locked(c, secret);
+        if (t == NULL)
+            return coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                                "the task_secret is no registered task's");
+    } else {
+        t = from->index <= INT32_MAX
+                ? coord_find_locked(c, (enum ps_role)from->role, (int)from->index)
+                : NULL;
+        if (t == NULL || t->incarnation == 0)
+            return coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                                "%s[%u] has not registered", rn, from->index);
+        if (!coord_secret_ok(t, secret))
+            return coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                                "the task_secret sent is not %s[%u]'s", rn,
+                                from->index);
+    }
+    if (t->role == PS_ROLE_PS)
+        return coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
+                            "the task_secret is a ps's: a ps does not propose the "
+                            "job's model");
+    *out = t;
+    return 0;
+}
+
+/* Whether t may make the job's first placement, which fixes it for good:
+ * the chief, as TensorFlow names it (a chief task, else worker 0). */
+static bool chief(const struct ctask *t)
+{
+    return t->role == PS_ROLE_CHIEF || (t->role == PS_ROLE_WORKER && t->index == 0);
 }
 
 int coord_place(coord *c, const struct ps_place_var *vars, int n,
-                const char *secret, bool operator,
+                const struct coord_task_ref *from, bool operator,
                 struct ps_placement *out, struct coord_status *st)
 {
     memset(st, 0, sizeof *st);
@@ -751,17 +801,18 @@ int coord_place(coord *c, const struct ps_place_var *vars, int n,
     if (ps_place_check(vars, n, why, sizeof why) != 0)
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, "Place", "%s", why);
     pthread_mutex_lock(&c->mu);
-    int rc = 0;
-    if (!operator && !proposer_locked(c, secret))
+    const struct ctask *t = NULL;
+    int rc = operator ? 0 : proposer_locked(c, from, &t, st);
+    if (rc == 0 && !c->placed && t != NULL && !chief(t))
         rc = coord_refuse(st, PS_RPC_PERMISSION_DENIED, "Place",
-                          "%s: only a registered worker, chief or evaluator "
-                          "that sends the task_secret its RegisterTask "
-                          "answered with (or an operator token) may propose "
-                          "the job's model", secret == NULL || secret[0] == '\0'
-                          ? "no task_secret" : "the task_secret is no worker's, chief's or evaluator's");
-    else if (!c->placed)
+                          "%s[%d] may not make the job's first placement, which "
+                          "fixes it for good: only the chief (worker[0], or a "
+                          "chief task) or an operator token may; once it has, "
+                          "a proposal of the same model is answered (GetCluster "
+                          "shows the placement)", ps_role_name(t->role), t->index);
+    else if (rc == 0 && !c->placed)
         rc = place_first_locked(c, vars, n, st);
-    else if (ps_place_same(&c->placement, vars, n, why, sizeof why) != 0)
+    else if (rc == 0 && ps_place_same(&c->placement, vars, n, why, sizeof why) != 0)
         rc = coord_refuse(st, PS_RPC_FAILED_PRECONDITION, "Place",
                           "this job's model is placed already and the "
                           "proposal differs: %s", why);

@@ -278,12 +278,15 @@ int coord_report_metrics(coord *c, const struct coord_metrics_req *req,
                          struct coord_status *st);
 /* Places a proposal (the first one made fixes the job's placement; later
  * ones must name the same model). The caller has checked the job id with
- * coord_check_job. Only a registered task other than a ps that presents
- * its task secret, or an operator (operator true: the caller's token), may
- * propose: PERMISSION_DENIED otherwise. On success *out holds the job's
- * placement, which the caller frees with ps_placement_free. */
+ * coord_check_job. from is the proposing task (role COORD_ROLE_ANY: the
+ * task whose secret from->secret is) and must present its task secret, or
+ * operator is true (the caller's token). A ps never proposes; the first
+ * placement is the chief's (a chief task, or worker 0) or an operator's.
+ * PERMISSION_DENIED otherwise, INVALID_ARGUMENT for a role that is none.
+ * On success *out holds the job's placement, which the caller frees with
+ * ps_placement_free. */
 int coord_place(coord *c, const struct ps_place_var *vars, int n,
-                const char *secret, bool operator,
+                const struct coord_task_ref *from, bool operator,
                 struct ps_placement *out, struct coord_status *st);
 /* Refuses a job id that is not "" and not this job's. */
 int coord_check_job(coord *c, const char *job_id, const char *what,

@@ -60,6 +60,7 @@ struct pscoord_conf {
     int threads;
     int64_t shutdown_grace_ms;
     char *metrics_listen;
+    ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
     char *tokens;
     char *token_file;
@@ -132,6 +133,8 @@ static const ps_opt pscoord_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct pscoord_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
+    PS_METRICS_HTTP_OPTS(struct pscoord_conf, metrics_http),
     PS_TLS_SERVER_OPTS(struct pscoord_conf, tls),
     /* None: open, as before tokens existed; a warning when the address is
      * not loopback. */
@@ -353,10 +356,12 @@ static int serve_metrics(struct pscoord *p)
     if (ps_metrics_http_off(addr))
         return 0;
     char err[512];
-    int rc = ps_metrics_http_start(addr, coord_metrics_collect, p->co, &p->metrics,
-                                   err, sizeof err);
+    int rc = ps_metrics_http_start(addr, &p->c.metrics_http, coord_metrics_collect,
+                                   p->co, &p->metrics, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "pscoord: --metrics-listen: %s\n", err);
+        /* A file's error names its flag; the address's does not. */
+        fprintf(stderr, "pscoord: %s%s\n", strncmp(err, "--", 2) == 0 ? "" : "--metrics-listen: ",
+                err);
         return rc == PS_EINVAL_ARG ? 2 : 1;
     }
     return 0;

@@ -475,9 +475,10 @@ static int place(coord *c, const Ps__V1__PlaceRequest *req, bool operator,
     int rc = coord_check_job(c, req->job_id, "Place", st);
     if (rc == 0)
         rc = proposal_in(req, &vars, st);
+    struct coord_task_ref from = task_ref_in(req->job_id, req->role, req->index,
+                                             req->task_secret);
     if (rc == 0)
-        rc = coord_place(c, vars, (int)req->n_variables, req->task_secret,
-                         operator, &placed, st);
+        rc = coord_place(c, vars, (int)req->n_variables, &from, operator, &placed, st);
     free(vars);
     if (rc != 0)
         return rc;

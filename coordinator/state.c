@@ -8,7 +8,7 @@
  *    "tasks": [{"role": "ps", "index": 0, "address": "h3:2222",
  *               "incarnation": 2, "step": 0, "secret": "9f...",
  *               "local_address": "unix:/run/psd/0.sock",
- *               "host_id": "..."}, ...],
+ *               "host_id": "...", "insecure_collective": false}, ...],
  *    "placement": {"num_ps": 2, "variables": [{"name": "w1",
  *                  "shape": [784, 128], "parts": [{"name": "w1/part0",
  *                  "shard": 0, "row_begin": 0, "row_end": 392}, ...]}]},
@@ -92,11 +92,12 @@ int coord_state_save_locked(coord *c)
     for (int i = 0; i < c->ntasks; i++) {
         const struct ctask *t = &c->tasks[i];
         json_array_append_new(tasks, json_pack(
-            "{s:s, s:i, s:s, s:I, s:I, s:s, s:s, s:s}", "role",
+            "{s:s, s:i, s:s, s:I, s:I, s:s, s:s, s:s, s:b}", "role",
             ps_role_name(t->role), "index", t->index, "address", t->address,
             "incarnation", (json_int_t)t->incarnation, "step",
             (json_int_t)t->step, "secret", t->secret, "local_address",
-            t->local_address, "host_id", t->host_id));
+            t->local_address, "host_id", t->host_id, "insecure_collective",
+            t->insecure_collective));
     }
     for (int i = 0; i < c->nckpts; i++)
         json_array_append_new(ckpts, json_pack(
@@ -309,6 +310,9 @@ static int load_tasks(coord *c, json_t *tasks, char *err, size_t errlen)
             sv = "";
         snprintf(t->secret, sizeof t->secret, "%s", sv);
         local_json(t, tj);
+        /* Until the task registers again: `psctl status` goes on naming a
+         * worker whose all-reduce is plaintext across the restart. */
+        t->insecure_collective = json_is_true(json_object_get(tj, "insecure_collective"));
         t->incarnation = inc;
         t->step = step;
         if (inc > 0) {

@@ -290,7 +290,9 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
     struct psd_sparse_conf sc = {.store = s->store, .data_dir = s->data_dir,
                                  .memory_limit = s->o.memory_limit,
                                  .map_size = s->o.map_size,
-                                 .max_rows = s->o.max_rows_per_table};
+                                 .max_rows = s->o.max_rows_per_table,
+                                 .segment_size = s->o.segment_size,
+                                 .compact_rate = s->o.compact_rate};
     rc = psd_sparse_open(&sc, &s->sparse);
     if (rc != 0)
         return rc;

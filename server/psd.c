@@ -73,7 +73,10 @@ struct psd_conf {
     int64_t probe_interval_ms;
     uint64_t memory_limit;
     uint64_t max_rows_per_table;
+    uint64_t segment_size;
+    uint64_t compact_rate;
     char *metrics_listen;
+    ps_metrics_http_conf metrics_http;
     ps_tls_conf tls;
     char *tokens;
     char *token_file;
@@ -186,6 +189,17 @@ static const ps_opt psd_opts[] = {
      "most rows a sparse table holds, and the highest max_rows a spec may ask; "
      "a SparsePush whose new rows pass it is refused whole (RESOURCE_EXHAUSTED); "
      "0: (free disk of --data-dir + --memory-limit) / 128", 0, 0, NULL},
+    /* 256M: a segment compacted is read and rewritten whole, a few seconds
+     * at the compaction's rate; fewer, larger files would hold dead bytes
+     * longer. */
+    {"segment-size", PS_OPT_SIZE, offsetof(struct psd_conf, segment_size), "256M",
+     "size past which a segment file of sparse rows is sealed (and may be "
+     "compacted once a third of it is dead)", 65536, 1e15, NULL},
+    /* 32M: a tenth of a common SSD's write rate, so that compaction never
+     * crowds out the appends and cold reads of the calls. */
+    {"compact-rate", PS_OPT_SIZE, offsetof(struct psd_conf, compact_rate), "32M",
+     "bytes a second compaction of the segment files reads and writes at "
+     "most", 65536, 1e15, NULL},
     /* 4096: each worker waits on about one pull per shard at a time;
      * thousands of workers per shard is beyond any job psd serves. */
     {"max-waiting-pulls", PS_OPT_INT, offsetof(struct psd_conf, max_waiting_pulls),
@@ -247,6 +261,8 @@ static const ps_opt psd_opts[] = {
     {"metrics-listen", PS_OPT_STRING, offsetof(struct psd_conf, metrics_listen),
      "127.0.0.1:0", "HOST:PORT of Prometheus' /metrics endpoint; port 0 picks a free "
      "one (printed as METRICS_PORT <n>); \"\" or off: no endpoint", 0, 0, NULL},
+    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
+    PS_METRICS_HTTP_OPTS(struct psd_conf, metrics_http),
     /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
     PS_TLS_SERVER_OPTS(struct psd_conf, tls),
     /* None: open, as before tokens existed; a warning when the address is
@@ -489,6 +505,8 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
         .local_address = d->local,
         .host_id = d->hostid,
     };
+    so.segment_size = c->segment_size;
+    so.compact_rate = c->compact_rate;
     so.max_rows_per_table = c->max_rows_per_table != 0
                                 ? c->max_rows_per_table
                                 : rows_per_table(c->data_dir, so.memory_limit);
@@ -632,10 +650,12 @@ static int serve_metrics(struct psd *d)
         return 0;
     d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
     char err[512];
-    int rc = ps_metrics_http_start(addr, psd_metrics_collect, &d->msrc, &d->metrics,
-                                   err, sizeof err);
+    int rc = ps_metrics_http_start(addr, &d->c.metrics_http, psd_metrics_collect,
+                                   &d->msrc, &d->metrics, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "psd: --metrics-listen: %s\n", err);
+        /* A file's error names its flag; the address's does not. */
+        fprintf(stderr, "psd: %s%s\n", strncmp(err, "--", 2) == 0 ? "" : "--metrics-listen: ",
+                err);
         return rc == PS_EINVAL_ARG ? 2 : 1;
     }
     return 0;

@@ -973,6 +973,7 @@ void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
                     "variable was created for, or --workers)", n, cap);
         return;
     }
+    atomic_store(&s->sync_workers, n);
     for (size_t i = 0; i < s->nvars; i++) {
         psd_var *v = s->vars[i];
         if (v->consistency != PSD_SYNC)

@@ -5,6 +5,7 @@
  */
 #include "server/segment.h"
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -33,13 +34,23 @@
 static const char seg_file_magic[8] = "PSDSEG1";
 #define RING_DEPTH 256
 #define ALIGN_FALLBACK 4096
+#define SEG_NUM_MAX (1u << 24) /* segments of a directory, with room to spare */
+
+/* What the module knows of one segment number. */
+struct seg_info {
+    int rfd;         /* the read fd, -1 not open */
+    bool exists;     /* a file of the directory, not removed */
+    uint64_t bytes;  /* its record bytes (the file header not counted) */
+    uint64_t live;   /* of them, what the catalog points at */
+    int64_t gone_ms; /* when psd_segs_remove unlinked it (0: never) */
+};
 
 struct psd_segs {
     char *dir;
     uint64_t seg_max;
-    pthread_mutex_t mu; /* rfd */
-    int *rfd;           /* per segment number: the read fd, -1 not open */
-    uint32_t rfd_cap;
+    pthread_mutex_t mu; /* seg, seg_cap */
+    struct seg_info *seg; /* by segment number */
+    uint32_t seg_cap;
     uint32_t cur;       /* the segment appends go to */
     int wfd;
     uint64_t wend;      /* its synced end */
@@ -48,6 +59,7 @@ struct psd_segs {
     atomic_uint_fast64_t bytes;
     atomic_bool direct;
     uint32_t align;
+    atomic_uint_fast64_t copied, removed; /* by compaction */
 };
 
 /* ---- records ------------------------------------------------------------ */
@@ -97,12 +109,54 @@ static const char *rec_check(const uint8_t *rec, uint64_t avail, uint32_t *len)
 
 /* ---- files -------------------------------------------------------------- */
 
-static char *seg_path(const psd_segs *s, uint32_t n, const char *suffix)
+static char *seg_path_in(const char *dir, uint32_t n, const char *suffix)
 {
     char *p;
-    if (asprintf(&p, "%s/seg-%08u.psg%s", s->dir, n, suffix) < 0)
+    if (asprintf(&p, "%s/seg-%08u.psg%s", dir, n, suffix) < 0)
         return NULL;
     return p;
+}
+
+static char *seg_path(const psd_segs *s, uint32_t n, const char *suffix)
+{
+    return seg_path_in(s->dir, n, suffix);
+}
+
+/* The state of segment n, the array grown to hold it; NULL when out of
+ * memory or for a number no directory reaches (a corrupt location). Under
+ * s->mu. */
+static struct seg_info *seg_get(psd_segs *s, uint32_t n)
+{
+    if (n >= SEG_NUM_MAX)
+        return NULL;
+    if (n >= s->seg_cap) {
+        uint32_t nc = s->seg_cap ? s->seg_cap : 64;
+        while (nc <= n)
+            nc *= 2;
+        struct seg_info *a = realloc(s->seg, nc * sizeof *a);
+        if (a == NULL)
+            return NULL;
+        for (uint32_t i = s->seg_cap; i < nc; i++)
+            a[i] = (struct seg_info){.rfd = -1};
+        s->seg = a;
+        s->seg_cap = nc;
+    }
+    return &s->seg[n];
+}
+
+/* Segment n's state starts over as a file of bytes record bytes, all of
+ * them counted live. Returns 0 or -ENOMEM. */
+static int seg_found(psd_segs *s, uint32_t n, uint64_t bytes)
+{
+    pthread_mutex_lock(&s->mu);
+    struct seg_info *g = seg_get(s, n);
+    if (g != NULL) {
+        g->exists = true;
+        g->bytes = g->live = bytes;
+        g->gone_ms = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return g != NULL ? 0 : -ENOMEM;
 }
 
 static int sync_dir(const char *dir)
@@ -158,6 +212,8 @@ static int seg_create(psd_segs *s, uint32_t n)
         rc = full_rc(errno);
     if (rc == 0 && rename(tmp, path) != 0)
         rc = -errno;
+    if (rc == 0)
+        rc = seg_found(s, n, 0);
     if (rc == 0)
         rc = sync_dir(s->dir);
     if (rc != 0) {
@@ -307,10 +363,18 @@ int psd_segs_open(const char *dir, uint64_t seg_max, const psd_seg_loc *committe
         struct stat st;
         bool exists = p != NULL && stat(p, &st) == 0;
         free(p);
+        if (!exists && n == max) {
+            rc = ps_errf(PS_ECORRUPT, why, whylen, "segment %s/seg-%08u.psg: offset 0: "
+                         "missing (the newest segment%s)", dir, n,
+                         committed != NULL ? ", which holds the committed end" : "");
+            goto fail;
+        }
         if (!exists)
             continue; /* compacted away */
         uint64_t cut = committed != NULL && committed->seg == n ? committed->off : 0;
         rc = seg_verify(s, n, cut, &end, why, whylen);
+        if (rc == 0)
+            rc = seg_found(s, n, end - PSD_SEG_FILE_HEAD);
         if (rc != 0)
             goto fail;
         atomic_fetch_add(&s->bytes, end);
@@ -357,13 +421,13 @@ void psd_segs_close(psd_segs *s)
 {
     if (s == NULL)
         return;
-    for (uint32_t i = 0; i < s->rfd_cap; i++)
-        if (s->rfd[i] >= 0)
-            close(s->rfd[i]);
+    for (uint32_t i = 0; i < s->seg_cap; i++)
+        if (s->seg[i].rfd >= 0)
+            close(s->seg[i].rfd);
     if (s->wfd >= 0)
         close(s->wfd);
     pthread_mutex_destroy(&s->mu);
-    free(s->rfd);
+    free(s->seg);
     free(s->buf);
     free(s->dir);
     free(s);
@@ -433,6 +497,11 @@ int psd_segs_sync(psd_segs *s)
     }
     s->wend += s->blen;
     atomic_fetch_add(&s->bytes, s->blen);
+    pthread_mutex_lock(&s->mu);
+    struct seg_info *g = &s->seg[s->cur]; /* seg_create made it */
+    g->bytes += s->blen;
+    g->live += s->blen;
+    pthread_mutex_unlock(&s->mu);
     s->blen = 0;
     return 0;
 }
@@ -449,23 +518,9 @@ void psd_segs_discard(psd_segs *s)
 static int read_fd(psd_segs *s, uint32_t n)
 {
     pthread_mutex_lock(&s->mu);
-    int fd;
-    if (n >= s->rfd_cap) {
-        uint32_t nc = s->rfd_cap ? s->rfd_cap : 64;
-        while (nc <= n)
-            nc *= 2;
-        int *a = realloc(s->rfd, nc * sizeof *a);
-        if (a == NULL) {
-            fd = -ENOMEM;
-            goto out;
-        }
-        for (uint32_t i = s->rfd_cap; i < nc; i++)
-            a[i] = -1;
-        s->rfd = a;
-        s->rfd_cap = nc;
-    }
-    fd = s->rfd[n];
-    if (fd < 0) {
+    struct seg_info *g = seg_get(s, n);
+    int fd = g != NULL ? g->rfd : -ENOMEM;
+    if (g != NULL && fd < 0) {
         char *p = seg_path(s, n, "");
         if (p == NULL) {
             fd = -ENOMEM;
@@ -481,7 +536,7 @@ static int read_fd(psd_segs *s, uint32_t n)
         if (fd < 0)
             fd = -errno;
         else
-            s->rfd[n] = fd;
+            g->rfd = fd;
         free(p);
     }
 out:
@@ -699,4 +754,558 @@ bool psd_segs_direct(const psd_segs *s)
 uint32_t psd_segs_align(const psd_segs *s)
 {
     return s->align;
+}
+
+uint64_t psd_segs_copied(const psd_segs *s)
+{
+    return atomic_load(&((psd_segs *)s)->copied);
+}
+
+uint64_t psd_segs_removed(const psd_segs *s)
+{
+    return atomic_load(&((psd_segs *)s)->removed);
+}
+
+/* ---- compaction accounting ---------------------------------------------- */
+
+void psd_segs_dead(psd_segs *s, psd_seg_loc loc)
+{
+    pthread_mutex_lock(&s->mu);
+    if (loc.seg < s->seg_cap) {
+        struct seg_info *g = &s->seg[loc.seg];
+        g->live -= loc.len < g->live ? loc.len : g->live;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void psd_segs_live(psd_segs *s, psd_seg_loc loc)
+{
+    pthread_mutex_lock(&s->mu);
+    if (loc.seg < s->seg_cap) {
+        struct seg_info *g = &s->seg[loc.seg];
+        g->live = g->live + loc.len < g->bytes ? g->live + loc.len : g->bytes;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void psd_segs_recount(psd_segs *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < s->seg_cap; i++)
+        s->seg[i].live = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int psd_segs_usage(const psd_segs *cs, uint32_t seg, uint64_t *bytes, uint64_t *live)
+{
+    psd_segs *s = (psd_segs *)cs;
+    int rc = PS_ENOTFOUND;
+    pthread_mutex_lock(&s->mu);
+    if (seg < s->seg_cap && s->seg[seg].exists) {
+        *bytes = s->seg[seg].bytes;
+        *live = s->seg[seg].live;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int psd_segs_pick(psd_segs *s, double dead_frac, uint32_t *seg)
+{
+    if (dead_frac <= 0)
+        dead_frac = PSD_SEG_DEAD_FRAC;
+    int rc = PS_ENOTFOUND;
+    uint64_t most = 0;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t n = 1; n < s->cur && n < s->seg_cap; n++) {
+        const struct seg_info *g = &s->seg[n];
+        if (!g->exists)
+            continue;
+        uint64_t dead = g->bytes - g->live;
+        if (g->bytes > 0 && (double)dead < dead_frac * (double)g->bytes)
+            continue;
+        if (rc != 0 || dead > most) {
+            most = dead;
+            *seg = n;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- compaction --------------------------------------------------------- */
+
+struct psd_segs_compact {
+    psd_segs *s;
+    uint32_t seg;
+    psd_seg_compact_opts o;
+    char *path;
+    int fd;
+    uint64_t pos, end; /* the next record, the end of the file */
+    uint8_t *buf;      /* what a step read */
+    size_t cap;
+    psd_seg_move *mv;
+    size_t mv_cap;
+    double tokens;     /* bytes of I/O the bucket allows now; below 0, a debt */
+    int64_t filled_ns; /* when it was filled last */
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The token bucket: rate bytes a second flow in, up to one batch. */
+static void bucket_fill(psd_segs_compact *c)
+{
+    int64_t t = now_ns();
+    c->tokens += (double)c->o.rate * (double)(t - c->filled_ns) / 1e9;
+    if (c->tokens > (double)c->o.batch)
+        c->tokens = (double)c->o.batch;
+    c->filled_ns = t;
+}
+
+static uint64_t bucket_wait_ns(const psd_segs_compact *c)
+{
+    return c->tokens >= 0 ? 0 : (uint64_t)(-c->tokens * 1e9 / (double)c->o.rate) + 1;
+}
+
+int psd_segs_compact_begin(psd_segs *s, uint32_t seg, const psd_seg_compact_opts *o,
+                           psd_segs_compact **out, char *why, size_t whylen)
+{
+    if (o == NULL || o->live == NULL || o->moved == NULL)
+        return ps_errf(PS_EINVAL_ARG, why, whylen, "compaction needs a live and a moved "
+                       "callback");
+    pthread_mutex_lock(&s->mu);
+    bool sealed = seg > 0 && seg < s->cur && seg < s->seg_cap && s->seg[seg].exists;
+    pthread_mutex_unlock(&s->mu);
+    if (!sealed)
+        return ps_errf(PS_EINVAL_ARG, why, whylen, "segments %s: %u is not a sealed segment "
+                       "(the active one is %u)", s->dir, seg, s->cur);
+    psd_segs_compact *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return -ENOMEM;
+    c->s = s;
+    c->seg = seg;
+    c->o = *o;
+    if (c->o.rate == 0)
+        c->o.rate = PSD_SEG_RATE_DEFAULT;
+    if (c->o.batch == 0)
+        c->o.batch = PSD_SEG_BATCH_DEFAULT;
+    if (c->o.batch < PSD_SEG_REC_HEAD)
+        c->o.batch = PSD_SEG_REC_HEAD;
+    c->cap = c->o.batch;
+    c->tokens = (double)c->o.batch;
+    c->filled_ns = now_ns();
+    c->pos = PSD_SEG_FILE_HEAD;
+    c->fd = -1;
+    int rc = 0;
+    struct stat st;
+    if ((c->path = seg_path(s, seg, "")) == NULL || (c->buf = malloc(c->cap)) == NULL) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    c->fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    if (c->fd < 0 || fstat(c->fd, &st) != 0) {
+        rc = ps_errf(-errno, why, whylen, "segment %s: cannot open: %s", c->path,
+                     strerror(errno));
+        goto fail;
+    }
+    c->end = (uint64_t)st.st_size;
+    posix_fadvise(c->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    *out = c;
+    return 0;
+fail:
+    psd_segs_compact_end(c);
+    return rc;
+}
+
+void psd_segs_compact_end(psd_segs_compact *c)
+{
+    if (c == NULL)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->path);
+    free(c->buf);
+    free(c->mv);
+    free(c);
+}
+
+/* Reads len bytes at the step's position into c->buf, grown to hold them. */
+static int compact_read(psd_segs_compact *c, uint64_t len, char *why, size_t whylen)
+{
+    if (len > c->cap) {
+        uint8_t *b = realloc(c->buf, len);
+        if (b == NULL)
+            return -ENOMEM;
+        c->buf = b;
+        c->cap = len;
+    }
+    uint64_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(c->fd, c->buf + got, len - got, (off_t)(c->pos + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return ps_errf(-errno, why, whylen, "segment %s: offset %llu: cannot read: %s",
+                           c->path, (unsigned long long)(c->pos + got), strerror(errno));
+        if (r == 0)
+            return ps_errf(PS_ECORRUPT, why, whylen, "segment %s: offset %llu: truncated "
+                           "while compacted", c->path, (unsigned long long)(c->pos + got));
+        got += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Adds one relocation to the step's list. */
+static int compact_move(psd_segs_compact *c, size_t n, const psd_seg_move *m)
+{
+    if (n == c->mv_cap) {
+        size_t nc = c->mv_cap ? c->mv_cap * 2 : 256;
+        psd_seg_move *a = realloc(c->mv, nc * sizeof *a);
+        if (a == NULL)
+            return -ENOMEM;
+        c->mv = a;
+        c->mv_cap = nc;
+    }
+    c->mv[n] = *m;
+    return 0;
+}
+
+/* The records of the step's batch (from c->pos, got bytes in c->buf): the
+ * live ones appended, their relocations in c->mv (*nmv); *used: the bytes
+ * of the whole records gone through. */
+static int compact_scan(psd_segs_compact *c, uint64_t got, uint64_t *used, size_t *nmv,
+                        char *why, size_t whylen)
+{
+    psd_segs *s = c->s;
+    uint64_t off = 0;
+    size_t n = 0;
+    int rc = 0;
+    while (rc == 0 && off < got) {
+        uint32_t len = 0;
+        if (got - off >= 8)
+            memcpy(&len, c->buf + off + 4, 4);
+        uint64_t rl = PSD_SEG_REC_HEAD + (uint64_t)len;
+        if (got - off < PSD_SEG_REC_HEAD || rl > got - off) {
+            if (off > 0)
+                break; /* the next step's */
+            if (c->pos + rl > c->end || got - off < 8)
+                return ps_errf(PS_ECORRUPT, why, whylen, "segment %s: offset %llu: "
+                               "truncated record", c->path, (unsigned long long)c->pos);
+            /* One record larger than a batch: read whole. */
+            if ((rc = compact_read(c, rl, why, whylen)) != 0)
+                return rc;
+            got = rl;
+        }
+        const uint8_t *r = c->buf + off;
+        const char *bad = rec_check(r, got - off, &len);
+        if (bad != NULL)
+            return ps_errf(PS_ECORRUPT, why, whylen, "segment %s: offset %llu: %s", c->path,
+                           (unsigned long long)(c->pos + off), bad);
+        psd_seg_move m = {.from = {.seg = c->seg, .len = (uint32_t)rl, .off = c->pos + off}};
+        memcpy(&m.var_id, r + 8, 4);
+        memcpy(&m.id, r + 16, 8);
+        memcpy(&m.version, r + 24, 8);
+        int live = c->o.live(c->o.arg, m.var_id, m.id, m.version, m.from);
+        if (live < 0)
+            rc = live;
+        else if (live > 0 &&
+                 (rc = psd_segs_append(s, m.var_id, m.id, m.version, r + PSD_SEG_REC_HEAD,
+                                       len, NULL, 0, &m.to)) == 0)
+            rc = compact_move(c, n++, &m);
+        off += rl;
+    }
+    *used = off;
+    *nmv = n;
+    return rc;
+}
+
+/* Called by the owner's maintenance between its batches. A step reads a
+ * batch of the old segment, appends what is live, syncs it and only then
+ * hands the relocations to the owner, so that its catalog never points at
+ * bytes not on the disk; the position moves on only once the owner has
+ * committed them, so an error anywhere makes the next step try the same
+ * records again. */
+int psd_segs_compact_step(psd_segs_compact *c, uint64_t *wait_ns, char *why, size_t whylen)
+{
+    psd_segs *s = c->s;
+    *wait_ns = 0;
+    if (s->blen != 0)
+        return -EBUSY;
+    if (c->pos >= c->end)
+        return 1;
+    bucket_fill(c);
+    if (c->tokens < 0) {
+        *wait_ns = bucket_wait_ns(c);
+        return 0;
+    }
+    uint64_t got = c->end - c->pos < c->o.batch ? c->end - c->pos : c->o.batch;
+    uint64_t used = 0, copied = 0;
+    size_t n = 0;
+    int rc = compact_read(c, got, why, whylen);
+    if (rc == 0)
+        rc = compact_scan(c, got, &used, &n, why, whylen);
+    c->tokens -= (double)got;
+    if (rc != 0) {
+        psd_segs_discard(s);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        copied += c->mv[i].to.len;
+    if (n > 0 && (rc = psd_segs_sync(s)) != 0) {
+        ps_errf(rc, why, whylen, "segments %s: compaction of segment %u: %s", s->dir, c->seg,
+                ps_strerror(rc));
+        goto out;
+    }
+    c->tokens -= (double)copied;
+    if (n > 0 && (rc = c->o.moved(c->o.arg, c->mv, n)) != 0) {
+        for (size_t i = 0; i < n; i++)
+            psd_segs_dead(s, c->mv[i].to);
+        ps_errf(rc, why, whylen, "segments %s: compaction of segment %u: the catalog did not "
+                "take its relocations: %s", s->dir, c->seg, ps_strerror(rc));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        psd_segs_dead(s, c->mv[i].stale ? c->mv[i].to : c->mv[i].from);
+    atomic_fetch_add(&s->copied, copied);
+    posix_fadvise(c->fd, (off_t)c->pos, (off_t)used, POSIX_FADV_DONTNEED);
+    c->pos += used;
+    if (c->pos >= c->end) {
+        /* Whatever the counts said, nothing of it is live now. */
+        pthread_mutex_lock(&s->mu);
+        s->seg[c->seg].live = 0;
+        pthread_mutex_unlock(&s->mu);
+        rc = 1;
+    }
+out:
+    bucket_fill(c);
+    *wait_ns = bucket_wait_ns(c);
+    return rc;
+}
+
+/* Closes the descriptors of segments removed more than the grace ago. */
+static void retire_old(psd_segs *s, int64_t now)
+{
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < s->seg_cap; i++) {
+        struct seg_info *g = &s->seg[i];
+        if (g->gone_ms != 0 && g->rfd >= 0 && now - g->gone_ms > PSD_SEG_GRACE_S * 1000) {
+            close(g->rfd);
+            g->rfd = -1;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int psd_segs_remove(psd_segs *s, uint32_t seg, const psd_seg_loc *committed)
+{
+    if (seg == 0 || seg >= s->cur || committed == NULL || seg >= committed->seg)
+        return PS_EINVAL_ARG;
+    pthread_mutex_lock(&s->mu);
+    bool there = seg < s->seg_cap && s->seg[seg].exists;
+    pthread_mutex_unlock(&s->mu);
+    if (!there)
+        return PS_EINVAL_ARG;
+    /* A reader holding an old location reads through this descriptor until
+     * the grace is over. */
+    int rc = read_fd(s, seg);
+    if (rc < 0)
+        return rc;
+    char *p = seg_path(s, seg, "");
+    if (p == NULL)
+        return -ENOMEM;
+    rc = unlink(p) == 0 ? sync_dir(s->dir) : -errno;
+    free(p);
+    if (rc != 0)
+        return rc;
+    int64_t now = ps_now_ms();
+    pthread_mutex_lock(&s->mu);
+    struct seg_info *g = &s->seg[seg];
+    atomic_fetch_sub(&s->bytes, g->bytes + PSD_SEG_FILE_HEAD);
+    g->exists = false;
+    g->bytes = g->live = 0;
+    g->gone_ms = now > 0 ? now : 1;
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_add(&s->removed, 1);
+    retire_old(s, now);
+    return 0;
+}
+
+/* ---- checkpoints -------------------------------------------------------- */
+
+#define COPY_BUF (1u << 20)
+
+/* Copies len bytes of src_fd to dst_fd, in the kernel where it can
+ * (copy_file_range, which may also share the blocks), else through one
+ * buffer of COPY_BUF bytes. */
+static int copy_bytes(int src_fd, int dst_fd, uint64_t len)
+{
+    uint64_t done = 0;
+    bool kernel = true;
+    uint8_t *buf = NULL;
+    int rc = 0;
+    while (rc == 0 && done < len) {
+        size_t want = len - done > COPY_BUF ? COPY_BUF : (size_t)(len - done);
+        ssize_t r;
+        if (kernel) {
+            off_t in = (off_t)done, outo = (off_t)done;
+            r = copy_file_range(src_fd, &in, dst_fd, &outo, want, 0);
+            if (r < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                          errno == EOPNOTSUPP || errno == EPERM)) {
+                kernel = false;
+                continue;
+            }
+            if (r < 0 && errno != EINTR)
+                rc = full_rc(errno);
+        } else {
+            if (buf == NULL && (buf = malloc(COPY_BUF)) == NULL)
+                return -ENOMEM;
+            r = pread(src_fd, buf, want, (off_t)done);
+            if (r < 0 && errno != EINTR)
+                rc = -errno;
+            if (r > 0)
+                rc = write_all(dst_fd, buf, (size_t)r, done);
+        }
+        if (rc == 0 && r == 0)
+            rc = PS_ECORRUPT; /* the source ended early */
+        if (r > 0)
+            done += (uint64_t)r;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Copies the first len bytes of src (all of it: UINT64_MAX) to dst, whole
+ * or not at all: through dst.tmp, synced, renamed. */
+static int copy_file(const char *src, const char *dst, uint64_t len, char *why,
+                     size_t whylen)
+{
+    char *tmp = NULL;
+    int sfd = open(src, O_RDONLY | O_CLOEXEC), dfd = -1, rc = 0;
+    struct stat st;
+    if (sfd < 0)
+        return ps_errf(-errno, why, whylen, "segment %s: cannot open: %s", src,
+                       strerror(errno));
+    if (fstat(sfd, &st) != 0) {
+        rc = ps_errf(-errno, why, whylen, "segment %s: cannot stat: %s", src, strerror(errno));
+        goto out;
+    }
+    if (len == UINT64_MAX)
+        len = (uint64_t)st.st_size;
+    if ((uint64_t)st.st_size < len) {
+        rc = ps_errf(PS_ECORRUPT, why, whylen, "segment %s: offset %llu: truncated "
+                     "(committed rows end at %llu)", src, (unsigned long long)st.st_size,
+                     (unsigned long long)len);
+        goto out;
+    }
+    if (asprintf(&tmp, "%s.tmp", dst) < 0) {
+        tmp = NULL;
+        rc = -ENOMEM;
+        goto out;
+    }
+    dfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (dfd < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    posix_fadvise(sfd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    rc = copy_bytes(sfd, dfd, len);
+    if (rc == 0 && fdatasync(dfd) != 0)
+        rc = full_rc(errno);
+    if (rc == 0 && rename(tmp, dst) != 0)
+        rc = -errno;
+    if (rc == 0)
+        goto out;
+fail:
+    ps_errf(rc, why, whylen, "segment %s: cannot copy to %s: %s", src, dst, ps_strerror(rc));
+    unlink(tmp);
+out:
+    if (dfd >= 0)
+        close(dfd);
+    close(sfd);
+    free(tmp);
+    return rc;
+}
+
+/* Removes the segment files (and their .tmp) of dir. */
+static int clear_segments(const char *dir, char *why, size_t whylen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return ps_errf(-errno, why, whylen, "segments %s: cannot list: %s", dir,
+                       strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        unsigned n;
+        if (sscanf(de->d_name, "seg-%8u.psg", &n) == 1 &&
+            unlinkat(dirfd(d), de->d_name, 0) != 0)
+            rc = ps_errf(-errno, why, whylen, "segments %s: cannot remove %s: %s", dir,
+                         de->d_name, strerror(errno));
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Makes dst hold src's segments up to end: the sealed ones linked (they
+ * are never written again, so the two directories share them safely), the
+ * one holding end copied up to it, for appends to go on in each apart. */
+static int copy_segments(const char *src, const char *dst, const psd_seg_loc *end,
+                         char *why, size_t whylen)
+{
+    struct stat a, b;
+    if (mkdir(dst, 0700) != 0 && errno != EEXIST)
+        return ps_errf(-errno, why, whylen, "segments %s: cannot create: %s", dst,
+                       strerror(errno));
+    if (stat(src, &a) != 0)
+        return ps_errf(-errno, why, whylen, "segments %s: %s", src, strerror(errno));
+    if (stat(dst, &b) != 0)
+        return ps_errf(-errno, why, whylen, "segments %s: %s", dst, strerror(errno));
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return ps_errf(PS_EINVAL_ARG, why, whylen, "segments %s: a checkpoint cannot be "
+                       "its own source", dst);
+    int rc = clear_segments(dst, why, whylen);
+    for (uint32_t n = 1; rc == 0 && n <= end->seg; n++) {
+        char *sp = seg_path_in(src, n, ""), *dp = seg_path_in(dst, n, "");
+        if (sp == NULL || dp == NULL) {
+            rc = -ENOMEM;
+        } else if (n == end->seg) {
+            rc = copy_file(sp, dp, end->off, why, whylen);
+        } else if (link(sp, dp) != 0) {
+            if (errno == ENOENT)
+                ; /* compacted away */
+            else if (errno == EXDEV || errno == EPERM || errno == EMLINK ||
+                     errno == EOPNOTSUPP)
+                rc = copy_file(sp, dp, UINT64_MAX, why, whylen);
+            else
+                rc = ps_errf(-errno, why, whylen, "segment %s: cannot link to %s: %s", sp,
+                             dp, strerror(errno));
+        }
+        free(sp);
+        free(dp);
+    }
+    if (rc == 0 && (rc = sync_dir(dst)) != 0)
+        ps_errf(rc, why, whylen, "segments %s: cannot sync: %s", dst, ps_strerror(rc));
+    return rc;
+}
+
+int psd_segs_checkpoint(psd_segs *s, const char *dst, const psd_seg_loc *end, char *why,
+                        size_t whylen)
+{
+    if (end->seg > s->cur || (end->seg == s->cur && end->off > s->wend))
+        return ps_errf(PS_EINVAL_ARG, why, whylen, "segments %s: checkpoint end %u:%llu is "
+                       "past the synced end %u:%llu", s->dir, end->seg,
+                       (unsigned long long)end->off, s->cur, (unsigned long long)s->wend);
+    return copy_segments(s->dir, dst, end, why, whylen);
+}
+
+int psd_segs_restore(const char *src, const char *dst, const psd_seg_loc *end, char *why,
+                     size_t whylen)
+{
+    return copy_segments(src, dst, end, why, whylen);
 }

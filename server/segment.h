@@ -34,10 +34,36 @@
  * O_DIRECT is not available (a seccomp filter, tmpfs) it falls back to
  * pread, and says so once in the log.
  *
- * Threads and lifetime: appends and syncs from one thread at a time (the
- * flusher); reads from any thread, concurrently with appends (a read only
- * reaches records a finished sync wrote). psd_segs_close after every other
- * call has returned.
+ * Compaction (DeepRec's SSDHASH shape): the module keeps, per segment, its
+ * record bytes and how many of them are live. A sync counts its records
+ * live; the owner says when the catalog stops pointing at one
+ * (psd_segs_dead), and may rebuild the counts from a walk of its catalog
+ * (psd_segs_recount, psd_segs_live), since after a restart every record
+ * is counted live. psd_segs_pick names a sealed segment about a third
+ * dead; psd_segs_compact_step copies that segment's live records (the
+ * owner's callback decides per record) into the active segment a small
+ * batch at a time, bounded in I/O rate by a token bucket, syncs them, and
+ * only then hands the owner the relocations to commit in its catalog,
+ * with psd_segs_end, in one transaction. The old segment is removed only
+ * when the owner calls psd_segs_remove after that commit. A kill at any
+ * point leaves every row readable: before the commit the catalog points at
+ * the old records, still there, and the copies past the committed end are
+ * cut at the next open; after it, at the copies, synced before it.
+ *
+ * Checkpoint: psd_segs_checkpoint hard-links the sealed segments into a
+ * directory (they are never written again) and copies the active one up to
+ * the committed end, streamed by the kernel or through one small buffer;
+ * psd_segs_restore does the same from a checkpoint into a data directory,
+ * which psd_segs_open then opens with that end.
+ *
+ * Threads and lifetime: appends, syncs, compaction steps, psd_segs_remove
+ * and psd_segs_checkpoint from one thread at a time (the flusher); reads
+ * from any thread, concurrently with appends (a read only reaches records
+ * a finished sync wrote); the counts from any thread. A reader that took a
+ * location from the catalog before a relocation committed still reads it
+ * for PSD_SEG_GRACE_S seconds after psd_segs_remove (the file is unlinked,
+ * its descriptor kept). psd_segs_close after every other call has
+ * returned.
  */
 #ifndef PSD_SEGMENT_H
 #define PSD_SEGMENT_H
@@ -114,5 +140,100 @@ uint32_t psd_segs_current(const psd_segs *s);
 uint64_t psd_segs_bytes(const psd_segs *s);
 bool psd_segs_direct(const psd_segs *s);
 uint32_t psd_segs_align(const psd_segs *s);
+
+/* ---- compaction --------------------------------------------------------- */
+
+#define PSD_SEG_DEAD_FRAC 0.33                /* a segment this dead is compacted */
+#define PSD_SEG_RATE_DEFAULT ((uint64_t)32 << 20) /* bytes of I/O a second */
+#define PSD_SEG_BATCH_DEFAULT ((uint32_t)256 << 10) /* bytes read a step */
+#define PSD_SEG_GRACE_S 30
+
+/* The record at loc is no longer one the catalog points at (superseded by
+ * a newer version, or deleted), once that is committed. */
+void psd_segs_dead(psd_segs *s, psd_seg_loc loc);
+/* Forgets every live count, for the owner to give them again with
+ * psd_segs_live for each record its catalog points at (a walk at start,
+ * before appends: after a restart every record is counted live). */
+void psd_segs_recount(psd_segs *s);
+void psd_segs_live(psd_segs *s, psd_seg_loc loc);
+/* The record bytes of segment seg (headers included, the file header not)
+ * and how many are live. Returns 0, or PS_ENOTFOUND for no such segment. */
+int psd_segs_usage(const psd_segs *s, uint32_t seg, uint64_t *bytes, uint64_t *live);
+/* The sealed segment with the most dead bytes among those at least
+ * dead_frac dead (0: PSD_SEG_DEAD_FRAC); an empty sealed one counts as all
+ * dead. Returns 0 with *seg, or PS_ENOTFOUND when none is. */
+int psd_segs_pick(psd_segs *s, double dead_frac, uint32_t *seg);
+
+/* One relocation: the record of (var_id, id) at version moved from -> to.
+ * The owner commits it only where its catalog still points at from, and
+ * sets stale where it does not (a newer version landed meanwhile). */
+typedef struct {
+    uint32_t var_id;
+    int64_t id;
+    uint64_t version;
+    psd_seg_loc from, to;
+    bool stale;
+} psd_seg_move;
+
+/* The owner's liveness test: 1 if its catalog points at loc for (var_id,
+ * id), 0 if not, or a negative error, which stops the step. */
+typedef int (*psd_seg_live_fn)(void *arg, uint32_t var_id, int64_t id, uint64_t version,
+                               psd_seg_loc loc);
+/* Commits n relocations (synced already) in the owner's catalog, with
+ * psd_segs_end, in one transaction. Returns 0 or a negative error: the
+ * copies are then dead bytes and the step is done again at the next call. */
+typedef int (*psd_seg_moved_fn)(void *arg, psd_seg_move *mv, size_t n);
+
+typedef struct {
+    uint64_t rate;   /* bytes of I/O a second, read and written (0: default) */
+    uint32_t batch;  /* bytes read a step, one record more if it is larger (0: default) */
+    psd_seg_live_fn live;
+    psd_seg_moved_fn moved;
+    void *arg;
+} psd_seg_compact_opts;
+
+typedef struct psd_segs_compact psd_segs_compact;
+
+/* Starts compacting sealed segment seg. Returns 0, PS_EINVAL_ARG (seg is
+ * the active one, missing or removed, or no callbacks), or -errno with
+ * *why naming the file. */
+int psd_segs_compact_begin(psd_segs *s, uint32_t seg, const psd_seg_compact_opts *o,
+                           psd_segs_compact **out, char *why, size_t whylen);
+/* One small batch: reads up to batch bytes of the segment, appends its
+ * live records, syncs them and hands them to moved. Does nothing while the
+ * token bucket is in debt. Sets *wait_ns to the time the bucket asks
+ * before the next step (0: at once). Returns 0 (more to do), 1 (every
+ * record went through: the owner commits psd_segs_end and then calls
+ * psd_segs_remove), -EBUSY (records of the owner are buffered: call
+ * between batches), PS_ECORRUPT with *why naming the file and offset, or
+ * an error of the sync or of a callback; after an error the same batch is
+ * tried again at the next step. */
+int psd_segs_compact_step(psd_segs_compact *c, uint64_t *wait_ns, char *why, size_t whylen);
+void psd_segs_compact_end(psd_segs_compact *c);
+
+/* Removes sealed segment seg, which the owner's catalog no longer points
+ * at; committed: the end its catalog holds, which must lie in a later
+ * segment (so that the next open finds it). Returns 0, PS_EINVAL_ARG
+ * (seg is active, or holds the committed end), or -errno. */
+int psd_segs_remove(psd_segs *s, uint32_t seg, const psd_seg_loc *committed);
+
+/* Record bytes compaction copied, and segments it removed, since open. */
+uint64_t psd_segs_copied(const psd_segs *s);
+uint64_t psd_segs_removed(const psd_segs *s);
+
+/* ---- checkpoints -------------------------------------------------------- */
+
+/* Makes directory dst (emptied of segments) hold s's segments up to end,
+ * the committed end of the catalog the checkpoint holds: sealed ones
+ * hard-linked (copied across file systems), the one holding end copied up
+ * to it, all synced. No psd_segs_remove may run meanwhile. Returns 0,
+ * PS_EINVAL_ARG (end past what is synced), PS_EFULL, PS_ECORRUPT (a
+ * segment shorter than end) or -errno, with *why naming the file. */
+int psd_segs_checkpoint(psd_segs *s, const char *dst, const psd_seg_loc *end, char *why,
+                        size_t whylen);
+/* The same from checkpoint directory src into data directory dst, whose
+ * segments it replaces; open dst with psd_segs_open(dst, .., end, ..). */
+int psd_segs_restore(const char *src, const char *dst, const psd_seg_loc *end, char *why,
+                     size_t whylen);
 
 #endif

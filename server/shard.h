@@ -71,6 +71,8 @@ typedef struct psd_shard_opts {
     const char *host_id;
     uint64_t memory_limit;       /* sparse tables' RAM tier gets 3/8 (psd.c: never 0) */
     uint64_t max_rows_per_table; /* rows a sparse table may hold; bounds max_rows */
+    uint64_t segment_size;       /* sparse rows' segment files sealed past it (0: 256M) */
+    uint64_t compact_rate;       /* their compaction's bytes of I/O a second (0: 32M) */
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

@@ -217,6 +217,11 @@ struct psd_shard {
     pthread_rwlock_t table_lock;
     psd_var **vars; /* sorted by name */
     size_t nvars, cap;
+    /* The count SetSyncWorkers set last (pscoord's, from its registered
+     * workers; 0: never set): every SYNC variable's steps wait for it, one
+     * created later too, whatever num_workers its creator's spec names.
+     * Written with table_lock held for reading, read with it held. */
+    atomic_uint sync_workers;
 
     pthread_mutex_t wait_mu;
     pthread_cond_t wait_cond;

@@ -48,6 +48,8 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     sp->memory_limit = c->memory_limit;
     sp->map_size = c->map_size;
     sp->max_rows = c->max_rows;
+    sp->segment_size = c->segment_size;
+    sp->compact_rate = c->compact_rate;
     pthread_mutex_t *mu[SYNC_N];
     pthread_cond_t *cv[SYNC_C];
     sync_objects(sp, mu, cv);
@@ -78,6 +80,7 @@ void psd_sparse_close(psd_sparse *sp)
     if (sp == NULL)
         return;
     sparse_applier_stop(sp);
+    sparse_compact_free(sp);
     psd_rowlog_destroy(sp->rowlog);
     psd_segs_close(sp->segs);
     ps_buf_free(&sp->logbuf);
@@ -714,6 +717,9 @@ static const struct {
     C("segment_live_bytes", live_bytes, "Bytes of the segments' records the catalog "
       "points at."),
     C("converted_rows_total", converted, "Rows moved from LMDB into the segment files."),
+    C("compacted_bytes_total", compacted, "Bytes of live records compaction copied out of "
+      "segments a third dead."),
+    C("segments_removed_total", segs_removed, "Segment files compaction removed."),
     C("rows_pulled_total", pulled, "Rows answered by SparsePull."),
     C("rows_pushed_total", pushed, "Rows updated by SparsePush."),
     C("admitted_total", admitted, "Rows created."),

@@ -67,6 +67,8 @@ struct psd_sparse_conf {
     uint64_t map_size;        /* a checkpoint copy's map (0: default) */
     uint64_t max_rows;        /* rows a table may hold (--max-rows-per-table);
                                  0: no cap */
+    uint64_t segment_size;    /* a segment file is sealed past it (0: 256 MiB) */
+    uint64_t compact_rate;    /* compaction's bytes of I/O a second (0: 32 MiB) */
 };
 
 /* Opens the row log in data_dir and writes what it holds beyond the

@@ -195,6 +195,9 @@ struct psd_sparse {
     atomic_uint_fast64_t live_bytes, converted;
     atomic_bool seg_recount;
     atomic_bool seg_full;   /* the last append found no room (PS_EFULL) */
+    uint64_t segment_size, compact_rate;
+    struct sp_compact *compact; /* the applier's (sparse_compact.c) */
+    atomic_uint_fast64_t compacted, segs_removed;
 };
 
 /* sparse.c */
@@ -320,6 +323,13 @@ int sparse_convert(psd_sparse *sp);
 int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck);
 /* Dead bytes: of the segments, those of no row. */
 uint64_t sparse_dead_bytes(psd_sparse *sp);
+
+/* sparse_compact.c: the applier, apply_run_mu held, between its applies:
+ * a few steps of the compaction of a segment a third dead (the catalog
+ * points the moved rows at their copies, and the file goes once the
+ * catalog's end is past it), each step under its token bucket. */
+void sparse_compact_tick(psd_sparse *sp);
+void sparse_compact_free(psd_sparse *sp);
 
 /* sparse_log.c */
 int sparse_log_open(psd_sparse *sp);

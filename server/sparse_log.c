@@ -598,6 +598,9 @@ static void *applier_main(void *arg)
             if (rc != 0)
                 ps_log_err(rc, "counting the segments' live bytes");
         }
+        pthread_mutex_lock(&sp->apply_run_mu);
+        sparse_compact_tick(sp);
+        pthread_mutex_unlock(&sp->apply_run_mu);
         pthread_mutex_lock(&sp->apply_mu);
     }
     pthread_mutex_unlock(&sp->apply_mu);

@@ -486,7 +486,7 @@ int sparse_segs_open(psd_sparse *sp)
     psd_seg_loc end = {.seg = (uint32_t)(packed >> END_OFF_BITS),
                        .off = packed & (((uint64_t)1 << END_OFF_BITS) - 1)};
     char why[1024] = "";
-    rc = psd_segs_open(sp->data_dir, 0, &end, &sp->segs, why, sizeof why);
+    rc = psd_segs_open(sp->data_dir, sp->segment_size, &end, &sp->segs, why, sizeof why);
     if (rc != 0) {
         ps_log_error("%s", why[0] ? why : ps_strerror(rc));
         return rc;

@@ -429,6 +429,16 @@ static int table_insert(psd_shard *s, psd_var *v, size_t pos)
     s->vars[pos] = v;
     s->nvars++;
     shard_var_attach(s, v);
+    /* Once the coordinator has said how many workers the job has, a SYNC
+     * step waits for that many, not for the num_workers a caller's spec
+     * names (a worker could name more, and stall the variable's steps). */
+    unsigned told = atomic_load(&s->sync_workers);
+    if (v->consistency == PSD_SYNC && told != 0 && v->num_workers != told) {
+        ps_log_info("variable '%s': sync steps wait for %u worker(s), the "
+                    "coordinator's count (its spec says %u)", v->name, told,
+                    v->num_workers);
+        v->num_workers = told;
+    }
     return 0;
 }
 

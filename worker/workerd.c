@@ -162,6 +162,21 @@ static const char *ps_route(const Ps__V1__TaskInfo *t, int shm, char *why,
                ? t->local_address : t->address;
 }
 
+/* GetCluster: *out (freed with ps__v1__cluster_state__free_unpacked), or
+ * the call's failure with err set. */
+static int get_cluster(ps_coord *coord, Ps__V1__ClusterState **out, char *err,
+                       size_t errlen)
+{
+    void *p = NULL;
+    ps_rpc_status st;
+    int rc = ps_coord_cluster(coord, &p, &st);
+    if (rc != 0)
+        snprintf(err, errlen, "coordinator: GetCluster: %s: %s",
+                 ps_rpc_code_name(st.code), st.message);
+    *out = p;
+    return rc;
+}
+
 /* From the coordinator: the ps addresses by index (ps_route's) and the
  * worker count. Waits (within budget) until every ps task has an address;
  * then logs, per shard, how it is reached (local: what the unix socket
@@ -173,15 +188,10 @@ static int learn_cluster(ps_coord *coord, char *store, size_t storelen,
     int64_t until = ps_now_ms() + 60000;
     char why[64][160];
     for (;;) {
-        void *p = NULL;
-        ps_rpc_status st;
-        int rc = ps_coord_cluster(coord, &p, &st);
-        if (rc != 0) {
-            snprintf(err, errlen, "coordinator: GetCluster: %s: %s",
-                     ps_rpc_code_name(st.code), st.message);
+        Ps__V1__ClusterState *cs;
+        int rc = get_cluster(coord, &cs, err, errlen);
+        if (rc != 0)
             return rc;
-        }
-        Ps__V1__ClusterState *cs = p;
         int n = (int)cs->num_ps, have = 0;
         size_t used = 0;
         if (n > 0 && n <= 64) {
@@ -252,6 +262,36 @@ static void route_local(const struct wd_conf *c, const char **ps, int nps,
         memcpy(store + used, route, l);
         ps[k] = store + used;
         used += l;
+    }
+}
+
+/* Waits (within 120 s) until the job's placement exists: pscoord makes the
+ * first one only for the chief (worker 0, or a chief task) or an operator,
+ * so every other task proposes once it has. Returns 0, or PS_EUNAVAIL (or
+ * the GetCluster failure) with err set. */
+static int wait_placement(ps_coord *coord, const char *who, char *err, size_t errlen)
+{
+    int64_t until = ps_now_ms() + 120000;
+    bool told = false;
+    for (;;) {
+        Ps__V1__ClusterState *cs;
+        int rc = get_cluster(coord, &cs, err, errlen);
+        if (rc != 0)
+            return rc;
+        size_t placed = cs->n_placement;
+        ps__v1__cluster_state__free_unpacked(cs, NULL);
+        if (placed > 0)
+            return 0;
+        if (ps_now_ms() >= until || wd_stop_requested) {
+            snprintf(err, errlen, "coordinator: the chief (worker 0) has not placed the "
+                     "model after 120 s; %s proposes only once it has", who);
+            return PS_EUNAVAIL;
+        }
+        if (!told)
+            ps_log_info("waiting for the chief (worker 0) to place the model");
+        told = true;
+        struct timespec ts = {0, 250 * 1000000L};
+        nanosleep(&ts, NULL);
     }
 }
 
@@ -491,6 +531,13 @@ static int join_coordinator(struct wd_conf *c, bool evaluator,
     if (c->task_index >= c->num_workers && !evaluator)
         return fail(1, "the coordinator made this worker %lld of %lld",
                     (long long)c->task_index, (long long)c->num_workers);
+    if (evaluator || c->task_index != 0) {
+        char who[64];
+        snprintf(who, sizeof who, "%s %lld", evaluator ? "evaluator" : "worker",
+                 (long long)c->task_index);
+        if ((rc = wait_placement(*coord, who, err, sizeof err)) != 0)
+            return fail(1, "%s", err);
+    }
     rc = learn_placement(*coord, c->model, d->h, d->w, d->c, (int)c->classes,
                          placement, err, sizeof err);
     if (rc != 0)
@@ -985,7 +1032,7 @@ static int serve_metrics(const struct wd_conf *c, struct wd_metrics *m,
     if (ps_metrics_http_off(c->metrics_listen))
         return 0;
     char err[512];
-    int rc = ps_metrics_http_start(c->metrics_listen, wd_metrics_collect, m, out,
+    int rc = ps_metrics_http_start(c->metrics_listen, NULL, wd_metrics_collect, m, out,
                                    err, sizeof err);
     if (rc != 0)
         return fail(rc == PS_EINVAL_ARG ? 2 : 1, "--metrics-listen: %s", err);

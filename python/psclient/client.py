@@ -42,6 +42,8 @@ log = logging.getLogger("psclient")
 
 PS = "ps.v1.ParameterServer"
 COORD = "ps.v1.Coordinator"
+# How long a task that is not the chief waits for the chief's placement.
+PLACEMENT_WAIT_S = 120.0
 
 
 class Values(Dict[str, np.ndarray]):
@@ -357,6 +359,14 @@ class Client:
         # worker's task secret or an operator token), else Place.
         want = {n: tuple(int(d) for d in s) for n, s in pairs}
         placed = {vp.name: vp for vp in self.cluster().placement}
+        # pscoord makes the first placement only for the chief (worker 0 or
+        # a chief task) or an operator: another task waits for it.
+        chief = self.task is None or self.task.role == 1 or (
+            self.task.role == 2 and self.task.index == 0)
+        deadline = time.monotonic() + PLACEMENT_WAIT_S
+        while not placed and not chief and time.monotonic() < deadline:
+            time.sleep(0.25)
+            placed = {vp.name: vp for vp in self.cluster().placement}
         if placed and all(n in placed and tuple(placed[n].shape) == s
                           for n, s in want.items()):
             answer = [placed[n] for n, _ in pairs]
@@ -364,9 +374,14 @@ class Client:
             req = pb.PlaceRequest(job_id=self.job_id, variables=[
                 pb.VariablePlacement(name=n, shape=list(s)) for n, s in pairs])
             # pscoord with task secrets takes Place only from a registered
-            # task (older contracts have no such field).
-            if self.task is not None and "task_secret" in req.DESCRIPTOR.fields_by_name:
+            # task, named by its role and index (older contracts have no
+            # such fields).
+            fields = req.DESCRIPTOR.fields_by_name
+            if self.task is not None and "task_secret" in fields:
                 setattr(req, "task_secret", self.task.secret)
+            if self.task is not None and "role" in fields:
+                setattr(req, "role", self.task.role)
+                setattr(req, "index", self.task.index)
             answer = list(self.coord.call(COORD, "Place", req, pb.PlaceResponse).placement)
         out = []
         for vp in answer:

@@ -56,13 +56,7 @@ def req(ids, g):
 
 
 def pull(stub, ids):
-    out = []
-    for k in range(0, len(ids), BATCH):
-        b = [int(i) for i in ids[k:k + BATCH]]
-        r = stub.SparsePull(pb.SparsePullRequest(items=[pb.SparsePullItem(
-            name="emb", ids=b)]), timeout=120).rows[0]
-        out.append(np.frombuffer(r.values.data, dtype="<f4").reshape(len(b), DIM))
-    return np.concatenate(out)
+    return pstest.sparse_pull(pb, stub, "emb", ids, DIM, BATCH)
 
 
 def requests(seed):

@@ -343,6 +343,19 @@ def host_id_oracle():
     return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
 
 
+def sparse_pull(pb, stub, name, ids, dim, batch=4096):
+    """The rows ids of sparse table name, batch ids a SparsePull, as one
+    (len(ids), dim) float32 array."""
+    import numpy as np
+    out = []
+    for k in range(0, len(ids), batch):
+        b = [int(i) for i in ids[k:k + batch]]
+        r = stub.SparsePull(pb.SparsePullRequest(items=[pb.SparsePullItem(
+            name=name, ids=b)]), timeout=120).rows[0]
+        out.append(np.frombuffer(r.values.data, dtype="<f4").reshape(len(b), dim))
+    return np.concatenate(out)
+
+
 def tmpdir(prefix="psd-test-"):
     d = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, d, True)

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 static const char *text(ps_metrics *m)
@@ -267,7 +269,7 @@ START_TEST(test_http)
     int scrapes = 0;
     char err[256];
     ps_metrics_http *h;
-    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", collect, &scrapes, &h, err,
+    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", NULL, collect, &scrapes, &h, err,
                                            sizeof err), 0);
     int port = ps_metrics_http_port(h);
     ck_assert_int_gt(port, 0);
@@ -286,14 +288,14 @@ START_TEST(test_http)
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     ps_metrics_http *h2 = NULL;
-    ck_assert_int_eq(ps_metrics_http_start(addr, collect, &scrapes, &h2, err, sizeof err),
+    ck_assert_int_eq(ps_metrics_http_start(addr, NULL, collect, &scrapes, &h2, err, sizeof err),
                      -EADDRINUSE);
     ck_assert_msg(strstr(err, addr) != NULL, "%s", err);
     ps_metrics_http_stop(h);
     ps_metrics_http_stop(NULL);
 
     /* Stopped, the port is free again. */
-    ck_assert_int_eq(ps_metrics_http_start(addr, collect_bad, NULL, &h, err, sizeof err), 0);
+    ck_assert_int_eq(ps_metrics_http_start(addr, NULL, collect_bad, NULL, &h, err, sizeof err), 0);
     expect(port, "GET /metrics HTTP/1.0\r\n\r\n", "500", "conventions");
     ps_metrics_http_stop(h);
 }
@@ -306,7 +308,7 @@ START_TEST(test_http_listen)
     char err[256];
     ps_metrics_http *h;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(ps_metrics_http_start(bad[i], collect, NULL, &h, err, sizeof err),
+        ck_assert_int_eq(ps_metrics_http_start(bad[i], NULL, collect, NULL, &h, err, sizeof err),
                          PS_EINVAL_ARG);
         ck_assert_msg(strstr(err, bad[i]) != NULL, "%s", err);
     }
@@ -315,11 +317,109 @@ START_TEST(test_http_listen)
     ck_assert(ps_metrics_http_off("off"));
     ck_assert(!ps_metrics_http_off("127.0.0.1:0"));
     /* IPv6 loopback, where the host has it. */
-    int rc = ps_metrics_http_start("[::1]:0", collect, NULL, &h, err, sizeof err);
+    int rc = ps_metrics_http_start("[::1]:0", NULL, collect, NULL, &h, err, sizeof err);
     if (rc == 0) {
         ck_assert_int_gt(ps_metrics_http_port(h), 0);
         ps_metrics_http_stop(h);
     }
+}
+END_TEST
+
+/* A file of lines for --metrics-auth, with mode; its path (a static
+ * buffer, removed by the caller). */
+static const char *auth_file(const char *text, mode_t mode)
+{
+    static char path[] = "/tmp/check-metrics-auth-XXXXXX";
+    strcpy(path + sizeof path - 7, "XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    ck_assert_int_eq(fchmod(fd, mode), 0);
+    close(fd);
+    return path;
+}
+
+/* Basic auth: 401 with WWW-Authenticate and no scrape without the right
+ * user and password, 200 with them, in the clear or as a SHA-256. */
+START_TEST(test_http_auth)
+{
+    int scrapes = 0;
+    char err[256];
+    ps_metrics_http *h;
+    ps_metrics_http_conf conf = {.auth = (char *)auth_file("# who\nu:pw\n", 0600)};
+    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", &conf, collect, &scrapes, &h,
+                                           err, sizeof err), 0);
+    unlink(conf.auth);
+    int port = ps_metrics_http_port(h);
+    expect(port, "GET /metrics HTTP/1.0\r\n\r\n", "401", "WWW-Authenticate: Basic");
+    expect(port, "GET /metrics HTTP/1.0\r\nAuthorization: Basic dTpubw==\r\n\r\n", "401",
+           "--metrics-auth");
+    ck_assert_int_eq(scrapes, 0);
+    expect(port, "GET /metrics HTTP/1.0\r\nAuthorization: Basic dTpwdw==\r\n\r\n", "200",
+           "test_scrapes_total 1\n");
+    ps_metrics_http_stop(h);
+
+    conf.auth = (char *)auth_file("u:sha256:30c952fab122c3f9759f02a6d95c3758b246b4fee23995"
+                                  "7b2d4fee46e26170c4\n", 0644);
+    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", &conf, collect, &scrapes, &h,
+                                           err, sizeof err), 0);
+    unlink(conf.auth);
+    expect(ps_metrics_http_port(h),
+           "GET /metrics HTTP/1.0\r\nAuthorization: Basic dTpwdw==\r\n\r\n", "200",
+           "test_scrapes_total 2\n");
+    ps_metrics_http_stop(h);
+
+    /* Refused: passwords in the clear others may read, a file others may
+     * write, a bad line, half a TLS pair. */
+    const struct {
+        const char *text;
+        mode_t mode;
+        const char *why;
+    } bad[] = {{"u:pw\n", 0644, "chmod 600"}, {"u:sha256:00\n", 0600, "64 hex digits"},
+               {"u:pw\n", 0620, "chmod go-w"}, {"nocolon\n", 0600, ":1:"},
+               {"# none\n", 0600, "no users"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        conf.auth = (char *)auth_file(bad[i].text, bad[i].mode);
+        ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", &conf, collect, NULL, &h, err,
+                                               sizeof err), PS_EINVAL_ARG);
+        ck_assert_msg(strstr(err, bad[i].why) != NULL && strstr(err, conf.auth) != NULL,
+                      "%s", err);
+        unlink(conf.auth);
+    }
+    ps_metrics_http_conf half = {.tls_cert = "/nonexistent.pem"};
+    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", &half, collect, NULL, &h, err,
+                                           sizeof err), PS_EINVAL_ARG);
+    ck_assert_msg(strstr(err, "without --metrics-tls-key") != NULL, "%s", err);
+}
+END_TEST
+
+/* A client that trickles its request a byte at a time (so the idle timeout
+ * never fires) is cut at the request deadline (5 s). */
+START_TEST(test_http_deadline)
+{
+    char err[256];
+    ps_metrics_http *h;
+    ck_assert_int_eq(ps_metrics_http_start("127.0.0.1:0", NULL, collect_bad, NULL, &h, err,
+                                           sizeof err), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)ps_metrics_http_port(h))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {0, 300000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-a: aaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    int closed_after = -1;
+    for (int i = 0; req[i] != '\0' && closed_after < 0; i++) {
+        char c;
+        if (send(fd, &req[i], 1, MSG_NOSIGNAL) != 1 || read(fd, &c, 1) == 0)
+            closed_after = i;
+    }
+    close(fd);
+    ps_metrics_http_stop(h);
+    /* 0.3 s a byte: cut between 5 and about 7 s in, so after 16 to 24 bytes. */
+    ck_assert_msg(closed_after >= 15 && closed_after <= 25, "cut after %d bytes",
+                  closed_after);
 }
 END_TEST
 
@@ -328,4 +428,5 @@ PSCHECK_MAIN("metrics",
     {"ps_metrics_sample", {test_sample_labels, test_values, test_misuse}},
     {"ps_histogram_init", {test_histogram_init}},
     {"ps_metrics_histogram", {test_histogram_text, test_histogram_threads}},
-    {"ps_metrics_http_start", {test_http, test_http_listen}})
+    {"ps_metrics_http_start", {test_http, test_http_listen, test_http_auth,
+                               test_http_deadline}})

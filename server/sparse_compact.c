@@ -1,0 +1,201 @@
+/*
+ * sparse_compact.c - compaction of the tier's segment files
+ * (sparse_internal.h). The applier, between its applies and with
+ * apply_run_mu held (it is the one appender), picks a sealed segment about
+ * a third dead by the live bytes the catalog counts, and runs a few steps
+ * of psd_segs_compact_step a tick: each copies the live records of a small
+ * batch to the newest segment and syncs them, and only then is the catalog
+ * pointed at the copies, where it still points at the old records
+ * (sparse_relocate; a newer write wins). When every record went through,
+ * a transaction moves the catalog's committed end past the segment and
+ * the file is removed. A kill anywhere leaves every row readable: the
+ * catalog names the old records until it names synced copies, and the
+ * file goes only after that.
+ */
+#include "server/sparse_internal.h"
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define TICK_MS 5          /* a tick's steps stop once it ran this long */
+#define IDLE_MS 1000       /* no segment to compact: look again after */
+#define RETRY_MS 10000     /* after a failure */
+
+struct sp_compact {
+    psd_segs_compact *c;
+    uint32_t seg;
+    int64_t next_ms;       /* no step before (the bucket's wait, or idle) */
+    int64_t logged_ms;
+    psd_store_rtxn *rt;    /* the step's look at the catalog */
+    struct sp_move *mv;    /* the step's live records, in order */
+    size_t n, cap;
+};
+
+/* The sealed segment with the most dead bytes among those at least
+ * PSD_SEG_DEAD_FRAC dead, by the catalog's live bytes. */
+static int pick(psd_sparse *sp, uint32_t *out)
+{
+    uint32_t cur = psd_segs_current(sp->segs);
+    uint64_t most = 0;
+    int rc = PS_ENOTFOUND;
+    pthread_mutex_lock(&sp->seg_mu);
+    for (uint32_t n = 1; n < cur; n++) {
+        uint64_t bytes, counted;
+        if (psd_segs_usage(sp->segs, n, &bytes, &counted) != 0)
+            continue;
+        uint64_t live = n < sp->seg_cap ? sp->seg_live[n] : 0;
+        uint64_t dead = bytes > live ? bytes - live : 0;
+        if (bytes > 0 && (double)dead < PSD_SEG_DEAD_FRAC * (double)bytes)
+            continue;
+        if (rc != 0 || dead > most) {
+            most = dead;
+            *out = n;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&sp->seg_mu);
+    return rc;
+}
+
+static void rt_end(struct sp_compact *k)
+{
+    if (k->rt != NULL)
+        psd_store_rend(k->rt);
+    k->rt = NULL;
+}
+
+/* A record is live when the catalog points at it; its entry's version and
+ * last step go with the relocation. */
+static int live(void *arg, uint32_t var_id, int64_t id, uint64_t version, psd_seg_loc loc)
+{
+    psd_sparse *sp = arg;
+    struct sp_compact *k = sp->compact;
+    (void)version;
+    int rc = k->rt != NULL ? 0 : psd_store_rbegin(sp->store, &k->rt);
+    const void *d;
+    size_t len;
+    struct sp_cat c;
+    if (rc == 0)
+        rc = psd_store_row_get(k->rt, var_id, id, &d, &len);
+    if (rc == PS_ENOTFOUND)
+        return 0;
+    if (rc != 0)
+        return rc;
+    if (!sparse_cat_decode(d, len, &c) || c.loc.seg != loc.seg || c.loc.off != loc.off)
+        return 0;
+    if (k->n == k->cap) {
+        size_t nc = k->cap ? k->cap * 2 : 512;
+        struct sp_move *a = realloc(k->mv, nc * sizeof *a);
+        if (a == NULL)
+            return -ENOMEM;
+        k->mv = a;
+        k->cap = nc;
+    }
+    k->mv[k->n++] = (struct sp_move){.var_id = var_id, .id = id, .old_loc = loc,
+                                     .version = c.version, .last_step = c.last_step};
+    return 1;
+}
+
+/* The copies are synced: the catalog moves to them in one transaction. */
+static int moved(void *arg, psd_seg_move *mv, size_t n)
+{
+    psd_sparse *sp = arg;
+    struct sp_compact *k = sp->compact;
+    rt_end(k);
+    if (n != k->n)
+        return PS_ECORRUPT; /* one move per live record, in order */
+    for (size_t i = 0; i < n; i++)
+        k->mv[i].new_loc = mv[i].to;
+    size_t done;
+    return sparse_relocate(sp, k->mv, n, &done);
+}
+
+/* Every record went through: the catalog's end moves past the segment (a
+ * transaction of no row when nothing of it was live), then it goes. */
+static int finish(psd_sparse *sp, struct sp_compact *k)
+{
+    struct sp_catw w;
+    int rc = sparse_catw_begin(sp, &w, true);
+    if (rc == 0)
+        rc = sparse_catw_commit(&w);
+    psd_seg_loc end = psd_segs_end(sp->segs);
+    if (rc == 0)
+        rc = psd_segs_remove(sp->segs, k->seg, &end);
+    return rc;
+}
+
+void sparse_compact_tick(psd_sparse *sp)
+{
+    if (sp->segs == NULL)
+        return;
+    if (sp->compact == NULL && (sp->compact = calloc(1, sizeof *sp->compact)) == NULL)
+        return;
+    struct sp_compact *k = sp->compact;
+    int64_t t0 = ps_now_ms();
+    if (t0 < k->next_ms)
+        return;
+    char why[512] = "";
+    int rc = 0;
+    if (k->c == NULL) {
+        uint32_t seg;
+        if (pick(sp, &seg) != 0) {
+            k->next_ms = t0 + IDLE_MS;
+            return;
+        }
+        psd_seg_compact_opts o = {.rate = sp->compact_rate, .live = live, .moved = moved,
+                                  .arg = sp};
+        rc = psd_segs_compact_begin(sp->segs, seg, &o, &k->c, why, sizeof why);
+        k->seg = seg;
+    }
+    while (rc == 0) {
+        uint64_t wait = 0;
+        k->n = 0;
+        rc = psd_segs_compact_step(k->c, &wait, why, sizeof why);
+        rt_end(k);
+        if (rc == 1) {
+            psd_segs_compact_end(k->c);
+            k->c = NULL;
+            rc = finish(sp, k);
+            if (rc != 0)
+                snprintf(why, sizeof why, "cannot remove segment %u: %s", k->seg,
+                         ps_strerror(rc));
+            break;
+        }
+        if (rc == 0 && wait > 0) {
+            k->next_ms = ps_now_ms() + (int64_t)(wait / 1000000) + 1;
+            break;
+        }
+        if (rc == 0 && ps_now_ms() - t0 >= TICK_MS)
+            break;
+    }
+    if (rc != 0) {
+        int64_t now = ps_now_ms();
+        if (now - k->logged_ms > 60000) {
+            ps_log_error("sparse: compaction of segment %u failed (tried again in %d s): %s",
+                         k->seg, RETRY_MS / 1000, why[0] ? why : ps_strerror(rc));
+            k->logged_ms = now;
+        }
+        psd_segs_compact_end(k->c);
+        k->c = NULL;
+        k->next_ms = now + RETRY_MS;
+    }
+    atomic_store(&sp->compacted, psd_segs_copied(sp->segs));
+    atomic_store(&sp->segs_removed, psd_segs_removed(sp->segs));
+}
+
+void sparse_compact_free(psd_sparse *sp)
+{
+    struct sp_compact *k = sp->compact;
+    if (k == NULL)
+        return;
+    rt_end(k);
+    psd_segs_compact_end(k->c);
+    free(k->mv);
+    free(k);
+    sp->compact = NULL;
+}
