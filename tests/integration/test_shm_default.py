@@ -23,11 +23,9 @@ real processes on 127.0.0.1:0 in temporary directories:
 
 Prints ok/FAIL per check and "shm-default: N passed, N failed".
 """
-import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +39,6 @@ import numpy as np  # noqa: E402
 
 import pstest  # noqa: E402
 
-WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
 pb = pbg = None
 r = pstest.Results("shm-default")
 
@@ -58,17 +55,9 @@ class Psd:
 
     def train(self, env=None):
         """One worker, 20000 examples: (exit status, JSON summary, stderr)."""
-        e = dict(os.environ, **(env or {}))
-        p = subprocess.run([WORKERD, "--ps", self.d.address, "--epochs", "1",
-                            "--limit", "20000", "--batch", "64", "--json",
-                            "--progress", "0", "--log-level", "info"],
-                           capture_output=True, text=True, timeout=240, env=e)
-        summary = None
-        for line in reversed(p.stdout.splitlines()):
-            if line.startswith("{"):
-                summary = json.loads(line)
-                break
-        return p.returncode, summary, p.stderr
+        return pstest.run_workerd(["--ps", self.d.address, "--epochs", "1",
+                                   "--limit", "20000", "--batch", "64", "--json",
+                                   "--progress", "0", "--log-level", "info"], env)
 
     def stop(self):
         self.ch.close()

@@ -28,7 +28,6 @@ installed.
 
 Prints ok/FAIL per check and "shm-local: N passed, N failed".
 """
-import json
 import os
 import secrets
 import signal
@@ -50,7 +49,6 @@ import numpy as np  # noqa: E402
 import pstest  # noqa: E402
 
 PSCOORD = os.path.join(pstest.BUILD_ROOT, "coordinator", "pscoord")
-WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
 pb = pbg = None
 r = pstest.Results("shm-local")
 
@@ -119,19 +117,11 @@ class Job:
     def train(self, *extra, env=None):
         """One worker, one epoch of 20000 examples; (exit status, JSON
         summary or None, stderr)."""
-        e = dict(os.environ, **(env or {}))
-        p = subprocess.run([WORKERD, "--coordinator", self.coord.address, "--job-id",
-                            "job", "--epochs", "1", "--limit", "20000", "--batch", "64",
-                            "--json", "--progress", "0",
-                            "--token-file", self.tokens.file("worker"),
-                            "--log-level", "info", *extra],
-                           capture_output=True, text=True, timeout=240, env=e)
-        summary = None
-        for line in reversed(p.stdout.splitlines()):
-            if line.startswith("{"):
-                summary = json.loads(line)
-                break
-        return p.returncode, summary, p.stderr
+        return pstest.run_workerd(["--coordinator", self.coord.address, "--job-id",
+                                   "job", "--epochs", "1", "--limit", "20000", "--batch",
+                                   "64", "--json", "--progress", "0",
+                                   "--token-file", self.tokens.file("worker"),
+                                   "--log-level", "info", *extra], env)
 
     def stop(self):
         self.psd_ch.close()

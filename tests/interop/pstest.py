@@ -308,6 +308,22 @@ def pip_install(py, requirement, minutes):
     return None
 
 
+def run_workerd(args, env=None, timeout=240):
+    """Runs build/worker/workerd with args (env: variables over this
+    process's) to its exit: (exit status, its last stdout line that is a
+    JSON object, or None, stderr)."""
+    import json
+    p = subprocess.run([os.path.join(BUILD_ROOT, "worker", "workerd"), *args],
+                       capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    summary = None
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            summary = json.loads(line)
+            break
+    return p.returncode, summary, p.stderr
+
+
 def json_summary(p):
     """A finished workerd's --json summary (its last stdout line), or {}
     when it failed or printed none."""
