@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -380,14 +381,15 @@ static int ram_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint6
 
 /* Ceiling 2: the same rows read from psd's store: each row's catalog
  * entry in LMDB (one read transaction a call), then its bytes from the
- * segment file (pread through the page cache, warm), copied out as psd
+ * segment file mapped read-only (the page cache, warm), copied out as psd
  * copies them into its reply. A catalog entry (server/sparse_seg.c) is
  * 33 bytes: 'C', u32 segment, u32 record length, u64 offset, ...; the row
  * is after the record's 32-byte head and its own 16-byte head. */
 struct lmdb_ctx {
     psd_store *st;
     const char *dir;
-    int fd[64];        /* per segment number, 0: not open */
+    const uint8_t *map[64]; /* per segment number, NULL: not mapped */
+    size_t size[64];
     uint32_t var_id;
     long dim, batch;
     uint64_t missing;
@@ -407,14 +409,27 @@ static int lmdb_row(struct lmdb_ctx *c, const uint8_t *d, size_t len, float *out
     memcpy(&off, d + 9, 8);
     if (seg >= 64)
         return -1;
-    if (c->fd[seg] <= 0) {
+    if (c->map[seg] == NULL) {
         char p[300];
+        struct stat st;
         snprintf(p, sizeof p, "%s/seg-%08u.psg", c->dir, seg);
-        c->fd[seg] = open(p, O_RDONLY);
-        if (c->fd[seg] < 0)
+        int fd = open(p, O_RDONLY);
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            if (fd >= 0)
+                close(fd);
             return -1;
+        }
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            return -1;
+        c->map[seg] = m;
+        c->size[seg] = (size_t)st.st_size;
     }
-    return pread(c->fd[seg], out, rb, (off_t)(off + 32 + 16)) == (ssize_t)rb ? 0 : -1;
+    if (off + 32 + 16 + rb > c->size[seg])
+        return -1;
+    memcpy(out, c->map[seg] + off + 32 + 16, rb);
+    return 0;
 }
 
 static int lmdb_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
@@ -530,8 +545,8 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
                o->calls * o->batch);
     psd_store_close(lc.st);
     for (int k = 0; k < 64; k++)
-        if (lc.fd[k] > 0)
-            close(lc.fd[k]);
+        if (lc.map[k] != NULL)
+            munmap((void *)lc.map[k], lc.size[k]);
 
 #ifdef BENCH_HAVE_REDIS
     /* Redis as TFRA runs it (no persistence), then for pushes with its

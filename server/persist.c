@@ -367,7 +367,8 @@ int shard_store_del(psd_shard *s, const char *name)
 #define RESTORE_CHUNK 8192
 
 /* Reserves a variable id for each sparse table of l and copies its rows
- * from l's checkpoint under it, in transactions of RESTORE_CHUNK rows:
+ * from l's checkpoint under it into the segment files (psd_sparse_stage,
+ * in bounded transactions):
  * ids[i] for l->vars[i], 0 for a dense one. Nothing refers to these ids
  * until store_replace_once commits; if it never does, they are orphans that
  * psd_store_rows_gc deletes. */
@@ -392,7 +393,7 @@ static int stage_sparse(psd_shard *s, const struct var_list *l, uint32_t *ids)
     for (size_t i = 0, j = 0; i < l->n && rc == 0; i++)
         if (l->vars[i]->sparse != NULL) {
             ids[i] = first + (uint32_t)j++;
-            rc = psd_store_rows_stage(s->store, ck, l->vars[i]->name, ids[i], RESTORE_CHUNK);
+            rc = psd_sparse_stage(s->sparse, ck, l->vars[i]->name, ids[i]);
         }
     psd_store_close(ck);
     return rc;

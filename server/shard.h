@@ -69,7 +69,7 @@ typedef struct psd_shard_opts {
      * host_id: where a client on this host reaches psd (hostid.h). */
     const char *local_address;
     const char *host_id;
-    uint64_t memory_limit;       /* sparse tables' RAM tier gets 3/8 (psd.c: never 0) */
+    uint64_t memory_limit;       /* sparse tables' RAM tier: about half (psd.c: never 0) */
     uint64_t max_rows_per_table; /* rows a sparse table may hold; bounds max_rows */
     uint64_t segment_size;       /* sparse rows' segment files sealed past it (0: 256M) */
     uint64_t compact_rate;       /* their compaction's bytes of I/O a second (0: 32M) */

@@ -96,12 +96,21 @@ void psd_sparse_close(psd_sparse *sp)
     free(sp);
 }
 
-/* 3/8 of --memory-limit: rows are read with O_DIRECT, so the page cache
- * no longer holds them (a quarter did when LMDB's pages held the cold
- * rows); the other 5/8 are psd's own and the catalog's pages. */
+/* Half of --memory-limit less SPARSE_OWN_BYTES, and at least a quarter:
+ * rows are read with O_DIRECT, so the page cache no longer holds them (a
+ * quarter was the tier's when LMDB's pages held the cold rows), but psd's
+ * own memory does not shrink with the limit. In psd-sparse-cgroup's 96 MiB
+ * group psd's anonymous memory besides the tier reached ~60 MiB during
+ * pushes and a checkpoint, and a tier of 3/8 (36 MiB) had the group kill
+ * psd three times in four runs; a quarter (24 MiB) never did. */
+#define SPARSE_OWN_BYTES ((uint64_t)24 << 20)
+
 uint64_t sparse_budget(const psd_sparse *sp)
 {
-    return sp->memory_limit ? sp->memory_limit / 8 * 3 : (uint64_t)256 << 20;
+    uint64_t lim = sp->memory_limit;
+    if (lim == 0)
+        return (uint64_t)256 << 20;
+    return lim / 2 > lim / 4 + SPARSE_OWN_BYTES ? lim / 2 - SPARSE_OWN_BYTES : lim / 4;
 }
 
 /* LMDB mallocs a write transaction's dirty pages and keeps them on its
@@ -758,7 +767,7 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
     }
     const struct { const char *name, *help; double v; } gauges[] = {
         {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (half of "
-         "--memory-limit).", (double)sparse_budget(sp)},
+         "--memory-limit less 24 MiB, at least a quarter).", (double)sparse_budget(sp)},
         {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
          (double)psd_store_disk_bytes(sp->store)},
         {"psd_sparse_segment_bytes", "Bytes of the segment files of sparse rows.",

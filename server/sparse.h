@@ -63,7 +63,7 @@ struct psd_store;
 struct psd_sparse_conf {
     struct psd_store *store;  /* the shard's, open; outlives the tier */
     const char *data_dir;     /* where the row log lives */
-    uint64_t memory_limit;    /* the RAM tier gets 3/8; 0: 256 MiB */
+    uint64_t memory_limit;    /* the RAM tier gets half less 24 MiB (sparse.c); 0: 256 MiB */
     uint64_t map_size;        /* a checkpoint copy's map (0: default) */
     uint64_t max_rows;        /* rows a table may hold (--max-rows-per-table);
                                  0: no cap */
@@ -157,6 +157,12 @@ const char *psd_sparse_full_reason(psd_sparse *sp);
 /* The flusher's periodic work: the eviction sweeps. flush_mu held. */
 void psd_sparse_maintain(psd_sparse *sp);
 
+/* A Restore's staging of the rows of table name of the checkpoint store
+ * src: appended to the segments and pointed at in the catalog under var_id
+ * to (reserved, named by no record yet), in transactions of at most 8192
+ * rows or 16 MiB. flush_mu held. Returns 0 or the error, logged; a crash
+ * leaves orphan rows that psd_store_rows_gc deletes. */
+int psd_sparse_stage(psd_sparse *sp, struct psd_store *src, const char *name, uint32_t to);
 /* After a Restore staged rows in LMDB: moves them into the segments and
  * counts the segments' live bytes again. flush_mu held. Returns 0 or the
  * error, logged (the rows not moved are read from LMDB, and moved at the

@@ -34,8 +34,9 @@
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the catalog and read in one batch through io_uring with O_DIRECT,
  * never a page fault on row bytes, and the rows enter the RAM tier. The
- * RAM tier is kept under half of --memory-limit (the page cache no longer
- * holds rows): past it a push first waits for a commit and, if need be,
+ * RAM tier is kept under half of --memory-limit less 24 MiB (the page
+ * cache no longer holds rows; sparse_budget): past it a push first waits
+ * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
  * memory. Every overwrite or deletion leaves the old record dead; the
  * live bytes per segment are counted (rebuilt at open) for compaction.
@@ -303,7 +304,10 @@ void sparse_catw_abort(struct sp_catw *w);
 int sparse_catw_end(struct sp_catw *w, int rc);
 /* Compaction's relocation of n rows, in one transaction, each only when
  * the catalog still points at old (apply_run_mu held: the caller is the
- * appender, and synced the new records). *moved: the rows moved. */
+ * appender, and synced the new records). *moved: the rows moved. A cold
+ * read that looked a row up before the relocation committed still reads
+ * the old record (sparse_cold.c reads outside the table's mutex): a
+ * segment may go only once no read begun before that is in flight. */
 struct sp_move {
     uint32_t var_id;
     int64_t id;

@@ -30,7 +30,7 @@
 /* Rows a conversion or a checkpoint's copy moves per transaction, and the
  * bytes it buffers at most. */
 #define MOVE_ROWS 8192
-#define MOVE_BYTES ((size_t)16 << 20)
+#define MOVE_BYTES ((size_t)4 << 20)
 
 /* ---- catalog entries ---------------------------------------------------- */
 
@@ -313,6 +313,9 @@ struct move_row {
 
 struct move {
     bool want_inline;  /* rows held in LMDB (conversion), else catalog entries */
+    bool one_table;    /* only the rows of table from, appended as table to
+                          (a restore's staging) */
+    uint32_t from, to;
     ps_buf rows;       /* struct move_row of each row */
     ps_buf buf;        /* their bytes */
     size_t n;
@@ -329,10 +332,15 @@ static struct move_row *move_rows(const struct move *m)
     return (struct move_row *)(void *)m->rows.data;
 }
 
-/* Picks a row for the batch; 1 (stop after it) once the batch is full. */
+/* Picks a row for the batch; 1 (stop after it) once the batch is full,
+ * MOVE_END past the one table it moves. */
+#define MOVE_END (-ECANCELED)
+
 static int move_pick(void *ctx, uint32_t var_id, int64_t id, const void *d, size_t len)
 {
     struct move *m = ctx;
+    if (m->one_table && var_id != m->from)
+        return MOVE_END;
     struct sp_cat c = {0};
     bool cat = sparse_cat_decode(d, len, &c);
     if (cat == m->want_inline)
@@ -352,73 +360,106 @@ static int move_pick(void *ctx, uint32_t var_id, int64_t id, const void *d, size
     return m->n >= MOVE_ROWS || m->buf.len >= MOVE_BYTES ? 1 : 0;
 }
 
-/* Appends the batch's rows to the segments and syncs them, then points
- * the catalog at them, each only if LMDB still holds the same bytes (a
- * sweep may have deleted it, an apply replaced it). apply_run_mu held. */
-static int convert_batch(psd_sparse *sp, psd_store *st, struct move *m)
+/* Appends the batch's rows to the segments and syncs them (r[k].loc). */
+static int move_append(psd_sparse *sp, struct move *m)
 {
-    (void)st;
     struct move_row *r = move_rows(m);
     int rc = 0;
     for (size_t k = 0; k < m->n && rc == 0; k++)
-        rc = psd_segs_append(sp->segs, r[k].var, r[k].id, 0, m->buf.data + r[k].off,
-                             r[k].len, NULL, 0, &r[k].loc);
-    if (rc == 0) {
-        rc = psd_segs_sync(sp->segs);
-        atomic_store(&sp->seg_full, rc == PS_EFULL);
-    } else {
+        rc = psd_segs_append(sp->segs, m->one_table ? m->to : r[k].var, r[k].id, 0,
+                             m->buf.data + r[k].off, r[k].len, NULL, 0, &r[k].loc);
+    if (rc != 0) {
         psd_segs_discard(sp->segs);
+        return rc;
     }
+    rc = psd_segs_sync(sp->segs);
+    atomic_store(&sp->seg_full, rc == PS_EFULL);
+    return rc;
+}
+
+/* Appends the batch's rows to the segments, syncs them, and points the
+ * catalog at them: a conversion only where LMDB still holds the same bytes
+ * (a sweep may have deleted the row, an apply replaced it); a restore's
+ * staging (m->one_table) under m->to, a fresh var_id no other writer
+ * knows. apply_run_mu held. */
+static int append_batch(psd_sparse *sp, psd_store *st, struct move *m)
+{
+    (void)st;
+    struct move_row *r = move_rows(m);
+    int rc = move_append(sp, m);
     if (rc != 0)
         return rc;
     do {
         struct sp_catw w;
         rc = sparse_catw_begin(sp, &w, true);
         for (size_t k = 0; k < m->n && rc == 0; k++) {
+            const uint8_t *row = m->buf.data + r[k].off;
             const void *d;
             size_t len;
-            rc = psd_store_row_peek(w.t, r[k].var, r[k].id, &d, &len);
-            if (rc == PS_ENOTFOUND) {
-                rc = 0;
-                continue;
+            if (!m->one_table) {
+                int prc = psd_store_row_peek(w.t, r[k].var, r[k].id, &d, &len);
+                if (prc != 0 && prc != PS_ENOTFOUND) {
+                    rc = prc;
+                    break;
+                }
+                if (prc == PS_ENOTFOUND || len != r[k].len || memcmp(d, row, len) != 0)
+                    continue;
             }
-            if (rc != 0 || len != r[k].len || memcmp(d, m->buf.data + r[k].off, len) != 0)
-                continue;
             struct sp_cat c = {.loc = r[k].loc,
-                               .last_step = sparse_stored_last_step(d, len)};
-            rc = cat_put(&w, r[k].var, r[k].id, &c, NULL);
+                               .last_step = sparse_stored_last_step(row, r[k].len)};
+            rc = cat_put(&w, m->one_table ? m->to : r[k].var, r[k].id, &c, NULL);
         }
         rc = sparse_catw_end(&w, rc);
     } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
     return rc;
 }
 
-/* Scans the rows of st in batches of what want_inline picks, each batch
- * handed to fn; *moved: the rows of the batches fn took. */
-static int move_all(psd_sparse *sp, psd_store *st, bool want_inline,
+/* Scans the rows of st (m says which) in batches, each handed to fn;
+ * *moved: the rows of the batches fn took. */
+static int move_all(psd_sparse *sp, psd_store *st, struct move *m,
                     int (*fn)(psd_sparse *sp, psd_store *st, struct move *m), uint64_t *moved)
 {
-    struct move m = {.want_inline = want_inline};
-    uint32_t var = 0;
+    uint32_t var = m->one_table ? m->from : 0;
     int64_t id = INT64_MIN;
     bool done = false;
     int rc = 0;
     *moved = 0;
     while (rc == 0 && !done) {
-        m.n = m.buf.len = 0;
-        rc = psd_store_rows_scan(st, &var, &id, SIZE_MAX, move_pick, &m, &done);
-        if (rc == 0 && m.n > 0)
-            rc = fn(sp, st, &m);
-        *moved += rc == 0 ? m.n : 0;
+        m->n = m->buf.len = 0;
+        rc = psd_store_rows_scan(st, &var, &id, SIZE_MAX, move_pick, m, &done);
+        if (rc == MOVE_END) {
+            rc = 0;
+            done = true;
+        }
+        if (rc == 0 && m->n > 0)
+            rc = fn(sp, st, m);
+        *moved += rc == 0 ? m->n : 0;
     }
-    move_free(&m);
+    move_free(m);
+    return rc;
+}
+
+int psd_sparse_stage(psd_sparse *sp, struct psd_store *src, const char *name, uint32_t to)
+{
+    struct move m = {.want_inline = true, .one_table = true, .to = to};
+    uint64_t moved = 0;
+    int rc = psd_store_var_id(src, name, &m.from);
+    if (rc == 0) {
+        pthread_mutex_lock(&sp->apply_run_mu);
+        rc = move_all(sp, src, &m, append_batch, &moved);
+        pthread_mutex_unlock(&sp->apply_run_mu);
+    }
+    if (rc != 0)
+        ps_log_err(rc, "restore: staging the rows of sparse table '%s' into segment files "
+                   "(%llu staged)", name, (unsigned long long)moved);
     return rc;
 }
 
 int sparse_convert(psd_sparse *sp)
 {
+    struct move m = {.want_inline = true};
     uint64_t moved = 0;
-    int rc = move_all(sp, sp->store, true, convert_batch, &moved);
+    int rc = move_all(sp, sp->store, &m, append_batch, &moved);
     atomic_fetch_add(&sp->converted, moved);
     if (rc != 0)
         ps_log_err(rc, "moving the sparse rows held in LMDB into segment files (%llu moved; "
@@ -469,8 +510,9 @@ static int materialize_batch(psd_sparse *sp, psd_store *ck, struct move *m)
 
 int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck)
 {
+    struct move m = {.want_inline = false};
     uint64_t moved;
-    return move_all(sp, ck, false, materialize_batch, &moved);
+    return move_all(sp, ck, &m, materialize_batch, &moved);
 }
 
 /* ---- open --------------------------------------------------------------- */

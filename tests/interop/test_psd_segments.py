@@ -132,6 +132,13 @@ def layout_and_damage():
     got = pull(stub, ids)
     R.check(np.array_equal(got, np.repeat(want[:, None], DIM, axis=1)),
             "whole again, psd starts and every row reads back")
+    # A deleted table's records are dead bytes (counted again by the applier).
+    stub.DeleteVariable(pb.DeleteVariableRequest(name="emb"), timeout=10)
+    s = pstest.wait_until(lambda: (lambda r: r if r.sparse_segment_live_bytes == 0 else None)(
+        stub.Stats(pb.StatsRequest(), timeout=10)), timeout=10)
+    R.check(s is not None and s.sparse_segment_dead_bytes >= 4000 * REC,
+            "after DeleteVariable the table's records are dead: %s"
+            % (s and "%d dead bytes, 0 live" % s.sparse_segment_dead_bytes))
     ch.close()
     d.stop()
     shutil.rmtree(data, ignore_errors=True)

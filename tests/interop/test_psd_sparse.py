@@ -337,10 +337,10 @@ def all_rows(c, name, k):
 
 
 def test_map_grows():
-    """A full LMDB map grows: pushes far beyond --map-size 8M succeed (LMDB
+    """A full LMDB map grows: pushes far beyond --map-size 4M succeed (LMDB
     holds the rows' catalog, ~60 bytes a row), the file grows past it, and
     every row reads back, also after a restart."""
-    c = Psd("--map-size", "8M", "--memory-limit", "64M")
+    c = Psd("--map-size", "4M", "--memory-limit", "64M")
     c.create("grow", opt=sgd(1.0), dim=64)
     c.push("grow", range(-64, 0), np.ones((64, 64), F32))
     stop, bad = threading.Event(), []
@@ -358,13 +358,13 @@ def test_map_grows():
     stop.set()
     th.join()
     R.check(not bad, "pulls while the map grows all succeed: %s" % bad[:1])
-    R.check(err is None, "pushes of %d rows (~60 MB) with --map-size 8M succeed: %s"
+    R.check(err is None, "pushes of %d rows (~60 MB) with --map-size 4M succeed: %s"
             % (k, err and err.details()))
     until = time.time() + 20
-    while c.stats().sparse_disk_bytes <= 8 << 20 and time.time() < until:
+    while c.stats().sparse_disk_bytes <= 4 << 20 and time.time() < until:
         time.sleep(0.1)
     disk = c.stats().sparse_disk_bytes
-    R.check(disk > 8 << 20, "Stats' disk bytes grew past the 8M map: %d" % disk)
+    R.check(disk > 4 << 20, "Stats' disk bytes grew past the 4M map: %d" % disk)
     R.check(all_rows(c, "grow", k), "every row reads back")
     c.restart()
     R.check(all_rows(c, "grow", k), "and after a restart (the grown file reopens)")

@@ -18,6 +18,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,7 +297,7 @@ END_TEST
 START_TEST(test_budget)
 {
     struct fx f;
-    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 384 KiB */
+    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 256 KiB */
     int64_t *ids = range(0, 8000);
     for (int k = 0; k < 4; k++) {
         ck_assert_int_eq(push(&f, ids + k * 2000, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
@@ -310,7 +311,7 @@ START_TEST(test_budget)
     ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
     ck_assert(!psd_sparse_over_budget(f.sp));
     Ps__V1__StatsResponse r = stats(&f);
-    ck_assert_uint_le(r.sparse_ram_bytes, 384 << 10);
+    ck_assert_uint_le(r.sparse_ram_bytes, 256 << 10);
     ck_assert_uint_eq(r.sparse_rows, 8000);
     for (int64_t id = 0; id < 8000; id += 997)
         ck_assert(pull_one(&f, id) == -1.0f);
@@ -401,16 +402,24 @@ static char *seg_file(void)
     return p;
 }
 
+/* Rows 0..39 pushed once (-1) and stored in the first segment, the tier
+ * closed: that segment's path. */
+static char *stored_segment(struct fx *f)
+{
+    fx_start(f, 0, 0, 0, 0, 0);
+    int64_t *ids = range(0, 40);
+    ck_assert_int_eq(push(f, ids, 40, 1.0f, 1, UINT64_MAX, NULL), 0);
+    fx_close(f, true);
+    free(ids);
+    return seg_file();
+}
+
 /* A segment with a flipped byte in a committed record, or cut short of
  * the committed end: the tier does not open (psd does not start). */
 static void damaged_case(bool truncate)
 {
     struct fx f;
-    fx_start(&f, 0, 0, 0, 0, 0);
-    int64_t *ids = range(0, 40);
-    ck_assert_int_eq(push(&f, ids, 40, 1.0f, 1, UINT64_MAX, NULL), 0);
-    fx_close(&f, true);
-    char *p = seg_file();
+    char *p = stored_segment(&f);
     int fd = open(p, O_RDWR);
     ck_assert_int_ge(fd, 0);
     if (truncate) {
@@ -428,7 +437,6 @@ static void damaged_case(bool truncate)
     ck_assert_int_eq(psd_sparse_open(&c, &f.sp), PS_ECORRUPT);
     psd_store_close(f.store);
     free(p);
-    free(ids);
 }
 
 START_TEST(test_corrupt_segment)
@@ -440,6 +448,30 @@ END_TEST
 START_TEST(test_truncated_segment)
 {
     damaged_case(true);
+}
+END_TEST
+
+/* Bytes past the end the catalog's last transaction recorded: a batch a
+ * kill cut short before its transaction committed (its rows are still in
+ * the row log). The tier cuts them off and opens; rows read back. */
+START_TEST(test_uncommitted_tail)
+{
+    struct fx f;
+    char *p = stored_segment(&f);
+    int fd = open(p, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    uint8_t junk[3 * REC_BYTES / 2];
+    memset(junk, 0xab, sizeof junk);
+    ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    close(fd);
+    fx_open(&f, 0, 0, false);
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_int_eq(st.st_size, 16 + 40 * REC_BYTES);
+    for (int64_t id = 0; id < 40; id += 7)
+        ck_assert(pull_one(&f, id) == -1.0f);
+    fx_close(&f, true);
+    free(p);
 }
 END_TEST
 
@@ -495,4 +527,4 @@ PSCHECK_MAIN("sparse",
     {"caps", {test_caps, test_budget}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
-                  test_old_format}, &pscheck_tmp})
+                  test_uncommitted_tail, test_old_format}, &pscheck_tmp})
