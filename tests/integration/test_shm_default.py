@@ -35,8 +35,6 @@ import pyenv  # noqa: E402
 
 pyenv.reexec()
 
-import numpy as np  # noqa: E402
-
 import pstest  # noqa: E402
 
 pb = pbg = None
@@ -136,29 +134,18 @@ def check_not_a_socket():
 
 
 def check_python(p):
-    from psclient import Client, Initializer, Variable
+    from psclient import Client
     sock = "unix:" + os.path.join(os.path.abspath(p.data), "psd.sock")
-    before = p.stats().shm_bytes
-    c = Client([p.d.address], shm=True)
-    try:
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        after = p.stats().shm_bytes
-        r.check(c.addresses == [sock] and after >= before + 4096 * 4,
-                "python: Client(['%s'], shm=True) on %s, shm_bytes %d -> %d"
-                % (p.d.address, c.addresses, before, after))
-    finally:
-        c.close()
-    os.environ["PS_HOST_ID"] = "another-host"
-    try:
-        c = Client([p.d.address], shm=True)
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        r.check(c.addresses == [p.d.address] and p.stats().shm_bytes == after,
-                "python: another host id: over TCP (%s)" % c.addresses)
-        c.close()
-    finally:
-        del os.environ["PS_HOST_ID"]
+
+    def client():
+        return Client([p.d.address], shm=True)
+    addrs, before, after = pstest.client_push(client, p.stats)
+    r.check(addrs == [sock] and after >= before + 4096 * 4,
+            "python: Client(['%s'], shm=True) on %s, shm_bytes %d -> %d"
+            % (p.d.address, addrs, before, after))
+    addrs, _, later = pstest.client_push(client, p.stats, host_id="another-host")
+    r.check(addrs == [p.d.address] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
 
 
 def main():

@@ -44,8 +44,6 @@ import pyenv  # noqa: E402
 
 pyenv.reexec()
 
-import numpy as np  # noqa: E402
-
 import pstest  # noqa: E402
 
 PSCOORD = os.path.join(pstest.BUILD_ROOT, "coordinator", "pscoord")
@@ -217,30 +215,18 @@ def check_persist(job):
 
 
 def check_python(job):
-    from psclient import Client, Initializer, Variable
-    before = job.stats().shm_bytes
-    c = Client(coordinator=job.coord.address, job_id="job", shm=True,
-               token=job.tokens.tok["operator"])
-    try:
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        after = job.stats().shm_bytes
-        r.check(c.addresses == ["unix:" + job.sock] and after > before,
-                "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
-                "%d -> %d" % (c.addresses, before, after))
-    finally:
-        c.close()
-    os.environ["PS_HOST_ID"] = "another-host"
-    try:
-        c = Client(coordinator=job.coord.address, job_id="job", shm=True,
-                   token=job.tokens.tok["operator"])
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        r.check(c.addresses == [job.psd.address] and job.stats().shm_bytes == after,
-                "python: another host id: over TCP (%s)" % c.addresses)
-        c.close()
-    finally:
-        del os.environ["PS_HOST_ID"]
+    from psclient import Client
+
+    def client():
+        return Client(coordinator=job.coord.address, job_id="job", shm=True,
+                      token=job.tokens.tok["operator"])
+    addrs, before, after = pstest.client_push(client, job.stats)
+    r.check(addrs == ["unix:" + job.sock] and after > before,
+            "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
+            "%d -> %d" % (addrs, before, after))
+    addrs, _, later = pstest.client_push(client, job.stats, host_id="another-host")
+    r.check(addrs == [job.psd.address] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
 
 
 def main():

@@ -324,6 +324,29 @@ def run_workerd(args, env=None, timeout=240):
     return p.returncode, summary, p.stderr
 
 
+def client_push(make_client, stats, host_id=None):
+    """One push of ones to a new variable "pyv" (4096,) through the Python
+    client that make_client() returns (closed after), with PS_HOST_ID set to
+    host_id meanwhile when given. Returns the client's addresses and psd's
+    Stats shm_bytes (from stats()) before and after."""
+    import numpy as np
+    from psclient import Initializer, Variable
+    if host_id is not None:
+        os.environ["PS_HOST_ID"] = host_id
+    c = None
+    try:
+        before = stats().shm_bytes
+        c = make_client()
+        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
+        c.push({"pyv": np.ones(4096, np.float32)})
+        return c.addresses, before, stats().shm_bytes
+    finally:
+        if c is not None:
+            c.close()
+        if host_id is not None:
+            del os.environ["PS_HOST_ID"]
+
+
 def json_summary(p):
     """A finished workerd's --json summary (its last stdout line), or {}
     when it failed or printed none."""
