@@ -24,6 +24,7 @@
  * Threads and lifetime: one thread per process; pscoord and the ranks get
  * SIGKILL when the bench dies (PR_SET_PDEATHSIG).
  */
+#include "common/clock.h"
 #include "common/coordclient.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -65,13 +66,6 @@ struct result {                  /* one per rank, in shared memory */
     int status;                  /* 0 ok, 1 wrong sum, 2 error */
     char err[512];
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -200,9 +194,9 @@ static int start_coord(const char *path)
     close(pfd[1]);
     char buf[512];
     size_t len = 0;
-    double until = now_s() + 30;
+    double until = ps_now_s() + 30;
     int port = -1;
-    while (now_s() < until && port < 0) {
+    while (ps_now_s() < until && port < 0) {
         struct pollfd p = {.fd = pfd[0], .events = POLLIN};
         if (poll(&p, 1, 200) <= 0)
             continue;
@@ -242,13 +236,13 @@ static int measure(wd_coll *c, const struct opts *o, size_t n, struct result *r)
             rc = 2;
             break;
         }
-        double t0 = now_s();
+        double t0 = ps_now_s();
         if (c->allreduce_f32(c, buf, n, r->err, sizeof r->err) != 0) {
             rc = 2;
             break;
         }
         if (it >= o->warmup)
-            t[it - o->warmup] = now_s() - t0;
+            t[it - o->warmup] = ps_now_s() - t0;
         float tri = (float)(c->size * (c->size + 1) / 2);
         for (size_t i = 0; i < n; i++)
             if (buf[i] != tri * (float)(i % 7 + 1)) {
@@ -274,9 +268,9 @@ static int await_generation(struct wd_coll_store *store, ps_coord *pc, uint32_t 
                             int size, uint32_t me, char *prefix, size_t plen, int *rank,
                             char *err, size_t errlen)
 {
-    double until = now_s() + 30;
+    double until = ps_now_s() + 30;
     char why[256] = "no generation yet";
-    while (now_s() < until) {
+    while (ps_now_s() < until) {
         void *v = NULL;
         size_t len = 0;
         if (store->get(pc, "generation", 200, &v, &len, why, sizeof why) != 0)
@@ -435,7 +429,7 @@ static double raw_tcp(size_t bytes, int iters)
     char *buf = malloc(1 << 20);
     double *t = calloc((size_t)iters, sizeof *t);
     for (int it = 0; s >= 0 && it < iters + 1; it++) {
-        double t0 = now_s();
+        double t0 = ps_now_s();
         size_t got = 0;
         while (got < bytes) {
             ssize_t r = read(s, buf, 1 << 20);
@@ -446,7 +440,7 @@ static double raw_tcp(size_t bytes, int iters)
         if (got < bytes || write(s, "k", 1) != 1)
             break;
         if (it > 0) /* the first is the warm-up */
-            t[it - 1] = now_s() - t0;
+            t[it - 1] = ps_now_s() - t0;
     }
     int st;
     waitpid(pid, &st, 0);
@@ -484,7 +478,7 @@ static double exchange_once(int s, char *sbuf, char *rbuf, size_t bytes, bool le
     if (lead ? (write(s, &b, 1) != 1 || read(s, &b, 1) != 1)
              : (read(s, &b, 1) != 1 || write(s, &b, 1) != 1))
         return -1;
-    double t0 = now_s();
+    double t0 = ps_now_s();
     struct xsend x = {.fd = s, .buf = sbuf, .bytes = bytes};
     pthread_t th;
     if (pthread_create(&th, NULL, xsend_main, &x) != 0)
@@ -497,7 +491,7 @@ static double exchange_once(int s, char *sbuf, char *rbuf, size_t bytes, bool le
         got += (size_t)r;
     }
     pthread_join(th, NULL);
-    return got == bytes && x.rc == 0 ? now_s() - t0 : -1;
+    return got == bytes && x.rc == 0 ? ps_now_s() - t0 : -1;
 }
 
 /* Bytes per second one way when two processes on 127.0.0.1 send bytes to

@@ -371,24 +371,24 @@ static int do_push_pull(struct stream *s)
 static void run_phase(struct stream *s, enum phase ph)
 {
     struct bench_case *bc = s->bc;
-    double t0 = now_s(), until = t0 + bc->phase_s[ph];
+    double t0 = ps_now_s(), until = t0 + bc->phase_s[ph];
     size_t i = 0;
     for (; s->rc == 0; i++) {
-        if (i >= bc->min_iters[ph] && (ph == PH_WARM || now_s() >= until))
+        if (i >= bc->min_iters[ph] && (ph == PH_WARM || ps_now_s() >= until))
             break;
-        double a = now_s();
+        double a = ps_now_s();
         if (ph == PH_ONE) {
             if (s->pc == NULL || do_push_pull(s) != 0)
                 break;
-            samples_add(&s->one, now_s() - a);
+            samples_add(&s->one, ps_now_s() - a);
             continue;
         }
         if (ph != PH_PULL) {
             push_msg_update(s);
-            double b = now_s();
+            double b = ps_now_s();
             if (do_push(s) != 0)
                 break;
-            double c = now_s();
+            double c = ps_now_s();
             if (ph == PH_PUSH)
                 continue;
             if (ph == PH_BOTH) {
@@ -396,13 +396,13 @@ static void run_phase(struct stream *s, enum phase ph)
                 samples_add(&s->push_lat, c - a);
             }
         }
-        double d = now_s();
+        double d = ps_now_s();
         if (do_pull(s) != 0)
             break;
-        double e = now_s();
+        double e = ps_now_s();
         if (check_pull(s) != 0)
             break;
-        double f = now_s();
+        double f = ps_now_s();
         if (ph == PH_BOTH) {
             s->dec_s += f - e;
             samples_add(&s->pull_lat, f - d);
@@ -410,7 +410,7 @@ static void run_phase(struct stream *s, enum phase ph)
         }
     }
     s->iters[ph] = i;
-    s->elapsed[ph] = now_s() - t0;
+    s->elapsed[ph] = ps_now_s() - t0;
 }
 
 /* A stream's thread: set up, then each phase in step with the others (a

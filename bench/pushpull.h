@@ -12,6 +12,7 @@
 
 #include "common/auth.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
 #include "common/psclient.h"
@@ -111,9 +112,8 @@ struct psd_proc {
 void parse_opts(int argc, char **argv, struct opts *o);
 extern char bench_token[PS_AUTH_TOKEN_MAX + 1];
 
-/* Small helpers: a monotonic clock, the q-quantile of v (sorting it), a
- * size as text, a sample appended (-ENOMEM). */
-double now_s(void);
+/* Small helpers (the clock is ps_now_s): the q-quantile of v (sorting it),
+ * a size as text, a sample appended (-ENOMEM). */
 double quantile(double *v, size_t n, double q);
 const char *size_str(size_t bytes, char *buf, size_t len);
 int samples_add(struct samples *s, double x);

@@ -256,13 +256,6 @@ void parse_opts(int argc, char **argv, struct opts *o)
 
 /* ---- small helpers ------------------------------------------------------ */
 
-double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -315,7 +308,7 @@ struct tcp_side {
 static void *tcp_sender(void *arg)
 {
     struct tcp_side *t = arg;
-    t->t0 = now_s();
+    t->t0 = ps_now_s();
     size_t left = t->total;
     while (left > 0) {
         size_t n = left < t->chunk ? left : t->chunk;
@@ -346,7 +339,7 @@ static void *tcp_receiver(void *arg)
         }
         got += (size_t)r;
     }
-    t->t1 = now_s();
+    t->t1 = ps_now_s();
     return NULL;
 }
 
@@ -438,9 +431,9 @@ int measure_ceilings(const struct opts *o, struct ceilings *c, bool recheck)
     memcpy(dst, src, mbytes);
     for (int i = 0; i < 5; i++) {
         src[i] = (uint8_t)i;
-        double t0 = now_s();
+        double t0 = ps_now_s();
         memcpy(dst, src, mbytes);
-        double t1 = now_s();
+        double t1 = ps_now_s();
         c->memcpy_runs[i] = (double)mbytes / (t1 - t0) / 1e9;
         runs[i] = c->memcpy_runs[i];
     }
@@ -514,8 +507,8 @@ static int read_port(struct psd_proc *p)
 {
     char buf[512];
     size_t len = 0;
-    double until = now_s() + 30;
-    while (now_s() < until) {
+    double until = ps_now_s() + 30;
+    while (ps_now_s() < until) {
         struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
         int pr = poll(&pfd, 1, 200);
         if (pr < 0 && errno != EINTR)
@@ -660,9 +653,9 @@ int psd_stop(struct psd_proc *p)
     int status = 0, result = -1;
     if (p->pid > 0 && atomic_exchange(&live_psd, 0) == p->pid) {
         kill(p->pid, SIGTERM);
-        double until = now_s() + 30;
+        double until = ps_now_s() + 30;
         pid_t w;
-        while ((w = waitpid(p->pid, &status, WNOHANG)) == 0 && now_s() < until) {
+        while ((w = waitpid(p->pid, &status, WNOHANG)) == 0 && ps_now_s() < until) {
             struct timespec ts = {0, 20 * 1000000L};
             nanosleep(&ts, NULL);
         }

@@ -254,27 +254,41 @@ static int table_add(struct table *t, const struct entry *e, char *why,
     return 0;
 }
 
+/* Opens a token file for reading and gives its permission bits (0 when
+ * fstat fails). NULL when it cannot be opened, with err naming the file and
+ * *rc set to -errno. */
+static FILE *token_open(const char *path, mode_t *mode, int *rc, char *err,
+                        size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        *rc = -errno;
+        snprintf(err, errlen, "%s: cannot read the token file: %s", path,
+                 strerror(-*rc));
+        return NULL;
+    }
+    struct stat st;
+    *mode = fstat(fileno(f), &st) == 0 ? st.st_mode : 0;
+    return f;
+}
+
 /* Reads path into t. Returns as ps_auth_create. */
 static int table_load(const char *path, struct table *t, char *err,
                       size_t errlen)
 {
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        int e = errno;
-        snprintf(err, errlen, "%s: cannot read the token file: %s", path,
-                 strerror(e));
-        return -e;
-    }
+    mode_t mode;
+    int rc = 0;
+    FILE *f = token_open(path, &mode, &rc, err, errlen);
+    if (f == NULL)
+        return rc;
     /* As ssh treats a private key: a file of clear tokens that a group or
      * others may read is refused, and so is any that they may write (they
      * could add a token of their own), hashes or not. */
-    struct stat st;
-    bool stat_ok = fstat(fileno(f), &st) == 0;
-    bool others_read = stat_ok && (st.st_mode & (S_IRGRP | S_IROTH));
-    bool others_write = stat_ok && (st.st_mode & (S_IWGRP | S_IWOTH));
+    bool others_read = mode & (S_IRGRP | S_IROTH);
+    bool others_write = mode & (S_IWGRP | S_IWOTH);
     char line[PS_AUTH_TOKEN_MAX + 128], why[160];
-    int rc = 0, lineno = 0;
+    int lineno = 0;
     bool any_plain = false;
     while (rc == 0 && fgets(line, sizeof line, f) != NULL) {
         lineno++;
@@ -301,12 +315,12 @@ static int table_load(const char *path, struct table *t, char *err,
     } else if (others_write) {
         snprintf(err, errlen, "%s: group or others may write the token file "
                  "(mode %03o): chmod go-w (600 for tokens in the clear)", path,
-                 (unsigned)(st.st_mode & 0777));
+                 (unsigned)(mode & 0777));
         rc = PS_EINVAL_ARG;
     } else if (any_plain && others_read) {
         snprintf(err, errlen, "%s: holds tokens in the clear and group or others "
                  "may read it (mode %03o): chmod 600, or write 'ROLE sha256:HEX'",
-                 path, (unsigned)(st.st_mode & 0777));
+                 path, (unsigned)(mode & 0777));
         rc = PS_EINVAL_ARG;
     }
     if (rc != 0) {
@@ -554,24 +568,22 @@ void ps_auth_attach(ps_auth *a, struct grpc_server_credentials *creds,
 int ps_auth_read_token(const char *path, char *out, size_t outlen, char *err,
                        size_t errlen)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        int e = errno;
-        snprintf(err, errlen, "%s: cannot read the token file: %s", path,
-                 strerror(e));
-        return -e;
-    }
+    mode_t mode;
+    int rc = 0;
+    FILE *f = token_open(path, &mode, &rc, err, errlen);
+    if (f == NULL)
+        return rc;
     /* The token itself: refused when a group or others may read or write
      * the file, as ssh refuses such a private key. */
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077)) {
+    if (mode & 077) {
         snprintf(err, errlen, "%s: group or others may read or write the token "
-                 "file (mode %03o): chmod 600", path, (unsigned)(st.st_mode & 0777));
+                 "file (mode %03o): chmod 600", path, (unsigned)(mode & 0777));
         fclose(f);
         return PS_EINVAL_ARG;
     }
     char line[PS_AUTH_TOKEN_MAX + 128], why[128] = "";
-    int lineno = 0, rc = PS_EPARSE;
+    int lineno = 0;
+    rc = PS_EPARSE;
     while (fgets(line, sizeof line, f) != NULL) {
         lineno++;
         if (!content(line))

@@ -1,6 +1,7 @@
 /*
  * buf.h - a growable byte buffer that calls reuse, so a steady stream of
- * requests or responses costs no allocation.
+ * requests or responses costs no allocation; and PS_FREE_ALL, which frees
+ * the buffers a struct owns in one statement.
  *
  * Threads and lifetime: a ps_buf belongs to whoever holds it and is not
  * locked; zero-initialize it, and ps_buf_free releases its memory (it may
@@ -12,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct ps_buf {
     uint8_t *data;
@@ -23,5 +25,18 @@ typedef struct ps_buf {
 int ps_buf_reserve(ps_buf *b, size_t cap);
 /* Frees the memory and leaves b empty (and zeroed). */
 void ps_buf_free(ps_buf *b);
+
+/* Frees each pointer given, in order; NULL ones are passed over, as free
+ * passes them. For a teardown that releases several owned buffers:
+ * PS_FREE_ALL(p->a, p->b, p->c). */
+#define PS_FREE_ALL(...)                                                  \
+    ps_free_all((void *[]){__VA_ARGS__},                                  \
+                sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
+
+static inline void ps_free_all(void *const *ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+}
 
 #endif

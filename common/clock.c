@@ -10,6 +10,13 @@ int64_t ps_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+double ps_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 struct timespec ps_time_after_ms(clockid_t clock, int64_t ms)
 {
     struct timespec t;

@@ -1,6 +1,6 @@
 /*
- * clock.h - the process's time: milliseconds on CLOCK_MONOTONIC for
- * durations and deadlines, and absolute times for pthread_cond_timedwait.
+ * clock.h - the process's time: milliseconds (or seconds) on CLOCK_MONOTONIC
+ * for durations and deadlines, and absolute times for pthread_cond_timedwait.
  *
  * Threads and lifetime: the time functions are pure reads of the system
  * clock, safe from any thread; ps_cond_init_monotonic is pthread_cond_init.
@@ -14,6 +14,10 @@
 
 /* Milliseconds on CLOCK_MONOTONIC. */
 int64_t ps_now_ms(void);
+
+/* Seconds on CLOCK_MONOTONIC at full resolution, for timing what may take
+ * less than a millisecond (a step, a benchmark's call). */
+double ps_now_s(void);
 
 /* The time ms from now on `clock`, for pthread_cond_timedwait (whose
  * condition variables here use the default CLOCK_REALTIME, unless made

@@ -1,3 +1,4 @@
+#include "common/buf.h"
 #include "common/coordclient.h"
 
 #include "common/clock.h"
@@ -213,6 +214,17 @@ int ps_coord_cluster(ps_coord *c, void **state_out, ps_rpc_status *st)
                             &ps__v1__cluster_state__descriptor, state_out, 5000, st);
 }
 
+/* The task's index and secret as one pair (registering again replaces the
+ * secret), copied under the lock for a request to carry. */
+static uint32_t task_credentials(ps_coord *c, char secret[])
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t index = (uint32_t)c->index;
+    memcpy(secret, c->secret, sizeof c->secret);
+    pthread_mutex_unlock(&c->mu);
+    return index;
+}
+
 int ps_coord_kv_set(ps_coord *c, const char *key, const void *val, size_t len,
                     ps_rpc_status *st)
 {
@@ -222,10 +234,7 @@ int ps_coord_kv_set(ps_coord *c, const char *key, const void *val, size_t len,
     req.value.data = (uint8_t *)val;
     req.value.len = len;
     char secret[sizeof c->secret];
-    pthread_mutex_lock(&c->mu);
-    req.index = (uint32_t)c->index;
-    memcpy(secret, c->secret, sizeof secret);
-    pthread_mutex_unlock(&c->mu);
+    req.index = task_credentials(c, secret);
     req.task_secret = secret;
     void *resp = NULL;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/KvSet", &req,
@@ -245,10 +254,7 @@ int ps_coord_kv_get(ps_coord *c, const char *key, int timeout_ms, void **val,
     req.n_keys = 1;
     req.timeout_ms = (uint32_t)(timeout_ms > 0 ? timeout_ms : 0);
     char secret[sizeof c->secret];
-    pthread_mutex_lock(&c->mu);
-    req.index = (uint32_t)c->index;
-    memcpy(secret, c->secret, sizeof secret);
-    pthread_mutex_unlock(&c->mu);
+    req.index = task_credentials(c, secret);
     req.task_secret = secret;
     void *p = NULL;
     *val = NULL;
@@ -311,14 +317,11 @@ int ps_coord_metrics(ps_coord *c, uint64_t step, double loss, double accuracy)
     Ps__V1__ReportMetricsRequest req = PS__V1__REPORT_METRICS_REQUEST__INIT;
     req.job_id = c->job_id;
     req.role = (Ps__V1__Role)c->o.role;
-    req.index = (uint32_t)c->index;
     req.step = step;
     req.loss = loss;
     req.accuracy = accuracy;
-    pthread_mutex_lock(&c->mu);
     char secret[sizeof c->secret];
-    memcpy(secret, c->secret, sizeof secret);
-    pthread_mutex_unlock(&c->mu);
+    req.index = task_credentials(c, secret);
     req.task_secret = secret;
     void *resp = NULL;
     ps_rpc_status st;
@@ -342,11 +345,7 @@ void ps_coord_leave(ps_coord *c)
         pthread_join(c->th, NULL);
     }
     ps_rpc_client_destroy(c->rpc);
-    free(c->coordinator);
-    free(c->job_id);
-    free(c->address);
-    free(c->local_address);
-    free(c->host_id);
+    PS_FREE_ALL(c->coordinator, c->job_id, c->address, c->local_address, c->host_id);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cond);
     free(c);

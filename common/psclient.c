@@ -588,23 +588,18 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     char err[256] = "";
     struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
     int rc;
-again:
-    if (c->wire != 0 && !push_uses_shm(c, items, pulls, n)) {
+again:;
+    bool shm = push_uses_shm(c, items, pulls, n);
+    if (shm || c->wire != 0) {
+        /* Shared memory, else half precision: a message encoded whole. */
         ps_rpc_msg *m = NULL;
-        rc = push_encode_half(c, worker, step, items, n, rv, &m);
+        rc = shm ? push_encode_shm(c, worker, step, items, pulls, n, &m)
+                 : push_encode_half(c, worker, step, items, n, rv, &m);
         if (rc == 0) {
             rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
                                    decode_pieces, &pc, deadline_ms, st);
             ps_rpc_msg_unref(m);
-        }
-    } else if (push_uses_shm(c, items, pulls, n)) {
-        ps_rpc_msg *m = NULL;
-        rc = push_encode_shm(c, worker, step, items, pulls, n, &m);
-        if (rc == 0) {
-            rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
-                                   decode_pieces, &pc, deadline_ms, st);
-            ps_rpc_msg_unref(m);
-            if (shm_refused(c, rc, st))
+            if (shm && shm_refused(c, rc, st))
                 goto again;
         }
     } else if (in_place > 0 && !big_plain) {

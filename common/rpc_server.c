@@ -5,6 +5,7 @@
  * call's own lifetime and answer are rpc_call.c's; rpc_server_internal.h
  * tells a call's life. See rpc.h for the model.
  */
+#include "common/buf.h"
 #include "common/rpc_server_internal.h"
 
 #include "common/auth.h"
@@ -719,11 +720,8 @@ void ps_rpc_server_destroy(ps_rpc_server *srv)
         free(srv->methods[i].path);
         free(srv->methods[i].service);
     }
-    free(srv->methods);
     ps_health_destroy(srv->health);
-    free(srv->threads);
-    free(srv->listen);
-    free(srv->listen_also);
+    PS_FREE_ALL(srv->methods, srv->threads, srv->listen, srv->listen_also);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cond);
     free(srv);

@@ -1,6 +1,7 @@
 /*
  * thread.h - the start and stop of a helper thread that sleeps on a
- * condition variable until it has work or is told to quit.
+ * condition variable until it has work or is told to quit; and a block of
+ * memory per thread (ps_thread_slot).
  *
  * The idiom these functions write once: the thread waits on cv under mu
  * for its work or for a quit flag; to stop it, the owner sets the flag
@@ -17,7 +18,9 @@
 #define PS_THREAD_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Initializes mu and cv (default attributes) and starts fn(arg) on *th.
  * Returns 0, or -EAGAIN when the thread cannot be created, with mu and cv
@@ -32,5 +35,23 @@ void ps_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, bool 
 /* Sets *flag under mu (no flag when NULL) and wakes every thread waiting
  * on cv. */
 void ps_cond_raise(pthread_mutex_t *mu, pthread_cond_t *cv, bool *flag);
+
+/* A block of memory each thread has its own of: zeroed when the thread
+ * first asks for it, given to `destroy` when the thread exits. For the
+ * buffers a handler reuses from call to call on its thread; defined
+ * statically with PS_THREAD_SLOT(type of the block, destroy). */
+typedef struct ps_thread_slot {
+    pthread_mutex_t mu;     /* held while the key is made */
+    atomic_bool made;
+    pthread_key_t key;
+    void (*destroy)(void *);
+    size_t size;
+} ps_thread_slot;
+#define PS_THREAD_SLOT(type, destroy)                                     \
+    {PTHREAD_MUTEX_INITIALIZER, false, 0, (destroy), sizeof(type)}
+
+/* The calling thread's block of s, made on its first call. NULL when the
+ * key or the block cannot be made. */
+void *ps_thread_slot_get(ps_thread_slot *s);
 
 #endif

@@ -3,6 +3,7 @@
  * coord.h for the rules. state.c persists what this file changes and
  * jobckpt.c keeps the checkpoints.
  */
+#include "common/buf.h"
 #include "common/clock.h"
 #include "coordinator/coord_internal.h"
 
@@ -277,11 +278,7 @@ void coord_destroy(coord *c)
     coord_ckpt_free_locked(c);
     for (int i = 0; i < c->nrestores; i++)
         free(c->restores[i].detail);
-    free(c->job_id);
-    free(c->state_dir);
-    free(c->state_path);
-    free(c->summary_path);
-    free(c->ckpt_dir);
+    PS_FREE_ALL(c->job_id, c->state_dir, c->state_path, c->summary_path, c->ckpt_dir);
     pthread_cond_destroy(&c->cond);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -372,9 +369,7 @@ void coord_cluster_free(struct coord_cluster *s)
         free(s->tasks[i].address);
     free(s->tasks);
     ps_placement_free(&s->placement);
-    free(s->job_id);
-    free(s->last_checkpoint_path);
-    free(s);
+    PS_FREE_ALL(s->job_id, s->last_checkpoint_path, s);
 }
 
 /* The largest loss a report may carry: FLT_MAX, rounded down. */

@@ -9,12 +9,14 @@
  */
 #include "server/shard_internal.h"
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "server/shmmap.h"
 #include "common/wire.h"
 #include "common/tensor.h"
+#include "common/thread.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -26,13 +28,7 @@
 
 void shard_pending_free(pending_push *p)
 {
-    free(p->vars);
-    free(p->versions);
-    free(p->into);
-    free(p->refused);
-    free(p->parts);
-    free(p->reply_mem);
-    free(p);
+    PS_FREE_ALL(p->vars, p->versions, p->into, p->refused, p->parts, p->reply_mem, p);
 }
 
 /* Answers a push with its versions, and with the values when it asked.
@@ -137,9 +133,6 @@ struct thread_bufs {
     size_t nmags, cap_mags;
 };
 
-static pthread_key_t bufs_key;
-static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
-
 static void bufs_free(void *p)
 {
     struct thread_bufs *b = p;
@@ -148,21 +141,11 @@ static void bufs_free(void *p)
     free(b);
 }
 
-static void bufs_key_make(void)
-{
-    pthread_key_create(&bufs_key, bufs_free);
-}
+static ps_thread_slot bufs_slot = PS_THREAD_SLOT(struct thread_bufs, bufs_free);
 
 static struct thread_bufs *thread_bufs(void)
 {
-    pthread_once(&bufs_once, bufs_key_make);
-    struct thread_bufs *b = pthread_getspecific(bufs_key);
-    if (b == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b != NULL)
-            pthread_setspecific(bufs_key, b);
-    }
-    return b;
+    return ps_thread_slot_get(&bufs_slot);
 }
 
 /* The next floats of a gradient whose bytes the cursor c covers (a whole

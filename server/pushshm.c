@@ -7,6 +7,7 @@
  */
 #include "server/shard_internal.h"
 
+#include "common/thread.h"
 #include "common/wire.h"
 
 #include <errno.h>
@@ -24,9 +25,6 @@ struct shm_bufs {
     size_t cap_mag;
 };
 
-static pthread_key_t bufs_key;
-static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
-
 static void bufs_free(void *p)
 {
     struct shm_bufs *b = p;
@@ -35,21 +33,11 @@ static void bufs_free(void *p)
     free(b);
 }
 
-static void bufs_key_make(void)
-{
-    pthread_key_create(&bufs_key, bufs_free);
-}
+static ps_thread_slot bufs_slot = PS_THREAD_SLOT(struct shm_bufs, bufs_free);
 
 static struct shm_bufs *shm_bufs(void)
 {
-    pthread_once(&bufs_once, bufs_key_make);
-    struct shm_bufs *b = pthread_getspecific(bufs_key);
-    if (b == NULL) {
-        b = calloc(1, sizeof *b);
-        if (b != NULL)
-            pthread_setspecific(bufs_key, b);
-    }
-    return b;
+    return ps_thread_slot_get(&bufs_slot);
 }
 
 /* Room for bytes of gradients copied out of shared memory in tb, and for

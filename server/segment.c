@@ -5,6 +5,7 @@
  */
 #include "server/segment.h"
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -427,10 +428,7 @@ void psd_segs_close(psd_segs *s)
     if (s->wfd >= 0)
         close(s->wfd);
     pthread_mutex_destroy(&s->mu);
-    free(s->seg);
-    free(s->buf);
-    free(s->dir);
-    free(s);
+    PS_FREE_ALL(s->seg, s->buf, s->dir, s);
 }
 
 /* ---- appends ------------------------------------------------------------ */
@@ -929,10 +927,7 @@ void psd_segs_compact_end(psd_segs_compact *c)
         return;
     if (c->fd >= 0)
         close(c->fd);
-    free(c->path);
-    free(c->buf);
-    free(c->mv);
-    free(c);
+    PS_FREE_ALL(c->path, c->buf, c->mv, c);
 }
 
 /* Reads len bytes at the step's position into c->buf, grown to hold them. */

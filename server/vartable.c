@@ -6,6 +6,7 @@
  */
 #include "server/shard_internal.h"
 
+#include "common/buf.h"
 #include "common/probe.h"
 
 #include "common/clock.h"
@@ -109,10 +110,8 @@ void shard_var_free(psd_var *v)
         ps_rpc_msg_unref(v->vmsg);
     else
         free(v->value);
-    free(v->slots);
-    free(v->accum);
-    free(v->pushed);
     psd_sparse_table_free(v->sparse);
+    PS_FREE_ALL(v->slots, v->accum, v->pushed);
     pthread_rwlock_destroy(&v->lock);
     free(v);
 }

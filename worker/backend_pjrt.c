@@ -20,6 +20,7 @@
  */
 #include "worker/backend.h"
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "third_party/pjrt/pjrt_c_api.h"
@@ -325,13 +326,6 @@ int ps_pjrt_plugin_path(const char *device, char *path, size_t pathlen,
 
 /* ---- Compiling --------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* xla.CompileOptionsProto: one replica, one partition, portable (so that
  * one executable runs on whichever device the call names). */
 static int compile_options(uint8_t **out, size_t *len)
@@ -381,10 +375,10 @@ static int get_exe(struct plugin *p, const struct step *s, int batch,
                                   .client = p->client, .program = &prog,
                                   .compile_options = (const char *)opts,
                                   .compile_options_size = optlen};
-    double t0 = now_s();
+    double t0 = ps_now_s();
     int rc = pjrt_fail(p->api, p->api->PJRT_Client_Compile(&c), "PJRT_Client_Compile",
                        err, errlen);
-    double dt = now_s() - t0;
+    double dt = ps_now_s() - t0;
     free(opts);
     free(text);
     if (rc != 0)

@@ -1,5 +1,6 @@
 #include "worker/data.h"
 
+#include "common/buf.h"
 #include "common/errors.h"
 
 #include <errno.h>
@@ -529,10 +530,7 @@ void ps_sparse_dataset_close(struct ps_sparse_dataset *ds)
 {
     if (ds == NULL)
         return;
-    free(ds->y);
-    free(ds->indptr);
-    free(ds->indices);
-    free(ds->values);
+    PS_FREE_ALL(ds->y, ds->indptr, ds->indices, ds->values);
     memset(ds, 0, sizeof *ds);
 }
 

@@ -5,6 +5,7 @@
  */
 #include "worker/model.h"
 
+#include "common/buf.h"
 #include "common/errors.h"
 
 #include <errno.h>
@@ -441,11 +442,7 @@ void ps_model_destroy(ps_model *m)
     be->free(be, m->own_params);
     be->free(be, m->ints);
     be->free(be, m->acts);
-    free(m->host);
-    free(m->names);
-    free(m->info);
-    free(m->layers);
-    free(m);
+    PS_FREE_ALL(m->host, m->names, m->info, m->layers, m);
 }
 
 int ps_model_check_input(const ps_model *m, int h, int w, int c, char *err,

@@ -6,6 +6,7 @@
 #include "worker/train_internal.h"
 #include "worker/relaxed.h"
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "worker/gpu.h"
@@ -208,6 +209,25 @@ static int compute_step(struct session *s, const float *x, const int32_t *y,
 
 /* ---- session setup ---------------------------------------------------- */
 
+void wd_var_spec_init(struct wd_var_spec *v, const struct wd_train_opts *o,
+                      const char *name, int ndim, const int64_t *shape,
+                      enum ps_init_kind init, int k, Ps__V1__Optimizer__Kind opt)
+{
+    *v = (struct wd_var_spec){.spec = PS__V1__VARIABLE_SPEC__INIT,
+                              .init = PS__V1__INITIALIZER__INIT,
+                              .opt = PS__V1__OPTIMIZER__INIT};
+    v->spec.name = (char *)name;
+    v->spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    v->spec.n_shape = (size_t)ndim;
+    v->spec.shape = (int64_t *)shape;
+    v->init.kind = (Ps__V1__Initializer__Kind)init;
+    v->init.seed = o->init_seed * 1000003u + (uint64_t)k;
+    v->opt.kind = opt;
+    v->opt.learning_rate = o->lr;
+    v->spec.initializer = &v->init;
+    v->spec.optimizer = &v->opt;
+}
+
 static int create_variables(struct session *s, char *err, size_t errlen)
 {
     const struct wd_train_opts *o = s->o;
@@ -215,33 +235,24 @@ static int create_variables(struct session *s, char *err, size_t errlen)
     for (int k = 0; k < s->nparts; k++) {
         const struct part *pt = &s->parts[k];
         const struct ps_param_info *pi = ps_model_param_info(m, pt->param);
-        Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
-        Ps__V1__Initializer init = PS__V1__INITIALIZER__INIT;
-        Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
-        spec.name = (char *)pt->name;
-        spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        spec.n_shape = (size_t)pt->ndim;
-        spec.shape = (int64_t *)pt->shape;
-        init.kind = (Ps__V1__Initializer__Kind)pi->init;
-        init.seed = o->init_seed * 1000003u + (uint64_t)k;
+        struct wd_var_spec vs;
+        wd_var_spec_init(&vs, o, pt->name, pt->ndim, pt->shape, pi->init, k,
+                         (Ps__V1__Optimizer__Kind)o->optimizer);
+        Ps__V1__VariableSpec *spec = &vs.spec;
         if (pi->init == PS_INIT_GLOROT_UNIFORM && pt->count != pi->count) {
-            init.fan_in = pt->fan_in;
-            init.fan_out = pt->fan_out;
+            vs.init.fan_in = pt->fan_in;
+            vs.init.fan_out = pt->fan_out;
         }
-        opt.kind = (Ps__V1__Optimizer__Kind)o->optimizer;
-        opt.learning_rate = o->lr;
-        opt.momentum = o->optimizer == PS__V1__OPTIMIZER__KIND__MOMENTUM ? o->momentum : 0;
-        spec.initializer = &init;
-        spec.optimizer = &opt;
-        spec.consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
-                           : o->consistency == WD_BOUNDED
-                               ? PS__V1__CONSISTENCY__BOUNDED_STALENESS
-                               : PS__V1__CONSISTENCY__ASYNC;
-        spec.staleness = o->consistency == WD_BOUNDED ? (uint32_t)o->staleness : 0;
-        spec.num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
+        vs.opt.momentum = o->optimizer == PS__V1__OPTIMIZER__KIND__MOMENTUM ? o->momentum : 0;
+        spec->consistency = o->consistency == 2 ? PS__V1__CONSISTENCY__SYNC
+                            : o->consistency == WD_BOUNDED
+                                ? PS__V1__CONSISTENCY__BOUNDED_STALENESS
+                                : PS__V1__CONSISTENCY__ASYNC;
+        spec->staleness = o->consistency == WD_BOUNDED ? (uint32_t)o->staleness : 0;
+        spec->num_workers = o->consistency == 2 ? (uint32_t)o->num_workers : 0;
         struct shard *sh = &s->shards[pt->shard];
         ps_rpc_status st = {0};
-        int rc = ps_client_create_variable(sh->client, &spec, NULL, NULL,
+        int rc = ps_client_create_variable(sh->client, spec, NULL, NULL,
                                            o->rpc_timeout_ms, &st);
         if (rc != 0) {
             if (rc == PS_ERPC && st.code == PS_RPC_ALREADY_EXISTS)
@@ -337,24 +348,17 @@ static void session_close(struct session *s)
         struct shard *sh = &s->shards[k];
         ps_client_destroy(sh->client);
         ps_client_destroy(sh->pull_client);
-        free(sh->push_items);
-        free(sh->pull_items);
+        PS_FREE_ALL(sh->push_items, sh->pull_items);
     }
     for (int r = 0; r < s->nrep; r++)
         ps_model_destroy(s->replicas[r]);
-    free(s->replicas);
-    free(s->rep_loss);
     /* gRPC may still hold them: the last reference frees them. */
     ps_rpc_msg_unref(s->send_msg);
     ps_rpc_msg_unref(s->fill_msg);
-    if (s->shm == NULL) {
-        free(s->params_pull);
-        free(s->params_live);
-    }
+    if (s->shm == NULL)
+        PS_FREE_ALL(s->params_pull, s->params_live);
     ps_shm_destroy(s->shm);
-    free(s->grads_tmp);
-    free(s->backends);
-    free(s->parts);
+    PS_FREE_ALL(s->replicas, s->rep_loss, s->grads_tmp, s->backends, s->parts);
     local_placement_free(&s->local_pl);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
@@ -622,15 +626,6 @@ static int session_open(struct session *s, const struct wd_train_opts *o,
 
 /* ---- TensorBoard summaries -------------------------------------------- */
 
-/* Seconds on CLOCK_MONOTONIC at full resolution: a window of one step
- * (--summary-steps 1) can be shorter than now_s's millisecond. */
-static double fine_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* The chief's steps since its last event (--summary-steps). */
 struct summary {
     double t0;          /* when the window began */
@@ -651,7 +646,7 @@ static void summary_flush(struct summary *sm, const struct wd_train_opts *o,
     if (o->events == NULL || sm->n == 0 ||
         (sm->wrote && (step < sm->last_step || (step == sm->last_step && !last))))
         return;
-    double t = fine_now_s();
+    double t = ps_now_s();
     struct wd_scalar v[] = {
         {"loss", (float)(sm->loss / (double)sm->n)},
         {"examples_per_second", t > sm->t0 ? (float)((double)sm->examples / (t - sm->t0)) : 0},
@@ -708,7 +703,7 @@ static int train_local(const struct wd_train_opts *o, const struct ps_dataset *t
     }
     double t0 = now_s(), compute = 0, loss_sum = 0;
     int64_t steps = 0, examples = 0, nloss = 0;
-    struct summary sm = {.t0 = fine_now_s()};
+    struct summary sm = {.t0 = ps_now_s()};
     for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
         ps_batcher_start_epoch(&b, (uint64_t)epoch);
         const int64_t *idx;
@@ -974,7 +969,7 @@ int wd_train(const struct wd_train_opts *o, const struct ps_dataset *train,
     if (rc != 0)
         goto out;
     r->t0 = r->last_report = now_s();
-    r->sm.t0 = fine_now_s();
+    r->sm.t0 = ps_now_s();
     for (int epoch = 0; o->epochs == 0 || epoch < o->epochs; epoch++) {
         ps_batcher_start_epoch(&r->b, (uint64_t)epoch);
         const int64_t *idx;

@@ -20,6 +20,7 @@
 #include "common/psclient.h"
 #include "common/rpc.h"
 #include "common/shm.h"
+#include "proto/ps.pb-c.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -63,6 +64,20 @@ struct part {
     int shard;
     int64_t fan_in, fan_out;/* a split part keeps the whole tensor's fans */
 };
+
+/* A float32 variable's CreateVariable spec and the two messages it points
+ * to (so it is filled in place, never copied). wd_var_spec_init sets the
+ * name and shape (borrowed), the initializer of kind `init` seeded from
+ * --init-seed and the variable's index k, and optimizer `opt` with --lr;
+ * the caller sets the rest (fans, momentum, consistency). */
+struct wd_var_spec {
+    Ps__V1__VariableSpec spec;
+    Ps__V1__Initializer init;
+    Ps__V1__Optimizer opt;
+};
+void wd_var_spec_init(struct wd_var_spec *v, const struct wd_train_opts *o,
+                      const char *name, int ndim, const int64_t *shape,
+                      enum ps_init_kind init, int k, Ps__V1__Optimizer__Kind opt);
 
 struct session {
     const struct wd_train_opts *o;

@@ -27,8 +27,9 @@
  * training (a worker came back) is agreed on inside the next all-reduce
  * (one float of the buffer), so that every member leaves at the same step.
  */
-#include "worker/train.h"
+#include "worker/train_internal.h"
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/coordclient.h"
 #include "common/errors.h"
@@ -402,22 +403,12 @@ static int mirror_open(struct mwm *w, char *err, size_t errlen)
         return -ENOMEM;
     for (int k = 0; k < w->nitems; k++) {
         const struct ps_param_info *pi = ps_model_param_info(w->m, k);
-        Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
-        Ps__V1__Initializer init = PS__V1__INITIALIZER__INIT;
-        Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
-        spec.name = (char *)pi->name;
-        spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
-        spec.n_shape = (size_t)pi->ndim;
-        spec.shape = (int64_t *)pi->shape;
-        init.kind = (Ps__V1__Initializer__Kind)pi->init;
-        init.seed = o->init_seed * 1000003u + (uint64_t)k;
-        opt.kind = PS__V1__OPTIMIZER__KIND__SGD;
-        opt.learning_rate = o->lr;
-        spec.initializer = &init;
-        spec.optimizer = &opt;
-        spec.consistency = PS__V1__CONSISTENCY__ASYNC;
+        struct wd_var_spec vs;
+        wd_var_spec_init(&vs, o, pi->name, pi->ndim, pi->shape, pi->init, k,
+                         PS__V1__OPTIMIZER__KIND__SGD);
+        vs.spec.consistency = PS__V1__CONSISTENCY__ASYNC;
         ps_rpc_status st = {0};
-        if ((rc = ps_client_create_variable(w->ps, &spec, NULL, NULL, o->rpc_timeout_ms,
+        if ((rc = ps_client_create_variable(w->ps, &vs.spec, NULL, NULL, o->rpc_timeout_ms,
                                             &st)) != 0) {
             snprintf(err, errlen, "checkpoint psd %s: CreateVariable '%s': %s", o->ps[0],
                      pi->name, rc == PS_ERPC ? st.message : ps_strerror(rc));
@@ -468,14 +459,6 @@ static void mirror_push(struct mwm *w)
 }
 
 /* ---- the steps --------------------------------------------------------- */
-
-/* Seconds on CLOCK_MONOTONIC at full resolution (a step is ~1 ms). */
-static double fine_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -534,13 +517,13 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
     int b = o->batch;
     const int64_t *idx = w->perm + w->pos + (int64_t)w->rank * b;
     wd_step_delay(o);
-    double c0 = fine_now_s();
+    double c0 = ps_now_s();
     ps_dataset_gather(w->train, idx, b, w->xb, w->yb);
-    double c1 = fine_now_s();
+    double c1 = ps_now_s();
     int rc = ps_model_forward_backward(w->m, w->xb, w->yb, b, loss);
     if (rc == 0)
         rc = ps_model_grads_to_host(w->m, w->buf);
-    double c2 = fine_now_s();
+    double c2 = ps_now_s();
     w->t_gather += c1 - c0;
     w->t_compute += c2 - c1;
     if (rc != 0) {
@@ -563,7 +546,7 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
             w->skip_below = w->gen + 1;
         return 1;
     }
-    double c3 = fine_now_s();
+    double c3 = ps_now_s();
     w->t_reduce += c3 - c2;
     float inv = 1.0f / (float)w->size;
     for (size_t i = 0; i < w->np; i++)
@@ -573,10 +556,10 @@ static int mwm_step(struct mwm *w, float *loss, char *err, size_t errlen)
         return rc;
     }
     ps_model_sgd_step(w->m, o->lr);
-    double c4 = fine_now_s();
+    double c4 = ps_now_s();
     mirror_push(w);
     w->t_update += c4 - c3;
-    w->t_push += fine_now_s() - c4;
+    w->t_push += ps_now_s() - c4;
     *loss = w->buf[w->np] * inv;
     w->step++;
     w->pos += (int64_t)w->size * b;
@@ -593,13 +576,8 @@ static void mwm_close(struct mwm *w)
 {
     wd_coll_destroy(w->coll);
     ps_client_destroy(w->ps);
-    free(w->items);
     ps_model_destroy(w->m);
-    free(w->buf);
-    free(w->state);
-    free(w->perm);
-    free(w->xb);
-    free(w->yb);
+    PS_FREE_ALL(w->items, w->buf, w->state, w->perm, w->xb, w->yb);
 }
 
 static int mwm_open(struct mwm *w, const struct wd_train_opts *o,

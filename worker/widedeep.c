@@ -3,6 +3,7 @@
  */
 #include "worker/widedeep.h"
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/psclient.h"
@@ -88,6 +89,26 @@ static int64_t hashed(uint64_t kind, uint64_t pos, uint64_t code)
     return (int64_t)(ps_sparse_mix64((kind << 56) ^ (pos << 32) ^ code) & ID_MASK);
 }
 
+/* The ids (cross `kind`) of the 3x3 patches of an h x w image at every
+ * `stride`-th row and column, each pixel quantized to `levels` levels, into
+ * out; returns their count (an all-zero patch has none). */
+static int patch_ids(const float *x, int h, int w, int stride, unsigned levels,
+                     uint64_t kind, int64_t *out)
+{
+    int n = 0;
+    for (int r = 0; r + 2 < h; r += stride)
+        for (int c = 0; c + 2 < w; c += stride) {
+            unsigned code = 0;
+            for (int dr = 0; dr < 3; dr++)
+                for (int dc = 0; dc < 3; dc++)
+                    code = code * levels +
+                           (unsigned)level(x[(r + dr) * w + c + dc], (int)levels);
+            if (code)
+                out[n++] = hashed(kind, (uint64_t)(r * w + c), code);
+        }
+    return n;
+}
+
 /* The wide ids of one h x w image into out (room for (h-1)(w-1) +
  * (h/3)(w/3) + (h/2)(w/2)); returns their count. Three crosses of
  * quantized pixels: every 2x2 patch at 4 levels, the 3x3 tiles at 3
@@ -106,24 +127,8 @@ static int wide_ids(const float *x, int h, int w, int64_t *out)
             if (code)
                 out[n++] = hashed(1, (uint64_t)(r * w + c), code);
         }
-    for (int r = 0; r + 2 < h; r += 3)
-        for (int c = 0; c + 2 < w; c += 3) {
-            unsigned code = 0;
-            for (int dr = 0; dr < 3; dr++)
-                for (int dc = 0; dc < 3; dc++)
-                    code = code * 3 + (unsigned)level(x[(r + dr) * w + c + dc], 3);
-            if (code)
-                out[n++] = hashed(2, (uint64_t)(r * w + c), code);
-        }
-    for (int r = 0; r + 2 < h; r += 2)
-        for (int c = 0; c + 2 < w; c += 2) {
-            unsigned code = 0;
-            for (int dr = 0; dr < 3; dr++)
-                for (int dc = 0; dc < 3; dc++)
-                    code = code << 2 | (unsigned)level(x[(r + dr) * w + c + dc], 4);
-            if (code)
-                out[n++] = hashed(3, (uint64_t)(r * w + c), code);
-        }
+    n += patch_ids(x, h, w, 3, 3, 2, out + n);
+    n += patch_ids(x, h, w, 2, 4, 3, out + n);
     return n;
 }
 
@@ -175,12 +180,7 @@ static int bag_init(struct bag *b, size_t cap, int batch, int dim)
 
 static void bag_free(struct bag *b)
 {
-    free(b->raw);
-    free(b->occ);
-    free(b->off);
-    free(b->uniq);
-    free(b->rows);
-    free(b->grad);
+    PS_FREE_ALL(b->raw, b->occ, b->off, b->uniq, b->rows, b->grad);
 }
 
 /* After raw[0..off[n]) is filled: the distinct ids and each occurrence's. */
@@ -234,14 +234,9 @@ static void wdm_close(struct wdm *m)
         ps_client_destroy(m->cl[i]);
     for (int i = 0; i < NDENSE; i++)
         free((char *)m->dense[i].name);
-    free(m->params);
-    free(m->grads);
     bag_free(&m->wide);
     bag_free(&m->deep);
-    free(m->emb);
-    free(m->hid_act);
-    free(m->logits);
-    free(m->scratch);
+    PS_FREE_ALL(m->params, m->grads, m->emb, m->hid_act, m->logits, m->scratch);
 }
 
 static int wdm_open(struct wdm *m, const struct wd_train_opts *o, int h, int w,
@@ -407,6 +402,17 @@ static int push_dense(struct wdm *m, uint64_t step, char *err, size_t errlen)
     return 0;
 }
 
+/* The two tables' items for a call: the batch's distinct ids of each, with
+ * wide_rows and deep_rows as the rows pulled into or pushed from. */
+static void table_items(struct wdm *m, float *wide_rows, float *deep_rows,
+                        ps_sparse_item it[2])
+{
+    it[0] = (ps_sparse_item){.name = WIDE_TABLE, .ids = m->wide.uniq,
+                             .n = (size_t)m->wide.nuniq, .dim = m->k, .rows = wide_rows};
+    it[1] = (ps_sparse_item){.name = DEEP_TABLE, .ids = m->deep.uniq,
+                             .n = (size_t)m->deep.nuniq, .dim = m->e, .rows = deep_rows};
+}
+
 /* The batch's ids of both tables, and their rows pulled. */
 static int gather_rows(struct wdm *m, const float *x, int n, char *err, size_t errlen)
 {
@@ -420,12 +426,8 @@ static int gather_rows(struct wdm *m, const float *x, int n, char *err, size_t e
     }
     bag_index(&m->wide, n);
     bag_index(&m->deep, n);
-    ps_sparse_item it[2] = {
-        {.name = WIDE_TABLE, .ids = m->wide.uniq, .n = (size_t)m->wide.nuniq,
-         .dim = m->k, .rows = m->wide.rows},
-        {.name = DEEP_TABLE, .ids = m->deep.uniq, .n = (size_t)m->deep.nuniq,
-         .dim = m->e, .rows = m->deep.rows},
-    };
+    ps_sparse_item it[2];
+    table_items(m, m->wide.rows, m->deep.rows, it);
     ps_rpc_status st = {0};
     int rc = ps_client_sparse_pull(m->cl, m->ncl, it, 2, m->o->rpc_timeout_ms, &st);
     return rc ? rpc_fail(rc, &st, "SparsePull", err, errlen) : 0;
@@ -528,12 +530,8 @@ static void forward(struct wdm *m, int n, const int32_t *y, bool grads, double *
 
 static int push_rows(struct wdm *m, uint64_t step, char *err, size_t errlen)
 {
-    ps_sparse_item it[2] = {
-        {.name = WIDE_TABLE, .ids = m->wide.uniq, .n = (size_t)m->wide.nuniq,
-         .dim = m->k, .rows = m->wide.grad},
-        {.name = DEEP_TABLE, .ids = m->deep.uniq, .n = (size_t)m->deep.nuniq,
-         .dim = m->e, .rows = m->deep.grad},
-    };
+    ps_sparse_item it[2];
+    table_items(m, m->wide.grad, m->deep.grad, it);
     ps_rpc_status st = {0};
     int rc = ps_client_sparse_push(m->cl, m->ncl, (uint32_t)m->o->task_index, step, it,
                                    2, false, m->o->rpc_timeout_ms, &st);

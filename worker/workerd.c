@@ -805,11 +805,11 @@ static int take_tf_task(struct wd_conf *c, const ps_cluster *tf, bool *evaluator
     return 0;
 }
 
-/* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this task's
- * role and index, the worker count and the job. Flags given explicitly win.
- * Returns 0 (also without TF_CONFIG), or 2 after one line on stderr for a
- * TF_CONFIG that does not parse or names a task that is not workerd's. */
-static int apply_tf_config(struct wd_conf *c, bool *evaluator)
+/* Reads TF_CONFIG and hands it to `use`, then closes it. Returns 0 without
+ * TF_CONFIG, 2 after one line on stderr when it does not parse, or what
+ * `use` returns (0, or 2 after one line on stderr). */
+static int with_tf_config(struct wd_conf *c, bool *evaluator,
+                          int (*use)(struct wd_conf *, const ps_cluster *, bool *))
 {
     ps_cluster tf;
     memset(&tf, 0, sizeof tf);
@@ -819,25 +819,27 @@ static int apply_tf_config(struct wd_conf *c, bool *evaluator)
         return 0;
     if (rc != 0)
         return fail(2, "%s", tferr);
-    int status = 0;
-    if (tf.has_task && tf.task_role == PS_ROLE_CHIEF) {
-        status = fail(2, "TF_CONFIG names this task chief[%d]: the chief's duties "
-                      "are pscoord's; run workerd as a worker", tf.task_index);
-        goto close;
-    }
-    if (tf.has_task && tf.task_role == PS_ROLE_PS) {
-        status = fail(2, "TF_CONFIG names this task ps[%d]: run psd for it",
-                      tf.task_index);
-        goto close;
-    }
-    if (c->ps == NULL && tf.n[PS_ROLE_PS] > 0)
-        c->ps = tf_ps_list(&tf);
-    if (c->num_workers == 0)
-        c->num_workers = tf.n[PS_ROLE_WORKER] > 0 ? tf.n[PS_ROLE_WORKER] : 1;
-    status = take_tf_task(c, &tf, evaluator);
-close:
+    int status = use(c, &tf, evaluator);
     ps_cluster_close(&tf);
     return status;
+}
+
+/* TF_CONFIG, as TensorFlow's tasks take it: the ps addresses, this task's
+ * role and index, the worker count and the job. Flags given explicitly win.
+ * Refuses a TF_CONFIG that names a task that is not workerd's. */
+static int use_tf_config(struct wd_conf *c, const ps_cluster *tf, bool *evaluator)
+{
+    if (tf->has_task && tf->task_role == PS_ROLE_CHIEF)
+        return fail(2, "TF_CONFIG names this task chief[%d]: the chief's duties "
+                    "are pscoord's; run workerd as a worker", tf->task_index);
+    if (tf->has_task && tf->task_role == PS_ROLE_PS)
+        return fail(2, "TF_CONFIG names this task ps[%d]: run psd for it",
+                    tf->task_index);
+    if (c->ps == NULL && tf->n[PS_ROLE_PS] > 0)
+        c->ps = tf_ps_list(tf);
+    if (c->num_workers == 0)
+        c->num_workers = tf->n[PS_ROLE_WORKER] > 0 ? tf->n[PS_ROLE_WORKER] : 1;
+    return take_tf_task(c, tf, evaluator);
 }
 
 /* TF_CONFIG with a chief: the chief's duties are pscoord's, so its address
@@ -845,41 +847,27 @@ close:
  * way to the job; with it, this task's index and role (an evaluator) and
  * the job id, unless flags give them. A flag that disagrees with TF_CONFIG
  * (another coordinator, another index) is refused with one line naming
- * both. Returns 0 (also without TF_CONFIG), or 2 after one line on stderr. */
-static int tf_config_coordinator(struct wd_conf *c)
+ * both. */
+static int use_tf_chief(struct wd_conf *c, const ps_cluster *tf, bool *evaluator)
 {
-    ps_cluster tf;
-    memset(&tf, 0, sizeof tf);
-    char tferr[512];
-    int rc = ps_cluster_from_env(&tf, tferr, sizeof tferr);
-    if (rc == PS_ENOTFOUND)
-        return 0;
-    if (rc != 0)
-        return fail(2, "%s", tferr);
-    int status = 0;
-    const char *chief = ps_cluster_task_address(&tf, PS_ROLE_CHIEF, 0);
+    const char *chief = ps_cluster_task_address(tf, PS_ROLE_CHIEF, 0);
     bool given = c->coordinator != NULL && c->coordinator[0] != '\0';
-    if (chief != NULL && given && strcmp(chief, c->coordinator) != 0) {
-        status = fail(2, "TF_CONFIG's chief is %s but --coordinator says %s", chief,
-                      c->coordinator);
-        goto close;
-    }
+    if (chief != NULL && given && strcmp(chief, c->coordinator) != 0)
+        return fail(2, "TF_CONFIG's chief is %s but --coordinator says %s", chief,
+                    c->coordinator);
     if (chief == NULL || given || c->ps != NULL)
-        goto close;
-    /* A chief or ps task is refused by apply_tf_config's rules, here too. */
-    if (tf.has_task && (tf.task_role == PS_ROLE_CHIEF || tf.task_role == PS_ROLE_PS)) {
-        status = fail(2, "TF_CONFIG names this task %s[%d]: run %s for it",
-                      ps_role_name(tf.task_role), tf.task_index,
-                      tf.task_role == PS_ROLE_PS ? "psd" : "pscoord (the chief's duties)");
-        goto close;
-    }
-    if ((status = take_tf_task(c, &tf, NULL)) != 0)
-        goto close;
+        return 0;
+    /* A chief or ps task is refused by use_tf_config's rules, here too. */
+    if (tf->has_task && (tf->task_role == PS_ROLE_CHIEF || tf->task_role == PS_ROLE_PS))
+        return fail(2, "TF_CONFIG names this task %s[%d]: run %s for it",
+                    ps_role_name(tf->task_role), tf->task_index,
+                    tf->task_role == PS_ROLE_PS ? "psd" : "pscoord (the chief's duties)");
+    int status = take_tf_task(c, tf, evaluator);
+    if (status != 0)
+        return status;
     free(c->coordinator);
     c->coordinator = strdup(chief);
-close:
-    ps_cluster_close(&tf);
-    return status;
+    return 0;
 }
 
 /* Flags that only make sense together. Returns 0, or 2 after one line on
@@ -1005,7 +993,7 @@ static int settle_flags(struct wd_conf *c, bool use_coord, bool *evaluator,
         *evaluator = true;
     else if (strcmp(c->role, "worker") != 0)
         return fail(2, "--role: '%s' is not worker or evaluator", c->role);
-    int status = use_coord ? 0 : apply_tf_config(c, evaluator);
+    int status = use_coord ? 0 : with_tf_config(c, evaluator, use_tf_config);
     if (status != 0)
         return status;
     if (c->ps == NULL)
@@ -1077,7 +1065,7 @@ int main(int argc, char **argv)
     struct wd_metrics wm;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
-    int status = tf_config_coordinator(&c);
+    int status = with_tf_config(&c, NULL, use_tf_chief);
     bool use_coord = c.coordinator != NULL && c.coordinator[0] != '\0';
     int nw_flag = (int)c.num_workers;
     bool mwm = c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED;

@@ -21,10 +21,7 @@ BINS = {"psd": ("server", "psd"), "pscoord": ("coordinator", "pscoord"),
 
 
 def flags_of(binary):
-    out = subprocess.run([os.path.join(pstest.BUILD_ROOT, *BINS[binary]), "--help"],
-                         capture_output=True, text=True, timeout=30).stdout
-    flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
-    return flags | {"--" + f for f in re.findall(r"--\[no-\]([a-z][a-z0-9-]*)", out)}
+    return pstest.help_flags(os.path.join(pstest.BUILD_ROOT, *BINS[binary]))
 
 
 def dockerfile_final_stage(path):

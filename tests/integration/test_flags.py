@@ -245,9 +245,7 @@ def check_environment(r):
 
 def main():
     r = pstest.Results("flags")
-    check_vocabulary(r)
-    check_old_names(r)
-    check_environment(r)
+    r.run((check_vocabulary, check_old_names, check_environment), r)
     r.finish()
 
 

@@ -77,12 +77,7 @@ def raw(port, data):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
-        got = b""
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            got += chunk
+        got = pstest.recv_all(s)
     return got.split(b"\r\n", 1)[0].decode(errors="replace")
 
 

@@ -36,12 +36,7 @@ def scrape_from(src, port, timeout=5.0):
         s.bind((src, 0))
         s.connect(("127.0.0.1", port))
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = pstest.recv_all(s)
         ok = data.startswith(b"HTTP/1.1 200") and b"psd_" in data
         return time.monotonic() - t0 if ok else None
     except OSError:

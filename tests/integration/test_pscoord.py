@@ -811,18 +811,28 @@ def test_timed():
 
 # ---- identity: the task secret, the shard's own word, bounded steps -----------
 
-def test_identity():
-    W, PS, EV = pb.WORKER, pb.PS, pb.EVALUATOR
-    root = pstest.tmpdir("pscoord-idroot-")
+def checkpointing_job(job, heartbeat_timeout):
+    """A psd with a checkpoint root of its own and a pscoord for `job` that
+    takes a job checkpoint every 10 steps (heartbeats every 100 ms, a task
+    lost after heartbeat_timeout), the psd registered as ps 0 and beating.
+    Returns (root, psd, its stub, pscoord's state dir, pscoord, the Beater,
+    the psd's registration)."""
+    root = pstest.tmpdir("pscoord-%sroot-" % job)
     d = start_psd(pstest.tmpdir(), "--checkpoint-root", root)
     ps = pbg.ParameterServerStub(pstest.channel(d.address))
-    state = pstest.tmpdir("pscoord-id-")
-    c = start_coord(state, "--job-id", "id", "--heartbeat-interval", "100ms",
-                    "--heartbeat-timeout", "1s", "--checkpoint-every-steps", "10")
+    state = pstest.tmpdir("pscoord-%s-" % job)
+    c = start_coord(state, "--job-id", job, "--heartbeat-interval", "100ms",
+                    "--heartbeat-timeout", heartbeat_timeout, "--checkpoint-every-steps", "10")
+    beat = Beater(c.stub, job)
+    p = reg(c.stub, job, pb.PS, -1, d.address, empty=True)
+    beat.add(pb.PS, 0, p.incarnation)
+    return root, d, ps, state, c, beat, p
+
+
+def test_identity():
+    W, PS, EV = pb.WORKER, pb.PS, pb.EVALUATOR
+    root, d, ps, state, c, beat, p = checkpointing_job("id", "1s")
     s = c.stub
-    beat = Beater(s, "id")
-    p = reg(s, "id", PS, -1, d.address, empty=True)
-    beat.add(PS, 0, p.incarnation)
     ps.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
         pb, "v", (4,), lr=1.0,
         init=pb.Initializer(kind=pb.Initializer.CONSTANT, value=1.0))), timeout=10)
@@ -928,17 +938,9 @@ def test_rogue_steps():
     (psd refused the step as far ahead of its versions). Its steps are held
     to a pace, and the global step is the lower median of the live workers'
     steps: the honest two keep the checkpoints going."""
-    W, PS = pb.WORKER, pb.PS
-    root = pstest.tmpdir("pscoord-rogueroot-")
-    d = start_psd(pstest.tmpdir(), "--checkpoint-root", root)
-    ps = pbg.ParameterServerStub(pstest.channel(d.address))
-    state = pstest.tmpdir("pscoord-rogue-")
-    c = start_coord(state, "--job-id", "rogue", "--heartbeat-interval", "100ms",
-                    "--heartbeat-timeout", "2s", "--checkpoint-every-steps", "10")
+    W = pb.WORKER
+    _, d, ps, state, c, beat, _ = checkpointing_job("rogue", "2s")
     s = c.stub
-    beat = Beater(s, "rogue")
-    p = reg(s, "rogue", PS, -1, d.address, empty=True)
-    beat.add(PS, 0, p.incarnation)
     ps.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(pb, "v", (4,), lr=1.0)),
                       timeout=10)
     honest = [reg(s, "rogue", W) for _ in range(2)]
@@ -1003,14 +1005,9 @@ def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("pscoord")
     try:
-        for t in (test_static, test_dynamic, test_sync, test_job, test_timed,
-                  test_identity, test_rogue_steps, test_psctl_errors):
-            try:
-                t()
-            except Exception as e:  # one broken case must not hide the others
-                import traceback
-                traceback.print_exc()
-                r.check(False, "%s raised %s: %s" % (t.__name__, type(e).__name__, e))
+        # One broken case must not hide the others.
+        r.run((test_static, test_dynamic, test_sync, test_job, test_timed,
+               test_identity, test_rogue_steps, test_psctl_errors))
     finally:
         for x in LIVE:
             x.kill()

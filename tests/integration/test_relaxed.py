@@ -192,9 +192,7 @@ def bad_flags(r):
 
 def main():
     r = pstest.Results("relaxed")
-    bad_flags(r)
-    bounded(r)
-    local_sgd(r)
+    r.run((bad_flags, bounded, local_sgd), r)
     r.finish()
 
 

@@ -23,11 +23,9 @@ real processes on 127.0.0.1:0 in temporary directories:
 
 Prints ok/FAIL per check and "shm-default: N passed, N failed".
 """
-import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,19 +35,10 @@ import pyenv  # noqa: E402
 
 pyenv.reexec()
 
-import numpy as np  # noqa: E402
-
 import pstest  # noqa: E402
 
-WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
 pb = pbg = None
 r = pstest.Results("shm-default")
-
-
-def host_id_oracle():
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
 
 
 class Psd:
@@ -64,17 +53,9 @@ class Psd:
 
     def train(self, env=None):
         """One worker, 20000 examples: (exit status, JSON summary, stderr)."""
-        e = dict(os.environ, **(env or {}))
-        p = subprocess.run([WORKERD, "--ps", self.d.address, "--epochs", "1",
-                            "--limit", "20000", "--batch", "64", "--json",
-                            "--progress", "0", "--log-level", "info"],
-                           capture_output=True, text=True, timeout=240, env=e)
-        summary = None
-        for line in reversed(p.stdout.splitlines()):
-            if line.startswith("{"):
-                summary = json.loads(line)
-                break
-        return p.returncode, summary, p.stderr
+        return pstest.run_workerd(["--ps", self.d.address, "--epochs", "1",
+                                   "--limit", "20000", "--batch", "64", "--json",
+                                   "--progress", "0", "--log-level", "info"], env)
 
     def stop(self):
         self.ch.close()
@@ -91,7 +72,7 @@ def check_default(p):
     r.check(st.local_address == "unix:" + sock and
             stat.S_ISSOCK(os.stat(sock).st_mode),
             "stats: local_address is the socket in the data dir (%r)" % st.local_address)
-    r.check(st.host_id == host_id_oracle(), "stats: host_id is boot id:pid "
+    r.check(st.host_id == pstest.host_id_oracle(), "stats: host_id is boot id:pid "
             "namespace (%r)" % st.host_id)
     rc, s, err = p.train()
     lines = route_lines(err)
@@ -153,29 +134,18 @@ def check_not_a_socket():
 
 
 def check_python(p):
-    from psclient import Client, Initializer, Variable
+    from psclient import Client
     sock = "unix:" + os.path.join(os.path.abspath(p.data), "psd.sock")
-    before = p.stats().shm_bytes
-    c = Client([p.d.address], shm=True)
-    try:
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        after = p.stats().shm_bytes
-        r.check(c.addresses == [sock] and after >= before + 4096 * 4,
-                "python: Client(['%s'], shm=True) on %s, shm_bytes %d -> %d"
-                % (p.d.address, c.addresses, before, after))
-    finally:
-        c.close()
-    os.environ["PS_HOST_ID"] = "another-host"
-    try:
-        c = Client([p.d.address], shm=True)
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        r.check(c.addresses == [p.d.address] and p.stats().shm_bytes == after,
-                "python: another host id: over TCP (%s)" % c.addresses)
-        c.close()
-    finally:
-        del os.environ["PS_HOST_ID"]
+
+    def client():
+        return Client([p.d.address], shm=True)
+    addrs, before, after = pstest.client_push(client, p.stats)
+    r.check(addrs == [sock] and after >= before + 4096 * 4,
+            "python: Client(['%s'], shm=True) on %s, shm_bytes %d -> %d"
+            % (p.d.address, addrs, before, after))
+    addrs, _, later = pstest.client_push(client, p.stats, host_id="another-host")
+    r.check(addrs == [p.d.address] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
 
 
 def main():

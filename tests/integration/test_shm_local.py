@@ -28,7 +28,6 @@ installed.
 
 Prints ok/FAIL per check and "shm-local: N passed, N failed".
 """
-import json
 import os
 import secrets
 import signal
@@ -45,12 +44,9 @@ import pyenv  # noqa: E402
 
 pyenv.reexec()
 
-import numpy as np  # noqa: E402
-
 import pstest  # noqa: E402
 
 PSCOORD = os.path.join(pstest.BUILD_ROOT, "coordinator", "pscoord")
-WORKERD = os.path.join(pstest.BUILD_ROOT, "worker", "workerd")
 pb = pbg = None
 r = pstest.Results("shm-local")
 
@@ -78,13 +74,6 @@ class Tokens:
 
     def md(self, role):
         return [("authorization", "Bearer " + self.tok[role])]
-
-
-def host_id_oracle():
-    """This host's id as common/hostid.h defines it, from /proc."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
 
 
 class Job:
@@ -126,19 +115,11 @@ class Job:
     def train(self, *extra, env=None):
         """One worker, one epoch of 20000 examples; (exit status, JSON
         summary or None, stderr)."""
-        e = dict(os.environ, **(env or {}))
-        p = subprocess.run([WORKERD, "--coordinator", self.coord.address, "--job-id",
-                            "job", "--epochs", "1", "--limit", "20000", "--batch", "64",
-                            "--json", "--progress", "0",
-                            "--token-file", self.tokens.file("worker"),
-                            "--log-level", "info", *extra],
-                           capture_output=True, text=True, timeout=240, env=e)
-        summary = None
-        for line in reversed(p.stdout.splitlines()):
-            if line.startswith("{"):
-                summary = json.loads(line)
-                break
-        return p.returncode, summary, p.stderr
+        return pstest.run_workerd(["--coordinator", self.coord.address, "--job-id",
+                                   "job", "--epochs", "1", "--limit", "20000", "--batch",
+                                   "64", "--json", "--progress", "0",
+                                   "--token-file", self.tokens.file("worker"),
+                                   "--log-level", "info", *extra], env)
 
     def stop(self):
         self.psd_ch.close()
@@ -156,7 +137,7 @@ def check_publish(job):
     r.check(t.local_address == "unix:" + job.sock,
             "publish: TaskInfo.local_address is unix: and the socket's path (%r)"
             % t.local_address)
-    r.check(t.host_id == host_id_oracle(),
+    r.check(t.host_id == pstest.host_id_oracle(),
             "publish: TaskInfo.host_id is boot id:pid namespace (%r)" % t.host_id)
 
 
@@ -229,35 +210,23 @@ def check_persist(job):
     job.coord.stop()
     job.start_coord()
     t = job.ps_task()
-    r.check(t.local_address == "unix:" + job.sock and t.host_id == host_id_oracle(),
+    r.check(t.local_address == "unix:" + job.sock and t.host_id == pstest.host_id_oracle(),
             "persist: a restarted pscoord still publishes them (%r)" % t.local_address)
 
 
 def check_python(job):
-    from psclient import Client, Initializer, Variable
-    before = job.stats().shm_bytes
-    c = Client(coordinator=job.coord.address, job_id="job", shm=True,
-               token=job.tokens.tok["operator"])
-    try:
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        after = job.stats().shm_bytes
-        r.check(c.addresses == ["unix:" + job.sock] and after > before,
-                "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
-                "%d -> %d" % (c.addresses, before, after))
-    finally:
-        c.close()
-    os.environ["PS_HOST_ID"] = "another-host"
-    try:
-        c = Client(coordinator=job.coord.address, job_id="job", shm=True,
-                   token=job.tokens.tok["operator"])
-        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
-        c.push({"pyv": np.ones(4096, np.float32)})
-        r.check(c.addresses == [job.psd.address] and job.stats().shm_bytes == after,
-                "python: another host id: over TCP (%s)" % c.addresses)
-        c.close()
-    finally:
-        del os.environ["PS_HOST_ID"]
+    from psclient import Client
+
+    def client():
+        return Client(coordinator=job.coord.address, job_id="job", shm=True,
+                      token=job.tokens.tok["operator"])
+    addrs, before, after = pstest.client_push(client, job.stats)
+    r.check(addrs == ["unix:" + job.sock] and after > before,
+            "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
+            "%d -> %d" % (addrs, before, after))
+    addrs, _, later = pstest.client_push(client, job.stats, host_id="another-host")
+    r.check(addrs == [job.psd.address] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
 
 
 def main():

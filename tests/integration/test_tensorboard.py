@@ -38,12 +38,6 @@ def workerd(*args, timeout=180, preexec_fn=None):
                           timeout=timeout, preexec_fn=preexec_fn)
 
 
-def summary(p):
-    """workerd's --json summary (its last stdout line), or {}."""
-    lines = p.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if p.returncode == 0 and lines else {}
-
-
 def masked_crc(data):
     import crc32c
     c = crc32c.crc32c(data)
@@ -127,7 +121,7 @@ def check_chief_per_step(r, tb, psd, tmp):
     logdir = os.path.join(tmp, "tb1")
     p = workerd("--ps", psd.address, "--steps", "150", "--limit", "12800", "--json",
                 "--seed", "3", "--logdir", logdir, "--summary-steps", "1")
-    out = summary(p)
+    out = pstest.json_summary(p)
     r.check(p.returncode == 0 and out.get("steps") == 150,
             "the chief trains with --logdir (exit %d, %s steps)%s"
             % (p.returncode, out.get("steps"), "" if p.returncode == 0 else p.stderr[-300:]))
@@ -170,7 +164,7 @@ def check_chief_and_evaluator(r, tb, psd, tmp):
     logdir = os.path.join(tmp, "tb2")
     p = workerd("--ps", psd.address, "--steps", "95", "--limit", "12800", "--json",
                 "--seed", "4", "--logdir", logdir)
-    out = summary(p)
+    out = pstest.json_summary(p)
     _, _, rows = read_run(tb, os.path.join(logdir, "worker0"))
     r.check(p.returncode == 0 and len(rows) == 10 and rising(rows) and
             rows[-1][0] == out.get("version"),
@@ -178,7 +172,7 @@ def check_chief_and_evaluator(r, tb, psd, tmp):
             "the final global step %s" % (len(rows), out.get("steps"), out.get("version")))
     e = workerd("--ps", psd.address, "--role", "evaluator", "--eval-count", "1",
                 "--json", "--logdir", logdir)
-    ev = summary(e)
+    ev = pstest.json_summary(e)
     _, _, erows = read_run(tb, os.path.join(logdir, "eval"))
     ok = e.returncode == 0 and len(erows) == 1
     step, _, vals = erows[0] if ok else (None, None, {})
@@ -296,7 +290,7 @@ def check_unwritable(r, psd, tmp):
     for what, logdir, reason, pre, extra in cases:
         p = workerd("--ps", psd.address, "--steps", "40", "--limit", "6400", "--json",
                     "--no-evaluate", "--logdir", logdir, *extra, preexec_fn=pre)
-        out = summary(p)
+        out = pstest.json_summary(p)
         lines = warnings(p)
         r.check(p.returncode == 0 and out.get("steps") == 40 and len(lines) == 1 and
                 logdir in lines[0] and reason in lines[0] and "WARN" in lines[0],

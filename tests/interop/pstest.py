@@ -291,6 +291,97 @@ def wait_until(pred, timeout=10.0, every=0.05):
     return pred()
 
 
+def pip_install(py, requirement, minutes):
+    """Installs one PyPI requirement with python py, for at most `minutes`.
+    Returns None, or why not ("PyPI cannot be reached (...)") for a skip."""
+    try:
+        pip = subprocess.run([py, "-m", "pip", "install", "--quiet",
+                              "--disable-pip-version-check", "--timeout", "15",
+                              "--retries", "1", requirement],
+                             capture_output=True, text=True, timeout=60 * minutes)
+    except subprocess.TimeoutExpired:
+        return "pip install %s did not finish in %d minutes" % (requirement, minutes)
+    if pip.returncode != 0:
+        last = (pip.stderr or pip.stdout).strip().splitlines()
+        return "PyPI cannot be reached (pip install %s: %s)" % (
+            requirement, last[-1] if last else "exit %d" % pip.returncode)
+    return None
+
+
+def run_workerd(args, env=None, timeout=240):
+    """Runs build/worker/workerd with args (env: variables over this
+    process's) to its exit: (exit status, its last stdout line that is a
+    JSON object, or None, stderr)."""
+    import json
+    p = subprocess.run([os.path.join(BUILD_ROOT, "worker", "workerd"), *args],
+                       capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    summary = None
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            summary = json.loads(line)
+            break
+    return p.returncode, summary, p.stderr
+
+
+def client_push(make_client, stats, host_id=None):
+    """One push of ones to a new variable "pyv" (4096,) through the Python
+    client that make_client() returns (closed after), with PS_HOST_ID set to
+    host_id meanwhile when given. Returns the client's addresses and psd's
+    Stats shm_bytes (from stats()) before and after."""
+    import numpy as np
+    from psclient import Initializer, Variable
+    if host_id is not None:
+        os.environ["PS_HOST_ID"] = host_id
+    c = None
+    try:
+        before = stats().shm_bytes
+        c = make_client()
+        c.create_variables([Variable("pyv", (4096,), Initializer.constant(1.0))])
+        c.push({"pyv": np.ones(4096, np.float32)})
+        return c.addresses, before, stats().shm_bytes
+    finally:
+        if c is not None:
+            c.close()
+        if host_id is not None:
+            del os.environ["PS_HOST_ID"]
+
+
+def json_summary(p):
+    """A finished workerd's --json summary (its last stdout line), or {}
+    when it failed or printed none."""
+    import json
+    lines = p.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if p.returncode == 0 and lines else {}
+
+
+def recv_all(sock):
+    """What sock receives until the peer closes (or its timeout raises)."""
+    parts = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def help_flags(path):
+    """The flags that program `path` names in its --help (--[no-]x as --x)."""
+    import re
+    out = subprocess.run([path, "--help"], capture_output=True, text=True,
+                         timeout=30).stdout
+    flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+    return flags | {"--" + f for f in re.findall(r"--\[no-\]([a-z][a-z0-9-]*)", out)}
+
+
+def host_id_oracle():
+    """This host's id as common/hostid.h defines it (boot id and pid
+    namespace), read here from /proc."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return "%s:%d" % (boot, os.stat("/proc/self/ns/pid").st_ino)
+
+
 def sparse_pull(pb, stub, name, ids, dim, batch=4096):
     """The rows ids of sparse table name, batch ids a SparsePull, as one
     (len(ids), dim) float32 array."""

@@ -13,9 +13,8 @@ import pstest  # noqa: E402
 def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-badinput")
-    d = pstest.start_psd(pstest.tmpdir(), "--max-message", "1M")
-    ch = pstest.channel(d.address)
-    stub = pbg.ParameterServerStub(ch)
+    psd = pstest.DensePsd(pb, pbg, "--max-message", "1M")
+    ch, stub = psd.ch, psd.stub
     ident = lambda b: b  # noqa: E731
 
     stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
@@ -146,8 +145,7 @@ def main():
     r.check(st.nonfinite_refused == 3, "Stats counts 3 non-finite gradients (%d)"
             % st.nonfinite_refused)
     r.check(st.bad_requests >= 20, "Stats counts the bad requests (%d)" % st.bad_requests)
-    ch.close()
-    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+    r.check(psd.stop() == 0, "psd exits 0 on SIGTERM")
 
     # --allow-nonfinite accepts what the default refuses.
     d2 = pstest.start_psd(pstest.tmpdir(), "--allow-nonfinite")

@@ -145,6 +145,17 @@ def caps_on_pulls(pb, pbg, address, r):
             % [c and c.name for c in codes])
 
 
+def answered_on_delete(pb, stub, r, fut, name, code_want, what):
+    """Deletes variable `name` while call `fut` waits on it: the call is
+    answered within 5 s with code_want, naming the variable and why."""
+    time.sleep(0.3)
+    stub.DeleteVariable(pb.DeleteVariableRequest(name=name), timeout=10)
+    code, msg, took = outcome(fut, 10)
+    r.check(code == code_want and "'%s'" % name in msg and "deleted" in msg and took < 5,
+            "%s waiting on a deleted variable is answered: %s %r"
+            % (what, code and code.name, msg))
+
+
 def delete_frees(pb, pbg, stub, r):
     """DeleteVariable: bytes given back, waits on it answered, NOT_FOUND for
     an unknown name."""
@@ -162,24 +173,14 @@ def delete_frees(pb, pbg, stub, r):
 
     # A pull waiting on c is answered when c is deleted.
     fut = stub.Pull.future(pull_req(pb, "c", 5), timeout=30)
-    time.sleep(0.3)
-    stub.DeleteVariable(pb.DeleteVariableRequest(name="c"), timeout=10)
-    code, msg, took = outcome(fut, 10)
-    r.check(code == C.NOT_FOUND and "'c'" in msg and "deleted" in msg and took < 5,
-            "a pull waiting on a deleted variable is answered: %s %r"
-            % (code and code.name, msg))
+    answered_on_delete(pb, stub, r, fut, "c", C.NOT_FOUND, "a pull")
 
     # A sync push waiting for its step is answered when the variable goes.
     stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
         pb, "s", (4,), consistency=pb.SYNC, num_workers=2)), timeout=10)
     fut = stub.Push.future(pb.PushRequest(worker=0, step=0, grads=[
         pstest.grad(pb, "s", np.ones(4))]), timeout=30)
-    time.sleep(0.3)
-    stub.DeleteVariable(pb.DeleteVariableRequest(name="s"), timeout=10)
-    code, msg, took = outcome(fut, 10)
-    r.check(code == C.ABORTED and "'s'" in msg and "deleted" in msg and took < 5,
-            "a sync push waiting on a deleted variable is answered: %s %r"
-            % (code and code.name, msg))
+    answered_on_delete(pb, stub, r, fut, "s", C.ABORTED, "a sync push")
 
 
 def restart(pb, pbg, data, r, d):

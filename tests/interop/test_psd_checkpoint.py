@@ -17,21 +17,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pstest  # noqa: E402
 
 
+def keep_three(pb, pbg):
+    """A psd of its own that keeps three checkpoints, holding "w" (8,) at
+    lr 1: its pstest.DensePsd, its checkpoints directory, and kept(), the
+    steps of the checkpoints there."""
+    p = pstest.DensePsd(pb, pbg, "--checkpoint-keep", "3")
+    p.stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
+        pb, "w", (8,), lr=1.0)), timeout=10)
+    ck = os.path.join(p.dir, "checkpoints")
+
+    def kept():
+        return sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+    return p, ck, kept
+
+
+def push_then_restore_newest(pb, stub):
+    """Pushes ones to "w", so that it is past every checkpoint, then
+    Restore(0): the step Restore loaded and w's version after it."""
+    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
+    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
+    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
+    return resp.step, got.values[0].version
+
+
 def forged_steps(pb, pbg, r):
     """The audit's attack (issue 13 b): the steps of the Checkpoint calls
     decide retention. Checkpoints 100, 200 and 300 are taken; three at steps
     near 2^63 must be refused and leave them; an honest 400 must survive its
     own call and be what Restore(0) loads; keep_at_least 10^6 is refused."""
-    data = pstest.tmpdir()
-    d = pstest.start_psd(data, "--checkpoint-keep", "3")
-    ch = pstest.channel(d.address)
-    stub = pbg.ParameterServerStub(ch)
-    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
-        pb, "w", (8,), lr=1.0)), timeout=10)
-    ck = os.path.join(data, "checkpoints")
-
-    def kept():
-        return sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+    p, _, kept = keep_three(pb, pbg)
+    stub = p.stub
 
     def ckpt(step, keep=0):
         return stub.Checkpoint(pb.CheckpointRequest(step=step, keep_at_least=keep),
@@ -53,12 +68,9 @@ def forged_steps(pb, pbg, r):
     r.check(resp.step == 400 and kept() == [200, 300, 400],
             "an honest checkpoint at 400 answers OK and survives its own call (%s)"
             % kept())
-    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
-    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
-    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
-    r.check(resp.step == 400 and got.values[0].version == 4,
-            "Restore(0) loads checkpoint 400 (step %d, version %d)"
-            % (resp.step, got.values[0].version))
+    step, version = push_then_restore_newest(pb, stub)
+    r.check(step == 400 and version == 4,
+            "Restore(0) loads checkpoint 400 (step %d, version %d)" % (step, version))
     r.refused("keep_at_least 10^6", lambda: ckpt(500, keep=10 ** 6),
               grpc.StatusCode.INVALID_ARGUMENT, "1000000", "1000")
     r.check(kept() == [200, 300, 400], "the refused keep_at_least wrote nothing (%s)"
@@ -74,8 +86,7 @@ def forged_steps(pb, pbg, r):
             "by step is not deleted by its own call (%s)" % kept())
     r.refused("Checkpoint one step past the bound", lambda: ckpt(top + 1),
               grpc.StatusCode.INVALID_ARGUMENT, str(top + 1))
-    ch.close()
-    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+    r.check(p.stop() == 0, "psd exits 0 on SIGTERM")
 
 
 def forged_steps_within_bound(pb, pbg, r):
@@ -85,16 +96,8 @@ def forged_steps_within_bound(pb, pbg, r):
     a forged step. Retention follows creation: the next three honest
     checkpoints (400, 500, 600) are the ones kept, and Restore(0) loads
     600."""
-    data = pstest.tmpdir()
-    d = pstest.start_psd(data, "--checkpoint-keep", "3")
-    ch = pstest.channel(d.address)
-    stub = pbg.ParameterServerStub(ch)
-    stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
-        pb, "w", (8,), lr=1.0)), timeout=10)
-    ck = os.path.join(data, "checkpoints")
-
-    def kept():
-        return sorted(int(x) for x in os.listdir(ck) if x.isdigit())
+    p, ck, kept = keep_three(pb, pbg)
+    stub = p.stub
 
     def push_and_ckpt(st):
         stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
@@ -111,17 +114,14 @@ def forged_steps_within_bound(pb, pbg, r):
         push_and_ckpt(st)
     r.check(kept() == [400, 500, 600], "after forged steps 2^40+2, +3 and -47 the "
             "honest 400, 500 and 600 are kept (%s)" % kept())
-    stub.Push(pb.PushRequest(grads=[pstest.grad(pb, "w", np.ones(8))]), timeout=10)
-    resp = stub.Restore(pb.RestoreRequest(step=0), timeout=30)
-    got = stub.Pull(pb.PullRequest(items=[pb.PullItem(name="w")]), timeout=5)
-    r.check(resp.step == 600 and got.values[0].version == 6,
+    step, version = push_then_restore_newest(pb, stub)
+    r.check(step == 600 and version == 6,
             "Restore(0) loads the newest honest checkpoint 600 (step %d, version %d)"
-            % (resp.step, got.values[0].version))
+            % (step, version))
     man = json.load(open(os.path.join(ck, "600", "MANIFEST.json")))
     r.check(man.get("format") == 2 and man.get("sequence", 0) > 0,
             "the manifest records its creation order (%s)" % man)
-    ch.close()
-    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+    r.check(p.stop() == 0, "psd exits 0 on SIGTERM")
 
 
 def main():

@@ -18,9 +18,8 @@ F32 = np.float32
 def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-delta")
-    d = pstest.start_psd(pstest.tmpdir(), "--workers", "2")
-    ch = pstest.channel(d.address)
-    stub = pbg.ParameterServerStub(ch)
+    psd = pstest.DensePsd(pb, pbg, "--workers", "2")
+    stub = psd.stub
     n = 1000
     rng = np.random.default_rng(5)
     w0 = rng.standard_normal(n).astype(F32)
@@ -77,8 +76,7 @@ def main():
     v1 = pull("a")
     r.check(v0[0] == v1[0] and np.array_equal(v0[1], v1[1]),
             "... and nothing of it was applied")
-    ch.close()
-    r.check(d.stop() == 0, "psd exits 0 on SIGTERM")
+    r.check(psd.stop() == 0, "psd exits 0 on SIGTERM")
     r.finish()
 
 

@@ -17,7 +17,6 @@ Each part skips (exit 77) with one line when PyPI cannot be reached or the
 dataset is missing."""
 import fcntl
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -53,18 +52,9 @@ def cpu_plugin():
                 if v.returncode != 0:
                     return None, "python3 -m venv %s failed: %s" % (
                         VENV, (v.stderr or v.stdout).strip().splitlines()[-1:])
-            try:
-                pip = subprocess.run([py, "-m", "pip", "install",
-                                      "--disable-pip-version-check", "--quiet",
-                                      "--timeout", "15", "--retries", "1",
-                                      "xla-cpu-pjrt"],
-                                     capture_output=True, text=True, timeout=900)
-            except subprocess.TimeoutExpired:
-                return None, "pip install xla-cpu-pjrt did not finish in 15 minutes"
-            if pip.returncode != 0:
-                last = (pip.stderr or pip.stdout).strip().splitlines()
-                return None, "PyPI cannot be reached (pip install xla-cpu-pjrt: %s)" % (
-                    last[-1] if last else "exit %d" % pip.returncode)
+            why = pstest.pip_install(py, "xla-cpu-pjrt", 15)
+            if why is not None:
+                return None, why
             open(ready, "w").close()
     found = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages",
                                    "xla_plugins", "xla_cpu_pjrt", "xla_cpu_pjrt.so"))
@@ -83,11 +73,6 @@ def plugin_or_skip():
 def workerd(*args, env=None, timeout=600):
     return subprocess.run([WORKERD, *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-def summary(p):
-    lines = p.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if p.returncode == 0 and lines else {}
 
 
 def variables(addr):
@@ -132,13 +117,13 @@ def part_train(r):
         d = pstest.start_psd(pstest.tmpdir())
         pj = workerd("--ps", d.address, "--device", "pjrt:" + so, *common)
         d.stop()
-        sp = summary(pj)
+        sp = pstest.json_summary(pj)
         nrep = sp.get("replicas", 1)
         d = pstest.start_psd(pstest.tmpdir())
         cpu = workerd("--ps", d.address, "--device", "cpu", "--replicas", str(nrep),
                       *common)
         d.stop()
-        sc = summary(cpu)
+        sc = pstest.json_summary(cpu)
         a, b = sp.get("test_accuracy", -1), sc.get("test_accuracy", -1)
         r.check(pj.returncode == 0 and cpu.returncode == 0 and a > 0.7 and
                 abs(a - b) <= 0.005 and sp.get("steps") == sc.get("steps"),
@@ -156,7 +141,7 @@ def part_train(r):
               "--seed", "3"]
     pj = workerd("--device", "pjrt:" + so, "--log-level", "info", *common)
     cpu = workerd("--device", "cpu", *common)
-    sp, sc = summary(pj), summary(cpu)
+    sp, sc = pstest.json_summary(pj), pstest.json_summary(cpu)
     r.check(pj.returncode == 0 and "pjrt: compiled the dense step" in pj.stderr and
             sp.get("replicas") == 1 and sp.get("steps") == 100 and
             abs(sp.get("final_loss", -1) - sc.get("final_loss", 1)) < 1e-3,

@@ -138,17 +138,9 @@ def tf_python():
         if not os.path.exists(py):
             subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
         if not _has_tf(py, version):
-            try:
-                pip = subprocess.run([py, "-m", "pip", "install", "--quiet",
-                                      "--disable-pip-version-check", "--timeout", "15",
-                                      "--retries", "1", "tensorflow-cpu==" + version],
-                                     capture_output=True, text=True, timeout=1800)
-            except subprocess.TimeoutExpired:
-                return None, "pip install tensorflow-cpu did not finish in 30 minutes"
-            if pip.returncode != 0:
-                last = (pip.stderr or pip.stdout).strip().splitlines()
-                return None, "PyPI cannot be reached (pip install tensorflow-cpu==%s: %s)" % (
-                    version, last[-1] if last else "exit %d" % pip.returncode)
+            why = pstest.pip_install(py, "tensorflow-cpu==" + version, 30)
+            if why is not None:
+                return None, why
     return _with_psclient(venv, py)
 
 

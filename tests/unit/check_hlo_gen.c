@@ -18,6 +18,15 @@ static int count(const char *s, const char *what)
     return n;
 }
 
+/* The length of the name after the '%' at p. */
+static int name_len(const char *p)
+{
+    int k = 0;
+    while (isalnum((unsigned char)p[1 + k]) || p[1 + k] == '_')
+        k++;
+    return k;
+}
+
 /* Every %name read on a line was an argument or defined on an earlier line;
  * none is defined twice. Returns the first offender or NULL (static). */
 static const char *undefined_name(const char *text)
@@ -28,12 +37,8 @@ static const char *undefined_name(const char *text)
     const char *body = strstr(text, ") {\n") + 2;
     /* Arguments: "%w0: tensor..." in the signature. */
     for (const char *p = text; p < body; p++) {
-        if (*p == '%') {
-            int k = 0;
-            while (isalnum((unsigned char)p[1 + k]) || p[1 + k] == '_')
-                k++;
-            snprintf(defined[nd++], 24, "%.*s", k, p + 1);
-        }
+        if (*p == '%')
+            snprintf(defined[nd++], 24, "%.*s", name_len(p), p + 1);
     }
     for (const char *line = body + 2; *line != '\0';) {
         const char *end = strchr(line, '\n');
@@ -41,14 +46,9 @@ static const char *undefined_name(const char *text)
             break;
         const char *bb = strstr(line, "^bb0(");
         if (bb != NULL && bb < end) { /* a region's arguments */
-            for (const char *p = bb; p < end; p++) {
-                if (*p != '%')
-                    continue;
-                int k = 0;
-                while (isalnum((unsigned char)p[1 + k]) || p[1 + k] == '_')
-                    k++;
-                snprintf(defined[nd++], 24, "%.*s", k, p + 1);
-            }
+            for (const char *p = bb; p < end; p++)
+                if (*p == '%')
+                    snprintf(defined[nd++], 24, "%.*s", name_len(p), p + 1);
             line = end + 1;
             continue;
         }
@@ -57,9 +57,7 @@ static const char *undefined_name(const char *text)
         for (const char *p = rhs; p < end; p++) {
             if (*p != '%')
                 continue;
-            int k = 0;
-            while (isalnum((unsigned char)p[1 + k]) || p[1 + k] == '_')
-                k++;
+            int k = name_len(p);
             bool found = false;
             for (int i = 0; i < nd && !found; i++)
                 found = (int)strlen(defined[i]) == k && strncmp(defined[i], p + 1, k) == 0;

@@ -229,21 +229,21 @@ END_TEST
 
 START_TEST(test_target_is_local)
 {
-    ck_assert(ps_shm_target_is_local("unix:/run/psd.sock"));
-    ck_assert(ps_shm_target_is_local("127.0.0.1:7070"));
-    ck_assert(ps_shm_target_is_local("127.3.4.5:1"));
-    ck_assert(ps_shm_target_is_local("ipv4:127.0.0.1:7070"));
-    ck_assert(ps_shm_target_is_local("[::1]:7070"));
-    ck_assert(ps_shm_target_is_local("ipv6:[::1]:7070"));
-    ck_assert(ps_shm_target_is_local("localhost:7070"));
-    ck_assert(ps_shm_target_is_local("dns:///localhost:7070"));
-    /* TEST-NET-2 and -3 are nobody's; a name that does not resolve. */
-    ck_assert(!ps_shm_target_is_local("198.51.100.7:7070"));
-    ck_assert(!ps_shm_target_is_local("[2001:db8::7]:7070"));
-    ck_assert(!ps_shm_target_is_local("no-such-host.invalid:7070"));
-    ck_assert(!ps_shm_target_is_local("127.0.0.1"));
-    ck_assert(!ps_shm_target_is_local(":7070"));
-    ck_assert(!ps_shm_target_is_local(""));
+    static const struct {
+        const char *target;
+        bool local;
+    } cases[] = {
+        {"unix:/run/psd.sock", true}, {"127.0.0.1:7070", true}, {"127.3.4.5:1", true},
+        {"ipv4:127.0.0.1:7070", true}, {"[::1]:7070", true}, {"ipv6:[::1]:7070", true},
+        {"localhost:7070", true}, {"dns:///localhost:7070", true},
+        /* TEST-NET-2 and -3 are nobody's; a name that does not resolve. */
+        {"198.51.100.7:7070", false}, {"[2001:db8::7]:7070", false},
+        {"no-such-host.invalid:7070", false},
+        {"127.0.0.1", false}, {":7070", false}, {"", false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        ck_assert_msg(ps_shm_target_is_local(cases[k].target) == cases[k].local,
+                      "'%s' is %slocal", cases[k].target, cases[k].local ? "not " : "");
     /* An address of one of this host's interfaces, not loopback. */
     struct ifaddrs *ifs = NULL, *i;
     ck_assert_int_eq(getifaddrs(&ifs), 0);
