@@ -27,7 +27,13 @@
  * through io_uring as psd keeps them.
  *
  *   sparse --psd build/server/psd [--rows 1000000] [--keyspace 1000000000]
- *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server] [--quick]
+ *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server]
+ *          [--half-rows fp16|bf16] [--quick]
+ *
+ * --half-rows: after the 4x regime, the same again with the table's rows
+ * stored in that dtype (VariableSpec.row_dtype; Adagrad's slot float32),
+ * in a memory group of the same size, and a line "half rows: ... pull N
+ * rows/s (X.XXx float32 rows), push N rows/s (X.XXx)".
  *
  * --quick: 100000 rows, 30 calls. Ends with one line: "sparse: pull N
  * rows/s (R of lmdb, X.Xx redis); push N rows/s (X.Xx redis); 4x over
@@ -72,6 +78,8 @@ struct opts {
     long rows, dim, batch, calls;
     long keyspace; /* ids are drawn from [0, keyspace) */
     long warmup;   /* untimed pulls before psd's timed calls */
+    int row_dtype; /* VariableSpec.row_dtype of the table: 0 float32, 2 fp16, 3 bf16 */
+    int half_rows; /* --half-rows: the 4x regime again with rows of this dtype */
 };
 
 /* One call of kind 0 (pull), 1 (push) or 2 (push with return) on ids;
@@ -199,6 +207,7 @@ static int create(struct psd *p, const struct opts *o)
     sp.optimizer = &opt;
     sp.initializer = &in;
     sp.sparse = true;
+    sp.row_dtype = (Ps__V1__DType)o->row_dtype;
     Ps__V1__CreateVariableRequest r = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
     r.spec = &sp;
     void *resp = NULL;
@@ -651,7 +660,8 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
     double disk = 0;
     /* A stored record: its 32-byte head, the row's 16-byte head, the value
      * and Adagrad's slot. */
-    uint32_t rec = 32 + 16 + (uint32_t)(2 * o->dim * (long)sizeof(float));
+    uint32_t val = (uint32_t)(o->dim * (o->row_dtype ? 2 : 4) + 3) / 4 * 4;
+    uint32_t rec = 32 + 16 + val + (uint32_t)(o->dim * (long)sizeof(float));
     psd_stop(p, limit ? &disk : NULL, rec);
     /* What the disk allows a pull that reads this much from it: the rows
      * psd served per cold read at the rate the disk gives reads like them
@@ -665,7 +675,8 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
                "psd's segment file after the calls): reads alone bound a pull at %.0f "
                "rows/s, psd's is %.2f of it\n", who, cold / (double)o->calls, per, disk,
                rec, BENCH_DISK_DEPTH, bound, res[0] / bound);
-        g_disk_frac = res[0] / bound;
+        if (o->row_dtype == 0)
+            g_disk_frac = res[0] / bound;
     }
     free(ids);
     free(g);
@@ -674,7 +685,7 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
 
 int main(int argc, char **argv)
 {
-    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200, 1000000000, 200};
+    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200, 1000000000, 200, 0, 0};
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
@@ -702,13 +713,16 @@ int main(int argc, char **argv)
             o.calls = v;
         else if (!strcmp(argv[i], "--warmup"))
             o.warmup = v;
+        else if (!strcmp(argv[i], "--half-rows"))
+            o.half_rows = !strcmp(argv[i + 1], "fp16") ? 2 : !strcmp(argv[i + 1], "bf16") ? 3 : -1;
         i++;
     }
     if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2 ||
-        o.warmup < 0 ||
+        o.warmup < 0 || o.half_rows < 0 ||
         o.keyspace < o.rows || o.keyspace > 1000000000000L) {
         fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--keyspace K in [N, 10^12]] [--dim D] "
-                "[--batch B] [--calls C] [--warmup W] [--redis PATH] [--quick]\n");
+                "[--batch B] [--calls C] [--warmup W] [--redis PATH] [--half-rows fp16|bf16] "
+                "[--quick]\n");
         return 2;
     }
     printf("each psd regime: %ld untimed pulls first (the same distribution, other "
@@ -748,6 +762,17 @@ int main(int argc, char **argv)
      * (654-894 MiB seen for the in-RAM table). */
     uint64_t over_bytes = 0;
     run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
+    /* The same table with half-precision rows (Adagrad's slot stays
+     * float32), in a memory group of the same size: the same ids and
+     * calls, the rows widened to float32 by the client as users get them. */
+    double half[3] = {0};
+    if (o.half_rows) {
+        struct opts oh = o;
+        oh.row_dtype = o.half_rows;
+        char reg[32];
+        snprintf(reg, sizeof reg, "4x-over %s", o.half_rows == 2 ? "fp16" : "bf16");
+        run(&oh, &q, limit, reg, cdf, half, NULL, NULL);
+    }
     if (q.cg[0]) {
         snprintf(path, sizeof path, "%s/memory.failcnt", q.cg);
         if ((f = fopen(path, "r")) != NULL) {
@@ -779,6 +804,11 @@ int main(int argc, char **argv)
     char dc[16] = "n/a";
     if (g_disk_frac > 0)
         snprintf(dc, sizeof dc, "%.2f", g_disk_frac);
+    if (o.half_rows && over[0] > 0)
+        printf("half rows: the 4x-over table with %s rows, in the same memory: pull %.0f "
+               "rows/s (%.2fx float32 rows), push %.0f rows/s (%.2fx)\n",
+               o.half_rows == 2 ? "fp16" : "bf16", half[0], half[0] / over[0], half[1],
+               over[1] > 0 ? half[1] / over[1] : 0);
     printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
            "%s over memory %.2f of in-ram, pull %s of disk ceiling\n", ram[0],
            ram[0] / pr.lmdb, rr, ram[1], rp, xs, (over[0] + over[1]) / (ram[0] + ram[1]), dc);
