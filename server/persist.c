@@ -292,7 +292,8 @@ int shard_store_open(psd_shard *s, uint64_t map_size)
                                  .map_size = s->o.map_size,
                                  .max_rows = s->o.max_rows_per_table,
                                  .segment_size = s->o.segment_size,
-                                 .compact_rate = s->o.compact_rate};
+                                 .compact_rate = s->o.compact_rate,
+                                 .why = s->o.why, .whylen = s->o.whylen};
     rc = psd_sparse_open(&sc, &s->sparse);
     if (rc != 0)
         return rc;

@@ -502,10 +502,14 @@ static int open_shard(struct psd *d, uint64_t *base_rss)
                                 ? c->max_rows_per_table
                                 : rows_per_table(c->data_dir, so.memory_limit);
     *base_rss = psd_rss_bytes();
+    char why[1024] = "";
+    so.why = why;
+    so.whylen = sizeof why;
     int rc = psd_shard_open(&so, &d->shard);
     if (rc != 0) {
-        fprintf(stderr, "psd: cannot open the data directory %s: %s\n",
-                c->data_dir, ps_strerror(rc));
+        /* One line: what is damaged and where, when the store says. */
+        fprintf(stderr, "psd: cannot open the data directory %s: %s\n", c->data_dir,
+                why[0] ? why : ps_strerror(rc));
         return 1;
     }
     ps_log_info("caps: %zu variables, %.1f GiB held, %llu rows per sparse table, %zu "

@@ -467,6 +467,9 @@ int psd_shard_open(const psd_shard_opts *opts, psd_shard **out)
         rc = psd_shmmap_create(&s->shm);
     if (rc == 0)
         rc = shard_store_open(s, opts->map_size);
+    /* The caller's buffer serves this open only. */
+    s->o.why = NULL;
+    s->o.whylen = 0;
     if (rc != 0)
         goto fail;
     uint64_t last = 0;

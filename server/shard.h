@@ -73,6 +73,9 @@ typedef struct psd_shard_opts {
     uint64_t max_rows_per_table; /* rows a sparse table may hold; bounds max_rows */
     uint64_t segment_size;       /* sparse rows' segment files sealed past it (0: 256M) */
     uint64_t compact_rate;       /* their compaction's bytes of I/O a second (0: 32M) */
+    char *why;                   /* an open refused for damaged data names what
+                                    and where here, one line (NULL: in the log) */
+    size_t whylen;
 } psd_shard_opts;
 
 /* Opens the store under data_dir (creating it) and loads every variable.

@@ -59,7 +59,7 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     for (int i = 0; i < SYNC_C; i++)
         pthread_cond_init(cv[i], NULL);
     sp->data_dir = strdup(c->data_dir);
-    int rc = sp->data_dir == NULL ? -ENOMEM : sparse_log_open(sp);
+    int rc = sp->data_dir == NULL ? -ENOMEM : sparse_log_open(sp, c->why, c->whylen);
     if (rc != 0) {
         psd_sparse_close(sp);
         return rc;

@@ -70,6 +70,9 @@ struct psd_sparse_conf {
                                  0: no cap */
     uint64_t segment_size;    /* a segment file is sealed past it (0: 256 MiB) */
     uint64_t compact_rate;    /* compaction's bytes of I/O a second (0: 32 MiB) */
+    char *why;                /* an open refused for a damaged segment names it
+                                 here, one line (NULL: in the log) */
+    size_t whylen;
 };
 
 /* Opens the row log in data_dir and writes what it holds beyond the

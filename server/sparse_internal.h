@@ -335,8 +335,10 @@ struct sp_move {
 };
 int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved);
 /* Opens the segments at the committed end the store records, counts the
- * live bytes and converts rows still held in LMDB (psd_sparse_open). */
-int sparse_segs_open(psd_sparse *sp);
+ * live bytes and converts rows still held in LMDB (psd_sparse_open). A
+ * segment that is corrupt or truncated: PS_ECORRUPT, named (file and
+ * offset) in why when given, else in the log. */
+int sparse_segs_open(psd_sparse *sp, char *why, size_t whylen);
 /* Counts the live bytes of each segment again from the catalog. */
 int sparse_seg_recount(psd_sparse *sp);
 /* Moves rows held in LMDB into the segments (apply_run_mu held). */
@@ -355,7 +357,7 @@ void sparse_compact_tick(psd_sparse *sp);
 void sparse_compact_free(psd_sparse *sp);
 
 /* sparse_log.c */
-int sparse_log_open(psd_sparse *sp);
+int sparse_log_open(psd_sparse *sp, char *why, size_t whylen);
 void sparse_applier_stop(psd_sparse *sp);
 
 #endif

@@ -396,9 +396,9 @@ static void after_apply(psd_sparse *sp)
  * mark into the store, older file first: a crash left those batches
  * acknowledged but not applied. Then empties both. Called by
  * psd_sparse_open, before the shard loads its variables. */
-int sparse_log_open(psd_sparse *sp)
+int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
 {
-    int rc = sparse_segs_open(sp);
+    int rc = sparse_segs_open(sp, why, whylen);
     if (rc != 0)
         return rc;
     rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);

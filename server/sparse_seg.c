@@ -21,6 +21,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -536,7 +537,7 @@ int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck)
 
 /* ---- open --------------------------------------------------------------- */
 
-int sparse_segs_open(psd_sparse *sp)
+int sparse_segs_open(psd_sparse *sp, char *why_out, size_t why_len)
 {
     uint64_t packed = 0;
     int rc = psd_store_log_mark(sp->store, PSD_STORE_SEGS_END, &packed);
@@ -549,7 +550,10 @@ int sparse_segs_open(psd_sparse *sp)
     char why[1024] = "";
     rc = psd_segs_open(sp->data_dir, sp->segment_size, &end, &sp->segs, why, sizeof why);
     if (rc != 0) {
-        ps_log_error("%s", why[0] ? why : ps_strerror(rc));
+        if (why_out != NULL && why_len > 0)
+            snprintf(why_out, why_len, "%s", why[0] ? why : ps_strerror(rc));
+        else
+            ps_log_error("%s", why[0] ? why : ps_strerror(rc));
         return rc;
     }
     uint64_t inline_rows = 0;

@@ -53,7 +53,7 @@ def create(stub):
 
 
 def refused_start(data, what, *words):
-    """psd must not start on data: a non-zero exit and a line of stderr
+    """psd must not start on data: a non-zero exit and one line of stderr,
     naming each of words."""
     argv = [pstest.psd_path(), "--data-dir", data, "--listen", "127.0.0.1:0"]
     try:
@@ -61,10 +61,11 @@ def refused_start(data, what, *words):
     except subprocess.TimeoutExpired:
         R.check(False, "%s: psd refuses to start (it still ran after 60 s)" % what)
         return
-    lines = [ln for ln in p.stderr.splitlines() if all(w in ln for w in words)]
-    R.check(p.returncode != 0 and len(lines) >= 1,
-            "%s: psd refuses to start (exit %d) with a line naming %s: %s"
-            % (what, p.returncode, ", ".join(words), lines[:1] or p.stderr[-300:]))
+    err = p.stderr.splitlines()
+    lines = [ln for ln in err if all(w in ln for w in words)]
+    R.check(p.returncode != 0 and len(lines) == 1 and len(err) == 1,
+            "%s: psd refuses to start (exit %d) with one line naming %s: %s"
+            % (what, p.returncode, ", ".join(words), err[:3] or p.stderr[-300:]))
 
 
 def layout_and_damage():
