@@ -559,6 +559,37 @@ static void ring_key_make(void)
     pthread_key_create(&ring_key, ring_free);
 }
 
+/* Each thread's read arena, kept from call to call: a batch's reads land
+ * in slots of it (RING_DEPTH of the widest span), and allocating it for
+ * every call cost an mmap, its page faults and a munmap per call (charged
+ * to psd's memory group each time). */
+static pthread_key_t arena_key;
+static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
+static __thread uint8_t *arena_tls;
+static __thread size_t arena_cap, arena_align;
+
+static void arena_key_make(void)
+{
+    pthread_key_create(&arena_key, free);
+}
+
+/* At least bytes aligned to align, or NULL. */
+static uint8_t *arena_get(size_t align, size_t bytes)
+{
+    if (arena_tls != NULL && arena_cap >= bytes && arena_align == align)
+        return arena_tls;
+    pthread_once(&arena_once, arena_key_make);
+    uint8_t *a;
+    if (posix_memalign((void **)&a, align, bytes) != 0)
+        return NULL;
+    free(arena_tls);
+    arena_tls = a;
+    arena_cap = bytes;
+    arena_align = align;
+    pthread_setspecific(arena_key, a);
+    return a;
+}
+
 static struct io_uring *ring_get(void)
 {
     if (ring_tls != NULL)
@@ -711,8 +742,8 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
     }
     struct io_uring *ring = ring_get();
     size_t slots = ring != NULL ? RING_DEPTH : 1;
-    uint8_t *arena;
-    if (posix_memalign((void **)&arena, a, slots * slot_bytes) != 0)
+    uint8_t *arena = arena_get(a, slots * slot_bytes);
+    if (arena == NULL)
         return -ENOMEM;
     int rc = 0;
     if (ring != NULL)
@@ -720,7 +751,6 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
     else
         for (size_t i = 0; i < n && rc == 0; i++)
             rc = read_one_pread(s, &rq[i], arena);
-    free(arena);
     if (rc != 0)
         return rc;
     for (size_t i = 0; i < n; i++)
