@@ -155,7 +155,7 @@ START_TEST(test_seal_reset)
     size_t len = batch(buf, 7, 100, 1);
     ck_assert_int_eq(psd_rowlog_append(l, 4, buf, len, 1), 0);
     ck_assert_int_eq(psd_rowlog_seal(l), -1); /* the sealed one is not applied yet */
-    struct seen s = walk_expect(l, !a, 0, false, 1, 4);
+    walk_expect(l, !a, 0, false, 1, 4);
     ck_assert_int_eq(psd_rowlog_reset(l, a), 0);
     ck_assert_uint_eq(psd_rowlog_bytes(l, a), 0);
     ck_assert_uint_eq(psd_rowlog_total(l), 24 + 40);
@@ -255,7 +255,7 @@ START_TEST(test_seq_must_grow)
     uint8_t buf[256];
     size_t len = batch(buf, 7, 5, 1);
     ck_assert_int_eq(psd_rowlog_append(l, 2, buf, len, 1), 0);
-    struct seen s = walk_expect(l, psd_rowlog_active(l), 0, false, 6, 3);
+    walk_expect(l, psd_rowlog_active(l), 0, false, 6, 3);
     psd_rowlog_destroy(l);
 }
 END_TEST
