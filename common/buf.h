@@ -39,4 +39,18 @@ static inline void ps_free_all(void *const *ptrs, size_t n)
         free(ptrs[i]);
 }
 
+/* An array arr of *cap elements of size bytes, holding n: with room for
+ * one more, arr itself; else arr grown (doubled, first when empty) and
+ * *cap updated, or NULL with arr left as it was. */
+static inline void *ps_grow(void *arr, size_t *cap, size_t n, size_t size, size_t first)
+{
+    if (n < *cap)
+        return arr;
+    size_t nc = *cap ? *cap * 2 : first;
+    void *p = realloc(arr, nc * size);
+    if (p != NULL)
+        *cap = nc;
+    return p;
+}
+
 #endif

@@ -1,5 +1,6 @@
 #include "common/wire.h"
 
+#include "common/buf.h"
 #include "common/errors.h"
 #include "proto/ps.pb-c.h"
 
@@ -33,17 +34,6 @@ void ps_wire_bytes_init(ps_wire_bytes *b, const struct ps_piece *pieces, int np)
 /* arr (n used of *cap elements of size bytes) with room for one more,
  * doubling from first: arr itself, a new block, or NULL when out of memory
  * (arr and *cap as they were). */
-static void *grow(void *arr, size_t *cap, size_t n, size_t size, size_t first)
-{
-    if (n < *cap)
-        return arr;
-    size_t nc = *cap ? *cap * 2 : first;
-    void *p = realloc(arr, nc * size);
-    if (p != NULL)
-        *cap = nc;
-    return p;
-}
-
 static int settle(cursor *c)
 {
     while (c->i < c->np && c->off == c->p[c->i].len) {
@@ -386,7 +376,7 @@ static int read_push_grad(cursor *c, ps_wire_push *req, char *err, size_t errlen
                  "of the message", req->ngrads);
         return PS_EPARSE;
     }
-    ps_wire_grad *grads = grow(req->grads, &req->cap, req->ngrads, sizeof *grads, 8);
+    ps_wire_grad *grads = ps_grow(req->grads, &req->cap, req->ngrads, sizeof *grads, 8);
     if (grads == NULL)
         return -ENOMEM;
     req->grads = grads;
@@ -468,7 +458,7 @@ void ps_wire_push_free(ps_wire_push *req)
 
 static int sparse_id(ps_wire_sparse *req, uint64_t v)
 {
-    int64_t *ids = grow(req->ids, &req->idcap, req->nids, sizeof *ids, 256);
+    int64_t *ids = ps_grow(req->ids, &req->idcap, req->nids, sizeof *ids, 256);
     if (ids == NULL)
         return -ENOMEM;
     req->ids = ids;
@@ -535,7 +525,7 @@ static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *er
                  req->nitems);
         return PS_EPARSE;
     }
-    ps_wire_sparse_item *items = grow(req->items, &req->cap, req->nitems, sizeof *items, 8);
+    ps_wire_sparse_item *items = ps_grow(req->items, &req->cap, req->nitems, sizeof *items, 8);
     if (items == NULL)
         return -ENOMEM;
     req->items = items;

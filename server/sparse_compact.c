@@ -88,14 +88,10 @@ static int live(void *arg, uint32_t var_id, int64_t id, uint64_t version, psd_se
         return rc;
     if (!sparse_cat_decode(d, len, &c) || c.loc.seg != loc.seg || c.loc.off != loc.off)
         return 0;
-    if (k->n == k->cap) {
-        size_t nc = k->cap ? k->cap * 2 : 512;
-        struct sp_move *a = realloc(k->mv, nc * sizeof *a);
-        if (a == NULL)
-            return -ENOMEM;
-        k->mv = a;
-        k->cap = nc;
-    }
+    struct sp_move *mv = ps_grow(k->mv, &k->cap, k->n, sizeof *mv, 512);
+    if (mv == NULL)
+        return -ENOMEM;
+    k->mv = mv;
     k->mv[k->n++] = (struct sp_move){.var_id = var_id, .id = id, .old_loc = loc,
                                      .version = c.version, .last_step = c.last_step};
     return 1;

@@ -92,14 +92,10 @@ static int collect(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const u
         a->last = seq;
     if (a->live && !bsearch(&var_id, a->live, a->nlive, sizeof *a->live, cmp_u32))
         return 0;
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 65536;
-        struct rec *nr = realloc(a->r, nc * sizeof *nr);
-        if (nr == NULL)
-            return -ENOMEM;
-        a->r = nr;
-        a->cap = nc;
-    }
+    struct rec *nr = ps_grow(a->r, &a->cap, a->n, sizeof *nr, 65536);
+    if (nr == NULL)
+        return -ENOMEM;
+    a->r = nr;
     a->r[a->n] = (struct rec){var_id, len, id, a->n, seq, data};
     a->n++;
     return 0;
