@@ -115,10 +115,14 @@ uint64_t sparse_budget(const psd_sparse *sp)
 }
 
 /* LMDB mallocs a write transaction's dirty pages and keeps them on its
- * free list after (mdb_dpage_free): the applier's count too. */
+ * free list after (mdb_dpage_free): the applier's count too. The indexes
+ * of rows count as well (16 bytes a slot, ~27 bytes a row): they are
+ * memory of psd's own that grows with the tables, as the RAM tier's rows
+ * are, and the group's limit holds them all; the tier gives them room. */
 uint64_t sparse_ram_cost(const psd_sparse *sp)
 {
-    return atomic_load(&sp->ram) + atomic_load(&sp->apply_pages) * SPARSE_DIRTY_PAGE;
+    return atomic_load(&sp->ram) + atomic_load(&sp->index_bytes) +
+           atomic_load(&sp->apply_pages) * SPARSE_DIRTY_PAGE;
 }
 
 bool psd_sparse_over_budget(psd_sparse *sp)
@@ -296,7 +300,8 @@ void psd_sparse_table_free(psd_sparse_table *t)
     if (t == NULL)
         return;
     sparse_free_entries(t);
-    void *own[] = {t->dlist, t->bloom, t->buckets, t->cms, t->name, t};
+    sparse_index_free(t);
+    void *own[] = {t->dlist, t->buckets, t->cms, t->name, t};
     pthread_mutex_destroy(&t->mu);
     for (size_t i = 0; i < sizeof own / sizeof *own; i++)
         free(own[i]);
@@ -310,6 +315,7 @@ void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     t->next = sp->tables;
     sp->tables = t;
     atomic_fetch_add(&sp->ram, t->nentries * sparse_entry_bytes(t));
+    atomic_fetch_add(&sp->index_bytes, sparse_index_bytes(t));
     atomic_fetch_add(&sp->dirty, t->ndirty);
     if (t->ready)
         atomic_fetch_add(&sp->row_bytes, t->rows * t->row_bytes);
@@ -328,6 +334,7 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
     t->sp = NULL;
     sparse_lock(t);
     atomic_fetch_sub(&sp->ram, t->nentries * sparse_entry_bytes(t));
+    atomic_fetch_sub(&sp->index_bytes, sparse_index_bytes(t));
     atomic_fetch_sub(&sp->dirty, t->ndirty);
     if (t->ready)
         atomic_fetch_sub(&sp->row_bytes, t->rows * t->row_bytes);
@@ -828,6 +835,7 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_admitted = atomic_load(&sp->admitted);
     r->sparse_evicted = atomic_load(&sp->evicted);
     r->sparse_ram_bytes = atomic_load(&sp->ram);
+    r->sparse_index_bytes = atomic_load(&sp->index_bytes);
     r->sparse_disk_bytes = psd_store_disk_bytes(sp->store);
     r->sparse_not_admitted = atomic_load(&sp->not_admitted);
     r->sparse_rows_pulled = atomic_load(&sp->pulled);
@@ -852,6 +860,8 @@ static const struct {
     C("row_bytes", row_bytes, "Bytes of the sparse rows as stored (value, optimizer "
       "slots, head), counted against --max-bytes."),
     C("ram_bytes", ram, "Bytes of the sparse RAM tier."),
+    C("index_bytes", index_bytes, "Bytes of the in-memory indexes of the stored sparse "
+      "rows (id to record), within the RAM tier's budget."),
     C("rows_unsaved", dirty, "Sparse rows changed and not yet committed."),
     C("ram_hits_total", ram_hits, "Row lookups answered from the RAM tier."),
     C("ram_misses_total", ram_misses, "Row lookups not in the RAM tier (read from "

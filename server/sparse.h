@@ -29,7 +29,8 @@
  * shard's private header):
  *   sparse.c          the tier and its tables, pull, push, stats, metrics
  *   sparse_ram.c      the RAM tier: a hash of rows and its clock
- *   sparse_rows.c     stored rows: the filter of ids, lookups, sweeps
+ *   sparse_rows.c     stored rows: finding them, lookups, sweeps
+ *   sparse_index.c    each table's index in memory: id -> its record
  *   sparse_log.c      the row log: commits, the applier, replay, drains
  *   sparse_cold.c     cold reads: a call's misses read in one batch
  *   sparse_seg.c      the segment files and the catalog in LMDB

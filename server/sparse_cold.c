@@ -1,13 +1,14 @@
 /*
  * sparse_cold.c - cold reads (sparse_internal.h): the rows of a call that
- * are not in the RAM tier, looked up in the catalog all at once and read
+ * are not in the RAM tier, looked up in the index of rows all at once and read
  * from the segments in one batch (psd_segs_read: io_uring, O_DIRECT, a row
  * one read), never through a page fault on row bytes.
  *
  * The first pass runs before the call takes the table's mutex, so that
  * neither the flusher nor the other calls of the table wait for the disk:
- * under the mutex for a moment it notes the ids with no RAM entry that may
- * have a row (the filter of ids), then reads them without it. What it
+ * under the mutex for a moment it copies out the locations of the ids
+ * with no RAM entry that the table's index of rows holds (sparse_index.c:
+ * no LMDB page is touched), then reads them without it. What it
  * read is still the row's last state when the call, under the mutex again,
  * finds no RAM entry, unless an apply or a sweep ran in between: a row
  * leaves the RAM tier only once the apply that wrote its last change is
@@ -62,45 +63,62 @@ static int slots_grow(struct sp_cold *c, size_t m, size_t rb)
     return 0;
 }
 
-/* Reads the rows of ids[idx[0..m)] of table (var_id, rb bytes a row) into
- * new slots of c, each distinct id once: a catalog entry becomes one read
- * of a batch; a row LMDB still holds (not converted) is copied. */
+/* The rows to read: ids[idx[k]], whose record is at loc[k], k < m. */
+struct want {
+    const int64_t *ids;
+    const size_t *idx;
+    const uint64_t *loc; /* (m) packed, from the index under t->mu */
+    size_t m;
+};
+
+/* Reads the rows of w into new slots of c (table var_id, rb bytes a row),
+ * each distinct id once: a record becomes one read of a batch; a row the
+ * catalog must be asked for (SPARSE_LOC_LMDB: not converted yet) is
+ * looked up in LMDB and, a catalog entry, read too, or copied. */
 static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t rb,
-                     const int64_t *ids, const size_t *idx, size_t m, struct sp_cold *c)
+                     const struct want *w, struct sp_cold *c)
 {
+    size_t m = w->m;
     int64_t *pairs = malloc(m * 2 * sizeof *pairs);
     psd_seg_read *rq = malloc(m * sizeof *rq);
     int rc = pairs && rq ? slots_grow(c, m, rb) : -ENOMEM;
     psd_store_rtxn *rt = NULL;
-    if (rc == 0)
-        rc = psd_store_rbegin(sp->store, &rt);
     if (rc != 0)
         goto out;
     for (size_t k = 0; k < m; k++) {
-        pairs[2 * k] = ids[idx[k]];
-        pairs[2 * k + 1] = (int64_t)idx[k];
+        pairs[2 * k] = w->ids[w->idx[k]];
+        pairs[2 * k + 1] = (int64_t)k;
     }
     qsort(pairs, m, 2 * sizeof *pairs, cmp_pair);
     size_t nr = 0, copied = 0;
-    for (size_t k = 0; k < m && rc == 0; k++) {
-        int64_t id = pairs[2 * k];
-        if (k > 0 && id == pairs[2 * k - 2]) {
-            c->slot[pairs[2 * k + 1]] = c->slot[pairs[2 * k - 1]];
+    for (size_t j = 0; j < m && rc == 0; j++) {
+        int64_t id = pairs[2 * j];
+        size_t k = (size_t)pairs[2 * j + 1];
+        if (j > 0 && id == pairs[2 * j - 2]) {
+            c->slot[w->idx[k]] = c->slot[w->idx[pairs[2 * j - 1]]];
             continue;
         }
         size_t s = c->nslots++;
-        c->slot[pairs[2 * k + 1]] = (int32_t)s;
+        c->slot[w->idx[k]] = (int32_t)s;
         c->have[s] = 0;
+        psd_seg_read r = {.var_id = var_id, .id = id, .dst = c->rows + s * rb, .cap = rb,
+                          .version = s};
+        if (w->loc[k] != SPARSE_LOC_LMDB) {
+            r.loc = sparse_loc_unpack(w->loc[k], rb + PSD_SEG_REC_HEAD);
+            rq[nr++] = r;
+            continue;
+        }
         const void *d;
         size_t len;
         struct sp_cat cat;
+        if (rt == NULL && (rc = psd_store_rbegin(sp->store, &rt)) != 0)
+            break;
         rc = psd_store_row_get(rt, var_id, id, &d, &len);
         if (rc == PS_ENOTFOUND) {
             rc = 0;
         } else if (rc == 0 && sparse_cat_decode(d, len, &cat)) {
-            rq[nr++] = (psd_seg_read){.loc = cat.loc, .var_id = var_id, .id = id,
-                                      .dst = c->rows + s * rb, .cap = rb,
-                                      .version = s};
+            r.loc = cat.loc;
+            rq[nr++] = r;
         } else if (rc == 0 && len == rb) {
             memcpy(c->rows + s * rb, d, rb);
             c->have[s] = 1;
@@ -111,7 +129,8 @@ static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t r
             rc = PS_ECORRUPT;
         }
     }
-    psd_store_rend(rt);
+    if (rt != NULL)
+        psd_store_rend(rt);
     if (rc == 0 && nr > 0) {
         /* version is overwritten by the read: the slots are kept apart. */
         size_t *slot_of = malloc(nr * sizeof *slot_of);
@@ -146,35 +165,55 @@ out:
     return rc;
 }
 
+/* The ids of ids[0..n) to read (those not read yet, slot[i] < 0, or all
+ * of them): those with no RAM entry that the index holds, with their
+ * locations. t->mu held. */
+static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const int32_t *slot,
+                     bool all, size_t *idx, uint64_t *loc)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        sparse_ahead(t, ids, i, n);
+        if (!all && slot[i] >= 0)
+            continue;
+        uint64_t l;
+        if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
+            idx[m] = i;
+            loc[m++] = l;
+        }
+    }
+    return m;
+}
+
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c)
 {
     *c = (struct sp_cold){.n = n};
-    c->slot = malloc((n ? n : 1) * sizeof *c->slot);
-    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
-    if (c->slot == NULL || idx == NULL) {
-        free(idx);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < n; i++)
+    size_t one = n ? n : 1;
+    c->slot = malloc(one * sizeof *c->slot);
+    size_t *idx = malloc(one * sizeof *idx);
+    uint64_t *loc = malloc(one * sizeof *loc);
+    int rc = c->slot && idx && loc ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++)
         c->slot[i] = -1;
     size_t m = 0;
-    sparse_lock(t);
-    int rc = sparse_ready(sp, t);
-    c->applied = atomic_load(&sp->log_applied);
-    c->evicts = t->evicts;
-    /* Every row in the RAM tier: nothing to read (the in-RAM case costs no
-     * second walk). */
-    bool all_ram = t->nentries >= t->rows;
-    for (size_t i = 0; rc == 0 && !all_ram && i < n; i++)
-        if (sparse_find(t, ids[i]) == NULL && sparse_maybe_stored(t, ids[i]))
-            idx[m++] = i;
-    uint32_t var_id = t->var_id;
-    size_t rb = sparse_row_bytes(t);
-    pthread_mutex_unlock(&t->mu);
+    if (rc == 0) {
+        sparse_lock(t);
+        rc = sparse_ready(sp, t);
+        c->applied = atomic_load(&sp->log_applied);
+        c->evicts = t->evicts;
+        /* Every row in the RAM tier: nothing to read (the in-RAM case
+         * costs no second walk). The locations are copied out: the reads
+         * run without the mutex. */
+        if (rc == 0 && t->nentries < t->rows)
+            m = misses(t, ids, n, c->slot, true, idx, loc);
+        pthread_mutex_unlock(&t->mu);
+    }
+    struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
-        rc = read_rows(sp, t->name, var_id, rb, ids, idx, m, c);
+        rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);
+    free(loc);
     return rc;
 }
 
@@ -200,15 +239,17 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     if (t->nentries >= t->rows)
         return 0; /* every row is in the RAM tier */
     bool stale = c->applied != atomic_load(&sp->log_applied) || c->evicts != t->evicts;
-    size_t *idx = malloc((c->n ? c->n : 1) * sizeof *idx), m = 0;
-    if (idx == NULL)
-        return -ENOMEM;
-    for (size_t i = 0; i < c->n; i++)
-        if ((c->slot[i] < 0 || stale) && sparse_find(t, ids[i]) == NULL &&
-            sparse_maybe_stored(t, ids[i]))
-            idx[m++] = i;
-    int rc = m > 0 ? read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), ids, idx, m, c) : 0;
+    size_t one = c->n ? c->n : 1;
+    size_t *idx = malloc(one * sizeof *idx);
+    uint64_t *loc = malloc(one * sizeof *loc);
+    int rc = idx && loc ? 0 : -ENOMEM;
+    struct want w = {.ids = ids, .idx = idx, .loc = loc};
+    if (rc == 0)
+        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc);
+    if (rc == 0 && w.m > 0)
+        rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);
+    free(loc);
     return rc;
 }
 

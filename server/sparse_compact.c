@@ -3,9 +3,10 @@
  * (sparse_internal.h). The applier, between its applies and with
  * apply_run_mu held (it is the one appender), picks a sealed segment about
  * a third dead by the live bytes the catalog counts, and runs a few steps
- * of psd_segs_compact_step a tick: each copies the live records of a small
- * batch to the newest segment and syncs them, and only then is the catalog
- * pointed at the copies, where it still points at the old records
+ * of psd_segs_compact_step a tick: each copies the live records (those the
+ * tables' indexes of rows point at) of a small batch to the newest segment
+ * and syncs them, and only then are the catalog and the indexes pointed
+ * at the copies, where they still point at the old records
  * (sparse_relocate; a newer write wins). When every record went through,
  * a transaction moves the catalog's committed end past the segment and
  * the file is removed. A kill anywhere leaves every row readable: the
@@ -31,7 +32,8 @@ struct sp_compact {
     uint32_t seg;
     int64_t next_ms;       /* no step before (the bucket's wait, or idle) */
     int64_t logged_ms;
-    psd_store_rtxn *rt;    /* the step's look at the catalog */
+    psd_store_rtxn *rt;    /* the step's look at the catalog, where no
+                              index can say */
     struct sp_move *mv;    /* the step's live records, in order */
     size_t n, cap;
 };
@@ -69,31 +71,36 @@ static void rt_end(struct sp_compact *k)
     k->rt = NULL;
 }
 
-/* A record is live when the catalog points at it; its entry's version and
- * last step go with the relocation. */
+/* A record is live when the table's index of rows points at it (the
+ * catalog, when no ready table's index can say). The read transaction is
+ * ended before the index's locks are taken: a thread holding one must
+ * not wait (psd_store_grow). */
 static int live(void *arg, uint32_t var_id, int64_t id, uint64_t version, psd_seg_loc loc)
 {
     psd_sparse *sp = arg;
     struct sp_compact *k = sp->compact;
     (void)version;
-    int rc = k->rt != NULL ? 0 : psd_store_rbegin(sp->store, &k->rt);
-    const void *d;
-    size_t len;
-    struct sp_cat c;
-    if (rc == 0)
-        rc = psd_store_row_get(k->rt, var_id, id, &d, &len);
-    if (rc == PS_ENOTFOUND)
-        return 0;
-    if (rc != 0)
-        return rc;
-    if (!sparse_cat_decode(d, len, &c) || c.loc.seg != loc.seg || c.loc.off != loc.off)
+    rt_end(k);
+    int held = sparse_index_holds(sp, var_id, id, loc);
+    if (held < 0) {
+        const void *d;
+        size_t len;
+        struct sp_cat c;
+        int rc = psd_store_rbegin(sp->store, &k->rt);
+        if (rc == 0)
+            rc = psd_store_row_get(k->rt, var_id, id, &d, &len);
+        if (rc != 0 && rc != PS_ENOTFOUND)
+            return rc;
+        held = rc == 0 && sparse_cat_decode(d, len, &c) && c.loc.seg == loc.seg &&
+               c.loc.off == loc.off;
+    }
+    if (!held)
         return 0;
     struct sp_move *mv = ps_grow(k->mv, &k->cap, k->n, sizeof *mv, 512);
     if (mv == NULL)
         return -ENOMEM;
     k->mv = mv;
-    k->mv[k->n++] = (struct sp_move){.var_id = var_id, .id = id, .old_loc = loc,
-                                     .version = c.version, .last_step = c.last_step};
+    k->mv[k->n++] = (struct sp_move){.var_id = var_id, .id = id, .old_loc = loc};
     return 1;
 }
 

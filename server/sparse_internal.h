@@ -72,6 +72,7 @@
 #include "server/segment.h"
 #include "server/store.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -79,6 +80,13 @@
 #define SPARSE_DIRTY_PAGE 4096
 #define SPARSE_CMS_DEPTH 4
 #define SPARSE_CMS_WIDTH 65536
+
+/* A table's index of its stored rows (sparse_index.c): cap slots of
+ * {id, packed location}, n of them used. */
+struct sp_index {
+    struct sp_slot *slot;
+    size_t cap, n;
+};
 
 /* A row in the RAM tier: dirty while mod != saved (a change not yet
  * committed); saving is the mod a commit under way holds. */
@@ -127,13 +135,9 @@ struct psd_sparse_table {
      * so that installing its rows cannot fail half-way. */
     struct sp_entry *spare;
     size_t trim_from;       /* the bucket where the next trim starts */
-    /* A Bloom filter of the ids with a row (in LMDB or the RAM tier), built
-     * by sparse_ready's walk and added to by sparse_install: an id it does
-     * not hold has no row, and a lookup skips LMDB. NULL: not used (out of
-     * memory, or past the rows it was sized for). */
-    uint64_t *bloom;
-    uint64_t bloom_mask;    /* bits - 1 (a power of two) */
-    uint64_t bloom_cap;     /* rows it is sized for */
+    /* Every row outside the RAM tier's pending changes: id -> where its
+     * record is (sparse_index.c), built by sparse_ready from the catalog. */
+    struct sp_index ix;
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     uint64_t evicts;        /* rows the sweeps deleted: a cold read begun
                                before one is done again (sparse_cold.c) */
@@ -164,6 +168,9 @@ struct psd_sparse {
     /* The bytes of the stored rows of the ready tables (rows * row_bytes):
      * what they hold against --max-bytes. */
     atomic_uint_fast64_t row_bytes;
+    /* The bytes of the ready tables' indexes of rows (sparse_index.c),
+     * part of what the RAM budget bounds (sparse_ram_cost). */
+    atomic_uint_fast64_t index_bytes;
     uint64_t max_rows;      /* per table, 0: none */
     /* The kill -9 bound needs each commit to end soon after it starts: the
      * rows a commit may carry follow what the last commits wrote per ms
@@ -256,9 +263,6 @@ void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_
 int sparse_ready(psd_sparse *sp, psd_sparse_table *t);
 /* id's RAM entry (its clock bit set), or NULL; counts a hit or a miss. */
 struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id);
-bool sparse_maybe_stored(const psd_sparse_table *t, int64_t id);
-void sparse_bloom_add(psd_sparse_table *t, int64_t id);
-void sparse_bloom_prefetch(const psd_sparse_table *t, int64_t id);
 int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
 
 /* sparse_cold.c: the rows of a call that are not in the RAM tier, read
@@ -310,11 +314,8 @@ struct sp_catw {
     bool set_end;
 };
 int sparse_catw_begin(psd_sparse *sp, struct sp_catw *w, bool set_end);
-/* Points row id at c. only_if: only when the catalog still points at that
- * record (*set says whether it did): a compaction's relocation, which a
- * newer write wins. Returns 0 or the store's error. */
-int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c,
-                   const psd_seg_loc *only_if, bool *set);
+/* Points row id at c. Returns 0 or the store's error. */
+int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c);
 /* Counts a stored entry the transaction deletes as dead. */
 void sparse_cat_gone(struct sp_catw *w, const void *data, size_t len);
 int sparse_catw_commit(struct sp_catw *w);
@@ -323,15 +324,16 @@ void sparse_catw_abort(struct sp_catw *w);
 int sparse_catw_end(struct sp_catw *w, int rc);
 /* Compaction's relocation of n rows, in one transaction, each only when
  * the catalog still points at old (apply_run_mu held: the caller is the
- * appender, and synced the new records). *moved: the rows moved. A cold
- * read that looked a row up before the relocation committed still reads
- * the old record (sparse_cold.c reads outside the table's mutex): a
- * segment may go only once no read begun before that is in flight. */
+ * appender, and synced the new records), keeping the entry's version and
+ * last step; then the indexes, where they still point at old. *moved: the
+ * rows moved. A cold read that took a location before the relocation
+ * still reads the old record (sparse_cold.c reads outside the table's
+ * mutex): a segment may go only once no read begun before that is in
+ * flight. */
 struct sp_move {
     uint32_t var_id;
     int64_t id;
     psd_seg_loc old_loc, new_loc;
-    uint64_t version, last_step;
 };
 int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved);
 /* Opens the segments at the committed end the store records, counts the
@@ -348,6 +350,50 @@ int sparse_convert(psd_sparse *sp);
 int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck);
 /* Dead bytes: of the segments, those of no row. */
 uint64_t sparse_dead_bytes(psd_sparse *sp);
+
+/* sparse_index.c: each table's index of its stored rows, with t->mu held
+ * (but sparse_index_apply, which takes it). A packed location (0: none)
+ * is a record of the table's fixed length rec_len, or SPARSE_LOC_LMDB:
+ * read the catalog in LMDB (a row not converted yet, or a record the
+ * packing does not fit). */
+#define SPARSE_LOC_LMDB ((uint64_t)1)
+/* What a scan's callback returns past the rows it wants. */
+#define SPARSE_SCAN_END (-ECANCELED)
+uint64_t sparse_loc_pack(psd_seg_loc l, uint64_t rec_len);
+psd_seg_loc sparse_loc_unpack(uint64_t p, uint64_t rec_len);
+/* id's packed location, or 0 when the table has no stored row of id. */
+uint64_t sparse_index_get(const psd_sparse_table *t, int64_t id);
+void sparse_index_prefetch(const psd_sparse_table *t, int64_t id);
+/* Inserts or replaces: 0, or -ENOMEM (full, and it could not grow). */
+int sparse_index_set(psd_sparse_table *t, int64_t id, uint64_t loc);
+/* Replaces id's location only while it is old: whether it did. */
+bool sparse_index_replace(psd_sparse_table *t, int64_t id, uint64_t old, uint64_t loc);
+void sparse_index_del(psd_sparse_table *t, int64_t id);
+/* Room for more new ids without growing: 0 or -ENOMEM. */
+int sparse_index_reserve(psd_sparse_table *t, size_t more);
+uint64_t sparse_index_bytes(const psd_sparse_table *t);
+void sparse_index_free(psd_sparse_table *t);
+/* Builds t's index from the catalog (rows: its size, to reserve; *found:
+ * the rows it holds). Returns 0, -ENOMEM or the store's error. */
+int sparse_index_build(psd_sparse *sp, psd_sparse_table *t, uint64_t rows, uint64_t *found);
+/* A change a writer committed, for the index of the ready table of var_id:
+ * loc (only while it holds *only_if, when given), or gone. */
+struct sp_ixset {
+    uint32_t var_id;
+    bool gone;
+    int64_t id;
+    psd_seg_loc loc;
+    const psd_seg_loc *only_if;
+};
+/* Applies n changes (those of a table next to each other) once their
+ * transaction committed; reserve: before it, makes room for them instead,
+ * so that applying cannot fail. Takes tables_mu and each table's mutex (no
+ * transaction may be open in the calling thread). Returns 0 or -ENOMEM. */
+int sparse_index_apply(psd_sparse *sp, const struct sp_ixset *s, size_t n, bool reserve);
+/* Whether the index of the ready table of var_id points row id at loc: 1
+ * or 0, or -1 when it cannot say (no such table ready, or a row to ask the
+ * catalog for). Takes the locks as sparse_index_apply. */
+int sparse_index_holds(psd_sparse *sp, uint32_t var_id, int64_t id, psd_seg_loc loc);
 
 /* sparse_compact.c: the applier, apply_run_mu held, between its applies:
  * a few steps of the compaction of a segment a third dead (the catalog

@@ -7,8 +7,10 @@
  *
  * The applier appends each row's last state to the segments (segment.h),
  * syncs them, and then commits the LMDB transaction that points the
- * catalog at them (sparse_seg.c): a row is in LMDB, as the applied mark
- * says, only once its bytes are on the disk.
+ * catalog at them (sparse_seg.c), and then the table's index of rows
+ * (sparse_index.c): a row is in LMDB, as the applied mark says, only once
+ * its bytes are on the disk, and it leaves the RAM tier only once the
+ * index points at them.
  *
  * Why a log: a commit used to put every changed row into LMDB, whose
  * copy-on-write B+tree rewrites the 4 KiB leaf page of each scattered row
@@ -145,7 +147,7 @@ static int put_row(struct apply *a, struct sp_catw *w, const struct rec *r,
         if (r->len >= SPARSE_ROW_HEAD)
             memcpy(&last, r->data + 8, sizeof last);
         struct sp_cat c = {.loc = *loc, .version = r->seq, .last_step = last};
-        return sparse_cat_set(w, r->var_id, r->id, &c, NULL, NULL);
+        return sparse_cat_set(w, r->var_id, r->id, &c);
     }
     uint32_t head = r->len < SPARSE_ROW_HEAD ? r->len : SPARSE_ROW_HEAD;
     return psd_store_row_put(w->t, r->var_id, r->id, r->data, head, r->data + head,
@@ -169,18 +171,24 @@ static int put_all(void *ctx)
             a->r[u++] = a->r[j];
     a->n = u;
     psd_seg_loc *loc = a->segs ? malloc(a->chunk * sizeof *loc) : NULL;
-    if (a->segs != NULL && loc == NULL)
-        return -ENOMEM;
+    struct sp_ixset *ix = a->segs ? malloc(a->chunk * sizeof *ix) : NULL;
+    int rc = a->segs != NULL && (loc == NULL || ix == NULL) ? -ENOMEM : 0;
     size_t i = 0;
     bool appended = false;
-    int rc;
-    for (;;) {
+    while (rc == 0) {
         size_t end = i + a->chunk < a->n ? i + a->chunk : a->n;
         if (a->segs != NULL && !appended) {
             if ((rc = append_chunk(a, i, end, loc)) != 0)
                 break;
             appended = true;
+            for (size_t k = i; k < end; k++)
+                ix[k - i] = (struct sp_ixset){.var_id = a->r[k].var_id, .id = a->r[k].id,
+                                              .loc = loc[k - i]};
         }
+        /* The indexes' room first: once the transaction commits, pointing
+         * them at the records cannot fail. */
+        if (a->segs != NULL && (rc = sparse_index_apply(a->sp, ix, end - i, true)) != 0)
+            break;
         struct sp_catw w = {0};
         rc = a->segs ? sparse_catw_begin(a->sp, &w, true) : psd_store_begin(a->st, &w.t);
         size_t j = i;
@@ -202,12 +210,15 @@ static int put_all(void *ctx)
             continue; /* the same rows again in a bigger map */
         if (rc != 0)
             break;
+        if (a->segs != NULL)
+            sparse_index_apply(a->sp, ix, j - i, false); /* room was made */
         appended = false;
         i = j;
         if (i >= a->n)
             break;
     }
     free(loc);
+    free(ix);
     return rc;
 }
 

@@ -140,7 +140,7 @@ void sparse_free_entries(psd_sparse_table *t)
 /* A walk over ids runs this at each i: the bucket of the id 16 ahead and
  * the entry (and the first lines of its row) of the id 8 ahead are fetched
  * into the cache while this one is looked up, and for an id not in the
- * tier its filter words: a table of a million rows is ~600 MB of entries,
+ * tier its slot of the index of rows: a table of a million rows is ~600 MB of entries,
  * and each lookup was two or three cache misses in a row (sparse_find was
  * a third of psd's time in bench/sparse's pull). */
 void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_t n)
@@ -156,7 +156,7 @@ void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_
             __builtin_prefetch(p + 128);
             __builtin_prefetch(p + 192);
         } else {
-            sparse_bloom_prefetch(t, ids[i + 8]);
+            sparse_index_prefetch(t, ids[i + 8]);
         }
     }
 }
@@ -182,7 +182,6 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
         e->listed = true;
         t->dlist[t->dn++] = e;
     }
-    sparse_bloom_add(t, id);
     e->ref = true;
     size_t clamped = sparse_row_pack(t, state, e->row);
     if (clamped > 0)

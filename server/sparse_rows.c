@@ -1,8 +1,8 @@
 /*
  * sparse_rows.c - the stored rows of sparse tables (sparse_internal.h):
- * finding a table's rows in the store, the filter of ids that have a row,
- * the RAM tier's hits and misses, and the eviction sweeps (TTL and
- * max_rows) the flusher runs over the catalog.
+ * finding a table's rows in the store and building its index of them, the
+ * RAM tier's hits and misses, and the eviction sweeps (TTL and max_rows)
+ * the flusher runs over the catalog.
  */
 #include "server/sparse_internal.h"
 
@@ -17,82 +17,20 @@
 #define SWEEP_EVERY_MS 1000
 #define TTL_SWEEP_ROWS 65536
 
-/* ---- the filter of ids with a row ------------------------------------- */
-
-#define BLOOM_K 4
-#define BLOOM_MIN_BITS ((uint64_t)1 << 24)  /* 2 MiB */
-#define BLOOM_MAX_BITS ((uint64_t)1 << 29)  /* 64 MiB */
-
-/* The first of an id's BLOOM_K bit positions (*d apart: double hashing). */
-static uint64_t bloom_hash(int64_t id, uint64_t *d)
-{
-    uint64_t h = sparse_mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL);
-    *d = (h >> 32) | 1;
-    return h;
-}
-
-void sparse_bloom_add(psd_sparse_table *t, int64_t id)
-{
-    if (t->bloom == NULL)
-        return;
-    uint64_t d, h = bloom_hash(id, &d);
-    for (int i = 0; i < BLOOM_K; i++, h += d)
-        t->bloom[(h & t->bloom_mask) >> 6] |= (uint64_t)1 << (h & 63);
-}
-
-void sparse_bloom_prefetch(const psd_sparse_table *t, int64_t id)
-{
-    if (t->bloom == NULL)
-        return;
-    uint64_t d, h = bloom_hash(id, &d);
-    for (int k = 0; k < BLOOM_K; k++, h += d)
-        __builtin_prefetch(&t->bloom[(h & t->bloom_mask) >> 6]);
-}
-
-/* False only when id certainly has no row. */
-bool sparse_maybe_stored(const psd_sparse_table *t, int64_t id)
-{
-    if (t->bloom == NULL || t->rows > t->bloom_cap)
-        return true;
-    uint64_t d, h = bloom_hash(id, &d);
-    for (int i = 0; i < BLOOM_K; i++, h += d)
-        if (!(t->bloom[(h & t->bloom_mask) >> 6] & ((uint64_t)1 << (h & 63))))
-            return false;
-    return true;
-}
-
-/* Sized for 4x the table's rows at 16 bits a row (a false positive about
- * 1 in 400 until then), between 2 and 64 MiB; past bloom_cap rows the
- * filter answers "maybe" for every id. */
-static void bloom_alloc(psd_sparse_table *t, uint64_t rows)
-{
-    uint64_t bits = BLOOM_MIN_BITS;
-    while (bits < BLOOM_MAX_BITS && bits < rows * 64)
-        bits <<= 1;
-    t->bloom = calloc(bits / 64, sizeof *t->bloom);
-    t->bloom_mask = bits - 1;
-    t->bloom_cap = bits / 16;
-}
-
-static void bloom_each(void *ctx, int64_t id)
-{
-    sparse_bloom_add(ctx, id);
-}
-
-/* Learns the table's var_id and its row count, once (the first call after
- * it was created, loaded or restored). With t->mu held. */
+/* Learns the table's var_id, its row count and its index of rows, once
+ * (the first call after it was created, loaded or restored). With t->mu
+ * held: an apply, a relocation or a sweep of the table waits for it, and
+ * then finds the index holding what LMDB held. */
 int sparse_ready(psd_sparse *sp, psd_sparse_table *t)
 {
     if (t->ready)
         return 0;
+    uint64_t rows = 0;
     int rc = psd_store_var_id(sp->store, t->name, &t->var_id);
     if (rc == 0)
-        rc = psd_store_rows_count(sp->store, t->var_id, &t->rows);
-    if (rc == 0 && t->bloom == NULL) {
-        bloom_alloc(t, t->rows);
-        if (t->bloom != NULL && t->rows > 0)
-            rc = psd_store_rows_ids(sp->store, t->var_id, &t->rows, bloom_each, t);
-    }
+        rc = psd_store_rows_count(sp->store, t->var_id, &rows);
+    if (rc == 0)
+        rc = sparse_index_build(sp, t, rows, &t->rows);
     if (rc != 0) {
         ps_log_err(rc, "sparse table '%s': cannot find its rows in the store", t->name);
         return rc;
@@ -130,6 +68,8 @@ struct sweep {
     int64_t cut_id;
     enum { SWEEP_TTL, SWEEP_COLLECT, SWEEP_CUT } mode;
     uint64_t deleted;
+    int64_t *gone;          /* (deleted) ids, out of the index once committed */
+    size_t gone_cap;
 };
 
 static int collect_key(struct sweep *w, int64_t id, uint64_t last)
@@ -168,6 +108,11 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
                    : w->clock > last && w->clock - last > t->ttl;
     if (!del)
         return 0;
+    int64_t *g = ps_grow(w->gone, &w->gone_cap, w->deleted, sizeof *g, 4096);
+    if (g == NULL)
+        return -ENOMEM;
+    w->gone = g;
+    g[w->deleted] = id;
     if (*l != NULL)
         sparse_entry_drop(w->sp, t, l);
     sparse_cat_gone(w->w, data, len);
@@ -229,11 +174,14 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     else
         sparse_catw_abort(&cw);
     if (rc == 0) {
+        for (uint64_t k = 0; k < w.deleted; k++)
+            sparse_index_del(t, w.gone[k]);
         t->evicts += w.deleted;
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
         atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);
     }
+    free(w.gone);
     return rc;
 }
 

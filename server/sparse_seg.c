@@ -118,25 +118,16 @@ static int cat_put(struct sp_catw *w, uint32_t var_id, int64_t id, const struct 
     return 0;
 }
 
-int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c,
-                   const psd_seg_loc *only_if, bool *set)
+int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c)
 {
     const void *d;
     size_t len;
     struct sp_cat old;
-    if (set != NULL)
-        *set = false;
     int rc = psd_store_row_peek(w->t, var_id, id, &d, &len);
     if (rc != 0 && rc != PS_ENOTFOUND)
         return rc;
     bool had = rc == 0 && sparse_cat_decode(d, len, &old);
-    if (only_if != NULL &&
-        (!had || old.loc.seg != only_if->seg || old.loc.off != only_if->off))
-        return 0;
-    rc = cat_put(w, var_id, id, c, had ? &old : NULL);
-    if (rc == 0 && set != NULL)
-        *set = true;
-    return rc;
+    return cat_put(w, var_id, id, c, had ? &old : NULL);
 }
 
 int sparse_catw_commit(struct sp_catw *w)
@@ -201,20 +192,38 @@ int sparse_catw_end(struct sp_catw *w, int rc)
 
 int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved)
 {
+    struct sp_ixset *ix = malloc((n ? n : 1) * sizeof *ix);
+    if (ix == NULL)
+        return -ENOMEM;
     int rc;
     do {
         struct sp_catw w;
         *moved = 0;
         rc = sparse_catw_begin(sp, &w, true);
         for (size_t i = 0; i < n && rc == 0; i++) {
-            struct sp_cat c = {.loc = mv[i].new_loc, .version = mv[i].version,
-                               .last_step = mv[i].last_step};
-            bool set;
-            rc = sparse_cat_set(&w, mv[i].var_id, mv[i].id, &c, &mv[i].old_loc, &set);
-            *moved += set;
+            const struct sp_move *m = &mv[i];
+            const void *d;
+            size_t len;
+            struct sp_cat old;
+            rc = psd_store_row_peek(w.t, m->var_id, m->id, &d, &len);
+            if (rc == PS_ENOTFOUND) {
+                rc = 0;
+                continue; /* deleted since */
+            }
+            if (rc != 0 || !sparse_cat_decode(d, len, &old) ||
+                old.loc.seg != m->old_loc.seg || old.loc.off != m->old_loc.off)
+                continue; /* a newer write won */
+            struct sp_cat c = old;
+            c.loc = m->new_loc;
+            rc = cat_put(&w, m->var_id, m->id, &c, &old);
+            ix[(*moved)++] = (struct sp_ixset){.var_id = m->var_id, .id = m->id,
+                                               .loc = m->new_loc, .only_if = &m->old_loc};
         }
         rc = sparse_catw_end(&w, rc);
     } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
+    if (rc == 0)
+        sparse_index_apply(sp, ix, *moved, false); /* no new id: nothing to fail */
+    free(ix);
     return rc;
 }
 
@@ -399,11 +408,17 @@ static int append_batch(psd_sparse *sp, psd_store *st, struct move *m)
 {
     (void)st;
     struct move_row *r = move_rows(m);
-    int rc = move_append(sp, m);
-    if (rc != 0)
+    static const psd_seg_loc in_lmdb = {0}; /* packs to SPARSE_LOC_LMDB */
+    struct sp_ixset *ix = malloc((m->n ? m->n : 1) * sizeof *ix);
+    size_t nix = 0;
+    int rc = ix == NULL ? -ENOMEM : move_append(sp, m);
+    if (rc != 0) {
+        free(ix);
         return rc;
+    }
     do {
         struct sp_catw w;
+        nix = 0;
         rc = sparse_catw_begin(sp, &w, true);
         for (size_t k = 0; k < m->n && rc == 0; k++) {
             const uint8_t *row = m->buf.data + r[k].off;
@@ -417,6 +432,9 @@ static int append_batch(psd_sparse *sp, psd_store *st, struct move *m)
                 }
                 if (prc == PS_ENOTFOUND || len != r[k].len || memcmp(d, row, len) != 0)
                     continue;
+                /* A ready table's index says "ask the catalog" for it. */
+                ix[nix++] = (struct sp_ixset){.var_id = r[k].var, .id = r[k].id,
+                                              .loc = r[k].loc, .only_if = &in_lmdb};
             }
             struct sp_cat c = {.loc = r[k].loc,
                                .last_step = sparse_stored_last_step(row, r[k].len)};
@@ -424,6 +442,9 @@ static int append_batch(psd_sparse *sp, psd_store *st, struct move *m)
         }
         rc = sparse_catw_end(&w, rc);
     } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
+    if (rc == 0)
+        sparse_index_apply(sp, ix, nix, false); /* no new id: nothing to fail */
+    free(ix);
     return rc;
 }
 

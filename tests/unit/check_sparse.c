@@ -331,6 +331,67 @@ START_TEST(test_budget)
 }
 END_TEST
 
+/* The index of stored rows (id -> record) with the RAM tier too small for
+ * the table: 3000 rows evicted by TTL out of 6000 (deletions from the
+ * index in the middle of its probe runs), then every row read cold and
+ * right, the evicted ones created again, and the index's bytes counted in
+ * Stats and against the budget. */
+START_TEST(test_index)
+{
+    struct fx f;
+    fx_start(&f, 0, 50, 0, 1 << 20, 0); /* ttl 50 steps, a budget of 256 KiB */
+    enum { N = 6000 };
+    int64_t ids[N];
+    for (size_t i = 0; i < N; i++) /* scattered: odd and even interleave */
+        ids[i] = (int64_t)((i * 2654435761u) % 1000003) * (i % 2 ? 1 : -1);
+    for (int k = 0; k < 2; k++) /* old rows at odd i (step 1), fresh at even */
+        for (size_t i = 0; i < N; i += 500) {
+            int64_t part[250];
+            for (size_t j = 0; j < 250; j++)
+                part[j] = ids[i + 2 * j + (k == 0)];
+            ck_assert_int_eq(push(&f, part, 250, 1.0f, k == 0 ? 1 : 100, UINT64_MAX, NULL),
+                             0);
+            commit(&f);
+            ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
+        }
+    Ps__V1__StatsResponse r = settle(&f);
+    ck_assert_uint_eq(r.sparse_evicted, N / 2);
+    ck_assert_uint_eq(r.sparse_rows, N / 2);
+    ck_assert_uint_gt(r.sparse_index_bytes, N / 2 * 16);
+    ck_assert_uint_le(r.sparse_index_bytes + r.sparse_ram_bytes, 256 << 10);
+    float *out = malloc(N * DIM * sizeof *out);
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, ids, N, out, true, &ins), 0);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(out[i * DIM] == (i % 2 ? 0.0f : -1.0f), "row %lld: %g",
+                      (long long)ids[i], out[i * DIM]);
+    ck_assert_uint_gt(stats(&f).sparse_segment_reads, N / 4);
+    /* The evicted rows again: new rows, stored and read back cold. */
+    for (size_t i = 1; i < N; i += 500) {
+        int64_t part[250];
+        for (size_t j = 0; j < 250; j++)
+            part[j] = ids[i + 2 * j];
+        ck_assert_int_eq(push(&f, part, 250, 2.0f, 120, UINT64_MAX, NULL), 0);
+        commit(&f);
+        ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
+    }
+    ck_assert_uint_eq(settle(&f).sparse_rows, N);
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, ids, N, out, true, &ins), 0);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(out[i * DIM] == (i % 2 ? -2.0f : -1.0f), "row %lld: %g",
+                      (long long)ids[i], out[i * DIM]);
+    free(out);
+    fx_close(&f, true);
+    /* Built again from the catalog at the next open. */
+    fx_open(&f, 1 << 20, 0, false);
+    float one[DIM];
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, &ids[7], 1, one, true, &ins), 0);
+    ck_assert(one[0] == -2.0f);
+    ck_assert_uint_eq(stats(&f).sparse_rows, N);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* ---- commit and reopen ---------------------------------------------------- */
 
 static void reopen_case(bool drain)
@@ -696,7 +757,7 @@ PSCHECK_MAIN("sparse",
      &pscheck_tmp},
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
-    {"caps", {test_caps, test_budget}, &pscheck_tmp},
+    {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
