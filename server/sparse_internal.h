@@ -27,6 +27,12 @@
  *     rows: (var, id) -> {seg, off, len} ---> | hdr | rec | rec | rec ... |
  *     meta: rowlog_applied, segs_end             (O_DIRECT, io_uring)
  *     rows.log.0/1: batches of changed rows, applied behind
+ *     memory, per table: index id -> {seg, off} (sparse_index.c) --^
+ *
+ * The index holds every row the catalog holds, updated by each writer
+ * once its transaction committed; cold reads take locations from it and
+ * never touch LMDB's pages (which, in a small memory cgroup, did not stay
+ * cached beside the RAM tier: a 4 KiB fault per cold row).
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier. At
@@ -36,9 +42,9 @@
  * commits the LMDB transaction that points the catalog at them and moves
  * "segs_end" (psd_segs_open cuts anything past it). A row outside the RAM
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
- * up in the catalog and read in one batch through io_uring with O_DIRECT,
- * never a page fault on row bytes, and the rows enter the RAM tier. The
- * RAM tier is kept under half of --memory-limit less 24 MiB (the page
+ * up in the index and read in one batch through io_uring with O_DIRECT,
+ * never a page fault, and the rows enter the RAM tier. The RAM tier, with
+ * the indexes, is kept under half of --memory-limit less 24 MiB (the page
  * cache no longer holds rows; sparse_budget): past it a push first waits
  * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from

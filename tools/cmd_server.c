@@ -109,6 +109,7 @@ static void print_stats(const Ps__V1__StatsResponse *r)
         ROW("sparse rows", "%" PRIu64 " (%" PRIu64 " not yet committed)", r->sparse_rows,
             r->sparse_rows_unsaved);
         ROW("sparse RAM tier", "%s", human_bytes(r->sparse_ram_bytes, a, sizeof a));
+        ROW("sparse index of rows", "%s", human_bytes(r->sparse_index_bytes, a, sizeof a));
         ROW("LMDB file in use", "%s", human_bytes(r->sparse_disk_bytes, a, sizeof a));
         ROW("row log to apply", "%s", human_bytes(r->sparse_log_bytes, a, sizeof a));
         ROW("rows read from LMDB", "%" PRIu64 " (the others from the RAM tier)",

@@ -211,6 +211,7 @@ def main():
     for name, field in (("psd_sparse_tables", "sparse_tables"),
                         ("psd_sparse_rows", "sparse_rows"),
                         ("psd_sparse_ram_bytes", "sparse_ram_bytes"),
+                        ("psd_sparse_index_bytes", "sparse_index_bytes"),
                         ("psd_sparse_rows_unsaved", "sparse_rows_unsaved"),
                         ("psd_sparse_rows_pulled_total", "sparse_rows_pulled"),
                         ("psd_sparse_rows_pushed_total", "sparse_rows_pushed"),
