@@ -759,6 +759,61 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
     return 0;
 }
 
+/* Calls fn for the records of segment n from offset off to end (its
+ * synced end when it is the active one). */
+static int scan_file(psd_segs *s, uint32_t n, uint64_t off, psd_seg_scan_fn fn, void *ctx)
+{
+    char *path = seg_path(s, n, "");
+    if (path == NULL)
+        return -ENOMEM;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    free(path);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int rc = errno == ENOENT ? 0 : -errno; /* compacted away: nothing needed */
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    uint64_t size = n == s->cur ? s->wend : (uint64_t)st.st_size;
+    int rc = 0;
+    if (size > off) {
+        const uint8_t *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            close(fd);
+            return -errno;
+        }
+        madvise((void *)m, size, MADV_SEQUENTIAL);
+        while (rc == 0 && off < size) {
+            uint32_t len, var_id;
+            int64_t id;
+            uint64_t version;
+            if (rec_check(m + off, size - off, &len) != NULL) {
+                rc = PS_ECORRUPT; /* psd_segs_open checked them: changed since */
+                break;
+            }
+            memcpy(&var_id, m + off + 8, 4);
+            memcpy(&id, m + off + 16, 8);
+            memcpy(&version, m + off + 24, 8);
+            psd_seg_loc loc = {.seg = n, .off = off, .len = PSD_SEG_REC_HEAD + len};
+            rc = fn(ctx, var_id, id, version, loc, m + off + PSD_SEG_REC_HEAD, len);
+            off += PSD_SEG_REC_HEAD + len;
+        }
+        munmap((void *)m, size);
+    }
+    close(fd);
+    return rc;
+}
+
+int psd_segs_scan(psd_segs *s, const psd_seg_loc *from, psd_seg_scan_fn fn, void *ctx)
+{
+    int rc = 0;
+    for (uint32_t n = from->seg ? from->seg : 1; n <= s->cur && rc == 0; n++)
+        rc = scan_file(s, n, n == from->seg && from->off > PSD_SEG_FILE_HEAD
+                                 ? from->off : PSD_SEG_FILE_HEAD, fn, ctx);
+    return rc;
+}
+
 psd_seg_loc psd_segs_end(const psd_segs *s)
 {
     return (psd_seg_loc){.seg = s->cur, .off = s->wend, .len = 0};

@@ -133,6 +133,16 @@ typedef struct {
  * was sound), PS_ECORRUPT when one was not, or -errno of an I/O failure. */
 int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n);
 
+/* Called by psd_segs_scan for each record: its table, id, version,
+ * location and row bytes (valid during the call). 0 goes on; a negative
+ * value stops the scan (returned). */
+typedef int (*psd_seg_scan_fn)(void *ctx, uint32_t var_id, int64_t id, uint64_t version,
+                               psd_seg_loc loc, const void *row, size_t len);
+/* Reads every record from *from (a committed end an owner recorded) to
+ * the synced end, in order, segment by segment. Between appends (the
+ * appender's thread). Returns 0, PS_ECORRUPT, fn's error or -errno. */
+int psd_segs_scan(psd_segs *s, const psd_seg_loc *from, psd_seg_scan_fn fn, void *ctx);
+
 /* The newest segment's number, the bytes of all segments, reads done
  * through io_uring with O_DIRECT (false: the pread fallback), and the
  * alignment reads are widened to. */

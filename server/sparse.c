@@ -93,6 +93,7 @@ void psd_sparse_close(psd_sparse *sp)
     for (int i = 0; i < SYNC_C; i++)
         pthread_cond_destroy(cv[i]);
     free(sp->seg_live);
+    free(sp->catq);
     free(sp->data_dir);
     free(sp);
 }

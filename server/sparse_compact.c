@@ -123,7 +123,11 @@ static int moved(void *arg, psd_seg_move *mv, size_t n)
 static int finish(psd_sparse *sp, struct sp_compact *k)
 {
     struct sp_catw w;
-    int rc = sparse_catw_begin(sp, &w, true);
+    /* The queued relocations into the catalog first: once the file is
+     * gone, neither the catalog nor a replay at open may need it. */
+    int rc = sparse_cat_flush(sp, false);
+    if (rc == 0)
+        rc = sparse_catw_begin(sp, &w, true);
     if (rc == 0)
         rc = sparse_catw_commit(&w);
     psd_seg_loc end = psd_segs_end(sp->segs);
@@ -146,7 +150,13 @@ void sparse_compact_tick(psd_sparse *sp)
     int rc = 0;
     if (k->c == NULL) {
         uint32_t seg;
-        if (pick(sp, &seg) != 0) {
+        /* The live bytes count what the catalog holds: with entries
+         * queued, a segment may look deader than it is until they are
+         * written. */
+        bool found = pick(sp, &seg) == 0;
+        if (found && atomic_load(&sp->catq_len) > 0)
+            found = sparse_cat_flush(sp, false) == 0 && pick(sp, &seg) == 0;
+        if (!found) {
             k->next_ms = t0 + IDLE_MS;
             return;
         }

@@ -199,7 +199,7 @@ static psd_sparse_table *table_of(psd_sparse *sp, uint32_t var_id)
     return NULL;
 }
 
-int sparse_index_apply(psd_sparse *sp, const struct sp_ixset *s, size_t n, bool reserve)
+int sparse_index_apply(psd_sparse *sp, struct sp_ixset *s, size_t n, bool reserve)
 {
     int rc = 0;
     pthread_mutex_lock(&sp->tables_mu);
@@ -212,6 +212,11 @@ int sparse_index_apply(psd_sparse *sp, const struct sp_ixset *s, size_t n, bool 
         uint64_t rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
         if (reserve) {
             rc = sparse_index_reserve(t, j - i);
+            for (size_t k = i; k < j; k++) {
+                uint64_t was = sparse_index_get(t, s[k].id);
+                s[k].was = was != 0 && was != SPARSE_LOC_LMDB ? sparse_loc_unpack(was, rec)
+                                                              : (psd_seg_loc){0};
+            }
         } else {
             for (size_t k = i; k < j && rc == 0; k++) {
                 uint64_t loc = sparse_loc_pack(s[k].loc, rec);

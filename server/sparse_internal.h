@@ -25,22 +25,31 @@
  *
  *     data.mdb (LMDB)                       seg-00000001.psg ...
  *     rows: (var, id) -> {seg, off, len} ---> | hdr | rec | rec | rec ... |
- *     meta: rowlog_applied, segs_end             (O_DIRECT, io_uring)
+ *     meta: rowlog_applied, segs_end, cat_upto   (O_DIRECT, io_uring)
  *     rows.log.0/1: batches of changed rows, applied behind
  *     memory, per table: index id -> {seg, off} (sparse_index.c) --^
  *
- * The index holds every row the catalog holds, updated by each writer
- * once its transaction committed; cold reads take locations from it and
- * never touch LMDB's pages (which, in a small memory cgroup, did not stay
- * cached beside the RAM tier: a 4 KiB fault per cold row).
+ * The index holds every stored row, updated by each writer once its
+ * transaction committed; cold reads take locations from it and never
+ * touch LMDB's pages (which, in a small memory cgroup, did not stay
+ * cached beside the RAM tier: a 4 KiB fault per cold row). The catalog is
+ * written behind it: the applier's and compaction's transactions commit
+ * "segs_end" alone (the commit point), their entries wait in a queue
+ * (sparse_seg.c) and go into the catalog in key order, many applies at
+ * once, in bounded transactions that end by moving "cat_upto": past a
+ * threshold, before a checkpoint, a conversion or a segment's removal, at
+ * a clean stop, and when a sweep needs it. At open the records between
+ * "cat_upto" and "segs_end" are replayed into it (a later record of a row
+ * wins). A sweep deletes only rows whose catalog entry is the index's, so
+ * no record of a deleted row lies past "cat_upto": no tombstones.
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier. At
  * each commit the flusher appends the changed rows to the row log
  * (rowlog.h; the same kill -9 bound), and the applier (sparse_log.c)
  * appends them to the segments behind, fdatasyncs them, and only then
- * commits the LMDB transaction that points the catalog at them and moves
- * "segs_end" (psd_segs_open cuts anything past it). A row outside the RAM
+ * commits the LMDB transaction that moves "segs_end" (psd_segs_open cuts
+ * anything past it) and points the index at them. A row outside the RAM
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the index and read in one batch through io_uring with O_DIRECT,
  * never a page fault, and the rows enter the RAM tier. The RAM tier, with
@@ -222,6 +231,17 @@ struct psd_sparse {
     uint64_t segment_size, compact_rate;
     struct sp_compact *compact; /* the applier's (sparse_compact.c) */
     atomic_uint_fast64_t compacted, segs_removed;
+
+    /* The catalog queue (sparse_seg.c): locations the applier and
+     * compaction committed (with segs_end, the commit point) and pointed
+     * the indexes at, not yet written into the rows db; apply_run_mu.
+     * sparse_cat_flush writes them and moves "cat_upto". */
+    struct sp_catq *catq;
+    size_t catq_n, catq_cap;
+    atomic_size_t catq_len;  /* catq_n, for other threads */
+    uint64_t cat_upto;       /* "cat_upto" as last committed (packed) */
+    int64_t cat_logged_ms;   /* the last failure said (once a minute) */
+    atomic_bool cat_asap;    /* a sweep wants the catalog written */
 };
 
 /* sparse.c */
@@ -318,10 +338,35 @@ struct sp_catw {
     int64_t *delta;     /* (ndelta) per segment number */
     uint32_t ndelta;
     bool set_end;
+    bool no_live;       /* its entries were counted when queued */
 };
 int sparse_catw_begin(psd_sparse *sp, struct sp_catw *w, bool set_end);
 /* Points row id at c. Returns 0 or the store's error. */
 int sparse_cat_set(struct sp_catw *w, uint32_t var_id, int64_t id, const struct sp_cat *c);
+/* One queued catalog entry; moved: a relocation, whose version and last
+ * step are those of the row's entry before it. */
+struct sp_catq {
+    uint32_t var_id;
+    bool moved;
+    int64_t id;
+    psd_seg_loc loc;
+    uint64_t version, last_step, ord;
+};
+/* Room for n more entries in the queue, so that adding them after a
+ * commit cannot fail: 0 or -ENOMEM. apply_run_mu held. */
+int sparse_catq_reserve(psd_sparse *sp, size_t n);
+void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e);
+/* Writes the queue into the rows db in key order, in bounded
+ * transactions (the last moves "cat_upto" to the segments' end), the
+ * entries of the ready tables only, or of every table when all (at open,
+ * before any). apply_run_mu held. Returns 0 or the store's error (the
+ * queue kept: written again next time). */
+int sparse_cat_flush(psd_sparse *sp, bool all);
+/* When the applier writes the queue: past this many entries. */
+size_t sparse_catq_max(const psd_sparse *sp);
+/* Counts record now live and record gone (len 0: none) dead once the
+ * transaction commits: a change the catalog gets later, from the queue. */
+void sparse_catw_live(struct sp_catw *w, psd_seg_loc gone, psd_seg_loc now);
 /* Counts a stored entry the transaction deletes as dead. */
 void sparse_cat_gone(struct sp_catw *w, const void *data, size_t len);
 int sparse_catw_commit(struct sp_catw *w);
@@ -390,12 +435,13 @@ struct sp_ixset {
     int64_t id;
     psd_seg_loc loc;
     const psd_seg_loc *only_if;
+    psd_seg_loc was; /* set by a reserve: the record it replaces (len 0: none) */
 };
 /* Applies n changes (those of a table next to each other) once their
  * transaction committed; reserve: before it, makes room for them instead,
  * so that applying cannot fail. Takes tables_mu and each table's mutex (no
  * transaction may be open in the calling thread). Returns 0 or -ENOMEM. */
-int sparse_index_apply(psd_sparse *sp, const struct sp_ixset *s, size_t n, bool reserve);
+int sparse_index_apply(psd_sparse *sp, struct sp_ixset *s, size_t n, bool reserve);
 /* Whether the index of the ready table of var_id points row id at loc: 1
  * or 0, or -1 when it cannot say (no such table ready, or a row to ask the
  * catalog for). Takes the locks as sparse_index_apply. */
@@ -410,6 +456,11 @@ void sparse_compact_free(psd_sparse *sp);
 
 /* sparse_log.c */
 int sparse_log_open(psd_sparse *sp, char *why, size_t whylen);
+/* The var_ids of the ready tables, sorted (NULL: out of memory). Takes
+ * tables_mu; no transaction may be open in this thread. */
+uint32_t *sparse_live_ids(psd_sparse *sp, size_t *n);
+/* qsort's and bsearch's order of uint32_t. */
+int sparse_cmp_u32(const void *a, const void *b);
 void sparse_applier_stop(psd_sparse *sp);
 
 #endif

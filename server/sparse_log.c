@@ -78,7 +78,7 @@ struct apply {
                              checkpoint's copy) */
 };
 
-static int cmp_u32(const void *a, const void *b)
+int sparse_cmp_u32(const void *a, const void *b)
 {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
@@ -92,7 +92,7 @@ static int collect(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const u
         return 0;
     if (seq > a->last)
         a->last = seq;
-    if (a->live && !bsearch(&var_id, a->live, a->nlive, sizeof *a->live, cmp_u32))
+    if (a->live && !bsearch(&var_id, a->live, a->nlive, sizeof *a->live, sparse_cmp_u32))
         return 0;
     struct rec *nr = ps_grow(a->r, &a->cap, a->n, sizeof *nr, 65536);
     if (nr == NULL)
@@ -137,27 +137,36 @@ static int append_chunk(struct apply *a, size_t i, size_t end, psd_seg_loc *loc)
     return rc;
 }
 
-/* Writes row r into the transaction: its catalog entry (at loc), or its
- * bytes into a checkpoint's copy. */
-static int put_row(struct apply *a, struct sp_catw *w, const struct rec *r,
-                   const psd_seg_loc *loc)
+/* Writes row r's bytes into a checkpoint's copy. */
+static int put_row(struct sp_catw *w, const struct rec *r)
 {
-    if (a->segs != NULL) {
-        uint64_t last = 0;
-        if (r->len >= SPARSE_ROW_HEAD)
-            memcpy(&last, r->data + 8, sizeof last);
-        struct sp_cat c = {.loc = *loc, .version = r->seq, .last_step = last};
-        return sparse_cat_set(w, r->var_id, r->id, &c);
-    }
     uint32_t head = r->len < SPARSE_ROW_HEAD ? r->len : SPARSE_ROW_HEAD;
     return psd_store_row_put(w->t, r->var_id, r->id, r->data, head, r->data + head,
                              r->len - head);
 }
 
-/* Puts the last record of each row, in key order (LMDB walks its leaves
- * forward), in transactions of a->chunk rows, each chunk's rows appended
- * to the segments and synced before its transaction begins; the last one
- * also sets the applied mark. A full map is grown and the transaction done
+/* After chunk r[0..n) committed (at loc): the catalog queue gets their
+ * entries, and the indexes their locations. Room for both was made. */
+static void chunk_committed(struct apply *a, const struct rec *r, size_t n,
+                            const psd_seg_loc *loc, struct sp_ixset *ix)
+{
+    for (size_t k = 0; k < n; k++) {
+        struct sp_catq e = {.var_id = r[k].var_id, .id = r[k].id, .loc = loc[k],
+                            .version = r[k].seq};
+        if (r[k].len >= SPARSE_ROW_HEAD)
+            memcpy(&e.last_step, r[k].data + 8, sizeof e.last_step);
+        sparse_catq_add(a->sp, &e);
+    }
+    sparse_index_apply(a->sp, ix, n, false);
+}
+
+/* Puts the last record of each row, in key order, in chunks of a->chunk
+ * rows: into the segments, each chunk appended and synced before the
+ * transaction that moves "segs_end" over it (the commit point) commits,
+ * its entries then queued for the catalog (sparse_cat_flush writes them
+ * later, many applies' worth in one pass) and pointed at by the indexes;
+ * or, into a checkpoint's copy, the rows' bytes. The last transaction also
+ * sets the applied mark. A full map is grown and the transaction done
  * again (the records stay: the same ones are pointed at). */
 static int put_all(void *ctx)
 {
@@ -173,6 +182,11 @@ static int put_all(void *ctx)
     psd_seg_loc *loc = a->segs ? malloc(a->chunk * sizeof *loc) : NULL;
     struct sp_ixset *ix = a->segs ? malloc(a->chunk * sizeof *ix) : NULL;
     int rc = a->segs != NULL && (loc == NULL || ix == NULL) ? -ENOMEM : 0;
+    /* The queue is bounded: past twice its size it is written first, and
+     * while it cannot be (a full map or disk) nothing more is applied, so
+     * that pushes are refused as before, naming why. */
+    if (rc == 0 && a->segs != NULL && a->sp->catq_n >= 2 * sparse_catq_max(a->sp))
+        rc = sparse_cat_flush(a->sp, a->live == NULL);
     size_t i = 0;
     bool appended = false;
     while (rc == 0) {
@@ -185,15 +199,18 @@ static int put_all(void *ctx)
                 ix[k - i] = (struct sp_ixset){.var_id = a->r[k].var_id, .id = a->r[k].id,
                                               .loc = loc[k - i]};
         }
-        /* The indexes' room first: once the transaction commits, pointing
-         * them at the records cannot fail. */
-        if (a->segs != NULL && (rc = sparse_index_apply(a->sp, ix, end - i, true)) != 0)
+        /* Room first: once the transaction commits, queueing the entries
+         * and pointing the indexes at the records cannot fail. */
+        if (a->segs != NULL && ((rc = sparse_catq_reserve(a->sp, end - i)) != 0 ||
+                                (rc = sparse_index_apply(a->sp, ix, end - i, true)) != 0))
             break;
         struct sp_catw w = {0};
         rc = a->segs ? sparse_catw_begin(a->sp, &w, true) : psd_store_begin(a->st, &w.t);
-        size_t j = i;
+        for (size_t k = i; a->segs != NULL && rc == 0 && k < end; k++)
+            sparse_catw_live(&w, ix[k - i].was, loc[k - i]); /* the index's change */
+        size_t j = a->segs ? end : i;
         for (; rc == 0 && j < end; j++) {
-            rc = put_row(a, &w, &a->r[j], loc ? &loc[j - i] : NULL);
+            rc = put_row(&w, &a->r[j]);
             if (((j - i + 1) & 255) == 0)
                 atomic_store(&a->sp->apply_pages, j - i + 1);
         }
@@ -211,7 +228,7 @@ static int put_all(void *ctx)
         if (rc != 0)
             break;
         if (a->segs != NULL)
-            sparse_index_apply(a->sp, ix, j - i, false); /* room was made */
+            chunk_committed(a, a->r + i, j - i, loc, ix);
         appended = false;
         i = j;
         if (i >= a->n)
@@ -428,8 +445,14 @@ int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
                         (unsigned long long)applied + 1, (unsigned long long)got,
                         i ? "rows.log.1" : "rows.log.0");
             applied = top = got;
+            atomic_store(&sp->seg_recount, true); /* counted from the catalog below */
         }
     }
+    /* What the replay applied, into the catalog before any table reads it. */
+    if (rc == 0)
+        rc = sparse_cat_flush(sp, true);
+    if (rc == 0 && atomic_load(&sp->seg_recount))
+        rc = sparse_seg_recount(sp);
     for (int i = 0; i < 2 && rc == 0; i++)
         rc = psd_rowlog_reset(sp->rowlog, i);
     if (rc != 0) {
@@ -447,9 +470,7 @@ int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
     return 0;
 }
 
-/* The var_ids of the tables that have them, sorted. tables_mu is taken;
- * no transaction may be open in this thread. */
-static uint32_t *live_ids(psd_sparse *sp, size_t *n)
+uint32_t *sparse_live_ids(psd_sparse *sp, size_t *n)
 {
     pthread_mutex_lock(&sp->tables_mu);
     size_t cap = 1;
@@ -465,7 +486,7 @@ static uint32_t *live_ids(psd_sparse *sp, size_t *n)
     }
     pthread_mutex_unlock(&sp->tables_mu);
     if (ids)
-        qsort(ids, *n, sizeof *ids, cmp_u32);
+        qsort(ids, *n, sizeof *ids, sparse_cmp_u32);
     return ids;
 }
 
@@ -479,7 +500,7 @@ static int apply_sealed(psd_sparse *sp, bool *did)
     if (psd_rowlog_bytes(l, which) == 0 && (which = psd_rowlog_seal(l)) < 0)
         return 0;
     size_t nlive;
-    uint32_t *live = live_ids(sp, &nlive);
+    uint32_t *live = sparse_live_ids(sp, &nlive);
     if (live == NULL)
         return -ENOMEM;
     uint64_t last = 0;
@@ -510,12 +531,16 @@ static int drain_locked(psd_sparse *sp, bool room)
     return rc;
 }
 
+/* Applies the log (drain_locked) and, unless only room is wanted, writes
+ * the catalog queue too. */
 static int drain(psd_sparse *sp, bool room)
 {
     if (sp->rowlog == NULL)
         return 0;
     pthread_mutex_lock(&sp->apply_run_mu);
     int rc = drain_locked(sp, room);
+    if (rc == 0 && !room)
+        rc = sparse_cat_flush(sp, false);
     pthread_mutex_unlock(&sp->apply_run_mu);
     if (rc != 0)
         ps_log_err(rc, "applying the row log to the segments and LMDB failed");
@@ -598,6 +623,12 @@ static void *applier_main(void *arg)
                 logged_ms = sp->last_apply_ms;
             }
         }
+        if (atomic_load(&sp->catq_len) >= sparse_catq_max(sp) ||
+            atomic_exchange(&sp->cat_asap, false)) {
+            pthread_mutex_lock(&sp->apply_run_mu);
+            sparse_cat_flush(sp, false); /* what fails is logged, and tried again */
+            pthread_mutex_unlock(&sp->apply_run_mu);
+        }
         if (atomic_load(&sp->seg_recount)) {
             pthread_mutex_lock(&sp->apply_run_mu);
             int rc = sparse_seg_recount(sp);
@@ -653,7 +684,7 @@ int psd_sparse_ckpt_complete(void *ctx, const char *dir)
         rc = psd_store_log_mark(ck, PSD_STORE_LOG_LOGGED, &logged);
     if (rc == 0 && logged > applied) {
         size_t nlive;
-        uint32_t *live = live_ids(sp, &nlive);
+        uint32_t *live = sparse_live_ids(sp, &nlive);
         rc = live == NULL ? -ENOMEM
                           : apply_file(sp, ck, psd_rowlog_active(sp->rowlog), applied,
                                        logged, live, nlive, logged, NULL);
@@ -684,6 +715,8 @@ int psd_sparse_ckpt_begin(psd_sparse *sp)
 {
     pthread_mutex_lock(&sp->apply_run_mu);
     int rc = sp->rowlog ? drain_locked(sp, false) : 0;
+    if (rc == 0 && sp->segs != NULL)
+        rc = sparse_cat_flush(sp, false); /* the copy takes the catalog whole */
     if (rc != 0) {
         pthread_mutex_unlock(&sp->apply_run_mu);
         ps_log_err(rc, "checkpoint: applying the row log to LMDB failed");

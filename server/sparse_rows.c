@@ -15,6 +15,7 @@
 #include <string.h>
 
 #define SWEEP_EVERY_MS 1000
+#define SWEEP_WAIT_MS 10000
 #define TTL_SWEEP_ROWS 65536
 
 /* Learns the table's var_id, its row count and its index of rows, once
@@ -68,6 +69,7 @@ struct sweep {
     int64_t cut_id;
     enum { SWEEP_TTL, SWEEP_COLLECT, SWEEP_CUT } mode;
     uint64_t deleted;
+    uint64_t stale;         /* rows kept: their catalog entry is queued */
     int64_t *gone;          /* (deleted) ids, out of the index once committed */
     size_t gone_cap;
 };
@@ -95,6 +97,14 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
     if (len < SPARSE_ROW_HEAD)
         return 0;
     uint64_t last = sparse_stored_last_step(data, len);
+    struct sp_cat c;
+    uint64_t at = sparse_cat_decode(data, len, &c)
+                      ? sparse_loc_pack(c.loc, sparse_row_bytes(t) + PSD_SEG_REC_HEAD)
+                      : SPARSE_LOC_LMDB;
+    if (sparse_index_get(t, id) != at) {
+        w->stale++;
+        return 0; /* the catalog is behind (its entry queued): kept this time */
+    }
     struct sp_entry **l = sparse_link(t, id);
     if (*l != NULL) {
         if (sparse_pinned(w->sp, *l))
@@ -177,6 +187,8 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
         for (uint64_t k = 0; k < w.deleted; k++)
             sparse_index_del(t, w.gone[k]);
         t->evicts += w.deleted;
+        if (w.stale > 0)
+            t->sweep_clock = UINT64_MAX; /* due again once the queue is written */
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
         atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);
@@ -197,6 +209,15 @@ void psd_sparse_maintain(psd_sparse *sp)
         bool due = t->ready && now - t->last_sweep_ms >= SWEEP_EVERY_MS &&
                    (t->sweep_from != INT64_MIN || t->sweep_clock != clock ||
                     (t->max_rows && t->rows > t->max_rows));
+        if (due && atomic_load(&sp->catq_len) > 0) {
+            /* Rows whose catalog entry is behind the index are kept by the
+             * sweep, and rows not in it yet unseen: the applier writes the
+             * queue now (which makes the sweep due again), and the sweep
+             * waits for it, unless the queue kept it waiting too long. */
+            atomic_store(&sp->cat_asap, true);
+            pthread_cond_signal(&sp->apply_cond);
+            due = now - t->last_sweep_ms >= SWEEP_WAIT_MS;
+        }
         if (due && sp->rowlog != NULL && psd_rowlog_total(sp->rowlog) > 0) {
             /* Rows still in the log are not in LMDB, where the sweep looks:
              * apply now (the apply makes the sweep due again). */

@@ -17,6 +17,7 @@
 #include "server/sparse_internal.h"
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -96,6 +97,13 @@ int sparse_catw_begin(psd_sparse *sp, struct sp_catw *w, bool set_end)
     return psd_store_begin(sp->store, &w->t);
 }
 
+void sparse_catw_live(struct sp_catw *w, psd_seg_loc gone, psd_seg_loc now)
+{
+    if (gone.len > 0)
+        add_delta(w, gone.seg, -(int64_t)gone.len);
+    add_delta(w, now.seg, now.len);
+}
+
 void sparse_cat_gone(struct sp_catw *w, const void *data, size_t len)
 {
     struct sp_cat c;
@@ -110,7 +118,7 @@ static int cat_put(struct sp_catw *w, uint32_t var_id, int64_t id, const struct 
     uint8_t e[SPARSE_CAT_LEN];
     cat_encode(e, c);
     int rc = psd_store_row_put(w->t, var_id, id, e, sizeof e, NULL, 0);
-    if (rc != 0)
+    if (rc != 0 || w->no_live)
         return rc;
     if (old != NULL)
         add_delta(w, old->loc.seg, -(int64_t)old->loc.len);
@@ -190,41 +198,218 @@ int sparse_catw_end(struct sp_catw *w, int rc)
     return rc;
 }
 
+/* Whether the catalog, in transaction w, points row (var_id, id) at loc;
+ * *old: its entry. */
+static bool cat_points(struct sp_catw *w, uint32_t var_id, int64_t id, psd_seg_loc loc,
+                       struct sp_cat *old, int *rc)
+{
+    const void *d;
+    size_t len;
+    *rc = psd_store_row_peek(w->t, var_id, id, &d, &len);
+    if (*rc == PS_ENOTFOUND)
+        *rc = 0;
+    else if (*rc == 0 && sparse_cat_decode(d, len, old))
+        return old->loc.seg == loc.seg && old->loc.off == loc.off;
+    return false;
+}
+
 int sparse_relocate(psd_sparse *sp, const struct sp_move *mv, size_t n, size_t *moved)
 {
     struct sp_ixset *ix = malloc((n ? n : 1) * sizeof *ix);
-    if (ix == NULL)
-        return -ENOMEM;
-    int rc;
-    do {
+    /* Per move: 1 queued (a ready table's index holds the old record), 2
+     * written into the catalog (no ready table: the catalog says), 0 not
+     * moved; +4 once moved. */
+    uint8_t *how = malloc(n ? n : 1);
+    int rc = ix && how ? sparse_catq_reserve(sp, n) : -ENOMEM;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int held = sparse_index_holds(sp, mv[i].var_id, mv[i].id, mv[i].old_loc);
+        how[i] = held > 0 ? 1 : held < 0 ? 2 : 0;
+    }
+    size_t nix = 0;
+    while (rc == 0) {
         struct sp_catw w;
-        *moved = 0;
+        *moved = nix = 0;
         rc = sparse_catw_begin(sp, &w, true);
         for (size_t i = 0; i < n && rc == 0; i++) {
             const struct sp_move *m = &mv[i];
-            const void *d;
-            size_t len;
             struct sp_cat old;
-            rc = psd_store_row_peek(w.t, m->var_id, m->id, &d, &len);
-            if (rc == PS_ENOTFOUND) {
-                rc = 0;
-                continue; /* deleted since */
+            how[i] &= 3;
+            if (how[i] == 0 ||
+                (how[i] == 2 && !cat_points(&w, m->var_id, m->id, m->old_loc, &old, &rc)))
+                continue; /* a newer write won, or deleted since */
+            if (how[i] == 2) {
+                struct sp_cat c = old;
+                c.loc = m->new_loc;
+                rc = cat_put(&w, m->var_id, m->id, &c, &old);
+            } else {
+                sparse_catw_live(&w, m->old_loc, m->new_loc);
             }
-            if (rc != 0 || !sparse_cat_decode(d, len, &old) ||
-                old.loc.seg != m->old_loc.seg || old.loc.off != m->old_loc.off)
-                continue; /* a newer write won */
-            struct sp_cat c = old;
-            c.loc = m->new_loc;
-            rc = cat_put(&w, m->var_id, m->id, &c, &old);
-            ix[(*moved)++] = (struct sp_ixset){.var_id = m->var_id, .id = m->id,
-                                               .loc = m->new_loc, .only_if = &m->old_loc};
+            ix[nix++] = (struct sp_ixset){.var_id = m->var_id, .id = m->id,
+                                          .loc = m->new_loc, .only_if = &m->old_loc};
+            how[i] |= 4;
         }
+        *moved = nix;
         rc = sparse_catw_end(&w, rc);
-    } while (rc == PS_EFULL && psd_store_grow(sp->store) == 0);
+        if (rc != PS_EFULL || psd_store_grow(sp->store) != 0)
+            break;
+        rc = 0;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (how[i] == (1 | 4))
+            sparse_catq_add(sp, &(struct sp_catq){.var_id = mv[i].var_id, .id = mv[i].id,
+                                                  .loc = mv[i].new_loc, .moved = true});
     if (rc == 0)
-        sparse_index_apply(sp, ix, *moved, false); /* no new id: nothing to fail */
+        sparse_index_apply(sp, ix, nix, false); /* no new id: nothing to fail */
     free(ix);
+    free(how);
     return rc;
+}
+
+/* ---- the catalog queue ---------------------------------------------------- */
+
+static uint64_t pack_end(psd_seg_loc e)
+{
+    return (uint64_t)e.seg << END_OFF_BITS | e.off;
+}
+
+int sparse_catq_reserve(psd_sparse *sp, size_t n)
+{
+    if (sp->catq_n + n <= sp->catq_cap)
+        return 0;
+    size_t nc = sp->catq_cap ? sp->catq_cap : 4096;
+    while (nc < sp->catq_n + n)
+        nc *= 2;
+    struct sp_catq *q = realloc(sp->catq, nc * sizeof *q);
+    if (q == NULL)
+        return -ENOMEM;
+    sp->catq = q;
+    sp->catq_cap = nc;
+    return 0;
+}
+
+void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e)
+{
+    struct sp_catq *q = &sp->catq[sp->catq_n];
+    *q = *e;
+    q->ord = sp->catq_n++;
+    atomic_store(&sp->catq_len, sp->catq_n);
+}
+
+size_t sparse_catq_max(const psd_sparse *sp)
+{
+    /* An eighth of the RAM budget, at least 64Ki entries: over several
+     * applies a hot row's entries collapse into one write. */
+    size_t n = (size_t)(sparse_budget(sp) / 8 / sizeof(struct sp_catq));
+    return n > 65536 ? n : 65536;
+}
+
+static int cmp_catq(const void *pa, const void *pb)
+{
+    const struct sp_catq *a = pa, *b = pb;
+    if (a->var_id != b->var_id)
+        return a->var_id < b->var_id ? -1 : 1;
+    if (a->id != b->id)
+        return a->id < b->id ? -1 : 1;
+    return a->ord < b->ord ? -1 : a->ord > b->ord;
+}
+
+/* Writes the entries of q[*k..n) into w, at most max rows, one per row:
+ * its last entry, with the version and last step of the last one not a
+ * relocation (or of the catalog's entry). */
+static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size_t *k,
+                      size_t max, const uint32_t *live, size_t nlive)
+{
+    int rc = 0;
+    for (size_t rows = 0; *k < n && rows < max && rc == 0;) {
+        size_t g = *k;
+        const struct sp_catq *own = NULL;
+        for (; g < n && q[g].var_id == q[*k].var_id && q[g].id == q[*k].id; g++)
+            if (!q[g].moved)
+                own = &q[g];
+        const struct sp_catq *last = &q[g - 1];
+        *k = g;
+        if (live && !bsearch(&last->var_id, live, nlive, sizeof *live, sparse_cmp_u32))
+            continue; /* its table went */
+        const void *d;
+        size_t len;
+        struct sp_cat old, c = {.loc = last->loc};
+        rc = psd_store_row_peek(w->t, last->var_id, last->id, &d, &len);
+        if (rc != 0 && rc != PS_ENOTFOUND)
+            break;
+        bool had = rc == 0 && sparse_cat_decode(d, len, &old);
+        if (own != NULL) {
+            c.version = own->version;
+            c.last_step = own->last_step;
+        } else if (had) {
+            c.version = old.version;
+            c.last_step = old.last_step;
+        }
+        rc = cat_put(w, last->var_id, last->id, &c, had ? &old : NULL);
+        rows++;
+    }
+    return rc;
+}
+
+int sparse_cat_flush(psd_sparse *sp, bool all)
+{
+    uint64_t upto = pack_end(psd_segs_end(sp->segs));
+    if (sp->catq_n == 0 && sp->cat_upto == upto)
+        return 0;
+    size_t nlive = 0;
+    uint32_t *live = all ? NULL : sparse_live_ids(sp, &nlive);
+    if (!all && live == NULL)
+        return -ENOMEM;
+    qsort(sp->catq, sp->catq_n, sizeof *sp->catq, cmp_catq);
+    size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
+    max = max < 256 ? 256 : max > 8192 ? 8192 : max;
+    size_t k = 0;
+    int rc = 0;
+    do {
+        size_t from = k;
+        struct sp_catw w;
+        rc = sparse_catw_begin(sp, &w, false);
+        w.no_live = true; /* counted when queued */
+        if (rc == 0)
+            rc = flush_some(&w, sp->catq, sp->catq_n, &k, max, live, nlive);
+        atomic_store(&sp->apply_pages, k - from);
+        if (rc == 0 && k >= sp->catq_n)
+            rc = psd_store_set_log_mark(w.t, PSD_STORE_CAT_UPTO, upto);
+        rc = sparse_catw_end(&w, rc);
+        atomic_store(&sp->apply_pages, 0);
+        if (rc == PS_EFULL && psd_store_grow(sp->store) == 0) {
+            k = from;
+            rc = 0;
+        }
+    } while (rc == 0 && k < sp->catq_n);
+    free(live);
+    if (rc != 0) {
+        int64_t now = ps_now_ms();
+        if (now - sp->cat_logged_ms >= 60000) {
+            ps_log_err(rc, "writing %zu queued entries into the catalog (kept, written "
+                       "again later; past %zu nothing more is applied)", sp->catq_n,
+                       2 * sparse_catq_max(sp));
+            sp->cat_logged_ms = now;
+        }
+        return rc;
+    }
+    sp->cat_upto = upto;
+    if (sp->catq_n > 0) { /* the sweeps see the rows now: due again */
+        pthread_mutex_lock(&sp->tables_mu);
+        for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+            sparse_flusher_lock(t);
+            t->sweep_clock = UINT64_MAX;
+            pthread_mutex_unlock(&t->mu);
+        }
+        pthread_mutex_unlock(&sp->tables_mu);
+    }
+    sp->catq_n = 0;
+    atomic_store(&sp->catq_len, 0);
+    if (sp->catq_cap > 4 * sparse_catq_max(sp)) {
+        free(sp->catq);
+        sp->catq = NULL;
+        sp->catq_cap = 0;
+    }
+    return 0;
 }
 
 /* ---- live bytes --------------------------------------------------------- */
@@ -484,7 +669,9 @@ int psd_sparse_stage(psd_sparse *sp, struct psd_store *src, const char *name, ui
     int rc = psd_store_var_id(src, name, &m.from);
     if (rc == 0) {
         pthread_mutex_lock(&sp->apply_run_mu);
-        rc = move_all(sp, src, &m, append_batch, &moved);
+        rc = sparse_cat_flush(sp, false);
+        if (rc == 0)
+            rc = move_all(sp, src, &m, append_batch, &moved);
         pthread_mutex_unlock(&sp->apply_run_mu);
     }
     if (rc != 0)
@@ -500,7 +687,10 @@ int sparse_convert(psd_sparse *sp)
 {
     struct move m = {.want_inline = true};
     uint64_t moved = 0;
-    int rc = move_all(sp, sp->store, &m, append_batch, &moved);
+    /* The queue first: what the conversion appends comes after it. */
+    int rc = sparse_cat_flush(sp, false);
+    if (rc == 0)
+        rc = move_all(sp, sp->store, &m, append_batch, &moved);
     atomic_fetch_add(&sp->converted, moved);
     if (rc != 0)
         ps_log_err(rc, "moving the sparse rows held in LMDB into segment files (%llu moved; "
@@ -558,6 +748,47 @@ int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck)
 
 /* ---- open --------------------------------------------------------------- */
 
+static int replay_row(void *ctx, uint32_t var_id, int64_t id, uint64_t version,
+                      psd_seg_loc loc, const void *row, size_t len)
+{
+    psd_sparse *sp = ctx;
+    struct sp_catq e = {.var_id = var_id, .id = id, .loc = loc, .version = version};
+    if (len < SPARSE_ROW_HEAD)
+        return 0;
+    memcpy(&e.last_step, (const uint8_t *)row + 8, sizeof e.last_step);
+    if (sparse_catq_reserve(sp, 1) != 0)
+        return -ENOMEM;
+    sparse_catq_add(sp, &e);
+    return 0;
+}
+
+/* The records between "cat_upto" and the committed end, which the
+ * applier and compaction committed without writing the catalog, into it
+ * (in segment order: a later record of a row wins). A directory with no
+ * "cat_upto" was written row by row into the catalog, or is new: it is
+ * whole, and gets the mark. */
+static int cat_replay(psd_sparse *sp)
+{
+    uint64_t upto = 0;
+    int rc = psd_store_log_mark(sp->store, PSD_STORE_CAT_UPTO, &upto);
+    if (rc == 0 && upto != 0) {
+        sp->cat_upto = upto;
+        psd_seg_loc from = {.seg = (uint32_t)(upto >> END_OFF_BITS),
+                            .off = upto & (((uint64_t)1 << END_OFF_BITS) - 1)};
+        rc = psd_segs_scan(sp->segs, &from, replay_row, sp);
+        size_t n = sp->catq_n;
+        if (rc == 0)
+            rc = sparse_cat_flush(sp, true);
+        if (rc == 0 && n > 0)
+            ps_log_info("catalog: replayed %zu records of the segments written after its "
+                        "last write", n);
+    } else if (rc == 0) {
+        sp->cat_upto = 1; /* not the end: the flush below sets the mark */
+        rc = sparse_cat_flush(sp, true);
+    }
+    return rc;
+}
+
 int sparse_segs_open(psd_sparse *sp, char *why_out, size_t why_len)
 {
     uint64_t packed = 0;
@@ -575,6 +806,13 @@ int sparse_segs_open(psd_sparse *sp, char *why_out, size_t why_len)
             snprintf(why_out, why_len, "%s", why[0] ? why : ps_strerror(rc));
         else
             ps_log_error("%s", why[0] ? why : ps_strerror(rc));
+        return rc;
+    }
+    rc = cat_replay(sp);
+    if (rc != 0) {
+        if (why_out != NULL && why_len > 0)
+            snprintf(why_out, why_len, "cannot replay the segments' records into the "
+                     "catalog of %s: %s", sp->data_dir, ps_strerror(rc));
         return rc;
     }
     uint64_t inline_rows = 0;

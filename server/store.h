@@ -249,7 +249,15 @@ uint64_t psd_store_disk_bytes(psd_store *s);
 /* "segs_end" is where the segment records the rows db points at end
  * (sparse_seg.c packs it: segment << 40 | offset), set in each
  * transaction that points rows at new records. */
-enum psd_store_log_mark { PSD_STORE_LOG_APPLIED, PSD_STORE_LOG_LOGGED, PSD_STORE_SEGS_END };
+/* "cat_upto" is where the segment records end that the rows db's entries
+ * hold (sparse_seg.c): records past it, up to "segs_end", are replayed
+ * into it at open. */
+enum psd_store_log_mark {
+    PSD_STORE_LOG_APPLIED,
+    PSD_STORE_LOG_LOGGED,
+    PSD_STORE_SEGS_END,
+    PSD_STORE_CAT_UPTO
+};
 int psd_store_log_mark(psd_store *s, enum psd_store_log_mark m, uint64_t *seq);
 int psd_store_set_log_mark(psd_store_txn *t, enum psd_store_log_mark m, uint64_t seq);
 

@@ -515,7 +515,7 @@ int psd_store_rows_gc(psd_store *s, size_t chunk, uint64_t *deleted)
 
 static MDB_val mark_key(enum psd_store_log_mark m)
 {
-    static const char *keys[] = {"rowlog_applied", "rowlog_logged", "segs_end"};
+    static const char *keys[] = {"rowlog_applied", "rowlog_logged", "segs_end", "cat_upto"};
     return (MDB_val){strlen(keys[m]), (void *)keys[m]};
 }
 
