@@ -40,8 +40,9 @@
  * threshold, before a checkpoint, a conversion or a segment's removal, at
  * a clean stop, and when a sweep needs it. At open the records between
  * "cat_upto" and "segs_end" are replayed into it (a later record of a row
- * wins). A sweep deletes only rows whose catalog entry is the index's, so
- * no record of a deleted row lies past "cat_upto": no tombstones.
+ * wins). A sweep deletes only rows whose catalog entry is the index's and
+ * whose record lies before "cat_upto" (sparse_cat_covers), so no record
+ * of a deleted row is replayed: no tombstones.
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier. At
@@ -239,7 +240,7 @@ struct psd_sparse {
     struct sp_catq *catq;
     size_t catq_n, catq_cap;
     atomic_size_t catq_len;  /* catq_n, for other threads */
-    uint64_t cat_upto;       /* "cat_upto" as last committed (packed) */
+    atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
     atomic_bool cat_asap;    /* a sweep wants the catalog written */
 };
@@ -362,6 +363,9 @@ void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e);
  * before any). apply_run_mu held. Returns 0 or the store's error (the
  * queue kept: written again next time). */
 int sparse_cat_flush(psd_sparse *sp, bool all);
+/* Whether record loc lies before "cat_upto": never replayed at open. Any
+ * thread. */
+bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc);
 /* When the applier writes the queue: past this many entries. */
 size_t sparse_catq_max(const psd_sparse *sp);
 /* Counts record now live and record gone (len 0: none) dead once the

@@ -98,12 +98,14 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
         return 0;
     uint64_t last = sparse_stored_last_step(data, len);
     struct sp_cat c;
-    uint64_t at = sparse_cat_decode(data, len, &c)
-                      ? sparse_loc_pack(c.loc, sparse_row_bytes(t) + PSD_SEG_REC_HEAD)
+    bool rec = sparse_cat_decode(data, len, &c);
+    uint64_t at = rec ? sparse_loc_pack(c.loc, sparse_row_bytes(t) + PSD_SEG_REC_HEAD)
                       : SPARSE_LOC_LMDB;
-    if (sparse_index_get(t, id) != at) {
+    if (sparse_index_get(t, id) != at || (rec && !sparse_cat_covers(w->sp, c.loc))) {
+        /* The catalog is behind (its entry queued), or the record would
+         * be replayed at open, bringing the row back: kept this time. */
         w->stale++;
-        return 0; /* the catalog is behind (its entry queued): kept this time */
+        return 0;
     }
     struct sp_entry **l = sparse_link(t, id);
     if (*l != NULL) {
@@ -187,8 +189,10 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
         for (uint64_t k = 0; k < w.deleted; k++)
             sparse_index_del(t, w.gone[k]);
         t->evicts += w.deleted;
-        if (w.stale > 0)
-            t->sweep_clock = UINT64_MAX; /* due again once the queue is written */
+        if (w.stale > 0) { /* due again once the queue is written */
+            t->sweep_clock = UINT64_MAX;
+            atomic_store(&sp->cat_asap, true);
+        }
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
         atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);

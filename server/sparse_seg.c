@@ -295,6 +295,11 @@ void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e)
     atomic_store(&sp->catq_len, sp->catq_n);
 }
 
+bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc)
+{
+    return pack_end(loc) < atomic_load(&sp->cat_upto);
+}
+
 size_t sparse_catq_max(const psd_sparse *sp)
 {
     /* An eighth of the RAM budget, at least 64Ki entries: over several
@@ -353,7 +358,7 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
 int sparse_cat_flush(psd_sparse *sp, bool all)
 {
     uint64_t upto = pack_end(psd_segs_end(sp->segs));
-    if (sp->catq_n == 0 && sp->cat_upto == upto)
+    if (sp->catq_n == 0 && atomic_load(&sp->cat_upto) == upto)
         return 0;
     size_t nlive = 0;
     uint32_t *live = all ? NULL : sparse_live_ids(sp, &nlive);
@@ -392,7 +397,7 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
         }
         return rc;
     }
-    sp->cat_upto = upto;
+    atomic_store(&sp->cat_upto, upto);
     if (sp->catq_n > 0) { /* the sweeps see the rows now: due again */
         pthread_mutex_lock(&sp->tables_mu);
         for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
@@ -772,7 +777,7 @@ static int cat_replay(psd_sparse *sp)
     uint64_t upto = 0;
     int rc = psd_store_log_mark(sp->store, PSD_STORE_CAT_UPTO, &upto);
     if (rc == 0 && upto != 0) {
-        sp->cat_upto = upto;
+        atomic_store(&sp->cat_upto, upto);
         psd_seg_loc from = {.seg = (uint32_t)(upto >> END_OFF_BITS),
                             .off = upto & (((uint64_t)1 << END_OFF_BITS) - 1)};
         rc = psd_segs_scan(sp->segs, &from, replay_row, sp);
@@ -783,7 +788,7 @@ static int cat_replay(psd_sparse *sp)
             ps_log_info("catalog: replayed %zu records of the segments written after its "
                         "last write", n);
     } else if (rc == 0) {
-        sp->cat_upto = 1; /* not the end: the flush below sets the mark */
+        atomic_store(&sp->cat_upto, 1); /* not the end: the flush sets the mark */
         rc = sparse_cat_flush(sp, true);
     }
     return rc;
