@@ -489,8 +489,8 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
         if (one(p, o, 1, ids, g, NULL, 0) != 0)
             exit(1);
     }
-    /* Until the write-behind has logged every row and applied the log to
-     * LMDB (at most a minute):
+    /* Until the write-behind has logged every row, applied the log and
+     * written the catalog (at most a minute):
      * the LMDB ceiling reads psd's file, and the 4x regime is sized on it. */
     Ps__V1__StatsRequest r = PS__V1__STATS_REQUEST__INIT;
     Ps__V1__StatsResponse *s = NULL;
@@ -498,7 +498,8 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
         if (call(p, "/ps.v1.ParameterServer/Stats", &r, &ps__v1__stats_response__descriptor,
                  (void **)&s) != 0)
             exit(1);
-        if (s->sparse_rows_unsaved == 0 && s->sparse_log_bytes == 0)
+        if (s->sparse_rows_unsaved == 0 && s->sparse_log_bytes == 0 &&
+            s->sparse_catalog_queued == 0)
             break;
         if (tries == 600) {
             printf("table: psd had not applied its row log after a minute (%llu bytes "

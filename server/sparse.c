@@ -837,6 +837,7 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r)
     r->sparse_evicted = atomic_load(&sp->evicted);
     r->sparse_ram_bytes = atomic_load(&sp->ram);
     r->sparse_index_bytes = atomic_load(&sp->index_bytes);
+    r->sparse_catalog_queued = atomic_load(&sp->catq_len);
     r->sparse_disk_bytes = psd_store_disk_bytes(sp->store);
     r->sparse_not_admitted = atomic_load(&sp->not_admitted);
     r->sparse_rows_pulled = atomic_load(&sp->pulled);
@@ -914,6 +915,9 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
             ps_metrics_gauge(m, n, counters[i].help, v);
     }
     const struct { const char *name, *help; double v; } gauges[] = {
+        {"psd_sparse_catalog_queued", "Catalog entries applied (committed with the "
+         "segments' end) and not yet written into LMDB's catalog.",
+         (double)atomic_load(&sp->catq_len)},
         {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (half of "
          "--memory-limit less 24 MiB, at least a quarter).", (double)sparse_budget(sp)},
         {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",

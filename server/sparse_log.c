@@ -623,8 +623,13 @@ static void *applier_main(void *arg)
                 logged_ms = sp->last_apply_ms;
             }
         }
-        if (atomic_load(&sp->catq_len) >= sparse_catq_max(sp) ||
-            atomic_exchange(&sp->cat_asap, false)) {
+        /* The queue is written past its size, when a sweep asks, and once
+         * the log has been quiet for an apply's interval: a replay at open
+         * stays short, and the catalog whole while nothing changes. */
+        size_t queued = atomic_load(&sp->catq_len);
+        bool quiet = queued > 0 && psd_rowlog_total(l) == 0 &&
+                     ps_now_ms() - sp->last_apply_ms >= APPLY_EVERY_MS;
+        if (queued >= sparse_catq_max(sp) || quiet || atomic_exchange(&sp->cat_asap, false)) {
             pthread_mutex_lock(&sp->apply_run_mu);
             sparse_cat_flush(sp, false); /* what fails is logged, and tried again */
             pthread_mutex_unlock(&sp->apply_run_mu);
