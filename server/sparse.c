@@ -116,14 +116,14 @@ uint64_t sparse_budget(const psd_sparse *sp)
 }
 
 /* LMDB mallocs a write transaction's dirty pages and keeps them on its
- * free list after (mdb_dpage_free): the applier's count too. The indexes
- * of rows count as well (16 bytes a slot, ~27 bytes a row): they are
+ * free list after (mdb_dpage_free): the applier's count too, and its
+ * queue of catalog entries. The indexes of rows count as well (16 bytes a slot, ~27 bytes a row): they are
  * memory of psd's own that grows with the tables, as the RAM tier's rows
  * are, and the group's limit holds them all; the tier gives them room. */
 uint64_t sparse_ram_cost(const psd_sparse *sp)
 {
     return atomic_load(&sp->ram) + atomic_load(&sp->index_bytes) +
-           atomic_load(&sp->apply_pages) * SPARSE_DIRTY_PAGE;
+           atomic_load(&sp->catq_bytes) + atomic_load(&sp->apply_pages) * SPARSE_DIRTY_PAGE;
 }
 
 bool psd_sparse_over_budget(psd_sparse *sp)

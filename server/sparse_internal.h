@@ -240,6 +240,7 @@ struct psd_sparse {
     struct sp_catq *catq;
     size_t catq_n, catq_cap;
     atomic_size_t catq_len;  /* catq_n, for other threads */
+    atomic_uint_fast64_t catq_bytes; /* catq_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
     atomic_bool cat_asap;    /* a sweep wants the catalog written */

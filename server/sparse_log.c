@@ -528,6 +528,9 @@ static int drain_locked(psd_sparse *sp, bool room)
     for (int k = 0; k < 3 && did && rc == 0 &&
                     (!room || sparse_ram_cost(sp) > sparse_budget(sp)); k++)
         rc = apply_sealed(sp, &did);
+    /* The catalog queue counts against the budget too. */
+    if (rc == 0 && room && sp->catq_n > 0 && sparse_ram_cost(sp) > sparse_budget(sp))
+        rc = sparse_cat_flush(sp, false);
     return rc;
 }
 

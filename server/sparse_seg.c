@@ -284,6 +284,7 @@ int sparse_catq_reserve(psd_sparse *sp, size_t n)
         return -ENOMEM;
     sp->catq = q;
     sp->catq_cap = nc;
+    atomic_store(&sp->catq_bytes, nc * sizeof *q);
     return 0;
 }
 
@@ -302,10 +303,11 @@ bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc)
 
 size_t sparse_catq_max(const psd_sparse *sp)
 {
-    /* An eighth of the RAM budget, at least 64Ki entries: over several
-     * applies a hot row's entries collapse into one write. */
-    size_t n = (size_t)(sparse_budget(sp) / 8 / sizeof(struct sp_catq));
-    return n > 65536 ? n : 65536;
+    /* A 32nd of the RAM budget (whose cost counts the queue; its sort
+     * takes as much again for a moment), at least 1024 entries: over
+     * several applies a hot row's entries collapse into one write. */
+    size_t n = (size_t)(sparse_budget(sp) / 32 / sizeof(struct sp_catq));
+    return n > 1024 ? n : 1024;
 }
 
 static int cmp_catq(const void *pa, const void *pb)
@@ -409,10 +411,11 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
     }
     sp->catq_n = 0;
     atomic_store(&sp->catq_len, 0);
-    if (sp->catq_cap > 4 * sparse_catq_max(sp)) {
+    if (sp->catq_cap > 2 * sparse_catq_max(sp)) {
         free(sp->catq);
         sp->catq = NULL;
         sp->catq_cap = 0;
+        atomic_store(&sp->catq_bytes, 0);
     }
     return 0;
 }
