@@ -2,16 +2,17 @@
  * sparse_compact.c - compaction of the tier's segment files
  * (sparse_internal.h). The applier, between its applies and with
  * apply_run_mu held (it is the one appender), picks a sealed segment about
- * a third dead by the live bytes the catalog counts, and runs a few steps
- * of psd_segs_compact_step a tick: each copies the live records (those the
- * tables' indexes of rows point at) of a small batch to the newest segment
- * and syncs them, and only then are the catalog and the indexes pointed
- * at the copies, where they still point at the old records
- * (sparse_relocate; a newer write wins). When every record went through,
- * a transaction moves the catalog's committed end past the segment and
- * the file is removed. A kill anywhere leaves every row readable: the
- * catalog names the old records until it names synced copies, and the
- * file goes only after that.
+ * a third dead by the live bytes counted (as the indexes change), and runs
+ * a few steps of psd_segs_compact_step a tick: each copies the live
+ * records (those the tables' indexes of rows point at) of a small batch to
+ * the newest segment and syncs them, and only then are the indexes (and
+ * the catalog, through its queue) pointed at the copies, where they still
+ * point at the old records (sparse_relocate; a newer write wins). When
+ * every record went through, the queue is written, a transaction moves
+ * the committed end past the segment and the file is removed. A kill
+ * anywhere leaves every row readable: the catalog names the old records
+ * until the queue's write names synced copies (or a replay at open does),
+ * and the file goes only after that.
  */
 #include "server/sparse_internal.h"
 
@@ -150,13 +151,7 @@ void sparse_compact_tick(psd_sparse *sp)
     int rc = 0;
     if (k->c == NULL) {
         uint32_t seg;
-        /* The live bytes count what the catalog holds: with entries
-         * queued, a segment may look deader than it is until they are
-         * written. */
-        bool found = pick(sp, &seg) == 0;
-        if (found && atomic_load(&sp->catq_len) > 0)
-            found = sparse_cat_flush(sp, false) == 0 && pick(sp, &seg) == 0;
-        if (!found) {
+        if (pick(sp, &seg) != 0) {
             k->next_ms = t0 + IDLE_MS;
             return;
         }
