@@ -358,6 +358,12 @@ static const char *read_grad(cursor *c, ps_wire_grad *g)
             if (get_sub(c, &s) != 0)
                 return "Gradient.value_into: length past the end";
             why = read_shm_ref(&s, &g->value_into);
+        } else if (field == 4 && wt == WT_VARINT) {
+            if (get_varint(c, &g->offset) != 0)
+                return "Gradient.offset: truncated varint";
+        } else if (field == 5 && wt == WT_VARINT) {
+            if (get_varint(c, &g->total) != 0)
+                return "Gradient.total: truncated varint";
         } else if (skip_field(c, wt) != 0) {
             return "Gradient: malformed unknown field";
         }
@@ -630,6 +636,10 @@ static size_t grad_len(const ps_wire_grad_out *g)
     if (g->value_into != NULL)
         n += field_len(ps_wire_shm_ref_len(g->value_into->name, g->value_into->offset,
                                            g->value_into->length));
+    if (g->offset)
+        n += 1 + ps_wire_varint_len(g->offset);
+    if (g->total)
+        n += 1 + ps_wire_varint_len(g->total);
     return n;
 }
 
@@ -674,9 +684,13 @@ static uint8_t *put_grad(uint8_t *p, const ps_wire_grad_out *g)
         p = put_shape(p, g->shape, g->ndim);
     if (g->nbytes > 0) {
         p = put_len_tag(p, 3, g->nbytes);
-        if (g->data == NULL)
+        if (g->data == NULL && g->data_at != NULL) {
+            *g->data_at = p; /* the caller writes them there */
+        } else if (g->data == NULL) {
             return p; /* the caller's bytes follow */
-        memcpy(p, g->data, g->nbytes);
+        } else {
+            memcpy(p, g->data, g->nbytes);
+        }
         p += g->nbytes;
     }
     if (g->shm != NULL)
@@ -684,6 +698,14 @@ static uint8_t *put_grad(uint8_t *p, const ps_wire_grad_out *g)
     if (g->value_into != NULL)
         p = ps_wire_shm_ref_put(p, 3, g->value_into->name, g->value_into->offset,
                                 g->value_into->length);
+    if (g->offset) {
+        *p++ = KEY(4, WT_VARINT);
+        p = ps_wire_put_varint(p, g->offset);
+    }
+    if (g->total) {
+        *p++ = KEY(5, WT_VARINT);
+        p = ps_wire_put_varint(p, g->total);
+    }
     return p;
 }
 

@@ -111,6 +111,7 @@ void shard_var_free(psd_var *v)
     else
         free(v->value);
     psd_sparse_table_free(v->sparse);
+    shard_pieces_free(v);
     PS_FREE_ALL(v->slots, v->accum, v->pushed);
     pthread_rwlock_destroy(&v->lock);
     free(v);
