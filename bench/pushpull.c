@@ -265,6 +265,11 @@ static int stream_setup(struct stream *s)
     if (!bc->o->raw) {
         if ((rc = ps_client_create(target, &co, &s->pc)) != 0)
             return fail(s, rc, "psclient", NULL);
+        if (bc->o->pieces_set &&
+            (rc = ps_client_set_pieces(s->pc, bc->o->piece_bytes,
+                                       bc->o->piece_window ? bc->o->piece_window
+                                                           : 4)) != 0)
+            return fail(s, rc, "--pieces", NULL);
         size_t block = (n * sizeof(float) + 4095) / 4096 * 4096;
         if (bc->o->shm) {
             /* Both in shared memory: by reference, as workerd's are. */

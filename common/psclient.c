@@ -1024,13 +1024,19 @@ static int put_grad_data(ps_client *c, const ps_client_item *it, size_t off,
     return 0;
 }
 
-/* The PushRequest of call pc: each gradient's bytes written once, straight
- * into the message, a half piece's 2-aligned (its dtype varint padded so)
- * for the narrowing to store into. */
-static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_msg **out)
+/* The PushRequest of call pc as parts: a float32 piece of a gradient that
+ * lies in a message buffer (ps_client_item.msg) sent in place between its
+ * header and trailer (encoded into c->req, whose room for the data is
+ * never written, then copied out: a few bytes); every other gradient's
+ * bytes written once, straight into the message, a half piece's 2-aligned
+ * (its dtype varint padded so) for the narrowing to store into. */
+static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_part *parts,
+                            int *np)
 {
     ps_client *c = j->c;
     size_t ng = pc->n ? 1 : j->nsmall, esz = c->wire ? 2 : sizeof(float);
+    const ps_client_item *one = pc->n ? &j->items[pc->item] : NULL;
+    bool in_place = one != NULL && c->wire == 0 && one->msg != NULL;
     ps_wire_grad_out *g = calloc(ng, sizeof *g);
     uint8_t **at = calloc(ng, sizeof *at);
     ps_rpc_msg *msg = NULL;
@@ -1048,7 +1054,30 @@ static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_msg *
     ps_wire_push_out m = {.worker = j->worker, .step = j->step, .grads = g,
                           .ngrads = ng, .return_values = j->pulls != NULL,
                           .delta = c->delta, .wire_dtype = c->wire};
-    msg = ps_rpc_msg_new(ps_wire_push_len(&m) + 8);
+    size_t len = ps_wire_push_len(&m);
+    if (in_place) {
+        if (ps_buf_reserve(&c->req, len) != 0)
+            goto free_arrays;
+        uint8_t *end = ps_wire_push_put(c->req.data, &m);
+        size_t head = (size_t)(at[0] - c->req.data), bytes = g[0].nbytes;
+        size_t tail = (size_t)(end - c->req.data) - head - bytes;
+        if ((msg = ps_rpc_msg_new(head + tail)) == NULL)
+            goto free_arrays;
+        memcpy(ps_rpc_msg_data(msg), c->req.data, head);
+        memcpy(ps_rpc_msg_data(msg) + head, at[0] + bytes, tail);
+        ps_rpc_msg_set_len(msg, head + tail);
+        ps_rpc_msg_ref(msg);
+        ps_rpc_msg_ref(one->msg);
+        parts[0] = (ps_rpc_part){ps_rpc_msg_data(msg), head, ps_rpc_msg_release, msg};
+        parts[1] = (ps_rpc_part){one->data + pc->off, bytes, ps_rpc_msg_release,
+                                 one->msg};
+        parts[2] = (ps_rpc_part){ps_rpc_msg_data(msg) + head, tail, ps_rpc_msg_release,
+                                 msg};
+        *np = 3;
+        rc = 0;
+        goto free_arrays;
+    }
+    msg = ps_rpc_msg_new(len + 8);
     if (msg == NULL)
         goto free_arrays;
     uint8_t *end = ps_wire_push_put(ps_rpc_msg_data(msg), &m);
@@ -1064,17 +1093,20 @@ static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_msg *
     }
     if (rc != 0) {
         ps_rpc_msg_unref(msg);
-        msg = NULL;
+        goto free_arrays;
     }
+    parts[0] = (ps_rpc_part){ps_rpc_msg_data(msg), ps_rpc_msg_len(msg),
+                             ps_rpc_msg_release, msg};
+    *np = 1;
 free_arrays:
     free(g);
     free(at);
-    *out = msg;
-    return msg != NULL ? 0 : rc;
+    return rc;
 }
 
-/* The PullRequest of call pc. */
-static int pull_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_msg **out)
+/* The PullRequest of call pc, as one part. */
+static int pull_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_part *parts,
+                            int *np)
 {
     ps_client_item one;
     const ps_client_item *its = &one;
@@ -1096,15 +1128,17 @@ static int pull_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_msg *
         return -ENOMEM;
     memcpy(ps_rpc_msg_data(m), j->c->req.data, j->c->req.len);
     ps_rpc_msg_set_len(m, j->c->req.len);
-    *out = m;
+    parts[0] = (ps_rpc_part){ps_rpc_msg_data(m), j->c->req.len, ps_rpc_msg_release, m};
+    *np = 1;
     return 0;
 }
 
-static int pieces_make(void *ctx, size_t k, ps_rpc_msg **out)
+static int pieces_make(void *ctx, size_t k, ps_rpc_part *parts, int *np)
 {
     struct pjob *j = ctx;
-    return j->push ? push_call_encode(j, &j->calls[k], out)
-                   : pull_call_encode(j, &j->calls[k], out);
+    *np = 0;
+    return j->push ? push_call_encode(j, &j->calls[k], parts, np)
+                   : pull_call_encode(j, &j->calls[k], parts, np);
 }
 
 /* Takes call k's answer: the values into the caller's memory where the

@@ -427,7 +427,8 @@ struct slot {
     int attempts;
     int pending;          /* batches not completed yet */
     bool sending;         /* its send batch has not completed */
-    ps_rpc_msg *msg;      /* its request, kept for a retry */
+    ps_rpc_part parts[PS_RPC_WINDOW_PARTS]; /* its request, kept for a retry */
+    int np;
     grpc_call *call;
     grpc_byte_buffer *send_bb, *recv_bb;
     grpc_metadata_array init_md, trail_md;
@@ -449,7 +450,9 @@ static int slot_start(ps_rpc_client *c, grpc_completion_queue *cq, const char *m
     grpc_slice_unref(mslice);
     grpc_metadata_array_init(&sl->init_md);
     grpc_metadata_array_init(&sl->trail_md);
-    sl->send_bb = ps_rpc_msg_byte_buffer(sl->msg);
+    for (int k = 0; k < sl->np; k++)
+        ps_rpc_msg_ref(sl->parts[k].arg); /* the send's own, as parts_bb's */
+    sl->send_bb = ps_rpc_bb_parts(sl->parts, sl->np);
     sl->recv_bb = NULL;
     sl->code = GRPC_STATUS_UNKNOWN;
     sl->details = grpc_empty_slice();
@@ -547,6 +550,14 @@ static void cancel_all(struct slot *slots, size_t n)
             grpc_call_cancel(slots[k].call, NULL);
 }
 
+/* Drops make's references to slot's parts: its call is over. */
+static void slot_release(struct slot *sl)
+{
+    for (int k = 0; k < sl->np; k++)
+        ps_rpc_msg_unref(sl->parts[k].arg);
+    sl->np = 0;
+}
+
 /* The window counts the calls still sending: a call whose request is out
  * waits for its answer without holding the next back, so that a server
  * that answers only once it has every piece (a SYNC step) gets them all. */
@@ -576,7 +587,7 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
         if (rc == 0 && next < n && sending < window) {
             struct slot *sl = &slots[next];
             *sl = (struct slot){.i = next, .attempts = 1};
-            rc = make(ctx, next, &sl->msg);
+            rc = make(ctx, next, sl->parts, &sl->np);
             if (rc == 0 && slot_start(c, cq, method, sl, deadline_ms, st) != 0)
                 rc = PS_ERPC;
             next++;
@@ -586,10 +597,8 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
                 sl->sending = true;
             }
             if (rc != 0) {
-                if (sl->pending == 0) {
-                    ps_rpc_msg_unref(sl->msg);
-                    sl->msg = NULL;
-                }
+                if (sl->pending == 0)
+                    slot_release(sl);
                 cancel_all(slots, next);
             }
             continue;
@@ -627,10 +636,8 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
             if (r == 0)
                 continue;
         }
-        if (sl->pending == 0) {
-            ps_rpc_msg_unref(sl->msg);
-            sl->msg = NULL;
-        }
+        if (sl->pending == 0)
+            slot_release(sl);
         if (r != 0 && rc == 0) {
             rc = r;
             cancel_all(slots, next);

@@ -75,10 +75,11 @@ bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
 /* Answers with prefix (copied) followed by the values of vars as repeated
  * field `field` of the response: the headers copied, big values in place
  * (the reply holds a reference to each, and an update meanwhile writes a
- * copy), small ones copied. With ranges, the pieces of the values they say
- * (copied: a piece pushed next must not make a whole copy of the value
- * that a reply holds). Takes each variable's read lock until the reply is
- * built. Returns the value bytes sent. */
+ * copy), small ones copied. With ranges, the pieces of the values they
+ * say: a Pull's (field 1) in place too, a Push's copied, since the push's
+ * next piece, arriving while this reply may still be sending, would have
+ * to copy the whole value. Takes each variable's read lock until the reply
+ * is built. Returns the value bytes sent. */
 uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  const uint8_t *prefix, size_t prefix_len,
                                  int field, psd_var **vars, size_t n,
@@ -149,13 +150,12 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
         } else if (to != NULL) {
             memcpy(dst[i], v->value, nbytes); /* small: under the lock */
             atomic_fetch_add(&s->shm_bytes, nbytes);
-        } else if (r.n != 0) {
-            parts[np++] = (ps_rpc_part){v->value + r.off, nbytes, NULL, NULL};
-        } else if (v->vmsg != NULL) {
+        } else if (v->vmsg != NULL && (r.n == 0 || field == 1)) {
             ps_rpc_msg_ref(v->vmsg);
-            parts[np++] = (ps_rpc_part){v->value, nbytes, ps_rpc_msg_release, v->vmsg};
+            parts[np++] = (ps_rpc_part){v->value + r.off, nbytes, ps_rpc_msg_release,
+                                        v->vmsg};
         } else {
-            parts[np++] = (ps_rpc_part){v->value, nbytes, NULL, NULL};
+            parts[np++] = (ps_rpc_part){v->value + r.off, nbytes, NULL, NULL};
         }
         bytes += nbytes;
     }

@@ -113,12 +113,19 @@ static size_t first_diff(const float *a, const float *b)
  * (whole), then a pull of each: the values equal bit for bit after every
  * step, the versions count one a step. */
 static void same_path(ps_client *cp, ps_client *cw, const char *a, const char *b,
-                      const char *what, float *g0, float *va, float *vb)
+                      const char *what, float *g0, float *va, float *vb, ps_rpc_msg *gm)
 {
     int same = 1, versions = 1;
     for (int s = 1; s <= STEPS; s++) {
         gradient(g0, s, 1);
         ps_client_item pa = {.name = a, .data = g0, .n = N};
+        if (gm != NULL) {
+            /* In a message buffer, as workerd's: the pieces go in place. */
+            ps_rpc_msg_wait_unshared(gm);
+            memcpy(ps_rpc_msg_data(gm), g0, N * sizeof(float));
+            pa.data = (float *)(void *)ps_rpc_msg_data(gm);
+            pa.msg = gm;
+        }
         ps_client_item qa = {.name = a, .data = va, .n = N};
         ps_client_item pb = {.name = b, .data = g0, .n = N};
         ps_client_item qb = {.name = b, .data = vb, .n = N};
@@ -225,7 +232,13 @@ int main(int argc, char **argv)
 
     create(cp, "f32/pieces", PS__V1__OPTIMIZER__KIND__ADAM, 0);
     create(cp, "f32/whole", PS__V1__OPTIMIZER__KIND__ADAM, 0);
-    same_path(cp, cw, "f32/pieces", "f32/whole", "f32 Adam", g, va, vb);
+    ps_rpc_msg *gm = ps_rpc_msg_new(N * sizeof(float));
+    if (gm == NULL)
+        die("ps_rpc_msg_new", -12, NULL);
+    same_path(cp, cw, "f32/pieces", "f32/whole", "f32 Adam, sent in place", g, va, vb,
+              gm);
+    ps_rpc_msg_wait_unshared(gm);
+    ps_rpc_msg_unref(gm);
 
     create(cp, "bf16/pieces", PS__V1__OPTIMIZER__KIND__SGD, 0);
     create(cp, "bf16/whole", PS__V1__OPTIMIZER__KIND__SGD, 0);
@@ -236,7 +249,8 @@ int main(int argc, char **argv)
         die("pull w0", rc, &st);
     ps_client_set_wire_dtype(cp, PS_HALF_BF16, true);
     ps_client_set_wire_dtype(cw, PS_HALF_BF16, true);
-    same_path(cp, cw, "bf16/pieces", "bf16/whole", "bf16 with error feedback", g, va, vb);
+    same_path(cp, cw, "bf16/pieces", "bf16/whole", "bf16 with error feedback", g, va, vb,
+              NULL);
     for (int s = 1; s <= STEPS; s++) {
         gradient(g, s, 1);
         for (size_t i = 0; i < N; i++)
