@@ -113,6 +113,8 @@ struct wd_train_opts {
                                   0 float32, 2 FLOAT16, 3 BFLOAT16 (not
                                   with shared memory: float32 there) */
     bool error_feedback;       /* with a half wire_dtype (common/half.h) */
+    size_t piece_bytes;        /* tensors above it go in pieces of it
+                                  (ps_client_set_pieces); 0: whole */
     int sparse_row_dtype;      /* ps.v1.DType of widedeep's sparse rows:
                                   0 float32, 2 FLOAT16, 3 BFLOAT16 */
     int shm;                   /* shared memory with psd (common/shm.h):

@@ -692,6 +692,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         /* wire_choices' order: f32, bf16, fp16 -> ps.v1.DType */
         .wire_dtype = c->wire_dtype == 1 ? 3 : c->wire_dtype == 2 ? 2 : 0,
         .error_feedback = c->error_feedback,
+        .piece_bytes = (size_t)c->pieces,
         .sparse_row_dtype = c->sparse_row_dtype == 1 ? 3 : c->sparse_row_dtype == 2 ? 2 : 0,
         .summary_steps = (int)c->summary_steps,
         .token = c->token[0] ? c->token : NULL,
