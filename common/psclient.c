@@ -26,6 +26,9 @@
  * tensor is 8 pieces whose pushes and pulls overlap on a full-duplex link. */
 #define PIECE_BYTES_DEFAULT ((size_t)512 << 10)
 #define PIECE_WINDOW_DEFAULT 4
+/* Pull pieces answered at once: one streaming on the link while psd
+ * prepares the next; more share the link and all end late. */
+#define PULL_WINDOW 2
 
 struct ps_client {
     ps_rpc_client *rpc;
@@ -1179,7 +1182,12 @@ static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
 static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
                     ps_rpc_status *st)
 {
-    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, j->c->piece_window,
+    /* A pull's answers are the big part: a few streaming at once (one on
+     * the link, the next being prepared) finish one after another. */
+    int window = j->push ? j->c->piece_window
+                         : j->c->piece_window < PULL_WINDOW ? j->c->piece_window
+                                                            : PULL_WINDOW;
+    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, window, !j->push,
                                   pieces_make, pieces_resp, j, deadline_ms, st);
     /* A value pushed and brought back holds this push's update in every
      * piece, though the pieces before the last answered the version before

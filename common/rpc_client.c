@@ -562,8 +562,8 @@ static void slot_release(struct slot *sl)
  * waits for its answer without holding the next back, so that a server
  * that answers only once it has every piece (a SYNC step) gets them all. */
 int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
-                         ps_rpc_make_fn make, ps_rpc_resp_fn on_resp, void *ctx,
-                         int deadline_ms, ps_rpc_status *st)
+                         bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
+                         void *ctx, int deadline_ms, ps_rpc_status *st)
 {
     ps_rpc_status local;
     if (st == NULL)
@@ -584,7 +584,7 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
     int sending = 0, rc = 0;
     int64_t backoff = c->o.backoff_initial_ms;
     while (active > 0 || (rc == 0 && next < n)) {
-        if (rc == 0 && next < n && sending < window) {
+        if (rc == 0 && next < n && (by_answer ? (int)active : sending) < window) {
             struct slot *sl = &slots[next];
             *sl = (struct slot){.i = next, .attempts = 1};
             rc = make(ctx, next, sl->parts, &sl->np);
