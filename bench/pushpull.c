@@ -36,7 +36,7 @@
  *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
- *            [--pscerts PATH] [--no-tls] [--link 10gbit] [--pieces 512K]
+ *            [--pscerts PATH] [--no-tls] [--link 10gbit] [--pieces 1M]
  *            [--window 4]
  *
  * Threads and lifetime: main owns psd (started and stopped here; it also

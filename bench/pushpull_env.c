@@ -30,7 +30,7 @@ static void usage(FILE *f)
         "                    take values in half precision (error feedback)\n"
         "  --pieces BYTES    psclient streams cut tensors above BYTES into pieces\n"
         "                    of it, --window calls sending at once (default:\n"
-        "                    psclient's, 512K and 4; 0: one call per tensor)\n"
+        "                    psclient's, 1M and 4; 0: one call per tensor)\n"
         "  --window N        pieces sending at once (default 4)\n"
         "  --link RATE       psd and the client in two network namespaces joined\n"
         "                    by a veth pair shaped to RATE (10gbit, 25gbit; tc\n"
@@ -141,7 +141,7 @@ void parse_opts(int argc, char **argv, struct opts *o)
     static const int full_streams[] = {1, 2, 4};
     memset(o, 0, sizeof *o);
     o->seconds = -1;
-    o->piece_bytes = (size_t)512 << 10; /* psclient's own default */
+    o->piece_bytes = (size_t)1 << 20; /* psclient's own default */
     o->tcp_bytes = (size_t)1 << 30;
     bool quick = false;
     char *sizes = NULL, *streams = NULL;

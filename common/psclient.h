@@ -118,7 +118,7 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
 int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
 
 /* Tensors of more than piece_bytes go in pieces of piece_bytes, up to
- * window calls in flight at once, on by default (512 KiB, 4): a piece is
+ * window calls in flight at once, on by default (1 MiB, 4): a piece is
  * encoded (and rounded to half) while the ones before it are on the wire
  * and applied, and a push's values come back while its later pieces still
  * go out (the link is full duplex). Each piece is a call of its own that

@@ -141,8 +141,8 @@ const ps_opt wd_opts[] = {
      "the row dtype of the sparse tables widedeep creates: fp16 or bf16 halve "
      "each row's value in psd's memory, on disk and on the wire (slots and "
      "updates stay float32), f32 = float32", 0, 0, wire_choices},
-    /* 512K: psclient's default, ~0.5 ms a piece on a 10 Gbit/s link. */
-    {"pieces", PS_OPT_SIZE, offsetof(struct wd_conf, pieces), "512K",
+    /* 1M: psclient's default, ~1 ms a piece on a 10 Gbit/s link. */
+    {"pieces", PS_OPT_SIZE, offsetof(struct wd_conf, pieces), "1M",
      "dense tensors bigger than this go to psd in pieces of it, 4 calls sending "
      "at once, so that encoding, the link both ways and psd's apply overlap; "
      "0 = one call per tensor, else at least 4K; shards reached through shared "
