@@ -161,6 +161,26 @@ def start_psd(data_dir, *args, wrapper=None):
     return Daemon((wrapper or []) + argv)
 
 
+def start_psd_local(tmp, *args, suffix="", wrapper=None):
+    """start_psd with its data in TMP/data<suffix>, also serving on the unix
+    socket TMP/psd<suffix>.sock (shared memory goes over nothing else).
+    Returns (Daemon, the socket's path)."""
+    sock = os.path.join(tmp, "psd%s.sock" % suffix)
+    d = start_psd(os.path.join(tmp, "data" + suffix), "--local-socket", sock, *args,
+                  wrapper=wrapper)
+    return d, sock
+
+
+def stop_all(daemons, kill=False):
+    """Stops each of daemons (SIGTERM and a wait, or with kill SIGKILL): the
+    end of a test's main, for every process it started."""
+    for d in daemons:
+        if kill:
+            d.kill()
+        else:
+            d.stop()
+
+
 def durability_modes():
     """For a test run once write-behind and once with --durable: yields
     (durable, mode name, a new data directory, psd's extra arguments)."""
