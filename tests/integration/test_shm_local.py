@@ -33,7 +33,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 
