@@ -367,6 +367,19 @@ def client_push(make_client, stats, host_id=None):
             del os.environ["PS_HOST_ID"]
 
 
+def check_client_shm(r, what, make_client, stats, sock, tcp):
+    """Checks the Python client that make_client() returns on a psd of this
+    host: a push goes over the unix socket sock with shared memory (Stats'
+    shm_bytes grow by its 16 KiB at least), and with another PS_HOST_ID over
+    TCP (tcp, the psd's address) with none; what names the client."""
+    addrs, before, after = client_push(make_client, stats)
+    r.check(addrs == [sock] and after >= before + 4096 * 4,
+            "python: %s on %s, shm_bytes %d -> %d" % (what, addrs, before, after))
+    addrs, _, later = client_push(make_client, stats, host_id="another-host")
+    r.check(addrs == [tcp] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
+
+
 def json_summary(p):
     """A finished workerd's --json summary (its last stdout line), or {}
     when it failed or printed none."""
