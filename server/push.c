@@ -561,9 +561,11 @@ static bool step_stays_finite(psd_var *v, float scale, uint64_t t, char *err,
  * does, after unlocking). */
 static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 {
-    /* A worker half through its pieces holds the step back: its other
-     * pieces are on their way into this aggregate. */
-    if (v->accum_count < v->num_workers || v->npw > 0)
+    /* A worker counts once its pieces cover the variable; one half through
+     * them when the count is met anyway (the count was lowered because it
+     * died, or it is a worker too many) leaves its pieces in the aggregate,
+     * and its later pieces find the step applied. */
+    if (v->accum_count < v->num_workers)
         return NULL;
     float scale = 1.0f / (float)v->accum_count;
     char err[512];
@@ -584,6 +586,7 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     v->accum_count = 0;
     v->accum_elems = 0;
     v->npushed = 0;
+    shard_pieces_free(v);
     /* Collect the pushes of this step that now have every part applied. */
     pending_push *ready = NULL;
     pthread_mutex_lock(&s->wait_mu);
