@@ -27,6 +27,12 @@
  * that a 4 MiB tensor is 4 pieces whose phases overlap. */
 #define PIECE_BYTES_DEFAULT ((size_t)1 << 20)
 #define PIECE_WINDOW_DEFAULT 4
+/* The most pieces one push or pull is cut into: bigger tensors get bigger
+ * pieces. A SYNC step answers its pieces only once all have come, so all
+ * are in flight at once, and psd serves at most --max-streams (256 by
+ * default) calls per connection: a gRPC client queues the ones beyond,
+ * which would wait for the step for good. */
+#define MAX_PIECES 64
 /* Pull pieces answered at once: one streaming on the link while psd
  * prepares the next; more share the link and all end late. */
 #define PULL_WINDOW 2
@@ -76,6 +82,16 @@ static bool in_pieces(const ps_client *c, const ps_client_item *it)
     uint64_t off;
     return c->piece_bytes != 0 && it->n * sizeof(float) > c->piece_bytes &&
            !by_ref(c, it->data, it->n, &off);
+}
+
+/* Whether a push or pull of items goes in pieces: some are big, and few
+ * enough that the calls stay within MAX_PIECES (else one call, as before). */
+static bool cut_any(const ps_client *c, const ps_client_item *items, size_t n)
+{
+    size_t nbig = 0;
+    for (size_t i = 0; i < n; i++)
+        nbig += in_pieces(c, &items[i]);
+    return nbig > 0 && nbig <= MAX_PIECES / 2;
 }
 
 /* Error feedback's memory of one variable: what its last rounding lost. */
@@ -636,10 +652,8 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
     int rc;
 again:;
-    bool shm = push_uses_shm(c, items, pulls, n), pieces = false;
-    for (size_t i = 0; i < n && !shm; i++)
-        pieces = pieces || in_pieces(c, &items[i]);
-    if (pieces) {
+    bool shm = push_uses_shm(c, items, pulls, n);
+    if (!shm && cut_any(c, items, n)) {
         free(versions);
         return push_pieces(c, worker, step, items, pulls, n, deadline_ms, st);
     }
@@ -893,9 +907,8 @@ int ps_client_pull_at(ps_client *c, uint32_t worker, uint64_t step,
                       ps_rpc_status *st)
 {
     int rc;
-    for (size_t i = 0; i < n; i++)
-        if (in_pieces(c, &items[i]))
-            return pull_pieces(c, worker, step, items, n, deadline_ms, st);
+    if (cut_any(c, items, n))
+        return pull_pieces(c, worker, step, items, n, deadline_ms, st);
 again:
     rc = encode_pull(c, &c->req, items, n, worker, step, NULL);
     if (rc != 0)
@@ -954,11 +967,20 @@ static void pjob_free(struct pjob *j)
     free(j->vmin);
 }
 
-/* Cuts the big items of j into pieces of the client's size. Returns 0 or
- * -ENOMEM. */
+/* Cuts the big items of j into pieces of the client's size, or bigger ones
+ * when they would be more than MAX_PIECES. Returns 0 or -ENOMEM. */
 static int pjob_init(struct pjob *j)
 {
-    size_t per = j->c->piece_bytes / sizeof(float), ncalls = 0, nsmall = 0;
+    size_t per = j->c->piece_bytes / sizeof(float), ncalls = 0, nsmall = 0, big = 0,
+           nbig = 0;
+    for (size_t i = 0; i < j->n; i++)
+        if (in_pieces(j->c, &j->items[i])) {
+            big += j->items[i].n;
+            nbig++;
+        }
+    /* Calls: at most big / per + nbig, and one for the small items. */
+    if (big / per + nbig + 1 > MAX_PIECES)
+        per = big / (MAX_PIECES - nbig - 1) + 1;
     for (size_t i = 0; i < j->n; i++) {
         if (in_pieces(j->c, &j->items[i]))
             ncalls += (j->items[i].n + per - 1) / per;

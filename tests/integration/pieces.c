@@ -4,8 +4,8 @@
  * one pushed and pulled in pieces by one client, the other whole by a
  * second client with pieces off, the same gradients to both, then both
  * compared bit for bit, with their versions. The size, 300007 elements, is
- * not a multiple of the piece (16 KiB, 4096 elements), so the last piece
- * is a short one.
+ * more than 64 pieces of 16 KiB, so psclient cuts it in 62 pieces of 4839
+ * elements (its cap on pieces a call) and a short last one of 4828.
  *
  *   pieces ADDR
  *

@@ -1,8 +1,9 @@
 """Tensors in pieces (common/psclient.c, ps_client_set_pieces), against a
 real psd on 127.0.0.1, write-behind and --durable:
 
-- a push-and-pull of a 300007-element variable cut in 16 KiB pieces, 4
-  calls in flight, gives bit for bit the values and versions of the same
+- a push-and-pull of a 300007-element variable cut in pieces (16 KiB asked,
+  4839 elements given: at most 64 pieces a call), 4 calls sending at once,
+  with a short last piece, gives bit for bit the values and versions of the same
   pushes sent whole: float32 with Adam (whose step count follows the
   version), and bfloat16 with error feedback, where the sum of the
   gradients less the change applied stays within bf16's rounding;
