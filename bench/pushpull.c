@@ -37,7 +37,7 @@
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
  *            [--pscerts PATH] [--no-tls] [--link 10gbit] [--pieces 1M]
- *            [--window 4]
+ *            [--window 2]
  *
  * Threads and lifetime: main owns psd (started and stopped here; it also
  * dies with us through PR_SET_PDEATHSIG) and its temporary directory; a
@@ -271,7 +271,7 @@ static int stream_setup(struct stream *s)
         if (bc->o->pieces_set &&
             (rc = ps_client_set_pieces(s->pc, bc->o->piece_bytes,
                                        bc->o->piece_window ? bc->o->piece_window
-                                                           : 4)) != 0)
+                                                           : 2)) != 0)
             return fail(s, rc, "--pieces", NULL);
         size_t block = (n * sizeof(float) + 4095) / 4096 * 4096;
         if (bc->o->shm) {

@@ -19,23 +19,24 @@
  * its own (fresh memory) but makes the request one pooled buffer. */
 #define PLAIN_COPY_MAX ((size_t)256 << 10)
 
-/* Tensors of more than this many bytes go in pieces of it, this many calls
- * sending (ps_client_set_pieces): on a 10 Gbit/s link a 1 MiB piece is
+/* Tensors of more than this many bytes go in pieces of it
+ * (ps_client_set_pieces): on a 10 Gbit/s link a 1 MiB piece is
  * about 1 ms on the wire (0.5 ms in bf16), long beside what a call costs
  * each end (measured on loopback: 512 KiB pieces took the client 0.66 ms
  * more CPU per 4 MiB than one call, 1 MiB pieces 0.23 ms), and short enough
  * that a 4 MiB tensor is 4 pieces whose phases overlap. */
 #define PIECE_BYTES_DEFAULT ((size_t)1 << 20)
-#define PIECE_WINDOW_DEFAULT 4
-/* The most pieces one push or pull is cut into: bigger tensors get bigger
- * pieces. A SYNC step answers its pieces only once all have come, so all
- * are in flight at once, and psd serves at most --max-streams (256 by
- * default) calls per connection: a gRPC client queues the ones beyond,
- * which would wait for the step for good. */
+/* Two calls not yet answered at once: one on the link while the next is
+ * made and the one before applied. gRPC buffers a message whole once its
+ * call starts and interleaves the streams of one connection, so more
+ * pieces at once share the link and all end late (traced on the link: 4
+ * pieces of a push answered after 1.8, 7.0, 7.2 and 7.8 ms; 2 at a time
+ * after 2.1, 3.4, 4.7 and 4.8 ms). */
+#define PIECE_WINDOW_DEFAULT 2
+/* The most calls one push or pull is cut into: bigger tensors get bigger
+ * pieces, so that the calls' own cost (about 0.1 ms of CPU each end) stays
+ * small beside the tensor's. */
 #define MAX_PIECES 64
-/* Pull pieces answered at once: one streaming on the link while psd
- * prepares the next; more share the link and all end late. */
-#define PULL_WINDOW 2
 
 struct ps_client {
     ps_rpc_client *rpc;
@@ -50,7 +51,7 @@ struct ps_client {
     size_t nres;
     ps_buf half;       /* the half gradients of one push */
     size_t piece_bytes; /* tensors bigger go in pieces of it; 0: never */
-    int piece_window;   /* pieces in flight at once */
+    int piece_window;   /* pieces not yet answered at once */
 };
 
 /* One piece of a tensor: the caller's item's elements [off, off + n) of
@@ -485,6 +486,12 @@ struct pull_ctx {
     char *err;
     size_t errlen;
     bool have_data;          /* the value being decoded has had its data */
+    /* A piece's answer (items[0] a view of it): whole is the whole value's
+     * item, which the answer may hold instead (a SYNC step's last piece
+     * brings the whole value once the step is applied), and *final says it
+     * came, after which a piece's value, older, is skipped. */
+    ps_client_item *whole;
+    bool *final;
 };
 
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np);
@@ -649,7 +656,8 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     if (versions == NULL)
         return -ENOMEM;
     char err[256] = "";
-    struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
+    struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false,
+                          NULL, NULL};
     int rc;
 again:;
     bool shm = push_uses_shm(c, items, pulls, n);
@@ -822,6 +830,18 @@ static int on_value(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *er
     ps_client_item *it = &pc->items[v->index];
     size_t bytes = it->n * sizeof(float);
     uint64_t want;
+    if (ev == PS_WIRE_DATA && pc->whole != NULL) {
+        size_t esz = v->dtype == PS_HALF_F16 || v->dtype == PS_HALF_BF16 ? 2 : sizeof(float);
+        if (v->data.left == pc->whole->n * esz) {
+            it = pc->whole;
+            bytes = it->n * sizeof(float);
+            *pc->final = true;
+        } else if (*pc->final) {
+            ps_wire_bytes_take(&v->data, NULL, v->data.left);
+            pc->have_data = true;
+            return 0;
+        }
+    }
     switch (ev) {
     case PS_WIRE_DATA:
         if (v->dtype == PS_HALF_F16 || v->dtype == PS_HALF_BF16) {
@@ -884,7 +904,7 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
                           ps_client_item *items, size_t n, char *err, size_t errlen)
 {
-    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false, NULL, NULL};
     return decode_pieces(&pc, pieces, np);
 }
 
@@ -892,7 +912,7 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {
     struct ps_piece one = {buf, len};
-    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false, NULL, NULL};
     return decode_pieces(&pc, &one, 1);
 }
 
@@ -914,7 +934,7 @@ again:
     if (rc != 0)
         return rc;
     char err[256] = "";
-    struct pull_ctx pc = {c, items, n, NULL, 0, err, sizeof err, false};
+    struct pull_ctx pc = {c, items, n, NULL, 0, err, sizeof err, false, NULL, NULL};
     ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
     if (m == NULL)
         return -ENOMEM;
@@ -938,7 +958,7 @@ again:
 
 /* A push or pull whose big tensors go in pieces (push_pieces, pull_pieces):
  * its calls, the small items whole in the first when there are any and
- * then one per piece, several in flight at once (ps_rpc_invoke_window),
+ * then one per piece, a few in flight at once (ps_rpc_invoke_window),
  * and what their answers are merged into. */
 struct pjob {
     ps_client *c;
@@ -955,6 +975,7 @@ struct pjob {
     ps_client_item *views;  /* (nsmall) the small call's items */
     uint64_t *vers;         /* (nsmall) the small call's versions */
     uint64_t *vmin;         /* (n) each value's lowest version over its pieces */
+    bool *final;            /* (n) push: the whole value came (pull_ctx.final) */
     char err[256];
 };
 
@@ -965,6 +986,7 @@ static void pjob_free(struct pjob *j)
     free(j->views);
     free(j->vers);
     free(j->vmin);
+    free(j->final);
 }
 
 /* Cuts the big items of j into pieces of the client's size, or bigger ones
@@ -993,8 +1015,9 @@ static int pjob_init(struct pjob *j)
     j->views = calloc(nsmall ? nsmall : 1, sizeof *j->views);
     j->vers = calloc(nsmall ? nsmall : 1, sizeof *j->vers);
     j->vmin = malloc(j->n * sizeof *j->vmin);
+    j->final = calloc(j->n, sizeof *j->final);
     if (j->calls == NULL || j->small == NULL || j->views == NULL || j->vers == NULL ||
-        j->vmin == NULL)
+        j->vmin == NULL || j->final == NULL)
         return -ENOMEM;
     j->ncalls = nsmall > 0;
     for (size_t i = 0; i < j->n; i++) {
@@ -1187,7 +1210,11 @@ static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
         vals = j->views;
     }
     struct pull_ctx x = {j->c, vals, vals ? ni : 0, j->push ? vers : NULL,
-                         j->push ? ni : 0, j->err, sizeof j->err, false};
+                         j->push ? ni : 0, j->err, sizeof j->err, false, NULL, NULL};
+    if (j->push && vals != NULL && pc->n != 0) {
+        x.whole = &j->pulls[pc->item];
+        x.final = &j->final[pc->item];
+    }
     int rc = decode_pieces(&x, pp, np);
     if (rc != 0)
         return rc;
@@ -1205,13 +1232,8 @@ static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
 static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
                     ps_rpc_status *st)
 {
-    /* A pull's answers are the big part: a few streaming at once (one on
-     * the link, the next being prepared) finish one after another. */
-    int window = j->push ? j->c->piece_window
-                         : j->c->piece_window < PULL_WINDOW ? j->c->piece_window
-                                                            : PULL_WINDOW;
-    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, window, !j->push,
-                                  pieces_make, pieces_resp, j, deadline_ms, st);
+    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, j->c->piece_window,
+                                  true, pieces_make, pieces_resp, j, deadline_ms, st);
     /* A value pushed and brought back holds this push's update in every
      * piece, though the pieces before the last answered the version before
      * it: it is at least the version the push produced. */

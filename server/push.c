@@ -28,8 +28,8 @@
 
 void shard_pending_free(pending_push *p)
 {
-    PS_FREE_ALL(p->vars, p->versions, p->into, p->ranges, p->refused, p->parts,
-                p->reply_mem, p);
+    PS_FREE_ALL(p->vars, p->versions, p->into, p->ranges, p->settled, p->refused,
+                p->parts, p->reply_mem, p);
 }
 
 /* Answers a push with its versions, and with the values when it asked.
@@ -595,7 +595,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
         bool mine = false;
         if (p->step == done_step)
             for (size_t i = 0; i < p->nitems; i++)
-                if (p->vars[i] == v && p->versions[i] == 0) {
+                if (p->vars[i] == v && p->versions[i] == 0 &&
+                    (p->settled == NULL || !p->settled[i])) {
                     p->versions[i] = v->version;
                     p->nleft--;
                     mine = true;
@@ -919,17 +920,17 @@ static bool apply_async(psd_shard *s, pending_push *p, size_t i,
  * the variable. The first piece of a step starts the aggregate at -0.0, the
  * one float whose sum with every x is x itself, so that pieces give the
  * same bits as a whole push's copy. Called with v->lock held for writing. */
-static void join_piece(psd_var *v, uint32_t worker, uint64_t step, psd_range rg,
-                       ps_wire_bytes g, float *straddle)
+static int join_piece(psd_var *v, uint32_t worker, uint64_t step, psd_range rg,
+                      ps_wire_bytes g, float *straddle)
 {
     int got = piece_note(v, worker, step, rg);
     if (got == PIECE_REPEAT)
-        return;
+        return got;
     if (got == -ENOMEM) {
         ps_log_warn("variable '%s': out of memory noting a pushed piece of "
                     "worker %u; its step waits for the piece again", v->name,
                     worker);
-        return;
+        return got;
     }
     if (v->accum_elems == 0)
         for (size_t j = 0; j < v->n; j++)
@@ -938,6 +939,7 @@ static void join_piece(psd_var *v, uint32_t worker, uint64_t step, psd_range rg,
     v->accum_elems += rg.n;
     if (got == PIECE_COVERED && mark_pushed(v, worker))
         v->accum_count++;
+    return got;
 }
 
 /* Joins the sync part i to its step's aggregate, and applies the step
@@ -963,8 +965,22 @@ static void join_step(psd_shard *s, pending_push *p, size_t i,
      * nothing and just waits for the step again. */
     if (v->accum == NULL)
         v->accum = shard_alloc_floats(v->n);
-    if (rg.n != 0) {
-        join_piece(v, r->worker, r->step, rg, g, straddle);
+    if (rg.n != 0 &&
+        join_piece(v, r->worker, r->step, rg, g, straddle) != PIECE_COVERED) {
+        /* Not the worker's last piece: answered now (the step's version
+         * comes with the last one), so that a client need not keep every
+         * piece of a step in flight at once. */
+        pthread_mutex_lock(&s->wait_mu);
+        p->versions[i] = v->version;
+        p->settled[i] = true;
+        p->nleft--;
+        pthread_mutex_unlock(&s->wait_mu);
+        pthread_rwlock_unlock(&v->lock);
+        return;
+    } else if (rg.n != 0) {
+        /* The last piece answers with the whole value once the step is
+         * applied: the other pieces' answers came before it. */
+        p->ranges[i] = (psd_range){0, 0};
     } else if (mark_pushed(v, r->worker)) {
         grad_accumulate(v->accum, v->accum_elems == 0, g, straddle);
         v->accum_elems += v->n;
@@ -1053,7 +1069,8 @@ static bool push_ranges(pending_push *p, const ps_wire_push *r)
     if (!any)
         return true;
     p->ranges = calloc(r->ngrads, sizeof *p->ranges);
-    if (p->ranges == NULL)
+    p->settled = calloc(r->ngrads, sizeof *p->settled);
+    if (p->ranges == NULL || p->settled == NULL)
         return false;
     for (size_t i = 0; i < r->ngrads; i++)
         p->ranges[i] = grad_range(&r->grads[i]);

@@ -148,6 +148,8 @@ typedef struct pending_push {
     bool return_values;       /* answer with the values too */
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
     psd_range *ranges;        /* (nitems) or NULL: the pieces pushed */
+    bool *settled;            /* (nitems) with ranges: a sync piece answered
+                                 before its step (not the worker's last) */
     int wire_dtype;           /* the values' dtype (PushRequest.wire_dtype) */
     bool armed;               /* its handler is done with it (under wait_mu) */
     double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */

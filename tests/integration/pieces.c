@@ -263,7 +263,10 @@ int main(int argc, char **argv)
      * variable; both whole on the other. One step, one version. */
     create(cp, "sync/pieces", PS__V1__OPTIMIZER__KIND__ADAM, 2);
     create(cp, "sync/whole", PS__V1__OPTIMIZER__KIND__ADAM, 2);
-    int same = 1, versions = 1;
+    int same = 1, versions = 1, back_same = 1;
+    float *back = malloc(N * sizeof *back);
+    if (back == NULL)
+        die("malloc", -12, NULL);
     for (int s = 0; s < STEPS && same && versions; s++) {
         const char *names[2] = {"sync/pieces", "sync/whole"};
         for (int v = 0; v < 2; v++) {
@@ -274,7 +277,15 @@ int main(int argc, char **argv)
                 die("pthread_create", -11, NULL);
             gradient(g, s, 1);
             ps_client_item p0 = {.name = names[v], .data = g, .n = N};
-            rc = ps_client_push(v == 0 ? cp : cw, 0, (uint64_t)s, &p0, 1, DEADLINE_MS, &st);
+            /* In pieces with the value back: the pieces before the last
+             * are answered at once, the last with the whole value once the
+             * step is applied. */
+            ps_client_item q0 = {.name = names[v], .data = back, .n = N};
+            if (v == 0)
+                rc = ps_client_push_pull(cp, 0, (uint64_t)s, &p0, &q0, 1, DEADLINE_MS,
+                                         &st);
+            else
+                rc = ps_client_push(cw, 0, (uint64_t)s, &p0, 1, DEADLINE_MS, &st);
             pthread_join(t, NULL);
             if (rc != 0)
                 die("sync push of worker 0", rc, &st);
@@ -289,11 +300,14 @@ int main(int argc, char **argv)
             ps_client_pull(cw, &lb, 1, DEADLINE_MS, &st) != 0)
             die("sync pull", PS_ERPC, &st);
         same = same && first_diff(va, vb) == N;
+        back_same = back_same && first_diff(back, va) == N;
         versions = versions && la.version == (uint64_t)s + 1 && lb.version == la.version;
     }
     check(same, "sync, 2 workers, one pushing in pieces: the aggregate applied equals "
           "two whole pushes' bit for bit");
     check(versions, "sync: a step pushed in pieces is one step, one version");
+    check(back_same, "sync: the value a push in pieces brings back is the step's applied value");
+    free(back);
 
     /* Refusals still name the variable, and change nothing. */
     float *big = malloc((N + 5) * sizeof *big);
