@@ -558,20 +558,26 @@ static void slot_release(struct slot *sl)
     sl->np = 0;
 }
 
-/* The window counts the calls still sending: a call whose request is out
- * waits for its answer without holding the next back, so that a server
- * that answers only once it has every piece (a SYNC step) gets them all. */
+/* The caller's status, or local, cleared for a call's first attempt; the
+ * client's deadline for deadline_ms <= 0. */
+static ps_rpc_status *status_begin(const ps_rpc_client *c, ps_rpc_status *st,
+                                   ps_rpc_status *local, int *deadline_ms)
+{
+    if (st == NULL)
+        st = local;
+    memset(st, 0, sizeof *st);
+    st->attempts = 1;
+    if (*deadline_ms <= 0)
+        *deadline_ms = c->o.deadline_ms;
+    return st;
+}
+
 int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
                          bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
                          void *ctx, int deadline_ms, ps_rpc_status *st)
 {
     ps_rpc_status local;
-    if (st == NULL)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    st->attempts = 1;
-    if (deadline_ms <= 0)
-        deadline_ms = c->o.deadline_ms;
+    st = status_begin(c, st, &local, &deadline_ms);
     if (window < 1)
         window = 1;
     if (n == 0)
@@ -689,12 +695,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
                        void *ctx, ps_rpc_status *st)
 {
     ps_rpc_status local;
-    if (st == NULL)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    st->attempts = 1;
-    if (deadline_ms <= 0)
-        deadline_ms = c->o.deadline_ms;
+    st = status_begin(c, st, &local, &deadline_ms);
     grpc_completion_queue *cq;
     grpc_call *call = start_call(c, method, deadline_ms, &cq);
 

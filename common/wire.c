@@ -368,12 +368,10 @@ static const char *read_grad(cursor *c, ps_wire_grad *g)
             if (get_sub(c, &s) != 0)
                 return "Gradient.value_into: length past the end";
             why = read_shm_ref(&s, &g->value_into);
-        } else if (field == 4 && wt == WT_VARINT) {
-            if (get_varint(c, &g->offset) != 0)
-                return "Gradient.offset: truncated varint";
-        } else if (field == 5 && wt == WT_VARINT) {
-            if (get_varint(c, &g->total) != 0)
-                return "Gradient.total: truncated varint";
+        } else if ((field == 4 || field == 5) && wt == WT_VARINT) {
+            if (get_varint(c, field == 4 ? &g->offset : &g->total) != 0)
+                return field == 4 ? "Gradient.offset: truncated varint"
+                                  : "Gradient.total: truncated varint";
         } else if (skip_field(c, wt) != 0) {
             return "Gradient: malformed unknown field";
         }

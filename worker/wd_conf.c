@@ -142,11 +142,9 @@ const ps_opt wd_opts[] = {
      "each row's value in psd's memory, on disk and on the wire (slots and "
      "updates stay float32), f32 = float32", 0, 0, wire_choices},
     /* 1M: psclient's default, ~1 ms a piece on a 10 Gbit/s link. */
-    {"pieces", PS_OPT_SIZE, offsetof(struct wd_conf, pieces), "1M",
-     "dense tensors bigger than this go to psd in pieces of it, 2 calls at "
-     "once, so that encoding, the link both ways and psd's apply overlap; "
-     "0 = one call per tensor, else at least 4K; shards reached through shared "
-     "memory are never cut", 0, 1073741824.0, NULL},
+    {"pieces", PS_OPT_SIZE, offsetof(struct wd_conf, pieces), "1M", "dense tensors "
+     "above this go in pieces of it, 2 calls at once, so that encoding, the link and "
+     "psd's apply overlap; 0 = whole, else at least 4K", 0, 1073741824.0, NULL},
     {"error-feedback", PS_OPT_BOOL, offsetof(struct wd_conf, error_feedback), "true",
      "with --wire-dtype bf16 or fp16: keep each variable's rounding residual "
      "and add it to its next gradient, so that nothing is lost over time",
