@@ -693,6 +693,7 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         .wire_dtype = c->wire_dtype == 1 ? 3 : c->wire_dtype == 2 ? 2 : 0,
         .error_feedback = c->error_feedback,
         .sparse_row_dtype = c->sparse_row_dtype == 1 ? 3 : c->sparse_row_dtype == 2 ? 2 : 0,
+        .sparse_slot_dtype = c->sparse_slot_dtype == 1 ? 3 : c->sparse_slot_dtype == 2 ? 2 : 0,
         .summary_steps = (int)c->summary_steps,
         .token = c->token[0] ? c->token : NULL,
     };
