@@ -215,8 +215,8 @@ class SparseTable:
     recently updated beyond it are evicted (0: unbounded); insert_on_pull: a
     pull of an unknown id stores its initial row. row_dtype: "fp16" or
     "bf16" store the rows' values in half precision on psd (half the bytes
-    in memory, on disk and on the wire; the optimizer's slots and updates
-    stay float32, each new value rounded to nearest even), "f32" float32.
+    in memory, on disk and on the wire; updates stay float32, each new
+    value rounded to nearest even), "f32" float32.
     slot_dtype: the same for the optimizer's slots (MOMENTUM's velocity,
     ADAGRAD's accumulator, ADAM's moments, FTRL's n and z), widened for the
     update and rounded back each time; psd refuses "fp16" with ADAM (its
