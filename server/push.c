@@ -945,7 +945,16 @@ static uint32_t sync_workers_cap_locked(const psd_shard *s)
 
 /* The coordinator's word on how many workers are alive: every SYNC
  * variable's step now waits for that many pushes, and a step that already
- * holds them is applied at once. */
+ * holds them is applied at once.
+ *
+ * table_lock is held for writing: a push joins its variables one after
+ * another under it (held for reading), and a count changed between two of
+ * them would leave the first ones applied with the old count and the
+ * others waiting for the new one. The shard's variables would then
+ * aggregate different steps, and a worker's push, one step for all of
+ * them, would be stale on some for good (both workers of a sync job ended
+ * in DEADLINE_EXCEEDED after a rejoin). Pushes waiting for their step hold
+ * no lock, so this waits only for the joins under way. */
 void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
                             void *ctx)
 {
@@ -963,7 +972,7 @@ void shard_set_sync_workers(ps_rpc_call *call, const uint8_t *req, size_t len,
     }
     uint32_t n = r->workers, previous = s->o.workers;
     ps__v1__set_sync_workers_request__free_unpacked(r, NULL);
-    pthread_rwlock_rdlock(&s->table_lock);
+    pthread_rwlock_wrlock(&s->table_lock);
     uint32_t cap = sync_workers_cap_locked(s);
     if (n > cap) {
         pthread_rwlock_unlock(&s->table_lock);
