@@ -825,10 +825,10 @@ int main(int argc, char **argv)
     /* Every thread started from here on inherits the mask; the signal
      * thread alone takes these signals. */
     static sigset_t stop_set;
+    static const int stops[] = {SIGINT, SIGTERM, SIGHUP};
     sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    sigaddset(&stop_set, SIGHUP);
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++)
+        sigaddset(&stop_set, stops[i]);
     pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
     pthread_t stop_thread;
     if (atexit(wait_for_stop) != 0 ||

@@ -142,9 +142,8 @@ const ps_opt wd_opts[] = {
      "each row's value in psd's memory, on disk and on the wire (updates stay "
      "float32, slots too unless --sparse-slot-dtype), f32 = float32", 0, 0, wire_choices},
     {"sparse-slot-dtype", PS_OPT_ENUM, offsetof(struct wd_conf, sparse_slot_dtype), "f32",
-     "the dtype of those tables' optimizer slots (Adagrad's and FTRL's "
-     "accumulators): fp16 or bf16 halve them in psd's memory and on disk, "
-     "f32 = float32", 0, 0, wire_choices},
+     "the dtype of those tables' optimizer slots: fp16 or bf16 halve them in "
+     "psd's memory and on disk, f32 = float32", 0, 0, wire_choices},
     {"error-feedback", PS_OPT_BOOL, offsetof(struct wd_conf, error_feedback), "true",
      "with --wire-dtype bf16 or fp16: keep each variable's rounding residual "
      "and add it to its next gradient, so that nothing is lost over time",

@@ -40,6 +40,8 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pstest  # noqa: E402
 from psclient import Client, Initializer, Optimizer, SparseTable  # noqa: E402
+# numpy's float16 and a bfloat16 rounding written in numpy, test_sparse_half's
+from test_sparse_half import from_bits, to_bits  # noqa: E402
 
 F32 = np.float32
 F32T, F16, BF16 = 1, 2, 3
@@ -49,25 +51,12 @@ r = pstest.Results("python-sparse-slots")
 pb = pbg = None   # pstest's stubs, made in main
 
 
-def to_bits(a, dtype):
-    """numpy's float16 (finite overflow clamped) or bfloat16 rounding."""
-    a = np.ascontiguousarray(a, dtype="<f4")
-    if dtype == F16:
-        a = np.where(np.isfinite(a) & (np.abs(a) >= 65520), np.copysign(F32(65504), a), a)
-        return a.astype("<f4").astype("<f2").view("<u2")
-    u = a.view("<u4").astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
-
-
 def rnd(a, dtype):
     """a as stored in dtype (F32T: itself), widened back to float32."""
     a = np.asarray(a, F32)
     if dtype == F32T:
         return a.copy()
-    bits = to_bits(a, dtype)
-    w = bits.view("<f2").astype("<f4") if dtype == F16 else (bits.astype("<u4") << 16).view(
-        "<f4")
-    return w.reshape(a.shape)
+    return from_bits(to_bits(a, dtype), dtype).reshape(a.shape)
 
 
 class Model:
@@ -301,8 +290,7 @@ def test_restore(c, stub, d, models, rng, universe):
 
 
 def test_restart(data, universe, models):
-    d = pstest.Daemon([pstest.psd_path(), "--data-dir", data, "--listen", "127.0.0.1:0",
-                       "--log-level", "warn"])
+    d = pstest.start_psd(data)
     c = Client([d.address])
     c.attach_sparse([table(n) for n in TABLES])
     i = info(c)
@@ -311,15 +299,14 @@ def test_restart(data, universe, models):
             "restart: the slots' dtype is kept")
     train(c, models, np.random.default_rng(14), universe, 2, "restart")
     c.close()
-    d.stop()
+    pstest.stop_all([d])
 
 
 def main():
     global pb, pbg
-    pb, pbg, _, _ = pstest.generate_stubs()
     data = pstest.tmpdir("pyslots-")
-    d = pstest.Daemon([pstest.psd_path(), "--data-dir", data, "--listen", "127.0.0.1:0",
-                       "--log-level", "warn"])
+    pb, pbg, _, _ = pstest.generate_stubs()
+    d = pstest.start_psd(data)
     c = Client([d.address])
     stub = pbg.ParameterServerStub(pstest.channel(d.address))
     c.create_sparse_tables([table(n) for n in TABLES])
