@@ -920,8 +920,8 @@ static const struct {
     C("refused_rows_total", refused_rows, "New rows refused by --max-rows-per-table "
       "or --max-bytes."),
     C("commits_total", log_batches, "Batches of changed rows appended to the row log."),
-    C("values_clamped_total", clamped, "Values of float16 rows stored as +-65504, "
-      "their update being beyond float16's range."),
+    C("values_clamped_total", clamped, "Values and optimizer slots of float16 rows "
+      "stored as +-65504, their update being beyond float16's range."),
 #undef C
 };
 
