@@ -521,7 +521,8 @@ int shard_ckpt_convert(struct var_list *l, int row_dtype, int slot_dtype, char *
     for (size_t i = 0; i < l->n; i++) {
         psd_var *v = l->vars[i], *nv;
         int rd = row_dtype ? row_dtype : row_dtype_of(v);
-        int sd = slot_dtype ? slot_dtype : slot_dtype_of(v);
+        /* SGD keeps no slots: nothing to convert, its spec as saved. */
+        int sd = slot_dtype && v->nslots > 0 ? slot_dtype : slot_dtype_of(v);
         if (v->sparse == NULL || (row_dtype_of(v) == rd && slot_dtype_of(v) == sd))
             continue;
         if (l->was == NULL && (l->was = calloc(l->n, sizeof *l->was)) == NULL)

@@ -190,6 +190,15 @@ def test_clamp(c, stub):
     r.check(stats(stub).sparse_values_clamped == before + DIM and np.array_equal(w2, want),
             "clamp: an fp16 accumulator of 90000.1 is stored as 65504 and counted (%d)"
             % (stats(stub).sparse_values_clamped - before))
+    # SGD has no slots: its rows are as without slot_dtype, and a restore into
+    # another slot dtype leaves it alone (test_restore).
+    c.create_sparse_tables([SparseTable("sgd", DIM, slot_dtype="bf16")],
+                           optimizer=Optimizer.sgd(0.1))
+    c.sparse_push({"sgd": (ids, np.ones((1, DIM), F32))})
+    i = info(c)["sgd"]
+    r.check(i.sparse_disk_bytes == 16 + DIM * 4 and np.array_equal(
+        c.sparse_pull({"sgd": ids})["sgd"], np.full((1, DIM), -0.1, F32)),
+            "clamp: an SGD table with slot_dtype bf16 stores 48-byte rows, no slots")
 
 
 def test_bad(c, stub):
@@ -249,8 +258,9 @@ def test_restore(c, stub, d, models, rng, universe):
     r.check(resp.sparse_tables_converted == 4 and resp.sparse_rows_converted == rows
             and all(i[n].spec.slot_dtype == 0 for n in half)
             and i["a16h"].sparse_disk_bytes == i["a16h"].sparse_rows * 64,
-            "restore: into float32 slots converts the 4 tables (%d said, %d rows of %d)"
-            % (resp.sparse_tables_converted, resp.sparse_rows_converted, rows))
+            "restore: into float32 slots converts the 4 tables (%d said, %d rows of %d), "
+            "not SGD's, which has no slots" % (resp.sparse_tables_converted,
+                                               resp.sparse_rows_converted, rows))
     for m in plain.values():   # widened exactly; from now on float32 slots
         m.slot_dt = m.sr = F32T
     train(c, plain, np.random.default_rng(12), universe, 2, "restore f32")
