@@ -24,7 +24,10 @@ against numpy and a real psd on 127.0.0.1:0 in a temporary directory:
            Restore with sparse_slot_dtype FLOAT32 converts each table of
            half slots (counted) and training goes on with float32 slots;
            psctl restore --sparse-slot-dtype bf16 converts them back;
-  restart  the slots' dtype and bits are the same after psd restarts.
+  restart  the slots' dtype and bits are the same after psd restarts;
+  layer    psclient.embedding.layer_lookup(slot_dtype="bf16") (what the torch
+           and Keras layers call) creates the table with bf16 slots, and
+           refuses one unlike a SparseTable's.
 
 Prints ok/FAIL per check and "python-sparse-slots: N passed, N failed".
 """
@@ -40,6 +43,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pstest  # noqa: E402
 from psclient import Client, Initializer, Optimizer, SparseTable  # noqa: E402
+from psclient import embedding as pemb  # noqa: E402
 # numpy's float16 and a bfloat16 rounding written in numpy, test_sparse_half's
 from test_sparse_half import from_bits, to_bits  # noqa: E402
 
@@ -308,6 +312,20 @@ def test_restart(data, universe, models):
             and i["a32b"].spec.slot_dtype == pb.DTYPE_BFLOAT16,
             "restart: the slots' dtype is kept")
     train(c, models, np.random.default_rng(14), universe, 2, "restart")
+    lk = pemb.layer_lookup("ShardedEmbedding", c, "lay", 4, padding_idx=None, offset=0,
+                           hash_salt=None, optimizer=Optimizer.adagrad(), create=True, seed=1,
+                           slot_dtype="bf16")
+    lk.close()
+    r.check(info(c)["lay"].spec.slot_dtype == pb.DTYPE_BFLOAT16,
+            "layer: layer_lookup(slot_dtype='bf16') creates the table with bf16 slots")
+    try:
+        pemb.layer_lookup("ShardedEmbedding", c, table("a16h"), None, padding_idx=None,
+                          offset=0, hash_salt=None, optimizer=None, create=False, seed=0,
+                          slot_dtype="f32")
+        r.check(False, "layer: a slot_dtype unlike the SparseTable's is refused")
+    except ValueError as e:
+        r.check("slot_dtype" in str(e) and "a16h" in str(e),
+                "layer: a slot_dtype unlike the SparseTable's is refused: %s" % e)
     c.close()
     pstest.stop_all([d])
 
