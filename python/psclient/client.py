@@ -46,14 +46,9 @@ COORD = "ps.v1.Coordinator"
 PLACEMENT_WAIT_S = 120.0
 
 
-class Values(Dict[str, np.ndarray]):
+class Values(_sparse.Versioned):
     """Variables' values by name, with the version each was read at
     (`versions`; for a split variable, the lowest of its parts')."""
-    versions: Dict[str, int]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.versions = {}
 
 
 @dataclass
