@@ -222,7 +222,7 @@ struct var_list {
     psd_var **vars;
     size_t n, cap;
     char *from; /* the checkpoint directory loaded, or NULL (sparse rows) */
-    /* A restore into another row dtype (shard_ckpt_convert): was[i] is the
+    /* A restore into another row or slot dtype (shard_ckpt_convert): was[i] is the
      * checkpoint's table that vars[i] converts, or NULL; NULL when none. */
     psd_var **was;
     uint64_t tables_converted, rows_converted;
@@ -390,7 +390,8 @@ int shard_store_del(psd_shard *s, const char *name);
 int shard_store_replace(psd_shard *s, struct var_list *l);
 uint64_t shard_store_commits(psd_shard *s);
 int shard_ckpt_load(const char *path, struct var_list *l);
-int shard_ckpt_convert(struct var_list *l, int dtype);
+int shard_ckpt_convert(struct var_list *l, int row_dtype, int slot_dtype, char *why,
+                       size_t whylen);
 void shard_ckpt_converted_free(struct var_list *l);
 int shard_flush_locked(psd_shard *s);
 void shard_request_flush(psd_shard *s);

@@ -342,6 +342,7 @@ static int create_vars(struct wdm *m, char *err, size_t errlen)
             opt.kind = wide ? PS__V1__OPTIMIZER__KIND__FTRL : PS__V1__OPTIMIZER__KIND__ADAGRAD;
             opt.learning_rate = wide ? WIDE_LR : DEEP_LR;
             spec.row_dtype = (Ps__V1__DType)o->sparse_row_dtype;
+            spec.slot_dtype = (Ps__V1__DType)o->sparse_slot_dtype;
         }
         ps_rpc_status st = {0};
         int rc = ps_client_create_variable(m->cl[shard], &spec, NULL, NULL,
