@@ -30,11 +30,14 @@
  * token bucket, and raw TCP over that link is the ceiling; it ends with
  * "pushpull link: 10 Gbit/s 4 MiB push+pull f32 T1 ms (R of link), bf16 T2 ms
  * (X.Xx f32)", the bf16 case through psclient with bfloat16 on the wire
- * and error feedback.
+ * and error feedback. psclient cuts the 4 MiB in pieces (its default, or
+ * --pieces and --window); the same two cases in one call per tensor are
+ * rows of their own before that line.
  *
  *   pushpull [--psd PATH] [--sizes 4K,1M,4M,64M] [--streams 1,2,4]
  *            [--seconds S] [--quick] [--json] [--psd-arg ARG]...
- *            [--pscerts PATH] [--no-tls] [--link 10gbit]
+ *            [--pscerts PATH] [--no-tls] [--link 10gbit] [--pieces 1M]
+ *            [--window 2]
  *
  * Threads and lifetime: main owns psd (started and stopped here; it also
  * dies with us through PR_SET_PDEATHSIG) and its temporary directory; a
@@ -265,6 +268,11 @@ static int stream_setup(struct stream *s)
     if (!bc->o->raw) {
         if ((rc = ps_client_create(target, &co, &s->pc)) != 0)
             return fail(s, rc, "psclient", NULL);
+        if (bc->o->pieces_set &&
+            (rc = ps_client_set_pieces(s->pc, bc->o->piece_bytes,
+                                       bc->o->piece_window ? bc->o->piece_window
+                                                           : 2)) != 0)
+            return fail(s, rc, "--pieces", NULL);
         size_t block = (n * sizeof(float) + 4095) / 4096 * 4096;
         if (bc->o->shm) {
             /* Both in shared memory: by reference, as workerd's are. */
@@ -975,6 +983,22 @@ static int link_main(struct opts *o)
             printf("bf16 on the wire:\n");
         if (rc == 0)
             print_case(o, &half);
+    }
+    /* The same two cases with each tensor in one call, beside the pieces
+     * (psclient's default, or --pieces): what cutting them buys. */
+    if (rc == 0 && have_target && !(o->pieces_set && o->piece_bytes == 0)) {
+        struct opts wo = *o;
+        wo.pieces_set = true;
+        wo.piece_bytes = 0;
+        struct case_result whole;
+        for (int dtype = 0; dtype <= 3 && rc == 0; dtype += 3) {
+            wo.wire_dtype = dtype;
+            if ((rc = run_case(&wo, p.pid, p.port, TARGET_BYTES, 1, &lim, &whole)) != 0)
+                break;
+            if (!o->json)
+                printf("%s, one call per tensor (--pieces 0):\n", dtype ? "bf16" : "f32");
+            print_case(o, &whole);
+        }
     }
     if (rc == 0 && link_tcp_ceiling(o, lim.tcp_end_runs, &lim.tcp_end_gbps) != 0)
         lim.tcp_end_gbps = 0;

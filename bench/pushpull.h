@@ -81,6 +81,10 @@ struct opts {
     const char *psd_netns;    /* psd runs in this network namespace, or NULL */
     int wire_dtype;           /* psclient streams: 0 float32, 2 FLOAT16, 3
                                  BFLOAT16 (with error feedback) */
+    bool pieces_set;          /* --pieces or --window given: psclient streams
+                                 use these (ps_client_set_pieces) */
+    size_t piece_bytes;       /* 0: one call per tensor */
+    int piece_window;         /* 0: 4 */
 };
 
 /* A growable array of samples in seconds: v[n] in the buffer's memory. */

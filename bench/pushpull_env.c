@@ -28,6 +28,10 @@ static void usage(FILE *f)
         "                    for a psd given --psd-arg=--tokens=FILE\n"
         "  --wire-dtype T    bf16 or fp16: psclient streams send gradients and\n"
         "                    take values in half precision (error feedback)\n"
+        "  --pieces BYTES    psclient streams cut tensors above BYTES into pieces\n"
+        "                    of it, --window calls at once (default:\n"
+        "                    psclient's, 1M and 2; 0: one call per tensor)\n"
+        "  --window N        pieces not yet answered at once (default 2)\n"
         "  --link RATE       psd and the client in two network namespaces joined\n"
         "                    by a veth pair shaped to RATE (10gbit, 25gbit; tc\n"
         "                    tbf, 256 KB burst), raw TCP over it the ceiling;\n"
@@ -137,6 +141,7 @@ void parse_opts(int argc, char **argv, struct opts *o)
     static const int full_streams[] = {1, 2, 4};
     memset(o, 0, sizeof *o);
     o->seconds = -1;
+    o->piece_bytes = (size_t)1 << 20; /* psclient's own default */
     o->tcp_bytes = (size_t)1 << 30;
     bool quick = false;
     char *sizes = NULL, *streams = NULL;
@@ -174,6 +179,23 @@ void parse_opts(int argc, char **argv, struct opts *o)
                 fprintf(stderr, "pushpull: --wire-dtype: '%s' is not bf16, fp16 or f32\n", v);
                 exit(2);
             }
+        } else if ((v = opt_value(argc, argv, &i, "--pieces")) != NULL) {
+            if (parse_size(v, &o->piece_bytes) != 0 ||
+                (o->piece_bytes != 0 && o->piece_bytes < 4096)) {
+                fprintf(stderr, "pushpull: --pieces: '%s' is not 0 or a size of at "
+                        "least 4K\n", v);
+                exit(2);
+            }
+            o->pieces_set = true;
+        } else if ((v = opt_value(argc, argv, &i, "--window")) != NULL) {
+            char *end;
+            long w = strtol(v, &end, 10);
+            if (*end != '\0' || w < 1 || w > 64) {
+                fprintf(stderr, "pushpull: --window: '%s' is not in 1..64\n", v);
+                exit(2);
+            }
+            o->piece_window = (int)w;
+            o->pieces_set = true;
         } else if ((v = opt_value(argc, argv, &i, "--link")) != NULL) {
             if (link_parse_rate(v, &o->link_gbit) != 0) {
                 fprintf(stderr, "pushpull: --link: '%s' is not a rate like 10gbit, "

@@ -97,6 +97,11 @@ int rpeer_start(const char *server, long dim, bool aof, rpeer **out)
     r->pid = fork();
     if (r->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* The stop signals bench/sparse blocks for its signal thread: a
+         * mask survives exec, and redis must see SIGTERM. */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         int null = open("/dev/null", O_WRONLY);
         if (null >= 0)
             dup2(null, 1), dup2(null, 2);
@@ -133,6 +138,16 @@ int rpeer_start(const char *server, long dim, bool aof, rpeer **out)
     r->c = NULL;
     rpeer_stop(r);
     return -1;
+}
+
+pid_t rpeer_pid(const rpeer *r)
+{
+    return r->pid;
+}
+
+const char *rpeer_dir(const rpeer *r)
+{
+    return r->dir;
 }
 
 void rpeer_stop(rpeer *r)

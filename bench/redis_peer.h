@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct rpeer rpeer;
 
@@ -28,6 +29,10 @@ typedef struct rpeer rpeer;
  * directory. Returns 0, or -1 after a line on stderr. */
 int rpeer_start(const char *server, long dim, bool aof, rpeer **out);
 void rpeer_stop(rpeer *r);
+/* redis-server's pid, and its directory ("" without aof): what a signal
+ * handler thread kills and removes when the bench is stopped. */
+pid_t rpeer_pid(const rpeer *r);
+const char *rpeer_dir(const rpeer *r);
 /* Writes n rows: values (n * dim) and accumulators all init_acc. */
 int rpeer_fill(rpeer *r, const int64_t *ids, size_t n, const float *values, float init_acc);
 /* Reads the rows of ids into out (n * dim), in order; a missing row is 0. */

@@ -22,6 +22,7 @@
 #include "server/segment.h"
 
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,26 +139,32 @@ int main(int argc, char **argv)
     long rows = 400000, row = 530, batch = 4096, calls = 50, seg_mib = 16;
     long compact_kib = PSD_SEG_BATCH_DEFAULT >> 10;
     double secs = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    /* The numeric flags as data; --dir and --seconds apart. A flag not
+     * known, one without a value or a value not a whole number is refused
+     * with the usage line below. */
+    const char *const names[] = {"--rows", "--row", "--batch", "--calls", "--seg-mib",
+                                 "--compact-kib", NULL};
+    long *const vals[] = {&rows, &row, &batch, &calls, &seg_mib, &compact_kib};
+    bool bad = argc % 2 == 0;
+    for (int i = 1; !bad && i + 1 < argc; i += 2) {
+        const char *v = argv[i + 1];
+        char *end = NULL;
+        int k = 0;
+        while (names[k] != NULL && strcmp(argv[i], names[k]) != 0)
+            k++;
         if (!strcmp(argv[i], "--dir"))
-            dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--rows"))
-            rows = atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--row"))
-            row = atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--batch"))
-            batch = atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--calls"))
-            calls = atol(argv[i + 1]);
+            dir = v;
         else if (!strcmp(argv[i], "--seconds"))
-            secs = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seg-mib"))
-            seg_mib = atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--compact-kib"))
-            compact_kib = atol(argv[i + 1]);
+            secs = strtod(v, &end);
+        else if (names[k] != NULL)
+            *vals[k] = strtol(v, &end, 10);
+        else
+            bad = true;
+        if (end != NULL && (end == v || *end != '\0'))
+            bad = true;
     }
-    if (rows < batch || row < 16 || batch < 1 || calls < 1 || secs <= 0 || seg_mib < 1 ||
-        compact_kib < 1) {
+    if (bad || rows < batch || row < 16 || batch < 1 || calls < 1 || secs <= 0 ||
+        seg_mib < 1 || compact_kib < 1) {
         fprintf(stderr, "usage: segments [--dir DIR] [--rows N] [--row BYTES] [--batch B] "
                 "[--calls C] [--seconds S] [--seg-mib M] [--compact-kib K]\n");
         return 2;

@@ -28,12 +28,18 @@
  *
  *   sparse --psd build/server/psd [--rows 1000000] [--keyspace 1000000000]
  *          [--dim 64] [--batch 4096] [--calls 200] [--redis redis-server]
- *          [--half-rows fp16|bf16] [--quick]
+ *          [--half-rows fp16|bf16 [--half-slots]] [--quick]
  *
  * --half-rows: after the 4x regime, the same again with the table's rows
- * stored in that dtype (VariableSpec.row_dtype; Adagrad's slot float32),
- * in a memory group of the same size, and a line "half rows: ... pull N
- * rows/s (X.XXx float32 rows), push N rows/s (X.XXx)".
+ * stored in that dtype (VariableSpec.row_dtype; Adagrad's slot float32,
+ * or with --half-slots in the same dtype: VariableSpec.slot_dtype), in a
+ * memory group of the same size, and a line "half rows: ... pull N rows/s
+ * (X.XXx float32 rows), push N rows/s (X.XXx)" that says which.
+ *
+ * SIGINT, SIGTERM or SIGHUP stop the bench cleanly: a thread of its own
+ * kills the psd and the redis-server it runs, removes their directories
+ * (/tmp/bench-sparse.*, /tmp/bench-redis.*) and the memory cgroup, and
+ * exits as killed by the signal.
  *
  * --quick: 100000 rows, 30 calls. Ends with one line: "sparse: pull N
  * rows/s (R of lmdb, X.Xx redis); push N rows/s (X.Xx redis); 4x over
@@ -79,7 +85,9 @@ struct opts {
     long keyspace; /* ids are drawn from [0, keyspace) */
     long warmup;   /* untimed pulls before psd's timed calls */
     int row_dtype; /* VariableSpec.row_dtype of the table: 0 float32, 2 fp16, 3 bf16 */
+    int slot_dtype; /* VariableSpec.slot_dtype of the table: the same */
     int half_rows; /* --half-rows: the 4x regime again with rows of this dtype */
+    bool half_slots; /* --half-slots: and its slots in that dtype too */
 };
 
 /* One call of kind 0 (pull), 1 (push) or 2 (push with return) on ids;
@@ -110,21 +118,95 @@ static uint64_t mix64(uint64_t z)
 
 #define DISK_SECONDS 2.0
 
+/* What a stop signal undoes (stop_main): the psd and the redis-server
+ * running now and their directories, and the memory cgroup. live_mu is
+ * held from making a child's directory to knowing its pid, so that
+ * stop_main sees both or neither; a pid is taken back once its process
+ * was waited for, a directory once it was removed (a removal racing
+ * stop_main's is harmless: rm -rf twice). */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic pid_t live_psd, live_redis;
+static char live_psd_dir[256], live_redis_dir[256], live_cg[256];
+static _Atomic bool live_psd_has_dir, stopping;
+
+/* An exit of main's thread while stop_main cleans up (a call failing once
+ * the signal killed its peer) waits here for stop_main's _exit: exit()
+ * would end the process half-way through the cleanup. */
+static void wait_for_stop(void)
+{
+    while (atomic_load(&stopping))
+        pause();
+}
+
+/* Removes directory dir and everything in it. */
+static void remove_dir(const char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "sparse: could not remove %s\n", dir);
+}
+
+/* Removes memory cgroup cg (nothing when it was not made), waiting up to
+ * 2 s for the kernel to let go of a psd just killed in it (EBUSY). */
+static void cg_remove(const char *cg)
+{
+    for (int i = 0; i < 100 && rmdir(cg) != 0 && errno == EBUSY; i++)
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+}
+
+/* The signal thread: waits for SIGINT, SIGTERM or SIGHUP (blocked in
+ * every other thread and unblocked in the children), kills the children
+ * (SIGKILL: nothing of theirs is kept), removes their directories and the
+ * cgroup, and exits as the signal would have. */
+static void *stop_main(void *arg)
+{
+    int sig = 0;
+    sigwait(arg, &sig);
+    atomic_store(&stopping, true);
+    fprintf(stderr, "sparse: interrupted by signal %d; stopping psd and redis, removing "
+            "their directories\n", sig);
+    pthread_mutex_lock(&live_mu);
+    pid_t pids[2] = {atomic_load(&live_psd), atomic_load(&live_redis)};
+    for (int i = 0; i < 2; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0); /* ECHILD when main's thread waited first */
+        }
+    if (atomic_load(&live_psd_has_dir))
+        remove_dir(live_psd_dir);
+    if (pids[1] > 0 && live_redis_dir[0])
+        remove_dir(live_redis_dir);
+    if (live_cg[0])
+        cg_remove(live_cg);
+    _exit(128 + sig);
+}
+
 /* Starts psd (in cgroup cg when cg[0]) with --memory-limit limit (0: none). */
 static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
 {
-    snprintf(p->dir, sizeof p->dir, "/tmp/bench-sparse.XXXXXX");
-    if (mkdtemp(p->dir) == NULL)
-        return -errno;
-    char lim[32], out[300];
-    snprintf(lim, sizeof lim, "%llu", (unsigned long long)limit);
-    snprintf(out, sizeof out, "%s/port", p->dir);
     int pfd[2];
     if (pipe(pfd) != 0)
         return -errno;
+    pthread_mutex_lock(&live_mu);
+    snprintf(p->dir, sizeof p->dir, "/tmp/bench-sparse.XXXXXX");
+    if (mkdtemp(p->dir) == NULL) {
+        int e = errno;
+        pthread_mutex_unlock(&live_mu);
+        close(pfd[0]);
+        close(pfd[1]);
+        return -e;
+    }
+    snprintf(live_psd_dir, sizeof live_psd_dir, "%s", p->dir);
+    atomic_store(&live_psd_has_dir, true);
+    char lim[32];
+    snprintf(lim, sizeof lim, "%llu", (unsigned long long)limit);
     p->pid = fork();
     if (p->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        sigset_t none; /* the stop signals back: a mask survives exec */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         if (p->cg[0]) {
             char path[300];
             snprintf(path, sizeof path, "%s/cgroup.procs", p->cg);
@@ -138,6 +220,9 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
               "--memory-limit", lim, "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
+    if (p->pid > 0)
+        atomic_store(&live_psd, p->pid);
+    pthread_mutex_unlock(&live_mu);
     close(pfd[1]);
     char buf[256];
     ssize_t n = read(pfd[0], buf, sizeof buf - 1);
@@ -165,6 +250,7 @@ static void psd_stop(struct psd *p, double *disk, uint32_t rec)
     ps_client_destroy(p->pc);
     kill(p->pid, SIGTERM);
     waitpid(p->pid, NULL, 0);
+    atomic_store(&live_psd, 0);
     char cmd[300];
     if (disk != NULL) {
         uint32_t nseg = 0;
@@ -177,9 +263,8 @@ static void psd_stop(struct psd *p, double *disk, uint32_t rec)
             *disk = bench_disk_rate(p->dir, nseg - 1, (rec + a - 1) / a * a, a,
                                     DISK_SECONDS);
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p->dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "sparse: could not remove %s\n", p->dir);
+    remove_dir(p->dir);
+    atomic_store(&live_psd_has_dir, false);
 }
 
 static int call(struct psd *p, const char *m, const void *req, const void *desc, void **resp)
@@ -208,6 +293,7 @@ static int create(struct psd *p, const struct opts *o)
     sp.initializer = &in;
     sp.sparse = true;
     sp.row_dtype = (Ps__V1__DType)o->row_dtype;
+    sp.slot_dtype = (Ps__V1__DType)o->slot_dtype;
     Ps__V1__CreateVariableRequest r = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
     r.spec = &sp;
     void *resp = NULL;
@@ -564,8 +650,14 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
      * for a kill -9 and for a power cut. */
     for (int aof = 0; aof < 2; aof++) {
         rpeer *r;
-        if (rpeer_start(o->redis, o->dim, aof, &r) != 0)
+        pthread_mutex_lock(&live_mu);
+        if (rpeer_start(o->redis, o->dim, aof, &r) != 0) {
+            pthread_mutex_unlock(&live_mu);
             exit(1);
+        }
+        snprintf(live_redis_dir, sizeof live_redis_dir, "%s", rpeer_dir(r));
+        atomic_store(&live_redis, rpeer_pid(r));
+        pthread_mutex_unlock(&live_mu);
         for (long k = 0; k < o->rows; k += o->batch) {
             long n = o->rows - k < o->batch ? o->rows - k : o->batch;
             for (long i = 0; i < n; i++)
@@ -588,6 +680,7 @@ static void measure_peers(const struct opts *o, struct psd *p, const struct zipf
                 pr->redis[k] = v;
         }
         rpeer_stop(r);
+        atomic_store(&live_redis, 0);
     }
 #else
     printf("redis: not measured (bench built without hiredis: apt-get install "
@@ -660,9 +753,9 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         measure_peers(o, p, cdf, ids, g, out, pr);
     double disk = 0;
     /* A stored record: its 32-byte head, the row's 16-byte head, the value
-     * and Adagrad's slot. */
+     * and Adagrad's slot, each padded to 4 bytes. */
     uint32_t val = (uint32_t)(o->dim * (o->row_dtype ? 2 : 4) + 3) / 4 * 4;
-    uint32_t rec = 32 + 16 + val + (uint32_t)(o->dim * (long)sizeof(float));
+    uint32_t rec = 32 + 16 + val + (uint32_t)(o->dim * (o->slot_dtype ? 2 : 4) + 3) / 4 * 4;
     psd_stop(p, limit ? &disk : NULL, rec);
     /* What the disk allows a pull that reads this much from it: the rows
      * psd served per cold read at the rate the disk gives reads like them
@@ -686,13 +779,17 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
 
 int main(int argc, char **argv)
 {
-    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200, 1000000000, 200, 0, 0};
+    struct opts o = {NULL, NULL, 1000000, 64, 4096, 200, 1000000000, 200, 0, 0, 0, false};
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             o.rows = 100000;
             o.calls = 30;
             o.warmup = 20;
+            continue;
+        }
+        if (!strcmp(argv[i], "--half-slots")) {
+            o.half_slots = true;
             continue;
         }
         if (i + 1 >= argc)
@@ -719,13 +816,28 @@ int main(int argc, char **argv)
         i++;
     }
     if (o.psd == NULL || o.rows < o.batch || o.dim < 1 || o.batch < 1 || o.calls < 2 ||
-        o.warmup < 0 || o.half_rows < 0 ||
+        o.warmup < 0 || o.half_rows < 0 || (o.half_slots && !o.half_rows) ||
         o.keyspace < o.rows || o.keyspace > 1000000000000L) {
         fprintf(stderr, "usage: sparse --psd PATH [--rows N] [--keyspace K in [N, 10^12]] [--dim D] "
-                "[--batch B] [--calls C] [--warmup W] [--redis PATH] [--half-rows fp16|bf16] "
-                "[--quick]\n");
+                "[--batch B] [--calls C] [--warmup W] [--redis PATH] [--half-rows fp16|bf16 "
+                "[--half-slots]] [--quick]\n");
         return 2;
     }
+    /* Every thread started from here on inherits the mask; the signal
+     * thread alone takes these signals. */
+    static sigset_t stop_set;
+    static const int stops[] = {SIGINT, SIGTERM, SIGHUP};
+    sigemptyset(&stop_set);
+    for (size_t i = 0; i < sizeof stops / sizeof *stops; i++)
+        sigaddset(&stop_set, stops[i]);
+    pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
+    pthread_t stop_thread;
+    if (atexit(wait_for_stop) != 0 ||
+        pthread_create(&stop_thread, NULL, stop_main, &stop_set) != 0) {
+        fprintf(stderr, "sparse: cannot start the signal thread\n");
+        return 1;
+    }
+    pthread_detach(stop_thread);
     printf("each psd regime: %ld untimed pulls first (the same distribution, other "
            "draws), then %ld timed calls of each kind\n", o.warmup, o.calls);
     struct zipf zz;
@@ -746,6 +858,7 @@ int main(int argc, char **argv)
     char path[300];
     snprintf(path, sizeof path, "%s/memory.limit_in_bytes", q.cg);
     FILE *f = NULL;
+    snprintf(live_cg, sizeof live_cg, "%s", q.cg); /* rmdir fails harmlessly if not made */
     if (geteuid() == 0 && mkdir(q.cg, 0755) == 0 && (f = fopen(path, "w")) != NULL) {
         fprintf(f, "%llu\n", (unsigned long long)limit);
         fclose(f);
@@ -763,15 +876,18 @@ int main(int argc, char **argv)
      * (654-894 MiB seen for the in-RAM table). */
     uint64_t over_bytes = 0;
     run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
-    /* The same table with half-precision rows (Adagrad's slot stays
-     * float32), in a memory group of the same size: the same ids and
-     * calls, the rows widened to float32 by the client as users get them. */
+    /* The same table with half-precision rows (Adagrad's slot float32,
+     * or with --half-slots of the same dtype), in a memory group of the
+     * same size: the same ids and calls, the rows widened to float32 by the
+     * client as users get them. */
     double half[3] = {0};
+    const char *hname = o.half_rows == 2 ? "fp16" : "bf16";
     if (o.half_rows) {
         struct opts oh = o;
         oh.row_dtype = o.half_rows;
-        char reg[32];
-        snprintf(reg, sizeof reg, "4x-over %s", o.half_rows == 2 ? "fp16" : "bf16");
+        oh.slot_dtype = o.half_slots ? o.half_rows : 0;
+        char reg[48];
+        snprintf(reg, sizeof reg, "4x-over %s%s", hname, o.half_slots ? " +slots" : "");
         run(&oh, &q, limit, reg, cdf, half, NULL, NULL);
     }
     if (q.cg[0]) {
@@ -783,8 +899,9 @@ int main(int argc, char **argv)
                        "every call succeeded)\n", fc);
             fclose(f);
         }
-        rmdir(q.cg);
+        cg_remove(q.cg);
     }
+    live_cg[0] = 0;
     printf("ids: Zipf(1.1) over %ld ranks; %.1f%% of the %llu drawn were beyond the "
            "table's %ld first ranks (never pushed when a run began: psd answers a pull of "
            "one with its initial row, a push inserts it)\n", o.keyspace,
@@ -806,9 +923,9 @@ int main(int argc, char **argv)
     if (g_disk_frac > 0)
         snprintf(dc, sizeof dc, "%.2f", g_disk_frac);
     if (o.half_rows && over[0] > 0)
-        printf("half rows: the 4x-over table with %s rows, in the same memory: pull %.0f "
-               "rows/s (%.2fx float32 rows), push %.0f rows/s (%.2fx)\n",
-               o.half_rows == 2 ? "fp16" : "bf16", half[0], half[0] / over[0], half[1],
+        printf("half rows: the 4x-over table with %s rows and %s Adagrad slots, in the same "
+               "memory: pull %.0f rows/s (%.2fx float32 rows), push %.0f rows/s (%.2fx)\n",
+               hname, o.half_slots ? hname : "float32", half[0], half[0] / over[0], half[1],
                over[1] > 0 ? half[1] / over[1] : 0);
     printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
            "%s over memory %.2f of in-ram, pull %s of disk ceiling\n", ram[0],

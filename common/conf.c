@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,16 +93,44 @@ static bool has_range(const ps_opt *o)
     return o->min < o->max;
 }
 
-static int check_range(const ps_opt *o, double v, const char *shown,
-                       const char *where, char *err, size_t errlen)
+/* One option being set: the field it fills, and what a refusal names: the
+ * start of the message (where: "--port", "f.json: key 'port'") and the
+ * value as text cut to fit in it (shown). */
+struct setting {
+    const ps_opt *o;
+    void *cfg;
+    const char *where;
+    const char *shown;
+    char *err;
+    size_t errlen;
+};
+
+static void *slot(const struct setting *t)
 {
+    return field(t->o, t->cfg);
+}
+
+/* Refuses the value: PS_EINVAL_ARG with t->err "WHERE: <fmt...>". */
+__attribute__((format(printf, 2, 3)))
+static int refuse(const struct setting *t, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return ps_errf(PS_EINVAL_ARG, t->err, t->errlen, "%s: %s", t->where, what);
+}
+
+static int check_range(const struct setting *t, double v)
+{
+    const ps_opt *o = t->o;
     if (!has_range(o) || (v >= o->min && v <= o->max))
         return 0;
     char lo[32], hi[32];
     fmt_num(o->min, lo, sizeof lo);
     fmt_num(o->max, hi, sizeof hi);
-    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: %s is out of range [%s, %s]",
-                   where, shown, lo, hi);
+    return refuse(t, "%s is out of range [%s, %s]", t->shown, lo, hi);
 }
 
 /* Reads an unsigned decimal prefix of s into *v and points *end past it.
@@ -199,61 +228,50 @@ static int set_string(const ps_opt *o, void *cfg, const char *s)
     return 0;
 }
 
-static int set_int64(const ps_opt *o, void *cfg, int64_t v, const char *shown,
-                     const char *where, char *err, size_t errlen)
+static int set_int64(const struct setting *t, int64_t v)
 {
-    int rc = check_range(o, (double)v, shown, where, err, errlen);
+    int rc = check_range(t, (double)v);
     if (rc != 0)
         return rc;
     if (v < INT_MIN || v > INT_MAX)
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: %s is out of range [%d, %d]", where, shown, INT_MIN,
-                       INT_MAX);
-    *(int *)field(o, cfg) = (int)v;
+        return refuse(t, "%s is out of range [%d, %d]", t->shown, INT_MIN, INT_MAX);
+    *(int *)slot(t) = (int)v;
     return 0;
 }
 
-static int set_uint64(const ps_opt *o, void *cfg, uint64_t v,
-                      const char *shown, const char *where, char *err,
-                      size_t errlen)
+static int set_uint64(const struct setting *t, uint64_t v)
 {
-    int rc = check_range(o, (double)v, shown, where, err, errlen);
+    int rc = check_range(t, (double)v);
     if (rc != 0)
         return rc;
-    *(uint64_t *)field(o, cfg) = v;
+    *(uint64_t *)slot(t) = v;
     return 0;
 }
 
-static int set_double(const ps_opt *o, void *cfg, double v, const char *shown,
-                      const char *where, char *err, size_t errlen)
+static int set_double(const struct setting *t, double v)
 {
     if (!isfinite(v))
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: %s is not a finite number", where, shown);
-    int rc = check_range(o, v, shown, where, err, errlen);
+        return refuse(t, "%s is not a finite number", t->shown);
+    int rc = check_range(t, v);
     if (rc != 0)
         return rc;
-    *(double *)field(o, cfg) = v;
+    *(double *)slot(t) = v;
     return 0;
 }
 
-static int set_duration(const ps_opt *o, void *cfg, uint64_t ms,
-                        const char *shown, const char *where, char *err,
-                        size_t errlen)
+static int set_duration(const struct setting *t, uint64_t ms)
 {
     if (ms > INT64_MAX)
-        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too long",
-                       where, shown);
-    int rc = check_range(o, (double)ms, shown, where, err, errlen);
+        return refuse(t, "'%s' is too long", t->shown);
+    int rc = check_range(t, (double)ms);
     if (rc != 0)
         return rc;
-    *(int64_t *)field(o, cfg) = (int64_t)ms;
+    *(int64_t *)slot(t) = (int64_t)ms;
     return 0;
 }
 
-/* The parsers of set_text, one per type: s is the text, shown its copy cut
- * to fit in a message, where starts the message. Each returns 0 or
- * PS_EINVAL_ARG with err set. */
+/* The parsers of set_text, one per type, of the text s. Each returns 0 or
+ * PS_EINVAL_ARG with t->err set. */
 
 /* Whether strtoll or strtod, stopping at end, read all of s and s did not
  * start with a space (which both would skip). */
@@ -262,107 +280,88 @@ static bool whole_text(const char *s, const char *end)
     return end != s && *end == '\0' && !isspace((unsigned char)*s);
 }
 
-static int text_int(const ps_opt *o, void *cfg, const char *s, const char *shown,
-                    const char *where, char *err, size_t errlen)
+static int text_int(const struct setting *t, const char *s)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (!whole_text(s, end))
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: '%s' is not an integer", where, shown);
+        return refuse(t, "'%s' is not an integer", t->shown);
     /* On overflow v is clamped to LLONG_MIN or LLONG_MAX, which both
      * range checks of set_int64 refuse. */
-    return set_int64(o, cfg, v, shown, where, err, errlen);
+    return set_int64(t, v);
 }
 
-static int text_uint64(const ps_opt *o, void *cfg, const char *s,
-                       const char *shown, const char *where, char *err,
-                       size_t errlen)
+static int text_uint64(const struct setting *t, const char *s)
 {
     uint64_t v;
     const char *end;
     bool overflow;
     if (!read_u64(s, &v, &end, &overflow) || *end != '\0')
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: '%s' is not a non-negative integer", where,
-                       shown);
+        return refuse(t, "'%s' is not a non-negative integer", t->shown);
     if (overflow)
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: %s is too large for 64 bits", where, shown);
-    return set_uint64(o, cfg, v, shown, where, err, errlen);
+        return refuse(t, "%s is too large for 64 bits", t->shown);
+    return set_uint64(t, v);
 }
 
-static int text_double(const ps_opt *o, void *cfg, const char *s,
-                       const char *shown, const char *where, char *err,
-                       size_t errlen)
+static int text_double(const struct setting *t, const char *s)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (!whole_text(s, end))
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: '%s' is not a number", where, shown);
+        return refuse(t, "'%s' is not a number", t->shown);
     if (errno == ERANGE && fabs(v) > 1.0)
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: %s is not a finite number", where, shown);
-    return set_double(o, cfg, v, shown, where, err, errlen);
+        return refuse(t, "%s is not a finite number", t->shown);
+    return set_double(t, v);
 }
 
-static int text_bool(const ps_opt *o, void *cfg, const char *s,
-                     const char *shown, const char *where, char *err,
-                     size_t errlen)
+static int text_bool(const struct setting *t, const char *s)
 {
     bool b;
     if (parse_bool(s, &b) != 0)
-        return ps_errf(PS_EINVAL_ARG, err, errlen,
-                       "%s: '%s' is not a boolean (true or false)", where,
-                       shown);
-    *(bool *)field(o, cfg) = b;
+        return refuse(t, "'%s' is not a boolean (true or false)", t->shown);
+    *(bool *)slot(t) = b;
     return 0;
 }
 
 /* PS_OPT_SIZE and PS_OPT_DURATION_MS: a number with a unit. */
-static int text_with_unit(const ps_opt *o, void *cfg, const char *s,
-                          const char *shown, const char *where, char *err,
-                          size_t errlen)
+static int text_with_unit(const struct setting *t, const char *s)
 {
-    bool size = o->type == PS_OPT_SIZE;
+    bool size = t->o->type == PS_OPT_SIZE;
     uint64_t v;
     int bad = parse_with_unit(s, size ? size_units : duration_units, &v);
     if (bad == 1)
-        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not %s", where,
-                       shown, size ? "a size (bytes, or a number with K, M, G or T)"
-                                   : "a duration (a number with ms, s, m or h; "
-                                     "plain numbers are ms)");
+        return refuse(t, "'%s' is not %s", t->shown,
+                      size ? "a size (bytes, or a number with K, M, G or T)"
+                           : "a duration (a number with ms, s, m or h; "
+                             "plain numbers are ms)");
     if (bad == 2)
-        return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is too %s", where,
-                       shown, size ? "large" : "long");
+        return refuse(t, "'%s' is too %s", t->shown, size ? "large" : "long");
     if (size)
-        return set_uint64(o, cfg, v, shown, where, err, errlen);
-    return set_duration(o, cfg, v, shown, where, err, errlen);
+        return set_uint64(t, v);
+    return set_duration(t, v);
 }
 
-/* Stores the index of s in o->choices, or refuses it with the list. */
-static int text_enum(const ps_opt *o, void *cfg, const char *s,
-                     const char *shown, const char *where, char *err,
-                     size_t errlen)
+/* Stores the index of s in the option's choices, or refuses it with the
+ * list. */
+static int text_enum(const struct setting *t, const char *s)
 {
+    const char *const *choices = t->o->choices;
     char list[256] = "";
     size_t used = 0;
-    for (int i = 0; o->choices != NULL && o->choices[i] != NULL; i++) {
-        if (strcmp(s, o->choices[i]) == 0) {
-            *(int *)field(o, cfg) = i;
+    for (int i = 0; choices != NULL && choices[i] != NULL; i++) {
+        if (strcmp(s, choices[i]) == 0) {
+            *(int *)slot(t) = i;
             return 0;
         }
         if (used < sizeof list) {
             int k = snprintf(list + used, sizeof list - used, "%s%s",
-                             i > 0 ? ", " : "", o->choices[i]);
+                             i > 0 ? ", " : "", choices[i]);
             used += k > 0 ? (size_t)k : 0;
         }
     }
-    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: '%s' is not one of %s",
-                   where, shown, list);
+    return refuse(t, "'%s' is not one of %s", t->shown, list);
 }
 
 /* Sets one option from text: a default, a command-line value, or a JSON
@@ -372,27 +371,27 @@ static int set_text(const ps_opt *o, void *cfg, const char *s,
 {
     char shown[128];
     snprintf(shown, sizeof shown, "%s", s);
+    const struct setting t = {o, cfg, where, shown, err, errlen};
     switch (o->type) {
     case PS_OPT_STRING:
         if (set_string(o, cfg, s) != 0)
             return ps_errf(-ENOMEM, err, errlen, "%s: out of memory", where);
         return 0;
     case PS_OPT_INT:
-        return text_int(o, cfg, s, shown, where, err, errlen);
+        return text_int(&t, s);
     case PS_OPT_UINT64:
-        return text_uint64(o, cfg, s, shown, where, err, errlen);
+        return text_uint64(&t, s);
     case PS_OPT_DOUBLE:
-        return text_double(o, cfg, s, shown, where, err, errlen);
+        return text_double(&t, s);
     case PS_OPT_BOOL:
-        return text_bool(o, cfg, s, shown, where, err, errlen);
+        return text_bool(&t, s);
     case PS_OPT_SIZE:
     case PS_OPT_DURATION_MS:
-        return text_with_unit(o, cfg, s, shown, where, err, errlen);
+        return text_with_unit(&t, s);
     case PS_OPT_ENUM:
-        return text_enum(o, cfg, s, shown, where, err, errlen);
+        return text_enum(&t, s);
     }
-    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: option has an unknown type",
-                   where);
+    return refuse(&t, "option has an unknown type");
 }
 
 /* Sets an option's zero value: what a NULL default means. */
@@ -428,6 +427,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
 {
     const char *want = NULL;
     char shown[64];
+    const struct setting t = {o, cfg, where, shown, err, errlen};
     switch (o->type) {
     case PS_OPT_STRING:
     case PS_OPT_ENUM:
@@ -442,11 +442,10 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
             json_int_t n = json_integer_value(v);
             snprintf(shown, sizeof shown, "%" JSON_INTEGER_FORMAT, n);
             if (o->type == PS_OPT_INT)
-                return set_int64(o, cfg, n, shown, where, err, errlen);
+                return set_int64(&t, n);
             if (n < 0)
-                return ps_errf(PS_EINVAL_ARG, err, errlen,
-                               "%s: %s is negative", where, shown);
-            return set_uint64(o, cfg, (uint64_t)n, shown, where, err, errlen);
+                return refuse(&t, "%s is negative", shown);
+            return set_uint64(&t, (uint64_t)n);
         }
         want = "an integer";
         break;
@@ -455,7 +454,7 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
         if (json_is_number(v)) {
             double d = json_number_value(v);
             snprintf(shown, sizeof shown, "%g", d);
-            return set_double(o, cfg, d, shown, where, err, errlen);
+            return set_double(&t, d);
         }
         want = "a number";
         break;
@@ -476,20 +475,17 @@ static int set_json(const ps_opt *o, void *cfg, const json_t *v,
             json_int_t n = json_integer_value(v);
             snprintf(shown, sizeof shown, "%" JSON_INTEGER_FORMAT, n);
             if (n < 0)
-                return ps_errf(PS_EINVAL_ARG, err, errlen,
-                               "%s: %s is negative", where, shown);
+                return refuse(&t, "%s is negative", shown);
             if (o->type == PS_OPT_SIZE)
-                return set_uint64(o, cfg, (uint64_t)n, shown, where, err,
-                                  errlen);
-            return set_duration(o, cfg, (uint64_t)n, shown, where, err,
-                                errlen);
+                return set_uint64(&t, (uint64_t)n);
+            return set_duration(&t, (uint64_t)n);
         }
         want = o->type == PS_OPT_SIZE ? "a size like \"64M\" or an integer"
                                       : "a duration like \"2s\" or an integer";
         break;
     }
-    return ps_errf(PS_EINVAL_ARG, err, errlen, "%s: expected %s, got %s", where,
-                   want != NULL ? want : "a value", ps_json_type_name(v));
+    return refuse(&t, "expected %s, got %s", want != NULL ? want : "a value",
+                  ps_json_type_name(v));
 }
 
 static int apply_config_file(const ps_opt *opts, void *cfg, const char *path,

@@ -300,11 +300,8 @@ int ps_coord_place(ps_coord *c, void *req, void **resp_out, ps_rpc_status *st)
     /* pscoord places only for a registered task that proves it is one, and
      * makes the first placement only for the chief. */
     r->role = (Ps__V1__Role)c->o.role;
-    pthread_mutex_lock(&c->mu);
     char secret[sizeof c->secret];
-    memcpy(secret, c->secret, sizeof secret);
-    r->index = (uint32_t)c->index;
-    pthread_mutex_unlock(&c->mu);
+    r->index = task_credentials(c, secret);
     r->task_secret = secret;
     int rc = ps_rpc_invoke_pb(c->rpc, "/ps.v1.Coordinator/Place", r,
                               &ps__v1__place_response__descriptor, resp_out, 10000, st);

@@ -19,6 +19,25 @@
  * its own (fresh memory) but makes the request one pooled buffer. */
 #define PLAIN_COPY_MAX ((size_t)256 << 10)
 
+/* Tensors of more than this many bytes go in pieces of it
+ * (ps_client_set_pieces): on a 10 Gbit/s link a 1 MiB piece is
+ * about 1 ms on the wire (0.5 ms in bf16), long beside what a call costs
+ * each end (measured on loopback: 512 KiB pieces took the client 0.66 ms
+ * more CPU per 4 MiB than one call, 1 MiB pieces 0.23 ms), and short enough
+ * that a 4 MiB tensor is 4 pieces whose phases overlap. */
+#define PIECE_BYTES_DEFAULT ((size_t)1 << 20)
+/* Two calls not yet answered at once: one on the link while the next is
+ * made and the one before applied. gRPC buffers a message whole once its
+ * call starts and interleaves the streams of one connection, so more
+ * pieces at once share the link and all end late (traced on the link: 4
+ * pieces of a push answered after 1.8, 7.0, 7.2 and 7.8 ms; 2 at a time
+ * after 2.1, 3.4, 4.7 and 4.8 ms). */
+#define PIECE_WINDOW_DEFAULT 2
+/* The most calls one push or pull is cut into: bigger tensors get bigger
+ * pieces, so that the calls' own cost (about 0.1 ms of CPU each end) stays
+ * small beside the tensor's. */
+#define MAX_PIECES 64
+
 struct ps_client {
     ps_rpc_client *rpc;
     char *address;
@@ -31,7 +50,50 @@ struct ps_client {
     struct residual *res; /* (nres), by variable name */
     size_t nres;
     ps_buf half;       /* the half gradients of one push */
+    size_t piece_bytes; /* tensors bigger go in pieces of it; 0: never */
+    int piece_window;   /* pieces not yet answered at once */
 };
+
+/* One piece of a tensor: the caller's item's elements [off, off + n) of
+ * its total; n 0 stands for the call that carries the small items whole. */
+struct piece {
+    size_t item, off, n, total;
+};
+
+static bool by_ref(const ps_client *c, const float *p, size_t n, uint64_t *off);
+static int push_pieces(ps_client *c, uint32_t worker, uint64_t step,
+                       ps_client_item *items, ps_client_item *pulls, size_t n,
+                       int deadline_ms, ps_rpc_status *st);
+static int pull_pieces(ps_client *c, uint32_t worker, uint64_t step,
+                       ps_client_item *items, size_t n, int deadline_ms,
+                       ps_rpc_status *st);
+
+int ps_client_set_pieces(ps_client *c, size_t piece_bytes, int window)
+{
+    if (window < 1 || window > 64 || (piece_bytes != 0 && piece_bytes < 4096))
+        return PS_EINVAL_ARG;
+    c->piece_bytes = piece_bytes;
+    c->piece_window = window;
+    return 0;
+}
+
+/* Whether item it goes in pieces: bigger than a piece, not by reference. */
+static bool in_pieces(const ps_client *c, const ps_client_item *it)
+{
+    uint64_t off;
+    return c->piece_bytes != 0 && it->n * sizeof(float) > c->piece_bytes &&
+           !by_ref(c, it->data, it->n, &off);
+}
+
+/* Whether a push or pull of items goes in pieces: some are big, and few
+ * enough that the calls stay within MAX_PIECES (else one call, as before). */
+static bool cut_any(const ps_client *c, const ps_client_item *items, size_t n)
+{
+    size_t nbig = 0;
+    for (size_t i = 0; i < n; i++)
+        nbig += in_pieces(c, &items[i]);
+    return nbig > 0 && nbig <= MAX_PIECES / 2;
+}
 
 /* Error feedback's memory of one variable: what its last rounding lost. */
 struct residual {
@@ -174,6 +236,8 @@ int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
     if (c == NULL)
         return -ENOMEM;
     c->address = strdup(address);
+    c->piece_bytes = PIECE_BYTES_DEFAULT;
+    c->piece_window = PIECE_WINDOW_DEFAULT;
     int rc = c->address ? ps_rpc_client_create(address, opts, &c->rpc) : -ENOMEM;
     if (rc != 0) {
         ps_client_destroy(c);
@@ -422,6 +486,12 @@ struct pull_ctx {
     char *err;
     size_t errlen;
     bool have_data;          /* the value being decoded has had its data */
+    /* A piece's answer (items[0] a view of it): whole is the whole value's
+     * item, which the answer may hold instead (a SYNC step's last piece
+     * brings the whole value once the step is applied), and *final says it
+     * came, after which a piece's value, older, is skipped. */
+    ps_client_item *whole;
+    bool *final;
 };
 
 static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np);
@@ -586,10 +656,15 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     if (versions == NULL)
         return -ENOMEM;
     char err[256] = "";
-    struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false};
+    struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false,
+                          NULL, NULL};
     int rc;
 again:;
     bool shm = push_uses_shm(c, items, pulls, n);
+    if (!shm && cut_any(c, items, n)) {
+        free(versions);
+        return push_pieces(c, worker, step, items, pulls, n, deadline_ms, st);
+    }
     if (shm || c->wire != 0) {
         /* Shared memory, else half precision: a message encoded whole. */
         ps_rpc_msg *m = NULL;
@@ -652,10 +727,15 @@ int ps_client_push_pull(ps_client *c, uint32_t worker, uint64_t step,
 
 /* ---- Pull ------------------------------------------------------------- */
 
-static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
+/* A PullItem's contents; pc (NULL: a whole value) the piece it asks. */
+static size_t pull_item_len(const ps_client *c, const ps_client_item *it,
+                            const struct piece *pc)
 {
     uint64_t off;
     size_t il = field_len(strlen(it->name));
+    if (pc != NULL)
+        il += (pc->off ? 1 + ps_wire_varint_len(pc->off) : 0) + 1 +
+              ps_wire_varint_len(pc->n) + 1 + ps_wire_varint_len(pc->total);
     if (it->min_version)
         il += 1 + ps_wire_varint_len(it->min_version);
     if (c != NULL && by_ref(c, it->data, it->n, &off))
@@ -665,12 +745,15 @@ static size_t pull_item_len(const ps_client *c, const ps_client_item *it)
     return il;
 }
 
+/* A PullRequest for items into b; with pc (n entries), item i is the
+ * piece pc[i] of a value (a view of it, ps_client_item.data and .n the
+ * piece's). */
 static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *items,
-                       size_t n, uint32_t worker, uint64_t step)
+                       size_t n, uint32_t worker, uint64_t step, const struct piece *pc)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += field_len(pull_item_len(c, &items[i]));
+        total += field_len(pull_item_len(c, &items[i], pc ? &pc[i] : NULL));
     if (step != 0) /* PullRequest.worker = 2, step = 3 */
         total += 2 + ps_wire_varint_len(worker) + ps_wire_varint_len(step);
     int rc = ps_buf_reserve(b, total ? total : 1);
@@ -681,7 +764,7 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
         size_t nl = strlen(items[i].name);
         uint64_t off;
         *p++ = (1 << 3) | 2;
-        p = ps_wire_put_varint(p, pull_item_len(c, &items[i]));
+        p = ps_wire_put_varint(p, pull_item_len(c, &items[i], pc ? &pc[i] : NULL));
         *p++ = (1 << 3) | 2;
         p = ps_wire_put_varint(p, nl);
         memcpy(p, items[i].name, nl);
@@ -695,6 +778,16 @@ static int encode_pull(const ps_client *c, ps_buf *b, const ps_client_item *item
         } else if (c != NULL && c->wire != 0) {
             *p++ = (4 << 3) | 0;
             *p++ = (uint8_t)c->wire;
+        }
+        if (pc != NULL) { /* PullItem.offset = 5, count = 6, total = 7 */
+            if (pc[i].off) {
+                *p++ = (5 << 3) | 0;
+                p = ps_wire_put_varint(p, pc[i].off);
+            }
+            *p++ = (6 << 3) | 0;
+            p = ps_wire_put_varint(p, pc[i].n);
+            *p++ = (7 << 3) | 0;
+            p = ps_wire_put_varint(p, pc[i].total);
         }
     }
     if (step != 0) {
@@ -737,6 +830,18 @@ static int on_value(void *ctx, enum ps_wire_event ev, ps_wire_value *v, char *er
     ps_client_item *it = &pc->items[v->index];
     size_t bytes = it->n * sizeof(float);
     uint64_t want;
+    if (ev == PS_WIRE_DATA && pc->whole != NULL) {
+        size_t esz = v->dtype == PS_HALF_F16 || v->dtype == PS_HALF_BF16 ? 2 : sizeof(float);
+        if (v->data.left == pc->whole->n * esz) {
+            it = pc->whole;
+            bytes = it->n * sizeof(float);
+            *pc->final = true;
+        } else if (*pc->final) {
+            ps_wire_bytes_take(&v->data, NULL, v->data.left);
+            pc->have_data = true;
+            return 0;
+        }
+    }
     switch (ev) {
     case PS_WIRE_DATA:
         if (v->dtype == PS_HALF_F16 || v->dtype == PS_HALF_BF16) {
@@ -799,7 +904,7 @@ static int decode_pieces(void *ctx, const struct ps_piece *pieces, int np)
 int ps_pull_decode_pieces(const struct ps_piece *pieces, int np,
                           ps_client_item *items, size_t n, char *err, size_t errlen)
 {
-    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false, NULL, NULL};
     return decode_pieces(&pc, pieces, np);
 }
 
@@ -807,7 +912,7 @@ int ps_pull_decode(const uint8_t *buf, size_t len, ps_client_item *items,
                    size_t n, char *err, size_t errlen)
 {
     struct ps_piece one = {buf, len};
-    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false};
+    struct pull_ctx pc = {NULL, items, n, NULL, 0, err, errlen, false, NULL, NULL};
     return decode_pieces(&pc, &one, 1);
 }
 
@@ -822,12 +927,14 @@ int ps_client_pull_at(ps_client *c, uint32_t worker, uint64_t step,
                       ps_rpc_status *st)
 {
     int rc;
+    if (cut_any(c, items, n))
+        return pull_pieces(c, worker, step, items, n, deadline_ms, st);
 again:
-    rc = encode_pull(c, &c->req, items, n, worker, step);
+    rc = encode_pull(c, &c->req, items, n, worker, step, NULL);
     if (rc != 0)
         return rc;
     char err[256] = "";
-    struct pull_ctx pc = {c, items, n, NULL, 0, err, sizeof err, false};
+    struct pull_ctx pc = {c, items, n, NULL, 0, err, sizeof err, false, NULL, NULL};
     ps_rpc_msg *m = ps_rpc_msg_new(c->req.len);
     if (m == NULL)
         return -ENOMEM;
@@ -844,5 +951,335 @@ again:
         st->code = rc == PS_ESHAPE ? PS_RPC_FAILED_PRECONDITION : PS_RPC_INTERNAL;
         snprintf(st->message, sizeof st->message, "%s", err);
     }
+    return rc;
+}
+
+/* ---- tensors in pieces -------------------------------------------------- */
+
+/* A push or pull whose big tensors go in pieces (push_pieces, pull_pieces):
+ * its calls, the small items whole in the first when there are any and
+ * then one per piece, a few in flight at once (ps_rpc_invoke_window),
+ * and what their answers are merged into. */
+struct pjob {
+    ps_client *c;
+    uint32_t worker;
+    uint64_t step;
+    bool push;
+    ps_client_item *items;  /* the caller's */
+    ps_client_item *pulls;  /* push: the values asked back, or NULL */
+    size_t n;
+    struct piece *calls;    /* (ncalls); n 0: the call of the small items */
+    size_t ncalls;
+    size_t *small;          /* (nsmall) the items sent whole */
+    size_t nsmall;
+    ps_client_item *views;  /* (nsmall) the small call's items */
+    uint64_t *vers;         /* (nsmall) the small call's versions */
+    uint64_t *vmin;         /* (n) each value's lowest version over its pieces */
+    bool *final;            /* (n) push: the whole value came (pull_ctx.final) */
+    char err[256];
+};
+
+static void pjob_free(struct pjob *j)
+{
+    free(j->calls);
+    free(j->small);
+    free(j->views);
+    free(j->vers);
+    free(j->vmin);
+    free(j->final);
+}
+
+/* Cuts the big items of j into pieces of the client's size, or bigger ones
+ * when they would be more than MAX_PIECES. Returns 0 or -ENOMEM. */
+static int pjob_init(struct pjob *j)
+{
+    size_t per = j->c->piece_bytes / sizeof(float), ncalls = 0, nsmall = 0, big = 0,
+           nbig = 0;
+    for (size_t i = 0; i < j->n; i++)
+        if (in_pieces(j->c, &j->items[i])) {
+            big += j->items[i].n;
+            nbig++;
+        }
+    /* Calls: at most big / per + nbig, and one for the small items. */
+    if (big / per + nbig + 1 > MAX_PIECES)
+        per = big / (MAX_PIECES - nbig - 1) + 1;
+    for (size_t i = 0; i < j->n; i++) {
+        if (in_pieces(j->c, &j->items[i]))
+            ncalls += (j->items[i].n + per - 1) / per;
+        else
+            nsmall++;
+    }
+    ncalls += nsmall > 0;
+    j->calls = calloc(ncalls, sizeof *j->calls);
+    j->small = calloc(nsmall ? nsmall : 1, sizeof *j->small);
+    j->views = calloc(nsmall ? nsmall : 1, sizeof *j->views);
+    j->vers = calloc(nsmall ? nsmall : 1, sizeof *j->vers);
+    j->vmin = malloc(j->n * sizeof *j->vmin);
+    j->final = calloc(j->n, sizeof *j->final);
+    if (j->calls == NULL || j->small == NULL || j->views == NULL || j->vers == NULL ||
+        j->vmin == NULL || j->final == NULL)
+        return -ENOMEM;
+    j->ncalls = nsmall > 0;
+    for (size_t i = 0; i < j->n; i++) {
+        j->vmin[i] = UINT64_MAX;
+        j->items[i].version = 0;
+        if (!in_pieces(j->c, &j->items[i])) {
+            j->small[j->nsmall++] = i;
+            continue;
+        }
+        for (size_t off = 0; off < j->items[i].n; off += per)
+            j->calls[j->ncalls++] = (struct piece){
+                i, off, j->items[i].n - off < per ? j->items[i].n - off : per,
+                j->items[i].n};
+    }
+    return 0;
+}
+
+/* The caller's item i of src seen as the piece pc (pc->n 0: whole). */
+static ps_client_item piece_view(const ps_client_item *src, size_t i,
+                                 const struct piece *pc)
+{
+    ps_client_item v = src[i];
+    if (pc->n != 0) {
+        v.data += pc->off;
+        v.n = pc->n;
+    }
+    return v;
+}
+
+/* Writes gradient it's elements [off, off + cnt) at dst in the wire dtype:
+ * float32 as they are, half rounded with the residual of error feedback.
+ * Returns 0 or -ENOMEM. */
+static int put_grad_data(ps_client *c, const ps_client_item *it, size_t off,
+                         size_t cnt, uint8_t *dst)
+{
+    if (c->wire == 0) {
+        memcpy(dst, it->data + off, cnt * sizeof(float));
+        return 0;
+    }
+    float *r = c->feedback ? residual_of(c, it->name, it->n) : NULL;
+    if (c->feedback && r == NULL)
+        return -ENOMEM;
+    if (((uintptr_t)dst & 1) == 0) {
+        ps_half_encode_ef(c->wire, it->data + off, r ? r + off : NULL,
+                          (uint16_t *)(void *)dst, cnt);
+        return 0;
+    }
+    if (ps_buf_reserve(&c->half, cnt * 2) != 0)
+        return -ENOMEM;
+    ps_half_encode_ef(c->wire, it->data + off, r ? r + off : NULL,
+                      (uint16_t *)(void *)c->half.data, cnt);
+    memcpy(dst, c->half.data, cnt * 2);
+    return 0;
+}
+
+/* The PushRequest of call pc as parts: a float32 piece of a gradient that
+ * lies in a message buffer (ps_client_item.msg) sent in place between its
+ * header and trailer (encoded into c->req, whose room for the data is
+ * never written, then copied out: a few bytes); every other gradient's
+ * bytes written once, straight into the message, a half piece's 2-aligned
+ * (its dtype varint padded so) for the narrowing to store into. */
+static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_part *parts,
+                            int *np)
+{
+    ps_client *c = j->c;
+    size_t ng = pc->n ? 1 : j->nsmall, esz = c->wire ? 2 : sizeof(float);
+    const ps_client_item *one = pc->n ? &j->items[pc->item] : NULL;
+    bool in_place = one != NULL && c->wire == 0 && one->msg != NULL;
+    ps_wire_grad_out *g = calloc(ng, sizeof *g);
+    uint8_t **at = calloc(ng, sizeof *at);
+    ps_rpc_msg *msg = NULL;
+    int rc = -ENOMEM;
+    if (g == NULL || at == NULL)
+        goto free_arrays;
+    for (size_t k = 0; k < ng; k++) {
+        const ps_client_item *it = &j->items[pc->n ? pc->item : j->small[k]];
+        g[k] = (ps_wire_grad_out){
+            .name = it->name, .dtype = c->wire ? c->wire : PS__V1__DTYPE__DTYPE_FLOAT32,
+            .shape = it->shape, .ndim = it->shape ? it->ndim : 0,
+            .nbytes = (pc->n ? pc->n : it->n) * esz, .offset = pc->off,
+            .total = pc->n ? it->n : 0, .data_at = &at[k]};
+    }
+    ps_wire_push_out m = {.worker = j->worker, .step = j->step, .grads = g,
+                          .ngrads = ng, .return_values = j->pulls != NULL,
+                          .delta = c->delta, .wire_dtype = c->wire};
+    size_t len = ps_wire_push_len(&m);
+    if (in_place) {
+        if (ps_buf_reserve(&c->req, len) != 0)
+            goto free_arrays;
+        uint8_t *end = ps_wire_push_put(c->req.data, &m);
+        size_t head = (size_t)(at[0] - c->req.data), bytes = g[0].nbytes;
+        size_t tail = (size_t)(end - c->req.data) - head - bytes;
+        if ((msg = ps_rpc_msg_new(head + tail)) == NULL)
+            goto free_arrays;
+        memcpy(ps_rpc_msg_data(msg), c->req.data, head);
+        memcpy(ps_rpc_msg_data(msg) + head, at[0] + bytes, tail);
+        ps_rpc_msg_set_len(msg, head + tail);
+        ps_rpc_msg_ref(msg);
+        ps_rpc_msg_ref(one->msg);
+        parts[0] = (ps_rpc_part){ps_rpc_msg_data(msg), head, ps_rpc_msg_release, msg};
+        parts[1] = (ps_rpc_part){one->data + pc->off, bytes, ps_rpc_msg_release,
+                                 one->msg};
+        parts[2] = (ps_rpc_part){ps_rpc_msg_data(msg) + head, tail, ps_rpc_msg_release,
+                                 msg};
+        *np = 3;
+        rc = 0;
+        goto free_arrays;
+    }
+    msg = ps_rpc_msg_new(len + 8);
+    if (msg == NULL)
+        goto free_arrays;
+    uint8_t *end = ps_wire_push_put(ps_rpc_msg_data(msg), &m);
+    for (int pad = 1; c->wire && ng == 1 && ((uintptr_t)at[0] & 1) && pad <= 2; pad++) {
+        g[0].dtype_pad = pad;
+        end = ps_wire_push_put(ps_rpc_msg_data(msg), &m);
+    }
+    ps_rpc_msg_set_len(msg, (size_t)(end - ps_rpc_msg_data(msg)));
+    rc = 0;
+    for (size_t k = 0; k < ng && rc == 0; k++) {
+        const ps_client_item *it = &j->items[pc->n ? pc->item : j->small[k]];
+        rc = put_grad_data(c, it, pc->off, pc->n ? pc->n : it->n, at[k]);
+    }
+    if (rc != 0) {
+        ps_rpc_msg_unref(msg);
+        goto free_arrays;
+    }
+    parts[0] = (ps_rpc_part){ps_rpc_msg_data(msg), ps_rpc_msg_len(msg),
+                             ps_rpc_msg_release, msg};
+    *np = 1;
+free_arrays:
+    free(g);
+    free(at);
+    return rc;
+}
+
+/* The PullRequest of call pc, as one part. */
+static int pull_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_part *parts,
+                            int *np)
+{
+    ps_client_item one;
+    const ps_client_item *its = &one;
+    size_t ni = 1;
+    if (pc->n != 0) {
+        one = piece_view(j->items, pc->item, pc);
+    } else {
+        for (size_t k = 0; k < j->nsmall; k++)
+            j->views[k] = j->items[j->small[k]];
+        its = j->views;
+        ni = j->nsmall;
+    }
+    int rc = encode_pull(j->c, &j->c->req, its, ni, j->worker, j->step,
+                         pc->n ? pc : NULL);
+    if (rc != 0)
+        return rc;
+    ps_rpc_msg *m = ps_rpc_msg_new(j->c->req.len);
+    if (m == NULL)
+        return -ENOMEM;
+    memcpy(ps_rpc_msg_data(m), j->c->req.data, j->c->req.len);
+    ps_rpc_msg_set_len(m, j->c->req.len);
+    parts[0] = (ps_rpc_part){ps_rpc_msg_data(m), j->c->req.len, ps_rpc_msg_release, m};
+    *np = 1;
+    return 0;
+}
+
+static int pieces_make(void *ctx, size_t k, ps_rpc_part *parts, int *np)
+{
+    struct pjob *j = ctx;
+    *np = 0;
+    return j->push ? push_call_encode(j, &j->calls[k], parts, np)
+                   : pull_call_encode(j, &j->calls[k], parts, np);
+}
+
+/* Takes call k's answer: the values into the caller's memory where the
+ * piece belongs, each pushed item's version the highest of its pieces'
+ * (the piece that completed the push has the new one), each value's the
+ * lowest (every piece is at least that new). */
+static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
+{
+    struct pjob *j = ctx;
+    const struct piece *pc = &j->calls[k];
+    size_t ni = pc->n ? 1 : j->nsmall;
+    ps_client_item *src = j->push ? j->pulls : j->items, one, *vals = NULL;
+    uint64_t ver1 = 0, *vers = pc->n ? &ver1 : j->vers;
+    if (src != NULL && pc->n != 0) {
+        one = piece_view(src, pc->item, pc);
+        vals = &one;
+    } else if (src != NULL) {
+        for (size_t kk = 0; kk < ni; kk++)
+            j->views[kk] = src[j->small[kk]];
+        vals = j->views;
+    }
+    struct pull_ctx x = {j->c, vals, vals ? ni : 0, j->push ? vers : NULL,
+                         j->push ? ni : 0, j->err, sizeof j->err, false, NULL, NULL};
+    if (j->push && vals != NULL && pc->n != 0) {
+        x.whole = &j->pulls[pc->item];
+        x.final = &j->final[pc->item];
+    }
+    int rc = decode_pieces(&x, pp, np);
+    if (rc != 0)
+        return rc;
+    for (size_t kk = 0; kk < ni; kk++) {
+        size_t i = pc->n ? pc->item : j->small[kk];
+        if (j->push && vers[kk] > j->items[i].version)
+            j->items[i].version = vers[kk];
+        if (vals != NULL && vals[kk].version < j->vmin[i])
+            j->vmin[i] = vals[kk].version;
+    }
+    return 0;
+}
+
+/* Runs j's calls, window at a time; sets the values' versions. */
+static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
+                    ps_rpc_status *st)
+{
+    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, j->c->piece_window,
+                                  true, pieces_make, pieces_resp, j, deadline_ms, st);
+    /* A value pushed and brought back holds this push's update in every
+     * piece, though the pieces before the last answered the version before
+     * it: it is at least the version the push produced. */
+    ps_client_item *vals = j->push ? j->pulls : j->items;
+    for (size_t i = 0; rc == 0 && vals != NULL && i < j->n; i++)
+        vals[i].version = j->push && j->items[i].version > j->vmin[i]
+                              ? j->items[i].version : j->vmin[i];
+    if (rc != 0 && rc != PS_ERPC && rc != -ENOMEM && st != NULL) {
+        st->code = rc == PS_ESHAPE ? PS_RPC_FAILED_PRECONDITION : PS_RPC_INTERNAL;
+        snprintf(st->message, sizeof st->message, "%s", j->err);
+    }
+    return rc;
+}
+
+/* A push whose big gradients go in pieces, several calls in flight: while
+ * one piece is on the wire the next is encoded (rounded to half, with its
+ * residual) and psd applies the one before, and with pulls a piece's value
+ * comes back while later pieces still go out. Pieces of one push carry the
+ * same worker and step: psd raises the version once they cover the
+ * variable, and a SYNC step counts them as the worker's one push. */
+static int push_pieces(ps_client *c, uint32_t worker, uint64_t step,
+                       ps_client_item *items, ps_client_item *pulls, size_t n,
+                       int deadline_ms, ps_rpc_status *st)
+{
+    struct pjob j = {.c = c, .worker = worker, .step = step, .push = true,
+                     .items = items, .pulls = pulls, .n = n};
+    int rc = pjob_init(&j);
+    if (rc == 0)
+        rc = pjob_run(&j, "/ps.v1.ParameterServer/Push", deadline_ms, st);
+    pjob_free(&j);
+    return rc;
+}
+
+/* A pull whose big values come in pieces, several calls in flight. */
+static int pull_pieces(ps_client *c, uint32_t worker, uint64_t step,
+                       ps_client_item *items, size_t n, int deadline_ms,
+                       ps_rpc_status *st)
+{
+    int rc;
+again:;
+    struct pjob j = {.c = c, .worker = worker, .step = step, .items = items, .n = n};
+    rc = pjob_init(&j);
+    if (rc == 0)
+        rc = pjob_run(&j, "/ps.v1.ParameterServer/Pull", deadline_ms, st);
+    pjob_free(&j);
+    if (shm_refused(c, rc, st))
+        goto again;
     return rc;
 }

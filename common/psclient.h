@@ -117,6 +117,25 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
  * dtype. */
 int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
 
+/* Tensors of more than piece_bytes go in pieces of piece_bytes, up to
+ * window calls not yet answered at once, on by default (1 MiB, 2): a piece
+ * is encoded (and rounded to half) while the one before it is on the wire
+ * and the one before that applied, and a push's values come back while its
+ * later pieces still go out (the link is full duplex). Each piece is a call
+ * of its own that names its place in the tensor (Gradient.offset and
+ * .total, PullItem.offset, .count and .total); the items that are not cut
+ * go whole in one call beside them, and a push or pull is cut into at most
+ * 64 calls (bigger tensors get bigger pieces; one with more than 32 tensors
+ * to cut goes in one call). A push in pieces is still one update: psd
+ * raises the version once the pieces cover the variable, and a SYNC step
+ * counts them as the worker's one push (the pieces before the last are
+ * answered at once, the last once the step is applied, with the whole
+ * value when asked). A pull in pieces may see pushes land between its
+ * pieces; each value's version is the lowest its pieces had. Tensors in
+ * shared memory are never cut. piece_bytes 0 turns it off. Returns 0, or
+ * PS_EINVAL_ARG for piece_bytes in 1..4095 or window outside 1..64. */
+int ps_client_set_pieces(ps_client *c, size_t piece_bytes, int window);
+
 /* From now on this client's pushes are deltas (PushRequest.delta): psd
  * adds each tensor to its variable, w += d, with no optimizer (local SGD's
  * exchange). false: gradients again. */

@@ -273,6 +273,33 @@ int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
                         const ps_rpc_part *parts, int n, ps_rpc_pieces_fn on_resp,
                         void *ctx, int deadline_ms, ps_rpc_status *st);
 
+/* Up to `window` unary calls of one method sending at once (HTTP/2
+ * streams of the one connection), for a message cut in pieces: make(ctx,
+ * i, parts, &np) gives request i (0 <= i < n, in order) as at most
+ * PS_RPC_WINDOW_PARTS parts, each sent in place (release ==
+ * ps_rpc_msg_release, arg the message its bytes lie in, whose reference
+ * passes to the window: it drops it once the call is over), on this thread
+ * just before it is sent, so that building one overlaps the sending of
+ * those before it; on_resp(ctx, i, pieces, np) takes response i when it
+ * arrives (in any order), on this thread, borrowed as ps_rpc_invoke_msg's
+ * are. The window counts the calls still sending (a call whose request is
+ * out waits for its answer without holding the next back: pushes, whose
+ * requests are the big part), or with by_answer the calls not answered yet
+ * (pulls, whose requests are small and answers big: a few answers streaming
+ * at once on the link finish one after another, not all at the end). A call answered
+ * UNAVAILABLE is sent again with the same parts as the client's options
+ * allow (max_attempts, backoff). The first failure stops the lot: no call
+ * starts after it, the ones in flight are cancelled and waited for.
+ * Returns 0, PS_ERPC with *st (the failed call's status), make's or
+ * on_resp's nonzero return, or -ENOMEM. */
+#define PS_RPC_WINDOW_PARTS 4
+typedef int (*ps_rpc_make_fn)(void *ctx, size_t i, ps_rpc_part *parts, int *np);
+typedef int (*ps_rpc_resp_fn)(void *ctx, size_t i, const struct ps_piece *pieces,
+                              int np);
+int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
+                         bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
+                         void *ctx, int deadline_ms, ps_rpc_status *st);
+
 /* Packs a protobuf-c request, calls, and unpacks the response with
  * `resp_desc` (a const ProtobufCMessageDescriptor *) into *resp_out, which
  * the caller frees with protobuf_c_message_free_unpacked. A response that

@@ -416,6 +416,248 @@ int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
     return invoke(c, method, parts_bb, &p, &out, deadline_ms, st);
 }
 
+/* ---- several calls in flight ------------------------------------------- */
+
+/* One call of ps_rpc_invoke_window: its request, and what it receives. It
+ * runs as two batches on the shared queue, the send (tagged with the slot
+ * with its low bit set) and the receive (the slot), so that the window can
+ * count the calls still sending apart from those waiting for an answer. */
+struct slot {
+    size_t i;             /* which request */
+    int attempts;
+    int pending;          /* batches not completed yet */
+    bool sending;         /* its send batch has not completed */
+    ps_rpc_part parts[PS_RPC_WINDOW_PARTS]; /* its request, kept for a retry */
+    int np;
+    grpc_call *call;
+    grpc_byte_buffer *send_bb, *recv_bb;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code code;
+    grpc_slice details;
+    const char *error_string;
+};
+
+/* Starts slot's call on cq: the send batch (its message and the close) and
+ * the receive batch (the response and the status). Returns 0, or -1 with
+ * st set and nothing left to undo. */
+static int slot_start(ps_rpc_client *c, grpc_completion_queue *cq, const char *method,
+                      struct slot *sl, int deadline_ms, ps_rpc_status *st)
+{
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    sl->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                        mslice, NULL, deadline_after(deadline_ms),
+                                        NULL);
+    grpc_slice_unref(mslice);
+    grpc_metadata_array_init(&sl->init_md);
+    grpc_metadata_array_init(&sl->trail_md);
+    for (int k = 0; k < sl->np; k++)
+        ps_rpc_msg_ref(sl->parts[k].arg); /* the send's own, as parts_bb's */
+    sl->send_bb = ps_rpc_bb_parts(sl->parts, sl->np);
+    sl->recv_bb = NULL;
+    sl->code = GRPC_STATUS_UNKNOWN;
+    sl->details = grpc_empty_slice();
+    sl->error_string = NULL;
+    sl->pending = 0;
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    put_request_ops(c, ops, sl->send_bb, &sl->init_md);
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &sl->recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &sl->trail_md;
+    ops[5].data.recv_status_on_client.status = &sl->code;
+    ops[5].data.recv_status_on_client.status_details = &sl->details;
+    ops[5].data.recv_status_on_client.error_string = &sl->error_string;
+    grpc_call_error e = GRPC_CALL_ERROR;
+    if (sl->send_bb != NULL &&
+        (e = grpc_call_start_batch(sl->call, ops, 3, (void *)((uintptr_t)sl | 1),
+                                   NULL)) == GRPC_CALL_OK) {
+        sl->pending = 1;
+        e = grpc_call_start_batch(sl->call, ops + 3, 3, sl, NULL);
+        if (e == GRPC_CALL_OK)
+            sl->pending = 2;
+    }
+    if (e == GRPC_CALL_OK)
+        return 0;
+    set_status(st, PS_RPC_INTERNAL, "%s: cannot start call (%d)", method, (int)e);
+    /* A send batch already started completes (cancelled) on the queue. */
+    if (sl->pending > 0) {
+        grpc_call_cancel(sl->call, NULL);
+        return -1;
+    }
+    grpc_metadata_array_destroy(&sl->init_md);
+    grpc_metadata_array_destroy(&sl->trail_md);
+    if (sl->send_bb != NULL)
+        grpc_byte_buffer_destroy(sl->send_bb);
+    grpc_call_unref(sl->call);
+    sl->call = NULL;
+    return -1;
+}
+
+/* Frees what slot_start made, once both its batches completed. */
+static void slot_end(struct slot *sl)
+{
+    if (sl->error_string != NULL)
+        gpr_free((void *)sl->error_string);
+    grpc_slice_unref(sl->details);
+    grpc_metadata_array_destroy(&sl->init_md);
+    grpc_metadata_array_destroy(&sl->trail_md);
+    if (sl->recv_bb != NULL)
+        grpc_byte_buffer_destroy(sl->recv_bb);
+    grpc_byte_buffer_destroy(sl->send_bb);
+    grpc_call_unref(sl->call);
+    sl->call = NULL;
+}
+
+struct window_resp {
+    ps_rpc_resp_fn fn;
+    void *ctx;
+    size_t i;
+};
+
+static int window_pieces(void *ctx, const struct ps_piece *pieces, int np)
+{
+    struct window_resp *w = ctx;
+    return w->fn(w->ctx, w->i, pieces, np);
+}
+
+/* What a completed call of the window comes to: 0 (its response taken),
+ * 1 to send it again, or the error (st set). */
+static int slot_result(ps_rpc_client *c, const char *method, struct slot *sl,
+                       ps_rpc_resp_fn on_resp, void *ctx, ps_rpc_status *st)
+{
+    if (sl->code == GRPC_STATUS_OK && sl->recv_bb == NULL) {
+        set_status(st, PS_RPC_INTERNAL, "%s: status OK but no response message",
+                   method);
+        return PS_ERPC;
+    }
+    if (sl->code == GRPC_STATUS_OK) {
+        struct window_resp w = {on_resp, ctx, sl->i};
+        return ps_rpc_bb_pieces(sl->recv_bb, window_pieces, &w);
+    }
+    if (sl->code == GRPC_STATUS_UNAVAILABLE && sl->attempts < c->o.max_attempts)
+        return 1;
+    take_status(st, sl->code, sl->details);
+    if (st != NULL && st->message[0] == '\0' && sl->error_string != NULL)
+        snprintf(st->message, sizeof st->message, "%s", sl->error_string);
+    return PS_ERPC;
+}
+
+static void cancel_all(struct slot *slots, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (slots[k].call != NULL)
+            grpc_call_cancel(slots[k].call, NULL);
+}
+
+/* Drops make's references to slot's parts: its call is over. */
+static void slot_release(struct slot *sl)
+{
+    for (int k = 0; k < sl->np; k++)
+        ps_rpc_msg_unref(sl->parts[k].arg);
+    sl->np = 0;
+}
+
+/* The caller's status, or local, cleared for a call's first attempt; the
+ * client's deadline for deadline_ms <= 0. */
+static ps_rpc_status *status_begin(const ps_rpc_client *c, ps_rpc_status *st,
+                                   ps_rpc_status *local, int *deadline_ms)
+{
+    if (st == NULL)
+        st = local;
+    memset(st, 0, sizeof *st);
+    st->attempts = 1;
+    if (*deadline_ms <= 0)
+        *deadline_ms = c->o.deadline_ms;
+    return st;
+}
+
+int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
+                         bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
+                         void *ctx, int deadline_ms, ps_rpc_status *st)
+{
+    ps_rpc_status local;
+    st = status_begin(c, st, &local, &deadline_ms);
+    if (window < 1)
+        window = 1;
+    if (n == 0)
+        return 0;
+    struct slot *slots = calloc(n, sizeof *slots);
+    if (slots == NULL)
+        return -ENOMEM;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    size_t next = 0, active = 0;
+    int sending = 0, rc = 0;
+    int64_t backoff = c->o.backoff_initial_ms;
+    while (active > 0 || (rc == 0 && next < n)) {
+        if (rc == 0 && next < n && (by_answer ? (int)active : sending) < window) {
+            struct slot *sl = &slots[next];
+            *sl = (struct slot){.i = next, .attempts = 1};
+            rc = make(ctx, next, sl->parts, &sl->np);
+            if (rc == 0 && slot_start(c, cq, method, sl, deadline_ms, st) != 0)
+                rc = PS_ERPC;
+            next++;
+            if (sl->pending > 0) {
+                active++;
+                sending++;
+                sl->sending = true;
+            }
+            if (rc != 0) {
+                if (sl->pending == 0)
+                    slot_release(sl);
+                cancel_all(slots, next);
+            }
+            continue;
+        }
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                   NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        struct slot *sl = (struct slot *)((uintptr_t)ev.tag & ~(uintptr_t)1);
+        if ((uintptr_t)ev.tag & 1) {
+            sending--;
+            sl->sending = false;
+        }
+        if (--sl->pending > 0)
+            continue;
+        active--;
+        int r = rc == 0 ? slot_result(c, method, sl, on_resp, ctx, st) : 0;
+        slot_end(sl);
+        if (r == 1) {
+            /* UNAVAILABLE: the same message again after the backoff. */
+            ps_log_debug("rpc: %s %s: UNAVAILABLE; call %zu again in %lld ms",
+                         c->target, method, sl->i, (long long)backoff);
+            sleep_ms(backoff);
+            backoff = backoff * 2 > c->o.backoff_max_ms ? c->o.backoff_max_ms
+                                                        : backoff * 2;
+            sl->attempts++;
+            if (sl->attempts > st->attempts)
+                st->attempts = sl->attempts;
+            r = slot_start(c, cq, method, sl, deadline_ms, st) == 0 ? 0 : PS_ERPC;
+            if (sl->pending > 0) {
+                active++;
+                sending++;
+                sl->sending = true;
+            }
+            if (r == 0)
+                continue;
+        }
+        if (sl->pending == 0)
+            slot_release(sl);
+        if (r != 0 && rc == 0) {
+            rc = r;
+            cancel_all(slots, next);
+        }
+    }
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                      NULL).type != GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    free(slots);
+    return rc;
+}
+
 int ps_rpc_invoke_pb(ps_rpc_client *c, const char *method, const void *req_msg,
                    const void *resp_desc, void **resp_out, int deadline_ms,
                    ps_rpc_status *st)
@@ -453,12 +695,7 @@ int ps_rpc_invoke_stream(ps_rpc_client *c, const char *method, const void *req,
                        void *ctx, ps_rpc_status *st)
 {
     ps_rpc_status local;
-    if (st == NULL)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    st->attempts = 1;
-    if (deadline_ms <= 0)
-        deadline_ms = c->o.deadline_ms;
+    st = status_begin(c, st, &local, &deadline_ms);
     grpc_completion_queue *cq;
     grpc_call *call = start_call(c, method, deadline_ms, &cq);
 

@@ -32,19 +32,18 @@ size_t ps_dtype_size(enum ps_dtype dtype)
     return 0;
 }
 
+static const char *const dtype_names[] = {
+    [PS_DTYPE_UNSPECIFIED] = "unspecified",
+    [PS_DTYPE_FLOAT32] = "float32",
+    [PS_DTYPE_FLOAT16] = "float16",
+    [PS_DTYPE_BFLOAT16] = "bfloat16",
+};
+
 const char *ps_dtype_name(enum ps_dtype dtype)
 {
-    switch (dtype) {
-    case PS_DTYPE_UNSPECIFIED:
-        return "unspecified";
-    case PS_DTYPE_FLOAT32:
-        return "float32";
-    case PS_DTYPE_FLOAT16:
-        return "float16";
-    case PS_DTYPE_BFLOAT16:
-        return "bfloat16";
-    }
-    return "unknown";
+    if ((unsigned)dtype >= sizeof dtype_names / sizeof dtype_names[0])
+        return "unknown";
+    return dtype_names[dtype];
 }
 
 int ps_shape_numel(const int64_t *shape, int ndim, size_t *out)

@@ -121,6 +121,18 @@ static int get_sub(cursor *c, cursor *sub)
     return ps_wire_bytes_take(c, NULL, (size_t)len);
 }
 
+/* A field's key, split into its number and wire type. Returns 0, or -1
+ * when the varint is cut short. */
+static int get_key(cursor *c, int *field, int *wt)
+{
+    uint64_t key;
+    if (get_varint(c, &key) != 0)
+        return -1;
+    *field = (int)(key >> 3);
+    *wt = (int)(key & 7);
+    return 0;
+}
+
 /* Skips the value of one field of wire type wt (groups are refused). */
 static int skip_field(cursor *c, int wt)
 {
@@ -248,10 +260,9 @@ static const char *read_shm_ref(cursor *c, ps_wire_shm_ref *ref)
     memset(ref, 0, sizeof *ref);
     ref->set = 1;
     while (c->left > 0) {
-        uint64_t key;
-        if (get_varint(c, &key) != 0)
+        int field, wt;
+        if (get_key(c, &field, &wt) != 0)
             return "ShmRef: truncated field key";
-        int field = (int)(key >> 3), wt = (int)(key & 7);
         if (field == 1 && wt == WT_LEN) {
             if (get_name(c, ref->name, sizeof ref->name, &ref->name_len) != 0)
                 return "ShmRef.name: length past the end";
@@ -293,11 +304,11 @@ static void add_dim(ps_wire_grad *g, uint64_t d)
 static const char *read_tensor(cursor *c, ps_wire_grad *g)
 {
     while (c->left > 0) {
-        uint64_t key, v;
+        uint64_t v;
         cursor s;
-        if (get_varint(c, &key) != 0)
+        int field, wt;
+        if (get_key(c, &field, &wt) != 0)
             return "Tensor: truncated field key";
-        int field = (int)(key >> 3), wt = (int)(key & 7);
         if (field == 1 && wt == WT_VARINT) {
             if (get_varint(c, &v) != 0)
                 return "Tensor.dtype: truncated varint";
@@ -336,12 +347,11 @@ static const char *read_tensor(cursor *c, ps_wire_grad *g)
 static const char *read_grad(cursor *c, ps_wire_grad *g)
 {
     while (c->left > 0) {
-        uint64_t key;
         cursor s;
         const char *why = NULL;
-        if (get_varint(c, &key) != 0)
+        int field, wt;
+        if (get_key(c, &field, &wt) != 0)
             return "Gradient: truncated field key";
-        int field = (int)(key >> 3), wt = (int)(key & 7);
         if (field == 1 && wt == WT_LEN) {
             /* Up to 255 bytes are kept; name_len says how long it was, so
              * the caller can refuse a longer one by name. */
@@ -358,6 +368,10 @@ static const char *read_grad(cursor *c, ps_wire_grad *g)
             if (get_sub(c, &s) != 0)
                 return "Gradient.value_into: length past the end";
             why = read_shm_ref(&s, &g->value_into);
+        } else if ((field == 4 || field == 5) && wt == WT_VARINT) {
+            if (get_varint(c, field == 4 ? &g->offset : &g->total) != 0)
+                return field == 4 ? "Gradient.offset: truncated varint"
+                                  : "Gradient.total: truncated varint";
         } else if (skip_field(c, wt) != 0) {
             return "Gradient: malformed unknown field";
         }
@@ -371,11 +385,10 @@ static const char *read_grad(cursor *c, ps_wire_grad *g)
 static int read_push_grad(cursor *c, ps_wire_push *req, char *err, size_t errlen)
 {
     cursor s;
-    if (get_sub(c, &s) != 0) {
-        snprintf(err, errlen, "PushRequest.grads[%zu]: length past the end "
-                 "of the message", req->ngrads);
-        return PS_EPARSE;
-    }
+    if (get_sub(c, &s) != 0)
+        return ps_errf(PS_EPARSE, err, errlen,
+                       "PushRequest.grads[%zu]: length past the end of the message",
+                       req->ngrads);
     ps_wire_grad *grads = ps_grow(req->grads, &req->cap, req->ngrads, sizeof *grads, 8);
     if (grads == NULL)
         return -ENOMEM;
@@ -383,12 +396,35 @@ static int read_push_grad(cursor *c, ps_wire_push *req, char *err, size_t errlen
     ps_wire_grad *g = &req->grads[req->ngrads];
     memset(g, 0, sizeof *g);
     const char *why = read_grad(&s, g);
-    if (why != NULL) {
-        snprintf(err, errlen, "PushRequest.grads[%zu]: %s", req->ngrads, why);
-        return PS_EPARSE;
-    }
+    if (why != NULL)
+        return ps_errf(PS_EPARSE, err, errlen, "PushRequest.grads[%zu]: %s", req->ngrads,
+                       why);
     req->ngrads++;
     return 0;
+}
+
+/* The top-level loop of a request's decoder, msg its message's name: the
+ * key of the field at byte *at (total less what is left). Returns 0, or
+ * PS_EPARSE with err naming the byte. */
+static int read_key(cursor *c, size_t total, const char *msg, size_t *at, int *field,
+                    int *wt, char *err, size_t errlen)
+{
+    *at = total - c->left;
+    if (get_key(c, field, wt) != 0)
+        return ps_errf(PS_EPARSE, err, errlen, "%s: truncated field key at byte %zu", msg,
+                       *at);
+    return 0;
+}
+
+/* Where that loop stops: a field it cannot read or skip (rc 0), or one whose
+ * varint was cut short (rc not 0). Returns PS_EPARSE, err naming the byte. */
+static int bad_field(int rc, const char *msg, int field, int wt, size_t at, char *err,
+                     size_t errlen)
+{
+    if (rc != 0)
+        return ps_errf(PS_EPARSE, err, errlen, "%s: truncated varint at byte %zu", msg, at);
+    return ps_errf(PS_EPARSE, err, errlen, "%s: malformed field %d (wire type %d) at byte %zu",
+                   msg, field, wt, at);
 }
 
 int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req,
@@ -397,21 +433,16 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
     cursor c;
     ps_wire_bytes_init(&c, pieces, np);
     size_t total = c.left;
-    req->worker = 0;
-    req->step = 0;
-    req->return_values = 0;
-    req->delta = 0;
-    req->wire_dtype = 0;
-    req->ngrads = 0;
+    /* Every field unset but the array kept for reuse (and one, which
+     * pieces may be). */
+    *req = (ps_wire_push){.grads = req->grads, .cap = req->cap, .one = req->one};
     while (c.left > 0) {
-        size_t at = total - c.left;
-        uint64_t key, v = 0;
-        int rc = 0;
-        if (get_varint(&c, &key) != 0) {
-            snprintf(err, errlen, "PushRequest: truncated field key at byte %zu", at);
-            return PS_EPARSE;
-        }
-        int field = (int)(key >> 3), wt = (int)(key & 7);
+        size_t at;
+        uint64_t v = 0;
+        int field = 0, wt = 0;
+        int rc = read_key(&c, total, "PushRequest", &at, &field, &wt, err, errlen);
+        if (rc != 0)
+            return rc;
         if (field == 1 && wt == WT_VARINT) {
             rc = get_varint(&c, &v);
             req->worker = (uint32_t)v;
@@ -428,14 +459,10 @@ int ps_wire_push_decode(const struct ps_piece *pieces, int np, ps_wire_push *req
             if ((rc = read_push_grad(&c, req, err, errlen)) != 0)
                 return rc;
         } else if (field == 0 || skip_field(&c, wt) != 0) {
-            snprintf(err, errlen, "PushRequest: malformed field %d (wire type %d) "
-                     "at byte %zu", field, wt, at);
-            return PS_EPARSE;
+            return bad_field(0, "PushRequest", field, wt, at, err, errlen);
         }
-        if (rc != 0) {
-            snprintf(err, errlen, "PushRequest: truncated varint at byte %zu", at);
-            return PS_EPARSE;
-        }
+        if (rc != 0)
+            return bad_field(rc, "PushRequest", field, wt, at, err, errlen);
     }
     return 0;
 }
@@ -472,12 +499,12 @@ static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                                     ps_wire_sparse_item *it, int *rc)
 {
     while (c->left > 0) {
-        uint64_t key, v;
+        uint64_t v;
         cursor s;
-        if (get_varint(c, &key) != 0)
+        int field, wt;
+        if (get_key(c, &field, &wt) != 0)
             return push ? "SparseGradient: truncated field key"
                         : "SparsePullItem: truncated field key";
-        int field = (int)(key >> 3), wt = (int)(key & 7);
         if (field == 1 && wt == WT_LEN) {
             if (get_name(c, it->g.name, sizeof it->g.name, &it->g.name_len) != 0)
                 return push ? "SparseGradient.name: length past the end"
@@ -520,11 +547,9 @@ static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *er
 {
     const char *what = push ? "SparsePushRequest.grads" : "SparsePullRequest.items";
     cursor s;
-    if (get_sub(c, &s) != 0) {
-        snprintf(err, errlen, "%s[%zu]: length past the end of the message", what,
-                 req->nitems);
-        return PS_EPARSE;
-    }
+    if (get_sub(c, &s) != 0)
+        return ps_errf(PS_EPARSE, err, errlen, "%s[%zu]: length past the end of the message",
+                       what, req->nitems);
     ps_wire_sparse_item *items = ps_grow(req->items, &req->cap, req->nitems, sizeof *items, 8);
     if (items == NULL)
         return -ENOMEM;
@@ -536,10 +561,8 @@ static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *er
     const char *why = read_sparse_item(&s, push, req, it, &rc);
     if (rc != 0)
         return rc;
-    if (why != NULL) {
-        snprintf(err, errlen, "%s[%zu]: %s", what, req->nitems, why);
-        return PS_EPARSE;
-    }
+    if (why != NULL)
+        return ps_errf(PS_EPARSE, err, errlen, "%s[%zu]: %s", what, req->nitems, why);
     req->nitems++;
     return 0;
 }
@@ -548,24 +571,17 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
                           char *err, size_t errlen)
 {
     const char *msg = push ? "SparsePushRequest" : "SparsePullRequest";
-    req->one = (struct ps_piece){buf, len};
+    /* Every field unset but the arrays kept for reuse. */
+    *req = (ps_wire_sparse){.items = req->items, .cap = req->cap, .ids = req->ids,
+                            .idcap = req->idcap, .one = {buf, len}};
     cursor c;
     ps_wire_bytes_init(&c, &req->one, 1);
-    req->worker = 0;
-    req->step = 0;
-    req->return_values = 0;
-    req->wire_dtype = 0;
-    req->nitems = 0;
-    req->nids = 0;
     while (c.left > 0) {
-        size_t at = len - c.left;
-        uint64_t key, v = 0;
-        int rc = 0;
-        if (get_varint(&c, &key) != 0) {
-            snprintf(err, errlen, "%s: truncated field key at byte %zu", msg, at);
-            return PS_EPARSE;
-        }
-        int field = (int)(key >> 3), wt = (int)(key & 7);
+        size_t at;
+        uint64_t v = 0;
+        int field = 0, wt = 0, rc = read_key(&c, len, msg, &at, &field, &wt, err, errlen);
+        if (rc != 0)
+            return rc;
         bool items = push ? field == 3 : field == 1;
         if (items && wt == WT_LEN) {
             if ((rc = read_sparse_items(&c, push, req, err, errlen)) != 0)
@@ -581,14 +597,10 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
             rc = get_varint(&c, &v);
             req->wire_dtype = v > 1000 ? 1000 : (int)v;
         } else if (field == 0 || skip_field(&c, wt) != 0) {
-            snprintf(err, errlen, "%s: malformed field %d (wire type %d) at byte %zu", msg,
-                     field, wt, at);
-            return PS_EPARSE;
+            return bad_field(0, msg, field, wt, at, err, errlen);
         }
-        if (rc != 0) {
-            snprintf(err, errlen, "%s: truncated varint at byte %zu", msg, at);
-            return PS_EPARSE;
-        }
+        if (rc != 0)
+            return bad_field(rc, msg, field, wt, at, err, errlen);
     }
     for (size_t i = 0; i < req->nitems; i++) /* the array has stopped moving */
         req->items[i].ids = req->ids + req->items[i].ids_at;
@@ -630,6 +642,10 @@ static size_t grad_len(const ps_wire_grad_out *g)
     if (g->value_into != NULL)
         n += field_len(ps_wire_shm_ref_len(g->value_into->name, g->value_into->offset,
                                            g->value_into->length));
+    if (g->offset)
+        n += 1 + ps_wire_varint_len(g->offset);
+    if (g->total)
+        n += 1 + ps_wire_varint_len(g->total);
     return n;
 }
 
@@ -674,9 +690,13 @@ static uint8_t *put_grad(uint8_t *p, const ps_wire_grad_out *g)
         p = put_shape(p, g->shape, g->ndim);
     if (g->nbytes > 0) {
         p = put_len_tag(p, 3, g->nbytes);
-        if (g->data == NULL)
+        if (g->data == NULL && g->data_at != NULL) {
+            *g->data_at = p; /* the caller writes them there */
+        } else if (g->data == NULL) {
             return p; /* the caller's bytes follow */
-        memcpy(p, g->data, g->nbytes);
+        } else {
+            memcpy(p, g->data, g->nbytes);
+        }
         p += g->nbytes;
     }
     if (g->shm != NULL)
@@ -684,6 +704,14 @@ static uint8_t *put_grad(uint8_t *p, const ps_wire_grad_out *g)
     if (g->value_into != NULL)
         p = ps_wire_shm_ref_put(p, 3, g->value_into->name, g->value_into->offset,
                                 g->value_into->length);
+    if (g->offset) {
+        *p++ = KEY(4, WT_VARINT);
+        p = ps_wire_put_varint(p, g->offset);
+    }
+    if (g->total) {
+        *p++ = KEY(5, WT_VARINT);
+        p = ps_wire_put_varint(p, g->total);
+    }
     return p;
 }
 

@@ -113,6 +113,8 @@ typedef struct ps_wire_grad {
     int has_data;          /* Tensor.data was present */
     ps_wire_shm_ref shm;   /* Tensor.shm: the bytes are in shared memory */
     ps_wire_shm_ref value_into; /* Gradient.value_into */
+    uint64_t offset, total; /* a piece (total >= 1): its first element, and
+                               the whole gradient's element count */
     struct ps_piece shm_piece; /* the caller's: data over shared memory */
 } ps_wire_grad;
 
@@ -141,9 +143,12 @@ void ps_wire_push_free(ps_wire_push *req);
 
 /* One Gradient to encode: its Tensor has the dtype, the shape (ndim 0: none
  * sent) and either nbytes of data (data NULL: the bytes are not written,
- * the caller puts or sends them right after the header) or, with shm set,
- * a reference instead; value_into, when set, asks the value into shared
- * memory. dtype_pad overlong bytes in the dtype varint move the data. */
+ * the caller puts or sends them right after the header; with data_at set
+ * the encoder goes on past them and stores where they go in *data_at, for
+ * the caller to write) or, with shm set, a reference instead; value_into,
+ * when set, asks the value into shared memory; total >= 1 makes it a piece
+ * of a gradient of total elements that starts at element offset.
+ * dtype_pad overlong bytes in the dtype varint move the data. */
 typedef struct ps_wire_grad_out {
     const char *name;
     int dtype;
@@ -154,6 +159,8 @@ typedef struct ps_wire_grad_out {
     const ps_wire_shm_ref *shm;
     const ps_wire_shm_ref *value_into;
     int dtype_pad;
+    uint64_t offset, total; /* Gradient.offset, .total; 0: not sent */
+    uint8_t **data_at;
 } ps_wire_grad_out;
 
 /* A PushRequest to encode. With step_width > 0 the step is always written,

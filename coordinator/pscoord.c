@@ -22,6 +22,7 @@
 #include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
+#include "common/daemon.h"
 #include "coordinator/coord.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -59,13 +60,7 @@ struct pscoord_conf {
     int64_t register_warn_ms;
     int threads;
     int64_t shutdown_grace_ms;
-    char *metrics_listen;
-    ps_metrics_http_conf metrics_http;
-    ps_tls_conf tls;
-    char *tokens;
-    char *token_file;
-    int log_level;
-    int log_format;
+    ps_daemon_conf common; /* --metrics-*, --tls-*, --tokens, --log-* */
 };
 
 /* Defaults, each with why. */
@@ -128,18 +123,9 @@ static const ps_opt pscoord_opts[] = {
      offsetof(struct pscoord_conf, shutdown_grace_ms), "5s",
      "how long SIGTERM waits for calls in flight before cancelling them", 0,
      600000, NULL},
-    PS_METRICS_LISTEN_OPT(struct pscoord_conf, metrics_listen),
-    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
-    PS_METRICS_HTTP_OPTS(struct pscoord_conf, metrics_http),
-    PS_TLS_SERVER_OPTS(struct pscoord_conf, tls),
-    PS_TOKENS_OPT(struct pscoord_conf, tokens),
-    {"token-file", PS_OPT_STRING, offsetof(struct pscoord_conf, token_file), NULL,
-     "file holding the token pscoord sends to the psd shards (an operator's: "
-     "it checkpoints, restores and sets sync counts); default: none", 0, 0, NULL},
-    {"log-level", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_level),
-     PS_PROC_LOG_DEFAULT, "error, warn, info or debug", 0, 0, ps_proc_log_levels},
-    {"log-format", PS_OPT_ENUM, offsetof(struct pscoord_conf, log_format),
-     "text", PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
+    PS_DAEMON_OPTS(struct pscoord_conf, common,
+                   "file holding the token pscoord sends to the psd shards (an operator's: "
+                   "it checkpoints, restores and sets sync counts); default: none"),
     {0},
 };
 
@@ -185,24 +171,18 @@ static int load_cluster(struct pscoord *p)
 }
 
 /* --tokens (the table every call is checked against) and --token-file
- * (what pscoord sends to the shards). Returns 0, or 2 after one line
- * naming the file (and line), with the configuration freed. */
+ * (what pscoord sends to the shards). Returns PS_PROC_RUN, or 2 after one
+ * line naming the file (and line), with the configuration freed. */
 static int load_tokens(struct pscoord *p)
 {
-    char err[600], token[PS_AUTH_TOKEN_MAX + 1] = "";
-    if (ps_auth_server_setup(p->c.tokens, p->c.listen, &p->auth, err,
-                             sizeof err) != 0)
-        return ps_proc_quit(&p->cmd, 2, "--tokens: %s", err);
-    if (p->c.token_file != NULL && p->c.token_file[0] != '\0' &&
-        ps_auth_read_token(p->c.token_file, token, sizeof token, err,
-                           sizeof err) != 0) {
-        ps_auth_destroy(p->auth);
-        p->auth = NULL;
-        return ps_proc_quit(&p->cmd, 2, "--token-file: %s", err);
-    }
+    char token[PS_AUTH_TOKEN_MAX + 1];
+    int status = ps_daemon_load_tokens(&p->cmd, &p->c.common, p->c.listen, &p->auth, token,
+                                       sizeof token);
+    if (status != PS_PROC_RUN)
+        return status;
     coord_call_set_token(token);
     explicit_bzero(token, sizeof token);
-    return 0;
+    return PS_PROC_RUN;
 }
 
 /* TF_CONFIG naming this task chief[0] (as a Kubeflow TFJob or any
@@ -272,9 +252,9 @@ static int check_conf(struct pscoord *p)
                             "must exceed --heartbeat-interval (%" PRId64 " ms)",
                             c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
     char err[512];
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     bool exposed = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
-    if ((exposed && !c->tls.insecure) || ps_tls_check_files(&tls, err, sizeof err) != 0)
+    if ((exposed && !c->common.tls.insecure) || ps_tls_check_files(&tls, err, sizeof err) != 0)
         return ps_proc_quit(&p->cmd, 2, "%s", err);
     /* Its calls to psd (shardcall.c) go with the same identity. */
     if (ps_tls_set_client_default(&tls) != 0)
@@ -287,7 +267,7 @@ static int check_conf(struct pscoord *p)
         ps_conf_free(pscoord_opts, &p->c);
         return 2;
     }
-    if (load_tokens(p) != 0) {
+    if (load_tokens(p) != PS_PROC_RUN) {
         ps_cluster_close(&p->spec);
         return 2;
     }
@@ -342,7 +322,7 @@ static int start_core(struct pscoord *p)
  * (ps_metrics_http_serve). */
 static int serve_metrics(struct pscoord *p)
 {
-    return ps_metrics_http_serve("pscoord", p->c.metrics_listen, &p->c.metrics_http,
+    return ps_metrics_http_serve("pscoord", p->c.common.metrics_listen, &p->c.common.metrics_http,
                                  coord_metrics_collect, p->co, &p->metrics);
 }
 
@@ -358,7 +338,7 @@ static int serve(struct pscoord *p)
         fprintf(stderr, "pscoord: out of memory\n");
         return 1;
     }
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     ps_rpc_server_opts ro = {.listen = c->listen, .threads = c->threads,
                              .tls = &tls, .auth = p->auth};
     if ((rc = ps_rpc_server_create(&ro, &p->srv)) != 0 ||
@@ -377,7 +357,7 @@ static int serve(struct pscoord *p)
     ps_proc_announce(p->port);
     if (p->metrics != NULL) {
         ps_metrics_http_announce(ps_metrics_http_port(p->metrics));
-        ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
+        ps_log_info("metrics on %s (port %d), GET /metrics", c->common.metrics_listen,
                     ps_metrics_http_port(p->metrics));
     }
     ps_log_info("pscoord %s serving job '%s' on %s (port %d, %s), %s membership"
@@ -461,10 +441,8 @@ int main(int argc, char **argv)
 {
     struct pscoord p;
     memset(&p, 0, sizeof p);
-    p.cmd = (ps_proc_cmd){.name = "pscoord", .usage = "--state-dir DIR [options]",
-                          .opts = pscoord_opts, .conf = &p.c,
-                          .log_level = &p.c.log_level,
-                          .log_format = &p.c.log_format, .env_prefix = "PSCOORD"};
+    p.cmd = ps_daemon_cmd("pscoord", "--state-dir DIR [options]", pscoord_opts, &p.c,
+                          &p.c.common, "PSCOORD");
     int status = ps_proc_prologue(&p.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;

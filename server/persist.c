@@ -367,15 +367,21 @@ int shard_store_del(psd_shard *s, const char *name)
  * of dim 64, whatever the table's size. */
 #define RESTORE_CHUNK 8192
 
-/* The ps.v1.DType of a sparse table's rows (FLOAT32 for unset). */
+/* The ps.v1.DType of a sparse table's rows, of its slots (FLOAT32 for
+ * unset). */
 static int row_dtype_of(const psd_var *v)
 {
     return v->spec->row_dtype ? (int)v->spec->row_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
 }
 
+static int slot_dtype_of(const psd_var *v)
+{
+    return v->spec->slot_dtype ? (int)v->spec->slot_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
+}
+
 /* Copies the rows of l's variable i from the checkpoint ck under id, each
- * converted into the variable's row dtype when l->was[i] says so (logged:
- * a restore that changes what is stored says it did). */
+ * converted into the variable's row and slot dtypes when l->was[i] says so
+ * (logged: a restore that changes what is stored says it did). */
 static int stage_table(psd_shard *s, psd_store *ck, struct var_list *l, size_t i, uint32_t id)
 {
     psd_var *v = l->vars[i], *was = l->was != NULL ? l->was[i] : NULL;
@@ -385,10 +391,11 @@ static int stage_table(psd_shard *s, psd_store *ck, struct var_list *l, size_t i
     int rc = psd_sparse_stage(s->sparse, ck, v->name, id, &c);
     if (rc == 0) {
         l->rows_converted += c.rows;
-        ps_log_info("restore: sparse table '%s': %llu rows converted from %s to %s "
-                    "(%llu float16 values clamped to +-65504)", v->name,
-                    (unsigned long long)c.rows, shard_dtype_name(row_dtype_of(was)),
-                    shard_dtype_name(row_dtype_of(v)), (unsigned long long)c.clamped);
+        ps_log_info("restore: sparse table '%s': %llu rows converted from %s rows, %s "
+                    "slots to %s rows, %s slots (%llu float16 values clamped to +-65504)",
+                    v->name, (unsigned long long)c.rows, shard_dtype_name(row_dtype_of(was)),
+                    shard_dtype_name(slot_dtype_of(was)), shard_dtype_name(row_dtype_of(v)),
+                    shard_dtype_name(slot_dtype_of(v)), (unsigned long long)c.clamped);
     }
     return rc;
 }
@@ -486,22 +493,43 @@ uint64_t shard_store_commits(psd_shard *s)
     return psd_store_commits(s->store);
 }
 
-/* Restore's sparse_row_dtype (FLOAT32, FLOAT16 or BFLOAT16): each sparse
- * table of l whose rows are of another dtype is replaced by a variable of
- * the same spec and state with rows of dtype, and kept in l->was, so that
- * stage_sparse converts its rows as it copies them. Returns 0 or -ENOMEM
- * (l as it was, or partly converted: consistent either way). */
-int shard_ckpt_convert(struct var_list *l, int dtype)
+/* A DType as a spec stores it: FLOAT32 as unset. */
+static Ps__V1__DType spec_dtype(int dtype)
 {
+    return dtype == PS__V1__DTYPE__DTYPE_FLOAT32 ? PS__V1__DTYPE__DTYPE_UNSPECIFIED
+                                                 : (Ps__V1__DType)dtype;
+}
+
+/* Restore's sparse_row_dtype and sparse_slot_dtype (FLOAT32, FLOAT16 or
+ * BFLOAT16; 0 keeps the checkpoint's): each sparse table of l whose rows or
+ * slots are of another dtype is replaced by a variable of the same spec
+ * and state with rows and slots of those dtypes, and kept in l->was, so
+ * that stage_sparse converts its rows as it copies them. Every table's
+ * slot dtype is checked first (psd_sparse_validate_slots). Returns 0,
+ * PS_EINVAL_ARG with why (l unchanged), or -ENOMEM (l as it was, or partly
+ * converted: consistent either way). */
+int shard_ckpt_convert(struct var_list *l, int row_dtype, int slot_dtype, char *why,
+                       size_t whylen)
+{
+    for (size_t i = 0; slot_dtype != 0 && i < l->n; i++) {
+        psd_var *v = l->vars[i];
+        int rc = v->sparse == NULL ? 0 : psd_sparse_validate_slots(
+            v->name, slot_dtype, v->spec->optimizer, why, whylen);
+        if (rc != 0)
+            return rc;
+    }
     for (size_t i = 0; i < l->n; i++) {
         psd_var *v = l->vars[i], *nv;
-        if (v->sparse == NULL || row_dtype_of(v) == dtype)
+        int rd = row_dtype ? row_dtype : row_dtype_of(v);
+        /* SGD keeps no slots: nothing to convert, its spec as saved. */
+        int sd = slot_dtype && v->nslots > 0 ? slot_dtype : slot_dtype_of(v);
+        if (v->sparse == NULL || (row_dtype_of(v) == rd && slot_dtype_of(v) == sd))
             continue;
         if (l->was == NULL && (l->was = calloc(l->n, sizeof *l->was)) == NULL)
             return -ENOMEM;
         Ps__V1__VariableSpec sp = *v->spec;
-        sp.row_dtype = dtype == PS__V1__DTYPE__DTYPE_FLOAT32 ? PS__V1__DTYPE__DTYPE_UNSPECIFIED
-                                                           : (Ps__V1__DType)dtype;
+        sp.row_dtype = spec_dtype(rd);
+        sp.slot_dtype = spec_dtype(sd);
         int rc = shard_var_new(&sp, v->n, &nv);
         if (rc != 0)
             return rc;

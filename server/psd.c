@@ -11,6 +11,7 @@
 #include "common/auth.h"
 #include "common/cluster.h"
 #include "common/conf.h"
+#include "common/daemon.h"
 #include "common/coordclient.h"
 #include "proto/ps.pb-c.h"
 #include "common/errors.h"
@@ -75,13 +76,7 @@ struct psd_conf {
     uint64_t max_rows_per_table;
     uint64_t segment_size;
     uint64_t compact_rate;
-    char *metrics_listen;
-    ps_metrics_http_conf metrics_http;
-    ps_tls_conf tls;
-    char *tokens;
-    char *token_file;
-    int log_level;
-    int log_format;
+    ps_daemon_conf common; /* --metrics-*, --tls-*, --tokens, --log-* */
 };
 
 static const char *const consistency_choices[] = {"async", "sync", NULL};
@@ -256,19 +251,9 @@ static const ps_opt psd_opts[] = {
      "10s", "connect to the TCP listener this often; when two probes in a row "
      "are not answered, psd exits 1 with one line, to be restarted; 0: no "
      "probe", 0, 3600000, NULL},
-    PS_METRICS_LISTEN_OPT(struct psd_conf, metrics_listen),
-    /* None: plain HTTP without auth, as Prometheus scrapes by default. */
-    PS_METRICS_HTTP_OPTS(struct psd_conf, metrics_http),
-    /* TLS: none by default, so psd serves loopback only (ps_tls_check_listen). */
-    PS_TLS_SERVER_OPTS(struct psd_conf, tls),
-    PS_TOKENS_OPT(struct psd_conf, tokens),
-    {"token-file", PS_OPT_STRING, offsetof(struct psd_conf, token_file), NULL,
-     "file holding the token psd sends to --coordinator (a worker's); "
-     "default: none", 0, 0, NULL},
-    {"log-level", PS_OPT_ENUM, offsetof(struct psd_conf, log_level), PS_PROC_LOG_DEFAULT,
-     "error, warn, info or debug", 0, 0, ps_proc_log_levels},
-    {"log-format", PS_OPT_ENUM, offsetof(struct psd_conf, log_format), "text",
-     PS_PROC_LOG_FORMAT_HELP, 0, 0, ps_proc_log_formats},
+    PS_DAEMON_OPTS(struct psd_conf, common,
+                   "file holding the token psd sends to --coordinator (a worker's); "
+                   "default: none"),
     {0},
 };
 
@@ -382,9 +367,9 @@ static int transport(struct psd *d)
 {
     const struct psd_conf *c = &d->c;
     char err[512];
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     d->insecure = ps_tls_check_listen(c->listen, &tls, false, err, sizeof err) != 0;
-    if ((d->insecure && !c->tls.insecure) ||
+    if ((d->insecure && !c->common.tls.insecure) ||
         ps_tls_check_files(&tls, err, sizeof err) != 0)
         return ps_proc_quit(&d->cmd, 2, "%s", err);
     if (ps_tls_set_client_default(&tls) != 0)
@@ -400,17 +385,8 @@ static int transport(struct psd *d)
  * line naming the file (and line). */
 static int load_tokens(struct psd *d)
 {
-    char err[600];
-    if (ps_auth_server_setup(d->c.tokens, d->c.listen, &d->auth, err,
-                             sizeof err) != 0)
-        return ps_proc_quit(&d->cmd, 2, "--tokens: %s", err);
-    if (d->c.token_file != NULL && d->c.token_file[0] != '\0' &&
-        ps_auth_read_token(d->c.token_file, d->token, sizeof d->token, err,
-                           sizeof err) != 0) {
-        ps_auth_destroy(d->auth);
-        return ps_proc_quit(&d->cmd, 2, "--token-file: %s", err);
-    }
-    return PS_PROC_RUN;
+    return ps_daemon_load_tokens(&d->cmd, &d->c.common, d->c.listen, &d->auth, d->token,
+                                 sizeof d->token);
 }
 
 /* --max-bytes 0: half of the host's physical memory (see psd_opts). */
@@ -470,7 +446,7 @@ static uint64_t rows_per_table(const char *dir, uint64_t memory)
 static int open_shard(struct psd *d, uint64_t *base_rss)
 {
     const struct psd_conf *c = &d->c;
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     psd_shard_opts so = {
         .data_dir = c->data_dir,
         .checkpoint_root = c->checkpoint_root,
@@ -599,7 +575,7 @@ static int local_socket(struct psd *d)
 static int serve(struct psd *d)
 {
     const struct psd_conf *c = &d->c;
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     long files = ps_probe_raise_files();
     int maxc = c->max_connections;
     if (maxc == 0)
@@ -640,7 +616,7 @@ static int serve(struct psd *d)
 static int serve_metrics(struct psd *d)
 {
     d->msrc = (psd_metrics_src){.shard = d->shard, .srv = d->srv};
-    return ps_metrics_http_serve("psd", d->c.metrics_listen, &d->c.metrics_http,
+    return ps_metrics_http_serve("psd", d->c.common.metrics_listen, &d->c.common.metrics_http,
                                  psd_metrics_collect, &d->msrc, &d->metrics);
 }
 
@@ -708,10 +684,10 @@ static int start(struct psd *d)
     ps_proc_announce(port);
     if (d->metrics != NULL) {
         ps_metrics_http_announce(ps_metrics_http_port(d->metrics));
-        ps_log_info("metrics on %s (port %d), GET /metrics", c->metrics_listen,
+        ps_log_info("metrics on %s (port %d), GET /metrics", c->common.metrics_listen,
                     ps_metrics_http_port(d->metrics));
     }
-    ps_tls_opts tls = ps_tls_opts_of(&c->tls);
+    ps_tls_opts tls = ps_tls_opts_of(&c->common.tls);
     ps_log_info("psd %s serving on %s (port %d, %s)%s%s, data in %s, %s commits "
                 "every %lld ms", PS_VERSION, c->listen, port, ps_tls_server_mode(&tls),
                 d->also[0] ? " and " : "", d->also, c->data_dir,
@@ -835,10 +811,8 @@ int main(int argc, char **argv)
 {
     struct psd d;
     memset(&d, 0, sizeof d);
-    d.cmd = (ps_proc_cmd){.name = "psd", .usage = "--data-dir DIR [options]",
-                          .opts = psd_opts, .conf = &d.c,
-                          .log_level = &d.c.log_level,
-                          .log_format = &d.c.log_format, .env_prefix = "PSD"};
+    d.cmd = ps_daemon_cmd("psd", "--data-dir DIR [options]", psd_opts, &d.c, &d.c.common,
+                          "PSD");
     int status = ps_proc_prologue(&d.cmd, argc, argv);
     if (status != PS_PROC_RUN)
         return status;

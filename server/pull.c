@@ -75,12 +75,16 @@ bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
 /* Answers with prefix (copied) followed by the values of vars as repeated
  * field `field` of the response: the headers copied, big values in place
  * (the reply holds a reference to each, and an update meanwhile writes a
- * copy), small ones copied. Takes each variable's read lock until the reply
+ * copy), small ones copied. With ranges, the pieces of the values they
+ * say: a Pull's (field 1) in place too, a Push's copied, since the push's
+ * next piece, arriving while this reply may still be sending, would have
+ * to copy the whole value. Takes each variable's read lock until the reply
  * is built. Returns the value bytes sent. */
 uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  const uint8_t *prefix, size_t prefix_len,
                                  int field, psd_var **vars, size_t n,
-                                 const psd_shm_ref *into, int wire_dtype)
+                                 const psd_shm_ref *into, const psd_range *ranges,
+                                 int wire_dtype)
 {
     bool half = shard_is_half(wire_dtype), oom = false;
     uint8_t *hdr = malloc((n ? n : 1) * PS_WIRE_VALUE_HDR_MAX);
@@ -118,14 +122,15 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
         pthread_rwlock_rdlock(&v->lock);
         uint8_t *h = hdr + i * PS_WIRE_VALUE_HDR_MAX;
         const psd_shm_ref *to = dst != NULL && dst[i] != NULL ? &into[i] : NULL;
-        size_t nbytes = v->n * (half && to == NULL ? 2 : sizeof(float));
+        psd_range r = ranges != NULL ? ranges[i] : (psd_range){0, 0};
+        size_t nbytes = (r.n ? r.n : v->n) * (half && to == NULL ? 2 : sizeof(float));
         uint8_t *end = ps_wire_value_header_dtype(
             h, field, v->name, v->version, v->shape, v->ndim, nbytes, to,
             half && to == NULL ? wire_dtype : PS__V1__DTYPE__DTYPE_FLOAT32);
         parts[np++] = (ps_rpc_part){h, (size_t)(end - h), NULL, NULL};
         if (half && to == NULL) {
             /* Narrowed under the lock into a buffer of its own (wirehalf.c). */
-            if (!shard_half_value(s, v, wire_dtype, &parts[np])) {
+            if (!shard_half_value(s, v, r, wire_dtype, &parts[np])) {
                 parts[np] = (ps_rpc_part){NULL, 0, NULL, NULL};
                 oom = true;
             }
@@ -145,11 +150,12 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
         } else if (to != NULL) {
             memcpy(dst[i], v->value, nbytes); /* small: under the lock */
             atomic_fetch_add(&s->shm_bytes, nbytes);
-        } else if (v->vmsg != NULL) {
+        } else if (v->vmsg != NULL && (r.n == 0 || field == 1)) {
             ps_rpc_msg_ref(v->vmsg);
-            parts[np++] = (ps_rpc_part){v->value, nbytes, ps_rpc_msg_release, v->vmsg};
+            parts[np++] = (ps_rpc_part){v->value + r.off, nbytes, ps_rpc_msg_release,
+                                        v->vmsg};
         } else {
-            parts[np++] = (ps_rpc_part){v->value, nbytes, NULL, NULL};
+            parts[np++] = (ps_rpc_part){v->value + r.off, nbytes, NULL, NULL};
         }
         bytes += nbytes;
     }
@@ -177,10 +183,11 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
 /* Answers a Pull that arrived at t0 (ps_metrics_now) with the values of
  * vars. */
 static void reply_values(psd_shard *s, ps_rpc_call *call, psd_var **vars,
-                         size_t n, const psd_shm_ref *into, int wire_dtype, double t0)
+                         size_t n, const psd_shm_ref *into, const psd_range *ranges,
+                         int wire_dtype, double t0)
 {
     uint64_t bytes = shard_reply_with_values(s, call, NULL, 0, 1, vars, n, into,
-                                             wire_dtype);
+                                             ranges, wire_dtype);
     atomic_fetch_add(&s->pulls, 1);
     atomic_fetch_add(&s->bytes_out, bytes);
     ps_histogram_observe(&s->pull_seconds, ps_metrics_now() - t0);
@@ -191,6 +198,7 @@ void shard_waiter_free(pull_waiter *w)
     free(w->vars);
     free(w->min_versions);
     free(w->into);
+    free(w->ranges);
     free(w);
 }
 
@@ -289,7 +297,8 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
     while (sw->ready != NULL) {
         pull_waiter *w = sw->ready;
         sw->ready = w->next;
-        reply_values(s, w->call, w->vars, w->nitems, w->into, w->wire_dtype, w->t0);
+        reply_values(s, w->call, w->vars, w->nitems, w->into, w->ranges,
+                             w->wire_dtype, w->t0);
         shard_waiter_free(w);
     }
     while (sw->expired != NULL) {
@@ -308,7 +317,8 @@ static void sweep_answer_pulls(psd_shard *s, struct sweep *sw)
             else if (i < w->nitems)
                 fail_unmet(w->call, w->vars[i], w->min_versions[i]);
             else
-                reply_values(s, w->call, w->vars, w->nitems, w->into, w->wire_dtype, w->t0);
+                reply_values(s, w->call, w->vars, w->nitems, w->into, w->ranges,
+                             w->wire_dtype, w->t0);
         }
         shard_waiter_free(w);
     }
@@ -378,6 +388,7 @@ struct pull_items {
     psd_var **vars;
     uint64_t *minv;
     psd_shm_ref *into;
+    psd_range *ranges; /* NULL: no item asks a piece */
 };
 
 static void pull_items_free(struct pull_items *it)
@@ -385,6 +396,7 @@ static void pull_items_free(struct pull_items *it)
     free(it->vars);
     free(it->minv);
     free(it->into);
+    free(it->ranges);
 }
 
 /* Allocates it for r's items and copies their shared-memory references.
@@ -393,13 +405,17 @@ static bool pull_items_init(ps_rpc_call *call, const Ps__V1__PullRequest *r,
                             struct pull_items *it)
 {
     size_t n = r->n_items;
-    bool any_into = false;
-    for (size_t i = 0; i < n; i++)
+    bool any_into = false, any_piece = false;
+    for (size_t i = 0; i < n; i++) {
         any_into = any_into || r->items[i]->into != NULL;
+        any_piece = any_piece || r->items[i]->count != 0;
+    }
     *it = (struct pull_items){n, calloc(n, sizeof *it->vars),
                               calloc(n, sizeof *it->minv),
-                              any_into ? calloc(n, sizeof *it->into) : NULL};
-    if (it->vars == NULL || it->minv == NULL || (any_into && it->into == NULL)) {
+                              any_into ? calloc(n, sizeof *it->into) : NULL,
+                              any_piece ? calloc(n, sizeof *it->ranges) : NULL};
+    if (it->vars == NULL || it->minv == NULL || (any_into && it->into == NULL) ||
+        (any_piece && it->ranges == NULL)) {
         pull_items_free(it);
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
         return false;
@@ -451,6 +467,31 @@ static bool pull_clock(psd_shard *s, const Ps__V1__PullRequest *r, bool bounded,
     return ok;
 }
 
+/* Checks item i's piece (PullItem.count set) against its variable and
+ * keeps it in it->ranges. Returns false with call failed. */
+static bool pull_piece(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullItem *item,
+                       struct pull_items *it, size_t i)
+{
+    const psd_var *v = it->vars[i];
+    if (item->total != v->n) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_FAILED_PRECONDITION, "variable '%s' has %zu "
+                    "elements on the server, the model expects %llu", v->name, v->n,
+                    (unsigned long long)item->total);
+        return false;
+    }
+    if (item->into != NULL || item->offset >= v->n || item->count > v->n - item->offset) {
+        shard_count_bad(s);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Pull: variable '%s': %s", v->name,
+                    item->into != NULL ? "a piece of the value (count set) cannot "
+                                         "go into shared memory"
+                                       : "the piece asked lies beyond its elements");
+        return false;
+    }
+    it->ranges[i] = (psd_range){(size_t)item->offset, (size_t)item->count};
+    return true;
+}
+
 /* Finds the variables r names, each once. Returns false with call failed.
  * Called with table_lock held for reading. */
 static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullRequest *r,
@@ -477,6 +518,8 @@ static bool pull_lookup(psd_shard *s, ps_rpc_call *call, const Ps__V1__PullReque
                         "sparse table; pull its rows with SparsePull", name);
             return false;
         }
+        if (r->items[i]->count != 0 && !pull_piece(s, call, r->items[i], it, i))
+            return false;
         for (size_t j = 0; j < i; j++) {
             if (it->vars[j] == it->vars[i]) {
                 shard_count_bad(s);
@@ -507,6 +550,7 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
     w->vars = it->vars;
     w->min_versions = it->minv;
     w->into = it->into;
+    w->ranges = it->ranges;
     w->wire_dtype = (int)r->items[0]->wire_dtype;
     w->bounded = bounded;
     w->worker = r->worker;
@@ -553,7 +597,7 @@ void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         bool clock_ok = pull_clock(s, r, bounded, staleness);
         size_t n = it.n, unmet = first_unmet(it.vars, it.minv, n);
         if (unmet == n && clock_ok)
-            reply_values(s, call, it.vars, n, it.into, wire, t0);
+            reply_values(s, call, it.vars, n, it.into, it.ranges, wire, t0);
         else if (s->stopping)
             ps_rpc_fail(call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         else if (ps_rpc_call_cancelled(call) && unmet == n)

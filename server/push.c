@@ -28,7 +28,8 @@
 
 void shard_pending_free(pending_push *p)
 {
-    PS_FREE_ALL(p->vars, p->versions, p->into, p->refused, p->parts, p->reply_mem, p);
+    PS_FREE_ALL(p->vars, p->versions, p->into, p->ranges, p->settled, p->refused,
+                p->parts, p->reply_mem, p);
 }
 
 /* Answers a push with its versions, and with the values when it asked.
@@ -59,7 +60,7 @@ static void reply_push(psd_shard *s, pending_push *p)
             q = ps_wire_versions_put(pre, p->versions, p->nitems);
             uint64_t bytes = shard_reply_with_values(s, p->call, pre, (size_t)(q - pre),
                                                      2, p->vars, p->nitems, p->into,
-                                                     p->wire_dtype);
+                                                     p->ranges, p->wire_dtype);
             atomic_fetch_add(&s->bytes_out, bytes);
             free(pre);
         }
@@ -96,13 +97,22 @@ void shard_answer_durable(psd_shard *s, uint64_t upto)
 void shard_push_complete(psd_shard *s, pending_push *p)
 {
     if (s->o.durable) {
+        /* A commit may have taken this push's update already (a sync step
+         * applied by another thread, committed before the push got here):
+         * the flusher answers only what is listed when it commits, and
+         * with nothing new applied it would not commit again. */
         pthread_mutex_lock(&s->wait_mu);
         p->seq = atomic_load(&s->apply_seq);
-        p->next = s->durable;
-        s->durable = p;
+        bool committed = atomic_load(&s->committed_seq) >= p->seq;
+        if (!committed) {
+            p->next = s->durable;
+            s->durable = p;
+        }
         pthread_mutex_unlock(&s->wait_mu);
-        shard_request_flush(s);
-        return;
+        if (!committed) {
+            shard_request_flush(s);
+            return;
+        }
     }
     reply_push(s, p);
     shard_pending_free(p);
@@ -365,18 +375,20 @@ static void grad_apply(psd_shard *s, psd_var *v, ps_wire_bytes c, float *straddl
  * v->mag; the check step's finiteness pass over the gradient gives its
  * largest magnitude at the same cost (grad_finite_split, kept_mag), and
  * psd_opt_safe bounds the whole update from
- * the two numbers and the hyperparameters in constant time. Only when that
+ * the two numbers and the hyperparameters in constant time (a piece of
+ * the variable, from element off on, the same way: v->mag bounds every
+ * element). Only when that
  * proof fails (v->mag unknown: the first update after create or restore;
  * or magnitudes near float's range) does the exact check run: the update's
  * own arithmetic without writing (psd_opt_check_part), a second pass, after
  * which the update is applied or refused with nothing changed. Returns
  * true, or false with err written.
  */
-static bool grad_stays_finite(psd_var *v, size_t i, ps_wire_bytes c,
+static bool grad_stays_finite(psd_var *v, size_t i, ps_wire_bytes c, size_t off,
                               float *straddle, uint64_t t, char *err, size_t errlen)
 {
     const psd_ufloat *g;
-    size_t k, off = 0;
+    size_t k;
     uint32_t gmag = kept_mag(i, c, straddle);
     if (v->mag_version != 0 && v->mag_version == v->version &&
         psd_opt_safe(&v->opt, v->mag, gmag, 1.0f, t))
@@ -397,6 +409,79 @@ static bool grad_stays_finite(psd_var *v, size_t i, ps_wire_bytes c,
         off += k;
     }
     return true;
+}
+
+/* ---- pushes in pieces ------------------------------------------------- */
+
+/* One worker's push in pieces under way on a variable (Gradient.total): the
+ * elements its pieces covered so far, and where each piece began, so that a
+ * piece sent again (a retry) is known. */
+typedef struct psd_piecework {
+    uint32_t worker;
+    uint64_t step;
+    size_t done;
+    size_t *offs; /* (noffs) */
+    size_t noffs, cap_offs;
+} psd_piecework;
+
+void shard_pieces_free(psd_var *v)
+{
+    for (size_t i = 0; i < v->npw; i++)
+        free(v->pw[i].offs);
+    free(v->pw);
+    v->pw = NULL;
+    v->npw = v->cap_pw = 0;
+}
+
+/* The piece gradient g covers ({0, 0}: the whole variable). Valid once
+ * check_tensor has passed it. */
+static psd_range grad_range(const ps_wire_grad *g)
+{
+    if (g->total == 0)
+        return (psd_range){0, 0};
+    return (psd_range){(size_t)g->offset, g->nbytes / sizeof(float)};
+}
+
+enum { PIECE_MORE, PIECE_COVERED, PIECE_REPEAT };
+
+/* Notes piece r of worker's push of step on v. Returns PIECE_COVERED when
+ * that push's pieces now cover v (its entry is dropped), PIECE_MORE when
+ * not yet, PIECE_REPEAT for a piece noted already (a call sent again: not
+ * counted twice), -ENOMEM. A worker's pieces of another step start over:
+ * its push before was left unfinished. Pieces of one push do not overlap
+ * (the client cuts them so). Called with v->lock held for writing. */
+static int piece_note(psd_var *v, uint32_t worker, uint64_t step, psd_range r)
+{
+    psd_piecework *w = NULL;
+    for (size_t i = 0; i < v->npw && w == NULL; i++)
+        if (v->pw[i].worker == worker)
+            w = &v->pw[i];
+    if (w == NULL) {
+        psd_piecework *grown = ps_grow(v->pw, &v->cap_pw, v->npw, sizeof *grown, 4);
+        if (grown == NULL)
+            return -ENOMEM;
+        v->pw = grown;
+        w = &v->pw[v->npw++];
+        *w = (psd_piecework){.worker = worker, .step = step};
+    } else if (w->step != step) {
+        w->step = step;
+        w->done = 0;
+        w->noffs = 0;
+    }
+    for (size_t j = 0; j < w->noffs; j++)
+        if (w->offs[j] == r.off)
+            return PIECE_REPEAT;
+    size_t *offs = ps_grow(w->offs, &w->cap_offs, w->noffs, sizeof *offs, 16);
+    if (offs == NULL)
+        return -ENOMEM;
+    w->offs = offs;
+    w->offs[w->noffs++] = r.off;
+    w->done += r.n;
+    if (w->done < v->n)
+        return PIECE_MORE;
+    free(w->offs);
+    *w = v->pw[--v->npw];
+    return PIECE_COVERED;
 }
 
 /* accum = g (first push of a step) or accum += g. */
@@ -476,6 +561,10 @@ static bool step_stays_finite(psd_var *v, float scale, uint64_t t, char *err,
  * does, after unlocking). */
 static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
 {
+    /* A worker counts once its pieces cover the variable; one half through
+     * them when the count is met anyway (the count was lowered because it
+     * died, or it is a worker too many) leaves its pieces in the aggregate,
+     * and its later pieces find the step applied. */
     if (v->accum_count < v->num_workers)
         return NULL;
     float scale = 1.0f / (float)v->accum_count;
@@ -495,7 +584,9 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
     uint64_t done_step = v->step;
     v->step++;
     v->accum_count = 0;
+    v->accum_elems = 0;
     v->npushed = 0;
+    shard_pieces_free(v);
     /* Collect the pushes of this step that now have every part applied. */
     pending_push *ready = NULL;
     pthread_mutex_lock(&s->wait_mu);
@@ -504,7 +595,8 @@ static pending_push *maybe_apply_step(psd_shard *s, psd_var *v)
         bool mine = false;
         if (p->step == done_step)
             for (size_t i = 0; i < p->nitems; i++)
-                if (p->vars[i] == v && p->versions[i] == 0) {
+                if (p->vars[i] == v && p->versions[i] == 0 &&
+                    (p->settled == NULL || !p->settled[i])) {
                     p->versions[i] = v->version;
                     p->nleft--;
                     mine = true;
@@ -628,10 +720,39 @@ static bool grad_finite_known(psd_shard *s, ps_wire_bytes c, size_t n,
     return known < PSD_NONFINITE_MAG;
 }
 
+/* Checks a piece (Gradient.total): of the variable's size, within it, not
+ * in shared memory. Returns true, or false with err written. */
+static bool check_piece(const ps_wire_grad *g, const psd_var *v, char *err,
+                        size_t errlen)
+{
+    size_t k = g->nbytes / sizeof(float);
+    if (g->total != v->n)
+        snprintf(err, errlen, "variable '%s': gradient has %llu elements, "
+                 "variable has %zu", v->name, (unsigned long long)g->total, v->n);
+    else if (g->shm.set || g->value_into.set)
+        snprintf(err, errlen, "variable '%s': a piece of a gradient (total "
+                 "set) cannot lie in shared memory or ask its value there",
+                 v->name);
+    else if (g->nbytes % sizeof(float) != 0)
+        snprintf(err, errlen, "variable '%s': gradient piece has %zu bytes, "
+                 "not a whole number of float32 elements", v->name, g->nbytes);
+    else if (k == 0 || g->offset >= v->n || k > v->n - g->offset)
+        snprintf(err, errlen, "variable '%s': a gradient piece of %zu elements "
+                 "at element %llu does not lie within its %zu elements", v->name,
+                 k, (unsigned long long)g->offset, v->n);
+    else
+        return true;
+    return false;
+}
+
 static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
                                      const psd_var *v, float *straddle,
                                      uint32_t known, char *err, size_t errlen)
 {
+    if (g->has_tensor && g->total != 0 && g->dtype == PS__V1__DTYPE__DTYPE_FLOAT32 &&
+        !check_piece(g, v, err, errlen))
+        return PS_RPC_INVALID_ARGUMENT;
+    size_t n = g->total != 0 ? g->nbytes / sizeof(float) : v->n;
     if (!g->has_tensor) {
         snprintf(err, errlen, "variable '%s': the gradient tensor is "
                  "missing", v->name);
@@ -642,7 +763,7 @@ static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
         snprintf(err, errlen, "variable '%s': a %s gradient, but the variable "
                  "was created float32_only", v->name,
                  shard_dtype_name(g->widened_from));
-    } else if (g->nbytes != v->n * sizeof(float)) {
+    } else if (g->total == 0 && g->nbytes != v->n * sizeof(float)) {
         if (g->nbytes % sizeof(float) != 0)
             snprintf(err, errlen, "variable '%s': gradient has %zu bytes, "
                      "not a whole number of float32 elements", v->name, g->nbytes);
@@ -658,7 +779,7 @@ static enum ps_rpc_code check_tensor(psd_shard *s, const ps_wire_grad *g,
         snprintf(err, errlen, "variable '%s': gradient shape %s, variable "
                  "shape %s", v->name, g->ndim < 0 ? "(more than 8 dims)" : a, b);
     } else if (!s->o.allow_nonfinite &&
-               !grad_finite_known(s, g->data, v->n, straddle, known)) {
+               !grad_finite_known(s, g->data, n, straddle, known)) {
         atomic_fetch_add(&s->nonfinite, 1);
         snprintf(err, errlen, "variable '%s': the gradient holds NaN or "
                  "Inf; refused (start psd with --allow-nonfinite to accept)",
@@ -721,14 +842,40 @@ static enum ps_rpc_code push_check(psd_shard *s, const ps_wire_push *r,
     return PS_RPC_OK;
 }
 
+/* Applies piece rg of an async push (gradient c): the optimizer with the
+ * step count of the version to come (v->version + 1, as a whole push would
+ * use), the version left as it is. Returns whether the push still has
+ * pieces to come; false when this one covered the rest of the variable (the
+ * caller raises the version). v->mag stays a bound on every element: the
+ * larger of the bound before and what this piece wrote. Called with v->lock
+ * held for writing. */
+static bool apply_piece(psd_var *v, const ps_wire_push *r, psd_range rg,
+                        ps_wire_bytes c, float *straddle)
+{
+    bool known = v->mag_version != 0 && v->mag_version == v->version;
+    value_writable(v);
+    uint32_t mag = grad_apply_at(v, c, rg.off, straddle, v->version + 1);
+    v->mag = known && v->mag > mag ? v->mag : mag;
+    v->mag_version = known ? v->version : 0;
+    int got = piece_note(v, r->worker, r->step, rg);
+    if (got == -ENOMEM)
+        ps_log_warn("variable '%s': out of memory noting a pushed piece; its "
+                    "version may rise late", v->name);
+    return got != PIECE_COVERED;
+}
+
 /* Applies the async part i now, unless it would make the variable
  * non-finite (grad_stays_finite): then returns false with err written and
  * the variable unchanged. Called with v->lock held for writing; lets it
  * go. */
-static bool apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g,
-                        float *straddle, bool delta, char *err, size_t errlen)
+static bool apply_async(psd_shard *s, pending_push *p, size_t i,
+                        const ps_wire_push *r, float *straddle, char *err,
+                        size_t errlen)
 {
     psd_var *v = p->vars[i];
+    ps_wire_bytes g = r->grads[i].data;
+    bool delta = r->delta;
+    psd_range rg = grad_range(&r->grads[i]);
     /* A delta push (local SGD) is SGD at learning rate -1, w - (-1) g,
      * which is w + g exactly, through the same checked and split update;
      * the variable's own optimizer is set back before the lock goes. The
@@ -738,21 +885,61 @@ static bool apply_async(psd_shard *s, pending_push *p, size_t i, ps_wire_bytes g
     if (delta)
         v->opt = (psd_opt){.kind = PSD_OPT_SGD, .lr = -1.0f};
     if (!s->o.allow_nonfinite &&
-        !grad_stays_finite(v, i, g, straddle, v->version + 1, err, errlen)) {
+        !grad_stays_finite(v, i, g, rg.off, straddle, v->version + 1, err, errlen)) {
         v->opt = own;
         pthread_rwlock_unlock(&v->lock);
         atomic_fetch_add(&s->nonfinite, 1);
         return false;
     }
-    grad_apply(s, v, g, straddle, v->version + 1);
+    if (rg.n == 0) {
+        grad_apply(s, v, g, straddle, v->version + 1);
+    } else if (apply_piece(v, r, rg, g, straddle)) {
+        p->versions[i] = v->version;
+        if (delta) {
+            v->opt = own;
+            v->mag_version = 0;
+        }
+        shard_count_apply(s);
+        pthread_rwlock_unlock(&v->lock);
+        return true;
+    }
     if (delta) {
         v->opt = own;
         v->mag_version = 0;
     }
     p->versions[i] = __atomic_add_fetch(&v->version, 1, __ATOMIC_RELEASE);
+    if (rg.n != 0 && v->mag_version == v->version - 1 && !delta)
+        v->mag_version = v->version;
     shard_count_apply(s);
     pthread_rwlock_unlock(&v->lock);
     return true;
+}
+
+/* Adds piece rg of a worker's sync push to the step's aggregate (a piece
+ * sent again adds nothing), and counts the worker in once its pieces cover
+ * the variable. The first piece of a step starts the aggregate at -0.0, the
+ * one float whose sum with every x is x itself, so that pieces give the
+ * same bits as a whole push's copy. Called with v->lock held for writing. */
+static int join_piece(psd_var *v, uint32_t worker, uint64_t step, psd_range rg,
+                      ps_wire_bytes g, float *straddle)
+{
+    int got = piece_note(v, worker, step, rg);
+    if (got == PIECE_REPEAT)
+        return got;
+    if (got == -ENOMEM) {
+        ps_log_warn("variable '%s': out of memory noting a pushed piece of "
+                    "worker %u; its step waits for the piece again", v->name,
+                    worker);
+        return got;
+    }
+    if (v->accum_elems == 0)
+        for (size_t j = 0; j < v->n; j++)
+            v->accum[j] = -0.0f;
+    grad_accumulate(v->accum + rg.off, false, g, straddle);
+    v->accum_elems += rg.n;
+    if (got == PIECE_COVERED && mark_pushed(v, worker))
+        v->accum_count++;
+    return got;
 }
 
 /* Joins the sync part i to its step's aggregate, and applies the step
@@ -762,6 +949,7 @@ static void join_step(psd_shard *s, pending_push *p, size_t i,
                       const ps_wire_push *r, ps_wire_bytes g, float *straddle)
 {
     psd_var *v = p->vars[i];
+    psd_range rg = grad_range(&r->grads[i]);
     /* The step may have been applied since phase 1 checked it (this push
      * was a retry the others completed): this part is then done already,
      * and must not spill into the next step's aggregate. */
@@ -775,10 +963,27 @@ static void join_step(psd_shard *s, pending_push *p, size_t i,
     }
     /* A worker pushing a step again (a retry after its deadline) adds
      * nothing and just waits for the step again. */
-    if (mark_pushed(v, r->worker)) {
-        if (v->accum == NULL)
-            v->accum = shard_alloc_floats(v->n);
-        grad_accumulate(v->accum, v->accum_count == 0, g, straddle);
+    if (v->accum == NULL)
+        v->accum = shard_alloc_floats(v->n);
+    if (rg.n != 0 &&
+        join_piece(v, r->worker, r->step, rg, g, straddle) != PIECE_COVERED) {
+        /* Not the worker's last piece: answered now (the step's version
+         * comes with the last one), so that a client need not keep every
+         * piece of a step in flight at once. */
+        pthread_mutex_lock(&s->wait_mu);
+        p->versions[i] = v->version;
+        p->settled[i] = true;
+        p->nleft--;
+        pthread_mutex_unlock(&s->wait_mu);
+        pthread_rwlock_unlock(&v->lock);
+        return;
+    } else if (rg.n != 0) {
+        /* The last piece answers with the whole value once the step is
+         * applied: the other pieces' answers came before it. */
+        p->ranges[i] = (psd_range){0, 0};
+    } else if (mark_pushed(v, r->worker)) {
+        grad_accumulate(v->accum, v->accum_elems == 0, g, straddle);
+        v->accum_elems += v->n;
         v->accum_count++;
     }
     pending_push *ready = maybe_apply_step(s, v);
@@ -806,8 +1011,7 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
             continue;
         }
         pthread_rwlock_wrlock(&v->lock);
-        if (!apply_async(s, p, i, r->grads[i].data, straddle, r->delta, err,
-                         errlen)) {
+        if (!apply_async(s, p, i, r, straddle, err, errlen)) {
             if (i > 0) {
                 size_t len = strlen(err);
                 snprintf(err + len, errlen - len, "; the gradients before "
@@ -815,7 +1019,7 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
             }
             return SIZE_MAX;
         }
-        *bytes += v->n * sizeof(float);
+        *bytes += r->grads[i].nbytes;
     }
     if (nsync > 0) {
         pthread_mutex_lock(&s->wait_mu);
@@ -828,7 +1032,7 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
         psd_var *v = p->vars[i];
         if (v->consistency != PSD_SYNC)
             continue;
-        *bytes += v->n * sizeof(float);
+        *bytes += r->grads[i].nbytes;
         pthread_rwlock_wrlock(&v->lock);
         join_step(s, p, i, r, r->grads[i].data, straddle);
     }
@@ -853,6 +1057,24 @@ static bool push_arm(psd_shard *s, pending_push *p)
     }
     pthread_mutex_unlock(&s->wait_mu);
     return done;
+}
+
+/* The pieces of a push that has any, for its answer (p->ranges); false
+ * when out of memory. */
+static bool push_ranges(pending_push *p, const ps_wire_push *r)
+{
+    bool any = false;
+    for (size_t i = 0; i < r->ngrads; i++)
+        any = any || r->grads[i].total != 0;
+    if (!any)
+        return true;
+    p->ranges = calloc(r->ngrads, sizeof *p->ranges);
+    p->settled = calloc(r->ngrads, sizeof *p->settled);
+    if (p->ranges == NULL || p->settled == NULL)
+        return false;
+    for (size_t i = 0; i < r->ngrads; i++)
+        p->ranges[i] = grad_range(&r->grads[i]);
+    return true;
 }
 
 static void push_locked(psd_shard *s, ps_rpc_call *call,
@@ -890,6 +1112,12 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
      * changes anything. */
     if (p->into != NULL && !shard_into_ok(s, call, p->vars, p->into, p->nitems)) {
         pthread_rwlock_unlock(&s->table_lock);
+        shard_pending_free(p);
+        return;
+    }
+    if (!push_ranges(p, r)) {
+        pthread_rwlock_unlock(&s->table_lock);
+        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         shard_pending_free(p);
         return;
     }

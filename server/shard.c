@@ -146,7 +146,8 @@ static void checkpoint_run(psd_shard *s, ps_rpc_call *call, uint64_t step,
     ps_rpc_reply_pb(call, &resp);
 }
 
-static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype);
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype,
+                        int slot_dtype);
 
 static void *ckpt_main(void *arg)
 {
@@ -167,7 +168,8 @@ static void *ckpt_main(void *arg)
         if (quit)
             ps_rpc_fail(j->call, PS_RPC_UNAVAILABLE, "psd is shutting down");
         else if (j->kind == JOB_RESTORE)
-            restore_run(s, j->call, j->step, (int)j->keep_at_least);
+            restore_run(s, j->call, j->step, (int)(j->keep_at_least & 0xff),
+                        (int)(j->keep_at_least >> 8));
         else if (j->kind == JOB_CREATE)
             shard_create_variable_run(s, j->call, j->req, j->len, true);
         else
@@ -223,13 +225,17 @@ static void restore(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx
     Ps__V1__RestoreRequest *r = shard_unpack(ctx, call, "Restore",
                                              &ps__v1__restore_request__descriptor, req, len);
     int d = r != NULL ? (int)r->sparse_row_dtype : 0;
-    if (r != NULL && d != 0 && d != PS__V1__DTYPE__DTYPE_FLOAT32 && !shard_is_half(d)) {
+    int sd = r != NULL ? (int)r->sparse_slot_dtype : 0;
+    bool bad_d = d != 0 && d != PS__V1__DTYPE__DTYPE_FLOAT32 && !shard_is_half(d);
+    if (r != NULL && (bad_d || (sd != 0 && sd != PS__V1__DTYPE__DTYPE_FLOAT32 &&
+                                !shard_is_half(sd)))) {
         shard_count_bad(ctx);
-        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Restore: sparse_row_dtype %d is not "
-                    "FLOAT32, FLOAT16 or BFLOAT16", d);
+        ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Restore: sparse_%s_dtype %d is not "
+                    "FLOAT32, FLOAT16 or BFLOAT16", bad_d ? "row" : "slot", bad_d ? d : sd);
     } else if (r != NULL) {
-        /* The dtype rides in the job's second number, unused by Restore. */
-        job_enqueue(ctx, call, JOB_RESTORE, r->step, (size_t)d, "Restore");
+        /* The dtypes (each < 256) ride in the job's second number, unused
+         * by Restore. */
+        job_enqueue(ctx, call, JOB_RESTORE, r->step, (size_t)d | (size_t)sd << 8, "Restore");
     }
     ps__v1__restore_request__free_unpacked(r, NULL);
 }
@@ -314,20 +320,27 @@ static int restore_swap(psd_shard *s, struct var_list *lc)
     return rc;
 }
 
-static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype)
+static void restore_run(psd_shard *s, ps_rpc_call *call, uint64_t step, int row_dtype,
+                        int slot_dtype)
 {
     struct var_list lc;
     if (!restore_load(s, call, &step, &lc))
         return;
     size_t n = lc.n;
-    if (row_dtype != 0 && shard_ckpt_convert(&lc, row_dtype) != 0) {
+    char why[512];
+    int rc = row_dtype || slot_dtype
+                 ? shard_ckpt_convert(&lc, row_dtype, slot_dtype, why, sizeof why) : 0;
+    if (rc != 0) {
         shard_vars_free(&lc);
-        ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Restore: out of memory converting "
-                    "the sparse tables to %s (the variables are unchanged)",
-                    shard_dtype_name(row_dtype));
+        if (rc == -ENOMEM)
+            ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Restore: out of memory converting "
+                        "the sparse tables (the variables are unchanged)");
+        else
+            ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "Restore: %s (the variables are "
+                        "unchanged)", why);
         return;
     }
-    int rc = restore_swap(s, &lc);
+    rc = restore_swap(s, &lc);
     uint64_t tables = lc.tables_converted, rows = lc.rows_converted;
     if (rc == 0)
         shard_ckpt_converted_free(&lc); /* the rest is the table's now */

@@ -119,8 +119,20 @@ typedef struct psd_var {
     uint32_t accum_count;
     uint32_t *pushed;         /* workers that pushed this step */
     size_t npushed, cap_pushed;
+    size_t accum_elems;       /* elements accumulated this step */
+    /* Pushes in pieces (Gradient.total) under way, one per worker: the
+     * version rises (sync: the worker counts in its step) once its pieces
+     * cover the variable (push.c). */
+    struct psd_piecework *pw;
+    size_t npw, cap_pw;
     struct psd_sparse_table *sparse; /* a sparse table's rows (sparse.h), or NULL */
 } psd_var;
+
+/* A piece of a dense variable in a push or pull: elements [off, off + n);
+ * n 0: the whole variable. */
+typedef struct psd_range {
+    size_t off, n;
+} psd_range;
 
 /* A push that answers later: sync parts waiting for their step, or a
  * durable push waiting for its commit. */
@@ -135,6 +147,9 @@ typedef struct pending_push {
     uint64_t seq;             /* durable: the apply sequence to commit */
     bool return_values;       /* answer with the values too */
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    psd_range *ranges;        /* (nitems) or NULL: the pieces pushed */
+    bool *settled;            /* (nitems) with ranges: a sync piece answered
+                                 before its step (not the worker's last) */
     int wire_dtype;           /* the values' dtype (PushRequest.wire_dtype) */
     bool armed;               /* its handler is done with it (under wait_mu) */
     double t0;                /* its arrival (ps_metrics_now): psd_push_seconds */
@@ -156,6 +171,7 @@ typedef struct pull_waiter {
     psd_var **vars;
     uint64_t *min_versions;
     psd_shm_ref *into;        /* (nitems) or NULL: values into shared memory */
+    psd_range *ranges;        /* (nitems) or NULL: pieces of the values */
     int wire_dtype;           /* the values' dtype (PullItem.wire_dtype) */
     double t0;                /* its arrival (ps_metrics_now): psd_pull_seconds */
     int64_t give_up_ms;       /* --max-pull-wait: ps_now_ms it is answered
@@ -206,7 +222,7 @@ struct var_list {
     psd_var **vars;
     size_t n, cap;
     char *from; /* the checkpoint directory loaded, or NULL (sparse rows) */
-    /* A restore into another row dtype (shard_ckpt_convert): was[i] is the
+    /* A restore into another row or slot dtype (shard_ckpt_convert): was[i] is the
      * checkpoint's table that vars[i] converts, or NULL; NULL when none. */
     psd_var **was;
     uint64_t tables_converted, rows_converted;
@@ -374,7 +390,8 @@ int shard_store_del(psd_shard *s, const char *name);
 int shard_store_replace(psd_shard *s, struct var_list *l);
 uint64_t shard_store_commits(psd_shard *s);
 int shard_ckpt_load(const char *path, struct var_list *l);
-int shard_ckpt_convert(struct var_list *l, int dtype);
+int shard_ckpt_convert(struct var_list *l, int row_dtype, int slot_dtype, char *why,
+                       size_t whylen);
 void shard_ckpt_converted_free(struct var_list *l);
 int shard_flush_locked(psd_shard *s);
 void shard_request_flush(psd_shard *s);
@@ -385,6 +402,9 @@ void *shard_flusher_main(void *arg);
 void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 void shard_sparse_push(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 
+/* push.c: the pieces under way of a variable being freed. */
+void shard_pieces_free(psd_var *v);
+
 /* pull.c */
 void shard_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx);
 bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
@@ -392,7 +412,8 @@ bool shard_into_ok(psd_shard *s, ps_rpc_call *call, psd_var **vars,
 uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
                                  const uint8_t *prefix, size_t prefix_len,
                                  int field, psd_var **vars, size_t n,
-                                 const psd_shm_ref *into, int wire_dtype);
+                                 const psd_shm_ref *into, const psd_range *ranges,
+                                 int wire_dtype);
 
 /* wirehalf.c: dense values and gradients in half precision on the wire.
  * shard_half_widen: every half gradient of r converted to float32 in this
@@ -407,7 +428,8 @@ struct ps_wire_push;
 bool shard_half_widen(psd_shard *s, ps_rpc_call *call, struct ps_wire_push *r);
 bool shard_half_wire_ok(psd_shard *s, ps_rpc_call *call, const void *pull_request,
                         int *dtype);
-bool shard_half_value(psd_shard *s, const psd_var *v, int dtype, ps_rpc_part *part);
+bool shard_half_value(psd_shard *s, const psd_var *v, psd_range r, int dtype,
+                      ps_rpc_part *part);
 bool shard_is_half(int dtype);
 void shard_waiter_free(pull_waiter *w);
 void shard_wake_waiters(psd_shard *s);

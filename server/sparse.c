@@ -168,22 +168,72 @@ int psd_sparse_validate(const Ps__V1__VariableSpec *sp, char *why, size_t whylen
                  "or BFLOAT16", sp->name, (int)sp->row_dtype);
         return PS_EDTYPE;
     }
+    return psd_sparse_validate_slots(sp->name, sp->slot_dtype, sp->optimizer, why, whylen);
+}
+
+/* FLOAT16 slots are refused for ADAM: its second moment v moves by
+ * (1 - beta2) * g^2, below float16's smallest subnormal (6e-8) for |g| <
+ * 7.7e-3 at the default beta2, so v would read 0 and the step
+ * lr * m / (sqrt(v) + epsilon) blow up by 1/epsilon. bfloat16 keeps
+ * float32's range. The other kinds' slots are of the gradient's size
+ * (MOMENTUM) or accumulate squares (ADAGRAD, FTRL): in float16 a slot past
+ * +-65504 is clamped and counted, as a value is, which only stops its
+ * growth. */
+int psd_sparse_validate_slots(const char *name, int slot_dtype, const Ps__V1__Optimizer *o,
+                              char *why, size_t whylen)
+{
+    if (slot_dtype != PS__V1__DTYPE__DTYPE_UNSPECIFIED &&
+        slot_dtype != PS__V1__DTYPE__DTYPE_FLOAT32 && slot_dtype != PS__V1__DTYPE__DTYPE_FLOAT16 &&
+        slot_dtype != PS__V1__DTYPE__DTYPE_BFLOAT16) {
+        snprintf(why, whylen, "sparse table '%s': slot_dtype %d is not FLOAT32, FLOAT16 "
+                 "or BFLOAT16", name, slot_dtype);
+        return PS_EDTYPE;
+    }
+    if (slot_dtype == PS__V1__DTYPE__DTYPE_FLOAT16 && o != NULL &&
+        o->kind == PS__V1__OPTIMIZER__KIND__ADAM) {
+        snprintf(why, whylen, "sparse table '%s': slot_dtype FLOAT16 is refused for ADAM "
+                 "(its second moment underflows float16 for gradients below 7.7e-3); use "
+                 "BFLOAT16 or FLOAT32", name);
+        return PS_EINVAL_ARG;
+    }
     return 0;
 }
 
-/* The half type of a spec's rows (half.h), or 0 for float32. */
-static int spec_row_type(const Ps__V1__VariableSpec *spec)
+/* The half type (half.h) of a spec's ps.v1.DType, or 0 for float32. */
+static int half_type(int dtype)
 {
-    if (spec->row_dtype == PS__V1__DTYPE__DTYPE_FLOAT16)
+    if (dtype == PS__V1__DTYPE__DTYPE_FLOAT16)
         return PS_HALF_F16;
-    return spec->row_dtype == PS__V1__DTYPE__DTYPE_BFLOAT16 ? PS_HALF_BF16 : 0;
+    return dtype == PS__V1__DTYPE__DTYPE_BFLOAT16 ? PS_HALF_BF16 : 0;
 }
 
-/* A value of dim elements of a row type, padded so that the float32 slots
- * after it stay aligned. */
-static uint64_t value_bytes(uint64_t dim, int type)
+/* n elements of a row or slot type, padded to 4 bytes so that what
+ * follows stays aligned. */
+static uint64_t value_bytes(uint64_t n, int type)
 {
-    return type ? (dim * 2 + 3) & ~(uint64_t)3 : dim * sizeof(float);
+    return type ? (n * 2 + 3) & ~(uint64_t)3 : n * sizeof(float);
+}
+
+/* n float32 from body (any alignment), stored in type. */
+static void widen(int type, const uint8_t *body, float *out, size_t n)
+{
+    if (type)
+        ps_half_to_f32(type, (const uint16_t *)(const void *)body, out, n);
+    else
+        memcpy(out, body, n * sizeof(float));
+}
+
+/* n float32 into body in type, its padding to 4 bytes zeroed; returns the
+ * float16 values clamped. */
+static size_t narrow(int type, const float *in, uint8_t *body, size_t n)
+{
+    if (!type) {
+        memcpy(body, in, n * sizeof(float));
+        return 0;
+    }
+    size_t clamped = ps_half_from_f32(type, in, (uint16_t *)(void *)body, n);
+    memset(body + n * 2, 0, value_bytes(n, type) - n * 2);
+    return clamped;
 }
 
 uint64_t sparse_row_bytes(const psd_sparse_table *t)
@@ -194,29 +244,25 @@ uint64_t sparse_row_bytes(const psd_sparse_table *t)
 void sparse_row_unpack(const psd_sparse_table *t, const uint8_t *body, float *state)
 {
     size_t dim = t->dim;
-    if (t->row_dtype)
-        ps_half_to_f32(t->row_dtype, (const uint16_t *)(const void *)body, state, dim);
-    else
-        memcpy(state, body, dim * sizeof(float));
-    memcpy(state + dim, body + t->vbytes, (t->rowf - dim) * sizeof(float));
+    widen(t->row_dtype, body, state, dim);
+    widen(t->slot_dtype, body + t->vbytes, state + dim, t->rowf - dim);
 }
 
 size_t sparse_row_pack(const psd_sparse_table *t, const float *state, uint8_t *body)
 {
-    size_t dim = t->dim, clamped = 0;
-    if (t->row_dtype) {
-        clamped = ps_half_from_f32(t->row_dtype, state, (uint16_t *)(void *)body, dim);
-        memset(body + dim * 2, 0, t->vbytes - dim * 2); /* the padding */
-    } else {
-        memcpy(body, state, dim * sizeof(float));
-    }
-    memcpy(body + t->vbytes, state + dim, (t->rowf - dim) * sizeof(float));
-    return clamped;
+    size_t dim = t->dim;
+    return narrow(t->row_dtype, state, body, dim) +
+           narrow(t->slot_dtype, state + dim, body + t->vbytes, t->rowf - dim);
 }
 
 int psd_sparse_row_type(const psd_sparse_table *t)
 {
     return t->row_dtype;
+}
+
+int psd_sparse_slot_type(const psd_sparse_table *t)
+{
+    return t->slot_dtype;
 }
 
 uint64_t psd_sparse_stored_bytes(const psd_sparse_table *t)
@@ -277,9 +323,10 @@ psd_sparse_table *psd_sparse_table_new(const Ps__V1__VariableSpec *sp, const psd
     psd_init_defaults(&t->init);
     t->nslots = psd_opt_slot_count(&t->opt);
     t->rowf = t->dim * (size_t)(1 + t->nslots);
-    t->row_dtype = spec_row_type(sp);
+    t->row_dtype = half_type(sp->row_dtype);
+    t->slot_dtype = half_type(sp->slot_dtype);
     t->vbytes = value_bytes(t->dim, t->row_dtype);
-    t->row_bytes = SPARSE_ROW_HEAD + t->vbytes + (t->rowf - t->dim) * sizeof(float);
+    t->row_bytes = SPARSE_ROW_HEAD + t->vbytes + value_bytes(t->rowf - t->dim, t->slot_dtype);
     t->admit_after = sp->admit_after;
     t->ttl = sp->ttl_steps;
     t->max_rows = sp->max_rows;
@@ -380,14 +427,14 @@ static void init_row(const psd_sparse_table *t, int64_t id, float *row, bool slo
         psd_opt_init_slots(&t->opt, row + t->dim, t->dim);
 }
 
-/* A new row's value as storing it would make it (rounded to the row
- * dtype): its first update starts from what a pull of it answered. */
-static void round_value(const psd_sparse_table *t, float *value)
+/* n values of a new row as storing them would make them (rounded to type):
+ * its first update starts from what a pull of it answered, and from its
+ * slots as stored. */
+static void round_to(int type, float *x, size_t n)
 {
-    for (size_t i = 0; t->row_dtype && i < t->dim; i++) {
+    for (size_t i = 0; type && i < n; i++) {
         bool clamped;
-        value[i] = ps_half_to_f32_one(
-            t->row_dtype, ps_half_from_f32_one(t->row_dtype, value[i], &clamped));
+        x[i] = ps_half_to_f32_one(type, ps_half_from_f32_one(type, x[i], &clamped));
     }
 }
 
@@ -441,8 +488,8 @@ uint64_t psd_sparse_row_bytes(psd_sparse *sp)
 uint64_t psd_sparse_spec_row_bytes(const Ps__V1__VariableSpec *spec, const psd_opt *opt)
 {
     uint64_t dim = spec->n_shape == 1 && spec->shape[0] > 0 ? (uint64_t)spec->shape[0] : 0;
-    return SPARSE_ROW_HEAD + value_bytes(dim, spec_row_type(spec)) +
-           dim * (uint64_t)psd_opt_slot_count(opt) * sizeof(float);
+    return SPARSE_ROW_HEAD + value_bytes(dim, half_type(spec->row_dtype)) +
+           value_bytes(dim * (uint64_t)psd_opt_slot_count(opt), half_type(spec->slot_dtype));
 }
 
 /* ---- pull -------------------------------------------------------------- */
@@ -475,7 +522,7 @@ static int pull_new(psd_sparse *sp, psd_sparse_table *t, int64_t id, void *out, 
 {
     if (!t->insert_on_pull) {
         init_row(t, id, scratch, false);
-        round_value(t, scratch); /* as it would be stored, whatever is asked */
+        round_to(t->row_dtype, scratch, t->dim); /* as stored, whatever is asked */
         state_out(t, scratch, out, f32);
         return 0;
     }
@@ -640,7 +687,8 @@ static int load_state(psd_sparse *sp, struct item *it)
             memcpy(&it->upd[u], data, sizeof(uint64_t));
         } else {
             init_row(t, it->uid[u], st, true);
-            round_value(t, st);
+            round_to(t->row_dtype, st, t->dim);
+            round_to(t->slot_dtype, st + t->dim, t->rowf - t->dim);
             it->upd[u] = 0;
         }
         bool had = e != NULL || data != NULL;
@@ -884,8 +932,8 @@ static const struct {
     C("refused_rows_total", refused_rows, "New rows refused by --max-rows-per-table "
       "or --max-bytes."),
     C("commits_total", log_batches, "Batches of changed rows appended to the row log."),
-    C("values_clamped_total", clamped, "Values of float16 rows stored as +-65504, "
-      "their update being beyond float16's range."),
+    C("values_clamped_total", clamped, "Values and optimizer slots of float16 rows "
+      "stored as +-65504, their update being beyond float16's range."),
 #undef C
 };
 

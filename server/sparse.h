@@ -2,7 +2,8 @@
  * sparse.h - the sparse tier of a shard: embedding tables of rows of `dim`
  * values (float32, float16 or bfloat16: the spec's row_dtype) keyed by
  * int64 id, created on first push, stored in LMDB, updated by any optimizer
- * of optim.h one row at a time, in float32 (doc/sparse.md).
+ * of optim.h one row at a time, in float32; its optimizer slots are stored
+ * in float32, float16 or bfloat16 (the spec's slot_dtype) (doc/sparse.md).
  *
  * The tier is one struct psd_sparse, owned by the shard (psd_shard.sparse)
  * and holding everything the rows need: the RAM tier, the row log and its
@@ -91,6 +92,12 @@ void psd_sparse_close(psd_sparse *sp);
 /* Checks the sparse part of a normalized spec (shape [dim], initializer,
  * consistency). Returns 0 or PS_EINVAL_ARG/PS_ESHAPE with a sentence. */
 int psd_sparse_validate(const Ps__V1__VariableSpec *spec, char *why, size_t whylen);
+/* Checks a slot dtype (ps.v1.DType) for a table of optimizer o (NULL: any):
+ * FLOAT32, FLOAT16 or BFLOAT16 (or unset), and not FLOAT16 with ADAM.
+ * Returns 0, PS_EDTYPE (another dtype) or PS_EINVAL_ARG (FLOAT16 with
+ * ADAM) with a sentence naming the table. */
+int psd_sparse_validate_slots(const char *name, int slot_dtype, const Ps__V1__Optimizer *o,
+                              char *why, size_t whylen);
 /* A table's state for a validated spec and its optimizer (the variable's,
  * so that every kind works on rows); NULL when out of memory. */
 psd_sparse_table *psd_sparse_table_new(const Ps__V1__VariableSpec *spec, const psd_opt *opt);
@@ -102,6 +109,8 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t);
 size_t psd_sparse_table_dim(const psd_sparse_table *t);
 /* The half type (common/half.h) of the table's rows, or 0 for float32. */
 int psd_sparse_row_type(const psd_sparse_table *t);
+/* The same for its optimizer slots. */
+int psd_sparse_slot_type(const psd_sparse_table *t);
 /* The bytes of one row's value in an answer: dim elements of the row dtype,
  * or with f32 of float32. */
 size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32);
@@ -171,7 +180,7 @@ const char *psd_sparse_full_reason(psd_sparse *sp);
 /* The flusher's periodic work: the eviction sweeps. flush_mu held. */
 void psd_sparse_maintain(psd_sparse *sp);
 
-/* A restore into another row dtype: each row staged is converted from a
+/* A restore into another row or slot dtype: each row staged is converted from a
  * row of table from (the checkpoint's) into one of table to
  * (psd_sparse_convert_row); rows and clamped count what it did. */
 struct psd_sparse_conv {
@@ -205,12 +214,13 @@ void psd_sparse_stats(psd_sparse *sp, Ps__V1__StatsResponse *r);
 /* Writes the psd_sparse_* families of /metrics. Any thread. */
 void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m);
 
-/* A restore into another row dtype (RestoreRequest.sparse_row_dtype):
- * psd_sparse_convert_row makes a stored row of table from (in: in_len
- * bytes, head and body) a row of table to, of the same dim and optimizer
- * and another row dtype (out: psd_sparse_stored_bytes(to) bytes), its
- * value rounded to nearest even; scratch holds psd_sparse_state_floats
- * floats. Adds the float16 values clamped to +-65504 to *clamped. Returns
+/* A restore into another row or slot dtype (RestoreRequest.sparse_row_dtype,
+ * sparse_slot_dtype): psd_sparse_convert_row makes a stored row of table
+ * from (in: in_len bytes, head and body) a row of table to, of the same dim
+ * and optimizer and another row or slot dtype (out:
+ * psd_sparse_stored_bytes(to) bytes), its value and slots rounded to
+ * nearest even; scratch holds psd_sparse_state_floats floats. Adds the
+ * float16 values and slots clamped to +-65504 to *clamped. Returns
  * 0, or PS_ECORRUPT (logged) when in_len is not a row of from. */
 uint64_t psd_sparse_stored_bytes(const psd_sparse_table *t);
 size_t psd_sparse_state_floats(const psd_sparse_table *t);

@@ -7,11 +7,13 @@
  * A row is {u64 updates, u64 last step} followed by the row's body: its
  * value in the table's row dtype (float32, float16 or bfloat16:
  * VariableSpec.row_dtype), padded to a multiple of 4 bytes, then its
- * float32 optimizer slots [slot 0 dim | slot 1 dim]. sparse_row_bytes gives
- * a stored row's size; nothing else computes it. An update widens a body
- * into a float32 state [value dim | slot 0 dim | ...] (sparse_row_unpack),
- * optim.h's layout for a variable of dim elements, and rounds it back to
- * nearest even (sparse_row_pack). Each row keeps its own update count, the
+ * optimizer slots [slot 0 dim | slot 1 dim] in the slot dtype (float32,
+ * float16 or bfloat16: VariableSpec.slot_dtype), padded the same way.
+ * sparse_row_bytes gives a stored row's size; nothing else computes it.
+ * An update widens a body into a float32 state [value dim | slot 0 dim |
+ * ...] (sparse_row_unpack), optim.h's layout for a variable of dim
+ * elements, and rounds value and slots back to nearest even
+ * (sparse_row_pack). Each row keeps its own update count, the
  * t that ADAM's bias correction takes (lazy Adam, as TensorFlow's LazyAdam).
  *
  * Where rows are: the bytes of stored rows are records of the segment
@@ -130,6 +132,7 @@ struct psd_sparse_table {
     size_t dim, rowf; /* rowf = (1 + nslots) * dim: a row's float32 state */
     int row_dtype;      /* 0 (float32) or PS_HALF_F16 / PS_HALF_BF16 */
     size_t vbytes;      /* the value's bytes in the body, padded to 4 */
+    int slot_dtype;     /* the slots': 0 (float32) or PS_HALF_F16 / PS_HALF_BF16 */
     uint64_t row_bytes; /* sparse_row_bytes: head and body, one stored row */
     int nslots;
     psd_opt opt;

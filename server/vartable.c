@@ -111,6 +111,7 @@ void shard_var_free(psd_var *v)
     else
         free(v->value);
     psd_sparse_table_free(v->sparse);
+    shard_pieces_free(v);
     PS_FREE_ALL(v->slots, v->accum, v->pushed);
     pthread_rwlock_destroy(&v->lock);
     free(v);
@@ -228,6 +229,8 @@ static void normalize(psd_shard *s, const Ps__V1__VariableSpec *in,
     }
     if (out->spec.row_dtype == PS__V1__DTYPE__DTYPE_FLOAT32) /* the default, spelled out */
         out->spec.row_dtype = PS__V1__DTYPE__DTYPE_UNSPECIFIED;
+    if (out->spec.slot_dtype == PS__V1__DTYPE__DTYPE_FLOAT32)
+        out->spec.slot_dtype = PS__V1__DTYPE__DTYPE_UNSPECIFIED;
 }
 
 /* Validates a normalized spec. Returns 0, or a project error with one line
@@ -275,6 +278,12 @@ static int validate_spec(psd_shard *s, const Ps__V1__VariableSpec *sp,
         snprintf(why, whylen, "variable '%s': row_dtype %s is for sparse tables; a dense "
                  "variable is FLOAT32 (send it in half precision with wire_dtype)",
                  sp->name, shard_dtype_name(sp->row_dtype));
+        return PS_EDTYPE;
+    }
+    if (!sp->sparse && sp->slot_dtype != PS__V1__DTYPE__DTYPE_UNSPECIFIED) {
+        snprintf(why, whylen, "variable '%s': slot_dtype %s is for sparse tables; a dense "
+                 "variable's optimizer slots are FLOAT32", sp->name,
+                 shard_dtype_name(sp->slot_dtype));
         return PS_EDTYPE;
     }
     if (sp->sparse) {

@@ -137,14 +137,16 @@ bool shard_half_wire_ok(psd_shard *s, ps_rpc_call *call, const void *pull_reques
     return true;
 }
 
-bool shard_half_value(psd_shard *s, const psd_var *v, int dtype, ps_rpc_part *part)
+bool shard_half_value(psd_shard *s, const psd_var *v, psd_range r, int dtype,
+                      ps_rpc_part *part)
 {
-    uint16_t *h = malloc(v->n ? v->n * 2 : 1);
+    size_t n = r.n != 0 ? r.n : v->n;
+    uint16_t *h = malloc(n ? n * 2 : 1);
     if (h == NULL)
         return false;
-    size_t clamped = ps_half_from_f32(dtype, v->value, h, v->n);
+    size_t clamped = ps_half_from_f32(dtype, v->value + r.off, h, n);
     if (clamped > 0)
         atomic_fetch_add(&s->wire_clamped, clamped);
-    *part = (ps_rpc_part){h, v->n * 2, free, h};
+    *part = (ps_rpc_part){h, n * 2, free, h};
     return true;
 }

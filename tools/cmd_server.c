@@ -28,6 +28,9 @@ static const ps_opt restore_opts[] = {
     {"sparse-row-dtype", PS_OPT_ENUM, offsetof(struct step_cfg, row_dtype), "keep",
      "the row dtype every sparse table comes back with, its rows converted where "
      "the checkpoint holds another; keep = as saved", 0, 0, row_dtype_choices},
+    {"sparse-slot-dtype", PS_OPT_ENUM, offsetof(struct step_cfg, slot_dtype), "keep",
+     "the same for the sparse tables' optimizer slots (fp16 is refused for a table "
+     "with ADAM)", 0, 0, row_dtype_choices},
     CONN_OPTS(struct step_cfg),
     {0},
 };
@@ -55,7 +58,7 @@ static int print_restore(const void *resp)
            r->variables, r->variables == 1 ? "" : "s");
     if (r->sparse_tables_converted > 0)
         printf(" (%" PRIu64 " sparse table(s), %" PRIu64 " rows converted to another row "
-               "dtype)", r->sparse_tables_converted, r->sparse_rows_converted);
+               "or slot dtype)", r->sparse_tables_converted, r->sparse_rows_converted);
     printf("\n");
     return EXIT_OK;
 }
@@ -64,7 +67,8 @@ const struct one_call restore_call = {
     restore_opts, PS_METHOD("Restore"), &ps__v1__restore_request__descriptor,
     offsetof(Ps__V1__RestoreRequest, step),
     &ps__v1__restore_response__descriptor, print_restore,
-    offsetof(Ps__V1__RestoreRequest, sparse_row_dtype)};
+    offsetof(Ps__V1__RestoreRequest, sparse_row_dtype),
+    offsetof(Ps__V1__RestoreRequest, sparse_slot_dtype)};
 
 /* ---- stats, health ---------------------------------------------------- */
 

@@ -29,12 +29,15 @@ struct list_row {
     char shard[16];
     char shape[192];
     char cons[32];
+    char dtype[48];
     char version[24];
     char bytes[64];
 };
 
 /* A sparse table's cells: its rows and dim for the shape ("1200 rows x
- * 64"), its rows' bytes on disk and in RAM for the bytes. */
+ * 64"), its rows' bytes on disk and in RAM for the bytes, and with half
+ * slots (slot_dtype) their dtype after the rows' ("float16, bfloat16
+ * slots"). */
 static void sparse_cells(const Ps__V1__VariableInfo *v, const Ps__V1__VariableSpec *sp,
                          struct list_row *row)
 {
@@ -46,6 +49,11 @@ static void sparse_cells(const Ps__V1__VariableInfo *v, const Ps__V1__VariableSp
              human_bytes(v->sparse_ram_bytes, ram, sizeof ram));
     row->cell[COL_SHAPE] = row->shape;
     row->cell[COL_BYTES] = row->bytes;
+    if (sp->slot_dtype != 0) {
+        snprintf(row->dtype, sizeof row->dtype, "%s, %s slots", row->cell[COL_DTYPE],
+                 ps_dtype_name((enum ps_dtype)sp->slot_dtype));
+        row->cell[COL_DTYPE] = row->dtype;
+    }
 }
 
 /* One row; the shard column only when fanned out over a job. */

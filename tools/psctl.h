@@ -128,6 +128,7 @@ struct step_cfg {
     struct conn_cfg conn;
     uint64_t step; /* 0: the server chooses */
     int row_dtype; /* restore: keep, f32, bf16, fp16 (row_dtype_choices' order) */
+    int slot_dtype; /* restore: the same choices, for the optimizer slots */
 };
 
 /* -o/--output of the read commands (list, stats, status, top --once,
@@ -230,6 +231,7 @@ struct one_call {
     const ProtobufCMessageDescriptor *resp_desc;
     int (*print)(const void *resp);
     size_t row_dtype_at; /* where step_cfg.row_dtype goes as a DType; 0: nowhere */
+    size_t slot_dtype_at; /* the same for step_cfg.slot_dtype */
 };
 
 /* Parses the options, opens and probes the session, makes the call, prints

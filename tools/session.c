@@ -235,13 +235,16 @@ int run_one_call(const struct command *self, int argc, char **argv,
         if (call->step_at != 0)
             memcpy((char *)req + call->step_at,
                    &((const struct step_cfg *)cfg)->step, sizeof(uint64_t));
-        if (call->row_dtype_at != 0) { /* keep, f32, bf16, fp16 -> ps.v1.DType */
-            static const Ps__V1__DType dt[] = {0, PS__V1__DTYPE__DTYPE_FLOAT32,
-                                               PS__V1__DTYPE__DTYPE_BFLOAT16,
-                                               PS__V1__DTYPE__DTYPE_FLOAT16};
-            memcpy((char *)req + call->row_dtype_at,
-                   &dt[((const struct step_cfg *)cfg)->row_dtype], sizeof(Ps__V1__DType));
-        }
+        /* keep, f32, bf16, fp16 -> ps.v1.DType */
+        static const Ps__V1__DType dt[] = {0, PS__V1__DTYPE__DTYPE_FLOAT32,
+                                           PS__V1__DTYPE__DTYPE_BFLOAT16,
+                                           PS__V1__DTYPE__DTYPE_FLOAT16};
+        const struct step_cfg *sc = cfg;
+        if (call->row_dtype_at != 0)
+            memcpy((char *)req + call->row_dtype_at, &dt[sc->row_dtype], sizeof(Ps__V1__DType));
+        if (call->slot_dtype_at != 0)
+            memcpy((char *)req + call->slot_dtype_at, &dt[sc->slot_dtype],
+                   sizeof(Ps__V1__DType));
         rc = session_call_print(&s, call->method, req, call->resp_desc,
                                 call->print);
         session_close(&s);

@@ -283,13 +283,7 @@ extern "C" int wd_coll_gloo_create(const struct wd_coll_opts *o, wd_coll **out,
     GlooColl *g = new (std::nothrow) GlooColl();
     if (g == nullptr)
         return -ENOMEM;
-    g->base.engine = "gloo";
-    g->base.rank = o->rank;
-    g->base.size = o->size;
-    g->base.allreduce_f32 = allreduce_f32;
-    g->base.allreduce_f64 = allreduce_f64;
-    g->base.broadcast = broadcast;
-    g->base.destroy = destroy;
+    g->base = wd_coll{"gloo", o->rank, o->size, allreduce_f32, allreduce_f64, broadcast, destroy};
     g->algorithm = o->algorithm;
     g->timeout = std::chrono::milliseconds(o->timeout_ms);
     if (!resolves(o->host != nullptr ? o->host : "127.0.0.1", err, errlen)) {

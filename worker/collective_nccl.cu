@@ -212,13 +212,7 @@ extern "C" int wd_coll_nccl_create(const struct wd_coll_opts *o, wd_coll **out, 
     if (rc != 0)
         return rc;
     NcclColl *g = new NcclColl();
-    g->base.engine = "nccl";
-    g->base.rank = o->rank;
-    g->base.size = o->size;
-    g->base.allreduce_f32 = allreduce_f32;
-    g->base.allreduce_f64 = allreduce_f64;
-    g->base.broadcast = broadcast;
-    g->base.destroy = destroy;
+    g->base = wd_coll{"nccl", o->rank, o->size, allreduce_f32, allreduce_f64, broadcast, destroy};
     g->device = o->device;
     g->timeout_ms = o->timeout_ms;
     cudaSetDevice(o->device);

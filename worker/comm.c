@@ -242,6 +242,7 @@ int wd_comm_start(struct session *s, const ps_rpc_client_opts *co, char *err,
             ps_client_set_shm(sh->pull_client, s->shm);
         else if (o->wire_dtype != 0)
             ps_client_set_wire_dtype(sh->pull_client, o->wire_dtype, false);
+        ps_client_set_pieces(sh->pull_client, o->piece_bytes, 4); /* checked above */
         if (pthread_create(&sh->pull_th, NULL, pull_main, sh) != 0)
             return -EAGAIN;
     }

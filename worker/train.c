@@ -491,6 +491,11 @@ static int connect_shards(struct session *s, const ps_rpc_client_opts *co,
             ps_client_set_shm(sh->client, s->shm);
         else if (o->wire_dtype != 0)
             ps_client_set_wire_dtype(sh->client, o->wire_dtype, o->error_feedback);
+        if (ps_client_set_pieces(sh->client, o->piece_bytes, 4) != 0) {
+            snprintf(err, errlen, "--pieces %zu: 0 or at least 4096 bytes",
+                     o->piece_bytes);
+            return PS_EINVAL_ARG;
+        }
         sh->push_items = calloc((size_t)np, sizeof *sh->push_items);
         sh->pull_items = calloc((size_t)np, sizeof *sh->pull_items);
         if (sh->push_items == NULL || sh->pull_items == NULL)

@@ -113,8 +113,11 @@ struct wd_train_opts {
                                   0 float32, 2 FLOAT16, 3 BFLOAT16 (not
                                   with shared memory: float32 there) */
     bool error_feedback;       /* with a half wire_dtype (common/half.h) */
+    size_t piece_bytes;        /* tensors above it go in pieces of it
+                                  (ps_client_set_pieces); 0: whole */
     int sparse_row_dtype;      /* ps.v1.DType of widedeep's sparse rows:
                                   0 float32, 2 FLOAT16, 3 BFLOAT16 */
+    int sparse_slot_dtype;     /* the same for their optimizer slots */
     int shm;                   /* shared memory with psd (common/shm.h):
                                   0 auto (a psd reached by unix:, the only
                                   way psd takes it), 1 on (any address),

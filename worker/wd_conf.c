@@ -139,8 +139,15 @@ const ps_opt wd_opts[] = {
      * another row dtype is refused (ALREADY_EXISTS) rather than mixed. */
     {"sparse-row-dtype", PS_OPT_ENUM, offsetof(struct wd_conf, sparse_row_dtype), "f32",
      "the row dtype of the sparse tables widedeep creates: fp16 or bf16 halve "
-     "each row's value in psd's memory, on disk and on the wire (slots and "
-     "updates stay float32), f32 = float32", 0, 0, wire_choices},
+     "each row's value in psd's memory, on disk and on the wire (updates stay "
+     "float32, slots too unless --sparse-slot-dtype), f32 = float32", 0, 0, wire_choices},
+    {"sparse-slot-dtype", PS_OPT_ENUM, offsetof(struct wd_conf, sparse_slot_dtype), "f32",
+     "the dtype of those tables' optimizer slots: fp16 or bf16 halve them in "
+     "psd's memory and on disk, f32 = float32", 0, 0, wire_choices},
+    /* 1M: psclient's default, ~1 ms a piece on a 10 Gbit/s link. */
+    {"pieces", PS_OPT_SIZE, offsetof(struct wd_conf, pieces), "1M", "dense tensors "
+     "above this go in pieces of it, 2 calls at once, so that encoding, the link and "
+     "psd's apply overlap; 0 = whole, else at least 4K", 0, 1073741824.0, NULL},
     {"error-feedback", PS_OPT_BOOL, offsetof(struct wd_conf, error_feedback), "true",
      "with --wire-dtype bf16 or fp16: keep each variable's rounding residual "
      "and add it to its next gradient, so that nothing is lost over time",

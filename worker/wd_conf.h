@@ -54,7 +54,9 @@ struct wd_conf {
     int shm;                    /* 0 auto, 1 on, 2 off */
     int wire_dtype;             /* 0 f32, 1 bf16, 2 fp16 (wire_choices) */
     int sparse_row_dtype;       /* widedeep's tables: the same choices */
+    int sparse_slot_dtype;      /* and their optimizer slots: the same choices */
     bool error_feedback;
+    uint64_t pieces;            /* bytes; 0: whole tensors */
     bool json;
     char *metrics_listen;
     ps_tls_conf tls;

@@ -342,6 +342,7 @@ static int create_vars(struct wdm *m, char *err, size_t errlen)
             opt.kind = wide ? PS__V1__OPTIMIZER__KIND__FTRL : PS__V1__OPTIMIZER__KIND__ADAGRAD;
             opt.learning_rate = wide ? WIDE_LR : DEEP_LR;
             spec.row_dtype = (Ps__V1__DType)o->sparse_row_dtype;
+            spec.slot_dtype = (Ps__V1__DType)o->sparse_slot_dtype;
         }
         ps_rpc_status st = {0};
         int rc = ps_client_create_variable(m->cl[shard], &spec, NULL, NULL,
@@ -433,6 +434,21 @@ static int gather_rows(struct wdm *m, const float *x, int n, char *err, size_t e
     return rc ? rpc_fail(rc, &st, "SparsePull", err, errlen) : 0;
 }
 
+/* Back through a dense layer y = x W, W (nin, nout) stored by input row:
+ * adds x^T dy to gw and sets dx = W dy (before any activation's mask). */
+static void dense_back(const float *x, const float *w, const float *dy, int nin, int nout,
+                       float *gw, float *dx)
+{
+    for (int a = 0; a < nin; a++) {
+        float s = 0;
+        for (int b = 0; b < nout; b++) {
+            gw[(size_t)a * nout + b] += x[a] * dy[b];
+            s += w[(size_t)a * nout + b] * dy[b];
+        }
+        dx[a] = s;
+    }
+}
+
 /* Forward over the pulled rows; with y, also the loss and, if grads, the
  * gradients of the mean loss (dense into m->grads, rows into the bags). */
 static void forward(struct wdm *m, int n, const int32_t *y, bool grads, double *loss,
@@ -498,23 +514,14 @@ static void forward(struct wdm *m, int n, const int32_t *y, bool grads, double *
             dz[c] = (float)(exp((double)(z[c] - mx)) / sum) / (float)n - (c == y[i] ? 1.0f / (float)n : 0);
         for (int c = 0; c < K; c++)
             gb1[c] += dz[c];
+        dense_back(h, w1, dz, H, K, gw1, dh);
         for (int b = 0; b < H; b++) {
-            float s = 0;
-            for (int c = 0; c < K; c++) {
-                gw1[(size_t)b * K + c] += h[b] * dz[c];
-                s += w1[(size_t)b * K + c] * dz[c];
-            }
-            dh[b] = h[b] > 0 ? s : 0;
+            dh[b] = h[b] > 0 ? dh[b] : 0;
             gb0[b] += dh[b];
         }
-        for (int a = 0; a < E; a++) {
-            float s = 0;
-            for (int b = 0; b < H; b++) {
-                gw0[(size_t)a * H + b] += e[a] * dh[b];
-                s += w0[(size_t)a * H + b] * dh[b];
-            }
-            de[a] = s * inv;
-        }
+        dense_back(e, w0, dh, E, H, gw0, de);
+        for (int a = 0; a < E; a++)
+            de[a] *= inv;
         for (int j = d0; j < d1; j++) {
             float *g = m->deep.grad + (size_t)m->deep.occ[j] * E;
             for (int a = 0; a < E; a++)

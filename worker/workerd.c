@@ -399,6 +399,17 @@ static void notify_evaluation(uint64_t version, float loss, float acc)
     ps_notify_alive();
 }
 
+/* One evaluation of the variables on the test set, by the model's own
+ * evaluator (widedeep reads sparse tables, the others dense variables). */
+static int evaluate_model(const struct wd_train_opts *o, const struct ps_dataset *test,
+                          float *loss, float *acc, uint64_t *version, char *err,
+                          size_t errlen)
+{
+    return wd_is_widedeep(o->model)
+               ? wd_evaluate_widedeep(o, test, loss, acc, version, err, errlen)
+               : wd_evaluate(o, test, loss, acc, version, err, errlen);
+}
+
 static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
                          const struct ps_dataset *test, ps_coord *coord)
 {
@@ -408,9 +419,7 @@ static int run_evaluator(struct wd_train_opts *o, struct wd_conf *c,
         float loss = 0, acc = 0;
         uint64_t version = 0;
         char err[512];
-        int rc = wd_is_widedeep(o->model)
-                     ? wd_evaluate_widedeep(o, test, &loss, &acc, &version, err, sizeof err)
-                     : wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        int rc = evaluate_model(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
             return fail(1, "%s", err);
         n++;
@@ -692,7 +701,9 @@ static struct wd_train_opts train_opts(const struct wd_conf *c, ps_coord *coord,
         /* wire_choices' order: f32, bf16, fp16 -> ps.v1.DType */
         .wire_dtype = c->wire_dtype == 1 ? 3 : c->wire_dtype == 2 ? 2 : 0,
         .error_feedback = c->error_feedback,
+        .piece_bytes = (size_t)c->pieces,
         .sparse_row_dtype = c->sparse_row_dtype == 1 ? 3 : c->sparse_row_dtype == 2 ? 2 : 0,
+        .sparse_slot_dtype = c->sparse_slot_dtype == 1 ? 3 : c->sparse_slot_dtype == 2 ? 2 : 0,
         .summary_steps = (int)c->summary_steps,
         .token = c->token[0] ? c->token : NULL,
     };
@@ -751,9 +762,7 @@ static int run_worker(const struct wd_train_opts *o, const struct wd_conf *c,
     uint64_t version = 0;
     bool evaluate = c->evaluate && !c->local;
     if (evaluate) {
-        rc = wd_is_widedeep(o->model)
-                 ? wd_evaluate_widedeep(o, test, &loss, &acc, &version, err, sizeof err)
-                 : wd_evaluate(o, test, &loss, &acc, &version, err, sizeof err);
+        rc = evaluate_model(o, test, &loss, &acc, &version, err, sizeof err);
         if (rc != 0)
             return fail(1, "%s", err);
         wd_metrics_eval(o->metrics, version, loss, acc);

@@ -46,14 +46,9 @@ COORD = "ps.v1.Coordinator"
 PLACEMENT_WAIT_S = 120.0
 
 
-class Values(Dict[str, np.ndarray]):
+class Values(_sparse.Versioned):
     """Variables' values by name, with the version each was read at
     (`versions`; for a split variable, the lowest of its parts')."""
-    versions: Dict[str, int]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.versions = {}
 
 
 @dataclass
@@ -135,7 +130,7 @@ class Restored:
     address: str
     step: int
     variables: int
-    sparse_tables_converted: int = 0   # with sparse_row_dtype: tables of another dtype
+    sparse_tables_converted: int = 0   # with sparse_row/slot_dtype: tables of another dtype
     sparse_rows_converted: int = 0
 
 
@@ -806,7 +801,8 @@ class Client:
 
     def restore(self, step: int = 0, *, token_file: Optional[str] = None,
                 timeout: Optional[float] = None,
-                sparse_row_dtype: Optional[str] = None) -> List[Restored]:
+                sparse_row_dtype: Optional[str] = None,
+                sparse_slot_dtype: Optional[str] = None) -> List[Restored]:
         """Has every shard load a checkpoint (psd's Restore, in parallel):
         the one at `step`, or each shard's latest complete one (0). The
         variables' values, optimizer slots, versions and sparse tables
@@ -815,12 +811,15 @@ class Client:
         by index; raises PsError (NOT_FOUND naming the step when a shard has
         no such checkpoint). sparse_row_dtype ("f32", "fp16", "bf16"): every
         sparse table comes back with rows of that dtype, converted where the
-        checkpoint holds another (counted in Restored); None: as saved."""
+        checkpoint holds another (counted in Restored); None: as saved.
+        sparse_slot_dtype: the same for the tables' optimizer slots."""
         if step < 0:
             raise ValueError("restore: step must be >= 0")
         tok = _token_arg(token_file)
         req = pb.RestoreRequest(step=step, sparse_row_dtype=(
-            0 if sparse_row_dtype is None else row_dtype_pb(sparse_row_dtype)))
+            0 if sparse_row_dtype is None else row_dtype_pb(sparse_row_dtype)),
+            sparse_slot_dtype=(0 if sparse_slot_dtype is None
+                               else row_dtype_pb(sparse_slot_dtype, "sparse_slot_dtype")))
         r = self._each(list(range(len(self.shards))), lambda s: self.shards[s].call(
             "Restore", req, pb.RestoreResponse, timeout=timeout, token=tok))
         return [Restored(s, self.shards[s].conn.address, int(r[s].step), int(r[s].variables),

@@ -225,23 +225,26 @@ def default_initializer(name: str, dim: int, seed: int = 0) -> Initializer:
 def layer_lookup(kind: str, client: Client, table: Any, dim: Optional[int], *,
                  padding_idx: Optional[int], offset: IdMap, hash_salt: IdMap,
                  optimizer: Optional[Optimizer], create: bool, seed: int,
-                 row_dtype: Optional[str] = None) -> Lookup:
+                 row_dtype: Optional[str] = None,
+                 slot_dtype: Optional[str] = None) -> Lookup:
     """The Lookup of a framework's embedding layer (kind names it in
     errors: "ShardedEmbedding 'NAME'"). A table given by name is created
     with default_initializer when create is set, which needs its dim.
-    row_dtype: the rows' dtype on psd (SparseTable.row_dtype); None: the
-    SparseTable's, or f32."""
+    row_dtype, slot_dtype: the rows' and the optimizer slots' dtypes on psd
+    (SparseTable's); None: the SparseTable's, or f32."""
     name = table.name if isinstance(table, SparseTable) else str(table)
     layer = "%s '%s'" % (kind, name)
-    if isinstance(table, SparseTable) and row_dtype is not None and \
-            row_dtype_pb(row_dtype) != row_dtype_pb(table.row_dtype):
-        raise ValueError("%s: row_dtype %r differs from the SparseTable's %r"
-                         % (layer, row_dtype, table.row_dtype))
-    if isinstance(table, str) and (create or row_dtype is not None):
+    asked = {"row_dtype": row_dtype, "slot_dtype": slot_dtype}
+    for field, want in asked.items():
+        if isinstance(table, SparseTable) and want is not None and \
+                row_dtype_pb(want, field) != row_dtype_pb(getattr(table, field)):
+            raise ValueError("%s: %s %r differs from the SparseTable's %r"
+                             % (layer, field, want, getattr(table, field)))
+    if isinstance(table, str) and (create or row_dtype is not None or slot_dtype is not None):
         if dim is None:
             raise ValueError("%s: give the table's dim (or a SparseTable)" % layer)
         table = SparseTable(table, int(dim), default_initializer(table, int(dim), seed),
-                            row_dtype=row_dtype or "f32")
+                            row_dtype=row_dtype or "f32", slot_dtype=slot_dtype or "f32")
     return Lookup(client, table, dim, layer=layer, offset=offset, hash_salt=hash_salt,
                   padding_idx=padding_idx, create=create,
                   optimizer=optimizer or Optimizer.sgd(0.01))

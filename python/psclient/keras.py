@@ -211,8 +211,9 @@ class ShardedEmbedding(_KerasLayer):
     a name (created with `dim`, rows uniform in +-1/sqrt(dim) from `seed`;
     with create=False attached as it is). optimizer: the table's when it
     has none of its own (default SGD 0.01). padding_idx, offset, hash_salt,
-    row_dtype: as psclient.torch.ShardedEmbedding (row_dtype is the rows'
-    dtype on psd; Keras' own `dtype` stays the layer's compute dtype). The
+    row_dtype, slot_dtype: as psclient.torch.ShardedEmbedding (row_dtype is
+    the rows' dtype on psd; Keras' own `dtype` stays the layer's compute
+    dtype). The
     layer has one trainable scalar, always zero, through which Keras's
     backward reaches the push.
     """
@@ -220,12 +221,14 @@ class ShardedEmbedding(_KerasLayer):
     def __init__(self, client: Client, table: Any, dim: Optional[int] = None, *,
                  padding_idx: Optional[int] = None, offset: Any = 0, hash_salt: Any = None,
                  optimizer: Optional[Optimizer] = None, create: bool = True, seed: int = 0,
-                 row_dtype: Optional[str] = None, **kwargs: Any) -> None:
+                 row_dtype: Optional[str] = None, slot_dtype: Optional[str] = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lookup = _emb.layer_lookup("ShardedEmbedding", client, table, dim,
                                          padding_idx=padding_idx, offset=offset,
                                          hash_salt=hash_salt, optimizer=optimizer,
-                                         create=create, seed=seed, row_dtype=row_dtype)
+                                         create=create, seed=seed, row_dtype=row_dtype,
+                                         slot_dtype=slot_dtype)
         layer = self.lookup.layer
         self.output_dim = self.lookup.dim
         self.padding_idx = padding_idx

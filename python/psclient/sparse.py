@@ -61,16 +61,22 @@ def shard_of(ids: Any, nshards: int) -> np.ndarray:
     return b.reshape(ids.shape)
 
 
-class SparseValues(Dict[str, np.ndarray]):
-    """Rows by table name (float32 [len(ids), dim], in request order), with
-    each table's version (`versions`: the highest a shard answered; a table
-    counts the SparsePush calls each shard applied; 0 if no shard was
-    asked)."""
+class Versioned(Dict[str, np.ndarray]):
+    """Arrays by name, each with the version it was read at (`versions`,
+    by the same names): what a pull answers, dense (client.Values) or
+    sparse (SparseValues)."""
     versions: Dict[str, int]
 
     def __init__(self) -> None:
         super().__init__()
         self.versions = {}
+
+
+class SparseValues(Versioned):
+    """Rows by table name (float32 [len(ids), dim], in request order), with
+    each table's version (`versions`: the highest a shard answered; a table
+    counts the SparsePush calls each shard applied; 0 if no shard was
+    asked)."""
 
 
 @dataclass

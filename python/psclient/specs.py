@@ -18,12 +18,19 @@ _CONSISTENCY = {"default": 0, "async": 1, "sync": 2, "bounded_staleness": 3}
 _ROW_DTYPES = {"f32": 1, "float32": 1, "fp16": 2, "float16": 2, "bf16": 3, "bfloat16": 3}
 
 
-def row_dtype_pb(name: str) -> int:
-    """A sparse table's row dtype ("f32", "fp16", "bf16") as a ps.v1.DType."""
+def row_dtype_pb(name: str, what: str = "row_dtype") -> int:
+    """A sparse table's row (or slot) dtype ("f32", "fp16", "bf16") as a
+    ps.v1.DType; what names the argument in the error."""
     try:
         return _ROW_DTYPES[name]
     except KeyError:
-        raise ValueError("row_dtype %r: expected f32, fp16 or bf16" % (name,)) from None
+        raise ValueError("%s %r: expected f32, fp16 or bf16" % (what, name)) from None
+
+
+def _spec_dtype(name: str, what: str) -> int:
+    """A row or slot dtype as the spec carries it: float32 as unset."""
+    d = row_dtype_pb(name, what)
+    return 0 if d == 1 else d
 
 
 @dataclass(frozen=True)
@@ -208,9 +215,13 @@ class SparseTable:
     recently updated beyond it are evicted (0: unbounded); insert_on_pull: a
     pull of an unknown id stores its initial row. row_dtype: "fp16" or
     "bf16" store the rows' values in half precision on psd (half the bytes
-    in memory, on disk and on the wire; the optimizer's slots and updates
-    stay float32, each new value rounded to nearest even), "f32" float32.
-    The client still hands out and takes float32 rows."""
+    in memory, on disk and on the wire; updates stay float32, each new
+    value rounded to nearest even), "f32" float32.
+    slot_dtype: the same for the optimizer's slots (MOMENTUM's velocity,
+    ADAGRAD's accumulator, ADAM's moments, FTRL's n and z), widened for the
+    update and rounded back each time; psd refuses "fp16" with ADAM (its
+    second moment underflows float16). The client still hands out and takes
+    float32 rows."""
     name: str
     dim: int
     initializer: Optional[Initializer] = None
@@ -220,9 +231,11 @@ class SparseTable:
     max_rows: int = 0
     insert_on_pull: bool = False
     row_dtype: str = "f32"
+    slot_dtype: str = "f32"
 
     def __post_init__(self) -> None:
         row_dtype_pb(self.row_dtype)
+        row_dtype_pb(self.slot_dtype, "slot_dtype")
         if not 1 <= int(self.dim) <= 65536:
             raise ValueError("sparse table '%s': dim must be in [1, 65536], got %r"
                              % (self.name, self.dim))
@@ -241,7 +254,8 @@ class SparseTable:
             consistency=_CONSISTENCY["async"], sparse=True,
             admit_after=int(self.admit_after), ttl_steps=int(self.ttl_steps),
             max_rows=int(self.max_rows), insert_on_pull=bool(self.insert_on_pull),
-            row_dtype=0 if row_dtype_pb(self.row_dtype) == 1 else row_dtype_pb(self.row_dtype))
+            row_dtype=_spec_dtype(self.row_dtype, "row_dtype"),
+            slot_dtype=_spec_dtype(self.slot_dtype, "slot_dtype"))
 
 
 def consistency_pb(name: str) -> int:

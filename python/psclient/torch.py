@@ -178,13 +178,13 @@ class _Sharded(torch.nn.Module):
     def __init__(self, kind: str, client: Client, table: Any, dim: Optional[int], *,
                  padding_idx: Optional[int], offset: Any, hash_salt: Any,
                  optimizer: Optional[Optimizer], create: bool, seed: int,
-                 row_dtype: Optional[str]) -> None:
+                 row_dtype: Optional[str], slot_dtype: Optional[str]) -> None:
         super().__init__()
         from . import embedding as _emb
         self.lookup = _emb.layer_lookup(kind, client, table, dim, padding_idx=padding_idx,
                                          offset=offset, hash_salt=hash_salt,
                                          optimizer=optimizer, create=create, seed=seed,
-                                         row_dtype=row_dtype)
+                                         row_dtype=row_dtype, slot_dtype=slot_dtype)
         layer = self.lookup.layer
         self.embedding_dim = self.lookup.dim
         self.padding_idx = padding_idx
@@ -240,7 +240,8 @@ class ShardedEmbedding(_Sharded):
     row_dtype: "fp16" or "bf16" store the table's rows in half precision on
     psd (half the bytes in its memory, on disk and on the wire; the layer
     still computes in float32), "f32" float32; None: the SparseTable's, or
-    f32 for a table given by name.
+    f32 for a table given by name. slot_dtype: the same for the table's
+    optimizer slots ("fp16" is refused with Adam).
 
         emb = ShardedEmbedding(client, SparseTable("item", 16,
                                optimizer=Optimizer.adagrad(0.05)))
@@ -250,10 +251,11 @@ class ShardedEmbedding(_Sharded):
     def __init__(self, client: Client, table: Any, dim: Optional[int] = None, *,
                  padding_idx: Optional[int] = None, offset: Any = 0, hash_salt: Any = None,
                  optimizer: Optional[Optimizer] = None, create: bool = True,
-                 seed: int = 0, row_dtype: Optional[str] = None) -> None:
+                 seed: int = 0, row_dtype: Optional[str] = None,
+                 slot_dtype: Optional[str] = None) -> None:
         super().__init__("ShardedEmbedding", client, table, dim, padding_idx=padding_idx,
                          offset=offset, hash_salt=hash_salt, optimizer=optimizer,
-                         create=create, seed=seed, row_dtype=row_dtype)
+                         create=create, seed=seed, row_dtype=row_dtype, slot_dtype=slot_dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = _check_ids(self.layer, ids)
@@ -271,12 +273,13 @@ class ShardedEmbeddingBag(_Sharded):
     def __init__(self, client: Client, table: Any, dim: Optional[int] = None, *,
                  mode: str = "mean", padding_idx: Optional[int] = None, offset: Any = 0,
                  hash_salt: Any = None, optimizer: Optional[Optimizer] = None,
-                 create: bool = True, seed: int = 0, row_dtype: Optional[str] = None) -> None:
+                 create: bool = True, seed: int = 0, row_dtype: Optional[str] = None,
+                 slot_dtype: Optional[str] = None) -> None:
         if mode not in ("sum", "mean"):
             raise ValueError("ShardedEmbeddingBag: mode %r, expected 'sum' or 'mean'" % mode)
         super().__init__("ShardedEmbeddingBag", client, table, dim, padding_idx=padding_idx,
                          offset=offset, hash_salt=hash_salt, optimizer=optimizer,
-                         create=create, seed=seed, row_dtype=row_dtype)
+                         create=create, seed=seed, row_dtype=row_dtype, slot_dtype=slot_dtype)
         self.mode = mode
 
     def forward(self, ids: torch.Tensor, offsets: Optional[torch.Tensor] = None,

@@ -557,8 +557,7 @@ def main():
         if "fixh" in parts:
             test_fixh(pstest.tmpdir("auth-h-"))
     finally:
-        for x in LIVE:
-            x.kill()
+        pstest.stop_all(LIVE, kill=True)
     r.finish()
 
 

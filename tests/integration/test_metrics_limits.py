@@ -8,7 +8,6 @@ loopback) is answered at once, and gRPC serves as before. A non-loopback
 """
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time

@@ -283,17 +283,22 @@ def test_workerd(root):
                          env=ns.env(), stdout=subprocess.DEVNULL, stderr=log)
     try:
         ready = ns.wait("READY", 60, lambda v: v == "1")
-        pushes = 0
+        pulls = pushes = 0
         if ready is not None:
+            # READY=1 comes after the first step's compute, with its first
+            # pull done; the step's push goes out on a comm thread beside
+            # it, so psd sees it a moment later.
             ch = pstest.channel(d.address)
-            pushes = pbg.ParameterServerStub(ch).Stats(
-                pb.StatsRequest(), timeout=5).pushes
+            stub = pbg.ParameterServerStub(ch)
+            pulls = stub.Stats(pb.StatsRequest(), timeout=5).pulls
+            pstest.wait_until(lambda: stub.Stats(pb.StatsRequest(), timeout=5).pushes >= 1, 10)
+            pushes = stub.Stats(pb.StatsRequest(), timeout=5).pushes
             ch.close()
         status = ready[1].get("STATUS") if ready else None
-        r.check(ready is not None and pushes >= 1 and
+        r.check(ready is not None and pulls >= 1 and pushes >= 1 and
                 status_num(status, r"step (\d+)") is not None,
-                "workerd: READY=1 after its first step (psd saw %d pushes), "
-                "STATUS=%s" % (pushes, status))
+                "workerd: READY=1 after its first step (psd had answered %d pulls, then "
+                "saw %d pushes), STATUS=%s" % (pulls, pushes, status))
         m = ns.wait("STATUS", 5, lambda v: (status_num(v, r"step (\d+)") or 0) >
                     (status_num(status, r"step (\d+)") or 0))
         r.check(m is not None and "examples/s" in m[1]["STATUS"],

@@ -1009,8 +1009,7 @@ def main():
         r.run((test_static, test_dynamic, test_sync, test_job, test_timed,
                test_identity, test_rogue_steps, test_psctl_errors))
     finally:
-        for x in LIVE:
-            x.kill()
+        pstest.stop_all(LIVE, kill=True)
     r.finish()
 
 

@@ -139,13 +139,8 @@ def check_python(p):
 
     def client():
         return Client([p.d.address], shm=True)
-    addrs, before, after = pstest.client_push(client, p.stats)
-    r.check(addrs == [sock] and after >= before + 4096 * 4,
-            "python: Client(['%s'], shm=True) on %s, shm_bytes %d -> %d"
-            % (p.d.address, addrs, before, after))
-    addrs, _, later = pstest.client_push(client, p.stats, host_id="another-host")
-    r.check(addrs == [p.d.address] and later == after,
-            "python: another host id: over TCP (%s)" % addrs)
+    pstest.check_client_shm(r, "Client(['%s'], shm=True)" % p.d.address, client, p.stats,
+                            sock, p.d.address)
 
 
 def main():

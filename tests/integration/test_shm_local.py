@@ -33,7 +33,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 
@@ -220,13 +219,8 @@ def check_python(job):
     def client():
         return Client(coordinator=job.coord.address, job_id="job", shm=True,
                       token=job.tokens.tok["operator"])
-    addrs, before, after = pstest.client_push(client, job.stats)
-    r.check(addrs == ["unix:" + job.sock] and after > before,
-            "python: Client(coordinator, shm=True) on the socket %s, shm_bytes "
-            "%d -> %d" % (addrs, before, after))
-    addrs, _, later = pstest.client_push(client, job.stats, host_id="another-host")
-    r.check(addrs == [job.psd.address] and later == after,
-            "python: another host id: over TCP (%s)" % addrs)
+    pstest.check_client_shm(r, "Client(coordinator, shm=True)", client, job.stats,
+                            "unix:" + job.sock, job.psd.address)
 
 
 def main():

@@ -10,7 +10,9 @@ real processes on 127.0.0.1:
 - the wide-and-deep model trains through the local cluster (2 shards, one
   worker, 1 epoch on 12000 examples) to test accuracy > 0.75, both tables
   hold rows on both shards, and the coordinator's placement records the
-  tables as hash-partitioned with one part per shard."""
+  tables as hash-partitioned with one part per shard; the worker's
+  --sparse-slot-dtype bf16 creates both tables with bfloat16 optimizer
+  slots (ListVariables' slot_dtype on each shard)."""
 import os
 import subprocess
 import sys
@@ -97,7 +99,8 @@ def widedeep(r, pb, pbg):
         return
     root = pstest.tmpdir("widedeep-")
     c = LocalCluster(pstest.BUILD_ROOT, root, num_ps=2, num_workers=1, evaluator=False,
-                     model="widedeep", epochs=1, worker_args=["--limit", "12000"])
+                     model="widedeep", epochs=1,
+                     worker_args=["--limit", "12000", "--sparse-slot-dtype", "bf16"])
     try:
         c.start()
         res = c.wait_workers(timeout=400)
@@ -116,6 +119,14 @@ def widedeep(r, pb, pbg):
         ok = ok and not pl["deep/dense0/kernel"].hash_partitioned
         r.check(ok, "the coordinator's placement records both tables as "
                 "hash-partitioned over shards 0 and 1, the dense kernel not")
+        slots = []
+        for p in c.ps_ports:
+            stub = pbg.ParameterServerStub(pstest.channel("127.0.0.1:%d" % p))
+            vs = stub.ListVariables(pb.ListVariablesRequest(), timeout=10).variables
+            slots += [v.spec.slot_dtype for v in vs if v.spec.sparse]
+        r.check(len(slots) == 4 and all(d == pb.DTYPE_BFLOAT16 for d in slots),
+                "workerd --sparse-slot-dtype bf16: both tables on both shards have "
+                "bfloat16 slots (%s)" % slots)
     finally:
         c.stop()
 

@@ -161,6 +161,26 @@ def start_psd(data_dir, *args, wrapper=None):
     return Daemon((wrapper or []) + argv)
 
 
+def start_psd_local(tmp, *args, suffix="", wrapper=None):
+    """start_psd with its data in TMP/data<suffix>, also serving on the unix
+    socket TMP/psd<suffix>.sock (shared memory goes over nothing else).
+    Returns (Daemon, the socket's path)."""
+    sock = os.path.join(tmp, "psd%s.sock" % suffix)
+    d = start_psd(os.path.join(tmp, "data" + suffix), "--local-socket", sock, *args,
+                  wrapper=wrapper)
+    return d, sock
+
+
+def stop_all(daemons, kill=False):
+    """Stops each of daemons (SIGTERM and a wait, or with kill SIGKILL): the
+    end of a test's main, for every process it started."""
+    for d in daemons:
+        if kill:
+            d.kill()
+        else:
+            d.stop()
+
+
 def durability_modes():
     """For a test run once write-behind and once with --durable: yields
     (durable, mode name, a new data directory, psd's extra arguments)."""
@@ -345,6 +365,19 @@ def client_push(make_client, stats, host_id=None):
             c.close()
         if host_id is not None:
             del os.environ["PS_HOST_ID"]
+
+
+def check_client_shm(r, what, make_client, stats, sock, tcp):
+    """Checks the Python client that make_client() returns on a psd of this
+    host: a push goes over the unix socket sock with shared memory (Stats'
+    shm_bytes grow by its 16 KiB at least), and with another PS_HOST_ID over
+    TCP (tcp, the psd's address) with none; what names the client."""
+    addrs, before, after = client_push(make_client, stats)
+    r.check(addrs == [sock] and after >= before + 4096 * 4,
+            "python: %s on %s, shm_bytes %d -> %d" % (what, addrs, before, after))
+    addrs, _, later = client_push(make_client, stats, host_id="another-host")
+    r.check(addrs == [tcp] and later == after,
+            "python: another host id: over TCP (%s)" % addrs)
 
 
 def json_summary(p):

@@ -40,8 +40,7 @@ def main():
     r = pstest.Results("psd-shm")
     # Shared memory goes only over psd's unix socket (issue 13 a).
     tmp = pstest.tmpdir()
-    sock = os.path.join(tmp, "psd.sock")
-    d = pstest.start_psd(os.path.join(tmp, "data"), "--local-socket", sock)
+    d, sock = pstest.start_psd_local(tmp)
     stub = pbg.ParameterServerStub(pstest.channel("unix:" + sock))
     rng = np.random.default_rng(7)
     w0 = rng.standard_normal(N).astype("<f4")
@@ -160,9 +159,7 @@ def main():
     # is one consistent snapshot, the value of the version it reports (the
     # value is the number of pushes: 0, then +1 per push of -1s).
     import threading
-    sock4 = os.path.join(tmp, "psd4.sock")
-    d4 = pstest.start_psd(os.path.join(tmp, "data4"), "--threads", "4",
-                          "--local-socket", sock4)
+    d4, sock4 = pstest.start_psd_local(tmp, "--threads", "4", suffix="4")
     stub4 = pbg.ParameterServerStub(pstest.channel("unix:" + sock4))
     # The pushes on a connection of their own, as another worker's would be.
     push4 = pbg.ParameterServerStub(grpc.insecure_channel(

@@ -69,8 +69,7 @@ def main():
     pb, pbg, _, _ = pstest.generate_stubs()
     r = pstest.Results("psd-shm-attack")
     tmp = pstest.tmpdir()
-    sock = os.path.join(tmp, "psd.sock")
-    d = pstest.start_psd(os.path.join(tmp, "data"), "--local-socket", sock)
+    d, sock = pstest.start_psd_local(tmp)
     tcp = pbg.ParameterServerStub(pstest.channel(d.address))
     unix = pbg.ParameterServerStub(pstest.channel("unix:" + sock))
     for name in ("w", "x"):
@@ -215,9 +214,7 @@ def main():
     with open(tok, "w") as f:
         f.write("operator %s\n" % os.urandom(16).hex())
     os.chmod(tok, 0o600)
-    sock2 = os.path.join(tmp, "psd2.sock")
-    d2 = pstest.start_psd(os.path.join(tmp, "data2"), "--local-socket", sock2,
-                          "--tokens", tok)
+    d2, sock2 = pstest.start_psd_local(tmp, "--tokens", tok, suffix="2")
     u2 = pbg.ParameterServerStub(pstest.channel("unix:" + sock2))
     t2 = pbg.ParameterServerStub(pstest.channel(d2.address))
     code, msg = refusal(lambda: u2.CreateVariable(pb.CreateVariableRequest(

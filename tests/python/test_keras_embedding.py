@@ -168,8 +168,7 @@ def main():
     c = Client([d.address for d in ds])
     r.run((test_fit, test_tape, test_hybrid, test_badinput), c)
     c.close()
-    for d in ds:
-        d.stop()
+    pstest.stop_all(ds)
     r.finish()
 
 

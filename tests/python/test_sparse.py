@@ -208,8 +208,7 @@ def main():
            lambda: test_ftrl(c), lambda: test_badinput(c),
            lambda: test_stale(ds[2].address), lambda: test_delta(c)))
     c.close()
-    for d in ds:
-        d.stop()
+    pstest.stop_all(ds)
     r.finish()
 
 

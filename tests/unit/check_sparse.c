@@ -491,37 +491,44 @@ END_TEST
 
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
-/* A table of rows of type (half.h), ADAM, rows starting at 0.1 (not a
- * float16 or bfloat16 value: the start is rounded too). */
-static void half_start(struct fx *f, int type)
+/* A table of rows of type (half.h) and slots of slot_type (0: float32),
+ * optimizer kind (ADAM, two slots, or ADAGRAD or FTRL), rows starting at
+ * 0.1 (not a float16 or bfloat16 value: the start is rounded too). */
+static void half_start(struct fx *f, int type, int slot_type, enum psd_opt_kind kind)
 {
     spec_make(f, "emb16", 0, 0, 0);
     f->spec.row_dtype = (Ps__V1__DType)type;
+    f->spec.slot_dtype = (Ps__V1__DType)slot_type;
     f->init.kind = PS__V1__INITIALIZER__KIND__CONSTANT;
     f->init.value = 0.1f;
-    f->o = (psd_opt){.kind = PSD_OPT_ADAM};
+    f->opt.kind = (Ps__V1__Optimizer__Kind)kind;
+    f->o = (psd_opt){.kind = kind};
     psd_opt_defaults(&f->o);
     f->o.lr = 0.01f;
     fx_open(f, 0, 0, true);
 }
 
+/* x as stored in type (0: float32, x itself). */
 static float round_to(int type, float x)
 {
     bool c;
-    return ps_half_to_f32_one(type, ps_half_from_f32_one(type, x, &c));
+    return type ? ps_half_to_f32_one(type, ps_half_from_f32_one(type, x, &c)) : x;
 }
 
 /* Five pushes of varied gradients to two ids (one repeated), each row
  * checked bit for bit against a float32 reference that applies the same
- * ADAM update to the widened row and rounds the value back to nearest
- * even: pulls in float32 and in the row dtype, and push's values. */
-static void half_case(int type)
+ * update (kind, two slots) to the widened row and rounds the value back to
+ * nearest even, and the slots too with half slots (slot_type): pulls in
+ * float32 and in the row dtype, and push's values. */
+static void half_case(int type, int slot_type, enum psd_opt_kind kind)
 {
     struct fx f;
-    half_start(&f, type);
+    half_start(&f, type, slot_type, kind);
     ck_assert_int_eq(psd_sparse_row_type(f.t), type);
-    /* head 16, value 4 x 2 bytes, ADAM's two slots 4 x 4 bytes each. */
-    ck_assert_uint_eq(psd_sparse_stored_bytes(f.t), 16 + DIM * 2 + 2 * DIM * 4);
+    ck_assert_int_eq(psd_sparse_slot_type(f.t), slot_type);
+    /* head 16, value 4 x 2 bytes, two slots 4 x 4 (or 2) bytes each. */
+    ck_assert_uint_eq(psd_sparse_stored_bytes(f.t),
+                      16 + DIM * 2 + 2 * DIM * (slot_type ? 2 : 4));
     ck_assert_uint_eq(psd_sparse_value_bytes(f.t, false), DIM * 2);
     ck_assert_uint_eq(psd_sparse_value_bytes(f.t, true), DIM * 4);
     float ref[2][3 * DIM];
@@ -529,6 +536,8 @@ static void half_case(int type)
         for (int k = 0; k < DIM; k++)
             ref[r][k] = round_to(type, 0.1f);
         psd_opt_init_slots(&f.o, ref[r] + DIM, DIM);
+        for (int k = DIM; k < 3 * DIM; k++)
+            ref[r][k] = round_to(slot_type, ref[r][k]);
     }
     int64_t ids[] = {7, -3, 7};
     for (int step = 1; step <= 5; step++) {
@@ -548,8 +557,8 @@ static void half_case(int type)
                                          why, sizeof why), 0);
         for (int r = 0; r < 2; r++) {
             psd_opt_apply(&f.o, ref[r], ref[r] + DIM, sum[r], DIM, 1.0f, (uint64_t)step);
-            for (int k = 0; k < DIM; k++)
-                ref[r][k] = round_to(type, ref[r][k]);
+            for (int k = 0; k < 3 * DIM; k++)
+                ref[r][k] = round_to(k < DIM ? type : slot_type, ref[r][k]);
         }
         float w32[2 * DIM];
         uint16_t w16[2 * DIM];
@@ -586,13 +595,34 @@ static void half_case(int type)
 
 START_TEST(test_f16_rows)
 {
-    half_case(PS_HALF_F16);
+    half_case(PS_HALF_F16, 0, PSD_OPT_ADAM);
 }
 END_TEST
 
 START_TEST(test_bf16_rows)
 {
-    half_case(PS_HALF_BF16);
+    half_case(PS_HALF_BF16, 0, PSD_OPT_ADAM);
+}
+END_TEST
+
+/* Slots in half precision too (VariableSpec.slot_dtype): FTRL's n and z in
+ * float16, ADAM's moments in bfloat16, FTRL's in bfloat16 under float16
+ * rows. */
+START_TEST(test_f16_slots)
+{
+    half_case(PS_HALF_F16, PS_HALF_F16, PSD_OPT_FTRL);
+}
+END_TEST
+
+START_TEST(test_bf16_slots)
+{
+    half_case(PS_HALF_BF16, PS_HALF_BF16, PSD_OPT_ADAM);
+}
+END_TEST
+
+START_TEST(test_mixed_slots)
+{
+    half_case(PS_HALF_F16, PS_HALF_BF16, PSD_OPT_FTRL);
 }
 END_TEST
 
@@ -617,7 +647,7 @@ END_TEST
 START_TEST(test_convert_row)
 {
     struct fx f;
-    half_start(&f, PS_HALF_BF16);
+    half_start(&f, PS_HALF_BF16, 0, PSD_OPT_ADAM);
     Ps__V1__VariableSpec s32 = f.spec;
     s32.row_dtype = PS__V1__DTYPE__DTYPE_UNSPECIFIED;
     psd_sparse_table *t32 = psd_sparse_table_new(&s32, &f.o);
@@ -652,9 +682,69 @@ START_TEST(test_convert_row)
     ck_assert_int_eq(psd_sparse_convert_row(t32, f.t, in, sizeof in - 4, out, scratch,
                                             &clamped), PS_ECORRUPT);
     ck_assert_uint_eq(clamped, 0);
+    /* Into bfloat16 slots: the value as it was, the slots rounded. */
+    Ps__V1__VariableSpec s16 = s32;
+    s16.slot_dtype = PS__V1__DTYPE__DTYPE_BFLOAT16;
+    psd_sparse_table *ts = psd_sparse_table_new(&s16, &f.o);
+    uint8_t half_slots[16 + DIM * 4 + 2 * DIM * 2];
+    ck_assert_uint_eq(psd_sparse_stored_bytes(ts), sizeof half_slots);
+    ck_assert_int_eq(psd_sparse_convert_row(t32, ts, in, sizeof in, half_slots, scratch,
+                                            &clamped), 0);
+    ck_assert_int_eq(memcmp(half_slots, in, 16 + DIM * 4), 0);
+    for (int k = 0; k < 2 * DIM; k++) {
+        uint16_t h;
+        bool c;
+        memcpy(&h, half_slots + 16 + DIM * 4 + 2 * k, 2);
+        ck_assert_uint_eq(h, ps_half_from_f32_one(PS_HALF_BF16, row[DIM + k], &c));
+    }
     free(scratch);
+    psd_sparse_table_free(ts);
     psd_sparse_table_free(t32);
     fx_close(&f, true);
+}
+END_TEST
+
+/* A float16 slot past +-65504 is stored as +-65504 and counted: ADAGRAD's
+ * accumulator after a gradient of 300 (90000.1). */
+START_TEST(test_f16_slot_clamp)
+{
+    struct fx f;
+    spec_make(&f, "emb16", 0, 0, 0);
+    f.spec.slot_dtype = PS__V1__DTYPE__DTYPE_FLOAT16;
+    f.opt.kind = PS__V1__OPTIMIZER__KIND__ADAGRAD;
+    f.o = (psd_opt){.kind = PSD_OPT_ADAGRAD};
+    psd_opt_defaults(&f.o);
+    fx_open(&f, 0, 0, true);
+    ck_assert_uint_eq(psd_sparse_stored_bytes(f.t), 16 + DIM * 4 + DIM * 2);
+    int64_t id = 1;
+    ck_assert_int_eq(push(&f, &id, 1, 300.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_uint_eq(stats(&f).sparse_values_clamped, DIM);
+    /* The next update divides by sqrt(65504 + g^2), not sqrt(90000.1 + g^2). */
+    float before = pull_one(&f, 1);
+    ck_assert_int_eq(push(&f, &id, 1, 1.0f, 2, UINT64_MAX, NULL), 0);
+    float want = before - 0.01f * 1.0f / (sqrtf(65504.0f + 1.0f) + 1e-7f);
+    ck_assert_msg(fabsf(pull_one(&f, 1) - want) < 1e-7f, "%.9g, want %.9g",
+                  pull_one(&f, 1), want);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* Half slots are for sparse tables' validated optimizers: FLOAT16 with
+ * ADAM is refused naming the table, BFLOAT16 taken; another dtype
+ * refused. */
+START_TEST(test_slot_dtype_refused)
+{
+    char why[256] = "";
+    Ps__V1__Optimizer adam = PS__V1__OPTIMIZER__INIT;
+    adam.kind = PS__V1__OPTIMIZER__KIND__ADAM;
+    ck_assert_int_eq(psd_sparse_validate_slots("e", PS__V1__DTYPE__DTYPE_FLOAT16, &adam, why,
+                                               sizeof why), PS_EINVAL_ARG);
+    ck_assert_ptr_nonnull(strstr(why, "'e'"));
+    ck_assert_ptr_nonnull(strstr(why, "ADAM"));
+    ck_assert_int_eq(psd_sparse_validate_slots("e", PS__V1__DTYPE__DTYPE_BFLOAT16, &adam, why,
+                                               sizeof why), 0);
+    ck_assert_int_eq(psd_sparse_validate_slots("e", 7, &adam, why, sizeof why), PS_EDTYPE);
+    ck_assert_ptr_nonnull(strstr(why, "slot_dtype 7"));
 }
 END_TEST
 
@@ -820,6 +910,8 @@ END_TEST
 PSCHECK_MAIN("sparse",
     {"half rows", {test_f16_rows, test_bf16_rows, test_f16_clamp, test_convert_row},
      &pscheck_tmp},
+    {"half slots", {test_f16_slots, test_bf16_slots, test_mixed_slots, test_f16_slot_clamp,
+                    test_slot_dtype_refused}, &pscheck_tmp},
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},

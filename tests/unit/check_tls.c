@@ -39,23 +39,27 @@ static const char *const other_key =
 static const char *const fake_cert =
     "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
 
-static char cert[160], key[160], ca[160], junk[160], other[160], fake[160];
+#define PATH_CAP 160
+static char cert[PATH_CAP], key[PATH_CAP], ca[PATH_CAP], junk[PATH_CAP], other[PATH_CAP],
+    fake[PATH_CAP];
 
+/* Each file the tests read, in a new temporary directory: its path, name
+ * and contents. */
 static void setup(void)
 {
     pscheck_tmp_setup();
-    snprintf(cert, sizeof cert, "%s/c.pem", tmpdir);
-    snprintf(key, sizeof key, "%s/c.key", tmpdir);
-    snprintf(ca, sizeof ca, "%s/ca.pem", tmpdir);
-    snprintf(junk, sizeof junk, "%s/junk.pem", tmpdir);
-    snprintf(other, sizeof other, "%s/other.key", tmpdir);
-    snprintf(fake, sizeof fake, "%s/fake.pem", tmpdir);
-    pscheck_write_text(cert, test_cert);
-    pscheck_write_text(key, test_key);
-    pscheck_write_text(ca, test_cert);
-    pscheck_write_text(other, other_key);
-    pscheck_write_text(fake, fake_cert);
-    pscheck_write_text(junk, "not pem\n");
+    const struct {
+        char *path;
+        const char *name, *text;
+    } f[] = {
+        {cert, "c.pem", test_cert},  {key, "c.key", test_key},
+        {ca, "ca.pem", test_cert},   {junk, "junk.pem", "not pem\n"},
+        {other, "other.key", other_key}, {fake, "fake.pem", fake_cert},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        snprintf(f[i].path, PATH_CAP, "%s/%s", tmpdir, f[i].name);
+        pscheck_write_text(f[i].path, f[i].text);
+    }
 }
 
 static void teardown(void)

@@ -144,6 +144,10 @@ static void rand_push(struct rpush *r, int for_encode)
             g->g.value_into = &g->pinto;
             o->value_into = &g->into;
         }
+        if (below(3) == 0) { /* a piece of a bigger gradient */
+            g->g.offset = o->offset = below(2) ? any_varint() : 0;
+            g->g.total = o->total = any_varint();
+        }
         g->g.grad = for_encode || below(5) ? &g->t : NULL;
         r->pg[i] = &g->g;
     }
@@ -178,6 +182,8 @@ static void same_push(const ps_wire_push *w, const Ps__V1__PushRequest *p)
         ck_assert_int_eq(memcmp(g->name, pg->name, nl < 255 ? nl : 255), 0);
         ck_assert_int_eq(g->has_tensor, pg->grad != NULL);
         same_ref(&g->value_into, pg->value_into);
+        ck_assert_uint_eq(g->offset, pg->offset);
+        ck_assert_uint_eq(g->total, pg->total);
         if (pg->grad == NULL)
             continue;
         const Ps__V1__Tensor *t = pg->grad;
@@ -231,7 +237,8 @@ START_TEST(test_push_encode)
         uint8_t *end = ps_wire_push_put(mine, &r.m);
         ck_assert_uint_eq(mine[ps_wire_push_step_at(&r.m) - 1], (2 << 3) | 0);
         if (r.m.ngrads > 0 && r.out[r.m.ngrads - 1].shm == NULL &&
-            r.out[r.m.ngrads - 1].value_into == NULL && !r.m.return_values) {
+            r.out[r.m.ngrads - 1].value_into == NULL && !r.m.return_values &&
+            r.out[r.m.ngrads - 1].offset == 0 && r.out[r.m.ngrads - 1].total == 0) {
             /* The last gradient's data is the message's tail. */
             ps_wire_grad_out *last = &r.out[r.m.ngrads - 1];
             last->data = NULL;
@@ -240,6 +247,26 @@ START_TEST(test_push_encode)
             ck_assert_int_eq(memcmp(theirs, mine, len - last->nbytes), 0);
         }
         ck_assert_ptr_eq(end, mine + len);
+        /* Data left to the caller in the middle (data_at): the fields
+         * after it written, the place of the bytes told. */
+        for (size_t i = 0; i < r.m.ngrads; i++)
+            r.out[i].data = r.g[i].data; /* the tail case above took one */
+        for (size_t i = 0; i < r.m.ngrads; i++) {
+            ps_wire_grad_out *o = &r.out[i];
+            uint8_t *at = NULL;
+            const void *data = o->data;
+            if (o->nbytes == 0)
+                continue;
+            o->data = NULL;
+            o->data_at = &at;
+            memset(theirs, 0, len);
+            ck_assert_ptr_eq(ps_wire_push_put(theirs, &r.m), theirs + len);
+            ck_assert_ptr_nonnull(at);
+            memcpy(at, data, o->nbytes);
+            ck_assert_int_eq(memcmp(theirs, mine, len), 0);
+            o->data = data;
+            o->data_at = NULL;
+        }
         u = ps__v1__push_request__unpack(NULL, len, mine);
         ck_assert_ptr_nonnull(u);
         ck_assert_int_eq(ps_wire_push_decode(p, cut(mine, len, p), &w, err, sizeof err), 0);
