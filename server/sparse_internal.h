@@ -39,8 +39,8 @@
  * "segs_end" alone (the commit point), their entries wait in a queue
  * (sparse_seg.c) and go into the catalog in key order, many applies at
  * once, in bounded transactions that end by moving "cat_upto": past a
- * threshold, before a checkpoint, a conversion or a segment's removal, at
- * a clean stop, and when a sweep needs it. At open the records between
+ * threshold, when the log is quiet, before a checkpoint, a conversion or a
+ * segment's removal, at a clean stop, and when a sweep needs it. At open the records between
  * "cat_upto" and "segs_end" are replayed into it (a later record of a row
  * wins). A sweep deletes only rows whose catalog entry is the index's and
  * whose record lies before "cat_upto" (sparse_cat_covers), so no record
@@ -56,7 +56,7 @@
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the index and read in one batch through io_uring with O_DIRECT,
  * never a page fault, and the rows enter the RAM tier. The RAM tier, with
- * the indexes, is kept under half of --memory-limit less 24 MiB (the page
+ * the indexes and the catalog's queue, is kept under half of --memory-limit less 24 MiB (the page
  * cache no longer holds rows; sparse_budget): past it a push first waits
  * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
