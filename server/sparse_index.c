@@ -7,9 +7,11 @@
  * its O_DIRECT read (~45% of psd's samples in bench/sparse's 4x-over
  * phase).
  *
- * The shape is DeepRec's SSDHASH and KVell's: one open-addressing array
- * of 16-byte slots {id, packed location}, linear probing, deletion by
- * backward shift (no tombstones), at most 4/5 full. A location packs the
+ * The shape is DeepRec's SSDHASH and KVell's: open-addressing arrays of
+ * 16-byte slots {id, packed location}, linear probing, deletion by
+ * backward shift (no tombstones), at most 4/5 full; 64 of them, by the
+ * hash's top bits, so that growing one holds two copies of 1/64 of the
+ * index for a moment, not of all of it. A location packs the
  * segment (24 bits) and the offset (40 bits); the length is the table's
  * fixed record length. An empty slot has location 0 (segment 0 does not
  * exist), and SPARSE_LOC_LMDB says "ask the catalog": a row LMDB still
@@ -33,7 +35,7 @@
 
 #define OFF_BITS 40
 #define SEG_MAX (((uint64_t)1 << 24) - 1)
-#define MIN_CAP 1024
+#define MIN_CAP 16 /* a part's: 1024 slots, 16 KiB, for a table */
 /* Full at 4/5: a lookup of an id that is not there probes ~13 slots on
  * average (~3 cache lines), one that is there ~3. */
 #define LOAD_NUM 4
@@ -57,17 +59,28 @@ psd_seg_loc sparse_loc_unpack(uint64_t p, uint64_t rec_len)
                          .off = p & (((uint64_t)1 << OFF_BITS) - 1)};
 }
 
-static size_t home(const struct sp_index *x, int64_t id)
+static uint64_t hash_of(int64_t id)
 {
-    uint64_t h = sparse_mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL);
-    /* h scaled to [0, cap): any capacity, not only powers of two. */
-    return (size_t)(__extension__(((unsigned __int128)h * x->cap) >> 64));
+    return sparse_mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL);
 }
 
-/* The slot of id, or the empty slot where it would go. */
-static size_t probe(const struct sp_index *x, int64_t id)
+/* The part of an id (the hash's top bits), and its home slot there (the
+ * other bits scaled to [0, cap): any capacity, not only powers of two). */
+static struct sp_ixpart *part_of(const struct sp_index *x, uint64_t h)
 {
-    size_t i = home(x, id);
+    return (struct sp_ixpart *)&x->part[h >> (64 - SPARSE_IX_PART_BITS)];
+}
+
+static size_t home(const struct sp_ixpart *x, uint64_t h)
+{
+    return (size_t)(__extension__(((unsigned __int128)(h << SPARSE_IX_PART_BITS) * x->cap) >>
+                                  64));
+}
+
+/* The slot of id (hash h) in part x, or the empty slot where it would go. */
+static size_t probe(const struct sp_ixpart *x, int64_t id, uint64_t h)
+{
+    size_t i = home(x, h);
     while (x->slot[i].loc != 0 && x->slot[i].id != id)
         i = i + 1 == x->cap ? 0 : i + 1;
     return i;
@@ -75,83 +88,105 @@ static size_t probe(const struct sp_index *x, int64_t id)
 
 static void count_bytes(psd_sparse_table *t, int64_t d)
 {
+    t->ix.bytes += (uint64_t)d;
     if (t->sp != NULL)
         atomic_fetch_add(&t->sp->index_bytes, (uint64_t)d);
 }
 
 uint64_t sparse_index_bytes(const psd_sparse_table *t)
 {
-    return t->ix.cap * sizeof(struct sp_slot);
+    return t->ix.bytes;
 }
 
-/* Moves the index into an array of cap slots. */
-static int resize(psd_sparse_table *t, size_t cap)
+/* Moves part x into an array of cap slots: a part is 1/64 of the index,
+ * so that growing holds both arrays of one part only, not of the whole. */
+static int resize(psd_sparse_table *t, struct sp_ixpart *x, size_t cap)
 {
-    struct sp_index nx = {.slot = calloc(cap, sizeof(struct sp_slot)), .cap = cap};
+    struct sp_ixpart nx = {.slot = calloc(cap, sizeof(struct sp_slot)), .cap = cap};
     if (nx.slot == NULL)
         return -ENOMEM;
-    for (size_t i = 0; i < t->ix.cap; i++)
-        if (t->ix.slot[i].loc != 0)
-            nx.slot[probe(&nx, t->ix.slot[i].id)] = t->ix.slot[i];
-    nx.n = t->ix.n;
-    int64_t before = (int64_t)sparse_index_bytes(t);
-    free(t->ix.slot);
-    t->ix = nx;
-    count_bytes(t, (int64_t)sparse_index_bytes(t) - before);
+    for (size_t i = 0; i < x->cap; i++)
+        if (x->slot[i].loc != 0)
+            nx.slot[probe(&nx, x->slot[i].id, hash_of(x->slot[i].id))] = x->slot[i];
+    nx.n = x->n;
+    count_bytes(t, ((int64_t)cap - (int64_t)x->cap) * (int64_t)sizeof(struct sp_slot));
+    free(x->slot);
+    *x = nx;
     return 0;
+}
+
+/* Room in part x for more new ids without growing. */
+static int part_reserve(psd_sparse_table *t, struct sp_ixpart *x, size_t more)
+{
+    size_t want = x->n + more;
+    if (x->cap > 0 && want * LOAD_DEN <= x->cap * LOAD_NUM)
+        return 0;
+    /* Half again what is needed: 8/15 full after, room to grow. */
+    size_t cap = want + want / 2;
+    return resize(t, x, cap > MIN_CAP ? cap : MIN_CAP);
 }
 
 int sparse_index_reserve(psd_sparse_table *t, size_t more)
 {
-    size_t want = t->ix.n + more;
-    if (t->ix.cap > 0 && want * LOAD_DEN <= t->ix.cap * LOAD_NUM)
-        return 0;
-    /* Half again what is needed: 8/15 full after, room to grow. */
-    size_t cap = want + want / 2;
-    return resize(t, cap > MIN_CAP ? cap : MIN_CAP);
+    /* Spread evenly by the hash, with some slack; a part that gets more
+     * grows as it fills. */
+    size_t each = more / SPARSE_IX_PARTS + more / SPARSE_IX_PARTS / 16 + 1;
+    int rc = 0;
+    for (size_t p = 0; p < SPARSE_IX_PARTS && rc == 0; p++)
+        rc = part_reserve(t, &t->ix.part[p], each);
+    return rc;
 }
 
 void sparse_index_free(psd_sparse_table *t)
 {
-    count_bytes(t, -(int64_t)sparse_index_bytes(t));
-    free(t->ix.slot);
+    count_bytes(t, -(int64_t)t->ix.bytes);
+    for (size_t p = 0; p < SPARSE_IX_PARTS; p++)
+        free(t->ix.part[p].slot);
     t->ix = (struct sp_index){0};
 }
 
 uint64_t sparse_index_get(const psd_sparse_table *t, int64_t id)
 {
-    if (t->ix.n == 0)
+    uint64_t h = hash_of(id);
+    const struct sp_ixpart *x = part_of(&t->ix, h);
+    if (x->n == 0)
         return 0;
-    return t->ix.slot[probe(&t->ix, id)].loc;
+    return x->slot[probe(x, id, h)].loc;
 }
 
 void sparse_index_prefetch(const psd_sparse_table *t, int64_t id)
 {
-    if (t->ix.n > 0)
-        __builtin_prefetch(&t->ix.slot[home(&t->ix, id)]);
+    uint64_t h = hash_of(id);
+    const struct sp_ixpart *x = part_of(&t->ix, h);
+    if (x->n > 0)
+        __builtin_prefetch(&x->slot[home(x, h)]);
 }
 
 int sparse_index_set(psd_sparse_table *t, int64_t id, uint64_t loc)
 {
-    size_t i = t->ix.cap ? probe(&t->ix, id) : 0;
-    if (t->ix.cap == 0 || t->ix.slot[i].loc == 0) {
+    uint64_t h = hash_of(id);
+    struct sp_ixpart *x = part_of(&t->ix, h);
+    size_t i = x->cap ? probe(x, id, h) : 0;
+    if (x->cap == 0 || x->slot[i].loc == 0) {
         /* Past the load, grow; if that fails, a free slot still does
          * (room was reserved before any commit that needs it). */
-        if (sparse_index_reserve(t, 1) != 0 && t->ix.n + 1 >= t->ix.cap)
+        if (part_reserve(t, x, 1) != 0 && x->n + 1 >= x->cap)
             return -ENOMEM;
-        i = probe(&t->ix, id);
-        if (t->ix.slot[i].loc == 0)
-            t->ix.n++;
+        i = probe(x, id, h);
+        x->n++;
+        t->ix.n++;
     }
-    t->ix.slot[i] = (struct sp_slot){.id = id, .loc = loc};
+    x->slot[i] = (struct sp_slot){.id = id, .loc = loc};
     return 0;
 }
 
 bool sparse_index_replace(psd_sparse_table *t, int64_t id, uint64_t old, uint64_t loc)
 {
-    if (t->ix.n == 0)
+    uint64_t h = hash_of(id);
+    struct sp_ixpart *x = part_of(&t->ix, h);
+    if (x->n == 0)
         return false;
-    struct sp_slot *s = &t->ix.slot[probe(&t->ix, id)];
+    struct sp_slot *s = &x->slot[probe(x, id, h)];
     if (s->loc == 0 || s->loc != old)
         return false;
     s->loc = loc;
@@ -160,10 +195,11 @@ bool sparse_index_replace(psd_sparse_table *t, int64_t id, uint64_t old, uint64_
 
 void sparse_index_del(psd_sparse_table *t, int64_t id)
 {
-    struct sp_index *x = &t->ix;
+    uint64_t h = hash_of(id);
+    struct sp_ixpart *x = part_of(&t->ix, h);
     if (x->n == 0)
         return;
-    size_t i = probe(x, id);
+    size_t i = probe(x, id, h);
     if (x->slot[i].loc == 0)
         return;
     /* Backward shift: each later slot of the run whose home is not in
@@ -172,7 +208,7 @@ void sparse_index_del(psd_sparse_table *t, int64_t id)
         j = j + 1 == x->cap ? 0 : j + 1;
         if (x->slot[j].loc == 0)
             break;
-        size_t k = home(x, x->slot[j].id);
+        size_t k = home(x, hash_of(x->slot[j].id));
         bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
         if (!stays) {
             x->slot[i] = x->slot[j];
@@ -181,6 +217,25 @@ void sparse_index_del(psd_sparse_table *t, int64_t id)
     }
     x->slot[i] = (struct sp_slot){0};
     x->n--;
+    t->ix.n--;
+}
+
+/* Room for the ids of s[0..n) (one table's) the index does not hold yet,
+ * counted per part; each s[k].was set to the record it replaces. */
+static int reserve_new(psd_sparse_table *t, struct sp_ixset *s, size_t n)
+{
+    size_t more[SPARSE_IX_PARTS] = {0};
+    uint64_t rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t was = sparse_index_get(t, s[k].id);
+        more[hash_of(s[k].id) >> (64 - SPARSE_IX_PART_BITS)] += was == 0;
+        s[k].was = was != 0 && was != SPARSE_LOC_LMDB ? sparse_loc_unpack(was, rec)
+                                                      : (psd_seg_loc){0};
+    }
+    int rc = 0;
+    for (size_t p = 0; p < SPARSE_IX_PARTS && rc == 0; p++)
+        rc = more[p] ? part_reserve(t, &t->ix.part[p], more[p]) : 0;
+    return rc;
 }
 
 /* ---- what writers changed, applied to the indexes ------------------------ */
@@ -211,12 +266,7 @@ int sparse_index_apply(psd_sparse *sp, struct sp_ixset *s, size_t n, bool reserv
             continue; /* deleted, or not used yet: built from LMDB then */
         uint64_t rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
         if (reserve) {
-            rc = sparse_index_reserve(t, j - i);
-            for (size_t k = i; k < j; k++) {
-                uint64_t was = sparse_index_get(t, s[k].id);
-                s[k].was = was != 0 && was != SPARSE_LOC_LMDB ? sparse_loc_unpack(was, rec)
-                                                              : (psd_seg_loc){0};
-            }
+            rc = reserve_new(t, s + i, j - i);
         } else {
             for (size_t k = i; k < j && rc == 0; k++) {
                 uint64_t loc = sparse_loc_pack(s[k].loc, rec);

@@ -99,11 +99,18 @@
 #define SPARSE_CMS_DEPTH 4
 #define SPARSE_CMS_WIDTH 65536
 
-/* A table's index of its stored rows (sparse_index.c): cap slots of
- * {id, packed location}, n of them used. */
-struct sp_index {
+/* A table's index of its stored rows (sparse_index.c): SPARSE_IX_PARTS
+ * arrays of cap slots {id, packed location}, n of them used. */
+#define SPARSE_IX_PART_BITS 6
+#define SPARSE_IX_PARTS (1u << SPARSE_IX_PART_BITS)
+struct sp_ixpart {
     struct sp_slot *slot;
     size_t cap, n;
+};
+struct sp_index {
+    struct sp_ixpart part[SPARSE_IX_PARTS];
+    size_t n;        /* ids held */
+    uint64_t bytes;  /* of the parts' arrays */
 };
 
 /* A row in the RAM tier: dirty while mod != saved (a change not yet
