@@ -328,6 +328,8 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
 {
     int rc = 0;
     for (size_t rows = 0; *k < n && rows < max && rc == 0;) {
+        if ((rows & 255) == 255) /* the transaction's pages, as the RAM budget sees them */
+            atomic_store(&w->sp->apply_pages, rows);
         size_t g = *k;
         const struct sp_catq *own = NULL;
         for (; g < n && q[g].var_id == q[*k].var_id && q[g].id == q[*k].id; g++)
@@ -378,7 +380,6 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
         w.no_live = true; /* counted when queued */
         if (rc == 0)
             rc = flush_some(&w, sp->catq, sp->catq_n, &k, max, live, nlive);
-        atomic_store(&sp->apply_pages, k - from);
         if (rc == 0 && k >= sp->catq_n)
             rc = psd_store_set_log_mark(w.t, PSD_STORE_CAT_UPTO, upto);
         rc = sparse_catw_end(&w, rc);
