@@ -368,7 +368,8 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
     uint32_t *live = all ? NULL : sparse_live_ids(sp, &nlive);
     if (!all && live == NULL)
         return -ENOMEM;
-    qsort(sp->catq, sp->catq_n, sizeof *sp->catq, cmp_catq);
+    if (sp->catq_n > 1) /* catq is NULL while nothing was queued */
+        qsort(sp->catq, sp->catq_n, sizeof *sp->catq, cmp_catq);
     size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
     max = max < 256 ? 256 : max > 8192 ? 8192 : max;
     size_t k = 0;
