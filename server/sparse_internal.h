@@ -476,6 +476,9 @@ int sparse_log_open(psd_sparse *sp, char *why, size_t whylen);
 uint32_t *sparse_live_ids(psd_sparse *sp, size_t *n);
 /* qsort's and bsearch's order of uint32_t. */
 int sparse_cmp_u32(const void *a, const void *b);
+/* The order of rows in the store: var_id, then id, then the order they
+ * came in (ord), for the sorts of the applier and the catalog queue. */
+int sparse_cmp_row(uint32_t va, int64_t ia, uint64_t oa, uint32_t vb, int64_t ib, uint64_t ob);
 void sparse_applier_stop(psd_sparse *sp);
 
 #endif

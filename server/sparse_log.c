@@ -103,14 +103,19 @@ static int collect(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const u
     return 0;
 }
 
+int sparse_cmp_row(uint32_t va, int64_t ia, uint64_t oa, uint32_t vb, int64_t ib, uint64_t ob)
+{
+    if (va != vb)
+        return va < vb ? -1 : 1;
+    if (ia != ib)
+        return ia < ib ? -1 : 1;
+    return oa < ob ? -1 : oa > ob;
+}
+
 static int cmp_rec(const void *pa, const void *pb)
 {
     const struct rec *x = pa, *y = pb;
-    if (x->var_id != y->var_id)
-        return x->var_id < y->var_id ? -1 : 1;
-    if (x->id != y->id)
-        return x->id < y->id ? -1 : 1;
-    return x->ord < y->ord ? -1 : x->ord > y->ord;
+    return sparse_cmp_row(x->var_id, x->id, x->ord, y->var_id, y->id, y->ord);
 }
 
 static bool same_row(const struct rec *x, const struct rec *y)

@@ -313,11 +313,7 @@ size_t sparse_catq_max(const psd_sparse *sp)
 static int cmp_catq(const void *pa, const void *pb)
 {
     const struct sp_catq *a = pa, *b = pb;
-    if (a->var_id != b->var_id)
-        return a->var_id < b->var_id ? -1 : 1;
-    if (a->id != b->id)
-        return a->id < b->id ? -1 : 1;
-    return a->ord < b->ord ? -1 : a->ord > b->ord;
+    return sparse_cmp_row(a->var_id, a->id, a->ord, b->var_id, b->id, b->ord);
 }
 
 /* Writes the entries of q[*k..n) into w, at most max rows, one per row:
