@@ -266,7 +266,13 @@ int sparse_index_apply(psd_sparse *sp, struct sp_ixset *s, size_t n, bool reserv
             continue; /* deleted, or not used yet: built from LMDB then */
         uint64_t rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
         if (reserve) {
+            /* When the index grows, within the budget, the tier gives it
+             * room at once rather than at the next round of room (a
+             * part's array grows by half at a time: megabytes). */
+            uint64_t was = t->ix.bytes;
             rc = reserve_new(t, s + i, j - i);
+            if (t->ix.bytes > was && sparse_ram_cost(sp) > sparse_budget(sp))
+                sparse_trim(sp, t);
         } else {
             for (size_t k = i; k < j && rc == 0; k++) {
                 uint64_t loc = sparse_loc_pack(s[k].loc, rec);
