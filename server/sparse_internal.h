@@ -59,7 +59,8 @@
  * rows in the tier while that batch is in flight (psd_sparse_pull), and
  * answers them again if a push or a sweep changed the table meanwhile. The RAM tier, with
  * the indexes and the catalog's queue, is kept under half of --memory-limit less 24 MiB (the page
- * cache no longer holds rows; sparse_budget): past it a push first waits
+ * cache no longer holds rows; sparse_budget), the tier giving an index room
+ * as soon as it grows (sparse_index_apply): past it a push first waits
  * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
  * memory. Every overwrite or deletion leaves the old record dead; the
