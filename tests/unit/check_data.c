@@ -71,15 +71,18 @@ static unsigned char *idx_labels(int n, size_t *len)
     return b;
 }
 
-/* Writes images (5 of 4x3) and labels, each plain or gzip. */
-static void write_pair(const char *img, bool img_gz, const char *lbl,
-                       bool lbl_gz, int nimg, int nlbl)
+/* Writes nimg images of 4x3 and nlbl labels, each plain or gzip, to the
+ * paths it sets *img and *lbl to (tpath 0 and 1, ".gz" where gzip). */
+static void write_pair(bool img_gz, bool lbl_gz, int nimg, int nlbl, const char **img,
+                       const char **lbl)
 {
+    *img = tpath(0, img_gz ? "img.gz" : "img");
+    *lbl = tpath(1, lbl_gz ? "lbl.gz" : "lbl");
     size_t li, ll;
     unsigned char *bi = idx_images(nimg, 4, 3, &li);
     unsigned char *bl = idx_labels(nlbl, &ll);
-    (img_gz ? write_gz : pscheck_write)(img, bi, li);
-    (lbl_gz ? write_gz : pscheck_write)(lbl, bl, ll);
+    (img_gz ? write_gz : pscheck_write)(*img, bi, li);
+    (lbl_gz ? write_gz : pscheck_write)(*lbl, bl, ll);
     free(bi);
     free(bl);
 }
@@ -118,9 +121,8 @@ START_TEST(test_idx_plain_and_gzip)
 {
     for (int variant = 0; variant < 4; variant++) {
         bool gi = variant & 1, gl = variant & 2;
-        const char *img = tpath(0, gi ? "img.gz" : "img");
-        const char *lbl = tpath(1, gl ? "lbl.gz" : "lbl");
-        write_pair(img, gi, lbl, gl, 5, 5);
+        const char *img, *lbl;
+        write_pair(gi, gl, 5, 5, &img, &lbl);
         struct ps_dataset ds;
         ck_assert_int_eq(load(img, lbl, &ds), 0);
         check_pair_contents(&ds, 5);
@@ -133,8 +135,8 @@ END_TEST
 
 START_TEST(test_idx_limit)
 {
-    const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
-    write_pair(img, true, lbl, true, 5, 5);
+    const char *img, *lbl;
+    write_pair(true, true, 5, 5, &img, &lbl);
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 3, &ds, errbuf,
                                          sizeof errbuf), 0);
@@ -149,8 +151,8 @@ END_TEST
 
 START_TEST(test_idx_missing_file)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, false, 5, 5);
+    const char *img, *lbl;
+    write_pair(false, false, 5, 5, &img, &lbl);
     const char *nope = tpath(2, "nope-idx3-ubyte.gz");
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(nope, lbl, 0, &ds, errbuf,
@@ -220,8 +222,8 @@ END_TEST
 
 START_TEST(test_idx_wrong_magic)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, true, 5, 5);
+    const char *img, *lbl;
+    write_pair(false, true, 5, 5, &img, &lbl);
     struct ps_dataset ds;
     /* The files swapped: each has the other's magic. */
     load_fails(lbl, img, &ds, PS_EPARSE, lbl);
@@ -237,8 +239,8 @@ END_TEST
 
 START_TEST(test_idx_count_mismatch)
 {
-    const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
-    write_pair(img, true, lbl, true, 5, 4);
+    const char *img, *lbl;
+    write_pair(true, true, 5, 4, &img, &lbl);
     struct ps_dataset ds;
     load_fails(img, lbl, &ds, PS_ESHAPE, img);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
@@ -292,8 +294,8 @@ END_TEST
 
 START_TEST(test_gather)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, false, 5, 5);
+    const char *img, *lbl;
+    write_pair(false, false, 5, 5, &img, &lbl);
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, NULL, 0), 0);
     int64_t idx[3] = {4, 0, 2};
