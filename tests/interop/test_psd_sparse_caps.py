@@ -101,10 +101,7 @@ def ram_budget():
     of 104 MiB): psd's anonymous memory may pass what it held before by the
     budget and one call's working set, no more; unbounded, the tier alone
     would take ~490 MB."""
-    # Two gRPC threads: a push that waits seconds for room on a busy disk
-    # holds its thread, and psd's self-probe of the listener, unanswered
-    # for two probes in a row, makes psd exit; the other thread answers it.
-    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "256M", "--threads", "2")
+    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "256M")
     stub = pbg.ParameterServerStub(pstest.channel(d.address))
     dim, per_call, calls = 64, 100000, 16
     stub.CreateVariable(pb.CreateVariableRequest(spec=sparse_spec("wide", dim)),
