@@ -657,100 +657,82 @@ static uint64_t span_of(const psd_seg_read *q, uint64_t a, uint64_t *start)
     return (q->loc.off + q->loc.len - *start + a - 1) & ~(a - 1);
 }
 
-/* A batch of reads on the calling thread's ring (psd_segs_read_start):
- * up to RING_DEPTH in flight in slots of the thread's arena; a slot whose
+/* Reads through the ring, keeping up to RING_DEPTH in flight: a slot whose
  * read completes takes the next request at once, so no round waits for
  * its slowest read. */
-struct psd_segs_batch {
-    psd_segs *s;
-    struct io_uring *ring; /* NULL: pread, in psd_segs_read_wait */
-    psd_seg_read *rq;
-    size_t n, next, inflight, queued;
-    uint8_t *arena;
-    uint64_t slot_bytes;
-    size_t freeslot[RING_DEPTH], nfree;
-    int rc;
-};
-
-/* Queues the next requests into the free slots (submitted by the
- * caller). */
-static void batch_fill(psd_segs_batch *b)
+static int read_ring(psd_segs *s, struct io_uring *ring, psd_seg_read *rq, size_t n,
+                     uint8_t *arena, uint64_t slot_bytes)
 {
-    psd_segs *s = b->s;
-    while (b->rc == 0 && b->next < b->n && b->nfree > 0) {
-        psd_seg_read *q = &b->rq[b->next];
-        int fd = read_fd(s, q->loc.seg);
-        if (fd < 0) {
-            b->rc = fd;
+    uint64_t a = s->align;
+    size_t next = 0, inflight = 0, freeslot[RING_DEPTH], nfree = 0;
+    for (size_t k = 0; k < RING_DEPTH; k++)
+        freeslot[nfree++] = RING_DEPTH - 1 - k;
+    int rc = 0;
+    while (next < n || inflight > 0) {
+        size_t queued = 0;
+        while (rc == 0 && next < n && nfree > 0) {
+            psd_seg_read *q = &rq[next];
+            int fd = read_fd(s, q->loc.seg);
+            if (fd < 0) {
+                rc = fd;
+                break;
+            }
+            uint64_t start, span = span_of(q, a, &start);
+            size_t slot = freeslot[--nfree];
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            io_uring_prep_read(sqe, fd, arena + slot * slot_bytes, (unsigned)span, start);
+            io_uring_sqe_set_data64(sqe, (uint64_t)next << 16 | slot);
+            next++;
+            queued++;
+        }
+        if (rc != 0 && next < n)
+            next = n; /* what is in flight still completes */
+        if (queued == 0 && inflight == 0)
             break;
+        int sr;
+        do
+            sr = io_uring_submit_and_wait(ring, 1);
+        while (sr == -EINTR);
+        if (sr < 0) {
+            /* Nothing more was queued: what is in flight stays in flight
+             * and the ring is left as is, for its thread's next call. */
+            return rc ? rc : sr;
         }
-        uint64_t start, span = span_of(q, s->align, &start);
-        size_t slot = b->freeslot[--b->nfree];
-        struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring);
-        io_uring_prep_read(sqe, fd, b->arena + slot * b->slot_bytes, (unsigned)span, start);
-        io_uring_sqe_set_data64(sqe, (uint64_t)b->next << 16 | slot);
-        b->next++;
-        b->queued++;
-    }
-    if (b->rc != 0 && b->next < b->n)
-        b->next = b->n; /* what is in flight still completes */
-}
-
-/* Submits what is queued, waiting for one completion when wait. 0 or the
- * ring's error (what is in flight stays in flight, and the ring is left
- * as is for its thread's next call). */
-static int batch_submit(psd_segs_batch *b, bool wait)
-{
-    if (b->queued == 0 && !(wait && b->inflight > 0))
-        return 0;
-    int sr;
-    do
-        sr = wait ? io_uring_submit_and_wait(b->ring, 1) : io_uring_submit(b->ring);
-    while (sr == -EINTR);
-    if (sr < 0)
-        return sr;
-    b->inflight += b->queued;
-    b->queued = 0;
-    return 0;
-}
-
-/* Checks the reads that completed and frees their slots. */
-static void batch_reap(psd_segs_batch *b)
-{
-    psd_segs *s = b->s;
-    struct io_uring_cqe *cqe;
-    unsigned head, seen = 0;
-    io_uring_for_each_cqe(b->ring, head, cqe) {
-        uint64_t d = io_uring_cqe_get_data64(cqe);
-        size_t slot = (size_t)(d & 0xffff);
-        psd_seg_read *q = &b->rq[d >> 16];
-        int res = cqe->res;
-        seen++;
-        uint8_t *buf = b->arena + slot * b->slot_bytes;
-        uint64_t start;
-        span_of(q, s->align, &start);
-        if (res == -EINVAL) {
-            /* Alignment refused: read this one through pread. */
-            int pr = read_one_pread(s, q, buf);
-            b->rc = b->rc ? b->rc : pr;
-        } else if (res < 0) {
-            b->rc = b->rc ? b->rc : res;
-        } else if (VALGRIND_MAKE_MEM_DEFINED(buf, res),
-                   (uint64_t)res < q->loc.off + q->loc.len - start) {
-            /* (the kernel filled buf behind valgrind's back) */
-            q->rc = PS_ECORRUPT;
-        } else {
-            read_finish(q, buf + (q->loc.off - start));
+        inflight += queued;
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(ring, head, cqe) {
+            uint64_t d = io_uring_cqe_get_data64(cqe);
+            size_t slot = (size_t)(d & 0xffff);
+            psd_seg_read *q = &rq[d >> 16];
+            int res = cqe->res;
+            seen++;
+            uint8_t *buf = arena + slot * slot_bytes;
+            uint64_t start;
+            span_of(q, a, &start);
+            if (res == -EINVAL) {
+                /* Alignment refused: read this one through pread. */
+                int pr = read_one_pread(s, q, buf);
+                rc = rc ? rc : pr;
+            } else if (res < 0) {
+                rc = rc ? rc : res;
+            } else if (VALGRIND_MAKE_MEM_DEFINED(buf, res),
+                       (uint64_t)res < q->loc.off + q->loc.len - start) {
+                /* (the kernel filled buf behind valgrind's back) */
+                q->rc = PS_ECORRUPT;
+            } else {
+                read_finish(q, buf + (q->loc.off - start));
+            }
+            freeslot[nfree++] = slot;
         }
-        b->freeslot[b->nfree++] = slot;
+        io_uring_cq_advance(ring, seen);
+        inflight -= seen;
     }
-    io_uring_cq_advance(b->ring, seen);
-    b->inflight -= seen;
+    return rc;
 }
 
-int psd_segs_read_start(psd_segs *s, psd_seg_read *rq, size_t n, psd_segs_batch **out)
+int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
 {
-    *out = NULL;
     uint64_t a = s->align, slot_bytes = a;
     for (size_t i = 0; i < n; i++) {
         uint64_t start, span = span_of(&rq[i], a, &start);
@@ -758,72 +740,23 @@ int psd_segs_read_start(psd_segs *s, psd_seg_read *rq, size_t n, psd_segs_batch 
             slot_bytes = span;
         rq[i].rc = PS_ECORRUPT; /* until its read says otherwise */
     }
-    psd_segs_batch *b = malloc(sizeof *b);
-    if (b == NULL)
+    struct io_uring *ring = ring_get();
+    size_t slots = ring != NULL ? RING_DEPTH : 1;
+    uint8_t *arena = arena_get(a, slots * slot_bytes);
+    if (arena == NULL)
         return -ENOMEM;
-    *b = (psd_segs_batch){.s = s, .ring = ring_get(), .rq = rq, .n = n,
-                          .slot_bytes = slot_bytes};
-    size_t slots = b->ring != NULL ? RING_DEPTH : 1;
-    b->arena = arena_get(a, slots * slot_bytes);
-    if (b->arena == NULL) {
-        free(b);
-        return -ENOMEM;
-    }
-    for (size_t k = 0; b->ring != NULL && k < RING_DEPTH; k++)
-        b->freeslot[b->nfree++] = RING_DEPTH - 1 - k;
-    if (b->ring != NULL) {
-        batch_fill(b);
-        int rc = batch_submit(b, false);
-        b->rc = b->rc ? b->rc : rc;
-    }
-    *out = b;
-    return 0;
-}
-
-void psd_segs_read_pump(psd_segs_batch *b)
-{
-    if (b == NULL || b->ring == NULL || b->rc != 0 || b->inflight == 0)
-        return;
-    batch_reap(b);
-    batch_fill(b);
-    int rc = batch_submit(b, false);
-    b->rc = b->rc ? b->rc : rc;
-}
-
-int psd_segs_read_wait(psd_segs_batch *b)
-{
-    if (b == NULL)
-        return 0;
     int rc = 0;
-    if (b->ring != NULL) {
-        while (b->next < b->n || b->inflight > 0 || b->queued > 0) {
-            batch_fill(b);
-            if (b->queued == 0 && b->inflight == 0)
-                break;
-            int sr = batch_submit(b, true);
-            if (sr < 0) {
-                b->rc = b->rc ? b->rc : sr;
-                break;
-            }
-            batch_reap(b);
-        }
-        rc = b->rc;
-    } else {
-        for (size_t i = 0; i < b->n && rc == 0; i++)
-            rc = read_one_pread(b->s, &b->rq[i], b->arena);
-    }
-    for (size_t i = 0; i < b->n && rc == 0; i++)
-        if (b->rq[i].rc != 0)
-            rc = PS_ECORRUPT;
-    free(b);
-    return rc;
-}
-
-int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
-{
-    psd_segs_batch *b;
-    int rc = psd_segs_read_start(s, rq, n, &b);
-    return rc != 0 ? rc : psd_segs_read_wait(b);
+    if (ring != NULL)
+        rc = read_ring(s, ring, rq, n, arena, slot_bytes);
+    else
+        for (size_t i = 0; i < n && rc == 0; i++)
+            rc = read_one_pread(s, &rq[i], arena);
+    if (rc != 0)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        if (rq[i].rc != 0)
+            return PS_ECORRUPT;
+    return 0;
 }
 
 /* Calls fn for the records of segment n from offset off to end (its

@@ -133,20 +133,6 @@ typedef struct {
  * was sound), PS_ECORRUPT when one was not, or -errno of an I/O failure. */
 int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n);
 
-/* The same in three steps, so that the caller works while the reads are
- * in flight: psd_segs_read_start submits the first RING_DEPTH of them and
- * returns at once (0, or -ENOMEM with nothing in flight and *out NULL);
- * psd_segs_read_pump, between pieces of the caller's work, takes the reads
- * that completed and submits the next, never waiting; psd_segs_read_wait
- * waits for the rest, frees the batch and returns what psd_segs_read
- * would (NULL: 0). rq stays the caller's until then. A batch uses its
- * thread's ring and buffers: the same thread starts and waits for it, and
- * reads nothing else from the segments in between. */
-typedef struct psd_segs_batch psd_segs_batch;
-int psd_segs_read_start(psd_segs *s, psd_seg_read *rq, size_t n, psd_segs_batch **out);
-void psd_segs_read_pump(psd_segs_batch *b);
-int psd_segs_read_wait(psd_segs_batch *b);
-
 /* Called by psd_segs_scan for each record: its table, id, version,
  * location and row bytes (valid during the call). 0 goes on; a negative
  * value stops the scan (returned). */

@@ -541,40 +541,6 @@ size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32)
     return t->dim * (t->row_dtype && !f32 ? 2 : sizeof(float));
 }
 
-/* Ids served between pumps of the reads in flight: a pump costs a
- * syscall; 256 ids take ~20 us, a read ~10 us at a depth of 256. */
-#define PULL_PUMP_IDS 256
-
-/* The ids of the call with a RAM entry, answered while its misses are read
- * (served[i] set); mu held. */
-static void serve_hits(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                       uint8_t *o, size_t vb, bool f32, uint8_t *served, struct sp_cold *c)
-{
-    uint64_t hits = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i % PULL_PUMP_IDS == PULL_PUMP_IDS - 1)
-            sparse_cold_pump(c);
-        sparse_ahead(t, ids, i, n);
-        struct sp_entry *e = sparse_find(t, ids[i]);
-        served[i] = e != NULL;
-        if (e == NULL)
-            continue;
-        if (!e->ref)
-            e->ref = true;
-        value_out(t, e->row, o + i * vb, f32);
-        hits++;
-    }
-    atomic_fetch_add_explicit(&sp->ram_hits, hits, memory_order_relaxed);
-}
-
-/* A pull's rows not in the RAM tier are read from the segments while the
- * call, under the table's mutex, answers the rows that are (serve_hits):
- * the disk and the CPU work at once. Then, the reads done and the mutex
- * taken again, the rest is answered: a row that entered the tier in
- * between from there, the others from what was read or their initial
- * value. The answer is the table's state at that moment: when a push
- * changed rows in between (installs moved), or a sweep deleted some, the
- * hits are answered again. */
 int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                     void *out, bool f32, uint64_t *inserted)
 {
@@ -588,31 +554,15 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
     /* The call's cold rows, cached once every row is copied out: caching
      * drops rows the clock passes over, which the loop may still need. */
     size_t *cold = malloc((n ? n : 1) * sizeof *cold), ncold = 0;
-    uint8_t *served = NULL;
-    int rc = cold == NULL ? -ENOMEM : sparse_cold_start(sp, t, ids, n, &c);
+    int rc = cold == NULL ? -ENOMEM : sparse_cold_read(sp, t, ids, n, &c);
     sparse_lock(t);
     if (rc == 0)
         rc = sparse_ready(sp, t);
-    if (rc == 0 && sparse_cold_pending(&c) && (served = malloc(n)) != NULL) {
-        uint64_t installs = t->installs, evicts = t->evicts;
-        serve_hits(sp, t, ids, n, o, vb, f32, served, &c);
-        pthread_mutex_unlock(&t->mu);
-        rc = sparse_cold_finish(sp, &c);
-        sparse_lock(t);
-        if (installs != t->installs || evicts != t->evicts)
-            memset(served, 0, n);
-        else
-            sparse_cold_skip(&c, served);
-    }
-    if (rc == 0)
-        rc = sparse_cold_finish(sp, &c); /* no room to serve early: read first */
     if (rc == 0)
         rc = sparse_cold_settle(sp, t, ids, &c);
     for (size_t i = 0; i < n && rc == 0; i++) {
         const uint8_t *data;
         int64_t id = ids[i];
-        if (served != NULL && served[i])
-            continue;
         sparse_ahead(t, ids, i, n);
         struct sp_entry *e = sparse_get(sp, t, id);
         if (e != NULL) {
@@ -629,7 +579,6 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
             sparse_cache(sp, t, ids[cold[k]], sparse_cold_row(t, &c, cold[k]));
     pthread_mutex_unlock(&t->mu);
     sparse_cold_free(&c);
-    free(served);
     free(cold);
     free(scratch);
     atomic_fetch_add(&sp->pulled, rc == 0 ? n : 0);

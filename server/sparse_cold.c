@@ -17,13 +17,6 @@
  * second pass (sparse_cold_settle) reads under the mutex what the first
  * could not vouch for, which is rare: rows that left the RAM tier in
  * between, or the whole miss set after an apply or a sweep.
- *
- * A pull starts the batch (sparse_cold_start) and, while it is in flight,
- * answers its rows in the RAM tier under the mutex, pumping the batch
- * between pieces of that work (sparse_cold_pump: the ring takes completed
- * reads and submits the next); it then waits for the rest without the
- * mutex (sparse_cold_finish). Ids it answered need no read at the second
- * pass (sparse_cold_skip).
  */
 #include "server/sparse_internal.h"
 
@@ -36,9 +29,6 @@
 
 void sparse_cold_free(struct sp_cold *c)
 {
-    psd_segs_read_wait(c->batch); /* nothing may land in freed rows */
-    free(c->rq);
-    free(c->rslot);
     free(c->slot);
     free(c->rows);
     free(c->have);
@@ -52,9 +42,6 @@ static int cmp_pair(const void *a, const void *b)
         return x[0] < y[0] ? -1 : 1;
     return x[1] < y[1] ? -1 : x[1] > y[1];
 }
-
-/* slot[i] of an id the call answered from the RAM tier already. */
-#define SLOT_SERVED (-2)
 
 /* Room for m more slots. */
 static int slots_grow(struct sp_cold *c, size_t m, size_t rb)
@@ -84,19 +71,17 @@ struct want {
     size_t m;
 };
 
-/* Starts reading the rows of w into new slots of c (table var_id, rb
- * bytes a row), each distinct id once: a record becomes one read of a
- * batch, left in flight (rows_finish); a row the catalog must be asked for
- * (SPARSE_LOC_LMDB: not converted yet) is looked up in LMDB now and, a
- * catalog entry, read too, or copied. */
-static int rows_start(psd_sparse *sp, const char *name, uint32_t var_id, size_t rb,
-                      const struct want *w, struct sp_cold *c)
+/* Reads the rows of w into new slots of c (table var_id, rb bytes a row),
+ * each distinct id once: a record becomes one read of a batch; a row the
+ * catalog must be asked for (SPARSE_LOC_LMDB: not converted yet) is
+ * looked up in LMDB and, a catalog entry, read too, or copied. */
+static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t rb,
+                     const struct want *w, struct sp_cold *c)
 {
     size_t m = w->m;
     int64_t *pairs = malloc(m * 2 * sizeof *pairs);
     psd_seg_read *rq = malloc(m * sizeof *rq);
-    size_t *slot_of = malloc(m * sizeof *slot_of);
-    int rc = pairs && rq && slot_of ? slots_grow(c, m, rb) : -ENOMEM;
+    int rc = pairs && rq ? slots_grow(c, m, rb) : -ENOMEM;
     psd_store_rtxn *rt = NULL;
     if (rc != 0)
         goto out;
@@ -116,10 +101,10 @@ static int rows_start(psd_sparse *sp, const char *name, uint32_t var_id, size_t 
         size_t s = c->nslots++;
         c->slot[w->idx[k]] = (int32_t)s;
         c->have[s] = 0;
-        psd_seg_read r = {.var_id = var_id, .id = id, .dst = c->rows + s * rb, .cap = rb};
+        psd_seg_read r = {.var_id = var_id, .id = id, .dst = c->rows + s * rb, .cap = rb,
+                          .version = s};
         if (w->loc[k] != SPARSE_LOC_LMDB) {
             r.loc = sparse_loc_unpack(w->loc[k], rb + PSD_SEG_REC_HEAD);
-            slot_of[nr] = s;
             rq[nr++] = r;
             continue;
         }
@@ -133,7 +118,6 @@ static int rows_start(psd_sparse *sp, const char *name, uint32_t var_id, size_t 
             rc = 0;
         } else if (rc == 0 && sparse_cat_decode(d, len, &cat)) {
             r.loc = cat.loc;
-            slot_of[nr] = s;
             rq[nr++] = r;
         } else if (rc == 0 && len == rb) {
             memcpy(c->rows + s * rb, d, rb);
@@ -147,64 +131,38 @@ static int rows_start(psd_sparse *sp, const char *name, uint32_t var_id, size_t 
     }
     if (rt != NULL)
         psd_store_rend(rt);
-    atomic_fetch_add_explicit(&sp->read_cold, nr + copied, memory_order_relaxed);
     if (rc == 0 && nr > 0) {
-        rc = psd_segs_read_start(sp->segs, rq, nr, &c->batch);
-        if (rc == 0) {
-            c->rq = rq;
-            c->rslot = slot_of;
-            c->nr = nr;
-            c->name = name;
-            c->rb = rb;
-            rq = NULL;
-            slot_of = NULL;
+        /* version is overwritten by the read: the slots are kept apart. */
+        size_t *slot_of = malloc(nr * sizeof *slot_of);
+        if (slot_of == NULL) {
+            rc = -ENOMEM;
+            goto out;
         }
+        for (size_t k = 0; k < nr; k++)
+            slot_of[k] = (size_t)rq[k].version;
+        rc = psd_segs_read(sp->segs, rq, nr);
+        for (size_t k = 0; k < nr && (rc == 0 || rc == PS_ECORRUPT); k++) {
+            bool ok = rq[k].rc == 0 && rq[k].loc.len - PSD_SEG_REC_HEAD == rb;
+            if (ok) {
+                c->have[slot_of[k]] = 1;
+            } else if (rc == 0 || rq[k].rc != 0) {
+                ps_log_error("sparse table '%s': row %lld: its record in segment %u at "
+                             "offset %llu is corrupt", name, (long long)rq[k].id,
+                             rq[k].loc.seg, (unsigned long long)rq[k].loc.off);
+                rc = PS_ECORRUPT;
+                break;
+            }
+        }
+        free(slot_of);
+        if (rc != 0 && rc != PS_ECORRUPT)
+            ps_log_err(rc, "sparse table '%s': reading %zu rows from the segments", name, nr);
+        atomic_fetch_add_explicit(&sp->seg_reads, nr, memory_order_relaxed);
     }
+    atomic_fetch_add_explicit(&sp->read_cold, nr + copied, memory_order_relaxed);
 out:
     free(pairs);
     free(rq);
-    free(slot_of);
     return rc;
-}
-
-/* Waits for the reads rows_start left in flight and marks the rows read. */
-static int rows_finish(psd_sparse *sp, struct sp_cold *c)
-{
-    if (c->rq == NULL)
-        return 0;
-    int rc = psd_segs_read_wait(c->batch);
-    c->batch = NULL;
-    for (size_t k = 0; k < c->nr && (rc == 0 || rc == PS_ECORRUPT); k++) {
-        psd_seg_read *q = &c->rq[k];
-        if (q->rc == 0 && q->loc.len - PSD_SEG_REC_HEAD == c->rb) {
-            c->have[c->rslot[k]] = 1;
-        } else if (rc == 0 || q->rc != 0) {
-            ps_log_error("sparse table '%s': row %lld: its record in segment %u at "
-                         "offset %llu is corrupt", c->name, (long long)q->id, q->loc.seg,
-                         (unsigned long long)q->loc.off);
-            rc = PS_ECORRUPT;
-            break;
-        }
-    }
-    if (rc != 0 && rc != PS_ECORRUPT)
-        ps_log_err(rc, "sparse table '%s': reading %zu rows from the segments", c->name,
-                   c->nr);
-    atomic_fetch_add_explicit(&sp->seg_reads, c->nr, memory_order_relaxed);
-    free(c->rq);
-    free(c->rslot);
-    c->rq = NULL;
-    c->rslot = NULL;
-    c->nr = 0;
-    return rc;
-}
-
-/* Reads the rows of w into new slots of c: started and waited for. */
-static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t rb,
-                     const struct want *w, struct sp_cold *c)
-{
-    int rc = rows_start(sp, name, var_id, rb, w, c);
-    int frc = rows_finish(sp, c);
-    return rc != 0 ? rc : frc;
 }
 
 /* The ids of ids[0..n) to read (those not read yet, slot[i] < 0, or all
@@ -216,7 +174,7 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         sparse_ahead(t, ids, i, n);
-        if (slot[i] == SLOT_SERVED || (!all && slot[i] >= 0))
+        if (!all && slot[i] >= 0)
             continue;
         uint64_t l;
         if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
@@ -227,8 +185,8 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
     return m;
 }
 
-int sparse_cold_start(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                      struct sp_cold *c)
+int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                     struct sp_cold *c)
 {
     *c = (struct sp_cold){.n = n};
     size_t one = n ? n : 1;
@@ -253,40 +211,10 @@ int sparse_cold_start(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, s
     }
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
-        rc = rows_start(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
+        rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);
     free(loc);
     return rc;
-}
-
-bool sparse_cold_pending(const struct sp_cold *c)
-{
-    return c->rq != NULL;
-}
-
-void sparse_cold_pump(struct sp_cold *c)
-{
-    psd_segs_read_pump(c->batch);
-}
-
-int sparse_cold_finish(psd_sparse *sp, struct sp_cold *c)
-{
-    return rows_finish(sp, c);
-}
-
-int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                     struct sp_cold *c)
-{
-    int rc = sparse_cold_start(sp, t, ids, n, c);
-    int frc = rows_finish(sp, c);
-    return rc != 0 ? rc : frc;
-}
-
-void sparse_cold_skip(struct sp_cold *c, const uint8_t *served)
-{
-    for (size_t i = 0; i < c->n; i++)
-        if (served[i])
-            c->slot[i] = SLOT_SERVED;
 }
 
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)

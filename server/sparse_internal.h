@@ -55,9 +55,7 @@
  * anything past it) and points the index at them. A row outside the RAM
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the index and read in one batch through io_uring with O_DIRECT,
- * never a page fault, and the rows enter the RAM tier. A pull answers its
- * rows in the tier while that batch is in flight (psd_sparse_pull), and
- * answers them again if a push or a sweep changed the table meanwhile. The RAM tier, with
+ * never a page fault, and the rows enter the RAM tier. The RAM tier, with
  * the indexes and the catalog's queue, is kept under half of --memory-limit less 24 MiB (the page
  * cache no longer holds rows; sparse_budget), the tier giving an index room
  * as soon as it grows (sparse_index_apply): past it a push first waits
@@ -170,9 +168,6 @@ struct psd_sparse_table {
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     uint64_t evicts;        /* rows the sweeps deleted: a cold read begun
                                before one is done again (sparse_cold.c) */
-    uint64_t installs;      /* rows sparse_install changed: a pull's RAM hits
-                               served before its reads are served again
-                               if it moved (psd_sparse_pull) */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
@@ -325,30 +320,9 @@ struct sp_cold {
     uint8_t *have;       /* (nslots) */
     size_t nslots, cap;
     uint64_t applied, evicts; /* when the first pass began */
-    /* The reads in flight, from sparse_cold_start to sparse_cold_finish. */
-    psd_segs_batch *batch;
-    psd_seg_read *rq;    /* (nr) */
-    size_t *rslot;       /* (nr) the slot each read fills */
-    size_t nr, rb;
-    const char *name;
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
-/* sparse_cold_read in steps, so that a call serves its RAM hits while its
- * misses are read: sparse_cold_start leaves the reads in flight (in the
- * calling thread's ring: the same thread finishes them, and reads nothing
- * else from the segments before); sparse_cold_pending says whether any
- * are; sparse_cold_pump, between pieces of other work, submits more as
- * reads complete, never waiting; sparse_cold_finish waits for them (0,
- * PS_ECORRUPT or -errno, as sparse_cold_read). sparse_cold_free waits for
- * any left. */
-int sparse_cold_start(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                      struct sp_cold *c);
-bool sparse_cold_pending(const struct sp_cold *c);
-/* The ids i with served[i] are answered: settle reads none of them. */
-void sparse_cold_skip(struct sp_cold *c, const uint8_t *served);
-void sparse_cold_pump(struct sp_cold *c);
-int sparse_cold_finish(psd_sparse *sp, struct sp_cold *c);
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu);
 int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
                        struct sp_cold *c);

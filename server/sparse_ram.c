@@ -193,7 +193,6 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
         atomic_fetch_add(&sp->dirty, 1);
     }
     e->mod++;
-    t->installs++;
     return e;
 }
 

@@ -121,55 +121,6 @@ START_TEST(test_roundtrip)
 }
 END_TEST
 
-/* The same reads in steps (psd_segs_read_start, _pump, _wait): more than
- * the ring is deep, pumped between pieces of other work while they are in
- * flight, every row whole; a wrong row in the batch is refused at the wait;
- * an empty batch and a NULL one wait for nothing. */
-START_TEST(test_read_steps)
-{
-    psd_segs *s = open_ok(0);
-    size_t n = 700;
-    psd_seg_loc *locs = calloc(n, sizeof *locs);
-    put_rows(s, 100, n, 5, locs);
-    psd_seg_read *rq = calloc(n, sizeof *rq);
-    uint8_t *out = malloc(n * ROW), want[ROW];
-    for (size_t i = 0; i < n; i++) {
-        size_t j = (i * 7919) % n;
-        rq[i] = (psd_seg_read){.loc = locs[j], .var_id = 3, .id = 100 + (int64_t)j,
-                               .dst = out + i * ROW, .cap = ROW};
-    }
-    psd_segs_batch *b = NULL;
-    ck_assert_int_eq(psd_segs_read_start(s, rq, n, &b), 0);
-    ck_assert_ptr_nonnull(b);
-    volatile uint64_t work = 0;
-    for (int k = 0; k < 50; k++) {
-        for (int w = 0; w < 20000; w++)
-            work += (uint64_t)w * (uint64_t)k;
-        psd_segs_read_pump(b);
-    }
-    ck_assert_int_eq(psd_segs_read_wait(b), 0);
-    for (size_t i = 0; i < n; i++) {
-        ck_assert_int_eq(rq[i].rc, 0);
-        ck_assert_uint_eq(rq[i].version, 5);
-        fill(want, rq[i].id, 5);
-        ck_assert_mem_eq(out + i * ROW, want, ROW);
-    }
-    rq[n / 2].id = -1; /* not the row its record holds */
-    ck_assert_int_eq(psd_segs_read_start(s, rq, n, &b), 0);
-    psd_segs_read_pump(b);
-    ck_assert_int_eq(psd_segs_read_wait(b), PS_ECORRUPT);
-    ck_assert_int_eq(rq[n / 2].rc, PS_ECORRUPT);
-    ck_assert_int_eq(rq[n / 2 + 1].rc, 0);
-    ck_assert_int_eq(psd_segs_read_start(s, rq, 0, &b), 0);
-    ck_assert_int_eq(psd_segs_read_wait(b), 0);
-    ck_assert_int_eq(psd_segs_read_wait(NULL), 0);
-    free(rq);
-    free(out);
-    free(locs);
-    psd_segs_close(s);
-}
-END_TEST
-
 /* A segment past seg_max is sealed at the next batch; a reopen appends to
  * the newest one and reads the old ones. */
 START_TEST(test_seal_reopen)
@@ -1172,7 +1123,6 @@ static const struct pscheck_opts slow_tmp = {pscheck_tmp_setup, pscheck_tmp_tear
 
 PSCHECK_MAIN("segment",
     {"psd_segs_read", {test_roundtrip, test_wrong_row}, &pscheck_tmp},
-    {"psd_segs_read_start", {test_read_steps}, &pscheck_tmp},
     {"psd_segs_append", {test_seal_reopen}, &pscheck_tmp},
     {"psd_segs_open", {test_truncated_refused, test_corrupt_refused, test_committed_end}, &pscheck_tmp},
     {"psd_segs_sync", {test_full_disk}, &pscheck_tmp},
