@@ -41,6 +41,12 @@ size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n);
 /* out[i] = float32(in[i]) for i < n (exact). in may be unaligned. */
 void ps_half_to_f32(int type, const uint16_t *in, float *out, size_t n);
 
+/* ps_half_to_f32 and the largest magnitude of in[0..n) in one pass: returns
+ * the largest (in[i] & 0x7fff), half bits without the sign, which orders the
+ * values by magnitude; at least 0x7c00 (float16) or 0x7f80 (bfloat16) when
+ * one is Inf or NaN. 0 for n == 0. in may be unaligned. */
+uint16_t ps_half_to_f32_mag(int type, const uint16_t *in, float *out, size_t n);
+
 /* Whether any of in[0..n) is NaN or Inf. */
 bool ps_half_nonfinite(int type, const uint16_t *in, size_t n);
 
