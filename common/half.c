@@ -355,6 +355,14 @@ const char *ps_half_kernel(int type, bool to_f32)
     return have.bf16_avx512 ? "avx512bf16" : have.avx2 ? "avx2" : "portable";
 }
 
+const char *ps_half_ef_kernel(int type)
+{
+    pthread_once(&pick_once, pick);
+    if (type == PS_HALF_F16)
+        return have.f16c ? "f16c" : "portable";
+    return have.avx2 ? "avx2" : "portable";
+}
+
 size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n)
 {
     pthread_once(&pick_once, pick);

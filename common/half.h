@@ -63,6 +63,10 @@ void ps_half_to_f32_portable(int type, const uint16_t *in, float *out, size_t n)
  * direction (to_f32 false: narrowing). */
 const char *ps_half_kernel(int type, bool to_f32);
 
+/* The kernel of ps_half_encode_ef's loop with a residual for type:
+ * "f16c", "avx2", "portable". */
+const char *ps_half_ef_kernel(int type);
+
 /* Error feedback (1-bit Adam's and BytePS's): sends half(g + r) and keeps
  * r = (g + r) - float(sent), so that over any number of steps the sum of
  * what was sent plus r equals the sum of the gradients (up to float32

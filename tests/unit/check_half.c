@@ -171,6 +171,9 @@ END_TEST
 START_TEST(test_error_feedback_kernels)
 {
     size_t n = 100003;
+    /* The loop named is one this CPU runs: F16C or AVX2 where it has them. */
+    ck_assert(strcmp(ps_half_ef_kernel(PS_HALF_F16), ps_half_kernel(PS_HALF_F16, false)) == 0);
+    ck_assert(strcmp(ps_half_ef_kernel(PS_HALF_BF16), ps_half_kernel(PS_HALF_BF16, true)) == 0);
     float *g = values(n), *r = malloc(n * 4), *r_ref = malloc(n * 4);
     uint16_t *out = malloc(n * 2);
     for (int type = PS_HALF_F16; type <= PS_HALF_BF16; type++) {
