@@ -229,6 +229,22 @@ static size_t field_len(size_t len)
     return 1 + ps_wire_varint_len(len) + len;
 }
 
+void ps_client_destroy(ps_client *c)
+{
+    if (c == NULL)
+        return;
+    ps_rpc_client_destroy(c->rpc);
+    ps_buf_free(&c->req);
+    ps_buf_free(&c->half);
+    for (size_t i = 0; i < c->nres; i++) {
+        free(c->res[i].name);
+        free(c->res[i].r);
+    }
+    free(c->res);
+    free(c->address);
+    free(c);
+}
+
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
                      ps_client **out)
 {
@@ -245,22 +261,6 @@ int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
     }
     *out = c;
     return 0;
-}
-
-void ps_client_destroy(ps_client *c)
-{
-    if (c == NULL)
-        return;
-    ps_rpc_client_destroy(c->rpc);
-    ps_buf_free(&c->req);
-    ps_buf_free(&c->half);
-    for (size_t i = 0; i < c->nres; i++) {
-        free(c->res[i].name);
-        free(c->res[i].r);
-    }
-    free(c->res);
-    free(c->address);
-    free(c);
 }
 
 /* Asks the psd at address (a TCP address of this host) for its local
