@@ -246,11 +246,17 @@ struct psd_sparse {
     /* The catalog queue (sparse_seg.c): locations the applier and
      * compaction committed (with segs_end, the commit point) and pointed
      * the indexes at, not yet written into the rows db; apply_run_mu.
-     * sparse_cat_flush writes them and moves "cat_upto". */
-    struct sp_catq *catq;
-    size_t catq_n, catq_cap;
-    atomic_size_t catq_len;  /* catq_n, for other threads */
-    atomic_uint_fast64_t catq_bytes; /* catq_cap's, in sparse_ram_cost */
+     * A write takes the whole queue as catw, sorted, with the end it
+     * covers (catw_upto, 0: no write under way), and writes it a
+     * transaction per sparse_cat_step (the applier's, between its rounds
+     * of room) or all at once (sparse_cat_flush); its last transaction
+     * moves "cat_upto" to catw_upto. */
+    struct sp_catq *catq, *catw;
+    size_t catq_n, catq_cap, catw_n, catw_k, catw_cap;
+    uint64_t catw_upto;
+    bool catw_all;
+    atomic_size_t catq_len;  /* catq_n + catw_n, for other threads */
+    atomic_uint_fast64_t catq_bytes; /* catq_cap's and catw_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
     atomic_bool cat_asap;    /* a sweep wants the catalog written */
@@ -371,9 +377,16 @@ void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e);
 /* Writes the queue into the rows db in key order, in bounded
  * transactions (the last moves "cat_upto" to the segments' end), the
  * entries of the ready tables only, or of every table when all (at open,
- * before any). apply_run_mu held. Returns 0 or the store's error (the
- * queue kept: written again next time). */
+ * before any): a write under way first, then the rest. apply_run_mu held.
+ * Returns 0 or the store's error (the queue kept: written again next
+ * time). */
 int sparse_cat_flush(psd_sparse *sp, bool all);
+/* One transaction of the queue's write (begun, when none is under way,
+ * with the whole queue): the applier's, so that a round of room waits
+ * for one transaction, not a whole write. *busy: more of the write is
+ * left. apply_run_mu held. Returns 0 or the store's error (kept, tried
+ * again next step). */
+int sparse_cat_step(psd_sparse *sp, bool *busy);
 /* Whether record loc lies before "cat_upto": never replayed at open. Any
  * thread. */
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc);
