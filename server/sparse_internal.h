@@ -255,6 +255,7 @@ struct psd_sparse {
     size_t catq_n, catq_cap, catw_n, catw_k, catw_cap;
     uint64_t catw_upto;
     bool catw_all;
+    struct sp_cat_ahead *cat_ahead; /* threads reading catw's next pages ahead */
     atomic_size_t catq_len;  /* catq_n + catw_n, for other threads */
     atomic_uint_fast64_t catq_bytes; /* catq_cap's and catw_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
@@ -387,6 +388,9 @@ int sparse_cat_flush(psd_sparse *sp, bool all);
  * left. apply_run_mu held. Returns 0 or the store's error (kept, tried
  * again next step). */
 int sparse_cat_step(psd_sparse *sp, bool *busy);
+/* Waits for the threads reading the write's next pages ahead, if any
+ * (before the write's entries are freed). apply_run_mu held. */
+void sparse_cat_ahead_end(psd_sparse *sp);
 /* Whether record loc lies before "cat_upto": never replayed at open. Any
  * thread. */
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc);

@@ -372,16 +372,18 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
 #define CAT_AHEAD_THREADS 16
 #define CAT_AHEAD_GRAIN 16
 
-struct cat_ahead {
+struct sp_cat_ahead {
     psd_store *st;
     const struct sp_catq *q;
     size_t end;
     atomic_size_t next;
+    pthread_t th[CAT_AHEAD_THREADS];
+    int n;
 };
 
 static void *cat_ahead_main(void *arg)
 {
-    struct cat_ahead *a = arg;
+    struct sp_cat_ahead *a = arg;
     psd_store_rtxn *rt = NULL;
     if (psd_store_rbegin(a->st, &rt) != 0)
         return NULL;
@@ -400,26 +402,38 @@ static void *cat_ahead_main(void *arg)
     return NULL;
 }
 
-/* Reads ahead the pages of q[from..end); what it cannot start (a thread)
- * the writer faults in itself. */
-static void cat_read_ahead(psd_sparse *sp, const struct sp_catq *q, size_t from, size_t end)
+/* Starts reading ahead the pages of the write's entries [from, end):
+ * the next transaction's, while this one commits. What it cannot start
+ * (a thread, memory) the writer faults in itself. */
+static void cat_ahead_start(psd_sparse *sp, size_t from, size_t end)
 {
-    if (end - from < 2 * CAT_AHEAD_GRAIN)
+    if (sp->cat_ahead != NULL || end - from < 2 * CAT_AHEAD_GRAIN)
         return;
-    struct cat_ahead a = {.st = sp->store, .q = q, .end = end};
-    atomic_store(&a.next, from);
-    pthread_t th[CAT_AHEAD_THREADS];
+    struct sp_cat_ahead *a = calloc(1, sizeof *a);
     pthread_attr_t at;
-    int n = 0;
-    if (pthread_attr_init(&at) != 0)
+    if (a == NULL || pthread_attr_init(&at) != 0) {
+        free(a);
         return;
+    }
+    *a = (struct sp_cat_ahead){.st = sp->store, .q = sp->catw, .end = end};
+    atomic_store(&a->next, from);
     pthread_attr_setstacksize(&at, (size_t)256 << 10);
-    for (; n < CAT_AHEAD_THREADS; n++)
-        if (pthread_create(&th[n], &at, cat_ahead_main, &a) != 0)
+    for (; a->n < CAT_AHEAD_THREADS; a->n++)
+        if (pthread_create(&a->th[a->n], &at, cat_ahead_main, a) != 0)
             break;
     pthread_attr_destroy(&at);
-    while (n-- > 0)
-        pthread_join(th[n], NULL);
+    sp->cat_ahead = a;
+}
+
+void sparse_cat_ahead_end(psd_sparse *sp)
+{
+    struct sp_cat_ahead *a = sp->cat_ahead;
+    if (a == NULL)
+        return;
+    while (a->n-- > 0)
+        pthread_join(a->th[a->n], NULL);
+    free(a);
+    sp->cat_ahead = NULL;
 }
 
 /* Takes the whole queue as the part to write, sorted, covering the
@@ -447,6 +461,7 @@ static void cat_take(psd_sparse *sp, bool all)
  * now). */
 static void cat_done(psd_sparse *sp)
 {
+    sparse_cat_ahead_end(sp); /* none: the last transaction starts none */
     atomic_store(&sp->cat_upto, sp->catw_upto);
     if (sp->catw_n > 0) {
         pthread_mutex_lock(&sp->tables_mu);
@@ -476,27 +491,30 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
     size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
     max = max < 256 ? 256 : max > 8192 ? 8192 : max;
     int rc = 0;
-    bool ahead = true;
     for (size_t n = 0; n < txns && rc == 0 && sp->catw_upto != 0; n++) {
         size_t from = sp->catw_k, k = from;
-        if (ahead)
-            cat_read_ahead(sp, sp->catw, from,
-                           sp->catw_n - from < max ? sp->catw_n : from + max);
+        /* This transaction's pages: read ahead during the last one's
+         * commit (the same entries, unless that one failed), or now. */
+        cat_ahead_start(sp, from, sp->catw_n - from < max ? sp->catw_n : from + max);
+        sparse_cat_ahead_end(sp);
         struct sp_catw w;
         rc = sparse_catw_begin(sp, &w, false);
         w.no_live = true; /* counted when queued */
         if (rc == 0)
             rc = flush_some(&w, sp->catw, sp->catw_n, &k, max, live, nlive);
+        if (rc == 0 && k < sp->catw_n)
+            cat_ahead_start(sp, k, sp->catw_n - k < max ? sp->catw_n : k + max);
         if (rc == 0 && k >= sp->catw_n)
             rc = psd_store_set_log_mark(w.t, PSD_STORE_CAT_UPTO, sp->catw_upto);
         rc = sparse_catw_end(&w, rc);
         atomic_store(&sp->apply_pages, 0);
-        if (rc == PS_EFULL && psd_store_grow(sp->store) == 0) {
-            rc = 0; /* the same entries again in a bigger map */
-            ahead = false;
-            continue;
+        if (rc == PS_EFULL) {
+            sparse_cat_ahead_end(sp); /* a growth waits for every transaction */
+            if (psd_store_grow(sp->store) == 0) {
+                rc = 0; /* the same entries again in a bigger map */
+                continue;
+            }
         }
-        ahead = true;
         if (rc == 0)
             sp->catw_k = k;
         if (rc == 0 && k >= sp->catw_n)
