@@ -113,8 +113,6 @@ static void waiting(ps_metrics *m, psd_shard *s)
     for (const pending_push *p = s->durable; p != NULL; p = p->next)
         durable++;
     pthread_mutex_unlock(&s->wait_mu);
-    int64_t dirty = atomic_load(&s->dirty_since_ms);
-    int64_t now_ms = ps_now_ms();
 
     ps_metrics_gauge(m, "psd_pulls_waiting", "Pulls waiting for a version.",
                      (double)pulls);
@@ -127,8 +125,7 @@ static void waiting(ps_metrics *m, psd_shard *s)
                      "Durable pushes waiting for their commit.", (double)durable);
     ps_metrics_gauge(m, "psd_write_behind_lag_seconds", "Age of the oldest update "
                      "not yet committed to LMDB (0: all committed).",
-                     dirty != 0 && now_ms > dirty ? (double)(now_ms - dirty) / 1000.0
-                                                  : 0.0);
+                     (double)shard_write_behind_lag_ms(s) / 1000.0);
 }
 
 /* The variables and their memory, under the table's read lock (a sync

@@ -323,6 +323,15 @@ static inline void shard_count_apply(psd_shard *s)
     }
 }
 
+/* The write-behind lag: how long ago the oldest update not yet committed
+ * was applied, in milliseconds; 0 when every update is committed. */
+static inline uint64_t shard_write_behind_lag_ms(psd_shard *s)
+{
+    int64_t dirty = atomic_load(&s->dirty_since_ms);
+    int64_t now = ps_now_ms();
+    return dirty != 0 && now > dirty ? (uint64_t)(now - dirty) : 0;
+}
+
 /* The opening of a unary handler: unpacks the request of method, a
  * message of type d, for the caller to free (protobuf_c_message_free_unpacked).
  * Bytes that do not parse count as a bad request and fail call ("Pull: 12

@@ -835,6 +835,12 @@ void shard_stats(ps_rpc_call *call, const uint8_t *req, size_t len, void *ctx)
         resp.connections_refused = ps_rpc_server_local_refused(s->srv);
         resp.local_connections = (uint64_t)ps_rpc_server_local_open(s->srv);
     }
+    /* Last, in one instant: the lag, dated (a client given this can tell
+     * which of its acknowledged updates were durable then). */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    resp.write_behind_lag_ms = shard_write_behind_lag_ms(s);
+    resp.taken_unix_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
     int files = ps_probe_open_files();
     long max_files = ps_probe_max_files();
     resp.open_files = files > 0 ? (uint64_t)files : 0;

@@ -92,6 +92,8 @@ static void print_stats(const Ps__V1__StatsResponse *r)
         r->local_connections, r->connections_refused);
     ROW("bad requests", "%" PRIu64, r->bad_requests);
     ROW("commits", "%" PRIu64, r->commits);
+    ROW("write-behind lag", "%" PRIu64 " ms (oldest update not yet durable)",
+        r->write_behind_lag_ms);
     ROW("resident", "%s", human_bytes(r->resident_bytes, a, sizeof a));
     ROW("fixed overhead", "%s",
         human_bytes(r->fixed_overhead_bytes, a, sizeof a));
@@ -197,6 +199,12 @@ static json_t *stats_json(Ps__V1__StatsResponse **r, const struct shard *sh,
     }
     json_object_set_new(root, "job_id", job_id[0] ? json_string(job_id) : json_null());
     json_t *tot = pbjson_total(shards, lowest);
+    /* The job's lag is its most lagging shard's. */
+    uint64_t lag = 0;
+    for (size_t i = 0; i < n; i++)
+        if (r[i]->write_behind_lag_ms > lag)
+            lag = r[i]->write_behind_lag_ms;
+    json_object_set_new(tot, "write_behind_lag_ms", json_integer((json_int_t)lag));
     json_object_del(tot, "shard");
     json_object_del(tot, "server");
     json_object_set_new(root, "shards", shards);

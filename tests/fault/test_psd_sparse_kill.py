@@ -91,11 +91,17 @@ def main():
         for rnd in range(3):
             base = counts(d.address)
             bbase = bulk_count(d.address)
+            ch = pstest.channel(d.address)
+            stub = pbg.ParameterServerStub(ch)
+            stub.Stats(pb.StatsRequest(), timeout=10)  # connected before the kill
             p = pushers(d.address)
             time.sleep(rng.uniform(0.3, 1.0))
+            mark, lag = pstest.lag_mark(pb, stub)
             t_kill = time.monotonic()
+            bound = t_kill if durable else min(t_kill - PROMISE_MS / 1000.0, mark)
             d.proc.send_signal(signal.SIGKILL)
             d.proc.wait()
+            ch.close()
             p.join()
             logs = [os.path.join(data, "rows.log.%d" % k) for k in (0, 1)]
             logged = sum(os.path.getsize(f) for f in logs if os.path.exists(f))
@@ -113,15 +119,14 @@ def main():
                 if got[i] is None:
                     continue
                 n = got[i] - base[i]
-                bound = t_kill - (0 if durable else PROMISE_MS / 1000.0)
                 must = sum(1 for t in p.acks[i] if t <= bound)
                 ok = ok and must <= n <= p.sent[i]
                 lost.append(len(p.acks[i]) - n)
             R.check(ok, "%s round %d: rows whole, %s pushes acked, %s lost (bound: "
-                    "those of the last %d ms)" % (mode, rnd, [len(a) for a in p.acks[:THREADS]],
-                                                   lost, 0 if durable else PROMISE_MS))
+                    "those of the last %d ms; psd's write-behind lag %s ms)"
+                    % (mode, rnd, [len(a) for a in p.acks[:THREADS]], lost,
+                       (t_kill - bound) * 1000, lag))
             bn = bulk_count(d.address)
-            bound = t_kill - (0 if durable else PROMISE_MS / 1000.0)
             must = sum(1 for t in p.acks[THREADS] if t <= bound)
             bok = bn is not None and bbase is not None and \
                 must <= bn - bbase <= p.sent[THREADS]

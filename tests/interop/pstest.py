@@ -246,6 +246,26 @@ class Pushers:
             t.join()
 
 
+def lag_mark(pb, stub):
+    """Asked of psd just before a kill -9: its write-behind lag
+    (Stats.write_behind_lag_ms), dated by Stats.taken_unix_ms, as a time on
+    time.monotonic()'s clock. Every push acknowledged at or before the mark
+    was durable when psd took its figures, however long the call waited to
+    be served, so a test bounds what a kill may lose by the earlier of the
+    mark and its promise (doc/operating.md: a busy disk stretches a commit,
+    and the window with it, by what psd itself reports). Returns (mark,
+    lag_ms); (inf, None) when Stats did not answer in 5 s."""
+    import grpc
+    try:
+        st = stub.Stats(pb.StatsRequest(), timeout=5)
+    except grpc.RpcError:
+        return float("inf"), None
+    wall_to_mono = time.time() - time.monotonic()
+    # Both ms figures are truncated: the oldest update may be 2 ms older.
+    mark = (st.taken_unix_ms - st.write_behind_lag_ms - 2) / 1000.0 - wall_to_mono
+    return mark, st.write_behind_lag_ms
+
+
 CGROUP_V1_MEMORY = "/sys/fs/cgroup/memory"
 
 
