@@ -38,11 +38,14 @@
  * written behind it: the applier's and compaction's transactions commit
  * "segs_end" alone (the commit point), their entries wait in a queue
  * (sparse_seg.c) and go into the catalog in key order, many applies at
- * once, in bounded transactions that end by moving "cat_upto": past a
+ * once, in bounded transactions whose last moves "cat_upto": past a
  * threshold, when the log is quiet, before a checkpoint, a conversion or a
- * segment's removal, at a clean stop, and when a sweep needs it. At open the records between
- * "cat_upto" and "segs_end" are replayed into it (a later record of a row
- * wins). A sweep deletes only rows whose catalog entry is the index's and
+ * segment's removal, at a clean stop, and when a sweep needs it. The
+ * applier writes a transaction per turn of its loop (a push waiting for
+ * room waits for one), the pages of the next read ahead by threads
+ * meanwhile; entries queued during a write go to the next. At open the
+ * records between "cat_upto" and "segs_end" are replayed into it (a later
+ * record of a row wins). A sweep deletes only rows whose catalog entry is the index's and
  * whose record lies before "cat_upto" (sparse_cat_covers), so no record
  * of a deleted row is replayed: no tombstones.
  *
