@@ -95,7 +95,6 @@ void psd_sparse_close(psd_sparse *sp)
         pthread_cond_destroy(cv[i]);
     free(sp->seg_live);
     free(sp->catq);
-    free(sp->catw);
     free(sp->data_dir);
     free(sp);
 }

@@ -249,18 +249,19 @@ struct psd_sparse {
     /* The catalog queue (sparse_seg.c): locations the applier and
      * compaction committed (with segs_end, the commit point) and pointed
      * the indexes at, not yet written into the rows db; apply_run_mu.
-     * A write takes the whole queue as catw, sorted, with the end it
-     * covers (catw_upto, 0: no write under way), and writes it a
-     * transaction per sparse_cat_step (the applier's, between its rounds
-     * of room) or all at once (sparse_cat_flush); its last transaction
-     * moves "cat_upto" to catw_upto. */
-    struct sp_catq *catq, *catw;
-    size_t catq_n, catq_cap, catw_n, catw_k, catw_cap;
+     * A write takes the whole queue, its first catw_n entries, sorted,
+     * with the end they cover (catw_upto, 0: no write under way), and
+     * writes them a transaction per sparse_cat_step (the applier's,
+     * between its rounds of room) or all at once (sparse_cat_flush), from
+     * catw_k on; its last transaction moves "cat_upto" to catw_upto.
+     * Entries queued meanwhile follow them in the array. */
+    struct sp_catq *catq;
+    size_t catq_n, catq_cap, catw_n, catw_k;
     uint64_t catw_upto;
     bool catw_all;
-    struct sp_cat_ahead *cat_ahead; /* threads reading catw's next pages ahead */
-    atomic_size_t catq_len;  /* catq_n + catw_n, for other threads */
-    atomic_uint_fast64_t catq_bytes; /* catq_cap's and catw_cap's, in sparse_ram_cost */
+    struct sp_cat_ahead *cat_ahead; /* threads reading the write's next pages ahead */
+    atomic_size_t catq_len;  /* catq_n, for other threads */
+    atomic_uint_fast64_t catq_bytes; /* catq_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
     atomic_bool cat_asap;    /* a sweep wants the catalog written */

@@ -274,8 +274,8 @@ static uint64_t pack_end(psd_seg_loc e)
 
 static void catq_counts(psd_sparse *sp)
 {
-    atomic_store(&sp->catq_len, sp->catq_n + sp->catw_n);
-    atomic_store(&sp->catq_bytes, (sp->catq_cap + sp->catw_cap) * sizeof *sp->catq);
+    atomic_store(&sp->catq_len, sp->catq_n);
+    atomic_store(&sp->catq_bytes, sp->catq_cap * sizeof *sp->catq);
 }
 
 int sparse_catq_reserve(psd_sparse *sp, size_t n)
@@ -285,6 +285,7 @@ int sparse_catq_reserve(psd_sparse *sp, size_t n)
     size_t nc = sp->catq_cap ? sp->catq_cap : 4096;
     while (nc < sp->catq_n + n)
         nc *= 2;
+    sparse_cat_ahead_end(sp); /* they read the array */
     struct sp_catq *q = realloc(sp->catq, nc * sizeof *q);
     if (q == NULL)
         return -ENOMEM;
@@ -299,7 +300,7 @@ void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e)
     struct sp_catq *q = &sp->catq[sp->catq_n];
     *q = *e;
     q->ord = sp->catq_n++;
-    atomic_store(&sp->catq_len, sp->catq_n + sp->catw_n);
+    atomic_store(&sp->catq_len, sp->catq_n);
 }
 
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc)
@@ -415,7 +416,7 @@ static void cat_ahead_start(psd_sparse *sp, size_t from, size_t end)
         free(a);
         return;
     }
-    *a = (struct sp_cat_ahead){.st = sp->store, .q = sp->catw, .end = end};
+    *a = (struct sp_cat_ahead){.st = sp->store, .q = sp->catq, .end = end};
     atomic_store(&a->next, from);
     pthread_attr_setstacksize(&at, (size_t)256 << 10);
     for (; a->n < CAT_AHEAD_THREADS; a->n++)
@@ -440,20 +441,17 @@ void sparse_cat_ahead_end(psd_sparse *sp)
  * records up to the segments' end: every record before it has its entry
  * in the part or in the catalog (entries are queued under apply_run_mu
  * right after the commit of their records). Entries queued from now on
- * are of later records, written by the next write. */
+ * are of later records, written by the next write; they follow the part
+ * in the same array (one array: two, the part and a new queue, took
+ * psd-sparse-caps' psd ~10 MiB past its bound). */
 static void cat_take(psd_sparse *sp, bool all)
 {
-    sp->catw = sp->catq;
     sp->catw_n = sp->catq_n;
-    sp->catw_cap = sp->catq_cap;
     sp->catw_k = 0;
     sp->catw_upto = pack_end(psd_segs_end(sp->segs));
     sp->catw_all = all;
-    sp->catq = NULL; /* catq_reserve allocates the next one */
-    sp->catq_n = sp->catq_cap = 0;
     if (sp->catw_n > 1)
-        qsort(sp->catw, sp->catw_n, sizeof *sp->catw, cmp_catq);
-    catq_counts(sp);
+        qsort(sp->catq, sp->catw_n, sizeof *sp->catq, cmp_catq);
 }
 
 /* The write under way is in the catalog: "cat_upto" moved (committed
@@ -472,9 +470,10 @@ static void cat_done(psd_sparse *sp)
         }
         pthread_mutex_unlock(&sp->tables_mu);
     }
-    free(sp->catw);
-    sp->catw = NULL;
-    sp->catw_n = sp->catw_cap = sp->catw_k = 0;
+    /* What was queued meanwhile moves to the front, in its order. */
+    memmove(sp->catq, sp->catq + sp->catw_n, (sp->catq_n - sp->catw_n) * sizeof *sp->catq);
+    sp->catq_n -= sp->catw_n;
+    sp->catw_n = sp->catw_k = 0;
     sp->catw_upto = 0;
     catq_counts(sp);
 }
@@ -501,7 +500,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         rc = sparse_catw_begin(sp, &w, false);
         w.no_live = true; /* counted when queued */
         if (rc == 0)
-            rc = flush_some(&w, sp->catw, sp->catw_n, &k, max, live, nlive);
+            rc = flush_some(&w, sp->catq, sp->catw_n, &k, max, live, nlive);
         if (rc == 0 && k < sp->catw_n)
             cat_ahead_start(sp, k, sp->catw_n - k < max ? sp->catw_n : k + max);
         if (rc == 0 && k >= sp->catw_n)
@@ -527,7 +526,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         if (now - sp->cat_logged_ms >= 60000) {
             ps_log_err(rc, "writing %zu queued entries into the catalog (kept, written "
                        "again later; past %zu nothing more is applied)",
-                       sp->catw_n - sp->catw_k + sp->catq_n, 2 * sparse_catq_max(sp));
+                       sp->catq_n - sp->catw_k, 2 * sparse_catq_max(sp));
             sp->cat_logged_ms = now;
         }
     }
@@ -538,7 +537,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
  * the catalog's mark has not reached. */
 static bool cat_behind(psd_sparse *sp)
 {
-    return sp->catq_n > 0 || atomic_load(&sp->cat_upto) != pack_end(psd_segs_end(sp->segs));
+    return sp->catq_n > sp->catw_n || atomic_load(&sp->cat_upto) != pack_end(psd_segs_end(sp->segs));
 }
 
 int sparse_cat_step(psd_sparse *sp, bool *busy)
@@ -567,7 +566,7 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
         sp->catw_all = sp->catw_all || all;
         rc = cat_write(sp, SIZE_MAX, &busy);
     }
-    if (rc == 0 && sp->catq_cap > 2 * sparse_catq_max(sp)) {
+    if (rc == 0 && sp->catq_n == 0 && sp->catq_cap > 2 * sparse_catq_max(sp)) {
         free(sp->catq); /* empty */
         sp->catq = NULL;
         sp->catq_cap = 0;
