@@ -794,23 +794,18 @@ int main(int argc, char **argv)
         }
         if (i + 1 >= argc)
             break;
-        long v = atol(argv[i + 1]);
+        const struct {
+            const char *flag;
+            long *dst;
+        } nums[] = {{"--keyspace", &o.keyspace}, {"--rows", &o.rows}, {"--dim", &o.dim},
+                    {"--batch", &o.batch},       {"--calls", &o.calls}, {"--warmup", &o.warmup}};
+        for (size_t k = 0; k < sizeof nums / sizeof *nums; k++)
+            if (!strcmp(argv[i], nums[k].flag))
+                *nums[k].dst = atol(argv[i + 1]);
         if (!strcmp(argv[i], "--psd"))
             o.psd = argv[i + 1];
         else if (!strcmp(argv[i], "--redis"))
             o.redis = argv[i + 1];
-        else if (!strcmp(argv[i], "--keyspace"))
-            o.keyspace = v;
-        else if (!strcmp(argv[i], "--rows"))
-            o.rows = v;
-        else if (!strcmp(argv[i], "--dim"))
-            o.dim = v;
-        else if (!strcmp(argv[i], "--batch"))
-            o.batch = v;
-        else if (!strcmp(argv[i], "--calls"))
-            o.calls = v;
-        else if (!strcmp(argv[i], "--warmup"))
-            o.warmup = v;
         else if (!strcmp(argv[i], "--half-rows"))
             o.half_rows = !strcmp(argv[i + 1], "fp16") ? 2 : !strcmp(argv[i + 1], "bf16") ? 3 : -1;
         i++;

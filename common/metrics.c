@@ -244,22 +244,8 @@ int ps_histogram_init(ps_histogram *h, const double *bounds, size_t n)
     h->nbounds = n;
     for (size_t i = 0; i <= PS_HISTOGRAM_MAX_BOUNDS; i++)
         atomic_init(&h->counts[i], 0);
-    atomic_init(&h->sum_bits, 0); /* the bits of 0.0 */
+    atomic_init(&h->sum, 0.0);
     return 0;
-}
-
-static double bits_double(uint64_t b)
-{
-    double d;
-    memcpy(&d, &b, sizeof d);
-    return d;
-}
-
-static uint64_t double_bits(double d)
-{
-    uint64_t b;
-    memcpy(&b, &d, sizeof b);
-    return b;
 }
 
 void ps_histogram_observe(ps_histogram *h, double v)
@@ -270,10 +256,11 @@ void ps_histogram_observe(ps_histogram *h, double v)
     while (i < h->nbounds && v > h->bounds[i])
         i++;
     atomic_fetch_add_explicit(&h->counts[i], 1, memory_order_relaxed);
-    uint_fast64_t old = atomic_load_explicit(&h->sum_bits, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(
-        &h->sum_bits, &old, double_bits(bits_double(old) + v),
-        memory_order_relaxed, memory_order_relaxed))
+    /* No atomic add of a double in C11: a compare-and-swap of the sum
+     * (lock-free where a uint64_t's is). */
+    double old = atomic_load_explicit(&h->sum, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&h->sum, &old, old + v,
+                                                  memory_order_relaxed, memory_order_relaxed))
         ;
 }
 
@@ -287,8 +274,7 @@ uint64_t ps_histogram_count(const ps_histogram *h)
 
 double ps_histogram_sum(const ps_histogram *h)
 {
-    return bits_double(atomic_load_explicit(&((ps_histogram *)h)->sum_bits,
-                                            memory_order_relaxed));
+    return atomic_load_explicit(&((ps_histogram *)h)->sum, memory_order_relaxed);
 }
 
 void ps_metrics_histogram(ps_metrics *m, const ps_histogram *h, ...)

@@ -104,7 +104,7 @@ typedef struct ps_histogram {
     /* Per bucket, not cumulative: counts[i] holds observations in
      * (bounds[i-1], bounds[i]]; counts[nbounds] those above every bound. */
     atomic_uint_fast64_t counts[PS_HISTOGRAM_MAX_BOUNDS + 1];
-    atomic_uint_fast64_t sum_bits; /* the sum observed, a double's bits */
+    _Atomic double sum;            /* the sum observed */
 } ps_histogram;
 
 /* Latency bounds in seconds, 100 us to 10 s (calls, commits). */

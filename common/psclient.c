@@ -1232,8 +1232,14 @@ static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
 static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
                     ps_rpc_status *st)
 {
-    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, j->c->piece_window,
-                                  true, pieces_make, pieces_resp, j, deadline_ms, st);
+    /* A push's pieces go out one behind the other, each started once the
+     * one before is all handed to the connection (counted as sending, not
+     * as answered): the link never waits for an answer, and the streams
+     * never interleave, so psd gets and applies piece k while k + 1 is on
+     * the wire. A pull's answers, the big part, come window at a time. */
+    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls,
+                                  j->push ? 1 : j->c->piece_window, !j->push,
+                                  pieces_make, pieces_resp, j, deadline_ms, st);
     /* A value pushed and brought back holds this push's update in every
      * piece, though the pieces before the last answered the version before
      * it: it is at least the version the push produced. */

@@ -314,15 +314,25 @@ static struct reloader *reloader_create(const ps_tls_opts *o)
     return r;
 }
 
+/* Whether a side speaks TLS: when enabled, or when a key is given (which
+ * pems_read then refuses without its certificate). If so, reads the files
+ * into *p. Returns 1 with *p read, 0 for plaintext, -1 with err set. */
+static int pems_wanted(const ps_tls_opts *o, bool enabled, struct pems *p, char *err,
+                       size_t errlen)
+{
+    if (!enabled && !(o != NULL && given(o->key)))
+        return 0;
+    return pems_read(o, p, err, errlen) == 0 ? 1 : -1;
+}
+
 grpc_server_credentials *ps_tls_server_creds(const ps_tls_opts *o, char *err,
                                              size_t errlen)
 {
-    if (!ps_tls_server_enabled(o) && !(o != NULL && given(o->key)))
-        return grpc_insecure_server_credentials_create();
     /* Read once here so that a bad file is refused at start, by name. */
     struct pems p;
-    if (pems_read(o, &p, err, errlen) != 0)
-        return NULL;
+    int tls = pems_wanted(o, ps_tls_server_enabled(o), &p, err, errlen);
+    if (tls <= 0)
+        return tls == 0 ? grpc_insecure_server_credentials_create() : NULL;
     warn_server_files(o, &p);
     pems_free(&p);
     struct reloader *r = reloader_create(o);
@@ -345,11 +355,10 @@ grpc_server_credentials *ps_tls_server_creds(const ps_tls_opts *o, char *err,
 grpc_channel_credentials *ps_tls_channel_creds(const ps_tls_opts *o, char *err,
                                                size_t errlen)
 {
-    if (!ps_tls_client_enabled(o) && !(o != NULL && given(o->key)))
-        return grpc_insecure_credentials_create();
     struct pems p;
-    if (pems_read(o, &p, err, errlen) != 0)
-        return NULL;
+    int tls = pems_wanted(o, ps_tls_client_enabled(o), &p, err, errlen);
+    if (tls <= 0)
+        return tls == 0 ? grpc_insecure_credentials_create() : NULL;
     grpc_ssl_pem_key_cert_pair pair = {.private_key = p.key, .cert_chain = p.cert};
     grpc_channel_credentials *creds = grpc_ssl_credentials_create_ex(
         p.ca, p.cert != NULL ? &pair : NULL, NULL, NULL);

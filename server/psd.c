@@ -262,7 +262,9 @@ static const ps_opt psd_opts[] = {
  * shard that is training. */
 static bool shard_empty(void *ctx)
 {
-    return psd_shard_nvars(ctx) == 0;
+    struct psd_shard_brief b;
+    psd_shard_brief(ctx, &b);
+    return b.variables == 0;
 }
 
 /* Everything main holds, so that each step takes one pointer and the

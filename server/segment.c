@@ -895,6 +895,12 @@ int psd_segs_usage(const psd_segs *cs, uint32_t seg, uint64_t *bytes, uint64_t *
 
 int psd_segs_pick(psd_segs *s, double dead_frac, uint32_t *seg)
 {
+    return psd_segs_pick_by(s, dead_frac, NULL, 0, seg);
+}
+
+int psd_segs_pick_by(psd_segs *s, double dead_frac, const uint64_t *live, uint32_t nlive,
+                     uint32_t *seg)
+{
     if (dead_frac <= 0)
         dead_frac = PSD_SEG_DEAD_FRAC;
     int rc = PS_ENOTFOUND;
@@ -904,7 +910,8 @@ int psd_segs_pick(psd_segs *s, double dead_frac, uint32_t *seg)
         const struct seg_info *g = &s->seg[n];
         if (!g->exists)
             continue;
-        uint64_t dead = g->bytes - g->live;
+        uint64_t l = live == NULL ? g->live : n < nlive ? live[n] : 0;
+        uint64_t dead = g->bytes > l ? g->bytes - l : 0;
         if (g->bytes > 0 && (double)dead < dead_frac * (double)g->bytes)
             continue;
         if (rc != 0 || dead > most) {

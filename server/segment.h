@@ -173,6 +173,11 @@ int psd_segs_usage(const psd_segs *s, uint32_t seg, uint64_t *bytes, uint64_t *l
  * dead_frac dead (0: PSD_SEG_DEAD_FRAC); an empty sealed one counts as all
  * dead. Returns 0 with *seg, or PS_ENOTFOUND when none is. */
 int psd_segs_pick(psd_segs *s, double dead_frac, uint32_t *seg);
+/* The same by the owner's live bytes: live[n] for segment n (0 from nlive
+ * on) instead of the module's own count, for an owner that counts live
+ * bytes by its catalog. */
+int psd_segs_pick_by(psd_segs *s, double dead_frac, const uint64_t *live, uint32_t nlive,
+                     uint32_t *seg);
 
 /* One relocation: the record of (var_id, id) at version moved from -> to.
  * The owner commits it only where its catalog still points at from, and

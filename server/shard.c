@@ -499,14 +499,6 @@ fail:
     return rc;
 }
 
-size_t psd_shard_nvars(psd_shard *s)
-{
-    pthread_rwlock_rdlock(&s->table_lock);
-    size_t n = s->nvars;
-    pthread_rwlock_unlock(&s->table_lock);
-    return n;
-}
-
 void psd_shard_brief(psd_shard *s, struct psd_shard_brief *out)
 {
     uint64_t max = 0;

@@ -100,10 +100,8 @@ int psd_shard_flush(psd_shard *s);
  * fixed overhead Stats reports beside the variables' own bytes. */
 void psd_shard_set_fixed_overhead(psd_shard *s, uint64_t bytes);
 
-/* How many variables the shard holds now. */
-size_t psd_shard_nvars(psd_shard *s);
-
-/* Where the shard is, for the daemon's status line (systemd's STATUS=). */
+/* Where the shard is, for the daemon's status line (systemd's STATUS=) and
+ * its re-registration (whether it holds any variable). */
 struct psd_shard_brief {
     size_t variables;
     uint64_t max_version;     /* the highest version of any variable */

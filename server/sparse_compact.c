@@ -43,24 +43,8 @@ struct sp_compact {
  * PSD_SEG_DEAD_FRAC dead, by the catalog's live bytes. */
 static int pick(psd_sparse *sp, uint32_t *out)
 {
-    uint32_t cur = psd_segs_current(sp->segs);
-    uint64_t most = 0;
-    int rc = PS_ENOTFOUND;
     pthread_mutex_lock(&sp->seg_mu);
-    for (uint32_t n = 1; n < cur; n++) {
-        uint64_t bytes, counted;
-        if (psd_segs_usage(sp->segs, n, &bytes, &counted) != 0)
-            continue;
-        uint64_t live = n < sp->seg_cap ? sp->seg_live[n] : 0;
-        uint64_t dead = bytes > live ? bytes - live : 0;
-        if (bytes > 0 && (double)dead < PSD_SEG_DEAD_FRAC * (double)bytes)
-            continue;
-        if (rc != 0 || dead > most) {
-            most = dead;
-            *out = n;
-            rc = 0;
-        }
-    }
+    int rc = psd_segs_pick_by(sp->segs, 0, sp->seg_live, sp->seg_cap, out);
     pthread_mutex_unlock(&sp->seg_mu);
     return rc;
 }

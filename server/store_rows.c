@@ -207,48 +207,83 @@ int psd_store_rows_walk(psd_store_txn *t, uint32_t var_id, int64_t *from, size_t
 /* The var_id of any row key. */
 static uint32_t key_var(const MDB_val *k);
 
+/* Begins a read-only transaction of s and opens a cursor on dbi in it, for
+ * the scans below; on failure nothing is left open. Returns 0 or a project
+ * code. */
+static int read_cursor(psd_store *s, MDB_dbi dbi, MDB_txn **txn, MDB_cursor **cur)
+{
+    int mrc = store_txn_begin(s, MDB_RDONLY, txn);
+    if (mrc != 0)
+        return store_map_rc(mrc, false);
+    if ((mrc = mdb_cursor_open(*txn, dbi, cur)) != 0)
+        store_txn_end(s, *txn);
+    return store_map_rc(mrc, false);
+}
+
+static void read_cursor_end(psd_store *s, MDB_txn *txn, MDB_cursor *cur)
+{
+    mdb_cursor_close(cur);
+    store_txn_end(s, txn);
+}
+
+/* Calls fn for each row of var under cur (a cursor on the rows), in id
+ * order, until fn returns nonzero. Returns fn's nonzero code, a project
+ * code for a failed read, else 0. */
+static int var_rows(MDB_cursor *cur, uint32_t var,
+                    int (*fn)(void *ctx, int64_t id, const MDB_val *v), void *ctx)
+{
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, var, INT64_MIN);
+    MDB_val k = {sizeof kb, kb}, v;
+    int64_t id;
+    int rc = 0, mrc;
+    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+         mrc == 0 && key_id(&k, var, &id) && rc == 0;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+        rc = fn(ctx, id, &v);
+    if (rc == 0 && mrc != 0 && mrc != MDB_NOTFOUND)
+        rc = store_map_rc(mrc, false);
+    return rc;
+}
+
 int psd_store_rows_scan(psd_store *s, uint32_t *var_id, int64_t *id, size_t max,
                         psd_store_scan_fn fn, void *ctx, bool *done)
 {
     MDB_txn *txn;
-    *done = false;
-    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
-    if (mrc != 0)
-        return store_map_rc(mrc, false);
     MDB_cursor *cur;
-    int rc = 0;
-    mrc = mdb_cursor_open(txn, s->rows, &cur);
-    if (mrc == 0) {
-        uint8_t kb[ROW_KEY_LEN];
-        row_key(kb, *var_id, *id);
-        MDB_val k = {sizeof kb, kb}, v;
-        size_t seen = 0;
-        bool stop = false;
-        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); mrc == 0;
-             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-            int64_t kid;
-            if (k.mv_size != ROW_KEY_LEN)
-                continue;
-            uint32_t kv = key_var(&k);
-            key_id(&k, kv, &kid);
-            if (seen == max || stop) {
-                *var_id = kv;
-                *id = kid;
-                break;
-            }
-            seen++;
-            if ((rc = fn(ctx, kv, kid, v.mv_data, v.mv_size)) < 0)
-                break;
-            stop = rc == 1;
-            rc = 0;
+    *done = false;
+    int rc = read_cursor(s, s->rows, &txn, &cur);
+    if (rc != 0)
+        return rc;
+    uint8_t kb[ROW_KEY_LEN];
+    row_key(kb, *var_id, *id);
+    int mrc;
+    MDB_val k = {sizeof kb, kb}, v;
+    size_t seen = 0;
+    bool stop = false;
+    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); mrc == 0;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        int64_t kid;
+        if (k.mv_size != ROW_KEY_LEN)
+            continue;
+        uint32_t kv = key_var(&k);
+        key_id(&k, kv, &kid);
+        if (seen == max || stop) {
+            *var_id = kv;
+            *id = kid;
+            break;
         }
-        mdb_cursor_close(cur);
-        if (mrc == MDB_NOTFOUND) {
-            *done = true;
-            mrc = 0;
-        }
+        seen++;
+        if ((rc = fn(ctx, kv, kid, v.mv_data, v.mv_size)) < 0)
+            break;
+        stop = rc == 1;
+        rc = 0;
     }
-    store_txn_end(s, txn);
+    read_cursor_end(s, txn, cur);
+    if (mrc == MDB_NOTFOUND) {
+        *done = true;
+        mrc = 0;
+    }
     return rc ? rc : store_map_rc(mrc, false);
 }
 
@@ -257,35 +292,48 @@ int psd_store_rows_count(psd_store *s, uint32_t var_id, uint64_t *n)
     return psd_store_rows_ids(s, var_id, n, NULL, NULL);
 }
 
+struct count_ctx {
+    void (*each)(void *ctx, int64_t id);
+    void *ctx;
+    uint64_t n;
+};
+
+static int count_one(void *ctx, int64_t id, const MDB_val *v)
+{
+    struct count_ctx *cc = ctx;
+    (void)v;
+    if (cc->each != NULL)
+        cc->each(cc->ctx, id);
+    cc->n++;
+    return 0;
+}
+
 int psd_store_rows_ids(psd_store *s, uint32_t var_id, uint64_t *n,
                        void (*each)(void *ctx, int64_t id), void *ctx)
 {
     MDB_txn *txn;
-    int mrc = store_txn_begin(s, MDB_RDONLY, &txn);
-    if (mrc != 0)
-        return store_map_rc(mrc, false);
     MDB_cursor *cur;
-    mrc = mdb_cursor_open(txn, s->rows, &cur);
-    uint64_t c = 0;
-    if (mrc == 0) {
-        uint8_t kb[ROW_KEY_LEN];
-        row_key(kb, var_id, INT64_MIN);
-        MDB_val k = {sizeof kb, kb}, v;
-        int64_t id;
-        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-             mrc == 0 && key_id(&k, var_id, &id);
-             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-            if (each != NULL)
-                each(ctx, id);
-            c++;
-        }
-        mdb_cursor_close(cur);
-        if (mrc == 0 || mrc == MDB_NOTFOUND)
-            mrc = 0;
+    struct count_ctx cc = {each, ctx, 0};
+    int rc = read_cursor(s, s->rows, &txn, &cur);
+    if (rc != 0) {
+        *n = 0;
+        return rc;
     }
-    store_txn_end(s, txn);
-    *n = c;
-    return store_map_rc(mrc, false);
+    rc = var_rows(cur, var_id, count_one, &cc);
+    read_cursor_end(s, txn, cur);
+    *n = cc.n;
+    return rc;
+}
+
+struct put_ctx {
+    psd_store_txn *t;
+    uint32_t to;
+};
+
+static int put_one(void *ctx, int64_t id, const MDB_val *v)
+{
+    struct put_ctx *pc = ctx;
+    return psd_store_row_put(pc->t, pc->to, id, v->mv_data, v->mv_size, NULL, 0);
 }
 
 int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name)
@@ -297,28 +345,14 @@ int psd_store_rows_copy(psd_store_txn *t, psd_store *src, const char *name)
     if (rc != 0)
         return rc;
     MDB_txn *rt;
-    int mrc = store_txn_begin(src, MDB_RDONLY, &rt);
-    if (mrc != 0)
-        return store_map_rc(mrc, false);
+    MDB_cursor *cur;
+    if ((rc = read_cursor(src, src->rows, &rt, &cur)) != 0)
+        return rc;
+    struct put_ctx pc = {t, to};
     rc = var_id_in(src, rt, name, &from);
-    MDB_cursor *cur = NULL;
-    if (rc == 0 && (mrc = mdb_cursor_open(rt, src->rows, &cur)) != 0)
-        rc = store_map_rc(mrc, false);
-    if (rc == 0) {
-        uint8_t kb[ROW_KEY_LEN];
-        row_key(kb, from, INT64_MIN);
-        MDB_val k = {sizeof kb, kb}, v;
-        int64_t id;
-        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-             mrc == 0 && key_id(&k, from, &id) && rc == 0;
-             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
-            rc = psd_store_row_put(t, to, id, v.mv_data, v.mv_size, NULL, 0);
-        if (rc == 0 && mrc != 0 && mrc != MDB_NOTFOUND)
-            rc = store_map_rc(mrc, false);
-    }
-    if (cur)
-        mdb_cursor_close(cur);
-    store_txn_end(src, rt);
+    if (rc == 0)
+        rc = var_rows(cur, from, put_one, &pc);
+    read_cursor_end(src, rt, cur);
     return rc;
 }
 
@@ -379,14 +413,12 @@ int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_
                          size_t chunk)
 {
     MDB_txn *rt;
-    int mrc = store_txn_begin(src, MDB_RDONLY, &rt);
-    if (mrc != 0)
-        return store_map_rc(mrc, false);
+    MDB_cursor *cur;
+    int rc = read_cursor(src, src->rows, &rt, &cur);
+    if (rc != 0)
+        return rc;
     uint32_t from = 0;
-    int rc = var_id_in(src, rt, name, &from);
-    MDB_cursor *cur = NULL;
-    if (rc == 0 && (mrc = mdb_cursor_open(rt, src->rows, &cur)) != 0)
-        rc = store_map_rc(mrc, false);
+    rc = var_id_in(src, rt, name, &from);
     int64_t next = INT64_MIN;
     bool done = false;
     while (rc == 0 && !done) {
@@ -394,9 +426,7 @@ int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_
         if (rc == PS_EFULL && psd_store_grow(s) == 0)
             rc = 0; /* the same chunk again, in the grown map */
     }
-    if (cur)
-        mdb_cursor_close(cur);
-    store_txn_end(src, rt);
+    read_cursor_end(src, rt, cur);
     return rc;
 }
 
@@ -404,34 +434,31 @@ int psd_store_rows_stage(psd_store *s, psd_store *src, const char *name, uint32_
 static int named_ids(psd_store *s, uint32_t **ids, size_t *n)
 {
     MDB_txn *rt;
-    int mrc = store_txn_begin(s, MDB_RDONLY, &rt);
-    if (mrc != 0)
-        return store_map_rc(mrc, false);
     MDB_cursor *cur;
     size_t cap = 0;
     *ids = NULL;
     *n = 0;
-    int rc = 0;
-    if ((mrc = mdb_cursor_open(rt, s->vars, &cur)) == 0) {
-        MDB_val k, v;
-        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == 0;
-             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-            if (v.mv_size < 12)
-                continue; /* unreadable: its rows are kept, being unknown */
-            if (*n == cap) {
-                cap = cap ? cap * 2 : 64;
-                uint32_t *g = realloc(*ids, cap * sizeof *g);
-                if (g == NULL) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                *ids = g;
+    int rc = read_cursor(s, s->vars, &rt, &cur);
+    if (rc != 0)
+        return rc;
+    MDB_val k, v;
+    int mrc;
+    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == 0;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (v.mv_size < 12)
+            continue; /* unreadable: its rows are kept, being unknown */
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 64;
+            uint32_t *g = realloc(*ids, cap * sizeof *g);
+            if (g == NULL) {
+                rc = -ENOMEM;
+                break;
             }
-            memcpy(&(*ids)[(*n)++], (const uint8_t *)v.mv_data + 8, sizeof **ids);
+            *ids = g;
         }
-        mdb_cursor_close(cur);
+        memcpy(&(*ids)[(*n)++], (const uint8_t *)v.mv_data + 8, sizeof **ids);
     }
-    store_txn_end(s, rt);
+    read_cursor_end(s, rt, cur);
     if (rc == 0 && mrc != 0 && mrc != MDB_NOTFOUND)
         rc = store_map_rc(mrc, false);
     return rc;

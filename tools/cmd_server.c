@@ -182,9 +182,9 @@ static void print_stats_table(Ps__V1__StatsResponse **r, const struct shard *sh,
 
 /* {"job_id", "shards": [{"shard", "server", StatsResponse's fields}],
  * "total": {...}}; job_id null for --server. */
-static json_t *stats_json(Ps__V1__StatsResponse **r, const struct shard *sh,
-                          size_t n, const char *job_id)
+static json_t *stats_json(void **resps, const struct shard *sh, size_t n, const char *job_id)
 {
+    Ps__V1__StatsResponse **r = (Ps__V1__StatsResponse **)resps;
     /* A job has a checkpoint at a step when every shard has it; it has been
      * up as long as its youngest shard. */
     static const char *const lowest[] = {"uptime_seconds", "last_checkpoint_step",
@@ -212,25 +212,21 @@ static json_t *stats_json(Ps__V1__StatsResponse **r, const struct shard *sh,
     return root;
 }
 
-static int show_stats(const struct command *self, const struct fan_cfg *cfg, void **resps,
-                      const struct shard *sh, size_t n, const char *job)
+/* One server's Stats in full; a job's as a table. */
+static int print_stats_fan(void **resps, const struct shard *sh, size_t n, const char *job,
+                           bool job_wide)
 {
     Ps__V1__StatsResponse **r = (Ps__V1__StatsResponse **)resps;
-    if (cfg->output == OUTPUT_JSON)
-        return pbjson_print(self, stats_json(r, sh, n, job));
-    if (cfg->coordinator != NULL)
+    if (job_wide)
         print_stats_table(r, sh, n, job);
     else
         print_stats(r[0]);
     return EXIT_OK;
 }
 
-int cmd_stats(const struct command *self, int argc, char **argv)
-{
-    Ps__V1__StatsRequest req = PS__V1__STATS_REQUEST__INIT;
-    return run_fan(self, argc, argv, PS_METHOD("Stats"), &req,
-                   &ps__v1__stats_response__descriptor, show_stats);
-}
+const struct fan_cmd stats_fan = {PS_METHOD("Stats"), &ps__v1__stats_request__descriptor,
+                                  &ps__v1__stats_response__descriptor, stats_json,
+                                  print_stats_fan};
 
 struct health_cfg {
     struct conn_cfg conn;

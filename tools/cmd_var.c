@@ -69,9 +69,11 @@ static void print_row(const char *const *cell, const int *width, bool shards)
 
 /* The variables of each answer, in shard order; with shards, a SHARD column
  * and a closing total line. */
-static int print_list(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
-                      size_t nresp, bool shards)
+static int print_list(void **resps, const struct shard *sh, size_t nresp, const char *job,
+                      bool shards)
 {
+    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
+    (void)job;
     static const char *const header[NCOLS] = {
         "SHARD", "NAME", "SHAPE", "DTYPE", "OPTIMIZER", "CONSISTENCY", "VERSION",
         "BYTES"};
@@ -138,9 +140,9 @@ static int print_list(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
 
 /* {"job_id", "variables": [{"shard", "server", VariableInfo's fields}],
  * "total": {"variables", "value_bytes", "slot_bytes"}}. */
-static json_t *list_json(Ps__V1__ListVariablesResponse **r, const struct shard *sh,
-                         size_t n, const char *job_id)
+static json_t *list_json(void **resps, const struct shard *sh, size_t n, const char *job_id)
 {
+    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
     json_t *root = json_object(), *vars = json_array();
     json_int_t count = 0, value = 0, slot = 0;
     for (size_t k = 0; k < n; k++) {
@@ -164,21 +166,10 @@ static json_t *list_json(Ps__V1__ListVariablesResponse **r, const struct shard *
     return root;
 }
 
-static int show_list(const struct command *self, const struct fan_cfg *cfg, void **resps,
-                     const struct shard *sh, size_t n, const char *job)
-{
-    Ps__V1__ListVariablesResponse **r = (Ps__V1__ListVariablesResponse **)resps;
-    if (cfg->output == OUTPUT_JSON)
-        return pbjson_print(self, list_json(r, sh, n, job));
-    return print_list(r, sh, n, cfg->coordinator != NULL);
-}
-
-int cmd_list(const struct command *self, int argc, char **argv)
-{
-    Ps__V1__ListVariablesRequest req = PS__V1__LIST_VARIABLES_REQUEST__INIT;
-    return run_fan(self, argc, argv, PS_METHOD("ListVariables"), &req,
-                   &ps__v1__list_variables_response__descriptor, show_list);
-}
+const struct fan_cmd list_fan = {PS_METHOD("ListVariables"),
+                                 &ps__v1__list_variables_request__descriptor,
+                                 &ps__v1__list_variables_response__descriptor, list_json,
+                                 print_list};
 
 /* ---- show, pull ------------------------------------------------------- */
 
@@ -352,6 +343,16 @@ typedef int (*pulled_fn)(struct session *s, const char *name,
                          const ps_tensor *val, uint64_t version,
                          const struct pull_cfg *cfg);
 
+/* Zeroes cfg (size bytes) and parses the one NAME and opts of a command on
+ * a variable into them. Returns what parse_command does. */
+static int parse_name(const struct command *self, const ps_opt *opts, void *cfg, size_t size,
+                      int argc, char **argv, char **name)
+{
+    memset(cfg, 0, size);
+    int npos;
+    return parse_command(self, opts, cfg, argc, argv, "NAME", 1, 1, name, &npos);
+}
+
 /* show and pull: parses NAME and opts, lets check refuse the options (it
  * returns -1 to go on; NULL: nothing to check), opens and probes the
  * session, pulls NAME and hands its value to use. Returns the exit
@@ -362,12 +363,9 @@ static int run_pull_command(const struct command *self, int argc,
                             pulled_fn use)
 {
     struct pull_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
     struct session s;
     char *name;
-    int npos;
-    int rc = parse_command(self, opts, &cfg, argc, argv, "NAME", 1, 1,
-                           &name, &npos);
+    int rc = parse_name(self, opts, &cfg, sizeof cfg, argc, argv, &name);
     if (rc >= 0)
         goto out;
     if (check != NULL && (rc = check(&cfg)) >= 0)
@@ -758,12 +756,8 @@ static void fill_optimizer(const struct create_cfg *c, Ps__V1__Optimizer *opt)
 int cmd_create(const struct command *self, int argc, char **argv)
 {
     struct create_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct session s;
     char *name;
-    int npos;
-    int rc = parse_command(self, create_opts, &cfg, argc, argv, "NAME", 1, 1,
-                           &name, &npos);
+    int rc = parse_name(self, create_opts, &cfg, sizeof cfg, argc, argv, &name);
     if (rc >= 0)
         goto out;
 
@@ -805,6 +799,7 @@ int cmd_create(const struct command *self, int argc, char **argv)
     Ps__V1__CreateVariableRequest req = PS__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &spec;
 
+    struct session s;
     if ((rc = session_start(&s, self, &cfg.conn)) >= 0)
         goto out;
     void *resp;

@@ -52,7 +52,7 @@ static const struct command commands[] = {
     {"list", "",
      "one line per variable: name, shape, dtype, optimizer, consistency, "
      "version, bytes (value + slots); --coordinator: of every shard",
-     cmd_list},
+     NULL, NULL, &list_fan},
     {"show", "NAME",
      "a variable's spec, sizes and the L2 norm, min, max and mean of its "
      "value (pulls it)",
@@ -71,7 +71,7 @@ static const struct command commands[] = {
      "replace every variable with a checkpoint's (default: the latest)",
      NULL, &restore_call},
     {"stats", "", "the server's counters and memory use; --coordinator: "
-     "of every shard, with totals", cmd_stats},
+     "of every shard, with totals", NULL, NULL, &stats_fan},
     {"health", "",
      "SERVING or NOT_SERVING via grpc.health.v1; exit 0 only when SERVING",
      cmd_health},
@@ -358,11 +358,13 @@ int main(int argc, char **argv)
     for (const struct command *c = commands; rc < 0 && c->words != NULL;
          c++) {
         int n = match_command(c, argc - first, argv + first);
-        if (n > 0)
-            rc = c->run != NULL
-                     ? c->run(c, argc - first - n + 1, argv + first + n - 1)
-                     : run_one_call(c, argc - first - n + 1,
-                                    argv + first + n - 1, c->call);
+        if (n > 0) {
+            int nargs = argc - first - n + 1;
+            char **args = argv + first + n - 1;
+            rc = c->run != NULL    ? c->run(c, nargs, args)
+                 : c->call != NULL ? run_one_call(c, nargs, args, c->call)
+                                   : run_fan(c, nargs, args, c->fan);
+        }
     }
     ps_conf_free(global_opts, &psctl_global);
     explicit_bzero(psctl_global.token, sizeof psctl_global.token);

@@ -50,6 +50,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 #define COORD_METHOD(m) "/ps.v1.Coordinator/" m
 
 struct one_call;
+struct fan_cmd;
 
 struct command {
     const char *words; /* the command, space-separated: "cluster validate" */
@@ -57,13 +58,13 @@ struct command {
     const char *help;
     int (*run)(const struct command *self, int argc, char **argv);
     const struct one_call *call; /* run is NULL: one call (run_one_call) */
+    const struct fan_cmd *fan;   /* run and call NULL: a fanned-out call (run_fan) */
 };
 
 /* The commands, each in the file of its subject: those that are one call
  * as a row, the others as a function. */
 extern const struct one_call checkpoint_call, restore_call;
-int cmd_list(const struct command *self, int argc, char **argv);
-int cmd_stats(const struct command *self, int argc, char **argv);
+extern const struct fan_cmd list_fan, stats_fan;
 int cmd_show(const struct command *self, int argc, char **argv);
 int cmd_pull(const struct command *self, int argc, char **argv);
 int cmd_create(const struct command *self, int argc, char **argv);
@@ -258,13 +259,20 @@ int fan_call(const struct command *cmd, const struct fan_cfg *cfg,
              struct shard **shards, size_t *n, char *job_id, size_t joblen);
 /* Frees what fan_call returned. */
 void fan_free(void **resps, struct shard *shards, size_t n);
-/* Shows the answers of a fanned-out call; returns the exit status. */
-typedef int (*fan_show)(const struct command *self, const struct fan_cfg *cfg, void **resps,
-                        const struct shard *sh, size_t n, const char *job);
+/* A command that is one call fanned out, as a row: method with an empty
+ * request of req_desc. json builds the document of --output json (printed
+ * by pbjson_print); print writes the text, job_wide with --coordinator,
+ * and returns the exit status. */
+struct fan_cmd {
+    const char *method;
+    const ProtobufCMessageDescriptor *req_desc, *resp_desc;
+    json_t *(*json)(void **resps, const struct shard *sh, size_t n, const char *job);
+    int (*print)(void **resps, const struct shard *sh, size_t n, const char *job,
+                 bool job_wide);
+};
 /* Parses fan_opts, makes the call with fan_call, shows the answers, frees.
  * Returns the exit status. */
-int run_fan(const struct command *self, int argc, char **argv, const char *method,
-            const void *req, const ProtobufCMessageDescriptor *resp_desc, fan_show show);
+int run_fan(const struct command *self, int argc, char **argv, const struct fan_cmd *f);
 /* The shard's identity in JSON: "shard" (null for --server) and "server". */
 void shard_json(json_t *obj, const struct shard *sh);
 

@@ -376,25 +376,35 @@ void fan_free(void **resps, struct shard *shards, size_t n)
     free(shards);
 }
 
-int run_fan(const struct command *self, int argc, char **argv, const char *method,
-            const void *req, const ProtobufCMessageDescriptor *resp_desc, fan_show show)
+int run_fan(const struct command *self, int argc, char **argv, const struct fan_cmd *f)
 {
     struct fan_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
+    void *req = NULL;
     int npos;
     int rc = parse_command(self, fan_opts, &cfg, argc, argv, "", 0, 0, NULL, &npos);
     if (rc >= 0)
         goto out;
+    if ((req = malloc(f->req_desc->sizeof_message)) == NULL) {
+        fprintf(stderr, "psctl: %s: out of memory\n", self->words);
+        rc = EXIT_FAIL;
+        goto out;
+    }
+    protobuf_c_message_init(f->req_desc, req);
     void **resps;
     struct shard *sh;
     size_t n;
     char job[256];
-    rc = fan_call(self, &cfg, method, req, resp_desc, &resps, &sh, &n, job, sizeof job);
+    rc = fan_call(self, &cfg, f->method, req, f->resp_desc, &resps, &sh, &n, job, sizeof job);
     if (rc >= 0)
         goto out;
-    rc = show(self, &cfg, resps, sh, n, job);
+    if (cfg.output == OUTPUT_JSON)
+        rc = pbjson_print(self, f->json(resps, sh, n, job));
+    else
+        rc = f->print(resps, sh, n, job, cfg.coordinator != NULL);
     fan_free(resps, sh, n);
 out:
+    free(req);
     ps_conf_free(fan_opts, &cfg);
     return rc;
 }

@@ -172,6 +172,19 @@ extern const struct ps_backend ps_backend_cpu;
  * (process-wide; n < 1 means one per core). */
 void ps_backend_cpu_set_threads(int n);
 
+/* Run-time dispatch of OpenBLAS's kernels, called first thing in main.
+ * OpenBLAS (a DYNAMIC_ARCH build, Debian's) picks its kernels by the CPU's
+ * family and model as the library loads, and takes a model it does not
+ * know for a Prescott, with SSE3 kernels: Debian 12's 0.3.21 does so on a
+ * 5th-generation Xeon (family 6 model 207). When OPENBLAS_CORETYPE is
+ * unset and the kernels chosen are weaker than the CPU's features allow
+ * (AVX-512 F/BW/VL/DQ: SkylakeX; AVX2 and FMA: Haswell; AVX: Sandybridge),
+ * this sets OPENBLAS_CORETYPE and executes the program again with argv
+ * (the same pid), once: the variable set, the next start keeps what it
+ * says. Returns when nothing needs changing, in builds without BLAS, and
+ * when the exec fails (logged). */
+void ps_backend_cpu_pick_core(char **argv);
+
 /*
  * The CUDA backend on device `device`, created on first use and kept until
  * the process exits (later calls return the same one). Returns NULL with a

@@ -22,9 +22,14 @@
 #if PS_HAVE_BLAS
 #include <cblas.h>
 #endif
+#include "common/log.h"
+
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 /* Host allocations are 64-byte aligned, a cache line and an AVX-512
  * vector, so OpenBLAS's packing and the loops never straddle lines at the
@@ -364,6 +369,54 @@ const struct ps_backend ps_backend_cpu = {
     .maxpool_forward = cpu_maxpool_forward,
     .maxpool_backward = cpu_maxpool_backward,
 };
+
+#if PS_HAVE_BLAS
+/* OpenBLAS's core names by the widest kernels they use; a name not here
+ * ranks 0 (Prescott, Core2, Nehalem, ...). Compared without case, as
+ * OPENBLAS_CORETYPE is. */
+static int core_rank(const char *name)
+{
+    static const struct {
+        const char *name;
+        int rank;
+    } ranks[] = {{"sandybridge", 1}, {"haswell", 2},    {"zen", 2},
+                 {"skylakex", 3},    {"cooperlake", 3}, {"sapphirerapids", 3}};
+    for (size_t i = 0; name != NULL && i < sizeof ranks / sizeof ranks[0]; i++)
+        if (strcasecmp(name, ranks[i].name) == 0)
+            return ranks[i].rank;
+    return 0;
+}
+#endif
+
+void ps_backend_cpu_pick_core(char **argv)
+{
+#if PS_HAVE_BLAS && defined(__x86_64__)
+    if (getenv("OPENBLAS_CORETYPE") != NULL)
+        return;
+    __builtin_cpu_init();
+    const char *want = NULL;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        want = "Haswell";
+    else if (__builtin_cpu_supports("avx"))
+        want = "Sandybridge";
+    const char *got = openblas_get_corename();
+    if (want == NULL || core_rank(got) >= core_rank(want))
+        return;
+    ps_log_info("OpenBLAS took this CPU for a %s; its %s kernels instead "
+                "(OPENBLAS_CORETYPE=%s)", got ? got : "(unknown)", want, want);
+    if (setenv("OPENBLAS_CORETYPE", want, 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+    ps_log_warn("could not start again with OPENBLAS_CORETYPE=%s (%s); GEMMs run "
+                "on OpenBLAS's %s kernels", want, strerror(errno), got ? got : "default");
+    unsetenv("OPENBLAS_CORETYPE");
+#else
+    (void)argv;
+#endif
+}
 
 void ps_backend_cpu_set_threads(int n)
 {

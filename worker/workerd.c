@@ -1088,6 +1088,8 @@ int main(int argc, char **argv)
     if (status != 0)
         goto out;
     ps_log_init(argv[0], (enum ps_log_level)c.log_level);
+    /* Before any thread or descriptor: it may execute workerd again. */
+    ps_backend_cpu_pick_core(argv);
     if (c.strategy == WD_STRATEGY_MULTI_WORKER_MIRRORED && !evaluator &&
         (status = check_collective(&c)) != 0)
         goto out;

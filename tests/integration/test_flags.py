@@ -244,9 +244,7 @@ def check_environment(r):
 
 
 def main():
-    r = pstest.Results("flags")
-    r.run((check_vocabulary, check_old_names, check_environment), r)
-    r.finish()
+    pstest.run_all("flags", (check_vocabulary, check_old_names, check_environment))
 
 
 if __name__ == "__main__":

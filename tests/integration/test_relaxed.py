@@ -191,9 +191,7 @@ def bad_flags(r):
 
 
 def main():
-    r = pstest.Results("relaxed")
-    r.run((bad_flags, bounded, local_sgd), r)
-    r.finish()
+    pstest.run_all("relaxed", (bad_flags, bounded, local_sgd))
 
 
 if __name__ == "__main__":

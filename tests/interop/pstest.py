@@ -132,6 +132,14 @@ class Results:
         sys.exit(0 if self.failed == 0 else 1)
 
 
+def run_all(name, tests):
+    """A test file's whole main: runs each of tests with one Results, named
+    name, passed to it, then prints the closing line and exits with it."""
+    r = Results(name)
+    r.run(tests, r)
+    r.finish()
+
+
 def need_programs(*names, apt):
     """The paths of programs names on PATH, or exit 77 (skipped) naming
     them and the Debian package apt that has them."""

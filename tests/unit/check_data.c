@@ -71,15 +71,18 @@ static unsigned char *idx_labels(int n, size_t *len)
     return b;
 }
 
-/* Writes images (5 of 4x3) and labels, each plain or gzip. */
-static void write_pair(const char *img, bool img_gz, const char *lbl,
-                       bool lbl_gz, int nimg, int nlbl)
+/* Writes nimg images of 4x3 and nlbl labels, each plain or gzip, to the
+ * paths it sets *img and *lbl to (tpath 0 and 1, ".gz" where gzip). */
+static void write_pair(bool img_gz, bool lbl_gz, int nimg, int nlbl, const char **img,
+                       const char **lbl)
 {
+    *img = tpath(0, img_gz ? "img.gz" : "img");
+    *lbl = tpath(1, lbl_gz ? "lbl.gz" : "lbl");
     size_t li, ll;
     unsigned char *bi = idx_images(nimg, 4, 3, &li);
     unsigned char *bl = idx_labels(nlbl, &ll);
-    (img_gz ? write_gz : pscheck_write)(img, bi, li);
-    (lbl_gz ? write_gz : pscheck_write)(lbl, bl, ll);
+    (img_gz ? write_gz : pscheck_write)(*img, bi, li);
+    (lbl_gz ? write_gz : pscheck_write)(*lbl, bl, ll);
     free(bi);
     free(bl);
 }
@@ -105,22 +108,22 @@ static int load(const char *img, const char *lbl, struct ps_dataset *ds)
 }
 
 /* load must fail with rc, its message naming says (a path or a phrase;
- * NULL: any message). */
-static void load_fails(const char *img, const char *lbl, struct ps_dataset *ds,
-                       int rc, const char *says)
+ * NULL: any message), and leave nothing to close (data.h). */
+static void load_fails(const char *img, const char *lbl, int rc, const char *says)
 {
-    ck_assert_int_eq(load(img, lbl, ds), rc);
+    struct ps_dataset ds;
+    ck_assert_int_eq(load(img, lbl, &ds), rc);
     if (says != NULL)
         ck_assert_ptr_nonnull(strstr(errbuf, says));
+    ck_assert_ptr_null(ds.x);
 }
 
 START_TEST(test_idx_plain_and_gzip)
 {
     for (int variant = 0; variant < 4; variant++) {
         bool gi = variant & 1, gl = variant & 2;
-        const char *img = tpath(0, gi ? "img.gz" : "img");
-        const char *lbl = tpath(1, gl ? "lbl.gz" : "lbl");
-        write_pair(img, gi, lbl, gl, 5, 5);
+        const char *img, *lbl;
+        write_pair(gi, gl, 5, 5, &img, &lbl);
         struct ps_dataset ds;
         ck_assert_int_eq(load(img, lbl, &ds), 0);
         check_pair_contents(&ds, 5);
@@ -133,8 +136,8 @@ END_TEST
 
 START_TEST(test_idx_limit)
 {
-    const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
-    write_pair(img, true, lbl, true, 5, 5);
+    const char *img, *lbl;
+    write_pair(true, true, 5, 5, &img, &lbl);
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 3, &ds, errbuf,
                                          sizeof errbuf), 0);
@@ -149,8 +152,8 @@ END_TEST
 
 START_TEST(test_idx_missing_file)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, false, 5, 5);
+    const char *img, *lbl;
+    write_pair(false, false, 5, 5, &img, &lbl);
     const char *nope = tpath(2, "nope-idx3-ubyte.gz");
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(nope, lbl, 0, &ds, errbuf,
@@ -171,24 +174,23 @@ START_TEST(test_idx_truncated)
     unsigned char *bi = idx_images(5, 4, 3, &li);
     unsigned char *bl = idx_labels(5, &ll);
     const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    struct ps_dataset ds;
 
     /* Plain pixels cut short. */
     pscheck_write(img, bi, li - 7);
     pscheck_write(lbl, bl, ll);
-    load_fails(img, lbl, &ds, PS_ECORRUPT, img);
+    load_fails(img, lbl, PS_ECORRUPT, img);
     ck_assert_ptr_nonnull(strstr(errbuf, "truncated"));
 
     /* Labels cut short. */
     pscheck_write(img, bi, li);
     pscheck_write(lbl, bl, ll - 1);
-    load_fails(img, lbl, &ds, PS_ECORRUPT, lbl);
+    load_fails(img, lbl, PS_ECORRUPT, lbl);
 
     /* A header cut in the middle, and an empty file. */
     pscheck_write(img, bi, 10);
-    load_fails(img, lbl, &ds, PS_ECORRUPT, img);
+    load_fails(img, lbl, PS_ECORRUPT, img);
     pscheck_write(img, bi, 0);
-    load_fails(img, lbl, &ds, PS_ECORRUPT, NULL);
+    load_fails(img, lbl, PS_ECORRUPT, NULL);
 
     /* A gzip stream cut in the middle: compress a larger file so the cut
      * lands inside the deflate data. */
@@ -204,14 +206,13 @@ START_TEST(test_idx_truncated)
     free(bl);
     bl = idx_labels(400, &ll);
     pscheck_write(lbl, bl, ll);
-    load_fails(cut, lbl, &ds, PS_ECORRUPT, cut);
+    load_fails(cut, lbl, PS_ECORRUPT, cut);
 
     /* Damaged deflate data (not just short) is reported too. */
     for (long i = 40; i < sz - 40; i += 97)
         gzbytes[i] ^= 0x5a;
     pscheck_write(cut, gzbytes, (size_t)sz);
-    load_fails(cut, lbl, &ds, PS_ECORRUPT, cut);
-    ck_assert_ptr_null(ds.x);
+    load_fails(cut, lbl, PS_ECORRUPT, cut);
     free(gzbytes);
     free(bi);
     free(bl);
@@ -220,31 +221,30 @@ END_TEST
 
 START_TEST(test_idx_wrong_magic)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, true, 5, 5);
-    struct ps_dataset ds;
+    const char *img, *lbl;
+    write_pair(false, true, 5, 5, &img, &lbl);
     /* The files swapped: each has the other's magic. */
-    load_fails(lbl, img, &ds, PS_EPARSE, lbl);
+    load_fails(lbl, img, PS_EPARSE, lbl);
     ck_assert_ptr_nonnull(strstr(errbuf, "magic 0x00000801"));
     /* Text is not IDX either; neither are float IDX files (type 0x0d). */
     pscheck_write(img, "hello, world\n", 13);
-    load_fails(img, lbl, &ds, PS_EPARSE, img);
+    load_fails(img, lbl, PS_EPARSE, img);
     unsigned char fl[16] = {0, 0, 0x0d, 3};
     pscheck_write(img, fl, sizeof fl);
-    load_fails(img, lbl, &ds, PS_EPARSE, NULL);
+    load_fails(img, lbl, PS_EPARSE, NULL);
 }
 END_TEST
 
 START_TEST(test_idx_count_mismatch)
 {
-    const char *img = tpath(0, "img.gz"), *lbl = tpath(1, "lbl.gz");
-    write_pair(img, true, lbl, true, 5, 4);
-    struct ps_dataset ds;
-    load_fails(img, lbl, &ds, PS_ESHAPE, img);
+    const char *img, *lbl;
+    write_pair(true, true, 5, 4, &img, &lbl);
+    load_fails(img, lbl, PS_ESHAPE, img);
     ck_assert_ptr_nonnull(strstr(errbuf, lbl));
     ck_assert_ptr_nonnull(strstr(errbuf, "5 images"));
     ck_assert_ptr_nonnull(strstr(errbuf, "4 labels"));
     /* A limit does not hide the mismatch. */
+    struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 2, &ds, NULL, 0),
                      PS_ESHAPE);
 }
@@ -292,8 +292,8 @@ END_TEST
 
 START_TEST(test_gather)
 {
-    const char *img = tpath(0, "img"), *lbl = tpath(1, "lbl");
-    write_pair(img, false, lbl, false, 5, 5);
+    const char *img, *lbl;
+    write_pair(false, false, 5, 5, &img, &lbl);
     struct ps_dataset ds;
     ck_assert_int_eq(ps_dataset_load_idx(img, lbl, 0, &ds, NULL, 0), 0);
     int64_t idx[3] = {4, 0, 2};

@@ -126,9 +126,11 @@ static int validate_row(const struct ps_refusal *row, char *why, size_t whylen)
 
 #define SET(field, v) {offsetof(psd_opt, field), v}
 
-START_TEST(test_validate_learning_rate)
+/* Each field's refusals, and the values each kind lets through. */
+START_TEST(test_validate_fields)
 {
     const struct ps_refusal t[] = {
+        /* learning_rate */
         {PSD_OPT_SGD, {SET(lr, -1.0f)}, PS_EINVAL_ARG,
          "learning_rate must be > 0 and finite, got -1"},
         /* not defaulted: refused */
@@ -143,14 +145,7 @@ START_TEST(test_validate_learning_rate)
          "learning_rate must be at most 1000, got 1e+38"},
         {PSD_OPT_ADAM, {SET(lr, 1001.0f)}, PS_EINVAL_ARG, NULL, "at most 1000"},
         {PSD_OPT_MOMENTUM, {SET(lr, 1000.0f)}, 0},
-    };
-    PS_CHECK_REFUSALS(t, validate_row);
-}
-END_TEST
-
-START_TEST(test_validate_momentum)
-{
-    const struct ps_refusal t[] = {
+        /* momentum */
         {PSD_OPT_MOMENTUM, {SET(momentum, 1.0f)}, PS_EINVAL_ARG,
          "momentum must be in [0, 1), got 1"},
         {PSD_OPT_MOMENTUM, {SET(momentum, -0.5f)}, PS_EINVAL_ARG,
@@ -162,14 +157,7 @@ START_TEST(test_validate_momentum)
         /* SGD ignores momentum: any finite value passes, NaN does not. */
         {PSD_OPT_SGD, {SET(momentum, 5.0f)}, 0},
         {PSD_OPT_SGD, {SET(momentum, NAN)}, PS_EINVAL_ARG, "momentum must be finite, got nan"},
-    };
-    PS_CHECK_REFUSALS(t, validate_row);
-}
-END_TEST
-
-START_TEST(test_validate_betas)
-{
-    const struct ps_refusal t[] = {
+        /* beta1, beta2 */
         {PSD_OPT_ADAM, {SET(beta1, 1.0f)}, PS_EINVAL_ARG, "beta1 must be in [0, 1), got 1"},
         {PSD_OPT_ADAM, {SET(beta1, -0.1f)}, PS_EINVAL_ARG, NULL, "beta1 must be in [0, 1)"},
         {PSD_OPT_ADAM, {SET(beta2, 1.5f)}, PS_EINVAL_ARG, "beta2 must be in [0, 1), got 1.5"},
@@ -178,32 +166,7 @@ START_TEST(test_validate_betas)
         {PSD_OPT_MOMENTUM, {SET(beta1, 2.0f), SET(beta2, -3.0f)}, 0},
         {PSD_OPT_MOMENTUM, {SET(beta1, 2.0f), SET(beta2, -INFINITY)}, PS_EINVAL_ARG,
          "beta2 must be finite, got -inf"},
-    };
-    PS_CHECK_REFUSALS(t, validate_row);
-}
-END_TEST
-
-START_TEST(test_validate_epsilon)
-{
-    for (int k = PSD_OPT_ADAGRAD; k <= PSD_OPT_ADAM; k++) {
-        const struct ps_refusal t[] = {
-            {k, {SET(epsilon, 0.0f)}, PS_EINVAL_ARG, "epsilon must be > 0 and finite, got 0"},
-            {k, {SET(epsilon, -1e-8f)}, PS_EINVAL_ARG, NULL, "epsilon must be > 0"},
-            {k, {SET(epsilon, NAN)}, PS_EINVAL_ARG},
-            {k, {SET(epsilon, 1e-38f)}, PS_EINVAL_ARG,
-             "epsilon must be at least 1e-30, got 1e-38"},
-            {k, {SET(epsilon, 1e-30f)}, 0},
-        };
-        PS_CHECK_REFUSALS(t, validate_row);
-    }
-    const struct ps_refusal sgd[] = {{PSD_OPT_SGD, {SET(epsilon, -1.0f)}, 0}};
-    PS_CHECK_REFUSALS(sgd, validate_row);
-}
-END_TEST
-
-START_TEST(test_validate_initial_accumulator)
-{
-    const struct ps_refusal t[] = {
+        /* initial_accumulator */
         {PSD_OPT_ADAGRAD, {SET(initial_accumulator, -0.1f)}, PS_EINVAL_ARG, NULL,
          "initial_accumulator must be >= 0 and finite, got -0.1"},
         {PSD_OPT_ADAGRAD, {SET(initial_accumulator, INFINITY)}, PS_EINVAL_ARG},
@@ -214,16 +177,8 @@ START_TEST(test_validate_initial_accumulator)
         {PSD_OPT_ADAM, {SET(initial_accumulator, -0.1f)}, 0},
         {PSD_OPT_ADAM, {SET(initial_accumulator, NAN)}, PS_EINVAL_ARG,
          "initial_accumulator must be finite, got nan"},
-    };
-    PS_CHECK_REFUSALS(t, validate_row);
-}
-END_TEST
-
-/* FTRL: TF's own checks (lr_power <= 0, strengths >= 0) within optim.h's
- * bounds; other kinds only ask these fields to be finite. */
-START_TEST(test_validate_ftrl)
-{
-    const struct ps_refusal t[] = {
+        /* FTRL: TF's own checks (lr_power <= 0, strengths >= 0) within
+         * optim.h's bounds; other kinds only ask these fields to be finite. */
         {PSD_OPT_FTRL, {SET(lr_power, 0.5f)}, PS_EINVAL_ARG,
          "learning_rate_power must be in [-10, 0], got 0.5"},
         {PSD_OPT_FTRL, {SET(lr_power, -11.0f)}, PS_EINVAL_ARG, NULL,
@@ -246,6 +201,24 @@ START_TEST(test_validate_ftrl)
         {PSD_OPT_ADAM, {SET(beta, NAN)}, PS_EINVAL_ARG, "beta must be finite, got nan"},
     };
     PS_CHECK_REFUSALS(t, validate_row);
+}
+END_TEST
+
+START_TEST(test_validate_epsilon)
+{
+    for (int k = PSD_OPT_ADAGRAD; k <= PSD_OPT_ADAM; k++) {
+        const struct ps_refusal t[] = {
+            {k, {SET(epsilon, 0.0f)}, PS_EINVAL_ARG, "epsilon must be > 0 and finite, got 0"},
+            {k, {SET(epsilon, -1e-8f)}, PS_EINVAL_ARG, NULL, "epsilon must be > 0"},
+            {k, {SET(epsilon, NAN)}, PS_EINVAL_ARG},
+            {k, {SET(epsilon, 1e-38f)}, PS_EINVAL_ARG,
+             "epsilon must be at least 1e-30, got 1e-38"},
+            {k, {SET(epsilon, 1e-30f)}, 0},
+        };
+        PS_CHECK_REFUSALS(t, validate_row);
+    }
+    const struct ps_refusal sgd[] = {{PSD_OPT_SGD, {SET(epsilon, -1.0f)}, 0}};
+    PS_CHECK_REFUSALS(sgd, validate_row);
 }
 END_TEST
 
@@ -966,9 +939,7 @@ PSCHECK_MAIN("optim",
     {"psd_opt_defaults", {test_defaults_fill_zero_fields, test_defaults_keep_set_fields,
                           test_defaults_negative_zero}},
     {"psd_opt_validate", {test_validate_accepts_defaults, test_validate_unknown_kind,
-                          test_validate_learning_rate, test_validate_momentum,
-                          test_validate_betas, test_validate_epsilon,
-                          test_validate_initial_accumulator, test_validate_ftrl,
+                          test_validate_fields, test_validate_epsilon,
                           test_validate_why_null_or_short}},
     {"psd_opt_slot_count", {test_slot_count}},
     {"psd_opt_name", {test_name}},

@@ -587,6 +587,23 @@ static void cat_fill(owner *o)
         ck_assert_int_eq(cat_put(o, id, 1, 2), 0);
 }
 
+/* An owner of a new catalog *cat over segments of seg_size bytes, filled
+ * by cat_fill. */
+static owner filled(catalog *cat, size_t seg_size)
+{
+    memset(cat, 0, sizeof *cat);
+    owner o = {.s = open_ok(seg_size), .cat = cat, .vanish = -1};
+    cat_fill(&o);
+    return o;
+}
+
+/* Every row reads where the catalog says, and the live counts agree. */
+static void owner_check(const owner *o)
+{
+    cat_check(o->s, o->cat);
+    cat_counts(o->s, o->cat);
+}
+
 /* Compaction of segment seg, unbounded in rate, three records a step. */
 static psd_segs_compact *begin_fast(owner *o, uint32_t seg)
 {
@@ -605,11 +622,9 @@ static psd_segs_compact *begin_fast(owner *o, uint32_t seg)
  * stale relocation, counted dead. */
 START_TEST(test_compact)
 {
-    catalog cat = {0};
-    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
-    cat_check(o.s, &cat);
-    cat_counts(o.s, &cat);
+    catalog cat;
+    owner o = filled(&cat, 8192);
+    owner_check(&o);
     uint32_t seg;
     ck_assert_int_eq(psd_segs_pick(o.s, 0, &seg), 0);
     ck_assert_uint_eq(seg, 1); /* rows 0-19, half of them superseded */
@@ -623,8 +638,7 @@ START_TEST(test_compact)
     o.vanish = 5;
     while ((rc = psd_segs_compact_step(c, &wait, why, sizeof why)) == 0) {
         steps++;
-        cat_check(o.s, &cat);
-        cat_counts(o.s, &cat);
+        owner_check(&o);
     }
     ck_assert_msg(rc == 1, "step: %s (%s)", why, ps_strerror(rc));
     ck_assert_int_eq(psd_segs_compact_step(c, &wait, why, sizeof why), 1);
@@ -664,8 +678,7 @@ START_TEST(test_compact)
     ck_assert_int_eq(psd_segs_pick(o.s, 0, &seg), 0);
     ck_assert_uint_eq(seg, 2);
     ck_assert_int_eq(cat_compact(&o, seg, 0, 0, NULL), 0);
-    cat_check(o.s, &cat);
-    cat_counts(o.s, &cat);
+    owner_check(&o);
     psd_segs_close(o.s);
     char why2[512] = "";
     ck_assert_int_eq(psd_segs_open(dir_of(), 8192, &cat.end, &o.s, why2, sizeof why2), 0);
@@ -679,9 +692,8 @@ END_TEST
  * then dead); the counts stay those of the catalog all along. */
 START_TEST(test_compact_interleaved)
 {
-    catalog cat = {0};
-    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
+    catalog cat;
+    owner o = filled(&cat, 8192);
     psd_segs_compact *c = begin_fast(&o, 1);
     char why[512] = "";
     uint64_t wait;
@@ -692,16 +704,14 @@ START_TEST(test_compact_interleaved)
         int64_t id = step == 0 ? 19 : 2 * step + 1;
         ck_assert_int_eq(cat_put(&o, id, 1, 7), 0);
         step++;
-        cat_check(o.s, &cat);
-        cat_counts(o.s, &cat);
+        owner_check(&o);
     }
     ck_assert_int_eq(rc, 1);
     psd_segs_compact_end(c);
     ck_assert_uint_lt(o.moves, 10); /* row 19 was dead at its turn */
     cat.end = psd_segs_end(o.s);
     ck_assert_int_eq(psd_segs_remove(o.s, 1, &cat.end), 0);
-    cat_check(o.s, &cat);
-    cat_counts(o.s, &cat);
+    owner_check(&o);
     psd_segs_close(o.s);
 }
 END_TEST
@@ -709,9 +719,8 @@ END_TEST
 /* What compaction refuses, and a step that failed tried again. */
 START_TEST(test_compact_refused)
 {
-    catalog cat = {0};
-    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
+    catalog cat;
+    owner o = filled(&cat, 8192);
     psd_seg_compact_opts co = {.live = cat_live, .moved = cat_moved, .arg = &o};
     psd_segs_compact *c;
     char why[512] = "";
@@ -738,15 +747,13 @@ START_TEST(test_compact_refused)
     ck_assert_int_eq(psd_segs_compact_step(c, &wait, why, sizeof why), PS_ESTORE);
     ck_assert_ptr_nonnull(strstr(why, "did not take its relocations"));
     ck_assert_int_eq(psd_segs_compact_step(c, &wait, why, sizeof why), PS_ESTORE);
-    cat_check(o.s, &cat);
-    cat_counts(o.s, &cat);
+    owner_check(&o);
     int rc;
     while ((rc = psd_segs_compact_step(c, &wait, why, sizeof why)) == 0)
         ;
     ck_assert_int_eq(rc, 1);
     psd_segs_compact_end(c);
-    cat_check(o.s, &cat);
-    cat_counts(o.s, &cat);
+    owner_check(&o);
     for (int64_t id = 0; id < NCAT; id++)
         ck_assert_uint_ne(cat.loc[id].seg, 1);
     /* A corrupt record in the next segment stops its compaction there, with
@@ -784,9 +791,8 @@ static double secs_since(const struct timespec *t0)
  * each step at most a batch; a step while in debt does nothing. */
 START_TEST(test_compact_rate)
 {
-    catalog cat = {0};
-    owner o = {.s = open_ok(64 << 10), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
+    catalog cat;
+    owner o = filled(&cat, 64 << 10);
     uint64_t bytes, live;
     ck_assert_int_eq(psd_segs_usage(o.s, 1, &bytes, &live), 0);
     ck_assert_uint_eq(bytes, 120 * REC); /* 12 batches of 10 pass 64 KiB */
@@ -987,9 +993,8 @@ static ino_t inode_of(const char *dir, uint32_t n, nlink_t *links, off_t *size)
  * and appends apart from it. */
 START_TEST(test_checkpoint)
 {
-    catalog cat = {0}, snap;
-    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
+    catalog cat, snap;
+    owner o = filled(&cat, 8192);
     ck_assert_int_eq(cat_put(&o, 100, 5, 4), 0); /* the active segment part full */
     snap = cat;
     uint32_t last = snap.end.seg;
@@ -1093,9 +1098,8 @@ START_TEST(test_checkpoint_elsewhere)
     }
     char ck[64] = "/dev/shm/check_segment.XXXXXX", rs[300], why[512] = "";
     ck_assert_ptr_nonnull(mkdtemp(ck));
-    catalog cat = {0};
-    owner o = {.s = open_ok(8192), .cat = &cat, .vanish = -1};
-    cat_fill(&o);
+    catalog cat;
+    owner o = filled(&cat, 8192);
     int rc = psd_segs_checkpoint(o.s, ck, &cat.end, why, sizeof why);
     nlink_t links;
     if (rc == 0)

@@ -309,16 +309,26 @@ START_TEST(test_del)
 }
 END_TEST
 
+/* A 4 MiB map holding "x" (2.5 MiB), committed, and v[1] "y" of the same
+ * size made but not stored: one of them fits, not both. v[2], for n = 3, is
+ * a small "z". */
+static psd_store *x_stored(struct var *v, int n)
+{
+    psd_store *s = open_rw(4 << 20);
+    vars_make(v, n, (const struct var_spec[]){{"x", 640 << 10, 0, 1.0f},
+                                              {"y", 640 << 10, 0, 2.0f},
+                                              {"z", 10, 0, 3.0f}});
+    commit_vars(s, v, 1);
+    return s;
+}
+
 /* A full map grows: the transaction that filled it is aborted, the map
  * doubles, and the same put then fits. At the cap given, growth is
  * refused and the store keeps what it had. */
 START_TEST(test_map_grows)
 {
     struct var v[2];
-    psd_store *s = open_rw(4 << 20);
-    vars_make(v, 2, (const struct var_spec[]){{"x", 640 << 10, 0, 1.0f},
-                                              {"y", 640 << 10, 0, 2.0f}});
-    commit_vars(s, v, 1);
+    psd_store *s = x_stored(v, 2);
     ck_assert_uint_eq(psd_store_map_size(s), 4 << 20);
     ck_assert_int_eq(psd_store_grow(s), PS_EFULL); /* nothing was full */
     put_full(s, &v[1]);
@@ -355,12 +365,7 @@ END_TEST
 START_TEST(test_del_persists_and_frees)
 {
     struct var v[3];
-    /* Each 2.5 MiB, in a 4 MiB map: one fits, not both. */
-    psd_store *s = open_rw(4 << 20);
-    vars_make(v, 3, (const struct var_spec[]){{"x", 640 << 10, 0, 1.0f},
-                                              {"y", 640 << 10, 0, 2.0f},
-                                              {"z", 10, 0, 3.0f}});
-    commit_vars(s, v, 1);
+    psd_store *s = x_stored(v, 3);
     put_full(s, &v[1]);
 
     psd_store_txn *t = begin(s);
