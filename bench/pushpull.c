@@ -47,6 +47,7 @@
 #include "bench/pushpull.h"
 
 #include "common/fsutil.h"
+#include "common/half.h"
 
 /* ---- the messages, encoded once (common/wire.h) ------------------------- */
 
@@ -957,8 +958,11 @@ static int link_main(struct opts *o)
     if ((rc = psd_start(o, &p)) != 0)
         goto teardown;
     if (!o->json)
-        printf("psd pid %d on %s:%d in namespace %s, the client in %s\n\n",
-               (int)p.pid, o->host, p.port, o->psd_netns, link_client_netns());
+        printf("psd pid %d on %s:%d in namespace %s, the client in %s\n"
+               "bf16 kernels here: narrowing %s, widening %s, error feedback %s\n\n",
+               (int)p.pid, o->host, p.port, o->psd_netns, link_client_netns(),
+               ps_half_kernel(PS_HALF_BF16, false), ps_half_kernel(PS_HALF_BF16, true),
+               ps_half_ef_kernel(PS_HALF_BF16));
     print_ceilings(o, &lim);
     for (int i = 0; i < o->nsizes && rc == 0; i++) {
         for (int j = 0; j < o->nstreams && rc == 0; j++) {

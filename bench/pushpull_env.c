@@ -31,7 +31,7 @@ static void usage(FILE *f)
         "  --pieces BYTES    psclient streams cut tensors above BYTES into pieces\n"
         "                    of it, --window calls at once (default:\n"
         "                    psclient's, 1M and 2; 0: one call per tensor)\n"
-        "  --window N        pieces not yet answered at once (default 2)\n"
+        "  --window N        a pull's pieces not yet answered at once (default 2)\n"
         "  --link RATE       psd and the client in two network namespaces joined\n"
         "                    by a veth pair shaped to RATE (10gbit, 25gbit; tc\n"
         "                    tbf, 256 KB burst), raw TCP over it the ceiling;\n"

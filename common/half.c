@@ -120,6 +120,18 @@ void ps_half_to_f32_portable(int type, const uint16_t *in, float *out, size_t n)
     }
 }
 
+static uint16_t to_f32_mag_portable(int type, const uint16_t *in, float *out, size_t n)
+{
+    uint16_t mag = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)in + 2 * i, sizeof h);
+        out[i] = ps_half_to_f32_one(type, h);
+        mag = (uint16_t)(h & 0x7fff) > mag ? (uint16_t)(h & 0x7fff) : mag;
+    }
+    return mag;
+}
+
 static bool nonfinite_portable(uint16_t mask, const uint16_t *in, size_t n)
 {
     uint16_t any = 0;
@@ -207,6 +219,29 @@ bf16_to_f32_avx2(const uint16_t *in, float *out, size_t n)
         _mm256_storeu_ps(out + i, _mm256_castsi256_ps(w));
     }
     ps_half_to_f32_portable(PS_HALF_BF16, in + i, out + i, n - i);
+}
+
+/* The widenings with the largest magnitude taken on the way (unsigned
+ * 16-bit max of the bits without the sign), 8 at a time. */
+__attribute__((target("avx2,f16c"))) static uint16_t
+to_f32_mag_avx2(int type, const uint16_t *in, float *out, size_t n)
+{
+    size_t i = 0;
+    const __m128i absm = _mm_set1_epi16(0x7fff);
+    __m128i mx = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
+        mx = _mm_max_epu16(mx, _mm_and_si128(h, absm));
+        __m256 f = type == PS_HALF_F16
+                       ? _mm256_cvtph_ps(h)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        _mm256_storeu_ps(out + i, f);
+    }
+    /* The largest of the 8 lanes: minpos finds the smallest of ~x. */
+    uint16_t m = (uint16_t)~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(
+        mx, _mm_set1_epi16(-1))));
+    uint16_t t = to_f32_mag_portable(type, in + i, out + i, n - i);
+    return t > m ? t : m;
 }
 
 /* float32 -> bfloat16 with AVX2's integers, bf16_of's rounding (to
@@ -320,6 +355,14 @@ const char *ps_half_kernel(int type, bool to_f32)
     return have.bf16_avx512 ? "avx512bf16" : have.avx2 ? "avx2" : "portable";
 }
 
+const char *ps_half_ef_kernel(int type)
+{
+    pthread_once(&pick_once, pick);
+    if (type == PS_HALF_F16)
+        return have.f16c ? "f16c" : "portable";
+    return have.avx2 ? "avx2" : "portable";
+}
+
 size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n)
 {
     pthread_once(&pick_once, pick);
@@ -352,6 +395,17 @@ void ps_half_to_f32(int type, const uint16_t *in, float *out, size_t n)
     }
 #endif
     ps_half_to_f32_portable(type, in, out, n);
+}
+
+uint16_t ps_half_to_f32_mag(int type, const uint16_t *in, float *out, size_t n)
+{
+    pthread_once(&pick_once, pick);
+#ifdef HALF_X86
+    /* F16C for float16 comes with AVX2 on every CPU that has both. */
+    if (have.avx2 && (type == PS_HALF_BF16 || have.f16c))
+        return to_f32_mag_avx2(type, in, out, n);
+#endif
+    return to_f32_mag_portable(type, in, out, n);
 }
 
 bool ps_half_nonfinite(int type, const uint16_t *in, size_t n)

@@ -41,6 +41,12 @@ size_t ps_half_from_f32(int type, const float *in, uint16_t *out, size_t n);
 /* out[i] = float32(in[i]) for i < n (exact). in may be unaligned. */
 void ps_half_to_f32(int type, const uint16_t *in, float *out, size_t n);
 
+/* ps_half_to_f32 and the largest magnitude of in[0..n) in one pass: returns
+ * the largest (in[i] & 0x7fff), half bits without the sign, which orders the
+ * values by magnitude; at least 0x7c00 (float16) or 0x7f80 (bfloat16) when
+ * one is Inf or NaN. 0 for n == 0. in may be unaligned. */
+uint16_t ps_half_to_f32_mag(int type, const uint16_t *in, float *out, size_t n);
+
 /* Whether any of in[0..n) is NaN or Inf. */
 bool ps_half_nonfinite(int type, const uint16_t *in, size_t n);
 
@@ -56,6 +62,10 @@ void ps_half_to_f32_portable(int type, const uint16_t *in, float *out, size_t n)
 /* "f16c", "avx512bf16", "portable": the kernel used for type in that
  * direction (to_f32 false: narrowing). */
 const char *ps_half_kernel(int type, bool to_f32);
+
+/* The kernel of ps_half_encode_ef's loop with a residual for type:
+ * "f16c", "avx2", "portable". */
+const char *ps_half_ef_kernel(int type);
 
 /* Error feedback (1-bit Adam's and BytePS's): sends half(g + r) and keeps
  * r = (g + r) - float(sent), so that over any number of steps the sum of

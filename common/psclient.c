@@ -229,6 +229,22 @@ static size_t field_len(size_t len)
     return 1 + ps_wire_varint_len(len) + len;
 }
 
+void ps_client_destroy(ps_client *c)
+{
+    if (c == NULL)
+        return;
+    ps_rpc_client_destroy(c->rpc);
+    ps_buf_free(&c->req);
+    ps_buf_free(&c->half);
+    for (size_t i = 0; i < c->nres; i++) {
+        free(c->res[i].name);
+        free(c->res[i].r);
+    }
+    free(c->res);
+    free(c->address);
+    free(c);
+}
+
 int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
                      ps_client **out)
 {
@@ -245,22 +261,6 @@ int ps_client_create(const char *address, const ps_rpc_client_opts *opts,
     }
     *out = c;
     return 0;
-}
-
-void ps_client_destroy(ps_client *c)
-{
-    if (c == NULL)
-        return;
-    ps_rpc_client_destroy(c->rpc);
-    ps_buf_free(&c->req);
-    ps_buf_free(&c->half);
-    for (size_t i = 0; i < c->nres; i++) {
-        free(c->res[i].name);
-        free(c->res[i].r);
-    }
-    free(c->res);
-    free(c->address);
-    free(c);
 }
 
 /* Asks the psd at address (a TCP address of this host) for its local
@@ -1232,8 +1232,14 @@ static int pieces_resp(void *ctx, size_t k, const struct ps_piece *pp, int np)
 static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
                     ps_rpc_status *st)
 {
-    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls, j->c->piece_window,
-                                  true, pieces_make, pieces_resp, j, deadline_ms, st);
+    /* A push's pieces go out one behind the other, each started once the
+     * one before is all handed to the connection (counted as sending, not
+     * as answered): the link never waits for an answer, and the streams
+     * never interleave, so psd gets and applies piece k while k + 1 is on
+     * the wire. A pull's answers, the big part, come window at a time. */
+    int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls,
+                                  j->push ? 1 : j->c->piece_window, !j->push,
+                                  pieces_make, pieces_resp, j, deadline_ms, st);
     /* A value pushed and brought back holds this push's update in every
      * piece, though the pieces before the last answered the version before
      * it: it is at least the version the push produced. */

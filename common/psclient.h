@@ -117,11 +117,13 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
  * dtype. */
 int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
 
-/* Tensors of more than piece_bytes go in pieces of piece_bytes, up to
- * window calls not yet answered at once, on by default (1 MiB, 2): a piece
- * is encoded (and rounded to half) while the one before it is on the wire
- * and the one before that applied, and a push's values come back while its
- * later pieces still go out (the link is full duplex). Each piece is a call
+/* Tensors of more than piece_bytes go in pieces of piece_bytes, on by
+ * default (1 MiB, 2): a push's pieces one behind the other, each started
+ * once the one before is handed to the connection (the next encoded, and
+ * rounded to half, while the client waits), so that psd applies a piece
+ * while the next is on the wire; a pull's up to window calls not yet
+ * answered at once; and a push's values come back while its later pieces
+ * still go out (the link is full duplex). Each piece is a call
  * of its own that names its place in the tensor (Gradient.offset and
  * .total, PullItem.offset, .count and .total); the items that are not cut
  * go whole in one call beside them, and a push or pull is cut into at most

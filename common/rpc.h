@@ -279,8 +279,9 @@ int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
  * PS_RPC_WINDOW_PARTS parts, each sent in place (release ==
  * ps_rpc_msg_release, arg the message its bytes lie in, whose reference
  * passes to the window: it drops it once the call is over), on this thread
- * just before it is sent, so that building one overlaps the sending of
- * those before it; on_resp(ctx, i, pieces, np) takes response i when it
+ * as soon as the call before it has started, ahead of the window's room,
+ * so that building one overlaps the calls on the wire and it starts the
+ * moment the window lets it; on_resp(ctx, i, pieces, np) takes response i when it
  * arrives (in any order), on this thread, borrowed as ps_rpc_invoke_msg's
  * are. The window counts the calls still sending (a call whose request is
  * out waits for its answer without holding the next back: pushes, whose

@@ -588,13 +588,28 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     size_t next = 0, active = 0;
     int sending = 0, rc = 0;
+    bool made = false; /* request next is made, not started yet */
     int64_t backoff = c->o.backoff_initial_ms;
     while (active > 0 || (rc == 0 && next < n)) {
-        if (rc == 0 && next < n && (by_answer ? (int)active : sending) < window) {
+        bool room = (by_answer ? (int)active : sending) < window;
+        if (rc == 0 && next < n && (room || !made)) {
             struct slot *sl = &slots[next];
-            *sl = (struct slot){.i = next, .attempts = 1};
-            rc = make(ctx, next, sl->parts, &sl->np);
-            if (rc == 0 && slot_start(c, cq, method, sl, deadline_ms, st) != 0)
+            if (!made) {
+                /* Made as soon as the one before is started, before this
+                 * thread waits for the window: the making (a piece's
+                 * rounding to half) overlaps the calls on the wire, and
+                 * the call starts the moment the window has room. */
+                *sl = (struct slot){.i = next, .attempts = 1};
+                rc = make(ctx, next, sl->parts, &sl->np);
+                made = rc == 0;
+                if (rc != 0) {
+                    slot_release(sl);
+                    cancel_all(slots, next);
+                }
+                continue;
+            }
+            made = false;
+            if (slot_start(c, cq, method, sl, deadline_ms, st) != 0)
                 rc = PS_ERPC;
             next++;
             if (sl->pending > 0) {
@@ -649,6 +664,8 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
             cancel_all(slots, next);
         }
     }
+    if (made)
+        slot_release(&slots[next]); /* made, then a call before it failed */
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME),
                                       NULL).type != GRPC_QUEUE_SHUTDOWN)

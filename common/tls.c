@@ -325,16 +325,27 @@ static int pems_wanted(const ps_tls_opts *o, bool enabled, struct pems *p, char 
     return pems_read(o, p, err, errlen) == 0 ? 1 : -1;
 }
 
+/* Whether the server speaks TLS, as pems_wanted. Its files are read once
+ * here so that a bad file is refused at start, by name, and what they leave
+ * open is said at start; the credentials read them again at each handshake
+ * (fetch_config). */
+static int server_files_check(const ps_tls_opts *o, char *err, size_t errlen)
+{
+    struct pems p;
+    int tls = pems_wanted(o, ps_tls_server_enabled(o), &p, err, errlen);
+    if (tls == 1) {
+        warn_server_files(o, &p);
+        pems_free(&p);
+    }
+    return tls;
+}
+
 grpc_server_credentials *ps_tls_server_creds(const ps_tls_opts *o, char *err,
                                              size_t errlen)
 {
-    /* Read once here so that a bad file is refused at start, by name. */
-    struct pems p;
-    int tls = pems_wanted(o, ps_tls_server_enabled(o), &p, err, errlen);
+    int tls = server_files_check(o, err, errlen);
     if (tls <= 0)
         return tls == 0 ? grpc_insecure_server_credentials_create() : NULL;
-    warn_server_files(o, &p);
-    pems_free(&p);
     struct reloader *r = reloader_create(o);
     if (r == NULL) {
         snprintf(err, errlen, "out of memory");

@@ -15,6 +15,8 @@ function of the seed, so that every process makes the same examples.
 writes cat (N, 26) int64, dense (N, 13) float32 and label (N,) float32.
 """
 import argparse
+import importlib.util
+import os
 
 import numpy as np
 
@@ -25,20 +27,19 @@ ALPHA = 1.1
 LATENT = 4
 SIGNAL = (0, 3, 7, 11, 19, 23)   # the features whose ids carry signal
 
-_M1 = np.uint64(0xbf58476d1ce4e5b9)
-_M2 = np.uint64(0x94d049bb133111eb)
+
+def _load_mix64():
+    """psclient's splitmix64 finalizer, loaded by its path: that file needs
+    numpy alone, so this script runs without a built psclient."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python",
+                        "psclient", "splitmix.py")
+    spec = importlib.util.spec_from_file_location("psclient_splitmix", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.mix64
 
 
-def mix64(x):
-    """splitmix64's finalizer of a uint64 array (wrapping)."""
-    x = np.array(x, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= _M1
-        x ^= x >> np.uint64(27)
-        x *= _M2
-        x ^= x >> np.uint64(31)
-    return x
+mix64 = _load_mix64()
 
 
 def _latent(f, ids):

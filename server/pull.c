@@ -544,18 +544,20 @@ static void pull_wait(psd_shard *s, ps_rpc_call *call, struct pull_items *it,
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Pull: out of memory");
         return;
     }
-    w->call = call;
-    w->t0 = t0;
-    w->nitems = it->n;
-    w->vars = it->vars;
-    w->min_versions = it->minv;
-    w->into = it->into;
-    w->ranges = it->ranges;
-    w->wire_dtype = (int)r->items[0]->wire_dtype;
-    w->bounded = bounded;
-    w->worker = r->worker;
-    w->step = r->step;
-    w->staleness = staleness;
+    *w = (pull_waiter){
+        .call = call,
+        .t0 = t0,
+        .nitems = it->n,
+        .vars = it->vars,
+        .min_versions = it->minv,
+        .into = it->into,
+        .ranges = it->ranges,
+        .wire_dtype = (int)r->items[0]->wire_dtype,
+        .bounded = bounded,
+        .worker = r->worker,
+        .step = r->step,
+        .staleness = staleness,
+    };
     *it = (struct pull_items){0};
     pthread_mutex_lock(&s->wait_mu);
     int why = shard_pull_admit(s, w);

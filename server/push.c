@@ -1098,7 +1098,11 @@ static void push_locked(psd_shard *s, ps_rpc_call *call,
 
     pthread_rwlock_rdlock(&s->table_lock);
     char err[512];
-    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle, shard_push_shm_mags(),
+    /* Magnitudes known already: a half push's from its widening, shared
+     * memory's from its copy (a half gradient is never in shared memory). */
+    const uint32_t *known = shard_half_mags(r);
+    enum ps_rpc_code code = push_check(s, r, p, &tb->straddle,
+                                       known != NULL ? known : shard_push_shm_mags(),
                                        err, sizeof err);
     if (code != PS_RPC_OK) {
         pthread_rwlock_unlock(&s->table_lock);

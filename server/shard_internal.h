@@ -435,6 +435,10 @@ uint64_t shard_reply_with_values(psd_shard *s, ps_rpc_call *call,
  * clamps counted; false when out of memory. */
 struct ps_wire_push;
 bool shard_half_widen(psd_shard *s, ps_rpc_call *call, struct ps_wire_push *r);
+/* The largest magnitude of each gradient of r as shard_half_widen found it
+ * (UINT32_MAX: not widened), for push_check, when r is a half push; else
+ * NULL. Valid until the thread's next push. */
+const uint32_t *shard_half_mags(const struct ps_wire_push *r);
 bool shard_half_wire_ok(psd_shard *s, ps_rpc_call *call, const void *pull_request,
                         int *dtype);
 bool shard_half_value(psd_shard *s, const psd_var *v, psd_range r, int dtype,

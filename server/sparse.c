@@ -81,6 +81,7 @@ void psd_sparse_close(psd_sparse *sp)
     if (sp == NULL)
         return;
     sparse_applier_stop(sp);
+    sparse_cat_ahead_end(sp); /* they read the store */
     sparse_compact_free(sp);
     psd_rowlog_destroy(sp->rowlog);
     psd_segs_close(sp->segs);

@@ -38,11 +38,14 @@
  * written behind it: the applier's and compaction's transactions commit
  * "segs_end" alone (the commit point), their entries wait in a queue
  * (sparse_seg.c) and go into the catalog in key order, many applies at
- * once, in bounded transactions that end by moving "cat_upto": past a
+ * once, in bounded transactions whose last moves "cat_upto": past a
  * threshold, when the log is quiet, before a checkpoint, a conversion or a
- * segment's removal, at a clean stop, and when a sweep needs it. At open the records between
- * "cat_upto" and "segs_end" are replayed into it (a later record of a row
- * wins). A sweep deletes only rows whose catalog entry is the index's and
+ * segment's removal, at a clean stop, and when a sweep needs it. The
+ * applier writes a transaction per turn of its loop (a push waiting for
+ * room waits for one), the pages of the next read ahead by threads
+ * meanwhile; entries queued during a write go to the next. At open the
+ * records between "cat_upto" and "segs_end" are replayed into it (a later
+ * record of a row wins). A sweep deletes only rows whose catalog entry is the index's and
  * whose record lies before "cat_upto" (sparse_cat_covers), so no record
  * of a deleted row is replayed: no tombstones.
  *
@@ -247,9 +250,17 @@ struct psd_sparse {
     /* The catalog queue (sparse_seg.c): locations the applier and
      * compaction committed (with segs_end, the commit point) and pointed
      * the indexes at, not yet written into the rows db; apply_run_mu.
-     * sparse_cat_flush writes them and moves "cat_upto". */
+     * A write takes the whole queue, its first catw_n entries, sorted,
+     * with the end they cover (catw_upto, 0: no write under way), and
+     * writes them a transaction per sparse_cat_step (the applier's,
+     * between its rounds of room) or all at once (sparse_cat_flush), from
+     * catw_k on; its last transaction moves "cat_upto" to catw_upto.
+     * Entries queued meanwhile follow them in the array. */
     struct sp_catq *catq;
-    size_t catq_n, catq_cap;
+    size_t catq_n, catq_cap, catw_n, catw_k;
+    uint64_t catw_upto;
+    bool catw_all;
+    struct sp_cat_ahead *cat_ahead; /* threads reading the write's next pages ahead */
     atomic_size_t catq_len;  /* catq_n, for other threads */
     atomic_uint_fast64_t catq_bytes; /* catq_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
@@ -372,9 +383,19 @@ void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e);
 /* Writes the queue into the rows db in key order, in bounded
  * transactions (the last moves "cat_upto" to the segments' end), the
  * entries of the ready tables only, or of every table when all (at open,
- * before any). apply_run_mu held. Returns 0 or the store's error (the
- * queue kept: written again next time). */
+ * before any): a write under way first, then the rest. apply_run_mu held.
+ * Returns 0 or the store's error (the queue kept: written again next
+ * time). */
 int sparse_cat_flush(psd_sparse *sp, bool all);
+/* One transaction of the queue's write (begun, when none is under way,
+ * with the whole queue): the applier's, so that a round of room waits
+ * for one transaction, not a whole write. *busy: more of the write is
+ * left. apply_run_mu held. Returns 0 or the store's error (kept, tried
+ * again next step). */
+int sparse_cat_step(psd_sparse *sp, bool *busy);
+/* Waits for the threads reading the write's next pages ahead, if any
+ * (before the write's entries are freed). apply_run_mu held. */
+void sparse_cat_ahead_end(psd_sparse *sp);
 /* Whether record loc lies before "cat_upto": never replayed at open. Any
  * thread. */
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc);

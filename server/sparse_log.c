@@ -190,7 +190,8 @@ static int put_all(void *ctx)
     /* The queue is bounded: past twice its size it is written first, and
      * while it cannot be (a full map or disk) nothing more is applied, so
      * that pushes are refused as before, naming why. */
-    if (rc == 0 && a->segs != NULL && a->sp->catq_n >= 2 * sparse_catq_max(a->sp))
+    if (rc == 0 && a->segs != NULL &&
+        atomic_load(&a->sp->catq_len) >= 2 * sparse_catq_max(a->sp))
         rc = sparse_cat_flush(a->sp, a->live == NULL);
     size_t i = 0;
     bool appended = false;
@@ -533,8 +534,10 @@ static int drain_locked(psd_sparse *sp, bool room)
     for (int k = 0; k < 3 && did && rc == 0 &&
                     (!room || sparse_ram_cost(sp) > sparse_budget(sp)); k++)
         rc = apply_sealed(sp, &did);
-    /* The catalog queue counts against the budget too. */
-    if (rc == 0 && room && sp->catq_n > 0 && sparse_ram_cost(sp) > sparse_budget(sp))
+    /* The catalog queue counts against the budget too: written whole when
+     * it is what is left over it (a small budget). */
+    if (rc == 0 && room && atomic_load(&sp->catq_len) > 0 &&
+        sparse_ram_cost(sp) > sparse_budget(sp))
         rc = sparse_cat_flush(sp, false);
     return rc;
 }
@@ -602,10 +605,11 @@ static void *applier_main(void *arg)
     psd_sparse *sp = arg;
     pthread_setname_np(pthread_self(), "psd-apply");
     int64_t logged_ms = 0;
+    bool cat_busy = false; /* a write of the catalog queue under way: no wait */
     pthread_mutex_lock(&sp->apply_mu);
     while (!sp->apply_quit) {
         struct timespec until = ps_time_after_ms(CLOCK_REALTIME, 50);
-        if (sp->room_req == sp->room_done)
+        if (sp->room_req == sp->room_done && !cat_busy)
             pthread_cond_timedwait(&sp->apply_cond, &sp->apply_mu, &until);
         if (sp->apply_quit)
             break;
@@ -633,15 +637,19 @@ static void *applier_main(void *arg)
         }
         /* The queue is written past its size, when a sweep asks, and once
          * the log has been quiet for an apply's interval: a replay at open
-         * stays short, and the catalog whole while nothing changes. */
-        size_t queued = atomic_load(&sp->catq_len);
+         * stays short, and the catalog whole while nothing changes. A
+         * transaction per turn of the loop, so that a round of room waits
+         * for one, not for the whole write. */
+        pthread_mutex_lock(&sp->apply_run_mu);
+        size_t queued = sp->catq_n;
         bool quiet = queued > 0 && psd_rowlog_total(l) == 0 &&
                      ps_now_ms() - sp->last_apply_ms >= APPLY_EVERY_MS;
-        if (queued >= sparse_catq_max(sp) || quiet || atomic_exchange(&sp->cat_asap, false)) {
-            pthread_mutex_lock(&sp->apply_run_mu);
-            sparse_cat_flush(sp, false); /* what fails is logged, and tried again */
-            pthread_mutex_unlock(&sp->apply_run_mu);
-        }
+        bool step = sp->catw_upto != 0 || queued >= sparse_catq_max(sp) || quiet ||
+                    atomic_exchange(&sp->cat_asap, false);
+        /* What fails is logged, and tried again after the loop's wait. */
+        if (!step || sparse_cat_step(sp, &cat_busy) != 0)
+            cat_busy = false;
+        pthread_mutex_unlock(&sp->apply_run_mu);
         if (atomic_load(&sp->seg_recount)) {
             pthread_mutex_lock(&sp->apply_run_mu);
             int rc = sparse_seg_recount(sp);

@@ -4,7 +4,9 @@
  * float32 values and optimizer state: a half gradient is widened to
  * float32 before the push is checked and applied, so that the rest of the
  * push path sees FLOAT32 only, and a value is narrowed as its reply is
- * built. The conversions are common/half.h's (F16C, AVX512-BF16 where the
+ * built. The widening finds each gradient's largest magnitude on the way,
+ * which is the check's finiteness test and the apply's proof
+ * (shard_half_mags), so a half gradient is read once. The conversions are common/half.h's (F16C, AVX512-BF16 where the
  * CPU has them).
  */
 #include "server/shard_internal.h"
@@ -28,9 +30,33 @@ static bool known_wire(int dtype)
 }
 
 /* This thread's widened gradients: every half gradient of the push being
- * handled, one after another, float-aligned. */
+ * handled, one after another, float-aligned; and the largest magnitude of
+ * each gradient of that push (UINT32_MAX: not widened), for its check. */
 static __thread ps_buf scratch;
-static __thread ps_buf raw;
+static __thread ps_buf mags;
+
+/* Half values are widened this many at a time, taken from the request's
+ * slices into a chunk that stays in L1 (a value may straddle two slices,
+ * at any alignment). */
+#define WIDEN_CHUNK 4096
+
+/* Widens the n half values of cursor c into out in one pass, which also
+ * finds their largest magnitude: returned as float32 bits without the
+ * sign (psd_max_mag's measure: PSD_NONFINITE_MAG or more for NaN or Inf). */
+static uint32_t widen_mag(int dtype, ps_wire_bytes *c, float *out, size_t n)
+{
+    uint16_t chunk[WIDEN_CHUNK], mag = 0;
+    for (size_t i = 0; i < n; i += WIDEN_CHUNK) {
+        size_t k = n - i < WIDEN_CHUNK ? n - i : WIDEN_CHUNK;
+        ps_wire_bytes_take(c, chunk, k * 2);
+        uint16_t m = ps_half_to_f32_mag(dtype, chunk, out + i, k);
+        mag = m > mag ? m : mag;
+    }
+    float f = ps_half_to_f32_one(dtype, mag);
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits & 0x7fffffffu;
+}
 
 /* Fails call INVALID_ARGUMENT with the message, counted as bad input. */
 __attribute__((format(printf, 3, 4))) static bool
@@ -77,24 +103,25 @@ bool shard_half_widen(psd_shard *s, ps_rpc_call *call, ps_wire_push *r)
     if (total == 0)
         return true;
     if (ps_buf_reserve(&scratch, total * sizeof(float)) != 0 ||
-        ps_buf_reserve(&raw, total * 2) != 0) {
+        ps_buf_reserve(&mags, r->ngrads * sizeof(uint32_t)) != 0) {
         ps_rpc_fail(call, PS_RPC_RESOURCE_EXHAUSTED, "Push: out of memory");
         return false;
     }
     float *out = (float *)(void *)scratch.data;
-    uint16_t *h = (uint16_t *)(void *)raw.data;
+    uint32_t *mag = (uint32_t *)(void *)mags.data;
+    for (size_t i = 0; i < r->ngrads; i++)
+        mag[i] = UINT32_MAX;
     for (size_t i = 0; i < r->ngrads; i++) {
         ps_wire_grad *g = &r->grads[i];
         if (!g->has_tensor || !shard_is_half(g->dtype))
             continue;
         size_t n = g->nbytes / 2;
-        ps_wire_bytes_take(&g->data, h, g->nbytes);
-        if (ps_half_nonfinite(declared, h, n)) {
+        mag[i] = widen_mag(declared, &g->data, out, n);
+        if (mag[i] >= 0x7f800000u) {
             atomic_fetch_add(&s->nonfinite, 1);
             return refuse(s, call, "variable '%s': the %s gradient holds NaN or "
                           "Inf; refused", g->name, shard_dtype_name(declared));
         }
-        ps_half_to_f32(declared, h, out, n);
         g->shm_piece = (struct ps_piece){(const uint8_t *)out, n * sizeof(float)};
         ps_wire_bytes_init(&g->data, &g->shm_piece, 1);
         g->nbytes = n * sizeof(float);
@@ -104,6 +131,12 @@ bool shard_half_widen(psd_shard *s, ps_rpc_call *call, ps_wire_push *r)
     }
     atomic_fetch_add(&s->half_pushes, 1);
     return true;
+}
+
+const uint32_t *shard_half_mags(const ps_wire_push *r)
+{
+    return shard_is_half(r->wire_dtype) && mags.data != NULL
+               ? (const uint32_t *)(const void *)mags.data : NULL;
 }
 
 bool shard_half_wire_ok(psd_shard *s, ps_rpc_call *call, const void *pull_request,

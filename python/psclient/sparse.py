@@ -20,23 +20,9 @@ import numpy as np
 
 from ._proto import pb
 from .half import from_half, to_half
+from .splitmix import mix64
 
-_M1 = np.uint64(0xbf58476d1ce4e5b9)
-_M2 = np.uint64(0x94d049bb133111eb)
 _JUMP = np.uint64(2862933555777941757)
-
-
-def mix64(x: Any) -> np.ndarray:
-    """splitmix64's finalizer of each element (uint64, wrapping)."""
-    a = np.asarray(x)
-    x = a.astype(np.uint64) if a.dtype == np.uint64 else a.astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= _M1
-        x ^= x >> np.uint64(27)
-        x *= _M2
-        x ^= x >> np.uint64(31)
-    return x
 
 
 def shard_of(ids: Any, nshards: int) -> np.ndarray:

@@ -171,6 +171,9 @@ END_TEST
 START_TEST(test_error_feedback_kernels)
 {
     size_t n = 100003;
+    /* The loop named is one this CPU runs: F16C or AVX2 where it has them. */
+    ck_assert(strcmp(ps_half_ef_kernel(PS_HALF_F16), ps_half_kernel(PS_HALF_F16, false)) == 0);
+    ck_assert(strcmp(ps_half_ef_kernel(PS_HALF_BF16), ps_half_kernel(PS_HALF_BF16, true)) == 0);
     float *g = values(n), *r = malloc(n * 4), *r_ref = malloc(n * 4);
     uint16_t *out = malloc(n * 2);
     for (int type = PS_HALF_F16; type <= PS_HALF_BF16; type++) {
@@ -195,6 +198,48 @@ START_TEST(test_error_feedback_kernels)
     free(r);
     free(r_ref);
     free(out);
+}
+END_TEST
+
+/* The widening that finds the largest magnitude on the way gives the
+ * plain widening's floats, and the largest |h| of what it read, wherever
+ * the largest, an Inf or a NaN lies, at an odd address too. */
+START_TEST(test_to_f32_mag)
+{
+    enum { N = 1037 };
+    uint16_t *buf = malloc((N + 1) * 2), *h = buf + 1; /* 2-aligned, not 4 */
+    float *a = malloc(N * 4), *b = malloc(N * 4);
+    uint8_t *odd = malloc(N * 2 + 1);
+    for (int type = PS_HALF_F16; type <= PS_HALF_BF16; type++) {
+        uint16_t inf = type == PS_HALF_F16 ? 0x7c00 : 0x7f80;
+        for (size_t i = 0; i < N; i++)
+            h[i] = (uint16_t)(next() % inf) | (uint16_t)(next() & 0x8000); /* finite */
+        for (size_t len = 0; len <= N; len += len < 20 ? 1 : 101) {
+            uint16_t want = 0;
+            for (size_t i = 0; i < len; i++)
+                want = (uint16_t)(h[i] & 0x7fff) > want ? (uint16_t)(h[i] & 0x7fff) : want;
+            ck_assert_uint_eq(ps_half_to_f32_mag(type, h, a, len), want);
+            ps_half_to_f32_portable(type, h, b, len);
+            ck_assert_int_eq(memcmp(a, b, len * 4), 0);
+            memcpy(odd + 1, h, len * 2);
+            ck_assert_uint_eq(ps_half_to_f32_mag(type, (const uint16_t *)(void *)(odd + 1),
+                                                 a, len), want);
+            ck_assert_int_eq(memcmp(a, b, len * 4), 0);
+        }
+        uint16_t bad[] = {inf, (uint16_t)(inf | 0x8000), (uint16_t)(inf | 0x41), 0xffff};
+        for (size_t k = 0; k < 4; k++)
+            for (size_t at = 0; at < N; at += 97) {
+                uint16_t keep = h[at];
+                h[at] = bad[k];
+                ck_assert_uint_eq(ps_half_to_f32_mag(type, h, a, N), bad[k] & 0x7fff);
+                ck_assert(ps_half_to_f32_mag(type, h, a, at) < inf); /* before it */
+                h[at] = keep;
+            }
+    }
+    free(buf);
+    free(a);
+    free(b);
+    free(odd);
 }
 END_TEST
 
@@ -264,5 +309,5 @@ END_TEST
 
 PSCHECK_MAIN("half",
     {"kernels", {test_kernels_match_portable, test_round_trip_all_patterns}},
-    {"values", {test_f16_values, test_nonfinite, test_nonfinite_positions}},
+    {"values", {test_f16_values, test_nonfinite, test_nonfinite_positions, test_to_f32_mag}},
     {"feedback", {test_error_feedback_invariant, test_error_feedback_kernels}})

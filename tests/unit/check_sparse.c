@@ -12,6 +12,7 @@
 #include "common/half.h"
 #include "proto/ps.pb-c.h"
 #include "server/sparse.h"
+#include "server/sparse_internal.h" /* the catalog's write, a transaction at a time */
 #include "server/store.h"
 
 #include "tests/unit/pscheck.h"
@@ -489,6 +490,94 @@ START_TEST(test_catalog_replay)
 }
 END_TEST
 
+/* The applier writes the catalog's queue a transaction per turn
+ * (sparse_cat_step): a kill part-way leaves "cat_upto" where it was and
+ * some of the rows' entries written, and the next open replays the rest.
+ * Then a step's write and entries queued after it began: each row ends at
+ * its last record. */
+START_TEST(test_catalog_step)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, (uint64_t)64 << 20, 0); /* 512 rows a transaction */
+    int64_t *ids = range(0, 2000);
+    ck_assert_int_eq(push(&f, ids, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_start(f.sp), 0);
+    Ps__V1__StatsResponse r = stats(&f);
+    for (int i = 0; i < 1000 && r.sparse_log_bytes > 0; i++) {
+        usleep(10000);
+        r = stats(&f);
+    }
+    sparse_applier_stop(f.sp); /* before it writes the queue, 2 s after the apply */
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 2000);
+    uint64_t upto0, upto, end;
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto0), 0);
+    bool busy = false;
+    pthread_mutex_lock(&f.sp->apply_run_mu);
+    ck_assert_int_eq(sparse_cat_step(f.sp, &busy), 0);
+    pthread_mutex_unlock(&f.sp->apply_run_mu);
+    ck_assert(busy);
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 2000); /* until all are in */
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto), 0);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_SEGS_END, &end), 0);
+    ck_assert_uint_eq(upto, upto0);
+    ck_assert_uint_lt(upto, end);
+    uint32_t var_id;
+    psd_store_rtxn *rt;
+    const void *d;
+    size_t len;
+    ck_assert_int_eq(psd_store_var_id(f.store, "emb", &var_id), 0);
+    ck_assert_int_eq(psd_store_rbegin(f.store, &rt), 0);
+    ck_assert_int_eq(psd_store_row_get(rt, var_id, 0, &d, &len), 0); /* the first 512 */
+    ck_assert_int_eq(psd_store_row_get(rt, var_id, 1999, &d, &len), PS_ENOTFOUND);
+    psd_store_rend(rt);
+    fx_close(&f, false); /* a kill */
+
+    fx_open(&f, (uint64_t)64 << 20, 0, false);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 2000);
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0); /* replayed and written */
+    /* A write under way, then the rows 0..9 and 1990..1999 changed again,
+     * applied and queued behind it. */
+    ck_assert_int_eq(push(&f, ids, 2000, 1.0f, 2, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
+    ck_assert_int_eq(push(&f, ids, 2000, 1.0f, 3, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_start(f.sp), 0);
+    r = stats(&f);
+    for (int i = 0; i < 1000 && r.sparse_log_bytes > 0; i++) {
+        usleep(10000);
+        r = stats(&f);
+    }
+    sparse_applier_stop(f.sp);
+    pthread_mutex_lock(&f.sp->apply_run_mu);
+    ck_assert_int_eq(sparse_cat_step(f.sp, &busy), 0);
+    pthread_mutex_unlock(&f.sp->apply_run_mu);
+    ck_assert(busy);
+    ck_assert_int_eq(push(&f, ids, 10, 1.0f, 4, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 1990, 10, 1.0f, 4, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* the write under way, then the rest */
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto), 0);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_SEGS_END, &end), 0);
+    ck_assert_uint_eq(upto, end);
+    fx_close(&f, false); /* nothing to replay: the catalog holds every row */
+    fx_open(&f, (uint64_t)64 << 20, 0, false);
+    float out[2000 * DIM];
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, ids, 2000, out, true, &ins), 0);
+    for (int64_t id = 0; id < 2000; id++) {
+        float want = id < 10 || id >= 1990 ? -4.0f : -3.0f;
+        ck_assert_msg(out[id * DIM] == want, "row %lld: %g, expected %g", (long long)id,
+                      out[id * DIM], want);
+    }
+    ck_assert_uint_eq(ins, 0);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -915,7 +1004,7 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
-    {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay},
-     &pscheck_tmp},
+    {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
+                         test_catalog_step}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})

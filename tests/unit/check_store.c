@@ -309,6 +309,24 @@ START_TEST(test_del)
 }
 END_TEST
 
+START_TEST(test_clear)
+{
+    struct var v[3];
+    psd_store *s = open_with(v, 3, (const struct var_spec[]){{"a", 10, 1, 1.0f},
+                                                             {"b", 3000, 2, 2.0f},
+                                                             {"c", 1, 0, 3.0f}}, 3);
+
+    psd_store_txn *t = begin(s);
+    ck_assert_int_eq(psd_store_clear(t, false), 0);
+    ck_assert_int_eq(psd_store_commit(t), 0);
+    ck_assert_int_eq(count_vars(s), 0);
+
+    commit_vars(s, &v[1], 1);
+    load_expect(s, &v[1], 1);
+    close_with(s, v, 3);
+}
+END_TEST
+
 /* A 4 MiB map holding "x" (2.5 MiB), committed, and v[1] "y" of the same
  * size made but not stored: one of them fits, not both. v[2], for n = 3, is
  * a small "z". */
@@ -380,24 +398,6 @@ START_TEST(test_del_persists_and_frees)
     commit_vars(s, &v[2], 1);
     commit_vars(s, &v[1], 1);
     load_expect(s, &v[1], 2);
-    close_with(s, v, 3);
-}
-END_TEST
-
-START_TEST(test_clear)
-{
-    struct var v[3];
-    psd_store *s = open_with(v, 3, (const struct var_spec[]){{"a", 10, 1, 1.0f},
-                                                             {"b", 3000, 2, 2.0f},
-                                                             {"c", 1, 0, 3.0f}}, 3);
-
-    psd_store_txn *t = begin(s);
-    ck_assert_int_eq(psd_store_clear(t, false), 0);
-    ck_assert_int_eq(psd_store_commit(t), 0);
-    ck_assert_int_eq(count_vars(s), 0);
-
-    commit_vars(s, &v[1], 1);
-    load_expect(s, &v[1], 1);
     close_with(s, v, 3);
 }
 END_TEST
