@@ -41,6 +41,37 @@ static bool probe_addr(const char *host, int port, struct sockaddr_storage *ss,
     return false;
 }
 
+/* Connections waiting in the accept queues of this network namespace's
+ * TCP listeners on port (their rx_queue in /proc/net/tcp and tcp6, state
+ * 0A: LISTEN), summed; -1 when neither file can be read or no listener on
+ * port is there. */
+static long accept_queue(int port)
+{
+    static const char *const files[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    long queued = -1;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        FILE *f = fopen(files[i], "re");
+        if (f == NULL)
+            continue;
+        char line[512];
+        while (fgets(line, sizeof line, f) != NULL) {
+            char local[64];
+            unsigned st, lport;
+            unsigned long txq, rxq;
+            if (sscanf(line, " %*u: %63s %*s %x %lx:%lx", local, &st, &txq, &rxq) != 4 ||
+                st != 0x0A)
+                continue;
+            const char *colon = strrchr(local, ':');
+            if (colon == NULL || sscanf(colon + 1, "%x", &lport) != 1 ||
+                lport != (unsigned)port)
+                continue;
+            queued = (queued < 0 ? 0 : queued) + (long)rxq;
+        }
+        fclose(f);
+    }
+    return queued;
+}
+
 /* Waits until fd is ready for events or the deadline; 1, 0 at the
  * deadline, or -errno. */
 static int wait_for(int fd, short events, int64_t deadline)
@@ -101,7 +132,13 @@ int ps_probe_listener(const char *host, int port, int timeout_ms, char *err,
         if (send(fd, preface, sizeof preface - 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN)
             rc = errno == EPIPE || errno == ECONNRESET ? 0 : -errno;
         int w = rc != 0 ? -1 : wait_for(fd, POLLIN, deadline);
-        if (w == 0) {
+        if (w == 0 && accept_queue(port) == 0) {
+            /* Ours is not waiting to be accepted: it was, and the answer is
+             * late. */
+            rc = -EAGAIN;
+            snprintf(err, errlen, "a connection to port %d was accepted but not "
+                     "answered in %d ms: the server is busy", port, timeout_ms);
+        } else if (w == 0) {
             rc = -ETIMEDOUT;
             snprintf(err, errlen, "a connection to port %d was not answered in "
                      "%d ms: the listener is not accepting", port, timeout_ms);
@@ -111,7 +148,7 @@ int ps_probe_listener(const char *host, int port, int timeout_ms, char *err,
                    errno != EAGAIN) {
             rc = -errno;
         }
-        if (rc != 0 && rc != -ETIMEDOUT)
+        if (rc != 0 && rc != -ETIMEDOUT && rc != -EAGAIN)
             snprintf(err, errlen, "a connection to port %d failed: %s", port,
                      strerror(-rc));
     }

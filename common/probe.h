@@ -24,9 +24,14 @@
  * and "::" mean this host's loopback), sends the HTTP/2 preface and waits
  * up to timeout_ms for the server to answer (a byte, or a close). Returns
  * 0 when it did; otherwise a negative errno with one line in err:
- * -ETIMEDOUT (connected, nothing came: not accepted), -EMFILE (this process
- * has no descriptor left), -EINVAL (host is not an address literal: the
- * caller cannot probe it). */
+ * -ETIMEDOUT (connected, nothing came, and the connection still waits in
+ * the listener's accept queue: nobody accepts), -EAGAIN (nothing came, but
+ * the connection was accepted: the server is alive and slow, its threads
+ * busy or starved), -EMFILE (this process has no descriptor left), -EINVAL
+ * (host is not an address literal: the caller cannot probe it). The accept
+ * queue is read from /proc/net/tcp and tcp6 (a listener's rx_queue is its
+ * queue's length), in this network namespace: the probe is of a listener
+ * of this host; where they cannot be read, a silence is -ETIMEDOUT. */
 int ps_probe_listener(const char *host, int port, int timeout_ms, char *err,
                       size_t errlen);
 

@@ -728,7 +728,8 @@ static void describe(void *ctx, char *out, size_t len)
 #define PROBE_TIMEOUT_MS 3000
 
 /* The listener's self-probe, on the control loop (common/probe.h): two
- * probes in a row unanswered, and psd says so in one line and stops as on
+ * probes in a row unanswered (one that was accepted and answered late is
+ * not counted: the listener works), and psd says so in one line and stops as on
  * SIGTERM (answering and flushing what it has), then exits 1, so that
  * systemd (Restart=) starts a psd that accepts again. */
 static void probe(void *ctx)
@@ -756,6 +757,12 @@ static void probe(void *ctx)
         /* A host name: probing its address is not psd's to decide. */
         ps_log_warn("listener probe off: %s", err);
         d->probe_failed = true;
+        return;
+    }
+    if (rc == -EAGAIN) {
+        /* Accepted: the listener works, psd is slow to answer (its gRPC
+         * threads busy or starved, a disk that makes pushes wait). */
+        ps_log_warn("listener probe: %s; not counted", err);
         return;
     }
     if (++d->probe_failures < PROBE_TRIES) {
