@@ -470,8 +470,11 @@ static void cat_done(psd_sparse *sp)
         }
         pthread_mutex_unlock(&sp->tables_mu);
     }
-    /* What was queued meanwhile moves to the front, in its order. */
-    memmove(sp->catq, sp->catq + sp->catw_n, (sp->catq_n - sp->catw_n) * sizeof *sp->catq);
+    /* What was queued meanwhile moves to the front, in its order (an
+     * empty queue may have no array: no arithmetic on NULL). */
+    if (sp->catq_n > sp->catw_n)
+        memmove(sp->catq, sp->catq + sp->catw_n,
+                (sp->catq_n - sp->catw_n) * sizeof *sp->catq);
     sp->catq_n -= sp->catw_n;
     sp->catw_n = sp->catw_k = 0;
     sp->catw_upto = 0;
