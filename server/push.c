@@ -209,7 +209,6 @@ static void value_writable(psd_var *v)
 /* The largest magnitude in gradient c (psd_max_mag): at or above
  * PSD_NONFINITE_MAG when an element is NaN or Inf. One pass, the cost of a
  * finiteness check. */
-#define PSD_NONFINITE_MAG 0x7f800000u
 
 static uint32_t grad_mag(ps_wire_bytes c, float *straddle)
 {

@@ -323,6 +323,11 @@ static inline void shard_count_apply(psd_shard *s)
     }
 }
 
+/* A gradient's largest magnitude as float32 bits without the sign
+ * (psd_max_mag's measure, push.c and wirehalf.c): at or above this when an
+ * element is NaN or Inf. */
+#define PSD_NONFINITE_MAG 0x7f800000u
+
 /* The write-behind lag: how long ago the oldest update not yet committed
  * was applied, in milliseconds; 0 when every update is committed. */
 static inline uint64_t shard_write_behind_lag_ms(psd_shard *s)

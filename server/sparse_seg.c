@@ -540,7 +540,8 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
  * the catalog's mark has not reached. */
 static bool cat_behind(psd_sparse *sp)
 {
-    return sp->catq_n > sp->catw_n || atomic_load(&sp->cat_upto) != pack_end(psd_segs_end(sp->segs));
+    return sp->catq_n > sp->catw_n ||
+           atomic_load(&sp->cat_upto) != pack_end(psd_segs_end(sp->segs));
 }
 
 int sparse_cat_step(psd_sparse *sp, bool *busy)

@@ -6,8 +6,8 @@
  * push path sees FLOAT32 only, and a value is narrowed as its reply is
  * built. The widening finds each gradient's largest magnitude on the way,
  * which is the check's finiteness test and the apply's proof
- * (shard_half_mags), so a half gradient is read once. The conversions are common/half.h's (F16C, AVX512-BF16 where the
- * CPU has them).
+ * (shard_half_mags), so a half gradient is read once. The conversions are
+ * common/half.h's (F16C, AVX512-BF16 where the CPU has them).
  */
 #include "server/shard_internal.h"
 
@@ -117,7 +117,7 @@ bool shard_half_widen(psd_shard *s, ps_rpc_call *call, ps_wire_push *r)
             continue;
         size_t n = g->nbytes / 2;
         mag[i] = widen_mag(declared, &g->data, out, n);
-        if (mag[i] >= 0x7f800000u) {
+        if (mag[i] >= PSD_NONFINITE_MAG) {
             atomic_fetch_add(&s->nonfinite, 1);
             return refuse(s, call, "variable '%s': the %s gradient holds NaN or "
                           "Inf; refused", g->name, shard_dtype_name(declared));
