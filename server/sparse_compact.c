@@ -27,6 +27,7 @@
 #define TICK_MS 5          /* a tick's steps stop once it ran this long */
 #define IDLE_MS 1000       /* no segment to compact: look again after */
 #define RETRY_MS 10000     /* after a failure */
+#define WAIT_MS 100        /* for the catalog to reach a segment's copies */
 
 struct sp_compact {
     psd_segs_compact *c;
@@ -37,6 +38,9 @@ struct sp_compact {
                               index can say */
     struct sp_move *mv;    /* the step's live records, in order */
     size_t n, cap;
+    bool wait_cat;         /* every record went through: the file goes once
+                              "cat_upto" reaches need */
+    psd_seg_loc need;
 };
 
 /* The sealed segment with the most dead bytes among those at least
@@ -104,20 +108,32 @@ static int moved(void *arg, psd_seg_move *mv, size_t n)
 }
 
 /* Every record went through: the catalog's end moves past the segment (a
- * transaction of no row when nothing of it was live), then it goes. */
+ * transaction of no row when nothing of it was live), and the file goes
+ * once the catalog holds the records up to there (the moved rows'
+ * copies: from then on no entry points into the segment). The catalog is
+ * written lazily: the applier is asked to write it, and the tick looks
+ * again. Returns 0 (removed), 1 (waiting for the catalog) or an error. */
 static int finish(psd_sparse *sp, struct sp_compact *k)
 {
-    struct sp_catw w;
-    /* The queued relocations into the catalog first: once the file is
-     * gone, neither the catalog nor a replay at open may need it. */
-    int rc = sparse_cat_flush(sp, false);
-    if (rc == 0)
+    int rc = 0;
+    if (!k->wait_cat) {
+        struct sp_catw w;
         rc = sparse_catw_begin(sp, &w, true);
-    if (rc == 0)
-        rc = sparse_catw_commit(&w);
+        if (rc == 0)
+            rc = sparse_catw_commit(&w);
+        if (rc != 0)
+            return rc;
+        k->need = psd_segs_end(sp->segs);
+        k->wait_cat = true;
+    }
+    if (!sparse_cat_reaches(sp, k->need)) {
+        atomic_store(&sp->cat_asap, true);
+        return 1;
+    }
     psd_seg_loc end = psd_segs_end(sp->segs);
+    rc = psd_segs_remove(sp->segs, k->seg, &end);
     if (rc == 0)
-        rc = psd_segs_remove(sp->segs, k->seg, &end);
+        k->wait_cat = false;
     return rc;
 }
 
@@ -133,7 +149,18 @@ void sparse_compact_tick(psd_sparse *sp)
         return;
     char why[512] = "";
     int rc = 0;
-    if (k->c == NULL) {
+    bool waited = k->wait_cat; /* for the catalog, to remove k->seg */
+    if (waited) {
+        rc = finish(sp, k);
+        if (rc == 1) {
+            rc = 0;
+            k->next_ms = t0 + WAIT_MS;
+        } else if (rc != 0) {
+            snprintf(why, sizeof why, "cannot remove segment %u: %s", k->seg,
+                     ps_strerror(rc));
+        }
+    }
+    if (rc == 0 && !waited && k->c == NULL) {
         uint32_t seg;
         if (pick(sp, &seg) != 0) {
             k->next_ms = t0 + IDLE_MS;
@@ -144,7 +171,7 @@ void sparse_compact_tick(psd_sparse *sp)
         rc = psd_segs_compact_begin(sp->segs, seg, &o, &k->c, why, sizeof why);
         k->seg = seg;
     }
-    while (rc == 0) {
+    while (rc == 0 && !waited) {
         uint64_t wait = 0;
         k->n = 0;
         rc = psd_segs_compact_step(k->c, &wait, why, sizeof why);
@@ -153,9 +180,13 @@ void sparse_compact_tick(psd_sparse *sp)
             psd_segs_compact_end(k->c);
             k->c = NULL;
             rc = finish(sp, k);
-            if (rc != 0)
+            if (rc == 1) {
+                rc = 0;
+                k->next_ms = ps_now_ms() + WAIT_MS;
+            } else if (rc != 0) {
                 snprintf(why, sizeof why, "cannot remove segment %u: %s", k->seg,
                          ps_strerror(rc));
+            }
             break;
         }
         if (rc == 0 && wait > 0) {

@@ -255,13 +255,23 @@ struct psd_sparse {
      * writes them a transaction per sparse_cat_step (the applier's,
      * between its rounds of room) or all at once (sparse_cat_flush), from
      * catw_k on; its last transaction moves "cat_upto" to catw_upto.
-     * Entries queued meanwhile follow them in the array. */
+     * Entries queued meanwhile follow them in the array. The queue holds
+     * at most sparse_catq_max entries: past that it is dropped (catq_lost)
+     * and nothing more is queued, and the next write reads the records
+     * between "cat_upto" and its end from the segments instead (catw_scan:
+     * from catw_from, a chunk of at most sparse_catq_max entries at a
+     * time in the same array, catw_scanned records so far). */
     struct sp_catq *catq;
     size_t catq_n, catq_cap, catw_n, catw_k;
     uint64_t catw_upto;
     bool catw_all;
+    bool catq_lost, catw_scan;
+    psd_seg_loc catw_from;
+    uint64_t catw_recs, catw_scanned;
     struct sp_cat_ahead *cat_ahead; /* threads reading the write's next pages ahead */
-    atomic_size_t catq_len;  /* catq_n, for other threads */
+    /* Applied entries not in the catalog yet (Stats): those queued, or,
+     * the queue dropped, the records committed since "cat_upto". */
+    atomic_size_t catq_len;
     atomic_uint_fast64_t catq_bytes; /* catq_cap's, in sparse_ram_cost */
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
@@ -377,9 +387,20 @@ struct sp_catq {
     uint64_t version, last_step, ord;
 };
 /* Room for n more entries in the queue, so that adding them after a
- * commit cannot fail: 0 or -ENOMEM. apply_run_mu held. */
+ * commit cannot fail: 0 or -ENOMEM. Past sparse_catq_max entries the
+ * queue is dropped instead (the next write reads the records), and while
+ * it is, sparse_catq_add only counts. apply_run_mu held. */
 int sparse_catq_reserve(psd_sparse *sp, size_t n);
 void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e);
+/* Drops the queue (and a write of it under way): the next write reads
+ * the records past "cat_upto" instead. apply_run_mu held. */
+void sparse_cat_drop(psd_sparse *sp);
+/* While pushes run, the catalog is written only once the records past
+ * "cat_upto" (the span an open replays) pass this many bytes. */
+#define SPARSE_CAT_SPAN ((uint64_t)1 << 30)
+/* The bytes of records between "cat_upto" and the segments' end: what
+ * an open would replay. The appender's thread (apply_run_mu held). */
+uint64_t sparse_cat_span(psd_sparse *sp);
 /* Writes the queue into the rows db in key order, in bounded
  * transactions (the last moves "cat_upto" to the segments' end), the
  * entries of the ready tables only, or of every table when all (at open,
@@ -399,7 +420,11 @@ void sparse_cat_ahead_end(psd_sparse *sp);
 /* Whether record loc lies before "cat_upto": never replayed at open. Any
  * thread. */
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc);
-/* When the applier writes the queue: past this many entries. */
+/* Whether "cat_upto" is at or past end: the catalog holds every record
+ * before it. Any thread. */
+bool sparse_cat_reaches(psd_sparse *sp, psd_seg_loc end);
+/* The queue's entries at most, and a chunk of a write that reads the
+ * records. */
 size_t sparse_catq_max(const psd_sparse *sp);
 /* Counts record now live and record gone (len 0: none) dead once the
  * transaction commits: a change the catalog gets later, from the queue. */

@@ -187,11 +187,11 @@ static int put_all(void *ctx)
     psd_seg_loc *loc = a->segs ? malloc(a->chunk * sizeof *loc) : NULL;
     struct sp_ixset *ix = a->segs ? malloc(a->chunk * sizeof *ix) : NULL;
     int rc = a->segs != NULL && (loc == NULL || ix == NULL) ? -ENOMEM : 0;
-    /* The queue is bounded: past twice its size it is written first, and
+    /* What an open replays is bounded: past twice the span at which the
+     * applier writes the catalog (it fell behind) it is written first, and
      * while it cannot be (a full map or disk) nothing more is applied, so
      * that pushes are refused as before, naming why. */
-    if (rc == 0 && a->segs != NULL &&
-        atomic_load(&a->sp->catq_len) >= 2 * sparse_catq_max(a->sp))
+    if (rc == 0 && a->segs != NULL && sparse_cat_span(a->sp) >= 2 * SPARSE_CAT_SPAN)
         rc = sparse_cat_flush(a->sp, a->live == NULL);
     size_t i = 0;
     bool appended = false;
@@ -534,11 +534,12 @@ static int drain_locked(psd_sparse *sp, bool room)
     for (int k = 0; k < 3 && did && rc == 0 &&
                     (!room || sparse_ram_cost(sp) > sparse_budget(sp)); k++)
         rc = apply_sealed(sp, &did);
-    /* The catalog queue counts against the budget too: written whole when
-     * it is what is left over it (a small budget). */
-    if (rc == 0 && room && atomic_load(&sp->catq_len) > 0 &&
+    /* The catalog queue counts against the budget too: dropped when it is
+     * what is left over it (a small budget), its entries read from the
+     * records by the next write. */
+    if (rc == 0 && room && sp->catq_n > 0 && !sp->catw_scan &&
         sparse_ram_cost(sp) > sparse_budget(sp))
-        rc = sparse_cat_flush(sp, false);
+        sparse_cat_drop(sp);
     return rc;
 }
 
@@ -635,17 +636,17 @@ static void *applier_main(void *arg)
                 logged_ms = sp->last_apply_ms;
             }
         }
-        /* The queue is written past its size, when a sweep asks, and once
-         * the log has been quiet for an apply's interval: a replay at open
-         * stays short, and the catalog whole while nothing changes. A
+        /* The catalog is written lazily: while pushes run only once what
+         * an open would replay passes SPARSE_CAT_SPAN, and when a sweep
+         * or a compaction asks, and once the log has been quiet for an
+         * apply's interval: the catalog whole while nothing changes. A
          * transaction per turn of the loop, so that a round of room waits
          * for one, not for the whole write. */
         pthread_mutex_lock(&sp->apply_run_mu);
-        size_t queued = sp->catq_n;
-        bool quiet = queued > 0 && psd_rowlog_total(l) == 0 &&
+        bool quiet = psd_rowlog_total(l) == 0 &&
                      ps_now_ms() - sp->last_apply_ms >= APPLY_EVERY_MS;
-        bool step = sp->catw_upto != 0 || queued >= sparse_catq_max(sp) || quiet ||
-                    atomic_exchange(&sp->cat_asap, false);
+        bool step = sp->catw_upto != 0 || atomic_exchange(&sp->cat_asap, false) ||
+                    quiet || sparse_cat_span(sp) >= SPARSE_CAT_SPAN;
         /* What fails is logged, and tried again after the loop's wait. */
         if (!step || sparse_cat_step(sp, &cat_busy) != 0)
             cat_busy = false;
@@ -669,6 +670,7 @@ static void *applier_main(void *arg)
 int psd_sparse_start(psd_sparse *sp)
 {
     sp->last_apply_ms = ps_now_ms();
+    sp->apply_quit = false; /* started again after a stop (tests) */
     if (pthread_create(&sp->applier, NULL, applier_main, sp) != 0)
         return -EAGAIN;
     sp->applier_started = true;

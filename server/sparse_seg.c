@@ -272,16 +272,49 @@ static uint64_t pack_end(psd_seg_loc e)
     return (uint64_t)e.seg << END_OFF_BITS | e.off;
 }
 
+static psd_seg_loc unpack_end(uint64_t p)
+{
+    return (psd_seg_loc){.seg = (uint32_t)(p >> END_OFF_BITS),
+                         .off = p & (((uint64_t)1 << END_OFF_BITS) - 1)};
+}
+
 static void catq_counts(psd_sparse *sp)
 {
-    atomic_store(&sp->catq_len, sp->catq_n);
     atomic_store(&sp->catq_bytes, sp->catq_cap * sizeof *sp->catq);
+}
+
+static void catq_free(psd_sparse *sp)
+{
+    sparse_cat_ahead_end(sp); /* they read the array */
+    free(sp->catq);
+    sp->catq = NULL;
+    sp->catq_n = sp->catq_cap = 0;
+    catq_counts(sp);
+}
+
+/* Forgets the queue, and a write of it under way (what that write
+ * committed stays: entries of records past "cat_upto", which a replay
+ * writes again): "cat_upto" stays where it is, and the next write reads
+ * the records past it from the segments. Then the queue no longer holds
+ * the RAM budget: in bench/sparse's 4x-over pushes it passed its size
+ * within a second, and pushes waited for room behind its writes. */
+void sparse_cat_drop(psd_sparse *sp)
+{
+    catq_free(sp);
+    sp->catw_n = sp->catw_k = 0;
+    sp->catw_upto = 0;
+    sp->catw_scan = false;
+    sp->catq_lost = true;
 }
 
 int sparse_catq_reserve(psd_sparse *sp, size_t n)
 {
-    if (sp->catq_n + n <= sp->catq_cap)
+    if (sp->catq_lost || sp->catq_n + n <= sp->catq_cap)
         return 0;
+    if (sp->catq_n + n > sparse_catq_max(sp)) {
+        sparse_cat_drop(sp);
+        return 0;
+    }
     size_t nc = sp->catq_cap ? sp->catq_cap : 4096;
     while (nc < sp->catq_n + n)
         nc *= 2;
@@ -297,15 +330,36 @@ int sparse_catq_reserve(psd_sparse *sp, size_t n)
 
 void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e)
 {
+    atomic_fetch_add(&sp->catq_len, 1);
+    if (sp->catq_lost)
+        return; /* the next write reads its record */
     struct sp_catq *q = &sp->catq[sp->catq_n];
     *q = *e;
     q->ord = sp->catq_n++;
-    atomic_store(&sp->catq_len, sp->catq_n);
+}
+
+uint64_t sparse_cat_span(psd_sparse *sp)
+{
+    psd_seg_loc u = unpack_end(atomic_load(&sp->cat_upto)), e = psd_segs_end(sp->segs);
+    if (u.seg >= e.seg)
+        return u.seg == e.seg && e.off > u.off ? e.off - u.off : 0;
+    uint64_t b = e.off;
+    for (uint32_t n = u.seg; n < e.seg; n++) {
+        uint64_t bytes, live;
+        if (psd_segs_usage(sp->segs, n, &bytes, &live) == 0)
+            b += PSD_SEG_FILE_HEAD + bytes;
+    }
+    return b > u.off ? b - u.off : 0;
 }
 
 bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc)
 {
     return pack_end(loc) < atomic_load(&sp->cat_upto);
+}
+
+bool sparse_cat_reaches(psd_sparse *sp, psd_seg_loc end)
+{
+    return atomic_load(&sp->cat_upto) >= pack_end(end);
 }
 
 size_t sparse_catq_max(const psd_sparse *sp)
@@ -443,15 +497,124 @@ void sparse_cat_ahead_end(psd_sparse *sp)
  * right after the commit of their records). Entries queued from now on
  * are of later records, written by the next write; they follow the part
  * in the same array (one array: two, the part and a new queue, took
- * psd-sparse-caps' psd ~10 MiB past its bound). */
+ * psd-sparse-caps' psd ~10 MiB past its bound). The queue dropped, the
+ * part is read from the records past "cat_upto" instead, a chunk at a
+ * time (cat_chunk). */
 static void cat_take(psd_sparse *sp, bool all)
 {
-    sp->catw_n = sp->catq_n;
     sp->catw_k = 0;
     sp->catw_upto = pack_end(psd_segs_end(sp->segs));
     sp->catw_all = all;
+    sp->catw_recs = atomic_load(&sp->catq_len);
+    sp->catw_scan = sp->catq_lost;
+    if (sp->catw_scan) {
+        sp->catw_n = sp->catq_n = 0;
+        sp->catw_from = unpack_end(atomic_load(&sp->cat_upto));
+        sp->catw_scanned = 0;
+        return;
+    }
+    sp->catw_n = sp->catq_n;
     if (sp->catw_n > 1)
         qsort(sp->catq, sp->catw_n, sizeof *sp->catq, cmp_catq);
+}
+
+/* The scan of a chunk: the records from catw_from up to catw_upto, at
+ * most the array's room. */
+static int chunk_rec(void *ctx, uint32_t var_id, int64_t id, uint64_t version,
+                     psd_seg_loc loc, const void *row, size_t len)
+{
+    psd_sparse *sp = ctx;
+    if (pack_end(loc) >= sp->catw_upto) {
+        sp->catw_from = unpack_end(sp->catw_upto); /* committed after the write began */
+        return SPARSE_SCAN_END;
+    }
+    if (sp->catw_n >= sp->catq_cap)
+        return SPARSE_SCAN_END;
+    struct sp_catq *e = &sp->catq[sp->catw_n];
+    *e = (struct sp_catq){.var_id = var_id, .id = id, .loc = loc, .version = version,
+                          .ord = sp->catw_n};
+    if (len >= SPARSE_ROW_HEAD)
+        memcpy(&e->last_step, (const uint8_t *)row + 8, sizeof e->last_step);
+    sp->catw_n++;
+    sp->catw_scanned++;
+    sp->catw_from = (psd_seg_loc){.seg = loc.seg, .off = loc.off + loc.len};
+    return 0;
+}
+
+/* Keeps, of the sorted chunk q[0..n), the records of rows the indexes of
+ * the ready tables hold (a later record of a row wins when written, so
+ * that the catalog never points at a record older than the span's: a
+ * compaction removes a segment once "cat_upto" is past its copies). The
+ * others are of tables that went, or of rows a sweep deleted after
+ * compaction copied their record. Returns the entries kept, in order. */
+static size_t chunk_keep(psd_sparse *sp, struct sp_catq *q, size_t n)
+{
+    size_t kept = 0;
+    pthread_mutex_lock(&sp->tables_mu);
+    for (size_t i = 0; i < n;) {
+        size_t g = i;
+        while (g < n && q[g].var_id == q[i].var_id)
+            g++;
+        psd_sparse_table *t = sp->tables;
+        while (t != NULL && !(t->ready && t->var_id == q[i].var_id))
+            t = t->next;
+        if (t != NULL) {
+            sparse_lock(t);
+            for (; i < g; i++)
+                if (sparse_index_get(t, q[i].id) != 0)
+                    q[kept++] = q[i];
+            pthread_mutex_unlock(&t->mu);
+        }
+        i = g;
+    }
+    pthread_mutex_unlock(&sp->tables_mu);
+    return kept;
+}
+
+/* Reads the next chunk of the write's records into the array, sorted and
+ * (unless the write is of every table, at open) only of rows the indexes
+ * hold; an empty chunk once the scan reached the write's end. */
+static int cat_chunk(psd_sparse *sp)
+{
+    size_t cap = sparse_catq_max(sp);
+    int rc = 0;
+    sparse_cat_ahead_end(sp); /* they read the array */
+    if (sp->catq_cap != cap) {
+        struct sp_catq *q = realloc(sp->catq, cap * sizeof *q);
+        if (q == NULL)
+            return -ENOMEM;
+        sp->catq = q;
+        sp->catq_cap = cap;
+        catq_counts(sp);
+    }
+    sp->catw_n = sp->catw_k = 0;
+    while (rc == 0 && sp->catw_n == 0 && pack_end(sp->catw_from) < sp->catw_upto) {
+        psd_seg_loc from = sp->catw_from;
+        uint64_t scanned = sp->catw_scanned;
+        rc = psd_segs_scan(sp->segs, &from, chunk_rec, sp);
+        if (rc == SPARSE_SCAN_END) {
+            rc = 0;
+        } else if (rc == 0) {
+            sp->catw_from = unpack_end(sp->catw_upto); /* the segments' end */
+        } else {
+            sp->catw_from = from; /* the same chunk again next time */
+            sp->catw_scanned = scanned;
+            sp->catw_n = 0;
+        }
+        if (rc == 0 && sp->catw_n > 1)
+            qsort(sp->catq, sp->catw_n, sizeof *sp->catq, cmp_catq);
+        if (rc == 0 && !sp->catw_all)
+            sp->catw_n = chunk_keep(sp, sp->catq, sp->catw_n);
+    }
+    sp->catq_n = sp->catw_n;
+    return rc;
+}
+
+/* Whether the write under way has more entries than its current part:
+ * another chunk of records to read. */
+static bool cat_more(const psd_sparse *sp)
+{
+    return sp->catw_scan && pack_end(sp->catw_from) < sp->catw_upto;
 }
 
 /* The write under way is in the catalog: "cat_upto" moved (committed
@@ -461,24 +624,30 @@ static void cat_done(psd_sparse *sp)
 {
     sparse_cat_ahead_end(sp); /* none: the last transaction starts none */
     atomic_store(&sp->cat_upto, sp->catw_upto);
-    if (sp->catw_n > 0) {
-        pthread_mutex_lock(&sp->tables_mu);
-        for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
-            sparse_flusher_lock(t);
-            t->sweep_clock = UINT64_MAX;
-            pthread_mutex_unlock(&t->mu);
-        }
-        pthread_mutex_unlock(&sp->tables_mu);
+    atomic_fetch_sub(&sp->catq_len, sp->catw_recs);
+    pthread_mutex_lock(&sp->tables_mu);
+    for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+        sparse_flusher_lock(t);
+        t->sweep_clock = UINT64_MAX;
+        pthread_mutex_unlock(&t->mu);
     }
-    /* What was queued meanwhile moves to the front, in its order (an
-     * empty queue may have no array: no arithmetic on NULL). */
-    if (sp->catq_n > sp->catw_n)
-        memmove(sp->catq, sp->catq + sp->catw_n,
-                (sp->catq_n - sp->catw_n) * sizeof *sp->catq);
-    sp->catq_n -= sp->catw_n;
+    pthread_mutex_unlock(&sp->tables_mu);
+    if (sp->catw_scan) {
+        /* Nothing was queued meanwhile: whether records were committed
+         * since the write began says whether the next write reads them. */
+        catq_free(sp);
+        sp->catq_lost = pack_end(psd_segs_end(sp->segs)) != sp->catw_upto;
+    } else {
+        /* What was queued meanwhile moves to the front, in its order (an
+         * empty queue may have no array: no arithmetic on NULL). */
+        if (sp->catq_n > sp->catw_n)
+            memmove(sp->catq, sp->catq + sp->catw_n,
+                    (sp->catq_n - sp->catw_n) * sizeof *sp->catq);
+        sp->catq_n -= sp->catw_n;
+    }
     sp->catw_n = sp->catw_k = 0;
     sp->catw_upto = 0;
-    catq_counts(sp);
+    sp->catw_scan = false;
 }
 
 /* Writes up to txns transactions of the write under way: 0 (*busy: more
@@ -494,6 +663,8 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
     max = max < 256 ? 256 : max > 8192 ? 8192 : max;
     int rc = 0;
     for (size_t n = 0; n < txns && rc == 0 && sp->catw_upto != 0; n++) {
+        if (sp->catw_k >= sp->catw_n && cat_more(sp) && (rc = cat_chunk(sp)) != 0)
+            break;
         size_t from = sp->catw_k, k = from;
         /* This transaction's pages: read ahead during the last one's
          * commit (the same entries, unless that one failed), or now. */
@@ -504,9 +675,10 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         w.no_live = true; /* counted when queued */
         if (rc == 0)
             rc = flush_some(&w, sp->catq, sp->catw_n, &k, max, live, nlive);
+        bool last = k >= sp->catw_n && !cat_more(sp);
         if (rc == 0 && k < sp->catw_n)
             cat_ahead_start(sp, k, sp->catw_n - k < max ? sp->catw_n : k + max);
-        if (rc == 0 && k >= sp->catw_n)
+        if (rc == 0 && last)
             rc = psd_store_set_log_mark(w.t, PSD_STORE_CAT_UPTO, sp->catw_upto);
         rc = sparse_catw_end(&w, rc);
         atomic_store(&sp->apply_pages, 0);
@@ -519,7 +691,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         }
         if (rc == 0)
             sp->catw_k = k;
-        if (rc == 0 && k >= sp->catw_n)
+        if (rc == 0 && last)
             cat_done(sp);
     }
     free(live);
@@ -527,9 +699,10 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
     if (rc != 0) {
         int64_t now = ps_now_ms();
         if (now - sp->cat_logged_ms >= 60000) {
-            ps_log_err(rc, "writing %zu queued entries into the catalog (kept, written "
-                       "again later; past %zu nothing more is applied)",
-                       sp->catq_n - sp->catw_k, 2 * sparse_catq_max(sp));
+            ps_log_err(rc, "writing %zu applied entries into the catalog (kept, written "
+                       "again later; past %llu MiB of records behind it nothing more is "
+                       "applied)", atomic_load(&sp->catq_len),
+                       (unsigned long long)(2 * SPARSE_CAT_SPAN >> 20));
             sp->cat_logged_ms = now;
         }
     }
@@ -570,12 +743,8 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
         sp->catw_all = sp->catw_all || all;
         rc = cat_write(sp, SIZE_MAX, &busy);
     }
-    if (rc == 0 && sp->catq_n == 0 && sp->catq_cap > 2 * sparse_catq_max(sp)) {
-        free(sp->catq); /* empty */
-        sp->catq = NULL;
-        sp->catq_cap = 0;
-        catq_counts(sp);
-    }
+    if (rc == 0 && sp->catq_n == 0 && sp->catq_cap > 2 * sparse_catq_max(sp))
+        catq_free(sp); /* empty */
     return rc;
 }
 
@@ -915,40 +1084,27 @@ int sparse_ckpt_materialize(psd_sparse *sp, psd_store *ck)
 
 /* ---- open --------------------------------------------------------------- */
 
-static int replay_row(void *ctx, uint32_t var_id, int64_t id, uint64_t version,
-                      psd_seg_loc loc, const void *row, size_t len)
-{
-    psd_sparse *sp = ctx;
-    struct sp_catq e = {.var_id = var_id, .id = id, .loc = loc, .version = version};
-    if (len < SPARSE_ROW_HEAD)
-        return 0;
-    memcpy(&e.last_step, (const uint8_t *)row + 8, sizeof e.last_step);
-    if (sparse_catq_reserve(sp, 1) != 0)
-        return -ENOMEM;
-    sparse_catq_add(sp, &e);
-    return 0;
-}
-
 /* The records between "cat_upto" and the committed end, which the
  * applier and compaction committed without writing the catalog, into it
- * (in segment order: a later record of a row wins). A directory with no
- * "cat_upto" was written row by row into the catalog, or is new: it is
- * whole, and gets the mark. */
+ * (a write that reads them, in chunks in segment order: a later record of
+ * a row wins). A directory with no "cat_upto" was written row by row into
+ * the catalog, or is new: it is whole, and gets the mark. */
 static int cat_replay(psd_sparse *sp)
 {
     uint64_t upto = 0;
+    int64_t t0 = ps_now_ms();
     int rc = psd_store_log_mark(sp->store, PSD_STORE_CAT_UPTO, &upto);
     if (rc == 0 && upto != 0) {
         atomic_store(&sp->cat_upto, upto);
-        psd_seg_loc from = {.seg = (uint32_t)(upto >> END_OFF_BITS),
-                            .off = upto & (((uint64_t)1 << END_OFF_BITS) - 1)};
-        rc = psd_segs_scan(sp->segs, &from, replay_row, sp);
-        size_t n = sp->catq_n;
-        if (rc == 0)
-            rc = sparse_cat_flush(sp, true);
-        if (rc == 0 && n > 0)
-            ps_log_info("catalog: replayed %zu records of the segments written after its "
-                        "last write", n);
+        /* Nothing is queued: read from the segments. */
+        sp->catq_lost = upto != pack_end(psd_segs_end(sp->segs));
+        uint64_t span = sparse_cat_span(sp);
+        rc = sparse_cat_flush(sp, true);
+        if (rc == 0 && sp->catw_scanned > 0)
+            ps_log_info("catalog: replayed %llu records (%llu MiB) of the segments written "
+                        "after its last write, in %lld ms",
+                        (unsigned long long)sp->catw_scanned,
+                        (unsigned long long)(span >> 20), (long long)(ps_now_ms() - t0));
     } else if (rc == 0) {
         atomic_store(&sp->cat_upto, 1); /* not the end: the flush sets the mark */
         rc = sparse_cat_flush(sp, true);

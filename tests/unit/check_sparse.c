@@ -578,6 +578,136 @@ START_TEST(test_catalog_step)
 }
 END_TEST
 
+/* Commits, has the applier thread apply the log, and stops it before it
+ * writes the catalog (2 s after the apply, the log quiet). */
+static void apply_only(struct fx *f)
+{
+    commit(f);
+    ck_assert_int_eq(psd_sparse_start(f->sp), 0);
+    Ps__V1__StatsResponse r = stats(f);
+    for (int i = 0; i < 1000 && r.sparse_log_bytes > 0; i++) {
+        usleep(10000);
+        r = stats(f);
+    }
+    sparse_applier_stop(f->sp);
+    ck_assert_uint_eq(r.sparse_log_bytes, 0);
+}
+
+/* Whether the catalog in LMDB holds row id of table "emb". */
+static bool in_catalog(struct fx *f, int64_t id)
+{
+    uint32_t var_id;
+    psd_store_rtxn *rt;
+    const void *d;
+    size_t len;
+    ck_assert_int_eq(psd_store_var_id(f->store, "emb", &var_id), 0);
+    ck_assert_int_eq(psd_store_rbegin(f->store, &rt), 0);
+    int rc = psd_store_row_get(rt, var_id, id, &d, &len);
+    psd_store_rend(rt);
+    ck_assert(rc == 0 || rc == PS_ENOTFOUND);
+    return rc == 0;
+}
+
+/* Rows [0, n) of "emb" read back value want(id). */
+static void expect_rows(struct fx *f, int64_t n, float (*want)(int64_t))
+{
+    int64_t *ids = range(0, (size_t)n);
+    float *out = malloc((size_t)n * DIM * sizeof *out);
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull(f->sp, f->t, ids, (size_t)n, out, true, &ins), 0);
+    for (int64_t id = 0; id < n; id++)
+        ck_assert_msg(out[id * DIM] == want(id), "row %lld: %g, expected %g", (long long)id,
+                      out[id * DIM], want(id));
+    free(out);
+    free(ids);
+}
+
+/* Pushes of 1.0 (SGD, rate 1) every row had; 0..99 and 5000..5099 one more. */
+static int dropped_pushes;
+
+static float dropped_want(int64_t id)
+{
+    bool hot = id < 100 || (id >= 5000 && id < 5100);
+    return -(float)dropped_pushes - (hot ? 1.0f : 0.0f);
+}
+
+/* Past sparse_catq_max entries the queue is dropped and nothing more is
+ * queued; the catalog's next write reads the records past "cat_upto"
+ * from the segments, in chunks of that many. A kill with the queue
+ * dropped, and a kill part-way through such a write: the next open
+ * replays the records, and every row reads back its last applied value;
+ * a write done whole leaves nothing to replay. */
+START_TEST(test_catalog_dropped)
+{
+    struct fx f;
+    uint64_t lim = (uint64_t)32 << 20; /* a budget of 8 MiB: 4681 entries queued */
+    fx_start(&f, 0, 0, 0, lim, 0);
+    size_t cap = sparse_catq_max(f.sp);
+    ck_assert_uint_lt(cap, 6000);
+    int64_t *ids = range(0, 12000);
+    ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 1, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    ck_assert_uint_eq(f.sp->catq_n, 0);
+    ck_assert_uint_eq(f.sp->catq_cap, 0); /* its memory given back */
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 12000);
+    /* Changed again: later records of 0..99 and 5000..5099, not queued. */
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 2, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 5000, 100, 1.0f, 2, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 12200);
+    ck_assert(!in_catalog(&f, 0));
+    fx_close(&f, false); /* a kill */
+
+    fx_open(&f, lim, 0, false);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 12000);
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0); /* replayed and written */
+    ck_assert(in_catalog(&f, 0) && in_catalog(&f, 11999));
+    dropped_pushes = 1;
+    expect_rows(&f, 12000, dropped_want);
+
+    /* Dropped again, then a write that reads the records, a transaction
+     * at a time, killed part-way: "cat_upto" stays, the rest is replayed. */
+    ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 3, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    uint64_t upto0, upto, end;
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto0), 0);
+    bool busy = false;
+    pthread_mutex_lock(&f.sp->apply_run_mu);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(sparse_cat_step(f.sp, &busy), 0);
+    pthread_mutex_unlock(&f.sp->apply_run_mu);
+    ck_assert(busy && f.sp->catw_scan);
+    ck_assert_uint_gt(f.sp->catw_scanned, 0);
+    ck_assert_uint_le(f.sp->catq_cap, cap); /* a chunk at a time */
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto), 0);
+    ck_assert_uint_eq(upto, upto0);
+    fx_close(&f, false); /* a kill */
+
+    fx_open(&f, lim, 0, false);
+    dropped_pushes = 2;
+    expect_rows(&f, 12000, dropped_want);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 12000);
+    /* Dropped once more, and written whole from the records (a drain). */
+    ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 4, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
+    ck_assert(!f.sp->catq_lost); /* nothing applied since the write began */
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto), 0);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_SEGS_END, &end), 0);
+    ck_assert_uint_eq(upto, end);
+    fx_close(&f, false); /* nothing to replay: the catalog holds every row */
+    fx_open(&f, lim, 0, false);
+    dropped_pushes = 3;
+    expect_rows(&f, 12000, dropped_want);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -1005,6 +1135,6 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
-                         test_catalog_step}, &pscheck_tmp},
+                         test_catalog_step, test_catalog_dropped}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
