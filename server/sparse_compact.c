@@ -8,11 +8,12 @@
  * the newest segment and syncs them, and only then are the indexes (and
  * the catalog, through its queue) pointed at the copies, where they still
  * point at the old records (sparse_relocate; a newer write wins). When
- * every record went through, the queue is written, a transaction moves
- * the committed end past the segment and the file is removed. A kill
- * anywhere leaves every row readable: the catalog names the old records
- * until the queue's write names synced copies (or a replay at open does),
- * and the file goes only after that.
+ * every record went through, a transaction moves the committed end past
+ * the segment, the applier is asked to write the catalog, and the file is
+ * removed at a later tick, once "cat_upto" is past the copies (no
+ * compaction starts meanwhile). A kill anywhere leaves every row
+ * readable: the catalog names the old records until a write names synced
+ * copies (or a replay at open does), and the file goes only after that.
  */
 #include "server/sparse_internal.h"
 

@@ -35,19 +35,23 @@
  * transaction committed; cold reads take locations from it and never
  * touch LMDB's pages (which, in a small memory cgroup, did not stay
  * cached beside the RAM tier: a 4 KiB fault per cold row). The catalog is
- * written behind it: the applier's and compaction's transactions commit
- * "segs_end" alone (the commit point), their entries wait in a queue
- * (sparse_seg.c) and go into the catalog in key order, many applies at
- * once, in bounded transactions whose last moves "cat_upto": past a
- * threshold, when the log is quiet, before a checkpoint, a conversion or a
- * segment's removal, at a clean stop, and when a sweep needs it. The
- * applier writes a transaction per turn of its loop (a push waiting for
- * room waits for one), the pages of the next read ahead by threads
- * meanwhile; entries queued during a write go to the next. At open the
- * records between "cat_upto" and "segs_end" are replayed into it (a later
- * record of a row wins). A sweep deletes only rows whose catalog entry is the index's and
- * whose record lies before "cat_upto" (sparse_cat_covers), so no record
- * of a deleted row is replayed: no tombstones.
+ * only the durable copy of the index, written behind it and lazily: the
+ * applier's and compaction's transactions commit "segs_end" alone (the
+ * commit point), and the catalog holds every record before "cat_upto";
+ * an open replays the records between "cat_upto" and "segs_end" into it
+ * (a later record of a row wins). Their entries wait in a bounded queue
+ * (sparse_seg.c), dropped past sparse_catq_max entries: the next write
+ * then reads the records past "cat_upto" from the segments, a chunk at a
+ * time. A write goes in key order, in bounded transactions whose last
+ * moves "cat_upto", one per turn of the applier (a push waiting for room
+ * waits for one, the pages of the next read ahead by threads meanwhile):
+ * while pushes run only once the span an open would replay passes
+ * SPARSE_CAT_SPAN, and when the log is quiet, when a sweep or a
+ * compaction asks; whole before a checkpoint or a conversion and at a
+ * clean stop. A sweep deletes only rows whose catalog entry is the
+ * index's and whose record lies before "cat_upto" (sparse_cat_covers), so
+ * no record of a deleted row is replayed: no tombstones. A compaction
+ * removes a segment once "cat_upto" is past its copies.
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier. At

@@ -13,6 +13,15 @@
  * refuses a segment shorter than it, or a corrupt one, naming file and
  * offset. A directory with no "segs_end" has no catalog entry: any segment
  * in it is such a batch, removed.
+ *
+ * The catalog is behind "segs_end" and holds every record before
+ * "cat_upto": the rest is replayed at open. Its entries wait in a queue
+ * of at most sparse_catq_max; past that the queue is dropped and the next
+ * write reads the records from "cat_upto" on instead, so that the queue
+ * never holds the RAM budget while pushes run, and a write costs one
+ * sequential read of the records besides its LMDB pages. Both forms write
+ * in key order, each row's last record, in transactions of a bounded
+ * number of rows (LMDB keeps a write transaction's dirty pages in memory).
  */
 #include "server/sparse_internal.h"
 
@@ -309,15 +318,20 @@ void sparse_cat_drop(psd_sparse *sp)
 
 int sparse_catq_reserve(psd_sparse *sp, size_t n)
 {
-    if (sp->catq_lost || sp->catq_n + n <= sp->catq_cap)
+    if (sp->catq_lost)
         return 0;
-    if (sp->catq_n + n > sparse_catq_max(sp)) {
+    size_t max = sparse_catq_max(sp);
+    if (sp->catq_n + n > max) {
         sparse_cat_drop(sp);
         return 0;
     }
+    if (sp->catq_n + n <= sp->catq_cap)
+        return 0;
     size_t nc = sp->catq_cap ? sp->catq_cap : 4096;
     while (nc < sp->catq_n + n)
         nc *= 2;
+    if (nc > max)
+        nc = max;
     sparse_cat_ahead_end(sp); /* they read the array */
     struct sp_catq *q = realloc(sp->catq, nc * sizeof *q);
     if (q == NULL)

@@ -708,6 +708,57 @@ START_TEST(test_catalog_dropped)
 }
 END_TEST
 
+/* A sweep with the queue dropped: rows whose catalog entry is behind
+ * their index (their later record past "cat_upto") are kept, however
+ * old the entry says they are, and rows not in the catalog yet unseen;
+ * the others go, and stay gone after a kill: the write that reads the
+ * records skips those of rows the index no longer holds. */
+static float swept_want(int64_t id)
+{
+    return id < 100 ? -2.0f : -1.0f;
+}
+
+START_TEST(test_catalog_dropped_sweep)
+{
+    struct fx f;
+    uint64_t lim = (uint64_t)32 << 20;
+    fx_start(&f, 0, 50, 0, lim, 0); /* ttl 50 steps */
+    int64_t *ids = range(0, 12000);
+    ck_assert_int_eq(push(&f, ids, 6000, 1.0f, 1, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* 0..5999 in the catalog, step 1 */
+    ck_assert(in_catalog(&f, 5999));
+    /* 0..99 again and 6000..11999 new, at step 120: the queue dropped. */
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 120, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 6000, 6000, 1.0f, 120, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    sparse_lock(f.t);
+    ck_assert_int_eq(sparse_sweep(f.sp, f.t, 120), 0);
+    pthread_mutex_unlock(&f.t->mu);
+    Ps__V1__StatsResponse r = stats(&f);
+    ck_assert_uint_eq(r.sparse_evicted, 5900); /* 100..5999 */
+    ck_assert_uint_eq(r.sparse_rows, 100 + 6000);
+    ck_assert(in_catalog(&f, 0) && !in_catalog(&f, 100) && !in_catalog(&f, 6000));
+    fx_close(&f, false); /* a kill: the records of 0..99 and 6000.. replayed */
+
+    fx_open(&f, lim, 0, false);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 100 + 6000);
+    ck_assert(in_catalog(&f, 0) && !in_catalog(&f, 100) && in_catalog(&f, 6000));
+    float out[DIM];
+    uint64_t ins;
+    for (int64_t id = 0; id < 12000; id += 50) {
+        ck_assert_int_eq(psd_sparse_pull(f.sp, f.t, &id, 1, out, true, &ins), 0);
+        float want = id >= 100 && id < 6000 ? 0.0f : swept_want(id); /* gone: zeros */
+        ck_assert_msg(out[0] == want, "row %lld: %g, expected %g", (long long)id, out[0],
+                      want);
+    }
+    ck_assert_uint_eq(stats(&f).sparse_rows, 100 + 6000);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -1135,6 +1186,7 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
-                         test_catalog_step, test_catalog_dropped}, &pscheck_tmp},
+                         test_catalog_step, test_catalog_dropped,
+                         test_catalog_dropped_sweep}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
