@@ -73,7 +73,7 @@ int psd_sparse_stop(psd_sparse *sp)
     if (sp == NULL)
         return 0;
     sparse_applier_stop(sp);
-    return psd_sparse_drain(sp);
+    return sparse_stop_drain(sp);
 }
 
 void psd_sparse_close(psd_sparse *sp)

@@ -272,6 +272,10 @@ struct psd_sparse {
     bool catq_lost, catw_scan;
     psd_seg_loc catw_from;
     uint64_t catw_recs, catw_scanned;
+    bool cat_roomy; /* no RAM tier to keep (open, stop): a chunk may take
+                       half the budget */
+    size_t cat_txn_pages; /* a write's transaction's leaf pages at most (0:
+                             from the budget; tests set a few) */
     struct sp_cat_ahead *cat_ahead; /* threads reading the write's next pages ahead */
     /* Applied entries not in the catalog yet (Stats): those queued, or,
      * the queue dropped, the records committed since "cat_upto". */
@@ -313,6 +317,7 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
                                 const float *state, uint64_t updates, uint64_t last_step);
 void sparse_cache(psd_sparse *sp, psd_sparse_table *t, int64_t id, const uint8_t *data);
 void sparse_trim(psd_sparse *sp, psd_sparse_table *t);
+void sparse_release(psd_sparse *sp, psd_sparse_table *t);
 /* Room for rows more rows on the dirty list and entries new entries, so
  * that the next rows sparse_install calls, entries of them for ids not in
  * the RAM tier, cannot fail: 0 or -ENOMEM (nothing to undo).
@@ -531,5 +536,9 @@ int sparse_cmp_u32(const void *a, const void *b);
  * came in (ord), for the sorts of the applier and the catalog queue. */
 int sparse_cmp_row(uint32_t va, int64_t ia, uint64_t oa, uint32_t vb, int64_t ib, uint64_t ob);
 void sparse_applier_stop(psd_sparse *sp);
+/* A clean stop's last drain, the applier stopped and no call left: the
+ * log applied, the RAM tier let go, then the catalog written whole in
+ * chunks of half the budget. */
+int sparse_stop_drain(psd_sparse *sp);
 
 #endif

@@ -421,17 +421,12 @@ static void after_apply(psd_sparse *sp)
 
 /* ---- replay, applier, drains -------------------------------------------- */
 
-/* Opens the segments (sparse_seg.c) and the row log, and writes what the
- * log holds beyond the store's applied
- * mark into the store, older file first: a crash left those batches
- * acknowledged but not applied. Then empties both. Called by
- * psd_sparse_open, before the shard loads its variables. */
-int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
+/* Opens the row log (the segments open) and writes what it holds beyond
+ * the store's applied mark into the store, older file first: a crash left
+ * those batches acknowledged but not applied. Then empties both. */
+static int log_open(psd_sparse *sp)
 {
-    int rc = sparse_segs_open(sp, why, whylen);
-    if (rc != 0)
-        return rc;
-    rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);
+    int rc = psd_rowlog_open(sp->data_dir, &sp->rowlog);
     uint64_t applied = 0, last[2] = {0, 0};
     if (rc == 0)
         rc = psd_store_log_mark(sp->store, PSD_STORE_LOG_APPLIED, &applied);
@@ -474,6 +469,19 @@ int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
     atomic_store(&sp->log_seq, top);
     atomic_store(&sp->log_applied, top);
     return 0;
+}
+
+/* Opens the segments (sparse_seg.c) and the row log, and applies the
+ * log. Called by psd_sparse_open, before the shard loads its
+ * variables. */
+int sparse_log_open(psd_sparse *sp, char *why, size_t whylen)
+{
+    sp->cat_roomy = true; /* no table is ready yet: no RAM tier */
+    int rc = sparse_segs_open(sp, why, whylen);
+    if (rc == 0)
+        rc = log_open(sp);
+    sp->cat_roomy = false;
+    return rc;
 }
 
 uint32_t *sparse_live_ids(psd_sparse *sp, size_t *n)
@@ -562,6 +570,30 @@ static int drain(psd_sparse *sp, bool room)
 int psd_sparse_drain(psd_sparse *sp)
 {
     return drain(sp, false);
+}
+
+int sparse_stop_drain(psd_sparse *sp)
+{
+    if (sp->rowlog == NULL)
+        return 0;
+    pthread_mutex_lock(&sp->apply_run_mu);
+    int rc = drain_locked(sp, false);
+    if (rc == 0) {
+        pthread_mutex_lock(&sp->tables_mu);
+        for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
+            sparse_flusher_lock(t);
+            sparse_release(sp, t);
+            pthread_mutex_unlock(&t->mu);
+        }
+        pthread_mutex_unlock(&sp->tables_mu);
+        sp->cat_roomy = true;
+        rc = sparse_cat_flush(sp, false);
+        sp->cat_roomy = false;
+    }
+    pthread_mutex_unlock(&sp->apply_run_mu);
+    if (rc != 0)
+        ps_log_err(rc, "applying the row log to the segments and LMDB failed");
+    return rc;
 }
 
 /* A push past the budget used to wait for the whole log, which took

@@ -498,7 +498,8 @@ END_TEST
 START_TEST(test_catalog_step)
 {
     struct fx f;
-    fx_start(&f, 0, 0, 0, (uint64_t)64 << 20, 0); /* 512 rows a transaction */
+    fx_start(&f, 0, 0, 0, (uint64_t)64 << 20, 0);
+    f.sp->cat_txn_pages = 8; /* a few hundred rows a transaction */
     int64_t *ids = range(0, 2000);
     ck_assert_int_eq(push(&f, ids, 2000, 1.0f, 1, UINT64_MAX, NULL), 0);
     commit(&f);
@@ -528,12 +529,13 @@ START_TEST(test_catalog_step)
     size_t len;
     ck_assert_int_eq(psd_store_var_id(f.store, "emb", &var_id), 0);
     ck_assert_int_eq(psd_store_rbegin(f.store, &rt), 0);
-    ck_assert_int_eq(psd_store_row_get(rt, var_id, 0, &d, &len), 0); /* the first 512 */
+    ck_assert_int_eq(psd_store_row_get(rt, var_id, 0, &d, &len), 0); /* the first few */
     ck_assert_int_eq(psd_store_row_get(rt, var_id, 1999, &d, &len), PS_ENOTFOUND);
     psd_store_rend(rt);
     fx_close(&f, false); /* a kill */
 
     fx_open(&f, (uint64_t)64 << 20, 0, false);
+    f.sp->cat_txn_pages = 8;
     ck_assert_uint_eq(stats(&f).sparse_rows, 2000);
     ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0); /* replayed and written */
     /* A write under way, then the rows 0..9 and 1990..1999 changed again,
@@ -668,6 +670,7 @@ START_TEST(test_catalog_dropped)
 
     /* Dropped again, then a write that reads the records, a transaction
      * at a time, killed part-way: "cat_upto" stays, the rest is replayed. */
+    f.sp->cat_txn_pages = 8;
     ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 3, UINT64_MAX, NULL), 0);
     apply_only(&f);
     ck_assert(f.sp->catq_lost);
