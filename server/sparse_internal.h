@@ -410,6 +410,13 @@ void sparse_cat_drop(psd_sparse *sp);
 /* The bytes of records between "cat_upto" and the segments' end: what
  * an open would replay. The appender's thread (apply_run_mu held). */
 uint64_t sparse_cat_span(psd_sparse *sp);
+/* Whether the catalog is to be written while pushes run: its span past
+ * SPARSE_CAT_SPAN, or its entries not written yet near the room left in
+ * the store's file (a capped map or a small disk: found full while
+ * pushes can still be refused, not at the next open). must: past twice
+ * that, when nothing more is applied before the catalog is written.
+ * apply_run_mu held. */
+bool sparse_cat_due(psd_sparse *sp, bool must);
 /* Writes the queue into the rows db in key order, in bounded
  * transactions (the last moves "cat_upto" to the segments' end), the
  * entries of the ready tables only, or of every table when all (at open,

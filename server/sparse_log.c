@@ -187,11 +187,12 @@ static int put_all(void *ctx)
     psd_seg_loc *loc = a->segs ? malloc(a->chunk * sizeof *loc) : NULL;
     struct sp_ixset *ix = a->segs ? malloc(a->chunk * sizeof *ix) : NULL;
     int rc = a->segs != NULL && (loc == NULL || ix == NULL) ? -ENOMEM : 0;
-    /* What an open replays is bounded: past twice the span at which the
-     * applier writes the catalog (it fell behind) it is written first, and
-     * while it cannot be (a full map or disk) nothing more is applied, so
-     * that pushes are refused as before, naming why. */
-    if (rc == 0 && a->segs != NULL && sparse_cat_span(a->sp) >= 2 * SPARSE_CAT_SPAN)
+    /* What an open replays, and what the catalog needs of the store's
+     * file, are bounded: past twice what has the applier write the
+     * catalog (it fell behind) it is written first, and while it cannot be
+     * (a full map or disk) nothing more is applied, so that pushes are
+     * refused as before, naming why. */
+    if (rc == 0 && a->segs != NULL && sparse_cat_due(a->sp, true))
         rc = sparse_cat_flush(a->sp, a->live == NULL);
     size_t i = 0;
     bool appended = false;
@@ -669,7 +670,8 @@ static void *applier_main(void *arg)
             }
         }
         /* The catalog is written lazily: while pushes run only once what
-         * an open would replay passes SPARSE_CAT_SPAN, and when a sweep
+         * an open would replay passes SPARSE_CAT_SPAN (or its entries near
+         * the room left in the store's file), and when a sweep
          * or a compaction asks, and once the log has been quiet for an
          * apply's interval: the catalog whole while nothing changes. A
          * transaction per turn of the loop, so that a round of room waits
@@ -678,7 +680,7 @@ static void *applier_main(void *arg)
         bool quiet = psd_rowlog_total(l) == 0 &&
                      ps_now_ms() - sp->last_apply_ms >= APPLY_EVERY_MS;
         bool step = sp->catw_upto != 0 || atomic_exchange(&sp->cat_asap, false) ||
-                    quiet || sparse_cat_span(sp) >= SPARSE_CAT_SPAN;
+                    quiet || sparse_cat_due(sp, false);
         /* What fails is logged, and tried again after the loop's wait. */
         if (!step || sparse_cat_step(sp, &cat_busy) != 0)
             cat_busy = false;

@@ -371,6 +371,19 @@ bool sparse_cat_covers(psd_sparse *sp, psd_seg_loc loc)
     return pack_end(loc) < atomic_load(&sp->cat_upto);
 }
 
+/* What a catalog entry not written yet may take of the store's file:
+ * its key and entry in a leaf page, pages about half full after splits. */
+#define CAT_ENTRY_ROOM 128
+
+bool sparse_cat_due(psd_sparse *sp, bool must)
+{
+    uint64_t k = must ? 2 : 1;
+    if (sparse_cat_span(sp) >= k * SPARSE_CAT_SPAN)
+        return true;
+    uint64_t need = (uint64_t)atomic_load(&sp->catq_len) * CAT_ENTRY_ROOM;
+    return need > 0 && need * (must ? 1 : 2) >= psd_store_room(sp->store);
+}
+
 bool sparse_cat_reaches(psd_sparse *sp, psd_seg_loc end)
 {
     return atomic_load(&sp->cat_upto) >= pack_end(end);

@@ -105,6 +105,11 @@ int psd_store_grow(psd_store *s);
 /* Why the last psd_store_grow returned PS_EFULL, for a client's message:
  * "the LMDB map is at --map-size-max" or "the disk is full". */
 const char *psd_store_full_reason(psd_store *s);
+/* The bytes the store's file may still grow by: its cap (--map-size-max,
+ * else the disk's free space plus the file) less the file's last page in
+ * use (pages LMDB freed inside it not counted); UINT64_MAX when the disk
+ * cannot be asked. */
+uint64_t psd_store_room(psd_store *s);
 /* The map's size now, in bytes. */
 uint64_t psd_store_map_size(psd_store *s);
 

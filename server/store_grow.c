@@ -46,6 +46,15 @@ static uint64_t growth_cap(psd_store *s, char *why, size_t why_len)
     return (uint64_t)st.st_size + free_b;
 }
 
+uint64_t psd_store_room(psd_store *s)
+{
+    char why[PATH_MAX + 64];
+    uint64_t cap = growth_cap(s, why, sizeof why), used = psd_store_disk_bytes(s);
+    if (cap == 0)
+        return UINT64_MAX; /* the disk cannot be asked */
+    return cap > used ? cap - used : 0;
+}
+
 bool store_disk_full(psd_store *s)
 {
     struct statvfs fs;
