@@ -301,6 +301,19 @@ static void catq_free(psd_sparse *sp)
     catq_counts(sp);
 }
 
+/* The queue's array to room for cap entries: 0 or -ENOMEM (as it was). */
+static int catq_resize(psd_sparse *sp, size_t cap)
+{
+    sparse_cat_ahead_end(sp); /* they read the array */
+    struct sp_catq *q = realloc(sp->catq, cap * sizeof *q);
+    if (q == NULL)
+        return -ENOMEM;
+    sp->catq = q;
+    sp->catq_cap = cap;
+    catq_counts(sp);
+    return 0;
+}
+
 /* Forgets the queue, and a write of it under way (what that write
  * committed stays: entries of records past "cat_upto", which a replay
  * writes again): "cat_upto" stays where it is, and the next write reads
@@ -332,14 +345,7 @@ int sparse_catq_reserve(psd_sparse *sp, size_t n)
         nc *= 2;
     if (nc > max)
         nc = max;
-    sparse_cat_ahead_end(sp); /* they read the array */
-    struct sp_catq *q = realloc(sp->catq, nc * sizeof *q);
-    if (q == NULL)
-        return -ENOMEM;
-    sp->catq = q;
-    sp->catq_cap = nc;
-    catq_counts(sp);
-    return 0;
+    return catq_resize(sp, nc);
 }
 
 void sparse_catq_add(psd_sparse *sp, const struct sp_catq *e)
@@ -629,14 +635,8 @@ static int cat_chunk(psd_sparse *sp)
         cap = left < 1024 ? 1024 : (size_t)left;
     int rc = 0;
     sparse_cat_ahead_end(sp); /* they read the array */
-    if (sp->catq_cap != cap) {
-        struct sp_catq *q = realloc(sp->catq, cap * sizeof *q);
-        if (q == NULL)
-            return -ENOMEM;
-        sp->catq = q;
-        sp->catq_cap = cap;
-        catq_counts(sp);
-    }
+    if (sp->catq_cap != cap && (rc = catq_resize(sp, cap)) != 0)
+        return rc;
     sp->catw_n = sp->catw_k = 0;
     while (rc == 0 && sp->catw_n == 0 && pack_end(sp->catw_from) < sp->catw_upto) {
         psd_seg_loc from = sp->catw_from;
