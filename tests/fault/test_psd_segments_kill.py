@@ -112,7 +112,9 @@ def replayed(log):
         for line in f:
             if "catalog: replayed" in line:
                 w = line.split("catalog: replayed ")[1].split()
-                return int(w[0]), int(w[2].lstrip("(")), int(w[-2])
+                timed = w[-1] == "ms" and w[2].startswith("(")
+                return (int(w[0]), int(w[2].lstrip("(")) if timed else 0,
+                        int(w[-2]) if timed else 0)
     return 0, 0, 0
 
 
