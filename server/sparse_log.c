@@ -70,7 +70,8 @@ struct apply {
     struct rec *r;
     size_t n, cap;
     uint64_t last;        /* the last batch seen */
-    size_t chunk;
+    size_t chunk;         /* rows a chunk holds at most */
+    uint64_t seg_bytes;   /* and, to the segments, bytes of records */
     uint64_t mark;        /* the applied mark to set: last, or more */
     psd_sparse *sp;       /* the tier: its counts of pages */
     psd_segs *segs;       /* rows go to the segments, and st holds the
@@ -166,7 +167,7 @@ static void chunk_committed(struct apply *a, const struct rec *r, size_t n,
 }
 
 /* Puts the last record of each row, in key order, in chunks of a->chunk
- * rows: into the segments, each chunk appended and synced before the
+ * rows (and a->seg_bytes of records): into the segments, each chunk appended and synced before the
  * transaction that moves "segs_end" over it (the commit point) commits,
  * its entries then queued for the catalog (sparse_cat_flush writes them
  * later, many applies' worth in one pass) and pointed at by the indexes;
@@ -194,10 +195,17 @@ static int put_all(void *ctx)
      * refused as before, naming why. */
     if (rc == 0 && a->segs != NULL && sparse_cat_due(a->sp, true))
         rc = sparse_cat_flush(a->sp, a->live == NULL);
-    size_t i = 0;
+    size_t i = 0, end = 0;
     bool appended = false;
     while (rc == 0) {
-        size_t end = i + a->chunk < a->n ? i + a->chunk : a->n;
+        if (!appended) /* else the same chunk again: its records are appended */
+            end = i + a->chunk < a->n ? i + a->chunk : a->n;
+        if (a->segs != NULL && !appended) /* and at most seg_bytes of records */
+            for (size_t k = i, b = 0; k < end; k++)
+                if ((b += a->r[k].len + PSD_SEG_REC_HEAD) >= a->seg_bytes) {
+                    end = k + 1;
+                    break;
+                }
         if (a->segs != NULL && !appended) {
             if ((rc = append_chunk(a, i, end, loc)) != 0)
                 break;
@@ -246,6 +254,23 @@ static int put_all(void *ctx)
     return rc;
 }
 
+/* A chunk of the segments' path at most: its transaction only moves
+ * "segs_end" (the entries go to the catalog's queue), so it is bounded by
+ * the records the segments buffer before their sync, a 16th of the RAM
+ * budget. Each chunk costs an fdatasync of the segments and an LMDB
+ * commit (two more): bounded at a page per row as the catalog's writes
+ * were, bench/sparse's 4x-over applies (~20k rows, a quarter of the
+ * budget in the log) committed 14 times each, and a push waiting for
+ * room waited for all of them. */
+#define APPLY_SEG_ROWS 16384
+
+static uint64_t seg_chunk_bytes(psd_sparse *sp)
+{
+    uint64_t b = sparse_budget(sp) / 16;
+    return b < ((uint64_t)1 << 20) ? (uint64_t)1 << 20 : b > ((uint64_t)16 << 20)
+                                                         ? (uint64_t)16 << 20 : b;
+}
+
 static size_t chunk_rows(psd_sparse *sp)
 {
     uint64_t c = sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE;
@@ -258,10 +283,11 @@ static int apply_file(psd_sparse *sp, psd_store *st, int which, uint64_t after,
                       uint64_t upto, const uint32_t *live, size_t nlive, uint64_t mark,
                       uint64_t *last)
 {
-    size_t chunk = chunk_rows(sp);
+    bool segs = st == sp->store;
     struct apply a = {.st = st, .live = live, .nlive = nlive, .upto = upto,
-                      .chunk = chunk, .mark = mark, .sp = sp,
-                      .segs = st == sp->store ? sp->segs : NULL};
+                      .chunk = segs ? APPLY_SEG_ROWS : chunk_rows(sp), .mark = mark,
+                      .sp = sp, .segs = segs ? sp->segs : NULL,
+                      .seg_bytes = seg_chunk_bytes(sp)};
     int rc = psd_rowlog_walk(sp->rowlog, which, after, collect, put_all, &a, NULL);
     free(a.r);
     if (last)
