@@ -762,6 +762,29 @@ START_TEST(test_catalog_dropped_sweep)
 }
 END_TEST
 
+/* A write that reads the records skips those of rows the table's index no
+ * longer holds (a sweep deleted the row after compaction copied its
+ * record: replayed, the catalog would bring it back), and of tables that
+ * are not ready. */
+START_TEST(test_catalog_dropped_skip)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, (uint64_t)32 << 20, 0);
+    int64_t *ids = range(0, 6000);
+    ck_assert_int_eq(push(&f, ids, 6000, 1.0f, 1, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    sparse_lock(f.t);
+    sparse_index_del(f.t, 5); /* as a sweep deletes it */
+    pthread_mutex_unlock(&f.t->mu);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
+    ck_assert(!f.sp->catq_lost);
+    ck_assert(in_catalog(&f, 4) && !in_catalog(&f, 5) && in_catalog(&f, 5999));
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -1190,6 +1213,7 @@ PSCHECK_MAIN("sparse",
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
                          test_catalog_step, test_catalog_dropped,
-                         test_catalog_dropped_sweep}, &pscheck_tmp},
+                         test_catalog_dropped_sweep, test_catalog_dropped_skip},
+     &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
