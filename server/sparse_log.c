@@ -167,8 +167,9 @@ static void chunk_committed(struct apply *a, const struct rec *r, size_t n,
 }
 
 /* Puts the last record of each row, in key order, in chunks of a->chunk
- * rows (and a->seg_bytes of records): into the segments, each chunk appended and synced before the
- * transaction that moves "segs_end" over it (the commit point) commits,
+ * rows (and a->seg_bytes of records): into the segments, each chunk
+ * appended and synced before the transaction that moves "segs_end" over
+ * it (the commit point) commits,
  * its entries then queued for the catalog (sparse_cat_flush writes them
  * later, many applies' worth in one pass) and pointed at by the indexes;
  * or, into a checkpoint's copy, the rows' bytes. The last transaction also
