@@ -59,8 +59,10 @@
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the index and read in one batch through io_uring with O_DIRECT,
  * never a page fault, and the rows enter the RAM tier. The RAM tier, with
- * the indexes and the catalog's queue, is kept under half of --memory-limit less 24 MiB (the page
- * cache no longer holds rows; sparse_budget), the tier giving an index room
+ * the indexes, the catalog's queue and the dirty pages LMDB keeps, is kept
+ * under --memory-limit less 88 MiB (the page cache no longer holds rows,
+ * but psd's code and the catalog's pages need it; sparse_budget), the
+ * tier giving an index room
  * as soon as it grows (sparse_index_apply): past it a push first waits
  * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
