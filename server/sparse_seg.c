@@ -426,7 +426,8 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
 {
     int rc = 0;
     uintptr_t page = 0;
-    for (size_t pages = 0; *k < n && pages < max && rc == 0;) {
+    size_t pages = 0;
+    while (*k < n && pages < max && rc == 0) {
         size_t g = *k;
         const struct sp_catq *own = NULL;
         for (; g < n && q[g].var_id == q[*k].var_id && q[g].id == q[*k].id; g++)
@@ -446,7 +447,7 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
         if (at == 0 || at != page) {
             pages++;
             if ((pages & 63) == 0) /* the transaction's pages, as the RAM budget sees them */
-                atomic_store(&w->sp->apply_pages, pages);
+                sparse_txn_pages(w->sp, pages);
         }
         page = at;
         bool had = rc == 0 && sparse_cat_decode(d, len, &old);
@@ -459,6 +460,7 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
         }
         rc = cat_put(w, last->var_id, last->id, &c, had ? &old : NULL);
     }
+    sparse_txn_pages(w->sp, pages);
     return rc;
 }
 
@@ -710,8 +712,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         return -ENOMEM;
     /* Pages a transaction dirties at most; the entries read ahead, as many
      * as the last transaction took (about as many pages). */
-    size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
-    max = max < 256 ? 256 : max > 8192 ? 8192 : max;
+    size_t max = sparse_txn_rows(sp);
     if (sp->cat_txn_pages > 0)
         max = sp->cat_txn_pages;
     size_t ahead = max;
