@@ -613,22 +613,39 @@ static struct io_uring *ring_get(void)
     return r;
 }
 
-/* Checks the record read for q (at rec) and copies its row out. */
-static void read_finish(psd_seg_read *q, const uint8_t *rec)
+/* Checks the record read for q (at rec): its CRC, length, table and id.
+ * Returns its row's length, or sets q->rc PS_ECORRUPT and returns 0. */
+static uint32_t read_check(psd_seg_read *q, const uint8_t *rec)
 {
     uint32_t len, var_id;
     int64_t id;
     q->rc = PS_ECORRUPT;
     q->version = 0;
     if (rec_check(rec, q->loc.len, &len) != NULL || PSD_SEG_REC_HEAD + len != q->loc.len)
-        return;
+        return 0;
     memcpy(&var_id, rec + 8, 4);
     memcpy(&id, rec + 16, 8);
     if (var_id != q->var_id || id != q->id || len > q->cap)
-        return;
+        return 0;
     memcpy(&q->version, rec + 24, 8);
-    memcpy(q->dst, rec + PSD_SEG_REC_HEAD, len);
     q->rc = 0;
+    return len;
+}
+
+/* Checks the record read for q (at rec) and copies its row out. */
+static void read_finish(psd_seg_read *q, const uint8_t *rec)
+{
+    uint32_t len = read_check(q, rec);
+    if (q->rc == 0)
+        memcpy(q->dst, rec + PSD_SEG_REC_HEAD, len);
+}
+
+/* Checks the record read for q (at rec), whose row stays where it is. */
+static void read_finish_in_place(psd_seg_read *q, const uint8_t *rec)
+{
+    (void)read_check(q, rec);
+    if (q->rc != 0)
+        q->dst = NULL;
 }
 
 static uint64_t span_of(const psd_seg_read *q, uint64_t a, uint64_t *start);
@@ -757,6 +774,163 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
         if (rq[i].rc != 0)
             return PS_ECORRUPT;
     return 0;
+}
+
+/* ---- reads in the background ---------------------------------------------- */
+
+/* The submission queue is small (its entries are copied by the kernel at
+ * each submit, so a batch refills it) and the completion queue holds a
+ * whole batch, so that nothing is dropped or waits for room while nobody
+ * reaps. */
+#define AREAD_SQ 256
+
+struct psd_seg_aread {
+    struct io_uring ring;
+    uint8_t *arena;        /* the batch's buffers, aligned to its segments' */
+    size_t arena_cap;
+    uint32_t align;
+    uint64_t slot_bytes;   /* a read's room in it */
+    psd_seg_read *rq;      /* the batch in flight (the caller's) */
+    size_t n, inflight;
+};
+
+int psd_seg_aread_create(psd_seg_aread **out)
+{
+    *out = NULL;
+    if (atomic_load(&ring_broken))
+        return -ENOTSUP;
+    psd_seg_aread *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return -ENOMEM;
+    struct io_uring_params p = {.flags = IORING_SETUP_CQSIZE, .cq_entries = PSD_SEG_AREAD_MAX};
+    int rc = io_uring_queue_init_params(AREAD_SQ, &a->ring, &p);
+    if (rc < 0) {
+        free(a);
+        return rc == -ENOMEM ? rc : -ENOTSUP;
+    }
+    *out = a;
+    return 0;
+}
+
+bool psd_seg_aread_busy(const psd_seg_aread *a)
+{
+    return a->inflight > 0;
+}
+
+uint64_t psd_seg_aread_bytes(const psd_seg_aread *a)
+{
+    return a ? a->arena_cap : 0;
+}
+
+/* Room for n reads of slot bytes aligned to align (the old buffer is free:
+ * nothing is in flight). */
+static int aread_room(psd_seg_aread *a, uint32_t align, uint64_t slot, size_t n)
+{
+    size_t need = (size_t)(slot * n);
+    if (a->arena != NULL && a->arena_cap >= need && a->align == align)
+        return 0;
+    uint8_t *m;
+    if (posix_memalign((void **)&m, align, need) != 0)
+        return -ENOMEM;
+    free(a->arena);
+    a->arena = m;
+    a->arena_cap = need;
+    a->align = align;
+    return 0;
+}
+
+int psd_seg_aread_submit(psd_seg_aread *a, psd_segs *s, psd_seg_read *rq, size_t n)
+{
+    if (a->inflight > 0)
+        return -EBUSY;
+    if (n > PSD_SEG_AREAD_MAX)
+        return -EINVAL;
+    uint64_t al = s->align, slot = al;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t start, span = span_of(&rq[k], al, &start);
+        if (span > slot)
+            slot = span;
+        if (rq[k].dst != NULL)
+            return -EINVAL;
+        rq[k].rc = PS_ECORRUPT; /* until its read says otherwise */
+    }
+    int rc = n > 0 ? aread_room(a, (uint32_t)al, slot, n) : 0;
+    if (rc != 0)
+        return rc;
+    a->slot_bytes = slot;
+    a->rq = rq;
+    a->n = n;
+    size_t queued = 0;
+    for (size_t k = 0; k < n; k++) {
+        int fd = read_fd(s, rq[k].loc.seg);
+        struct io_uring_sqe *sqe = fd >= 0 ? io_uring_get_sqe(&a->ring) : NULL;
+        if (fd >= 0 && sqe == NULL && io_uring_submit(&a->ring) >= 0)
+            sqe = io_uring_get_sqe(&a->ring); /* the kernel copied the full queue */
+        if (sqe == NULL) {
+            rq[k].rc = fd < 0 ? fd : -EAGAIN;
+            continue;
+        }
+        uint64_t start, span = span_of(&rq[k], al, &start);
+        io_uring_prep_read(sqe, fd, a->arena + k * slot, (unsigned)span, start);
+        io_uring_sqe_set_data64(sqe, k);
+        queued++;
+    }
+    a->inflight = queued;
+    /* What this leaves queued goes with the wait's first io_uring_enter. */
+    if (queued > 0)
+        (void)io_uring_submit(&a->ring);
+    return 0;
+}
+
+int psd_seg_aread_wait(psd_seg_aread *a)
+{
+    uint64_t al = a->align;
+    while (a->inflight > 0) {
+        int sr;
+        do
+            sr = io_uring_submit_and_wait(&a->ring, 1);
+        while (sr == -EINTR);
+        if (sr < 0)
+            return sr; /* still in flight: waited for again, or by destroy */
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&a->ring, head, cqe) {
+            size_t k = (size_t)io_uring_cqe_get_data64(cqe);
+            psd_seg_read *q = &a->rq[k];
+            int res = cqe->res;
+            seen++;
+            uint8_t *buf = a->arena + k * a->slot_bytes;
+            uint64_t start;
+            span_of(q, al, &start);
+            if (res < 0) {
+                q->rc = res;
+            } else if (VALGRIND_MAKE_MEM_DEFINED(buf, res),
+                       (uint64_t)res < q->loc.off + q->loc.len - start) {
+                q->rc = PS_ECORRUPT;
+            } else {
+                /* read_finish copies the row out; here it stays in place. */
+                uint8_t *rec = buf + (q->loc.off - start);
+                q->dst = rec + PSD_SEG_REC_HEAD;
+                q->cap = q->loc.len - PSD_SEG_REC_HEAD;
+                read_finish_in_place(q, rec);
+            }
+        }
+        io_uring_cq_advance(&a->ring, seen);
+        a->inflight -= seen;
+    }
+    return 0;
+}
+
+void psd_seg_aread_destroy(psd_seg_aread *a)
+{
+    if (a == NULL)
+        return;
+    for (int tries = 0; a->inflight > 0 && tries < 100; tries++)
+        if (psd_seg_aread_wait(a) != 0)
+            usleep(1000);
+    io_uring_queue_exit(&a->ring);
+    free(a->arena);
+    free(a);
 }
 
 /* Calls fn for the records of segment n from offset off to end (its

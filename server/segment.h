@@ -133,6 +133,39 @@ typedef struct {
  * was sound), PS_ECORRUPT when one was not, or -errno of an I/O failure. */
 int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n);
 
+/* ---- reads in the background --------------------------------------------- */
+
+/* A batch of reads submitted at once and left in flight (a prefetch), on a
+ * ring of its own, collected later by psd_seg_aread_wait. One batch at a
+ * time; its ring and buffer are kept from batch to batch. Threads: one at a
+ * time (the owner's lock), any thread. */
+typedef struct psd_seg_aread psd_seg_aread;
+
+/* Returns 0, -ENOTSUP where io_uring is not available (read nothing ahead)
+ * or -ENOMEM. */
+int psd_seg_aread_create(psd_seg_aread **out);
+/* Waits for a batch still in flight, then frees it all. NULL: nothing. */
+void psd_seg_aread_destroy(psd_seg_aread *a);
+/* The most reads a batch takes. */
+#define PSD_SEG_AREAD_MAX 4096
+/* Submits the reads rq[0..n) (n <= PSD_SEG_AREAD_MAX, rq[i].dst NULL)
+ * and returns without waiting for them. rq stays the caller's, untouched
+ * until psd_seg_aread_wait returns. Returns 0, -EBUSY (a batch is in
+ * flight), -EINVAL (too many, or a dst), -ENOMEM, or -errno of the
+ * submission (nothing in flight then). */
+int psd_seg_aread_submit(psd_seg_aread *a, psd_segs *s, psd_seg_read *rq, size_t n);
+/* Whether a batch is in flight (submitted and not yet waited for). */
+bool psd_seg_aread_busy(const psd_seg_aread *a);
+/* Waits for every read of the batch in flight and finishes them as
+ * psd_segs_read does, but leaves each row in the batch's buffer: rq[i].dst
+ * points at its bytes when rq[i].rc is 0, valid until the next submit. A
+ * read the device refused (or its O_DIRECT alignment) gets its error in
+ * rq[i].rc. Returns 0 (nothing in flight any more), or the error of
+ * io_uring_enter: the batch stays in flight, to wait for again. */
+int psd_seg_aread_wait(psd_seg_aread *a);
+/* The bytes of its buffer, as allocated now. */
+uint64_t psd_seg_aread_bytes(const psd_seg_aread *a);
+
 /* Called by psd_segs_scan for each record: its table, id, version,
  * location and row bytes (valid during the call). 0 goes on; a negative
  * value stops the scan (returned). */
