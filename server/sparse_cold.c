@@ -165,11 +165,25 @@ out:
     return rc;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether id's read is the table's batch of reads ahead's. t->mu held. */
+static bool claimed(const psd_sparse_table *t, int64_t id)
+{
+    return t->pf.nclaim > 0 &&
+           bsearch(&id, t->pf.claim, t->pf.nclaim, sizeof id, cmp_i64) != NULL;
+}
+
 /* The ids of ids[0..n) to read (those not read yet, slot[i] < 0, or all
  * of them): those with no RAM entry that the index holds, with their
- * locations. t->mu held. */
+ * locations. With *left (a first pass), an id the table's batch of reads
+ * ahead is reading is left to it and counted there. t->mu held. */
 static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const int32_t *slot,
-                     bool all, size_t *idx, uint64_t *loc)
+                     bool all, size_t *idx, uint64_t *loc, size_t *left)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -178,6 +192,10 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
             continue;
         uint64_t l;
         if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
+            if (left != NULL && claimed(t, ids[i])) {
+                (*left)++;
+                continue;
+            }
             idx[m] = i;
             loc[m++] = l;
         }
@@ -185,8 +203,259 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
     return m;
 }
 
-int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                     struct sp_cold *c)
+/* ---- reads ahead --------------------------------------------------------- */
+
+void sparse_prefetch_init(psd_sparse_table *t)
+{
+    pthread_mutex_init(&t->pf.mu, NULL);
+}
+
+void sparse_prefetch_free(psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    psd_seg_aread_destroy(pf->ar); /* waits for a batch in flight */
+    free(pf->rq);
+    free(pf->loc);
+    free(pf->claim);
+    pthread_mutex_destroy(&pf->mu);
+}
+
+void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    pthread_mutex_lock(&pf->mu);
+    psd_seg_aread_destroy(pf->ar);
+    pf->ar = NULL;
+    atomic_store(&pf->busy, false);
+    atomic_fetch_sub(&sp->pf_bytes, pf->bytes);
+    pf->bytes = 0;
+    sparse_lock(t);
+    pf->nclaim = 0;
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&pf->mu);
+}
+
+/* Takes the table's prefetch for a new batch: false when one is in flight
+ * or being filled by another call (then this call's hint is dropped), or
+ * reads ahead cannot be made here. pf->mu held on true. */
+static bool prefetch_begin(psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    if (atomic_load(&pf->off) || atomic_load(&pf->busy) ||
+        pthread_mutex_trylock(&pf->mu) != 0)
+        return false;
+    if (pf->ar == NULL && !atomic_load(&pf->off)) {
+        int rc = psd_seg_aread_create(&pf->ar);
+        if (rc != 0) {
+            ps_log_warn("sparse table '%s': no reads ahead (%s): a pull's next_ids "
+                        "are ignored", t->name, ps_strerror(rc));
+            atomic_store(&pf->off, true);
+        }
+    }
+    if (atomic_load(&pf->off) || atomic_load(&pf->busy)) {
+        pthread_mutex_unlock(&pf->mu);
+        return false;
+    }
+    return true;
+}
+
+/* Room for k more of the batch. */
+static int prefetch_grow(struct sp_prefetch *pf, size_t k)
+{
+    if (pf->n + k <= pf->cap)
+        return 0;
+    size_t nc = pf->cap ? pf->cap : 256;
+    while (nc < pf->n + k)
+        nc *= 2;
+    psd_seg_read *rq = realloc(pf->rq, nc * sizeof *rq);
+    if (rq == NULL)
+        return -ENOMEM;
+    pf->rq = rq;
+    uint64_t *loc = realloc(pf->loc, nc * sizeof *loc);
+    if (loc == NULL)
+        return -ENOMEM;
+    pf->loc = loc;
+    int64_t *cl = realloc(pf->claim, nc * sizeof *cl);
+    if (cl == NULL)
+        return -ENOMEM;
+    pf->claim = cl;
+    pf->cap = pf->claimcap = nc;
+    return 0;
+}
+
+/* The most reads of a batch: PSD_SEG_AREAD_MAX, and buffers of at most an
+ * eighth of the RAM budget (a record read with the alignment on both
+ * sides). */
+static size_t prefetch_max(const psd_sparse *sp, const psd_sparse_table *t)
+{
+    uint64_t a = psd_segs_align(sp->segs), rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
+    uint64_t slot = (rec + a - 1) / a * a + a;
+    uint64_t k = sparse_budget(sp) / 8 / slot;
+    return k < PSD_SEG_AREAD_MAX ? (size_t)k : PSD_SEG_AREAD_MAX;
+}
+
+/* Fills the batch with the ids of next[0..nn) to read ahead: no RAM entry,
+ * a record the index holds, not already claimed by a read and not one of
+ * this call's own misses (ids[idx[0..m)], which it reads and keeps); each
+ * id once, sorted, up to prefetch_max. The batch's ids are claimed.
+ * t->mu and pf->mu held. Returns 0 or -ENOMEM (an empty batch). */
+static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *next,
+                           size_t nn, const int64_t *ids, const size_t *idx, size_t m)
+{
+    struct sp_prefetch *pf = &t->pf;
+    pf->n = 0;
+    int64_t *pairs = NULL, *mine = malloc((m ? m : 1) * sizeof *mine);
+    int rc = mine != NULL ? 0 : -ENOMEM;
+    for (size_t i = 0; i < nn && rc == 0; i++) {
+        sparse_ahead(t, next, i, nn);
+        uint64_t l;
+        if (sparse_find(t, next[i]) != NULL || (l = sparse_index_get(t, next[i])) == 0 ||
+            l == SPARSE_LOC_LMDB || claimed(t, next[i]))
+            continue;
+        if ((rc = prefetch_grow(pf, 1)) != 0)
+            break;
+        pf->claim[pf->n] = next[i]; /* (id, loc) pairs for now, in rq's room */
+        pf->loc[pf->n++] = l;
+    }
+    size_t n = pf->n;
+    pairs = rc == 0 ? malloc((n ? n : 1) * 2 * sizeof *pairs) : NULL;
+    if (rc == 0 && pairs == NULL)
+        rc = -ENOMEM;
+    if (rc != 0) {
+        pf->n = 0;
+        free(mine);
+        return rc;
+    }
+    for (size_t k = 0; k < m; k++)
+        mine[k] = ids[idx[k]];
+    qsort(mine, m, sizeof *mine, cmp_i64);
+    for (size_t k = 0; k < n; k++) {
+        pairs[2 * k] = pf->claim[k];
+        pairs[2 * k + 1] = (int64_t)pf->loc[k];
+    }
+    qsort(pairs, n, 2 * sizeof *pairs, cmp_pair);
+    size_t max = prefetch_max(sp, t), j = 0;
+    for (size_t k = 0; k < n && j < max; k++) {
+        int64_t id = pairs[2 * k];
+        if ((k > 0 && id == pairs[2 * k - 2]) ||
+            (m > 0 && bsearch(&id, mine, m, sizeof id, cmp_i64) != NULL))
+            continue;
+        pf->claim[j] = id;
+        pf->loc[j] = (uint64_t)pairs[2 * k + 1];
+        pf->rq[j] = (psd_seg_read){.var_id = t->var_id, .id = id,
+                                   .loc = sparse_loc_unpack(pf->loc[j], sparse_row_bytes(t) +
+                                                                          PSD_SEG_REC_HEAD)};
+        j++;
+    }
+    pf->n = pf->nclaim = j;
+    free(pairs);
+    free(mine);
+    return 0;
+}
+
+/* Submits the batch filled (without t->mu) and lets pf->mu go. A batch
+ * that cannot be submitted is dropped, its claims with it. */
+static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    int rc = pf->n > 0 ? psd_seg_aread_submit(pf->ar, sp->segs, pf->rq, pf->n) : 0;
+    uint64_t b = psd_seg_aread_bytes(pf->ar);
+    if (b != pf->bytes) {
+        atomic_fetch_add(&sp->pf_bytes, b - pf->bytes); /* modulo 2^64 */
+        pf->bytes = b;
+    }
+    if (rc == 0 && pf->n > 0) {
+        atomic_store(&pf->busy, true);
+        atomic_fetch_add_explicit(&sp->pf_reads, pf->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->seg_reads, pf->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->read_cold, pf->n, memory_order_relaxed);
+    } else {
+        if (rc != 0)
+            ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
+        if (pf->nclaim > 0) { /* written only with pf->mu held, as here */
+            sparse_lock(t);
+            pf->nclaim = 0;
+            pthread_mutex_unlock(&t->mu);
+        }
+    }
+    pthread_mutex_unlock(&pf->mu);
+}
+
+void sparse_prefetch_collect(psd_sparse *sp, psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    if (!atomic_load(&pf->busy))
+        return;
+    pthread_mutex_lock(&pf->mu);
+    int rc = atomic_load(&pf->busy) ? psd_seg_aread_wait(pf->ar) : -EALREADY;
+    if (rc == -EALREADY) {
+        pthread_mutex_unlock(&pf->mu);
+        return; /* another call collected it */
+    }
+    if (rc != 0)
+        ps_log_err(rc, "sparse table '%s': waiting for %zu rows read ahead", t->name,
+                   pf->n);
+    uint64_t rows = 0, stale = 0;
+    sparse_lock(t);
+    /* Room for the batch at once (sparse_cache alone makes room a few
+     * buckets at a time, and gives up): the hint says these rows are read
+     * next, the clock's rows not read since its hand last passed may go. */
+    if (rc == 0 && sparse_ram_cost(sp) + pf->n * sparse_entry_bytes(t) > sparse_budget(sp))
+        sparse_trim(sp, t);
+    for (size_t k = 0; k < pf->n && rc == 0; k++) {
+        const psd_seg_read *q = &pf->rq[k];
+        if (q->rc != 0)
+            continue; /* a hint: the pull that wants the row reads it */
+        /* The bytes read are the row's last state only while it has no
+         * RAM entry and the index still points at that record: a push
+         * since made an entry, and an apply, a compaction or a sweep moved
+         * or removed the index's location (records are never rewritten,
+         * and a row leaves the tier only once its last change is applied
+         * and indexed). */
+        if (sparse_find(t, q->id) != NULL || sparse_index_get(t, q->id) != pf->loc[k]) {
+            stale++;
+            continue;
+        }
+        sparse_cache(sp, t, q->id, q->dst); /* the row: head, then body */
+        struct sp_entry *e = sparse_find(t, q->id);
+        if (e != NULL) {
+            e->ref = true; /* the next pull reads it */
+            rows++;
+        }
+    }
+    pf->nclaim = 0;
+    pthread_mutex_unlock(&t->mu);
+    if (rc == 0)
+        atomic_store(&pf->busy, false);
+    atomic_fetch_add_explicit(&sp->pf_rows, rows, memory_order_relaxed);
+    atomic_fetch_add_explicit(&sp->pf_stale, stale, memory_order_relaxed);
+    pthread_mutex_unlock(&pf->mu);
+}
+
+/* ---- the first pass ------------------------------------------------------ */
+
+/* The reads ahead of a call with a hint: the batch in flight collected
+ * (rows this call may want among them), then the hint's batch looked up
+ * and submitted before the call is served. mine: the call's own misses
+ * (ids[idx[0..m)]), which it reads itself and keeps. */
+static void ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *next, size_t nnext,
+                  const int64_t *ids, const size_t *idx, size_t m)
+{
+    sparse_prefetch_collect(sp, t);
+    if (!prefetch_begin(t))
+        return;
+    sparse_lock(t);
+    /* An apply, a sweep or a drop may have changed the tier: the lookup
+     * is made now, under the mutex, whatever the first pass saw. */
+    if (!t->ready || t->nentries >= t->rows ||
+        prefetch_lookup(sp, t, next, nnext, ids, idx, m) != 0)
+        t->pf.n = 0;
+    pthread_mutex_unlock(&t->mu);
+    prefetch_submit(sp, t);
+}
+
+int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          const int64_t *next, size_t nnext, struct sp_cold *c)
 {
     *c = (struct sp_cold){.n = n};
     size_t one = n ? n : 1;
@@ -196,7 +465,7 @@ int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, si
     int rc = c->slot && idx && loc ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         c->slot[i] = -1;
-    size_t m = 0;
+    size_t m = 0, left = 0;
     if (rc == 0) {
         sparse_lock(t);
         rc = sparse_ready(sp, t);
@@ -206,15 +475,30 @@ int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, si
          * costs no second walk). The locations are copied out: the reads
          * run without the mutex. */
         if (rc == 0 && t->nentries < t->rows)
-            m = misses(t, ids, n, c->slot, true, idx, loc);
+            m = misses(t, ids, n, c->slot, true, idx, loc, &left);
         pthread_mutex_unlock(&t->mu);
     }
+    /* The call's own reads run while a batch read ahead (the last pull's
+     * hint, most of this call's misses) completes. */
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
+    /* Rows a batch read ahead is reading are waited for in the tier, not
+     * read twice (what did not enter it is read by sparse_cold_settle,
+     * under the mutex). */
+    if (rc == 0 && nnext > 0)
+        ahead(sp, t, next, nnext, ids, idx, m);
+    else if (rc == 0 && left > 0)
+        sparse_prefetch_collect(sp, t);
     free(idx);
     free(loc);
     return rc;
+}
+
+int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                     struct sp_cold *c)
+{
+    return sparse_cold_read_next(sp, t, ids, n, NULL, 0, c);
 }
 
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)
@@ -245,7 +529,7 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     int rc = idx && loc ? 0 : -ENOMEM;
     struct want w = {.ids = ids, .idx = idx, .loc = loc};
     if (rc == 0)
-        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc);
+        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL);
     if (rc == 0 && w.m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);

@@ -132,6 +132,25 @@ struct sp_entry {
     uint8_t row[] __attribute__((aligned(8)));
 };
 
+/* A table's prefetch (sparse_cold.c): the reads a pull's hint of the next
+ * pull's ids started, one batch at a time, collected into the RAM tier by
+ * the table's next call. mu is held by whoever fills, submits or collects
+ * the batch; it is taken before the table's mu, never while holding it. */
+struct sp_prefetch {
+    pthread_mutex_t mu;
+    psd_seg_aread *ar;     /* NULL until the first hint */
+    atomic_bool off;       /* no io_uring: hints are ignored */
+    psd_seg_read *rq;      /* (n) the batch: rq[k].id's record */
+    uint64_t *loc;         /* (n) where the index put it when looked up */
+    size_t n, cap;
+    uint64_t bytes;        /* counted in sp->pf_bytes */
+    atomic_bool busy;      /* submitted, not yet collected */
+    /* Guarded by the table's mu: the batch's ids, sorted, while it is
+     * filled or in flight; a first pass leaves them to it. */
+    int64_t *claim;
+    size_t nclaim, claimcap;
+};
+
 /* A sparse table's state; every field below mu is guarded by it. */
 struct psd_sparse_table {
     char *name;
@@ -174,6 +193,7 @@ struct psd_sparse_table {
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
+    struct sp_prefetch pf;  /* its own mutex (sparse_cold.c) */
 };
 
 struct psd_sparse {
@@ -192,6 +212,11 @@ struct psd_sparse {
      * segments; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
         read_cold, seg_reads, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
+    /* Prefetches (sparse_cold.c): the bytes of the tables' batch buffers
+     * (in sparse_ram_cost), rows read ahead, of them those that entered
+     * the RAM tier, and those dropped: the row changed or entered the
+     * tier meanwhile. */
+    atomic_uint_fast64_t pf_bytes, pf_reads, pf_rows, pf_stale;
     /* float16 row values clamped to +-65504 by an update
      * (Stats.sparse_values_clamped). */
     atomic_uint_fast64_t clamped;
@@ -334,6 +359,22 @@ struct sp_cold {
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
+/* The same for a pull that knows the ids of its table's next pull, next[0..nnext):
+ * the reads of those not in the RAM tier are submitted once the call's own
+ * are done, and left in flight (one batch a table, at most
+ * PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget). */
+int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          const int64_t *next, size_t nnext, struct sp_cold *c);
+/* Waits for the table's batch of reads ahead, if one is in flight, and
+ * puts the rows still current into the RAM tier (a row that changed or
+ * entered the tier meanwhile is dropped). Without t->mu, before a call
+ * looks its rows up. */
+void sparse_prefetch_collect(psd_sparse *sp, psd_sparse_table *t);
+/* A table's prefetch: made with it; ended (its batch waited for, its
+ * buffer uncounted from sp) when it leaves its tier; freed with it. */
+void sparse_prefetch_init(psd_sparse_table *t);
+void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t);
+void sparse_prefetch_free(psd_sparse_table *t);
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu);
 int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
                        struct sp_cold *c);
