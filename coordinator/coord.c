@@ -94,9 +94,6 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
         c->tasks = t;
         c->cap = cap;
     }
-    char *addr = strdup("");
-    if (addr == NULL)
-        return NULL;
     int at = 0;
     while (at < c->ntasks &&
            (c->tasks[at].role < role ||
@@ -107,7 +104,6 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
     c->ntasks++;
     c->tasks[at] = (struct ctask){.role = role,
                                   .index = index,
-                                  .address = addr,
                                   .state = CT_NEVER_SEEN,
                                   .heard_ms = -1,
                                   .registered_ms = -1};
@@ -116,13 +112,10 @@ struct ctask *coord_add_locked(coord *c, enum ps_role role, int index)
 
 int coord_set_address(struct ctask *t, const char *addr)
 {
-    if (strcmp(t->address, addr) == 0)
-        return 0;
-    char *a = strdup(addr);
-    if (a == NULL)
-        return -ENOMEM;
-    free(t->address);
-    t->address = a;
+    size_t n = strlen(addr);
+    if (n >= sizeof t->address)
+        return PS_EINVAL_ARG;
+    memcpy(t->address, addr, n + 1);
     return 0;
 }
 
@@ -230,9 +223,16 @@ int coord_create(const struct coord_opts *o, coord **out, char *err,
         for (int r = 0; r < PS_ROLE_COUNT; r++) {
             for (int i = 0; i < c->spec->n[r]; i++) {
                 struct ctask *t = coord_add_locked(c, (enum ps_role)r, i);
-                if (t == NULL || coord_set_address(t, c->spec->addrs[r][i]) != 0) {
+                if (t == NULL) {
                     rc = -ENOMEM;
                     snprintf(err, errlen, "out of memory");
+                    goto fail;
+                }
+                const char *a = c->spec->addrs[r][i];
+                if ((rc = coord_set_address(t, a)) != 0) {
+                    snprintf(err, errlen, "cluster spec: %s[%d]: an address of %zu "
+                             "bytes; at most %d", ps_role_name((enum ps_role)r), i,
+                             strlen(a), COORD_ADDR_MAX - 1);
                     goto fail;
                 }
             }
@@ -271,8 +271,6 @@ void coord_destroy(coord *c)
 {
     if (c == NULL)
         return;
-    for (int i = 0; i < c->ntasks; i++)
-        free(c->tasks[i].address);
     free(c->tasks);
     ps_placement_free(&c->placement);
     coord_ckpt_free_locked(c);
@@ -292,13 +290,11 @@ static int tasks_info_locked(coord *c, struct coord_cluster *s, int64_t now)
                       sizeof *s->tasks);
     if (s->tasks == NULL)
         return -ENOMEM;
+    s->ntasks = c->ntasks;
     for (int i = 0; i < c->ntasks; i++) {
         const struct ctask *t = &c->tasks[i];
-        struct coord_task_info *ti = &s->tasks[s->ntasks];
-        ti->address = strdup(t->address);
-        if (ti->address == NULL)
-            return -ENOMEM;
-        s->ntasks++;
+        struct coord_task_info *ti = &s->tasks[i];
+        memcpy(ti->address, t->address, sizeof ti->address);
         memcpy(ti->local_address, t->local_address, sizeof ti->local_address);
         memcpy(ti->host_id, t->host_id, sizeof ti->host_id);
         ti->insecure_collective = t->insecure_collective;
@@ -365,8 +361,6 @@ void coord_cluster_free(struct coord_cluster *s)
 {
     if (s == NULL)
         return;
-    for (int i = 0; i < s->ntasks; i++)
-        free(s->tasks[i].address);
     free(s->tasks);
     ps_placement_free(&s->placement);
     PS_FREE_ALL(s->job_id, s->last_checkpoint_path, s);

@@ -104,6 +104,9 @@ typedef struct coord coord;
 /* The most bytes, NUL included, of a task's local address ("unix:" and a
  * unix socket path of at most 107) and of its host id. */
 #define COORD_LOCAL_MAX 128
+/* A task's host:port address, with its NUL: RegisterTask refuses a longer
+ * one, so each task holds its address in place, as every copy of it does. */
+#define COORD_ADDR_MAX 256
 
 struct coord_opts {
     const char *job_id;           /* required */
@@ -130,7 +133,7 @@ struct coord_status {
 struct coord_ps_call {
     uint32_t index;
     uint64_t incarnation;
-    char address[256];
+    char address[COORD_ADDR_MAX];
     uint32_t workers; /* sync: the count to set */
     uint64_t step;    /* restore: the checkpoint to load */
 };
@@ -138,7 +141,7 @@ struct coord_ps_call {
 /* One shard's answer to Checkpoint. */
 struct coord_shard_result {
     uint32_t index;
-    char address[256];
+    char address[COORD_ADDR_MAX];
     bool ok;
     char path[1024];  /* ok: the shard's checkpoint directory */
     uint64_t bytes;
@@ -148,8 +151,10 @@ struct coord_shard_result {
 /* Loads <state-dir>/state.json (if any) and the manifests, and checks that
  * they belong to this job. Returns 0; PS_ECONFLICT when the state is another
  * job's or its placement is for another shard count; PS_EPARSE /
- * PS_ECORRUPT for a state file that does not parse; -errno when the state
- * directory cannot be made. err holds one line. */
+ * PS_ECORRUPT for a state file that does not parse or holds an address of
+ * COORD_ADDR_MAX bytes or more; PS_EINVAL_ARG for such an address in the
+ * spec; -errno when the state directory cannot be made. err holds one
+ * line. */
 int coord_create(const struct coord_opts *o, coord **out, char *err,
                  size_t errlen);
 void coord_destroy(coord *c);
@@ -182,7 +187,7 @@ struct coord_register_req {
 struct coord_task_info {
     enum ps_role role;
     uint32_t index;
-    char *address;        /* "" when it serves nothing */
+    char address[COORD_ADDR_MAX]; /* "" when it serves nothing */
     char local_address[COORD_LOCAL_MAX]; /* ps: "unix:/path" or "" */
     char host_id[COORD_LOCAL_MAX];       /* "" when not given */
     bool insecure_collective;            /* as registered */

@@ -26,7 +26,7 @@ enum ctask_state {
 struct ctask {
     enum ps_role role;
     int index;
-    char *address;          /* "" when it serves nothing; never NULL */
+    char address[COORD_ADDR_MAX]; /* "" when it serves nothing */
     char local_address[COORD_LOCAL_MAX]; /* coord_register_req's */
     char host_id[COORD_LOCAL_MAX];
     bool insecure_collective; /* coord_register_req's */
@@ -125,7 +125,8 @@ bool coord_secret_ok(const struct ctask *t, const char *given);
 int coord_secret_new(struct ctask *t);
 struct ctask *coord_find_locked(coord *c, enum ps_role role, int index);
 struct ctask *coord_add_locked(coord *c, enum ps_role role, int index);
-/* Records a task's address (a copy). Returns 0 or -ENOMEM. */
+/* Records a task's address. Returns 0, or PS_EINVAL_ARG (t unchanged) for
+ * an address of COORD_ADDR_MAX bytes or more. */
 int coord_set_address(struct ctask *t, const char *addr);
 void coord_bump_locked(coord *c);
 /* Recounts the workers SYNC steps wait for (see coord.h). */

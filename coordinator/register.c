@@ -60,10 +60,10 @@ static int check_request(coord *c, struct claim *k, struct coord_status *st)
         return coord_refuse(st, PS_RPC_FAILED_PRECONDITION, k->what,
                             "job '%s': this coordinator runs job '%s'", job,
                             c->job_id);
-    if (strlen(k->addr) > 255)
+    if (strlen(k->addr) >= COORD_ADDR_MAX)
         return coord_refuse(st, PS_RPC_INVALID_ARGUMENT, k->what,
-                            "an address of %zu bytes; at most 255",
-                            strlen(k->addr));
+                            "an address of %zu bytes; at most %d",
+                            strlen(k->addr), COORD_ADDR_MAX - 1);
     const char *local = req->local_address != NULL ? req->local_address : "";
     const char *host = req->host_id != NULL ? req->host_id : "";
     if (strlen(local) >= COORD_LOCAL_MAX ||
@@ -352,9 +352,9 @@ static int claim_locked(coord *c, struct claim *k, const char *peer,
     if (t == NULL && (t = coord_add_locked(c, k->role, k->index)) == NULL)
         return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, k->what,
                             "out of memory");
-    if (coord_set_address(t, k->addr) != 0)
-        return coord_refuse(st, PS_RPC_RESOURCE_EXHAUSTED, k->what,
-                            "out of memory");
+    /* It fits: check_request measured the address given, coord_create the
+     * spec's. */
+    coord_set_address(t, k->addr);
     snprintf(t->local_address, sizeof t->local_address, "%s",
              k->req->local_address != NULL ? k->req->local_address : "");
     snprintf(t->host_id, sizeof t->host_id, "%s",

@@ -297,13 +297,10 @@ static int load_tasks(coord *c, json_t *tasks, char *err, size_t errlen)
         }
         if (t == NULL && (t = coord_add_locked(c, r, (int)index)) == NULL)
             return -ENOMEM;
-        if (!(c->spec != NULL && r == PS_ROLE_PS)) {
-            char *a = strdup(json_string_value(addr));
-            if (a == NULL)
-                return -ENOMEM;
-            free(t->address);
-            t->address = a;
-        }
+        if (!(c->spec != NULL && r == PS_ROLE_PS) &&
+            coord_set_address(t, json_string_value(addr)) != 0)
+            return bad(err, errlen, c->state_path, "a task's address has more "
+                       "than 255 bytes");
         json_t *sec = json_object_get(tj, "secret");
         const char *sv = json_is_string(sec) ? json_string_value(sec) : "";
         if (strlen(sv) != COORD_SECRET_HEX)

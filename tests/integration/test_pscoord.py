@@ -8,6 +8,9 @@ temporary state and data directories:
              tasks and their warning;
   dynamic    tasks registering with index -1 get 0, 1, 2; liveness: a task
              that stops heartbeating is dead after the timeout;
+  addresses  one of 255 bytes is kept whole through GetCluster and a
+             restart; a longer one in a spec, a registration or the state
+             file is refused;
   sync       real psd shards registered as ps tasks: when a worker dies the
              coordinator's SetSyncWorkers lets a pending SYNC step complete
              with one push, and the count rises again when it comes back;
@@ -409,6 +412,55 @@ def test_dynamic():
     beat.stop()
     c.stop()
 
+
+
+def test_addresses():
+    """A task's address is at most 255 bytes wherever it comes from: a spec,
+    a registration, the state file; one of 255 is kept whole."""
+    W = pb.WORKER
+    root = pstest.tmpdir("pscoord-addr-")
+    long_ps = "h" * 253 + ":22222"
+    path = os.path.join(root, "cluster.json")
+    with open(path, "w") as f:
+        json.dump({"cluster": {"ps": [long_ps], "worker": ["127.0.0.1:1"]},
+                   "job_id": "addr"}, f)
+    p = subprocess.run([PSCOORD, "--state-dir", os.path.join(root, "spec"), "--listen",
+                        "127.0.0.1:0", "--cluster", path], capture_output=True,
+                       text=True, timeout=20)
+    lines = p.stderr.strip().splitlines()
+    r.check(p.returncode == 1 and len(lines) == 1 and
+            "ps[0]: an address of 259 bytes; at most 255" in lines[0],
+            "addresses: a spec address of 259 bytes is refused at start with one "
+            "line (%s)" % lines[:1])
+    state = os.path.join(root, "state")
+    c = start_coord(state, "--job-id", "addr")
+    s = c.stub
+    ok, why = refused(lambda: reg(s, "addr", W, address="h" * 300 + ":1"),
+                      grpc.StatusCode.INVALID_ARGUMENT, "an address of 302 bytes; at most 255")
+    r.check(ok and len(c.cluster().tasks) == 0,
+            "addresses: a registration with 302 bytes is INVALID_ARGUMENT and "
+            "registers nothing (%s)" % why)
+    edge = "h" * 250 + ":2222"
+    reg(s, "addr", W, address=edge)
+    r.check([t.address for t in c.cluster().tasks] == [edge],
+            "addresses: one of 255 bytes registers and GetCluster shows it whole")
+    c.stop()
+    c = start_coord(state, "--job-id", "addr")
+    got = [t.address for t in c.cluster().tasks]
+    c.stop()
+    r.check(got == [edge], "addresses: it comes back whole from the state file")
+    with open(os.path.join(state, "state.json")) as f:
+        saved = json.load(f)
+    saved["tasks"][0]["address"] = "h" * 251 + ":2222"
+    with open(os.path.join(state, "state.json"), "w") as f:
+        json.dump(saved, f)
+    p = subprocess.run([PSCOORD, "--state-dir", state, "--listen", "127.0.0.1:0",
+                        "--job-id", "addr"], capture_output=True, text=True, timeout=20)
+    lines = p.stderr.strip().splitlines()
+    r.check(p.returncode == 1 and len(lines) == 1 and
+            "state.json: a task's address has more than 255 bytes" in lines[0],
+            "addresses: a state file with a 256-byte address is refused with one "
+            "line (%s)" % lines[:1])
 
 # ---- SetSyncWorkers reaches real psd shards ----------------------------------
 
@@ -1006,7 +1058,7 @@ def main():
     r = pstest.Results("pscoord")
     try:
         # One broken case must not hide the others.
-        r.run((test_static, test_dynamic, test_sync, test_job, test_timed,
+        r.run((test_static, test_dynamic, test_addresses, test_sync, test_job, test_timed,
                test_identity, test_rogue_steps, test_psctl_errors))
     finally:
         pstest.stop_all(LIVE, kill=True)
