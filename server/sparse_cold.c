@@ -244,14 +244,6 @@ static bool prefetch_begin(psd_sparse_table *t)
     if (atomic_load(&pf->off) || atomic_load(&pf->busy) ||
         pthread_mutex_trylock(&pf->mu) != 0)
         return false;
-    if (pf->ar == NULL && !atomic_load(&pf->off)) {
-        int rc = psd_seg_aread_create(&pf->ar);
-        if (rc != 0) {
-            ps_log_warn("sparse table '%s': no reads ahead (%s): a pull's next_ids "
-                        "are ignored", t->name, ps_strerror(rc));
-            atomic_store(&pf->off, true);
-        }
-    }
     if (atomic_load(&pf->off) || atomic_load(&pf->busy)) {
         pthread_mutex_unlock(&pf->mu);
         return false;
@@ -358,7 +350,17 @@ static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *n
 static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t)
 {
     struct sp_prefetch *pf = &t->pf;
-    int rc = pf->n > 0 ? psd_seg_aread_submit(pf->ar, sp->segs, pf->rq, pf->n) : 0;
+    int rc = 0;
+    if (pf->n > 0 && pf->ar == NULL && (rc = psd_seg_aread_create(&pf->ar)) != 0) {
+        /* (a table whose rows are all in RAM never gets this far) */
+        ps_log_warn("sparse table '%s': no reads ahead (%s): a pull's next_ids are "
+                    "ignored", t->name, ps_strerror(rc));
+        atomic_store(&pf->off, true);
+        pf->n = 0;
+        rc = 0;
+    }
+    if (pf->n > 0)
+        rc = psd_seg_aread_submit(pf->ar, sp->segs, pf->rq, pf->n);
     uint64_t b = psd_seg_aread_bytes(pf->ar);
     if (b != pf->bytes) {
         atomic_fetch_add(&sp->pf_bytes, b - pf->bytes); /* modulo 2^64 */
