@@ -630,9 +630,12 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
         if (rc != 0)
             return bad_field(rc, msg, field, wt, at, err, errlen);
     }
-    for (size_t i = 0; i < req->nitems; i++) { /* the arrays have stopped moving */
-        req->items[i].ids = req->ids + req->items[i].ids_at;
-        req->items[i].next_ids = req->next + req->items[i].next_at;
+    /* The arrays have stopped moving (NULL while nothing was put in one:
+     * no offset is added to it). */
+    for (size_t i = 0; i < req->nitems; i++) {
+        ps_wire_sparse_item *it = &req->items[i];
+        it->ids = req->ids ? req->ids + it->ids_at : NULL;
+        it->next_ids = req->next ? req->next + it->next_at : NULL;
     }
     return 0;
 }

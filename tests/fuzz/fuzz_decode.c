@@ -23,6 +23,7 @@
 #include "common/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,24 @@ static int field4_varints_only(const uint8_t *data, size_t size)
     return 1;
 }
 
+/* Whether a decoder refused the bytes (rc not 0, err its message), and
+ * then that it named a parse error, or ran out of memory, and that
+ * protobuf-c's unpack (pb, freed here) did not accept them, but for field
+ * number 0 (field0: the decoder's words for it), which protobuf forbids and
+ * protobuf-c lets pass as an unknown field. */
+static bool refused(int rc, const char *err, size_t errlen, void *pb, const char *field0)
+{
+    if (rc == 0)
+        return false;
+    CHECK(rc == PS_EPARSE || rc == -ENOMEM);
+    if (rc == PS_EPARSE)
+        CHECK(err[0] != '\0' && memchr(err, '\0', errlen) != NULL);
+    CHECK(pb == NULL || strncmp(err, field0, strlen(field0)) == 0);
+    if (pb != NULL)
+        protobuf_c_message_free_unpacked(pb, NULL);
+    return true;
+}
+
 static void check_push(const uint8_t *data, size_t size)
 {
     char err[256];
@@ -146,19 +165,8 @@ static void check_push(const uint8_t *data, size_t size)
                                  {data + 2 * (size / 3) + size % 3, size / 3}};
     int rc = ps_wire_push_decode(pieces, 3, &push, err, sizeof err);
     Ps__V1__PushRequest *pb = ps__v1__push_request__unpack(NULL, size, data);
-    if (rc != 0) {
-        CHECK(rc == PS_EPARSE || rc == -ENOMEM);
-        if (rc == PS_EPARSE)
-            CHECK(err[0] != '\0' && memchr(err, '\0', sizeof err) != NULL);
-        /* protobuf-c must not accept what the decoder refuses, but for
-         * field number 0, which protobuf forbids and protobuf-c lets pass
-         * as an unknown field. */
-        CHECK(pb == NULL ||
-              strncmp(err, "PushRequest: malformed field 0 ", 31) == 0);
-        if (pb != NULL)
-            ps__v1__push_request__free_unpacked(pb, NULL);
+    if (refused(rc, err, sizeof err, pb, "PushRequest: malformed field 0 "))
         return;
-    }
     CHECK(push.ngrads <= push.cap);
     unsigned sum = 0;
     for (size_t i = 0; i < push.ngrads; i++) {
@@ -241,16 +249,8 @@ static void check_sparse_pull(const uint8_t *data, size_t size)
     err[0] = '\0';
     int rc = ps_wire_sparse_decode(data, size, false, &spull, err, sizeof err);
     Ps__V1__SparsePullRequest *pb = ps__v1__sparse_pull_request__unpack(NULL, size, data);
-    if (rc != 0) {
-        CHECK(rc == PS_EPARSE || rc == -ENOMEM);
-        if (rc == PS_EPARSE)
-            CHECK(err[0] != '\0' && memchr(err, '\0', sizeof err) != NULL);
-        CHECK(pb == NULL ||
-              strncmp(err, "SparsePullRequest: malformed field 0 ", 37) == 0);
-        if (pb != NULL)
-            ps__v1__sparse_pull_request__free_unpacked(pb, NULL);
+    if (refused(rc, err, sizeof err, pb, "SparsePullRequest: malformed field 0 "))
         return;
-    }
     CHECK(spull.nitems <= spull.cap);
     size_t ids = 0, next = 0;
     for (size_t i = 0; i < spull.nitems; i++) {
