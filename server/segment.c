@@ -778,11 +778,13 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
 
 /* ---- reads in the background ---------------------------------------------- */
 
-/* The submission queue is small (its entries are copied by the kernel at
- * each submit, so a batch refills it) and the completion queue holds a
- * whole batch, so that nothing is dropped or waits for room while nobody
- * reaps. */
-#define AREAD_SQ 256
+/* A batch's reads are submitted and reaped by a thread of its own: the
+ * device takes only so many at once (128 tags on this machine's virtio
+ * disk), and io_uring_enter with a batch of 600 blocked the caller for
+ * ~5.5 ms, as long as the reads themselves. The thread keeps up to
+ * AREAD_DEPTH in flight, as psd_segs_read does, and finishes each read as
+ * it completes. */
+#define AREAD_DEPTH 256
 
 struct psd_seg_aread {
     struct io_uring ring;
@@ -790,108 +792,51 @@ struct psd_seg_aread {
     size_t arena_cap;
     uint32_t align;
     uint64_t slot_bytes;   /* a read's room in it */
-    psd_seg_read *rq;      /* the batch in flight (the caller's) */
-    size_t n, inflight;
+    psd_seg_read *rq;      /* the batch (the caller's) */
+    int *fd;               /* (n) each read's descriptor, -1: none */
+    size_t n, fdcap;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool busy;             /* handed to the thread, not yet waited for */
+    bool done;             /* the thread finished it (rc) */
+    bool quit;
+    int rc;
 };
 
-int psd_seg_aread_create(psd_seg_aread **out)
-{
-    *out = NULL;
-    if (atomic_load(&ring_broken))
-        return -ENOTSUP;
-    psd_seg_aread *a = calloc(1, sizeof *a);
-    if (a == NULL)
-        return -ENOMEM;
-    struct io_uring_params p = {.flags = IORING_SETUP_CQSIZE, .cq_entries = PSD_SEG_AREAD_MAX};
-    int rc = io_uring_queue_init_params(AREAD_SQ, &a->ring, &p);
-    if (rc < 0) {
-        free(a);
-        return rc == -ENOMEM ? rc : -ENOTSUP;
-    }
-    *out = a;
-    return 0;
-}
-
-bool psd_seg_aread_busy(const psd_seg_aread *a)
-{
-    return a->inflight > 0;
-}
-
-uint64_t psd_seg_aread_bytes(const psd_seg_aread *a)
-{
-    return a ? a->arena_cap : 0;
-}
-
-/* Room for n reads of slot bytes aligned to align (the old buffer is free:
- * nothing is in flight). */
-static int aread_room(psd_seg_aread *a, uint32_t align, uint64_t slot, size_t n)
-{
-    size_t need = (size_t)(slot * n);
-    if (a->arena != NULL && a->arena_cap >= need && a->align == align)
-        return 0;
-    uint8_t *m;
-    if (posix_memalign((void **)&m, align, need) != 0)
-        return -ENOMEM;
-    free(a->arena);
-    a->arena = m;
-    a->arena_cap = need;
-    a->align = align;
-    return 0;
-}
-
-int psd_seg_aread_submit(psd_seg_aread *a, psd_segs *s, psd_seg_read *rq, size_t n)
-{
-    if (a->inflight > 0)
-        return -EBUSY;
-    if (n > PSD_SEG_AREAD_MAX)
-        return -EINVAL;
-    uint64_t al = s->align, slot = al;
-    for (size_t k = 0; k < n; k++) {
-        uint64_t start, span = span_of(&rq[k], al, &start);
-        if (span > slot)
-            slot = span;
-        if (rq[k].dst != NULL)
-            return -EINVAL;
-        rq[k].rc = PS_ECORRUPT; /* until its read says otherwise */
-    }
-    int rc = n > 0 ? aread_room(a, (uint32_t)al, slot, n) : 0;
-    if (rc != 0)
-        return rc;
-    a->slot_bytes = slot;
-    a->rq = rq;
-    a->n = n;
-    size_t queued = 0;
-    for (size_t k = 0; k < n; k++) {
-        int fd = read_fd(s, rq[k].loc.seg);
-        struct io_uring_sqe *sqe = fd >= 0 ? io_uring_get_sqe(&a->ring) : NULL;
-        if (fd >= 0 && sqe == NULL && io_uring_submit(&a->ring) >= 0)
-            sqe = io_uring_get_sqe(&a->ring); /* the kernel copied the full queue */
-        if (sqe == NULL) {
-            rq[k].rc = fd < 0 ? fd : -EAGAIN;
-            continue;
-        }
-        uint64_t start, span = span_of(&rq[k], al, &start);
-        io_uring_prep_read(sqe, fd, a->arena + k * slot, (unsigned)span, start);
-        io_uring_sqe_set_data64(sqe, k);
-        queued++;
-    }
-    a->inflight = queued;
-    /* What this leaves queued goes with the wait's first io_uring_enter. */
-    if (queued > 0)
-        (void)io_uring_submit(&a->ring);
-    return 0;
-}
-
-int psd_seg_aread_wait(psd_seg_aread *a)
+/* Reads the batch: up to AREAD_DEPTH in flight, a slot's next read
+ * submitted as one completes. Returns 0, or io_uring_enter's error (what
+ * was in flight was reaped first). */
+static int aread_run(psd_seg_aread *a)
 {
     uint64_t al = a->align;
-    while (a->inflight > 0) {
+    size_t next = 0, inflight = 0;
+    int rc = 0;
+    while (next < a->n || inflight > 0) {
+        while (rc == 0 && next < a->n && inflight < AREAD_DEPTH) {
+            psd_seg_read *q = &a->rq[next];
+            struct io_uring_sqe *sqe = a->fd[next] >= 0 ? io_uring_get_sqe(&a->ring) : NULL;
+            if (sqe == NULL && a->fd[next] >= 0)
+                break; /* the queue is full: submitted below */
+            if (sqe != NULL) {
+                uint64_t start, span = span_of(q, al, &start);
+                io_uring_prep_read(sqe, a->fd[next], a->arena + next * a->slot_bytes,
+                                   (unsigned)span, start);
+                io_uring_sqe_set_data64(sqe, next);
+                inflight++;
+            }
+            next++;
+        }
+        if (inflight == 0)
+            break;
         int sr;
         do
             sr = io_uring_submit_and_wait(&a->ring, 1);
         while (sr == -EINTR);
-        if (sr < 0)
-            return sr; /* still in flight: waited for again, or by destroy */
+        if (sr < 0 && rc == 0) {
+            rc = sr;
+            next = a->n; /* nothing more: what is in flight is reaped */
+        }
         struct io_uring_cqe *cqe;
         unsigned head, seen = 0;
         io_uring_for_each_cqe(&a->ring, head, cqe) {
@@ -916,20 +861,159 @@ int psd_seg_aread_wait(psd_seg_aread *a)
             }
         }
         io_uring_cq_advance(&a->ring, seen);
-        a->inflight -= seen;
+        inflight -= seen;
+        if (sr < 0 && seen == 0 && inflight > 0)
+            usleep(1000); /* the ring refused even the wait: try again */
     }
+    return rc;
+}
+
+static void *aread_main(void *arg)
+{
+    psd_seg_aread *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->quit && !(a->busy && !a->done))
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->quit)
+            break;
+        pthread_mutex_unlock(&a->mu);
+        int rc = aread_run(a);
+        pthread_mutex_lock(&a->mu);
+        a->rc = rc;
+        a->done = true;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+int psd_seg_aread_create(psd_seg_aread **out)
+{
+    *out = NULL;
+    if (atomic_load(&ring_broken))
+        return -ENOTSUP;
+    psd_seg_aread *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return -ENOMEM;
+    int rc = io_uring_queue_init(AREAD_DEPTH, &a->ring, 0);
+    if (rc < 0) {
+        free(a);
+        return rc == -ENOMEM ? rc : -ENOTSUP;
+    }
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    rc = -pthread_create(&a->thread, NULL, aread_main, a);
+    if (rc != 0) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        io_uring_queue_exit(&a->ring);
+        free(a);
+        return rc;
+    }
+    *out = a;
     return 0;
+}
+
+bool psd_seg_aread_busy(const psd_seg_aread *a)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&a->mu);
+    bool b = a->busy;
+    pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
+    return b;
+}
+
+uint64_t psd_seg_aread_bytes(const psd_seg_aread *a)
+{
+    return a ? a->arena_cap + a->fdcap * sizeof(int) : 0;
+}
+
+/* Room for n reads of slot bytes aligned to align (the old buffer is free:
+ * nothing is in flight). */
+static int aread_room(psd_seg_aread *a, uint32_t align, uint64_t slot, size_t n)
+{
+    if (n > a->fdcap) {
+        int *fd = realloc(a->fd, n * sizeof *fd);
+        if (fd == NULL)
+            return -ENOMEM;
+        a->fd = fd;
+        a->fdcap = n;
+    }
+    size_t need = (size_t)(slot * n);
+    if (a->arena != NULL && a->arena_cap >= need && a->align == align)
+        return 0;
+    uint8_t *m;
+    if (posix_memalign((void **)&m, align, need) != 0)
+        return -ENOMEM;
+    free(a->arena);
+    a->arena = m;
+    a->arena_cap = need;
+    a->align = align;
+    return 0;
+}
+
+int psd_seg_aread_submit(psd_seg_aread *a, psd_segs *s, psd_seg_read *rq, size_t n)
+{
+    if (psd_seg_aread_busy(a))
+        return -EBUSY;
+    if (n > PSD_SEG_AREAD_MAX)
+        return -EINVAL;
+    uint64_t al = s->align, slot = al;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t start, span = span_of(&rq[k], al, &start);
+        if (span > slot)
+            slot = span;
+        if (rq[k].dst != NULL)
+            return -EINVAL;
+        rq[k].rc = PS_ECORRUPT; /* until its read says otherwise */
+    }
+    if (n == 0)
+        return 0;
+    int rc = aread_room(a, (uint32_t)al, slot, n);
+    if (rc != 0)
+        return rc;
+    for (size_t k = 0; k < n; k++) { /* the descriptors here: the thread sees no s */
+        a->fd[k] = read_fd(s, rq[k].loc.seg);
+        if (a->fd[k] < 0)
+            rq[k].rc = a->fd[k];
+    }
+    pthread_mutex_lock(&a->mu);
+    a->slot_bytes = slot;
+    a->rq = rq;
+    a->n = n;
+    a->busy = true;
+    a->done = false;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+int psd_seg_aread_wait(psd_seg_aread *a)
+{
+    pthread_mutex_lock(&a->mu);
+    while (a->busy && !a->done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    int rc = a->busy ? a->rc : 0;
+    a->busy = false;
+    pthread_mutex_unlock(&a->mu);
+    return rc;
 }
 
 void psd_seg_aread_destroy(psd_seg_aread *a)
 {
     if (a == NULL)
         return;
-    for (int tries = 0; a->inflight > 0 && tries < 100; tries++)
-        if (psd_seg_aread_wait(a) != 0)
-            usleep(1000);
+    (void)psd_seg_aread_wait(a); /* the thread ends its batch first */
+    pthread_mutex_lock(&a->mu);
+    a->quit = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
     io_uring_queue_exit(&a->ring);
     free(a->arena);
+    free(a->fd);
     free(a);
 }
 

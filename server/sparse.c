@@ -932,9 +932,9 @@ static const struct {
     C("segment_reads_total", seg_reads, "Rows read from the segment files (O_DIRECT)."),
     C("prefetch_reads_total", pf_reads, "Rows read ahead for a pull's next_ids (also in "
       "segment_reads_total)."),
-    C("prefetch_rows_total", pf_rows, "Rows read ahead that entered the RAM tier."),
-    C("prefetch_stale_total", pf_stale, "Rows read ahead and dropped: the row changed or "
-      "entered the RAM tier meanwhile."),
+    C("prefetch_rows_total", pf_rows, "Rows read ahead that the next call took."),
+    C("prefetch_stale_total", pf_stale, "Rows read ahead, taken and read again: the row "
+      "changed meanwhile."),
     C("prefetch_bytes", pf_bytes, "Bytes of the buffers of the reads ahead, within the "
       "RAM tier's budget."),
     C("segment_live_bytes", live_bytes, "Bytes of the segments' records the catalog "

@@ -32,6 +32,7 @@ void sparse_cold_free(struct sp_cold *c)
     free(c->slot);
     free(c->rows);
     free(c->have);
+    free(c->vloc);
     *c = (struct sp_cold){0};
 }
 
@@ -59,6 +60,10 @@ static int slots_grow(struct sp_cold *c, size_t m, size_t rb)
     if (h == NULL)
         return -ENOMEM;
     c->have = h;
+    uint64_t *v = realloc(c->vloc, nc * sizeof *v);
+    if (v == NULL)
+        return -ENOMEM;
+    c->vloc = v;
     c->cap = nc;
     return 0;
 }
@@ -101,6 +106,7 @@ static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t r
         size_t s = c->nslots++;
         c->slot[w->idx[k]] = (int32_t)s;
         c->have[s] = 0;
+        c->vloc[s] = 0;
         psd_seg_read r = {.var_id = var_id, .id = id, .dst = c->rows + s * rb, .cap = rb,
                           .version = s};
         if (w->loc[k] != SPARSE_LOC_LMDB) {
@@ -235,19 +241,14 @@ void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t)
     pthread_mutex_unlock(&pf->mu);
 }
 
-/* Takes the table's prefetch for a new batch: false when one is in flight
- * or being filled by another call (then this call's hint is dropped), or
- * reads ahead cannot be made here. pf->mu held on true. */
-static bool prefetch_begin(psd_sparse_table *t)
+/* Takes the table's prefetch (pf->mu): false when reads ahead cannot be
+ * made here. A batch in flight is waited for by whoever takes it next. */
+static bool prefetch_take(psd_sparse_table *t)
 {
     struct sp_prefetch *pf = &t->pf;
-    if (atomic_load(&pf->off) || atomic_load(&pf->busy) ||
-        pthread_mutex_trylock(&pf->mu) != 0)
+    if (atomic_load(&pf->off))
         return false;
-    if (atomic_load(&pf->off) || atomic_load(&pf->busy)) {
-        pthread_mutex_unlock(&pf->mu);
-        return false;
-    }
+    pthread_mutex_lock(&pf->mu);
     return true;
 }
 
@@ -288,14 +289,18 @@ static size_t prefetch_max(const psd_sparse *sp, const psd_sparse_table *t)
 
 /* Fills the batch with the ids of next[0..nn) to read ahead: no RAM entry,
  * a record the index holds, not already claimed by a read and not one of
- * this call's own misses (ids[idx[0..m)], which it reads and keeps); each
- * id once, sorted, up to prefetch_max. The batch's ids are claimed.
- * t->mu and pf->mu held. Returns 0 or -ENOMEM (an empty batch). */
+ * the rows this call read (ids[i] with c->slot[i] >= 0: it keeps them in
+ * the tier once served); each id once, sorted, up to prefetch_max. The
+ * batch's ids are claimed. t->mu and pf->mu held. Returns 0 or -ENOMEM
+ * (an empty batch). */
 static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *next,
-                           size_t nn, const int64_t *ids, const size_t *idx, size_t m)
+                           size_t nn, const int64_t *ids, const struct sp_cold *c)
 {
     struct sp_prefetch *pf = &t->pf;
     pf->n = 0;
+    size_t m = 0;
+    for (size_t i = 0; i < c->n; i++)
+        m += c->slot[i] >= 0;
     int64_t *pairs = NULL, *mine = malloc((m ? m : 1) * sizeof *mine);
     int rc = mine != NULL ? 0 : -ENOMEM;
     for (size_t i = 0; i < nn && rc == 0; i++) {
@@ -318,8 +323,9 @@ static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *n
         free(mine);
         return rc;
     }
-    for (size_t k = 0; k < m; k++)
-        mine[k] = ids[idx[k]];
+    for (size_t i = 0, k = 0; i < c->n; i++)
+        if (c->slot[i] >= 0)
+            mine[k++] = ids[i];
     qsort(mine, m, sizeof *mine, cmp_i64);
     for (size_t k = 0; k < n; k++) {
         pairs[2 * k] = pf->claim[k];
@@ -383,77 +389,72 @@ static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t)
     pthread_mutex_unlock(&pf->mu);
 }
 
-void sparse_prefetch_collect(psd_sparse *sp, psd_sparse_table *t)
+/* Waits for the table's batch read ahead, if one is in flight, and takes
+ * the rows of ids[0..n) it holds that this call has not read (c->slot[i]
+ * < 0) as the call's own, each with the record it was read from, which
+ * sparse_cold_settle checks under the mutex; they enter the tier as the
+ * call's other cold rows do, once served. The rest of the batch is
+ * dropped (a hint not followed), its claims with it. pf->mu held. Returns
+ * 0 or -ENOMEM. */
+static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          struct sp_cold *c)
 {
     struct sp_prefetch *pf = &t->pf;
     if (!atomic_load(&pf->busy))
-        return;
-    pthread_mutex_lock(&pf->mu);
-    int rc = atomic_load(&pf->busy) ? psd_seg_aread_wait(pf->ar) : -EALREADY;
-    if (rc == -EALREADY) {
-        pthread_mutex_unlock(&pf->mu);
-        return; /* another call collected it */
-    }
-    if (rc != 0)
-        ps_log_err(rc, "sparse table '%s': waiting for %zu rows read ahead", t->name,
-                   pf->n);
-    uint64_t rows = 0, stale = 0;
-    sparse_lock(t);
-    /* Room for the batch at once (sparse_cache alone makes room a few
-     * buckets at a time, and gives up): the hint says these rows are read
-     * next, the clock's rows not read since its hand last passed may go. */
-    if (rc == 0 && sparse_ram_cost(sp) + pf->n * sparse_entry_bytes(t) > sparse_budget(sp))
-        sparse_trim(sp, t);
-    for (size_t k = 0; k < pf->n && rc == 0; k++) {
-        const psd_seg_read *q = &pf->rq[k];
-        if (q->rc != 0)
-            continue; /* a hint: the pull that wants the row reads it */
-        /* The bytes read are the row's last state only while it has no
-         * RAM entry and the index still points at that record: a push
-         * since made an entry, and an apply, a compaction or a sweep moved
-         * or removed the index's location (records are never rewritten,
-         * and a row leaves the tier only once its last change is applied
-         * and indexed). */
-        if (sparse_find(t, q->id) != NULL || sparse_index_get(t, q->id) != pf->loc[k]) {
-            stale++;
+        return 0;
+    int rc = psd_seg_aread_wait(pf->ar);
+    if (rc != 0) /* the reads it submitted completed; the rest failed */
+        ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
+    size_t rb = sparse_row_bytes(t);
+    uint64_t used = 0;
+    int grc = 0;
+    for (size_t i = 0; i < n && grc == 0 && pf->n > 0; i++) {
+        const int64_t *hit;
+        if (c->slot[i] >= 0 ||
+            (hit = bsearch(&ids[i], pf->claim, pf->n, sizeof *hit, cmp_i64)) == NULL)
             continue;
-        }
-        sparse_cache(sp, t, q->id, q->dst); /* the row: head, then body */
-        struct sp_entry *e = sparse_find(t, q->id);
-        if (e != NULL) {
-            e->ref = true; /* the next pull reads it */
-            rows++;
-        }
+        size_t k = (size_t)(hit - pf->claim);
+        if (pf->rq[k].rc != 0 || (grc = slots_grow(c, 1, rb)) != 0)
+            continue; /* not read: the call reads it under the mutex */
+        size_t sl = c->nslots++;
+        memcpy(c->rows + sl * rb, pf->rq[k].dst, rb); /* the row: head, then body */
+        c->have[sl] = 1;
+        c->vloc[sl] = pf->loc[k];
+        c->slot[i] = (int32_t)sl;
+        used++;
     }
+    sparse_lock(t);
     pf->nclaim = 0;
     pthread_mutex_unlock(&t->mu);
-    if (rc == 0)
-        atomic_store(&pf->busy, false);
-    atomic_fetch_add_explicit(&sp->pf_rows, rows, memory_order_relaxed);
-    atomic_fetch_add_explicit(&sp->pf_stale, stale, memory_order_relaxed);
-    pthread_mutex_unlock(&pf->mu);
+    atomic_store(&pf->busy, false);
+    atomic_fetch_add_explicit(&sp->pf_rows, used, memory_order_relaxed);
+    return grc;
 }
 
 /* ---- the first pass ------------------------------------------------------ */
 
-/* The reads ahead of a call with a hint: the batch in flight collected
- * (rows this call may want among them), then the hint's batch looked up
- * and submitted before the call is served. mine: the call's own misses
- * (ids[idx[0..m)]), which it reads itself and keeps. */
-static void ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *next, size_t nnext,
-                  const int64_t *ids, const size_t *idx, size_t m)
+/* The reads ahead around a call: the batch in flight waited for and its
+ * rows the call wants taken, then, with a hint (next[0..nnext)), the
+ * hint's batch looked up and submitted before the call is served. */
+static int ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                 const int64_t *next, size_t nnext, struct sp_cold *c)
 {
-    sparse_prefetch_collect(sp, t);
-    if (!prefetch_begin(t))
-        return;
-    sparse_lock(t);
-    /* An apply, a sweep or a drop may have changed the tier: the lookup
-     * is made now, under the mutex, whatever the first pass saw. */
-    if (!t->ready || t->nentries >= t->rows ||
-        prefetch_lookup(sp, t, next, nnext, ids, idx, m) != 0)
-        t->pf.n = 0;
-    pthread_mutex_unlock(&t->mu);
-    prefetch_submit(sp, t);
+    if (!prefetch_take(t))
+        return 0;
+    int rc = prefetch_adopt(sp, t, ids, n, c);
+    if (rc == 0 && nnext > 0) {
+        sparse_lock(t);
+        /* An apply, a sweep or a drop may have changed the tier: the lookup
+         * is made now, under the mutex, whatever the first pass saw. */
+        if (!t->ready || t->nentries >= t->rows ||
+            prefetch_lookup(sp, t, next, nnext, ids, c) != 0)
+            t->pf.n = 0;
+        pthread_mutex_unlock(&t->mu);
+        prefetch_submit(sp, t); /* lets pf->mu go */
+    } else {
+        pthread_mutex_unlock(&t->pf.mu);
+    }
+    return rc;
 }
 
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
@@ -480,18 +481,16 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
             m = misses(t, ids, n, c->slot, true, idx, loc, &left);
         pthread_mutex_unlock(&t->mu);
     }
-    /* The call's own reads run while a batch read ahead (the last pull's
-     * hint, most of this call's misses) completes. */
+    /* The call's own reads (what the last pull's hint did not name) run
+     * while a batch read ahead completes. */
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
-    /* Rows a batch read ahead is reading are waited for in the tier, not
-     * read twice (what did not enter it is read by sparse_cold_settle,
-     * under the mutex). */
-    if (rc == 0 && nnext > 0)
-        ahead(sp, t, next, nnext, ids, idx, m);
-    else if (rc == 0 && left > 0)
-        sparse_prefetch_collect(sp, t);
+    /* Rows a batch read ahead is reading are taken from it, not read twice
+     * (what it could not read is read by sparse_cold_settle, under the
+     * mutex). */
+    if (rc == 0 && (nnext > 0 || left > 0))
+        rc = ahead(sp, t, ids, n, next, nnext, c);
     free(idx);
     free(loc);
     return rc;
@@ -525,6 +524,20 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     if (t->nentries >= t->rows)
         return 0; /* every row is in the RAM tier */
     bool stale = c->applied != atomic_load(&sp->log_applied) || c->evicts != t->evicts;
+    /* A row read ahead is the row's last state only while the index still
+     * points at the record read: records are never rewritten, and a row
+     * leaves the tier only once its last change is applied and indexed (a
+     * RAM entry, if the row has one now, is what the call answers). A
+     * push, an apply, a compaction or a sweep since: read it again. */
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        int32_t sl = c->slot[i];
+        if (sl >= 0 && c->vloc[sl] != 0 && sparse_index_get(t, ids[i]) != c->vloc[sl]) {
+            c->slot[i] = -1;
+            dropped++;
+        }
+    }
+    atomic_fetch_add_explicit(&sp->pf_stale, dropped, memory_order_relaxed);
     size_t one = c->n ? c->n : 1;
     size_t *idx = malloc(one * sizeof *idx);
     uint64_t *loc = malloc(one * sizeof *loc);

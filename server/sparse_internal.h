@@ -133,9 +133,10 @@ struct sp_entry {
 };
 
 /* A table's prefetch (sparse_cold.c): the reads a pull's hint of the next
- * pull's ids started, one batch at a time, collected into the RAM tier by
- * the table's next call. mu is held by whoever fills, submits or collects
- * the batch; it is taken before the table's mu, never while holding it. */
+ * pull's ids started, one batch at a time, whose rows the table's next
+ * call takes as its own cold rows. mu is held by whoever fills, submits or
+ * takes from the batch; it is taken before the table's mu, never while
+ * holding it. */
 struct sp_prefetch {
     pthread_mutex_t mu;
     psd_seg_aread *ar;     /* NULL until the first hint */
@@ -145,8 +146,8 @@ struct sp_prefetch {
     size_t n, cap;
     uint64_t bytes;        /* counted in sp->pf_bytes */
     atomic_bool busy;      /* submitted, not yet collected */
-    /* Guarded by the table's mu: the batch's ids, sorted, while it is
-     * filled or in flight; a first pass leaves them to it. */
+    /* The batch's ids, sorted, in rq's order; while nclaim (guarded by
+     * the table's mu too) says so, a first pass leaves them to it. */
     int64_t *claim;
     size_t nclaim, claimcap;
 };
@@ -213,9 +214,8 @@ struct psd_sparse {
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
         read_cold, seg_reads, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
     /* Prefetches (sparse_cold.c): the bytes of the tables' batch buffers
-     * (in sparse_ram_cost), rows read ahead, of them those that entered
-     * the RAM tier, and those dropped: the row changed or entered the
-     * tier meanwhile. */
+     * (in sparse_ram_cost), rows read ahead, of them those a call took,
+     * and of those the ones read again: the row changed meanwhile. */
     atomic_uint_fast64_t pf_bytes, pf_reads, pf_rows, pf_stale;
     /* float16 row values clamped to +-65504 by an update
      * (Stats.sparse_values_clamped). */
@@ -354,22 +354,21 @@ struct sp_cold {
     size_t n;
     uint8_t *rows;       /* (nslots * row_bytes) */
     uint8_t *have;       /* (nslots) */
+    uint64_t *vloc;      /* (nslots) a row read ahead: the packed location it
+                            was read from, checked by settle (0: read here) */
     size_t nslots, cap;
     uint64_t applied, evicts; /* when the first pass began */
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
-/* The same for a pull that knows the ids of its table's next pull, next[0..nnext):
- * the reads of those not in the RAM tier are submitted once the call's own
- * are done, and left in flight (one batch a table, at most
- * PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget). */
+/* The same for a pull that knows the ids of its table's next pull,
+ * next[0..nnext): the reads of those not in the RAM tier are submitted
+ * once the call's own are done, and left in flight (one batch a table, at
+ * most PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget); the
+ * table's next call takes the rows it wants from the batch as its own
+ * cold rows. Either call takes from a batch in flight the rows it needs. */
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                           const int64_t *next, size_t nnext, struct sp_cold *c);
-/* Waits for the table's batch of reads ahead, if one is in flight, and
- * puts the rows still current into the RAM tier (a row that changed or
- * entered the tier meanwhile is dropped). Without t->mu, before a call
- * looks its rows up. */
-void sparse_prefetch_collect(psd_sparse *sp, psd_sparse_table *t);
 /* A table's prefetch: made with it; ended (its batch waited for, its
  * buffer uncounted from sp) when it leaves its tier; freed with it. */
 void sparse_prefetch_init(psd_sparse_table *t);
