@@ -433,28 +433,19 @@ static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
 
 /* ---- the first pass ------------------------------------------------------ */
 
-/* The reads ahead around a call: the batch in flight waited for and its
- * rows the call wants taken, then, with a hint (next[0..nnext)), the
- * hint's batch looked up and submitted before the call is served. */
-static int ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                 const int64_t *next, size_t nnext, struct sp_cold *c)
+/* With pf->mu held (prefetch_take): the hint's batch, next[0..nnext),
+ * looked up and submitted, and pf->mu let go. */
+static void ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
+                  const int64_t *next, size_t nnext, const struct sp_cold *c)
 {
-    if (!prefetch_take(t))
-        return 0;
-    int rc = prefetch_adopt(sp, t, ids, n, c);
-    if (rc == 0 && nnext > 0) {
-        sparse_lock(t);
-        /* An apply, a sweep or a drop may have changed the tier: the lookup
-         * is made now, under the mutex, whatever the first pass saw. */
-        if (!t->ready || t->nentries >= t->rows ||
-            prefetch_lookup(sp, t, next, nnext, ids, c) != 0)
-            t->pf.n = 0;
-        pthread_mutex_unlock(&t->mu);
-        prefetch_submit(sp, t); /* lets pf->mu go */
-    } else {
-        pthread_mutex_unlock(&t->pf.mu);
-    }
-    return rc;
+    sparse_lock(t);
+    /* An apply, a sweep or a drop may have changed the tier: the lookup is
+     * made now, under the mutex, whatever the first pass saw. */
+    if (!t->ready || t->nentries >= t->rows ||
+        prefetch_lookup(sp, t, next, nnext, ids, c) != 0)
+        t->pf.n = 0;
+    pthread_mutex_unlock(&t->mu);
+    prefetch_submit(sp, t); /* lets pf->mu go */
 }
 
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
@@ -468,6 +459,13 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
     int rc = c->slot && idx && loc ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         c->slot[i] = -1;
+    /* A pull with a hint follows the last one's: the batch read ahead for
+     * it is waited for and its rows taken first, so that the call's own
+     * reads (what the hint did not name) do not queue behind the batch's
+     * on the device. */
+    bool took = rc == 0 && nnext > 0 && prefetch_take(t);
+    if (took)
+        rc = prefetch_adopt(sp, t, ids, n, c);
     size_t m = 0, left = 0;
     if (rc == 0) {
         sparse_lock(t);
@@ -478,19 +476,24 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
          * costs no second walk). The locations are copied out: the reads
          * run without the mutex. */
         if (rc == 0 && t->nentries < t->rows)
-            m = misses(t, ids, n, c->slot, true, idx, loc, &left);
+            m = misses(t, ids, n, c->slot, false, idx, loc, &left);
         pthread_mutex_unlock(&t->mu);
     }
-    /* The call's own reads (what the last pull's hint did not name) run
-     * while a batch read ahead completes. */
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
-    /* Rows a batch read ahead is reading are taken from it, not read twice
-     * (what it could not read is read by sparse_cold_settle, under the
-     * mutex). */
-    if (rc == 0 && (nnext > 0 || left > 0))
-        rc = ahead(sp, t, ids, n, next, nnext, c);
+    if (took) {
+        if (rc != 0)
+            pthread_mutex_unlock(&t->pf.mu);
+        else
+            ahead(sp, t, ids, next, nnext, c);
+    } else if (rc == 0 && left > 0 && prefetch_take(t)) {
+        /* Rows another call's batch is reading are taken from it, not read
+         * twice (what it could not read is read by sparse_cold_settle,
+         * under the mutex). */
+        rc = prefetch_adopt(sp, t, ids, n, c);
+        pthread_mutex_unlock(&t->pf.mu);
+    }
     free(idx);
     free(loc);
     return rc;
