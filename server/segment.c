@@ -801,6 +801,7 @@ struct psd_seg_aread {
     bool busy;             /* handed to the thread, not yet waited for */
     bool done;             /* the thread finished it (rc) */
     bool quit;
+    bool ready;            /* the thread made its ring (rc says whether) */
     int rc;
 };
 
@@ -871,7 +872,22 @@ static int aread_run(psd_seg_aread *a)
 static void *aread_main(void *arg)
 {
     psd_seg_aread *a = arg;
+    /* The ring is this thread's alone (SINGLE_ISSUER), and completions are
+     * processed when it waits for them (DEFER_TASKRUN), not by interrupting
+     * it as they come: made here, by the thread that uses it. */
+    struct io_uring_params p = {.flags = IORING_SETUP_SINGLE_ISSUER |
+                                         IORING_SETUP_DEFER_TASKRUN};
+    int irc = io_uring_queue_init_params(AREAD_DEPTH, &a->ring, &p);
+    if (irc < 0)
+        irc = io_uring_queue_init(AREAD_DEPTH, &a->ring, 0); /* an older kernel */
     pthread_mutex_lock(&a->mu);
+    a->rc = irc < 0 ? irc : 0;
+    a->ready = true;
+    pthread_cond_broadcast(&a->cv);
+    if (irc < 0) {
+        pthread_mutex_unlock(&a->mu);
+        return NULL;
+    }
     for (;;) {
         while (!a->quit && !(a->busy && !a->done))
             pthread_cond_wait(&a->cv, &a->mu);
@@ -896,18 +912,23 @@ int psd_seg_aread_create(psd_seg_aread **out)
     psd_seg_aread *a = calloc(1, sizeof *a);
     if (a == NULL)
         return -ENOMEM;
-    int rc = io_uring_queue_init(AREAD_DEPTH, &a->ring, 0);
-    if (rc < 0) {
-        free(a);
-        return rc == -ENOMEM ? rc : -ENOTSUP;
-    }
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
-    rc = -pthread_create(&a->thread, NULL, aread_main, a);
+    int rc = -pthread_create(&a->thread, NULL, aread_main, a);
+    if (rc == 0) { /* until the thread has made its ring, or could not */
+        pthread_mutex_lock(&a->mu);
+        while (!a->ready)
+            pthread_cond_wait(&a->cv, &a->mu);
+        rc = a->rc;
+        pthread_mutex_unlock(&a->mu);
+        if (rc != 0) {
+            pthread_join(a->thread, NULL);
+            rc = rc == -ENOMEM ? rc : -ENOTSUP;
+        }
+    }
     if (rc != 0) {
         pthread_cond_destroy(&a->cv);
         pthread_mutex_destroy(&a->mu);
-        io_uring_queue_exit(&a->ring);
         free(a);
         return rc;
     }
