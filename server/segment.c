@@ -953,13 +953,11 @@ uint64_t psd_seg_aread_bytes(const psd_seg_aread *a)
  * nothing is in flight). */
 static int aread_room(psd_seg_aread *a, uint32_t align, uint64_t slot, size_t n)
 {
-    if (n > a->fdcap) {
-        int *fd = realloc(a->fd, n * sizeof *fd);
-        if (fd == NULL)
-            return -ENOMEM;
-        a->fd = fd;
-        a->fdcap = n;
-    }
+    int *fd = n > a->fdcap ? realloc(a->fd, n * sizeof *fd) : a->fd;
+    if (fd == NULL)
+        return -ENOMEM;
+    a->fd = fd;
+    a->fdcap = n > a->fdcap ? n : a->fdcap;
     size_t need = (size_t)(slot * n);
     if (a->arena != NULL && a->arena_cap >= need && a->align == align)
         return 0;
@@ -1030,12 +1028,10 @@ void psd_seg_aread_destroy(psd_seg_aread *a)
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->thread, NULL);
+    io_uring_queue_exit(&a->ring);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
-    io_uring_queue_exit(&a->ring);
-    free(a->arena);
-    free(a->fd);
-    free(a);
+    PS_FREE_ALL(a->arena, a->fd, a);
 }
 
 /* Calls fn for the records of segment n from offset off to end (its

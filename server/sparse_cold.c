@@ -44,28 +44,38 @@ static int cmp_pair(const void *a, const void *b)
     return x[1] < y[1] ? -1 : x[1] > y[1];
 }
 
+/* p (an array) grown to n elements of size bytes, or, when *rc is not 0
+ * or realloc fails, p as it was, with *rc -ENOMEM. */
+static void *grown(void *p, size_t n, size_t size, int *rc)
+{
+    void *q = *rc == 0 ? realloc(p, n * size) : NULL;
+    if (q == NULL)
+        *rc = -ENOMEM;
+    return q != NULL ? q : p;
+}
+
+/* The capacity, doubled from first, that holds need. */
+static size_t cap_for(size_t cap, size_t first, size_t need)
+{
+    size_t nc = cap ? cap : first;
+    while (nc < need)
+        nc *= 2;
+    return nc;
+}
+
 /* Room for m more slots. */
 static int slots_grow(struct sp_cold *c, size_t m, size_t rb)
 {
     if (c->nslots + m <= c->cap)
         return 0;
-    size_t nc = c->cap ? c->cap : 64;
-    while (nc < c->nslots + m)
-        nc *= 2;
-    uint8_t *r = realloc(c->rows, nc * rb);
-    if (r == NULL)
-        return -ENOMEM;
-    c->rows = r;
-    uint8_t *h = realloc(c->have, nc);
-    if (h == NULL)
-        return -ENOMEM;
-    c->have = h;
-    uint64_t *v = realloc(c->vloc, nc * sizeof *v);
-    if (v == NULL)
-        return -ENOMEM;
-    c->vloc = v;
-    c->cap = nc;
-    return 0;
+    size_t nc = cap_for(c->cap, 64, c->nslots + m);
+    int rc = 0;
+    c->rows = grown(c->rows, nc, rb, &rc);
+    c->have = grown(c->have, nc, 1, &rc);
+    c->vloc = grown(c->vloc, nc, sizeof *c->vloc, &rc);
+    if (rc == 0)
+        c->cap = nc;
+    return rc;
 }
 
 /* The rows to read: ids[idx[k]], whose record is at loc[k], k < m. */
@@ -257,23 +267,14 @@ static int prefetch_grow(struct sp_prefetch *pf, size_t k)
 {
     if (pf->n + k <= pf->cap)
         return 0;
-    size_t nc = pf->cap ? pf->cap : 256;
-    while (nc < pf->n + k)
-        nc *= 2;
-    psd_seg_read *rq = realloc(pf->rq, nc * sizeof *rq);
-    if (rq == NULL)
-        return -ENOMEM;
-    pf->rq = rq;
-    uint64_t *loc = realloc(pf->loc, nc * sizeof *loc);
-    if (loc == NULL)
-        return -ENOMEM;
-    pf->loc = loc;
-    int64_t *cl = realloc(pf->claim, nc * sizeof *cl);
-    if (cl == NULL)
-        return -ENOMEM;
-    pf->claim = cl;
-    pf->cap = pf->claimcap = nc;
-    return 0;
+    size_t nc = cap_for(pf->cap, 256, pf->n + k);
+    int rc = 0;
+    pf->rq = grown(pf->rq, nc, sizeof *pf->rq, &rc);
+    pf->loc = grown(pf->loc, nc, sizeof *pf->loc, &rc);
+    pf->claim = grown(pf->claim, nc, sizeof *pf->claim, &rc);
+    if (rc == 0)
+        pf->cap = pf->claimcap = nc;
+    return rc;
 }
 
 /* The most reads of a batch: PSD_SEG_AREAD_MAX, and buffers of at most an
