@@ -125,10 +125,10 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
                     void *out, bool f32, uint64_t *inserted);
 /* The same, told the ids of the table's next pull, next[0..nnext) (a
  * client's hint, SparsePullItem.next_ids): the reads of those on disk and
- * not in the RAM tier are submitted before this pull is served, and the
- * rows enter the tier in the background (the next call collects them), in
- * the RAM budget. It changes what the next pull waits for, never what any
- * pull answers. */
+ * not in the RAM tier are handed to a thread before this pull is served,
+ * and the table's next pull takes the rows it asks for from them (their
+ * buffer counts in the RAM budget). It changes what the next pull waits
+ * for, never what any pull answers. */
 int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                          const int64_t *next, size_t nnext, void *out, bool f32,
                          uint64_t *inserted);

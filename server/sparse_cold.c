@@ -17,6 +17,15 @@
  * second pass (sparse_cold_settle) reads under the mutex what the first
  * could not vouch for, which is rare: rows that left the RAM tier in
  * between, or the whole miss set after an apply or a sweep.
+ *
+ * Reads ahead: a pull may name the ids of its table's next pull. Once the
+ * pull's own reads are done, those ids with no RAM entry are looked up
+ * under the mutex and their reads handed to the table's psd_seg_aread (a
+ * thread and a ring of its own), one batch a table; their ids are claimed,
+ * so that no other call reads them twice. The next pull with a hint first
+ * waits for the batch and takes the rows it asks for as its own cold rows
+ * (prefetch_adopt), each with the record it was read from, which settle
+ * checks against the index under the mutex; the rest is dropped.
  */
 #include "server/sparse_internal.h"
 
