@@ -99,33 +99,65 @@ void psd_sparse_close(psd_sparse *sp)
     free(sp);
 }
 
-/* Half of --memory-limit less SPARSE_OWN_BYTES, and at least a quarter:
- * rows are read with O_DIRECT, so the page cache no longer holds them (a
- * quarter was the tier's when LMDB's pages held the cold rows), but psd's
- * own memory does not shrink with the limit. In psd-sparse-cgroup's 96 MiB
- * group psd's anonymous memory besides the tier reached ~60 MiB during
- * pushes and a checkpoint, and a tier of 3/8 (36 MiB) had the group kill
- * psd three times in four runs; a quarter (24 MiB) never did. */
-#define SPARSE_OWN_BYTES ((uint64_t)24 << 20)
+/* --memory-limit less SPARSE_OWN_BYTES, and at least a quarter. Rows are
+ * read with O_DIRECT, so the page cache no longer holds them, and what
+ * the group needs besides the budget does not grow with the limit:
+ * psd's own anonymous memory (gRPC, the calls' buffers, the cold reads'
+ * batch, the row log's batch, malloc's free pages), what the tier's cost
+ * passes its budget by during pushes (rows pinned until applied, the
+ * catalog queue's growth: up to ~12 MiB), and a working page cache
+ * (psd's code and libraries, ~15 MiB resident, the catalog's leaf pages a
+ * transaction rewrites, the row log's pages). Measured in bench/sparse's
+ * 4x-over phases in a 147 MiB group: psd's anonymous memory besides what
+ * the budget counts was 18-40 MiB; with a budget of the limit less 72 MiB
+ * (75 MiB) anonymous memory reached 118 MiB, the page cache fell to 26-28
+ * MiB and psd thrashed on its own code until its listener stopped
+ * answering, where with the budget at 49.5 MiB the page cache never fell
+ * below 47 MiB. In psd-sparse-cgroup's 96 MiB group, with a checkpoint
+ * and a restore, anonymous memory peaked at 62 MiB with the tier's 24 MiB,
+ * which a tier of 36 MiB had the group kill three times in four runs. 88
+ * MiB keeps the 96 MiB group's tier at its 24 MiB and gives the tier what
+ * a larger limit adds: 59 MiB of 147, leaving the page cache ~40 MiB. */
+#define SPARSE_OWN_BYTES ((uint64_t)88 << 20)
 
 uint64_t sparse_budget(const psd_sparse *sp)
 {
     uint64_t lim = sp->memory_limit;
     if (lim == 0)
         return (uint64_t)256 << 20;
-    return lim / 2 > lim / 4 + SPARSE_OWN_BYTES ? lim / 2 - SPARSE_OWN_BYTES : lim / 4;
+    return lim > lim / 4 + SPARSE_OWN_BYTES ? lim - SPARSE_OWN_BYTES : lim / 4;
 }
 
-/* LMDB mallocs a write transaction's dirty pages and keeps them on its
- * free list after (mdb_dpage_free): the applier's count too, and its
- * queue of catalog entries. The indexes of rows count as well (16 bytes a slot, ~27 bytes a row): they are
- * memory of psd's own that grows with the tables, as the RAM tier's rows
- * are, and the group's limit holds them all; the tier gives them room. */
+/* The indexes of rows count (16 bytes a slot): they are memory of psd's
+ * own that grows with the tables, as the RAM tier's rows are, and the
+ * group's limit holds them all; the tier gives them room. So do the
+ * catalog's queue and LMDB's dirty pages: those of the transaction open
+ * now (the checkpoint's copy, apply_pages) and those the store's LMDB
+ * keeps of its largest catalog transaction (dpages_kept), which it never
+ * gives back to malloc; and the tables' buffers of reads ahead. */
 uint64_t sparse_ram_cost(const psd_sparse *sp)
 {
+    uint64_t open = atomic_load(&sp->apply_pages), kept = atomic_load(&sp->dpages_kept);
     return atomic_load(&sp->ram) + atomic_load(&sp->index_bytes) +
            atomic_load(&sp->catq_bytes) + atomic_load(&sp->pf_bytes) +
-           atomic_load(&sp->apply_pages) * SPARSE_DIRTY_PAGE;
+           (open > kept ? open : kept) * SPARSE_DIRTY_PAGE;
+}
+
+void sparse_txn_pages(psd_sparse *sp, uint64_t pages)
+{
+    atomic_store(&sp->apply_pages, pages);
+    uint64_t k = atomic_load(&sp->dpages_kept);
+    while (pages > k && !atomic_compare_exchange_weak(&sp->dpages_kept, &k, pages))
+        ;
+}
+
+/* An eighth of the budget in pages, as before they were counted after the
+ * transaction, and at least 16 rows: at 256 rows, a tier of a few hundred
+ * KiB could never be within its budget again. */
+size_t sparse_txn_rows(const psd_sparse *sp)
+{
+    size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
+    return max < 16 ? 16 : max > 8192 ? 8192 : max;
 }
 
 bool psd_sparse_over_budget(psd_sparse *sp)
@@ -985,8 +1017,14 @@ void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
         {"psd_sparse_catalog_queued", "Catalog entries applied (committed with the "
          "segments' end) and not yet written into LMDB's catalog.",
          (double)atomic_load(&sp->catq_len)},
-        {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget (half of "
-         "--memory-limit less 24 MiB, at least a quarter).", (double)sparse_budget(sp)},
+        {"psd_sparse_catalog_queue_bytes", "Bytes of memory the catalog's queue holds.",
+         (double)atomic_load(&sp->catq_bytes)},
+        {"psd_sparse_lmdb_dirty_bytes", "Bytes of dirty pages LMDB holds: its largest "
+         "catalog transaction's, which it keeps for the next ones.",
+         (double)(atomic_load(&sp->dpages_kept) * SPARSE_DIRTY_PAGE)},
+        {"psd_sparse_ram_budget_bytes", "The sparse RAM tier's budget, with the indexes "
+         "of rows, the catalog's queue and LMDB's dirty pages (--memory-limit less 88 "
+         "MiB, at least a quarter of it).", (double)sparse_budget(sp)},
         {"psd_sparse_disk_bytes", "Bytes of the LMDB file in use.",
          (double)psd_store_disk_bytes(sp->store)},
         {"psd_sparse_segment_bytes", "Bytes of the segment files of sparse rows.",

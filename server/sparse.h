@@ -66,7 +66,7 @@ struct psd_store;
 struct psd_sparse_conf {
     struct psd_store *store;  /* the shard's, open; outlives the tier */
     const char *data_dir;     /* where the row log lives */
-    uint64_t memory_limit;    /* the RAM tier gets half less 24 MiB (sparse.c); 0: 256 MiB */
+    uint64_t memory_limit;    /* the RAM tier gets it less 88 MiB (sparse.c); 0: 256 MiB */
     uint64_t map_size;        /* a checkpoint copy's map (0: default) */
     uint64_t max_rows;        /* rows a table may hold (--max-rows-per-table);
                                  0: no cap */

@@ -9,7 +9,7 @@
  *
  * The shape is DeepRec's SSDHASH and KVell's: open-addressing arrays of
  * 16-byte slots {id, packed location}, linear probing, deletion by
- * backward shift (no tombstones), at most 4/5 full; 64 of them, by the
+ * backward shift (no tombstones), 4/5 to 7/8 full; 64 of them, by the
  * hash's top bits, so that growing one holds two copies of 1/64 of the
  * index for a moment, not of all of it. A location packs the
  * segment (24 bits) and the offset (40 bits); the length is the table's
@@ -36,10 +36,15 @@
 #define OFF_BITS 40
 #define SEG_MAX (((uint64_t)1 << 24) - 1)
 #define MIN_CAP 16 /* a part's: 1024 slots, 16 KiB, for a table */
-/* Full at 4/5: a lookup of an id that is not there probes ~13 slots on
- * average (~3 cache lines), one that is there ~3. */
-#define LOAD_NUM 4
-#define LOAD_DEN 5
+/* Full at 7/8, and grown to 4/5: the index is as large as the RAM tier's
+ * rows in a small memory group (21 MiB for a million rows between 2/3 and
+ * 4/5 full, ~18 between 4/5 and 7/8), and what it saves the tier keeps.
+ * A lookup of an id that is not there probes ~13-32 slots (4-8 cache
+ * lines, in a row), one that is there ~3-5, against the cold read of a
+ * record that follows it. */
+#define LOAD_NUM 7
+#define LOAD_DEN 8
+#define GROW_BY 4 /* a quarter more than needed: 4/5 full after */
 
 struct sp_slot {
     int64_t id;
@@ -121,8 +126,7 @@ static int part_reserve(psd_sparse_table *t, struct sp_ixpart *x, size_t more)
     size_t want = x->n + more;
     if (x->cap > 0 && want * LOAD_DEN <= x->cap * LOAD_NUM)
         return 0;
-    /* Half again what is needed: 8/15 full after, room to grow. */
-    size_t cap = want + want / 2;
+    size_t cap = want + want / GROW_BY;
     return resize(t, x, cap > MIN_CAP ? cap : MIN_CAP);
 }
 
@@ -268,7 +272,7 @@ int sparse_index_apply(psd_sparse *sp, struct sp_ixset *s, size_t n, bool reserv
         if (reserve) {
             /* When the index grows, within the budget, the tier gives it
              * room at once rather than at the next round of room (a
-             * part's array grows by half at a time: megabytes). */
+             * part's array grows by a quarter at a time: megabytes). */
             uint64_t was = t->ix.bytes;
             rc = reserve_new(t, s + i, j - i);
             if (t->ix.bytes > was && sparse_ram_cost(sp) > sparse_budget(sp))

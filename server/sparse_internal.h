@@ -59,8 +59,10 @@
  * tier is a cold read (sparse_cold.c): a call's whole miss set is looked
  * up in the index and read in one batch through io_uring with O_DIRECT,
  * never a page fault, and the rows enter the RAM tier. The RAM tier, with
- * the indexes and the catalog's queue, is kept under half of --memory-limit less 24 MiB (the page
- * cache no longer holds rows; sparse_budget), the tier giving an index room
+ * the indexes, the catalog's queue and the dirty pages LMDB keeps, is kept
+ * under --memory-limit less 88 MiB (the page cache no longer holds rows,
+ * but psd's code and the catalog's pages need it; sparse_budget), the
+ * tier giving an index room
  * as soon as it grows (sparse_index_apply): past it a push first waits
  * for a commit and, if need be,
  * an apply, after which rows the clock passes over are dropped from
@@ -226,6 +228,11 @@ struct psd_sparse {
     /* The bytes of the ready tables' indexes of rows (sparse_index.c),
      * part of what the RAM budget bounds (sparse_ram_cost). */
     atomic_uint_fast64_t index_bytes;
+    /* The most pages a catalog transaction of the store dirtied: LMDB
+     * mallocs a write transaction's dirty pages and, when it ends, keeps
+     * them on its environment's list for the next ones (mdb_dpage_free),
+     * never freed before the store closes (sparse_txn_pages). */
+    atomic_uint_fast64_t dpages_kept;
     uint64_t max_rows;      /* per table, 0: none */
     /* The kill -9 bound needs each commit to end soon after it starts: the
      * rows a commit may carry follow what the last commits wrote per ms
@@ -295,9 +302,17 @@ struct psd_sparse {
 
 /* sparse.c */
 uint64_t sparse_budget(const psd_sparse *sp);
-/* The RAM tier's rows plus a page per row of the applier's transaction:
- * what the budget bounds. */
+/* The RAM tier's rows, the indexes of rows, the catalog's queue and the
+ * dirty pages LMDB holds (a page per row of the open transaction, or what
+ * it keeps of the largest one): what the budget bounds. */
 uint64_t sparse_ram_cost(const psd_sparse *sp);
+/* A catalog transaction of the store has dirtied about pages pages so
+ * far: counted now, and kept counted (LMDB keeps them) when it is the
+ * largest yet. */
+void sparse_txn_pages(psd_sparse *sp, uint64_t pages);
+/* Rows per catalog transaction: its dirty pages, a page per row, are
+ * what LMDB keeps after it. */
+size_t sparse_txn_rows(const psd_sparse *sp);
 uint64_t sparse_mix64(uint64_t z);
 /* Takes t->mu, after the flusher if it waits for it; sparse_flusher_lock
  * is the flusher's. */

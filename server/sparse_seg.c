@@ -332,7 +332,7 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
     int rc = 0;
     for (size_t rows = 0; *k < n && rows < max && rc == 0;) {
         if ((rows & 255) == 255) /* the transaction's pages, as the RAM budget sees them */
-            atomic_store(&w->sp->apply_pages, rows);
+            sparse_txn_pages(w->sp, rows);
         size_t g = *k;
         const struct sp_catq *own = NULL;
         for (; g < n && q[g].var_id == q[*k].var_id && q[g].id == q[*k].id; g++)
@@ -358,6 +358,8 @@ static int flush_some(struct sp_catw *w, const struct sp_catq *q, size_t n, size
         }
         rc = cat_put(w, last->var_id, last->id, &c, had ? &old : NULL);
         rows++;
+        if (*k >= n || rows >= max)
+            sparse_txn_pages(w->sp, rows);
     }
     return rc;
 }
@@ -490,8 +492,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
     uint32_t *live = sp->catw_all ? NULL : sparse_live_ids(sp, &nlive);
     if (!sp->catw_all && live == NULL)
         return -ENOMEM;
-    size_t max = (size_t)(sparse_budget(sp) / 8 / SPARSE_DIRTY_PAGE);
-    max = max < 256 ? 256 : max > 8192 ? 8192 : max;
+    size_t max = sparse_txn_rows(sp);
     int rc = 0;
     for (size_t n = 0; n < txns && rc == 0 && sp->catw_upto != 0; n++) {
         size_t from = sp->catw_k, k = from;

@@ -3,13 +3,14 @@ real psd: --max-rows-per-table bounds a table's rows and any spec's
 max_rows, rows with their optimizer slots count toward --max-bytes, a push
 past either is refused whole with RESOURCE_EXHAUSTED naming the table and
 the limit (nothing of it applied), and the RAM tier stays within its
-budget (half of --memory-limit less 24 MiB), with the index of rows it
-holds, plus one call's rows after every push that brings many new ids:
-psd's peak anonymous memory is measured.
+budget (--memory-limit less 88 MiB), with the index of rows it holds,
+plus one call's rows after every push that brings many new ids: psd's
+peak anonymous memory is measured.
 """
 import os
 import sys
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -96,18 +97,32 @@ def rss_anon(pid):
     return 0
 
 
+def metrics(port):
+    """psd's /metrics page as {name: value} (series without labels)."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+        page = f.read().decode()
+    return {p[0]: float(p[1]) for p in (line.split() for line in page.splitlines())
+            if len(p) == 2 and not p[0].startswith("#")}
+
+
 def ram_budget():
-    """Pushes of many new ids each, under --memory-limit 256M (a RAM tier
+    """Pushes of many new ids each, under --memory-limit 192M (a RAM tier
     of 104 MiB): psd's anonymous memory may pass what it held before by the
     budget and one call's working set, no more; unbounded, the tier alone
-    would take ~490 MB."""
-    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "256M")
+    would take ~490 MB. What the budget bounds, on /metrics: the tier, the
+    index, the catalog's queue and the dirty pages LMDB keeps of its largest
+    catalog transaction."""
+    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "192M",
+                         "--metrics-listen", "127.0.0.1:0")
+    line = d.proc.stdout.readline()  # printed right after PORT
+    mport = int(line.split()[1]) if line.startswith("METRICS_PORT ") else None
+    R.check(mport is not None, "psd printed its metrics port (%r)" % line)
     stub = pbg.ParameterServerStub(pstest.channel(d.address))
     dim, per_call, calls = 64, 100000, 16
     stub.CreateVariable(pb.CreateVariableRequest(spec=sparse_spec("wide", dim)),
                         timeout=10)
     push(stub, "wide", range(1000), dim)
-    budget = (256 << 20) // 2 - (24 << 20)
+    budget = (192 << 20) - (88 << 20)
     call = per_call * dim * 4  # one call's gradient
     # One call's rows in the tier: each an entry of at most 64 bytes and
     # the row's floats.
@@ -115,11 +130,16 @@ def ram_budget():
     base = rss_anon(d.proc.pid)
     peak = base
     tier = []  # the tier and the index of rows after each call
+    cost = []  # all that the budget bounds, from /metrics
+    m = {}
     for c in range(calls):
         push(stub, "wide", range(10 ** 6 * (c + 1), 10 ** 6 * (c + 1) + per_call), dim)
         peak = max(peak, rss_anon(d.proc.pid))
         st = stub.Stats(pb.StatsRequest(), timeout=10)
         tier.append(st.sparse_ram_bytes + st.sparse_index_bytes)
+        m = metrics(mport) if mport else {}
+        cost.append(sum(m.get("psd_sparse_" + k, 0) for k in (
+            "ram_bytes", "index_bytes", "catalog_queue_bytes", "lmdb_dirty_bytes")))
     time.sleep(0.5)
     peak = max(peak, rss_anon(d.proc.pid))
     # Past the budget: the call's rows in the tier (~1.2 calls: entries of
@@ -138,6 +158,14 @@ def ram_budget():
             "call's rows (%.1f MiB)" % (max(tier) / 2 ** 20, calls,
                                        st.sparse_index_bytes / 2 ** 20, budget / 2 ** 20,
                                        call_rows / 2 ** 20))
+    R.check(m.get("psd_sparse_ram_budget_bytes") == budget,
+            "/metrics gives the budget: %s bytes, --memory-limit less 88 MiB"
+            % m.get("psd_sparse_ram_budget_bytes"))
+    R.check(m.get("psd_sparse_lmdb_dirty_bytes", 0) > 0 and max(cost) <= budget + call_rows,
+            "with the catalog's queue and LMDB's kept dirty pages (%.1f MiB), what the "
+            "budget bounds was at most %.1f MiB after each call, within the budget plus "
+            "a call's rows" % (m.get("psd_sparse_lmdb_dirty_bytes", 0) / 2 ** 20,
+                               max(cost) / 2 ** 20))
     R.check(peak - base <= bound,
             "psd's anonymous memory grew by %.1f MiB at its peak, at most the budget "
             "and one call's working set (%.1f MiB)" % ((peak - base) / 2 ** 20,

@@ -996,6 +996,91 @@ START_TEST(test_old_format)
 }
 END_TEST
 
+/* The index's part of id, as sparse_index.c hashes it. */
+static unsigned ix_part(int64_t id)
+{
+    return (unsigned)(sparse_mix64((uint64_t)id ^ 0x5851f42d4c957f2dULL) >>
+                      (64 - SPARSE_IX_PART_BITS));
+}
+
+static int64_t ix_id(size_t i)
+{
+    return (int64_t)(i * 0x9e3779b97f4a7c15ULL) >> 1; /* scattered, either sign */
+}
+
+/* The index of rows alone (sparse_index.c): 200,000 ids grow its parts,
+ * each at most 7/8 full and the whole at least 3/4 (grown to 4/5); every
+ * id found, absent ones not; every other one deleted (backward shift
+ * through the probe runs) and the rest still found; set again. Then a
+ * part filled to its limit exactly (the array not grown, every lookup,
+ * of ids there or not, ending; a third deleted and set again) and one
+ * more id, which grows it. */
+START_TEST(test_index_table)
+{
+    static psd_sparse_table t; /* no tier: its counts stay the table's */
+    memset(&t, 0, sizeof t);
+    enum { N = 200000 };
+    for (size_t i = 0; i < N; i++)
+        ck_assert_int_eq(sparse_index_set(&t, ix_id(i), (uint64_t)i << 8 | 2), 0);
+    ck_assert_uint_eq(t.ix.n, N);
+    for (size_t p = 0; p < SPARSE_IX_PARTS; p++)
+        ck_assert_uint_le(t.ix.part[p].n * 8, t.ix.part[p].cap * 7);
+    ck_assert_uint_le(sparse_index_bytes(&t), (uint64_t)N * 16 * 4 / 3);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_uint_eq(sparse_index_get(&t, ix_id(i)), (uint64_t)i << 8 | 2);
+    for (size_t i = N; i < N + 1000; i++)
+        ck_assert_uint_eq(sparse_index_get(&t, ix_id(i)), 0);
+    for (size_t i = 0; i < N; i += 2)
+        sparse_index_del(&t, ix_id(i));
+    ck_assert_uint_eq(t.ix.n, N / 2);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_uint_eq(sparse_index_get(&t, ix_id(i)), i % 2 ? (uint64_t)i << 8 | 2 : 0);
+    for (size_t i = 0; i < N; i += 2)
+        ck_assert_int_eq(sparse_index_set(&t, ix_id(i), (uint64_t)i << 9 | 3), 0);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_uint_eq(sparse_index_get(&t, ix_id(i)),
+                          i % 2 ? (uint64_t)i << 8 | 2 : (uint64_t)i << 9 | 3);
+    sparse_index_free(&t);
+
+    /* Part 0 filled to 7/8 of its array, no more. */
+    struct sp_ixpart *x = &t.ix.part[0];
+    int64_t in[1024];
+    size_t n = 0, i = 0;
+    for (; n == 0 || (x->n + 1) * 8 <= x->cap * 7; i++)
+        if (ix_part(ix_id(i)) == 0) {
+            ck_assert_uint_lt(n, 1024);
+            in[n] = ix_id(i);
+            ck_assert_int_eq(sparse_index_set(&t, in[n], (uint64_t)n + 2), 0);
+            n++;
+        }
+    size_t cap = x->cap;
+    ck_assert_uint_eq(x->n, n);
+    ck_assert_uint_ge(n * 8 + 8, cap * 7); /* full: one more passes 7/8 */
+    for (size_t k = 0; k < n; k++)
+        ck_assert_uint_eq(sparse_index_get(&t, in[k]), (uint64_t)k + 2);
+    for (size_t k = 0, j = i; k < 100; j++)
+        if (ix_part(ix_id(j)) == 0) {
+            ck_assert_uint_eq(sparse_index_get(&t, ix_id(j)), 0);
+            k++;
+        }
+    for (size_t k = 0; k < n; k += 3) /* deletions in the full array */
+        sparse_index_del(&t, in[k]);
+    for (size_t k = 0; k < n; k++)
+        ck_assert_uint_eq(sparse_index_get(&t, in[k]), k % 3 ? (uint64_t)k + 2 : 0);
+    for (size_t k = 0; k < n; k += 3)
+        ck_assert_int_eq(sparse_index_set(&t, in[k], (uint64_t)k + 2), 0);
+    ck_assert_uint_eq(x->cap, cap);
+    for (; ix_part(ix_id(i)) != 0; i++)
+        ;
+    ck_assert_int_eq(sparse_index_set(&t, ix_id(i), 7), 0);
+    ck_assert_uint_gt(x->cap, cap);
+    for (size_t k = 0; k < n; k++)
+        ck_assert_uint_eq(sparse_index_get(&t, in[k]), (uint64_t)k + 2);
+    ck_assert_uint_eq(sparse_index_get(&t, ix_id(i)), 7);
+    sparse_index_free(&t);
+}
+END_TEST
+
 PSCHECK_MAIN("sparse",
     {"half rows", {test_f16_rows, test_bf16_rows, test_f16_clamp, test_convert_row},
      &pscheck_tmp},
@@ -1004,6 +1089,7 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
+    {"sparse_index", {test_index_table}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
                          test_catalog_step}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
