@@ -17,6 +17,11 @@
  *     bytes from its segment files through a warm page cache;
  *   - the peer: redis-server on a free loopback port holding the same rows
  *     the way TFRA's Redis backend does (bench/redis_peer.h).
+ * psd's pulls, in both regimes and the warm-up, carry the ids of the
+ * next pull as a hint (ps_sparse_item.next_ids: SparsePullItem.next_ids),
+ * as a trainer that knows its next batch sends them: psd starts reading
+ * those on disk before it serves the pull. The ceilings and Redis get the
+ * same ids without it.
  * Two regimes for psd: the table in RAM (no memory limit), and psd with
  * --memory-limit a quarter of the table's bytes (LMDB and segments),
  * inside a cgroup v1 memory group of that size when run as root (else
@@ -306,14 +311,16 @@ static int create(struct psd *p, const struct opts *o)
 
 /* One SparsePull (kind 0), SparsePush (1) or push with return (2), through
  * the C client's calls (common/sparseclient.h), as a program linking
- * libpsclient makes them. */
+ * libpsclient makes them; a pull tells psd the next pull's ids, next
+ * (NULL: none). */
 static int one(struct psd *p, const struct opts *o, int kind, int64_t *ids, float *g,
-               float *out, uint64_t step)
+               float *out, uint64_t step, const int64_t *next)
 {
     float *rows = kind == 1 ? g : out; /* a push without return leaves g as it is */
     if (kind == 2)
         memcpy(out, g, (size_t)(o->batch * o->dim) * sizeof *out);
-    ps_sparse_item it = {"emb", ids, (size_t)o->batch, (int)o->dim, rows, 0};
+    ps_sparse_item it = {"emb", ids, (size_t)o->batch, (int)o->dim, rows, 0,
+                         kind == 0 ? next : NULL, next ? (size_t)o->batch : 0};
     ps_rpc_status st;
     int rc = kind == 0 ? ps_client_sparse_pull(&p->pc, 1, &it, 1, 0, &st)
                        : ps_client_sparse_push(&p->pc, 1, 0, step, &it, 1, kind == 2, 0, &st);
@@ -408,32 +415,62 @@ static int64_t id_of(const struct opts *o, uint64_t rank)
 }
 
 /* The ranks of the ids of the current call, for the RAM ceiling, which
- * holds the table's rows by rank; and how many draws fell beyond the
- * table's --rows ranks (ids never pushed before the run). */
-static uint64_t *g_ranks;
+ * holds the table's rows by rank, and of the next call's; and how many
+ * draws fell beyond the table's --rows ranks (ids never pushed before the
+ * run). g_next_ids: the next call's ids, which psd's pulls are told
+ * (NULL after the last call). */
+static uint64_t *g_ranks, *g_next_ranks;
+static const int64_t *g_next_ids;
 static uint64_t g_drawn, g_beyond;
 
+/* Draws a batch of ids (and their ranks) from the Zipf stream rng. */
+static void draw(const struct opts *o, const struct zipf *z, uint64_t *rng, int64_t *ids,
+                 uint64_t *ranks)
+{
+    for (long i = 0; i < o->batch; i++) {
+        ranks[i] = zipf_rank(z, rng);
+        ids[i] = id_of(o, ranks[i]);
+        g_drawn++;
+        g_beyond += ranks[i] >= (uint64_t)o->rows;
+    }
+}
+
 /* rows/s of calls of one kind; p50 and p99 per call in ms. The ids are
- * the same sequence for every target of a kind. */
+ * the same sequence for every target of a kind; each call's are drawn
+ * with the next call's before it is timed, so that a pull can say them. */
 static double measure(const struct opts *o, op_fn fn, void *ctx, int kind,
                       const struct zipf *z, int64_t *ids, float *g, float *out, const char *who)
 {
     double *lat = malloc((size_t)o->calls * sizeof *lat);
+    int64_t *next = malloc((size_t)o->batch * sizeof *next), *own = next;
+    uint64_t *ranks0 = g_ranks;
     uint64_t rng = 42 + (uint64_t)kind;
     double busy = 0;
+    if (lat == NULL || next == NULL)
+        exit(1);
+    draw(o, z, &rng, ids, g_ranks);
     for (long c = 0; c < o->calls; c++) {
-        for (long i = 0; i < o->batch; i++) {
-            g_ranks[i] = zipf_rank(z, &rng);
-            ids[i] = id_of(o, g_ranks[i]);
-            g_drawn++;
-            g_beyond += g_ranks[i] >= (uint64_t)o->rows;
-        }
+        g_next_ids = c + 1 < o->calls ? next : NULL;
+        if (g_next_ids != NULL)
+            draw(o, z, &rng, next, g_next_ranks);
         double t = now_s();
         if (fn(ctx, kind, ids, g, out, (uint64_t)(1000 + c)) != 0)
             exit(1);
         lat[c] = now_s() - t;
         busy += lat[c];
+        int64_t *ti = ids;
+        ids = next;
+        next = ti;
+        uint64_t *tr = g_ranks;
+        g_ranks = g_next_ranks;
+        g_next_ranks = tr;
     }
+    if (g_ranks != ranks0) { /* as they were, for the caller */
+        g_next_ranks = g_ranks;
+        g_ranks = ranks0;
+    }
+    g_next_ids = NULL;
+    free(own);
     qsort(lat, (size_t)o->calls, sizeof *lat, cmp_d);
     double rate = (double)(o->calls * o->batch) / busy; /* id drawing excluded */
     static const char *names[] = {"pull", "push (Adagrad)", "push+return"};
@@ -451,7 +488,7 @@ struct psd_ctx {
 static int psd_op(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step)
 {
     struct psd_ctx *c = ctx;
-    return one(c->p, c->o, kind, ids, g, out, step);
+    return one(c->p, c->o, kind, ids, g, out, step, g_next_ids);
 }
 
 /* Ceiling 1: the rows gathered from a RAM array (rows * dim floats). */
@@ -572,7 +609,7 @@ static uint64_t fill(struct psd *p, const struct opts *o, int64_t *ids, float *g
     for (long k = 0; k < o->rows; k += o->batch) {
         for (long i = 0; i < o->batch; i++)
             ids[i] = id_of(o, (uint64_t)((k + i) % o->rows));
-        if (one(p, o, 1, ids, g, NULL, 0) != 0)
+        if (one(p, o, 1, ids, g, NULL, 0, NULL) != 0)
             exit(1);
     }
     /* Until the write-behind has logged every row, applied the log and
@@ -732,12 +769,19 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
      * that the tiers hold what a steady stream keeps there, as the LMDB
      * ceiling reads a warm page cache. */
     uint64_t wrng = 4242;
+    int64_t *wnext = malloc((size_t)o->batch * sizeof *wnext);
+    if (wnext == NULL)
+        exit(1);
+    for (long i = 0; i < o->batch; i++)
+        ids[i] = id_of(o, zipf_rank(cdf, &wrng));
     for (long c = 0; c < o->warmup; c++) {
         for (long i = 0; i < o->batch; i++)
-            ids[i] = id_of(o, zipf_rank(cdf, &wrng));
-        if (one(p, o, 0, ids, g, out, 0) != 0)
+            wnext[i] = id_of(o, zipf_rank(cdf, &wrng));
+        if (one(p, o, 0, ids, g, out, 0, c + 1 < o->warmup ? wnext : NULL) != 0)
             exit(1);
+        memcpy(ids, wnext, (size_t)o->batch * sizeof *ids);
     }
+    free(wnext);
     /* psd's cold reads (Stats) over the timed pulls */
     uint64_t sr0 = 0, sr1 = 0, read0 = tier_misses(p, NULL, &sr0);
     res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
@@ -839,6 +883,7 @@ int main(int argc, char **argv)
     zipf_init(&zz, 1.1, (double)o.keyspace);
     const struct zipf *cdf = &zz;
     g_ranks = malloc((size_t)o.batch * sizeof *g_ranks);
+    g_next_ranks = malloc((size_t)o.batch * sizeof *g_next_ranks);
     struct psd p = {0};
     double ram[3], over[3];
     struct peers pr = {0};
@@ -926,5 +971,6 @@ int main(int argc, char **argv)
            "%s over memory %.2f of in-ram, pull %s of disk ceiling\n", ram[0],
            ram[0] / pr.lmdb, rr, ram[1], rp, xs, (over[0] + over[1]) / (ram[0] + ram[1]), dc);
     free(g_ranks);
+    free(g_next_ranks);
     return 0;
 }

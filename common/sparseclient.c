@@ -272,7 +272,10 @@ static int decode_rows(void *ctx, const struct ps_piece *pieces, int np)
                                  pd->err, sizeof pd->err);
 }
 
-static int pull_shard(ps_client *c, int s, const struct split *sp,
+/* One shard's pull: its ids of each table, and of the next ids (nx: their
+ * split, NULL when none were given) its own, so that a shard with no ids
+ * of a table now but some next still hears of them. */
+static int pull_shard(ps_client *c, int s, const struct split *sp, const struct split *nx,
                       ps_sparse_item *items, size_t n, int deadline_ms,
                       ps_rpc_status *st)
 {
@@ -281,12 +284,15 @@ static int pull_shard(ps_client *c, int s, const struct split *sp,
     size_t used[PS_SPARSE_MAX_TABLES], m = 0;
     for (size_t i = 0; i < n; i++) {
         size_t cnt = sp->count[(size_t)s * n + i];
-        if (cnt == 0)
+        size_t cn = nx ? nx->count[(size_t)s * n + i] : 0;
+        if (cnt == 0 && cn == 0)
             continue;
         ps__v1__sparse_pull_item__init(&pi[m]);
         pi[m].name = (char *)items[i].name;
         pi[m].n_ids = cnt;
         pi[m].ids = sp->ids[(size_t)s * n + i];
+        pi[m].n_next_ids = cn;
+        pi[m].next_ids = cn ? nx->ids[(size_t)s * n + i] : NULL;
         pp[m] = &pi[m];
         used[m++] = i;
     }
@@ -328,12 +334,26 @@ int ps_client_sparse_pull(ps_client *const *shards, int nshards,
                           ps_sparse_item *items, size_t n, int deadline_ms,
                           ps_rpc_status *st)
 {
-    struct split sp;
+    struct split sp, nx;
     int rc = split_begin(&sp, nshards, items, n, st);
     if (rc != 0)
         return rc;
+    /* The next ids split the same way, as the ids of items of their own. */
+    ps_sparse_item next[PS_SPARSE_MAX_TABLES];
+    bool hint = false;
+    for (size_t i = 0; i < n; i++) {
+        next[i] = (ps_sparse_item){.name = items[i].name, .ids = items[i].next_ids,
+                                   .n = items[i].next_ids ? items[i].next_n : 0};
+        hint |= next[i].n > 0;
+    }
+    if (hint && (rc = split_make(&nx, nshards, next, n)) != 0) {
+        split_free(&sp);
+        return rc;
+    }
     for (int s = 0; rc == 0 && s < nshards; s++)
-        rc = pull_shard(shards[s], s, &sp, items, n, deadline_ms, st);
+        rc = pull_shard(shards[s], s, &sp, hint ? &nx : NULL, items, n, deadline_ms, st);
+    if (hint)
+        split_free(&nx);
     split_free(&sp);
     return rc;
 }

@@ -44,7 +44,11 @@ uint64_t ps_sparse_mix64(uint64_t x);
 /* One table of a call: n ids and n * dim floats (pull: written, the rows in
  * the order of ids, widened from float16 or bfloat16 when that is the
  * table's row dtype, which is what travels; push: read, row i the gradient
- * of ids[i], sent as float32). */
+ * of ids[i], sent as float32). A pull may say the ids of its next pull of
+ * the table, next_ids[0..next_n) (NULL, 0: none): each shard gets those it
+ * holds (SparsePullItem.next_ids) and starts reading them from disk ahead,
+ * so that the next pull finds them in memory; a hint, which changes no
+ * answer. A push ignores them. */
 typedef struct ps_sparse_item {
     const char *name;
     const int64_t *ids;
@@ -52,6 +56,8 @@ typedef struct ps_sparse_item {
     int dim;
     float *rows;
     uint64_t version;     /* out: the highest version a shard answered */
+    const int64_t *next_ids;
+    size_t next_n;
 } ps_sparse_item;
 
 /* SparsePull of items[0..n) from the table shards shards[0..nshards). */

@@ -483,14 +483,38 @@ void ps_wire_push_free(ps_wire_push *req)
 
 /* ---- SparsePullRequest / SparsePushRequest -------------------------------- */
 
-static int sparse_id(ps_wire_sparse *req, uint64_t v)
+/* Appends v to *arr (n used of *cap). */
+static int sparse_id(int64_t **arr, size_t *n, size_t *cap, uint64_t v)
 {
-    int64_t *ids = ps_grow(req->ids, &req->idcap, req->nids, sizeof *ids, 256);
+    int64_t *ids = ps_grow(*arr, cap, *n, sizeof *ids, 256);
     if (ids == NULL)
         return -ENOMEM;
-    req->ids = ids;
-    req->ids[req->nids++] = (int64_t)v;
+    *arr = ids;
+    ids[(*n)++] = (int64_t)v;
     return 0;
+}
+
+/* A repeated int64 field of an item, packed (wt WT_LEN) or one varint,
+ * appended to *arr (*n used of *cap) and counted in *count. NULL, or what
+ * is wrong: past or cut (the field's own words), or "out of memory" with
+ * *rc -ENOMEM. */
+static const char *read_ids(cursor *c, int wt, const char *past, const char *cut,
+                            int64_t **arr, size_t *n, size_t *cap, size_t *count, int *rc)
+{
+    cursor s;
+    uint64_t v;
+    int one = wt == WT_VARINT;
+    if (!one && get_sub(c, &s) != 0)
+        return past;
+    cursor *r = one ? c : &s;
+    do {
+        if (get_varint(r, &v) != 0)
+            return cut;
+        if ((*rc = sparse_id(arr, n, cap, v)) != 0)
+            return "out of memory";
+        (*count)++;
+    } while (!one && s.left > 0);
+    return NULL;
 }
 
 /* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3.
@@ -510,19 +534,21 @@ static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                 return push ? "SparseGradient.name: length past the end"
                             : "SparsePullItem.name: length past the end";
         } else if (field == 2 && (wt == WT_LEN || wt == WT_VARINT)) {
-            int one = wt == WT_VARINT;
-            if (!one && get_sub(c, &s) != 0)
-                return push ? "SparseGradient.ids: length past the end"
-                            : "SparsePullItem.ids: length past the end";
-            cursor *r = one ? c : &s;
-            do {
-                if (get_varint(r, &v) != 0)
-                    return push ? "SparseGradient.ids: truncated varint"
-                                : "SparsePullItem.ids: truncated varint";
-                if ((*rc = sparse_id(req, v)) != 0)
-                    return "out of memory";
-                it->nids++;
-            } while (!one && s.left > 0);
+            const char *why = read_ids(
+                c, wt, push ? "SparseGradient.ids: length past the end"
+                            : "SparsePullItem.ids: length past the end",
+                push ? "SparseGradient.ids: truncated varint"
+                     : "SparsePullItem.ids: truncated varint",
+                &req->ids, &req->nids, &req->idcap, &it->nids, rc);
+            if (why != NULL)
+                return why;
+        } else if (!push && field == 4 && (wt == WT_LEN || wt == WT_VARINT)) {
+            const char *why = read_ids(c, wt, "SparsePullItem.next_ids: length past the end",
+                                       "SparsePullItem.next_ids: truncated varint",
+                                       &req->next, &req->nnext, &req->nextcap, &it->nnext,
+                                       rc);
+            if (why != NULL)
+                return why;
         } else if (!push && field == 3 && wt == WT_VARINT) {
             if (get_varint(c, &v) != 0)
                 return "SparsePullItem.dtype: truncated varint";
@@ -557,6 +583,7 @@ static int read_sparse_items(cursor *c, bool push, ps_wire_sparse *req, char *er
     ps_wire_sparse_item *it = &req->items[req->nitems];
     memset(it, 0, sizeof *it);
     it->ids_at = req->nids;
+    it->next_at = req->nnext;
     int rc = 0;
     const char *why = read_sparse_item(&s, push, req, it, &rc);
     if (rc != 0)
@@ -573,7 +600,8 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
     const char *msg = push ? "SparsePushRequest" : "SparsePullRequest";
     /* Every field unset but the arrays kept for reuse. */
     *req = (ps_wire_sparse){.items = req->items, .cap = req->cap, .ids = req->ids,
-                            .idcap = req->idcap, .one = {buf, len}};
+                            .idcap = req->idcap, .next = req->next,
+                            .nextcap = req->nextcap, .one = {buf, len}};
     cursor c;
     ps_wire_bytes_init(&c, &req->one, 1);
     while (c.left > 0) {
@@ -602,8 +630,13 @@ int ps_wire_sparse_decode(const uint8_t *buf, size_t len, bool push, ps_wire_spa
         if (rc != 0)
             return bad_field(rc, msg, field, wt, at, err, errlen);
     }
-    for (size_t i = 0; i < req->nitems; i++) /* the array has stopped moving */
-        req->items[i].ids = req->ids + req->items[i].ids_at;
+    /* The arrays have stopped moving (NULL while nothing was put in one:
+     * no offset is added to it). */
+    for (size_t i = 0; i < req->nitems; i++) {
+        ps_wire_sparse_item *it = &req->items[i];
+        it->ids = req->ids ? req->ids + it->ids_at : NULL;
+        it->next_ids = req->next ? req->next + it->next_at : NULL;
+    }
     return 0;
 }
 
@@ -611,9 +644,10 @@ void ps_wire_sparse_free(ps_wire_sparse *req)
 {
     free(req->items);
     free(req->ids);
+    free(req->next);
     req->items = NULL;
-    req->ids = NULL;
-    req->cap = req->nitems = req->idcap = req->nids = 0;
+    req->ids = req->next = NULL;
+    req->cap = req->nitems = req->idcap = req->nids = req->nextcap = req->nnext = 0;
 }
 
 

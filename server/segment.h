@@ -133,6 +133,41 @@ typedef struct {
  * was sound), PS_ECORRUPT when one was not, or -errno of an I/O failure. */
 int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n);
 
+/* ---- reads in the background --------------------------------------------- */
+
+/* A batch of reads left in flight (a prefetch): handed to a thread of its
+ * own, which submits them on its own ring, up to 256 in flight as the
+ * device takes them, and checks each as it completes; collected later by
+ * psd_seg_aread_wait. One batch at a time; the ring, the thread and the
+ * buffer are kept from batch to batch. Threads: the calls one at a time
+ * (the owner's lock), from any thread. */
+typedef struct psd_seg_aread psd_seg_aread;
+
+/* Returns 0, -ENOTSUP where io_uring is not available (read nothing ahead)
+ * or -ENOMEM. */
+int psd_seg_aread_create(psd_seg_aread **out);
+/* Waits for a batch still in flight, then frees it all. NULL: nothing. */
+void psd_seg_aread_destroy(psd_seg_aread *a);
+/* The most reads a batch takes. */
+#define PSD_SEG_AREAD_MAX 4096
+/* Hands the reads rq[0..n) (n <= PSD_SEG_AREAD_MAX, rq[i].dst NULL) to
+ * the thread and returns without waiting for them. rq stays the caller's,
+ * untouched until psd_seg_aread_wait returns. Returns 0, -EBUSY (a batch
+ * is in flight), -EINVAL (too many, or a dst) or -ENOMEM (nothing in
+ * flight then). */
+int psd_seg_aread_submit(psd_seg_aread *a, psd_segs *s, psd_seg_read *rq, size_t n);
+/* Whether a batch is in flight (submitted and not yet waited for). */
+bool psd_seg_aread_busy(const psd_seg_aread *a);
+/* Waits for the batch in flight, each read finished as psd_segs_read
+ * does, but each row left in the batch's buffer: rq[i].dst points at its
+ * bytes when rq[i].rc is 0, valid until the next submit. A read the device
+ * refused (or its O_DIRECT alignment) has its error in rq[i].rc. Returns
+ * 0, or the error of io_uring_enter that stopped the thread's submissions
+ * (reads not submitted keep rc PS_ECORRUPT); nothing is in flight after. */
+int psd_seg_aread_wait(psd_seg_aread *a);
+/* The bytes of its buffer, as allocated now. */
+uint64_t psd_seg_aread_bytes(const psd_seg_aread *a);
+
 /* Called by psd_segs_scan for each record: its table, id, version,
  * location and row bytes (valid during the call). 0 goes on; a negative
  * value stops the scan (returned). */

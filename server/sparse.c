@@ -134,12 +134,13 @@ uint64_t sparse_budget(const psd_sparse *sp)
  * catalog's queue and LMDB's dirty pages: those of the transaction open
  * now (the checkpoint's copy, apply_pages) and those the store's LMDB
  * keeps of its largest catalog transaction (dpages_kept), which it never
- * gives back to malloc. */
+ * gives back to malloc; and the tables' buffers of reads ahead. */
 uint64_t sparse_ram_cost(const psd_sparse *sp)
 {
     uint64_t open = atomic_load(&sp->apply_pages), kept = atomic_load(&sp->dpages_kept);
     return atomic_load(&sp->ram) + atomic_load(&sp->index_bytes) +
-           atomic_load(&sp->catq_bytes) + (open > kept ? open : kept) * SPARSE_DIRTY_PAGE;
+           atomic_load(&sp->catq_bytes) + atomic_load(&sp->pf_bytes) +
+           (open > kept ? open : kept) * SPARSE_DIRTY_PAGE;
 }
 
 void sparse_txn_pages(psd_sparse *sp, uint64_t pages)
@@ -346,6 +347,7 @@ psd_sparse_table *psd_sparse_table_new(const Ps__V1__VariableSpec *sp, const psd
     if (t == NULL)
         return NULL;
     pthread_mutex_init(&t->mu, NULL);
+    sparse_prefetch_init(t);
     t->name = strdup(sp->name);
     t->dim = (size_t)sp->shape[0];
     t->opt = *opt; /* the variable's, as vartable.c reads it: every kind */
@@ -380,6 +382,7 @@ void psd_sparse_table_free(psd_sparse_table *t)
 {
     if (t == NULL)
         return;
+    sparse_prefetch_free(t); /* first: its reads may be in flight */
     sparse_free_entries(t);
     sparse_index_free(t);
     void *own[] = {t->dlist, t->buckets, t->cms, t->name, t};
@@ -405,6 +408,7 @@ void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
 
 void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
 {
+    sparse_prefetch_end(sp, t); /* its buffer leaves sp's budget */
     pthread_mutex_lock(&sp->tables_mu);
     for (psd_sparse_table **l = &sp->tables; *l != NULL; l = &(*l)->next)
         if (*l == t) {
@@ -577,6 +581,13 @@ size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32)
 int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                     void *out, bool f32, uint64_t *inserted)
 {
+    return psd_sparse_pull_next(sp, t, ids, n, NULL, 0, out, f32, inserted);
+}
+
+int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                         const int64_t *next, size_t nnext, void *out, bool f32,
+                         uint64_t *inserted)
+{
     size_t vb = psd_sparse_value_bytes(t, f32);
     uint8_t *o = out;
     *inserted = 0;
@@ -587,7 +598,7 @@ int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, siz
     /* The call's cold rows, cached once every row is copied out: caching
      * drops rows the clock passes over, which the loop may still need. */
     size_t *cold = malloc((n ? n : 1) * sizeof *cold), ncold = 0;
-    int rc = cold == NULL ? -ENOMEM : sparse_cold_read(sp, t, ids, n, &c);
+    int rc = cold == NULL ? -ENOMEM : sparse_cold_read_next(sp, t, ids, n, next, nnext, &c);
     sparse_lock(t);
     if (rc == 0)
         rc = sparse_ready(sp, t);
@@ -951,6 +962,13 @@ static const struct {
       "LMDB, or no row yet)."),
     C("cold_reads_total", read_cold, "Rows read from disk (not in the RAM tier)."),
     C("segment_reads_total", seg_reads, "Rows read from the segment files (O_DIRECT)."),
+    C("prefetch_reads_total", pf_reads, "Rows read ahead for a pull's next_ids (also in "
+      "segment_reads_total)."),
+    C("prefetch_rows_total", pf_rows, "Rows read ahead that the next call took."),
+    C("prefetch_stale_total", pf_stale, "Rows read ahead, taken and read again: the row "
+      "changed meanwhile."),
+    C("prefetch_bytes", pf_bytes, "Bytes of the buffers of the reads ahead, within the "
+      "RAM tier's budget."),
     C("segment_live_bytes", live_bytes, "Bytes of the segments' records the catalog "
       "points at."),
     C("converted_rows_total", converted, "Rows moved from LMDB into the segment files."),

@@ -123,6 +123,15 @@ size_t psd_sparse_value_bytes(const psd_sparse_table *t, bool f32);
  * the store's error. */
 int psd_sparse_pull(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                     void *out, bool f32, uint64_t *inserted);
+/* The same, told the ids of the table's next pull, next[0..nnext) (a
+ * client's hint, SparsePullItem.next_ids): the reads of those on disk and
+ * not in the RAM tier are handed to a thread before this pull is served,
+ * and the table's next pull takes the rows it asks for from them (their
+ * buffer counts in the RAM budget). It changes what the next pull waits
+ * for, never what any pull answers. */
+int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                         const int64_t *next, size_t nnext, void *out, bool f32,
+                         uint64_t *inserted);
 
 /* One table's part of a push. grad: n * dim float32 (a half gradient is
  * widened before, by the RPC edge), as they arrived (any alignment), read

@@ -17,6 +17,15 @@
  * second pass (sparse_cold_settle) reads under the mutex what the first
  * could not vouch for, which is rare: rows that left the RAM tier in
  * between, or the whole miss set after an apply or a sweep.
+ *
+ * Reads ahead: a pull may name the ids of its table's next pull. Once the
+ * pull's own reads are done, those ids with no RAM entry are looked up
+ * under the mutex and their reads handed to the table's psd_seg_aread (a
+ * thread and a ring of its own), one batch a table; their ids are claimed,
+ * so that no other call reads them twice. The next pull with a hint first
+ * waits for the batch and takes the rows it asks for as its own cold rows
+ * (prefetch_adopt), each with the record it was read from, which settle
+ * checks against the index under the mutex; the rest is dropped.
  */
 #include "server/sparse_internal.h"
 
@@ -32,6 +41,7 @@ void sparse_cold_free(struct sp_cold *c)
     free(c->slot);
     free(c->rows);
     free(c->have);
+    free(c->vloc);
     *c = (struct sp_cold){0};
 }
 
@@ -43,24 +53,38 @@ static int cmp_pair(const void *a, const void *b)
     return x[1] < y[1] ? -1 : x[1] > y[1];
 }
 
+/* p (an array) grown to n elements of size bytes, or, when *rc is not 0
+ * or realloc fails, p as it was, with *rc -ENOMEM. */
+static void *grown(void *p, size_t n, size_t size, int *rc)
+{
+    void *q = *rc == 0 ? realloc(p, n * size) : NULL;
+    if (q == NULL)
+        *rc = -ENOMEM;
+    return q != NULL ? q : p;
+}
+
+/* The capacity, doubled from first, that holds need. */
+static size_t cap_for(size_t cap, size_t first, size_t need)
+{
+    size_t nc = cap ? cap : first;
+    while (nc < need)
+        nc *= 2;
+    return nc;
+}
+
 /* Room for m more slots. */
 static int slots_grow(struct sp_cold *c, size_t m, size_t rb)
 {
     if (c->nslots + m <= c->cap)
         return 0;
-    size_t nc = c->cap ? c->cap : 64;
-    while (nc < c->nslots + m)
-        nc *= 2;
-    uint8_t *r = realloc(c->rows, nc * rb);
-    if (r == NULL)
-        return -ENOMEM;
-    c->rows = r;
-    uint8_t *h = realloc(c->have, nc);
-    if (h == NULL)
-        return -ENOMEM;
-    c->have = h;
-    c->cap = nc;
-    return 0;
+    size_t nc = cap_for(c->cap, 64, c->nslots + m);
+    int rc = 0;
+    c->rows = grown(c->rows, nc, rb, &rc);
+    c->have = grown(c->have, nc, 1, &rc);
+    c->vloc = grown(c->vloc, nc, sizeof *c->vloc, &rc);
+    if (rc == 0)
+        c->cap = nc;
+    return rc;
 }
 
 /* The rows to read: ids[idx[k]], whose record is at loc[k], k < m. */
@@ -101,6 +125,7 @@ static int read_rows(psd_sparse *sp, const char *name, uint32_t var_id, size_t r
         size_t s = c->nslots++;
         c->slot[w->idx[k]] = (int32_t)s;
         c->have[s] = 0;
+        c->vloc[s] = 0;
         psd_seg_read r = {.var_id = var_id, .id = id, .dst = c->rows + s * rb, .cap = rb,
                           .version = s};
         if (w->loc[k] != SPARSE_LOC_LMDB) {
@@ -165,11 +190,25 @@ out:
     return rc;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether id's read is the table's batch of reads ahead's. t->mu held. */
+static bool claimed(const psd_sparse_table *t, int64_t id)
+{
+    return t->pf.nclaim > 0 &&
+           bsearch(&id, t->pf.claim, t->pf.nclaim, sizeof id, cmp_i64) != NULL;
+}
+
 /* The ids of ids[0..n) to read (those not read yet, slot[i] < 0, or all
  * of them): those with no RAM entry that the index holds, with their
- * locations. t->mu held. */
+ * locations. With *left (a first pass), an id the table's batch of reads
+ * ahead is reading is left to it and counted there. t->mu held. */
 static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const int32_t *slot,
-                     bool all, size_t *idx, uint64_t *loc)
+                     bool all, size_t *idx, uint64_t *loc, size_t *left)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -178,6 +217,10 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
             continue;
         uint64_t l;
         if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
+            if (left != NULL && claimed(t, ids[i])) {
+                (*left)++;
+                continue;
+            }
             idx[m] = i;
             loc[m++] = l;
         }
@@ -185,8 +228,238 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
     return m;
 }
 
-int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                     struct sp_cold *c)
+/* ---- reads ahead --------------------------------------------------------- */
+
+void sparse_prefetch_init(psd_sparse_table *t)
+{
+    pthread_mutex_init(&t->pf.mu, NULL);
+}
+
+void sparse_prefetch_free(psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    psd_seg_aread_destroy(pf->ar); /* waits for a batch in flight */
+    free(pf->rq);
+    free(pf->loc);
+    free(pf->claim);
+    pthread_mutex_destroy(&pf->mu);
+}
+
+void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    pthread_mutex_lock(&pf->mu);
+    psd_seg_aread_destroy(pf->ar);
+    pf->ar = NULL;
+    atomic_store(&pf->busy, false);
+    atomic_fetch_sub(&sp->pf_bytes, pf->bytes);
+    pf->bytes = 0;
+    sparse_lock(t);
+    pf->nclaim = 0;
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&pf->mu);
+}
+
+/* Takes the table's prefetch (pf->mu): false when reads ahead cannot be
+ * made here. A batch in flight is waited for by whoever takes it next. */
+static bool prefetch_take(psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    if (atomic_load(&pf->off))
+        return false;
+    pthread_mutex_lock(&pf->mu);
+    return true;
+}
+
+/* Room for k more of the batch. */
+static int prefetch_grow(struct sp_prefetch *pf, size_t k)
+{
+    if (pf->n + k <= pf->cap)
+        return 0;
+    size_t nc = cap_for(pf->cap, 256, pf->n + k);
+    int rc = 0;
+    pf->rq = grown(pf->rq, nc, sizeof *pf->rq, &rc);
+    pf->loc = grown(pf->loc, nc, sizeof *pf->loc, &rc);
+    pf->claim = grown(pf->claim, nc, sizeof *pf->claim, &rc);
+    if (rc == 0)
+        pf->cap = pf->claimcap = nc;
+    return rc;
+}
+
+/* The most reads of a batch: PSD_SEG_AREAD_MAX, and buffers of at most an
+ * eighth of the RAM budget (a record read with the alignment on both
+ * sides). */
+static size_t prefetch_max(const psd_sparse *sp, const psd_sparse_table *t)
+{
+    uint64_t a = psd_segs_align(sp->segs), rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
+    uint64_t slot = (rec + a - 1) / a * a + a;
+    uint64_t k = sparse_budget(sp) / 8 / slot;
+    return k < PSD_SEG_AREAD_MAX ? (size_t)k : PSD_SEG_AREAD_MAX;
+}
+
+/* Fills the batch with the ids of next[0..nn) to read ahead: no RAM entry,
+ * a record the index holds, not already claimed by a read and not one of
+ * the rows this call read (ids[i] with c->slot[i] >= 0: it keeps them in
+ * the tier once served); each id once, sorted, up to prefetch_max. The
+ * batch's ids are claimed. t->mu and pf->mu held. Returns 0 or -ENOMEM
+ * (an empty batch). */
+static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *next,
+                           size_t nn, const int64_t *ids, const struct sp_cold *c)
+{
+    struct sp_prefetch *pf = &t->pf;
+    pf->n = 0;
+    size_t m = 0;
+    for (size_t i = 0; i < c->n; i++)
+        m += c->slot[i] >= 0;
+    int64_t *pairs = NULL, *mine = malloc((m ? m : 1) * sizeof *mine);
+    int rc = mine != NULL ? 0 : -ENOMEM;
+    for (size_t i = 0; i < nn && rc == 0; i++) {
+        sparse_ahead(t, next, i, nn);
+        uint64_t l;
+        if (sparse_find(t, next[i]) != NULL || (l = sparse_index_get(t, next[i])) == 0 ||
+            l == SPARSE_LOC_LMDB || claimed(t, next[i]))
+            continue;
+        if ((rc = prefetch_grow(pf, 1)) != 0)
+            break;
+        pf->claim[pf->n] = next[i]; /* (id, loc) pairs for now, in rq's room */
+        pf->loc[pf->n++] = l;
+    }
+    size_t n = pf->n;
+    pairs = rc == 0 ? malloc((n ? n : 1) * 2 * sizeof *pairs) : NULL;
+    if (rc == 0 && pairs == NULL)
+        rc = -ENOMEM;
+    if (rc != 0) {
+        pf->n = 0;
+        free(mine);
+        return rc;
+    }
+    for (size_t i = 0, k = 0; i < c->n; i++)
+        if (c->slot[i] >= 0)
+            mine[k++] = ids[i];
+    qsort(mine, m, sizeof *mine, cmp_i64);
+    for (size_t k = 0; k < n; k++) {
+        pairs[2 * k] = pf->claim[k];
+        pairs[2 * k + 1] = (int64_t)pf->loc[k];
+    }
+    qsort(pairs, n, 2 * sizeof *pairs, cmp_pair);
+    size_t max = prefetch_max(sp, t), j = 0;
+    for (size_t k = 0; k < n && j < max; k++) {
+        int64_t id = pairs[2 * k];
+        if ((k > 0 && id == pairs[2 * k - 2]) ||
+            (m > 0 && bsearch(&id, mine, m, sizeof id, cmp_i64) != NULL))
+            continue;
+        pf->claim[j] = id;
+        pf->loc[j] = (uint64_t)pairs[2 * k + 1];
+        pf->rq[j] = (psd_seg_read){.var_id = t->var_id, .id = id,
+                                   .loc = sparse_loc_unpack(pf->loc[j], sparse_row_bytes(t) +
+                                                                          PSD_SEG_REC_HEAD)};
+        j++;
+    }
+    pf->n = pf->nclaim = j;
+    free(pairs);
+    free(mine);
+    return 0;
+}
+
+/* Submits the batch filled (without t->mu) and lets pf->mu go. A batch
+ * that cannot be submitted is dropped, its claims with it. */
+static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t)
+{
+    struct sp_prefetch *pf = &t->pf;
+    int rc = 0;
+    if (pf->n > 0 && pf->ar == NULL && (rc = psd_seg_aread_create(&pf->ar)) != 0) {
+        /* (a table whose rows are all in RAM never gets this far) */
+        ps_log_warn("sparse table '%s': no reads ahead (%s): a pull's next_ids are "
+                    "ignored", t->name, ps_strerror(rc));
+        atomic_store(&pf->off, true);
+        pf->n = 0;
+        rc = 0;
+    }
+    if (pf->n > 0)
+        rc = psd_seg_aread_submit(pf->ar, sp->segs, pf->rq, pf->n);
+    uint64_t b = psd_seg_aread_bytes(pf->ar);
+    if (b != pf->bytes) {
+        atomic_fetch_add(&sp->pf_bytes, b - pf->bytes); /* modulo 2^64 */
+        pf->bytes = b;
+    }
+    if (rc == 0 && pf->n > 0) {
+        atomic_store(&pf->busy, true);
+        atomic_fetch_add_explicit(&sp->pf_reads, pf->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->seg_reads, pf->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->read_cold, pf->n, memory_order_relaxed);
+    } else {
+        if (rc != 0)
+            ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
+        if (pf->nclaim > 0) { /* written only with pf->mu held, as here */
+            sparse_lock(t);
+            pf->nclaim = 0;
+            pthread_mutex_unlock(&t->mu);
+        }
+    }
+    pthread_mutex_unlock(&pf->mu);
+}
+
+/* Waits for the table's batch read ahead, if one is in flight, and takes
+ * the rows of ids[0..n) it holds that this call has not read (c->slot[i]
+ * < 0) as the call's own, each with the record it was read from, which
+ * sparse_cold_settle checks under the mutex; they enter the tier as the
+ * call's other cold rows do, once served. The rest of the batch is
+ * dropped (a hint not followed), its claims with it. pf->mu held. Returns
+ * 0 or -ENOMEM. */
+static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          struct sp_cold *c)
+{
+    struct sp_prefetch *pf = &t->pf;
+    if (!atomic_load(&pf->busy))
+        return 0;
+    int rc = psd_seg_aread_wait(pf->ar);
+    if (rc != 0) /* the reads it submitted completed; the rest failed */
+        ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
+    size_t rb = sparse_row_bytes(t);
+    uint64_t used = 0;
+    int grc = 0;
+    for (size_t i = 0; i < n && grc == 0 && pf->n > 0; i++) {
+        const int64_t *hit;
+        if (c->slot[i] >= 0 ||
+            (hit = bsearch(&ids[i], pf->claim, pf->n, sizeof *hit, cmp_i64)) == NULL)
+            continue;
+        size_t k = (size_t)(hit - pf->claim);
+        if (pf->rq[k].rc != 0 || (grc = slots_grow(c, 1, rb)) != 0)
+            continue; /* not read: the call reads it under the mutex */
+        size_t sl = c->nslots++;
+        memcpy(c->rows + sl * rb, pf->rq[k].dst, rb); /* the row: head, then body */
+        c->have[sl] = 1;
+        c->vloc[sl] = pf->loc[k];
+        c->slot[i] = (int32_t)sl;
+        used++;
+    }
+    sparse_lock(t);
+    pf->nclaim = 0;
+    pthread_mutex_unlock(&t->mu);
+    atomic_store(&pf->busy, false);
+    atomic_fetch_add_explicit(&sp->pf_rows, used, memory_order_relaxed);
+    return grc;
+}
+
+/* ---- the first pass ------------------------------------------------------ */
+
+/* With pf->mu held (prefetch_take): the hint's batch, next[0..nnext),
+ * looked up and submitted, and pf->mu let go. */
+static void ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
+                  const int64_t *next, size_t nnext, const struct sp_cold *c)
+{
+    sparse_lock(t);
+    /* An apply, a sweep or a drop may have changed the tier: the lookup is
+     * made now, under the mutex, whatever the first pass saw. */
+    if (!t->ready || t->nentries >= t->rows ||
+        prefetch_lookup(sp, t, next, nnext, ids, c) != 0)
+        t->pf.n = 0;
+    pthread_mutex_unlock(&t->mu);
+    prefetch_submit(sp, t); /* lets pf->mu go */
+}
+
+int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          const int64_t *next, size_t nnext, struct sp_cold *c)
 {
     *c = (struct sp_cold){.n = n};
     size_t one = n ? n : 1;
@@ -196,7 +469,14 @@ int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, si
     int rc = c->slot && idx && loc ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         c->slot[i] = -1;
-    size_t m = 0;
+    /* A pull with a hint follows the last one's: the batch read ahead for
+     * it is waited for and its rows taken first, so that the call's own
+     * reads (what the hint did not name) do not queue behind the batch's
+     * on the device. */
+    bool took = rc == 0 && nnext > 0 && prefetch_take(t);
+    if (took)
+        rc = prefetch_adopt(sp, t, ids, n, c);
+    size_t m = 0, left = 0;
     if (rc == 0) {
         sparse_lock(t);
         rc = sparse_ready(sp, t);
@@ -206,15 +486,33 @@ int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, si
          * costs no second walk). The locations are copied out: the reads
          * run without the mutex. */
         if (rc == 0 && t->nentries < t->rows)
-            m = misses(t, ids, n, c->slot, true, idx, loc);
+            m = misses(t, ids, n, c->slot, false, idx, loc, &left);
         pthread_mutex_unlock(&t->mu);
     }
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
+    if (took) {
+        if (rc != 0)
+            pthread_mutex_unlock(&t->pf.mu);
+        else
+            ahead(sp, t, ids, next, nnext, c);
+    } else if (rc == 0 && left > 0 && prefetch_take(t)) {
+        /* Rows another call's batch is reading are taken from it, not read
+         * twice (what it could not read is read by sparse_cold_settle,
+         * under the mutex). */
+        rc = prefetch_adopt(sp, t, ids, n, c);
+        pthread_mutex_unlock(&t->pf.mu);
+    }
     free(idx);
     free(loc);
     return rc;
+}
+
+int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                     struct sp_cold *c)
+{
+    return sparse_cold_read_next(sp, t, ids, n, NULL, 0, c);
 }
 
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)
@@ -239,13 +537,27 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     if (t->nentries >= t->rows)
         return 0; /* every row is in the RAM tier */
     bool stale = c->applied != atomic_load(&sp->log_applied) || c->evicts != t->evicts;
+    /* A row read ahead is the row's last state only while the index still
+     * points at the record read: records are never rewritten, and a row
+     * leaves the tier only once its last change is applied and indexed (a
+     * RAM entry, if the row has one now, is what the call answers). A
+     * push, an apply, a compaction or a sweep since: read it again. */
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        int32_t sl = c->slot[i];
+        if (sl >= 0 && c->vloc[sl] != 0 && sparse_index_get(t, ids[i]) != c->vloc[sl]) {
+            c->slot[i] = -1;
+            dropped++;
+        }
+    }
+    atomic_fetch_add_explicit(&sp->pf_stale, dropped, memory_order_relaxed);
     size_t one = c->n ? c->n : 1;
     size_t *idx = malloc(one * sizeof *idx);
     uint64_t *loc = malloc(one * sizeof *loc);
     int rc = idx && loc ? 0 : -ENOMEM;
     struct want w = {.ids = ids, .idx = idx, .loc = loc};
     if (rc == 0)
-        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc);
+        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL);
     if (rc == 0 && w.m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);

@@ -138,6 +138,26 @@ struct sp_entry {
     uint8_t row[] __attribute__((aligned(8)));
 };
 
+/* A table's prefetch (sparse_cold.c): the reads a pull's hint of the next
+ * pull's ids started, one batch at a time, whose rows the table's next
+ * call takes as its own cold rows. mu is held by whoever fills, submits or
+ * takes from the batch; it is taken before the table's mu, never while
+ * holding it. */
+struct sp_prefetch {
+    pthread_mutex_t mu;
+    psd_seg_aread *ar;     /* NULL until the first hint */
+    atomic_bool off;       /* no io_uring: hints are ignored */
+    psd_seg_read *rq;      /* (n) the batch: rq[k].id's record */
+    uint64_t *loc;         /* (n) where the index put it when looked up */
+    size_t n, cap;
+    uint64_t bytes;        /* counted in sp->pf_bytes */
+    atomic_bool busy;      /* submitted, not yet collected */
+    /* The batch's ids, sorted, in rq's order; while nclaim (guarded by
+     * the table's mu too) says so, a first pass leaves them to it. */
+    int64_t *claim;
+    size_t nclaim, claimcap;
+};
+
 /* A sparse table's state; every field below mu is guarded by it. */
 struct psd_sparse_table {
     char *name;
@@ -180,6 +200,7 @@ struct psd_sparse_table {
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
+    struct sp_prefetch pf;  /* its own mutex (sparse_cold.c) */
 };
 
 struct psd_sparse {
@@ -198,6 +219,10 @@ struct psd_sparse {
      * segments; the LMDB pages the applier's transaction holds now. */
     atomic_uint_fast64_t ram, dirty, admitted, evicted, not_admitted, pulled, pushed,
         read_cold, seg_reads, ram_hits, ram_misses, apply_pages, log_batches, refused_rows;
+    /* Prefetches (sparse_cold.c): the bytes of the tables' batch buffers
+     * (in sparse_ram_cost), rows read ahead, of them those a call took,
+     * and of those the ones read again: the row changed meanwhile. */
+    atomic_uint_fast64_t pf_bytes, pf_reads, pf_rows, pf_stale;
     /* float16 row values clamped to +-65504 by an update
      * (Stats.sparse_values_clamped). */
     atomic_uint_fast64_t clamped;
@@ -363,11 +388,26 @@ struct sp_cold {
     size_t n;
     uint8_t *rows;       /* (nslots * row_bytes) */
     uint8_t *have;       /* (nslots) */
+    uint64_t *vloc;      /* (nslots) a row read ahead: the packed location it
+                            was read from, checked by settle (0: read here) */
     size_t nslots, cap;
     uint64_t applied, evicts; /* when the first pass began */
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
+/* The same for a pull that knows the ids of its table's next pull,
+ * next[0..nnext): the reads of those not in the RAM tier are submitted
+ * once the call's own are done, and left in flight (one batch a table, at
+ * most PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget); the
+ * table's next call takes the rows it wants from the batch as its own
+ * cold rows. Either call takes from a batch in flight the rows it needs. */
+int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
+                          const int64_t *next, size_t nnext, struct sp_cold *c);
+/* A table's prefetch: made with it; ended (its batch waited for, its
+ * buffer uncounted from sp) when it leaves its tier; freed with it. */
+void sparse_prefetch_init(psd_sparse_table *t);
+void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t);
+void sparse_prefetch_free(psd_sparse_table *t);
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu);
 int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
                        struct sp_cold *c);

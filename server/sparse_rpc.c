@@ -95,6 +95,23 @@ static bool reply_fits(psd_shard *s, ps_rpc_call *call, const char *method,
     return false;
 }
 
+/* A pull item's next_ids: at most the ids one pull can answer within the
+ * message limit (the hint is of one pull). False with call failed. */
+static bool next_fits(psd_shard *s, ps_rpc_call *call, const psd_var *v,
+                      const ps_wire_sparse_item *it, bool f32)
+{
+    uint64_t vb = psd_sparse_value_bytes(v->sparse, f32);
+    uint64_t most = s->o.max_message_bytes > 4096 ? (s->o.max_message_bytes - 4096) / vb : 0;
+    if (it->nnext <= most)
+        return true;
+    shard_count_bad(s);
+    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePull: sparse table '%s': next_ids "
+                "has %zu ids, more than one pull can answer within the message limit of "
+                "%zu bytes (at most %llu); send the ids of the next pull only", v->name,
+                it->nnext, s->o.max_message_bytes, (unsigned long long)most);
+    return false;
+}
+
 /* A table's row dtype as a ps.v1.DType (half.h's types are numbered so). */
 static int row_dtype(const psd_var *v)
 {
@@ -162,6 +179,7 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
             bytes += (uint64_t)r.items[i].nids * psd_sparse_value_bytes(vars[i]->sparse,
                                                                         f32[i]);
             half |= !f32[i] && psd_sparse_row_type(vars[i]->sparse) != 0;
+            ok = next_fits(s, call, vars[i], &r.items[i], f32[i]);
         }
     }
     ok = ok && reply_fits(s, call, "SparsePull", bytes);
@@ -172,8 +190,9 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
         msgs[i] = ps_rpc_msg_new(nb ? nb : 1);
         uint8_t *out = msgs[i] ? ps_rpc_msg_data(msgs[i]) : NULL;
         uint64_t inserted = 0;
-        int rc = out ? psd_sparse_pull(s->sparse, v->sparse, r.items[i].ids, ni, out,
-                                       f32[i], &inserted)
+        int rc = out ? psd_sparse_pull_next(s->sparse, v->sparse, r.items[i].ids, ni,
+                                            r.items[i].next_ids, r.items[i].nnext, out,
+                                            f32[i], &inserted)
                      : -ENOMEM;
         if (inserted > 0)
             shard_count_apply(s);

@@ -712,16 +712,25 @@ class Client:
         return self.sparse_tables[name]
 
     def sparse_pull(self, ids: Mapping[str, Any], *,
+                    next_ids: Optional[Mapping[str, Any]] = None,
                     timeout: Optional[float] = None) -> SparseValues:
         """The rows of each table's ids (int64, any order, repeats allowed)
         as float32 [len(ids), dim] in request order. An id with no row
-        answers its initial row (stored only with insert_on_pull)."""
+        answers its initial row (stored only with insert_on_pull).
+        next_ids: each table's ids of the next pull, when known (the next
+        batch): the shards start reading those on disk ahead, so that the
+        next pull finds them in memory. A hint, which changes no answer."""
         checked = {n: _sparse.check_ids(n, a) for n, a in ids.items()}
         dims = {n: self._sparse_dim(n) for n in checked}
         if not checked:
             raise ValueError("sparse_pull: no tables")
+        nxt = None
+        if next_ids is not None:
+            nxt = {n: _sparse.check_ids(n, a) for n, a in next_ids.items()}
+            for n in nxt:
+                self._sparse_dim(n)
         return _sparse.pull(self._sparse_call(timeout), self._each, len(self.shards),
-                            dims, checked)
+                            dims, checked, nxt)
 
     def sparse_push(self, grads: Mapping[str, Tuple[Any, Any]], *, step: Optional[int] = None,
                     return_values: bool = False,

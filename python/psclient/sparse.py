@@ -137,23 +137,37 @@ def merge(name: str, rows: Any, pos: np.ndarray, into: np.ndarray, shard: int) -
 
 def pull(call: Callable[[int, str, Any, Any], Any],
          each: Callable[[Sequence[int], Callable[[int], Any]], Dict[int, Any]],
-         nshards: int, dims: Mapping[str, int], ids: Mapping[str, np.ndarray]) -> SparseValues:
+         nshards: int, dims: Mapping[str, int], ids: Mapping[str, np.ndarray],
+         next_ids: Optional[Mapping[str, np.ndarray]] = None) -> SparseValues:
     """SparsePull of each table's ids: one request per shard that holds
-    some, in parallel (each), merged in request order."""
+    some, in parallel (each), merged in request order. next_ids: each
+    table's ids of the next pull, sent to the shards that hold them
+    (SparsePullItem.next_ids), which read them ahead; a shard with next
+    ids of a table and none now gets an item with no ids."""
     out = SparseValues()
     for name, a in ids.items():
         out[name] = np.empty((len(a), dims[name]), dtype=np.float32)
         out.versions[name] = 0
     by = split(ids, nshards)
+    nids = next_ids or {}
+    nx = split(nids, nshards)
+    empty = np.zeros(0, dtype=np.int64)
+    for s, parts in nx.items():
+        have = {n for n, _ in by.get(s, [])}
+        by.setdefault(s, []).extend((n, empty) for n, _ in parts if n not in have)
+    hint = {s: {n: nids[n][pos] for n, pos in parts} for s, parts in nx.items()}
 
     def one(s: int) -> Any:
-        req = pb.SparsePullRequest(items=[pb.SparsePullItem(name=n, ids=ids[n][pos].tolist())
-                                          for n, pos in by[s]])
+        h = hint.get(s, {})
+        req = pb.SparsePullRequest(items=[pb.SparsePullItem(
+            name=n, ids=ids[n][pos].tolist() if n in ids else [],
+            next_ids=h[n].tolist() if n in h else []) for n, pos in by[s]])
         return call(s, "SparsePull", req, pb.SparsePullResponse)
     for s, resp in each(sorted(by), one).items():
         for (name, pos), rows in zip(by[s], resp.rows):
-            merge(name, rows, pos, out[name], s)
-            out.versions[name] = max(out.versions[name], int(rows.version))
+            if name in out:
+                merge(name, rows, pos, out[name], s)
+                out.versions[name] = max(out.versions[name], int(rows.version))
     return out
 
 

@@ -12,7 +12,9 @@
  *   and bytes, except one with field number 0 (invalid protobuf, which
  *   protobuf-c skips and the decoder refuses). The reverse need not hold:
  *   the decoder skips a known field with the wrong wire type as unknown,
- *   where protobuf-c refuses the message.
+ *   where protobuf-c refuses the message. The same for a
+ *   SparsePullRequest (ps_wire_sparse_decode): its items, their ids and
+ *   their next_ids.
  * A broken invariant aborts, which libFuzzer reports as a crash.
  */
 #include "common/errors.h"
@@ -21,6 +23,7 @@
 #include "common/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,7 @@
 
 /* Reused across inputs, as the server reuses one per thread. */
 static ps_wire_push push;
+static ps_wire_sparse spull;
 
 static int inside(const uint8_t *p, size_t n, const uint8_t *buf, size_t len)
 {
@@ -132,6 +136,24 @@ static int field4_varints_only(const uint8_t *data, size_t size)
     return 1;
 }
 
+/* Whether a decoder refused the bytes (rc not 0, err its message), and
+ * then that it named a parse error, or ran out of memory, and that
+ * protobuf-c's unpack (pb, freed here) did not accept them, but for field
+ * number 0 (field0: the decoder's words for it), which protobuf forbids and
+ * protobuf-c lets pass as an unknown field. */
+static bool refused(int rc, const char *err, size_t errlen, void *pb, const char *field0)
+{
+    if (rc == 0)
+        return false;
+    CHECK(rc == PS_EPARSE || rc == -ENOMEM);
+    if (rc == PS_EPARSE)
+        CHECK(err[0] != '\0' && memchr(err, '\0', errlen) != NULL);
+    CHECK(pb == NULL || strncmp(err, field0, strlen(field0)) == 0);
+    if (pb != NULL)
+        protobuf_c_message_free_unpacked(pb, NULL);
+    return true;
+}
+
 static void check_push(const uint8_t *data, size_t size)
 {
     char err[256];
@@ -143,19 +165,8 @@ static void check_push(const uint8_t *data, size_t size)
                                  {data + 2 * (size / 3) + size % 3, size / 3}};
     int rc = ps_wire_push_decode(pieces, 3, &push, err, sizeof err);
     Ps__V1__PushRequest *pb = ps__v1__push_request__unpack(NULL, size, data);
-    if (rc != 0) {
-        CHECK(rc == PS_EPARSE || rc == -ENOMEM);
-        if (rc == PS_EPARSE)
-            CHECK(err[0] != '\0' && memchr(err, '\0', sizeof err) != NULL);
-        /* protobuf-c must not accept what the decoder refuses, but for
-         * field number 0, which protobuf forbids and protobuf-c lets pass
-         * as an unknown field. */
-        CHECK(pb == NULL ||
-              strncmp(err, "PushRequest: malformed field 0 ", 31) == 0);
-        if (pb != NULL)
-            ps__v1__push_request__free_unpacked(pb, NULL);
+    if (refused(rc, err, sizeof err, pb, "PushRequest: malformed field 0 "))
         return;
-    }
     CHECK(push.ngrads <= push.cap);
     unsigned sum = 0;
     for (size_t i = 0; i < push.ngrads; i++) {
@@ -229,6 +240,40 @@ static void check_push(const uint8_t *data, size_t size)
     ps__v1__push_request__free_unpacked(pb, NULL);
 }
 
+/* A SparsePullRequest decoded in place (psd's SparsePull) against
+ * protobuf-c's unpack of the same bytes: the items, their ids and their
+ * next_ids, which both concatenate when a field comes more than once. */
+static void check_sparse_pull(const uint8_t *data, size_t size)
+{
+    char err[256];
+    err[0] = '\0';
+    int rc = ps_wire_sparse_decode(data, size, false, &spull, err, sizeof err);
+    Ps__V1__SparsePullRequest *pb = ps__v1__sparse_pull_request__unpack(NULL, size, data);
+    if (refused(rc, err, sizeof err, pb, "SparsePullRequest: malformed field 0 "))
+        return;
+    CHECK(spull.nitems <= spull.cap);
+    size_t ids = 0, next = 0;
+    for (size_t i = 0; i < spull.nitems; i++) {
+        const ps_wire_sparse_item *it = &spull.items[i];
+        CHECK(it->ids_at == ids && it->next_at == next);
+        ids += it->nids;
+        next += it->nnext;
+    }
+    CHECK(ids == spull.nids && next == spull.nnext);
+    if (pb == NULL)
+        return;
+    CHECK(pb->n_items == spull.nitems);
+    for (size_t i = 0; i < spull.nitems; i++) {
+        const ps_wire_sparse_item *it = &spull.items[i];
+        const Ps__V1__SparsePullItem *pi = pb->items[i];
+        CHECK(pi->n_ids == it->nids && pi->n_next_ids == it->nnext);
+        CHECK(it->nids == 0 || memcmp(pi->ids, it->ids, it->nids * sizeof *it->ids) == 0);
+        CHECK(it->nnext == 0 ||
+              memcmp(pi->next_ids, it->next_ids, it->nnext * sizeof *it->next_ids) == 0);
+    }
+    ps__v1__sparse_pull_request__free_unpacked(pb, NULL);
+}
+
 /* The other requests go through protobuf-c as the handlers use it: unpack,
  * read the fields the handler reads, free. */
 static void check_others(const uint8_t *data, size_t size)
@@ -288,6 +333,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check_push(data, size);
+    check_sparse_pull(data, size);
     check_others(data, size);
     return 0;
 }

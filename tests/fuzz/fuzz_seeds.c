@@ -155,6 +155,24 @@ static void seed_pushes(void)
     write_seed(FUZZ_PUSH, &req.base);
 }
 
+/* A SparsePullRequest with the hint of the next pull (fuzz_decode's
+ * ps_wire_sparse_decode; the handlers have no sparse table, so it goes to
+ * an unknown method there): negative ids are ten-byte varints. */
+static void seed_sparse_pull(void)
+{
+    int64_t ids[] = {3, 1, 4, 1, 5}, next[] = {9, -2, 6, INT64_MIN, INT64_MAX};
+    Ps__V1__SparsePullItem it = PS__V1__SPARSE_PULL_ITEM__INIT, *pit = &it;
+    it.name = (char *)"emb";
+    it.ids = ids;
+    it.n_ids = sizeof ids / sizeof *ids;
+    it.next_ids = next;
+    it.n_next_ids = sizeof next / sizeof *next;
+    Ps__V1__SparsePullRequest req = PS__V1__SPARSE_PULL_REQUEST__INIT;
+    req.items = &pit;
+    req.n_items = 1;
+    write_seed(FUZZ_UNKNOWN, &req.base);
+}
+
 static void seed_rest(void)
 {
     Ps__V1__ListVariablesRequest lr = PS__V1__LIST_VARIABLES_REQUEST__INIT;
@@ -187,6 +205,7 @@ int main(int argc, char **argv)
     seed_creates();
     seed_pulls();
     seed_pushes();
+    seed_sparse_pull();
     seed_rest();
     return 0;
 }

@@ -3,8 +3,9 @@
  * processes for test_sparse_shard.py: creates table "t" (dim 4, SGD, a
  * uniform initializer) on a reference psd and on every shard, pushes the
  * same gradients (ids with repeats) through the split path and to the
- * reference alone, then pulls a permutation with repeats both ways, and
- * compares the rows bit for bit. Writes the distinct ids, one a line, to
+ * reference alone, then pulls a permutation with repeats both ways (the
+ * split pull naming half of them as its next pull's ids, next_ids, which
+ * changes no row), and compares the rows bit for bit. Writes the distinct ids, one a line, to
  * IDS_FILE (the test hashes them itself).
  *
  *   sparse_split IDS_FILE REF_ADDR SHARD_ADDR...
@@ -111,7 +112,8 @@ int main(int argc, char **argv)
         pull_ids[i] = ids[NIDS - 1 - i];
         pull_ids[NIDS + i] = i % 2 ? ids[i] : (int64_t)(next() >> 1);
     }
-    ps_sparse_item ia = {.name = "t", .ids = pull_ids, .n = 2 * NIDS, .dim = DIM, .rows = pa};
+    ps_sparse_item ia = {.name = "t", .ids = pull_ids, .n = 2 * NIDS, .dim = DIM, .rows = pa,
+                         .next_ids = pull_ids + NIDS, .next_n = NIDS};
     ps_sparse_item ib = {.name = "t", .ids = pull_ids, .n = 2 * NIDS, .dim = DIM, .rows = pb};
     int rc = ps_client_sparse_pull(sh, ns, &ia, 1, 10000, &st);
     if (rc)

@@ -13,6 +13,16 @@ tier. Checked here from an outside client:
   when the hot rows count its push. (A pull that answered its hot rows
   before its reads and the blocks after them, without answering them
   again, failed this: 44 torn answers of 40 pulls.)
+- a pull may carry the ids of the next pull (SparsePullItem.next_ids):
+  psd reads those on disk ahead, and the next pull finds them in memory
+  (no reads of its own); a hint never followed, of ids with no row
+  (never pushed, negative, the int64 bounds) or empty changes no answer
+  and reads nothing for the ids with no row; a hint longer than one pull
+  can answer is refused (INVALID_ARGUMENT naming next_ids) and changes
+  nothing. The one-moment check runs again with every pull hinting the
+  blocks it will ask next, which the pusher then changes while their reads
+  ahead are in flight. (Rows read ahead put in the tier without checking
+  that the row had not entered it meanwhile failed this.)
 """
 import os
 import sys
@@ -42,9 +52,10 @@ def push(stub, ids, g):
                        data=np.ascontiguousarray(g, "<f4").tobytes()))]), timeout=60)
 
 
-def pull(stub, ids):
+def pull(stub, ids, next_ids=None):
     r = stub.SparsePull(pb.SparsePullRequest(items=[pb.SparsePullItem(
-        name="emb", ids=list(ids))]), timeout=60).rows[0]
+        name="emb", ids=list(ids),
+        next_ids=[] if next_ids is None else list(next_ids))]), timeout=60).rows[0]
     return np.frombuffer(r.values.data, "<f4").reshape(len(ids), DIM)
 
 
@@ -56,8 +67,8 @@ def grad_of(ids):
 
 
 def fill(stub):
-    for lo in range(0, ROWS, 50000):
-        ids = np.arange(lo, min(ROWS, lo + 50000))
+    for lo in range(0, ROWS, 10000):  # within the 1 MiB message limit
+        ids = np.arange(lo, min(ROWS, lo + 10000))
         push(stub, ids, grad_of(ids))
     push(stub, HOT, np.zeros((len(HOT), DIM), np.float32))
 
@@ -91,18 +102,86 @@ def values(stub):
             "its stored value (%d did not)" % bad)
 
 
-def one_moment(stub, address):
+def expected(ids):
+    """What a pull of ids answers once fill ran (values() pushes nothing):
+    rows of [0, ROWS) minus their gradient, the rest (hot rows, never
+    pushed) 0."""
+    ids = np.asarray(ids, np.int64)
+    want = -grad_of(ids)
+    want[(ids < 0) | (ids >= ROWS)] = 0.0
+    return want
+
+
+def hints(stub):
+    """Pulls with next_ids: a followed hint's rows are read ahead; junk
+    hints change no answer and read nothing; an oversized one is refused."""
+    rng = np.random.default_rng(11)
+    # Rows pushed first (the last pushed are still in the tier); values()
+    # pulled some. A pull of x alone, then one of x2 naming y as next (y
+    # within a batch's cap here: buffers of an eighth of the 16 MiB budget,
+    # 2048 reads of records of 112 bytes).
+    ids = rng.choice(np.arange(0, 100000), 7500, replace=False)
+    x, x2, y = ids[:3000], ids[3000:6000], ids[6000:]
+    r0 = cold_reads(stub)
+    got = pull(stub, x)
+    r1 = cold_reads(stub)
+    got2 = pull(stub, x2, next_ids=y)
+    r2 = cold_reads(stub)
+    R.check(np.array_equal(got, expected(x)) and np.array_equal(got2, expected(x2)),
+            "a pull with a hint answers its rows")
+    time.sleep(0.2)  # the reads ahead complete
+    got = pull(stub, y)
+    r3 = cold_reads(stub)
+    R.check(np.array_equal(got, expected(y)), "the hinted pull answers its rows")
+    R.check(r2 - r1 >= 1.3 * (r1 - r0) and r3 - r2 <= 0.1 * (r1 - r0),
+            "the hint's rows were read ahead: a pull of 3000 rows read %d rows, one "
+            "naming 1500 more as next %d, then the pull of those %d" %
+            (r1 - r0, r2 - r1, r3 - r2))
+    # A hint never followed, and one never pushed: no answer changes.
+    z = rng.choice(np.arange(0, 200000), 3000, replace=False)
+    before = pull(stub, HOT)
+    got = pull(stub, HOT, next_ids=z)
+    R.check(np.array_equal(got, before), "a hint never followed changes no answer")
+    junk = [-1, -2 ** 63, 2 ** 63 - 1, ROWS, ROWS + 1, 10 ** 12, 5000000] * 100
+    r3 = cold_reads(stub)
+    got = pull(stub, HOT + [ROWS + 7], next_ids=junk)
+    got_empty = pull(stub, HOT + [ROWS + 7], next_ids=[])
+    r4 = cold_reads(stub)
+    R.check(np.array_equal(got, got_empty) and np.array_equal(got, expected(HOT + [ROWS + 7])),
+            "a hint of ids with no row, or an empty one, changes no answer")
+    R.check(r4 - r3 == 0, "a hint of ids with no row reads nothing (%d reads)" % (r4 - r3))
+    # The ids of z, pulled now, answer what they hold.
+    got = pull(stub, z)
+    R.check(np.array_equal(got, expected(z)), "rows read ahead and pulled later answer "
+            "their stored values")
+    # More ids than one pull can answer in the message limit (1 MiB here).
+    try:
+        pull(stub, x[:10], next_ids=list(range(20000)))
+        R.check(False, "a hint of 20000 ids is refused under a 1 MiB message limit")
+    except grpc.RpcError as e:
+        R.check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "next_ids" in e.details()
+                and "20000" in e.details(),
+                "a hint longer than one pull can answer: INVALID_ARGUMENT naming next_ids "
+                "(%s: %s)" % (e.code(), e.details()))
+    R.check(np.array_equal(pull(stub, x), expected(x)), "the refused pull changed nothing")
+
+
+def one_moment(stub, address, hint=False, first=100000):
     """The pusher adds 1 to the hot rows and to block b at its push b, its
     requests built beforehand so that pushes follow each other closely;
     the puller asks the hot rows and the next AHEAD blocks from the one the
     pusher is at, which are on disk until their push: pushes land while
-    the pull's reads are in flight."""
+    the pull's reads are in flight. With hint, each pull names the blocks
+    of the pull after it as next_ids (AHEAD more from where the pusher will
+    be), read ahead while the pusher changes them."""
     at = [0]
     stop = threading.Event()
     errors = []
 
     def block(b):
-        return np.arange(100000 + b * BLOCK, 100000 + (b + 1) * BLOCK)
+        return np.arange(first + b * BLOCK, first + (b + 1) * BLOCK)
+
+    hot0 = int(round(-float(pull(stub, HOT)[0, 0])))  # an earlier round's pushes
 
     reqs = []
     for b in range(BLOCKS):
@@ -129,7 +208,7 @@ def one_moment(stub, address):
             errors.append(e)
 
     t = threading.Thread(target=pusher)
-    base = -grad_of(np.arange(100000, 100000 + (BLOCKS + AHEAD) * BLOCK))
+    base = -grad_of(np.arange(first, first + (BLOCKS + AHEAD + 1) * BLOCK))
     checked = torn = raced = 0
     t0 = time.time()
     t.start()
@@ -137,10 +216,13 @@ def one_moment(stub, address):
         while t.is_alive() and time.time() - t0 < 20:
             b = at[0]
             ids = np.concatenate([HOT] + [block(b + j) for j in range(AHEAD)])
-            got = pull(stub, ids)
+            nxt = None
+            if hint:
+                nxt = np.concatenate([block(b + 1 + j) for j in range(AHEAD)]).tolist()
+            got = pull(stub, ids, next_ids=nxt)
             hot = got[:len(HOT)]
-            n = int(round(-float(hot[0, 0])))  # pushes the hot rows count
-            if not np.all(hot == -float(n)):
+            n = int(round(-float(hot[0, 0]))) - hot0  # pushes the hot rows count
+            if not np.all(hot == -float(n + hot0)):
                 torn += 1
                 continue
             raced += n > b
@@ -154,25 +236,30 @@ def one_moment(stub, address):
         stop.set()
         t.join(60)
         ch.close()
-    R.check(not errors, "the pusher's pushes succeeded: %s" % errors[:1])
-    R.check(raced >= 10, "%d pulls raced the pusher, %d of them saw pushes sent after them"
-            % (checked, raced))
+    how = " (pulls with hints)" if hint else ""
+    R.check(not errors, "the pusher's pushes succeeded%s: %s" % (how, errors[:1]))
+    R.check(raced >= 10, "%d pulls raced the pusher, %d of them saw pushes sent after "
+            "them%s" % (checked, raced, how))
     R.check(torn == 0, "every pull showed one moment of the table: a block pushed "
-            "exactly when the hot rows count its push (%d of %d did not)" % (torn, checked))
+            "exactly when the hot rows count its push (%d of %d did not)%s"
+            % (torn, checked, how))
 
 
 def main():
     # A tier of 16 MiB (a quarter of 64M) with the index of 300,000 rows:
     # about a tenth of the table's rows fit in it. Calls run at once on
     # several threads (one, the default, serves them one after another).
-    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "64M", "--threads", "3")
+    d = pstest.start_psd(pstest.tmpdir(), "--memory-limit", "64M", "--threads", "3",
+                         "--max-message", "1M")
     try:
         stub = pbg.ParameterServerStub(pstest.channel(d.address))
         stub.CreateVariable(pb.CreateVariableRequest(spec=pstest.spec(
             pb, "emb", (DIM,), lr=1.0, sparse=True)), timeout=10)
         fill(stub)
         values(stub)
+        hints(stub)
         one_moment(stub, d.address)
+        one_moment(stub, d.address, hint=True, first=ROWS - (BLOCKS + AHEAD + 1) * BLOCK)
     finally:
         d.stop()
     R.finish()

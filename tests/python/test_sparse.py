@@ -16,7 +16,9 @@ real psd on 127.0.0.1:0 with temporary directories, numpy as the oracle:
             naming it) and answered once it moves on;
   delta     push(delta=True) adds the change with no optimizer (Adam) and
             the version rises by one; badinput: float ids, wrong row shapes
-            and unknown tables are refused before anything is sent.
+            and unknown tables (ids or next_ids) are refused before anything
+            is sent. Pulls with next_ids (the next pull's, split by shard)
+            answer what pulls without them answer.
 
 Prints ok/FAIL per check and "python-sparse: N passed, N failed".
 """
@@ -82,6 +84,16 @@ def test_adagrad(c):
             and got.versions["emb"] >= 1,
             "adagrad: a pull of 500 ids (repeats, any order) answers numpy's rows in request "
             "order (version %d)" % got.versions["emb"])
+    # next_ids: a hint of the next pull, split by shard as the ids are; the
+    # ids here all on shard 0, the hint on both (shard 1 gets an item with
+    # next ids only).
+    on0 = q[shard_of(q, 2) == 0]
+    hinted = c.sparse_pull({"emb": on0}, next_ids={"emb": q})
+    r.check(np.array_equal(hinted["emb"], got["emb"][shard_of(q, 2) == 0])
+            and np.array_equal(c.sparse_pull({"emb": q}, next_ids={"emb": []})["emb"],
+                               got["emb"]),
+            "adagrad: pulls with next_ids (on both shards, or empty) answer what pulls "
+            "without them answer")
     new = c.sparse_pull({"emb": np.array([7, 7], np.int64)})["emb"]
     r.check(np.all(new == 0.5), "adagrad: an id never pushed answers its initial row")
     return np.array(sorted(pushed), np.int64)
@@ -196,6 +208,11 @@ def test_badinput(c):
     refused("float64 rows", lambda: c.sparse_push(
         {"emb": (np.array([1, 2]), np.ones((2, 8)))}), TypeError)
     refused("an unknown table", lambda: c.sparse_pull({"nope": np.array([1])}), KeyError)
+    refused("float next_ids", lambda: c.sparse_pull({"emb": np.array([1])},
+                                                    next_ids={"emb": np.array([1.5])}),
+            TypeError)
+    refused("next_ids of an unknown table",
+            lambda: c.sparse_pull({"emb": np.array([1])}, next_ids={"nope": [1]}), KeyError)
     r.check([s.sparse_rows_pushed for s in c.stats()] == pushes,
             "badinput: nothing was pushed")
 

@@ -603,8 +603,9 @@ static int64_t any_id(void)
 }
 
 /* Random SparsePushRequests (push) or SparsePullRequests packed by
- * protobuf-c decode to the same fields, ids included (negative ones are
- * ten-byte varints), and a gradient's bytes stay where they were. */
+ * protobuf-c decode to the same fields, ids and a pull item's next_ids
+ * included (negative ones are ten-byte varints), and a gradient's bytes
+ * stay where they were. */
 static void sparse_round(bool push)
 {
     size_t n = 1 + below(MAXG);
@@ -612,13 +613,16 @@ static void sparse_round(bool push)
     Ps__V1__SparsePullItem it[MAXG], *ip[MAXG];
     Ps__V1__Tensor tn[MAXG];
     char names[MAXG][40];
-    int64_t ids[MAXG][20], shape[MAXG][2];
+    int64_t ids[MAXG][20], next[MAXG][20], shape[MAXG][2];
     float data[MAXG][20 * 3];
     for (size_t i = 0; i < n; i++) {
         rand_name(names[i], 1 + below(30));
         size_t k = below(20), dim = 1 + below(3);
         for (size_t j = 0; j < k; j++)
             ids[i][j] = any_id();
+        size_t kn = below(3) ? below(20) : 0;
+        for (size_t j = 0; j < kn; j++)
+            next[i][j] = any_id();
         for (size_t j = 0; j < k * dim; j++)
             data[i][j] = (float)j - 7.5f;
         ps__v1__sparse_gradient__init(&g[i]);
@@ -627,6 +631,8 @@ static void sparse_round(bool push)
         g[i].name = it[i].name = names[i];
         g[i].n_ids = it[i].n_ids = k;
         g[i].ids = it[i].ids = ids[i];
+        it[i].n_next_ids = kn;
+        it[i].next_ids = next[i];
         shape[i][0] = (int64_t)k;
         shape[i][1] = (int64_t)dim;
         tn[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
@@ -665,6 +671,9 @@ static void sparse_round(bool push)
         ck_assert_uint_eq(w->nids, g[i].n_ids);
         for (size_t j = 0; j < w->nids; j++)
             ck_assert(w->ids[j] == ids[i][j]);
+        ck_assert_uint_eq(w->nnext, push ? 0 : it[i].n_next_ids);
+        for (size_t j = 0; j < w->nnext; j++)
+            ck_assert(w->next_ids[j] == next[i][j]);
         if (!push)
             continue;
         ck_assert_int_eq(w->g.has_tensor, g[i].grad != NULL);
@@ -773,6 +782,10 @@ START_TEST(test_sparse_refused)
                    "SparsePushRequest.grads[0]: SparseGradient.ids: truncated varint");
     sparse_refused("\x1a\x03\x1a\x01\x08", 5, true,
                    "SparsePushRequest.grads[0]: Tensor.dtype: truncated varint");
+    sparse_refused("\x0a\x05\x22\x02\x01\x80\x01", 7, false,
+                   "SparsePullRequest.items[0]: SparsePullItem.next_ids: truncated varint");
+    sparse_refused("\x0a\x02\x22\x05", 4, false,
+                   "SparsePullRequest.items[0]: SparsePullItem.next_ids: length past the end");
     sparse_refused("\x0b", 1, false,
                    "SparsePullRequest: malformed field 1 (wire type 3) at byte 0");
     sparse_refused("\x10\x80", 2, true, "SparsePushRequest: truncated varint at byte 0");
