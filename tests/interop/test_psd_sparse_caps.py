@@ -124,9 +124,10 @@ def ram_budget():
     push(stub, "wide", range(1000), dim)
     budget = (192 << 20) - (88 << 20)
     call = per_call * dim * 4  # one call's gradient
-    # One call's rows in the tier: each an entry of at most 64 bytes and
-    # the row's floats.
-    call_rows = per_call * (64 + dim * 4)
+    # One call's rows: each an entry of at most 64 bytes and the row's
+    # floats in the tier, and its slot in the index of rows (16 bytes in a
+    # part at least 7/10 full after it grew by a quarter: at most 23).
+    call_rows = per_call * (64 + dim * 4 + 23)
     base = rss_anon(d.proc.pid)
     peak = base
     tier = []  # the tier and the index of rows after each call
