@@ -507,13 +507,17 @@ static const char *read_ids(cursor *c, int wt, const char *past, const char *cut
     if (!one && get_sub(c, &s) != 0)
         return past;
     cursor *r = one ? c : &s;
-    do {
+    /* Packed, any number of varints: none is valid too (protobuf-c and
+     * every parser accept an empty packed field). */
+    while (one || s.left > 0) {
         if (get_varint(r, &v) != 0)
             return cut;
         if ((*rc = sparse_id(arr, n, cap, v)) != 0)
             return "out of memory";
         (*count)++;
-    } while (!one && s.left > 0);
+        if (one)
+            break;
+    }
     return NULL;
 }
 

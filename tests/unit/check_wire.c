@@ -792,6 +792,43 @@ START_TEST(test_sparse_refused)
 }
 END_TEST
 
+/* An empty packed field is valid protobuf (no encoder here writes one, but
+ * any may): ids and next_ids of no element, as protobuf-c reads them, in a
+ * pull and a push (found by fuzz_decode: psd refused such a request). */
+START_TEST(test_sparse_empty_packed)
+{
+    static const struct { const char *b; size_t len; bool push; size_t ids, next; } cases[] = {
+        {"\x0a\x05\x0a\x01" "e\x12\x00", 7, false, 0, 0},
+        {"\x0a\x0a\x0a\x01" "e\x12\x00\x22\x03\x09\x01\x02", 12, false, 0, 3},
+        {"\x0a\x0a\x0a\x01" "e\x22\x00\x12\x03\x09\x01\x02", 12, false, 3, 0},
+        {"\x1a\x05\x0a\x01" "e\x12\x00", 7, true, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const uint8_t *b = (const uint8_t *)cases[k].b;
+        ps_wire_sparse r = {0};
+        char err[256] = "";
+        ck_assert_msg(ps_wire_sparse_decode(b, cases[k].len, cases[k].push, &r, err,
+                                            sizeof err) == 0, "case %zu: %s", k, err);
+        ck_assert_uint_eq(r.nitems, 1);
+        ck_assert_uint_eq(r.items[0].nids, cases[k].ids);
+        ck_assert_uint_eq(r.items[0].nnext, cases[k].next);
+        ps_wire_sparse_free(&r);
+        if (cases[k].push) {
+            Ps__V1__SparsePushRequest *pb =
+                ps__v1__sparse_push_request__unpack(NULL, cases[k].len, b);
+            ck_assert(pb != NULL && pb->n_grads == 1 && pb->grads[0]->n_ids == cases[k].ids);
+            ps__v1__sparse_push_request__free_unpacked(pb, NULL);
+        } else {
+            Ps__V1__SparsePullRequest *pb =
+                ps__v1__sparse_pull_request__unpack(NULL, cases[k].len, b);
+            ck_assert(pb != NULL && pb->n_items == 1 && pb->items[0]->n_ids == cases[k].ids &&
+                      pb->items[0]->n_next_ids == cases[k].next);
+            ps__v1__sparse_pull_request__free_unpacked(pb, NULL);
+        }
+    }
+}
+END_TEST
+
 PSCHECK_MAIN("wire",
     {"ps_wire_pb_nul", {test_pb_nul}},
     {"ps_wire_push_put", {test_push_encode}},
@@ -801,4 +838,5 @@ PSCHECK_MAIN("wire",
     {"values refusals", {test_values_refused}},
     {"ps_wire_sparse_decode", {test_sparse_decode}},
     {"SparsePushResponse", {test_sparse_push_response}},
-    {"sparse refusals", {test_sparse_refused}})
+    {"sparse refusals", {test_sparse_refused}},
+    {"sparse empty packed fields", {test_sparse_empty_packed}})
