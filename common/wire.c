@@ -521,7 +521,8 @@ static const char *read_ids(cursor *c, int wt, const char *past, const char *cut
     return NULL;
 }
 
-/* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3.
+/* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3,
+ * next_ids 4 (the hint of the next call's ids, both).
  * Returns NULL, or what is wrong; *rc -ENOMEM when out of memory. */
 static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                                     ps_wire_sparse_item *it, int *rc)
@@ -546,11 +547,13 @@ static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                 &req->ids, &req->nids, &req->idcap, &it->nids, rc);
             if (why != NULL)
                 return why;
-        } else if (!push && field == 4 && (wt == WT_LEN || wt == WT_VARINT)) {
-            const char *why = read_ids(c, wt, "SparsePullItem.next_ids: length past the end",
-                                       "SparsePullItem.next_ids: truncated varint",
-                                       &req->next, &req->nnext, &req->nextcap, &it->nnext,
-                                       rc);
+        } else if (field == 4 && (wt == WT_LEN || wt == WT_VARINT)) {
+            const char *why = read_ids(
+                c, wt, push ? "SparseGradient.next_ids: length past the end"
+                            : "SparsePullItem.next_ids: length past the end",
+                push ? "SparseGradient.next_ids: truncated varint"
+                     : "SparsePullItem.next_ids: truncated varint",
+                &req->next, &req->nnext, &req->nextcap, &it->nnext, rc);
             if (why != NULL)
                 return why;
         } else if (!push && field == 3 && wt == WT_VARINT) {

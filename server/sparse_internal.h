@@ -395,8 +395,8 @@ struct sp_cold {
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
-/* The same for a pull that knows the ids of its table's next pull,
- * next[0..nnext): the reads of those not in the RAM tier are submitted
+/* The same for a pull or a push that knows the ids of its table's next
+ * call, next[0..nnext): the reads of those not in the RAM tier are submitted
  * once the call's own are done, and left in flight (one batch a table, at
  * most PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget); the
  * table's next call takes the rows it wants from the batch as its own
