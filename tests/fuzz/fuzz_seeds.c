@@ -173,6 +173,32 @@ static void seed_sparse_pull(void)
     write_seed(FUZZ_UNKNOWN, &req.base);
 }
 
+/* A SparsePushRequest with the hint of the next push, the same way. */
+static void seed_sparse_push(void)
+{
+    int64_t ids[] = {3, 1, 4}, next[] = {9, -2, INT64_MIN};
+    float g[6] = {0.5f, -1.0f, 2.0f, 0.25f, 0.0f, -3.0f};
+    int64_t shape[2] = {3, 2};
+    Ps__V1__Tensor t = PS__V1__TENSOR__INIT;
+    t.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    t.shape = shape;
+    t.n_shape = 2;
+    t.data.data = (uint8_t *)g;
+    t.data.len = sizeof g;
+    Ps__V1__SparseGradient gr = PS__V1__SPARSE_GRADIENT__INIT, *pg = &gr;
+    gr.name = (char *)"emb";
+    gr.ids = ids;
+    gr.n_ids = sizeof ids / sizeof *ids;
+    gr.next_ids = next;
+    gr.n_next_ids = sizeof next / sizeof *next;
+    gr.grad = &t;
+    Ps__V1__SparsePushRequest req = PS__V1__SPARSE_PUSH_REQUEST__INIT;
+    req.step = 7;
+    req.grads = &pg;
+    req.n_grads = 1;
+    write_seed(FUZZ_UNKNOWN, &req.base);
+}
+
 static void seed_rest(void)
 {
     Ps__V1__ListVariablesRequest lr = PS__V1__LIST_VARIABLES_REQUEST__INIT;
@@ -206,6 +232,7 @@ int main(int argc, char **argv)
     seed_pulls();
     seed_pushes();
     seed_sparse_pull();
+    seed_sparse_push();
     seed_rest();
     return 0;
 }
