@@ -264,50 +264,37 @@ static bool same_ids(const ps_wire_sparse_item *it, size_t nids, const int64_t *
            (nnext == 0 || memcmp(next, it->next_ids, nnext * sizeof *next) == 0);
 }
 
-/* A SparsePushRequest decoded in place (psd's SparsePush) against
- * protobuf-c's unpack: its worker and step, the gradients, their ids and
- * next_ids (the tensors are the push decoder's, checked above). */
-static void check_sparse_push(const uint8_t *data, size_t size)
+/* A SparsePullRequest (push false) or SparsePushRequest decoded in place
+ * (psd's SparsePull, SparsePush) against protobuf-c's unpack of the same
+ * bytes: the items, their ids and their next_ids, which both concatenate
+ * when a field comes more than once, and a push's worker and step (its
+ * tensors are the push decoder's, checked above). */
+static void check_sparse(const uint8_t *data, size_t size, bool push)
 {
+    ps_wire_sparse *r = push ? &spush : &spull;
     char err[256];
     err[0] = '\0';
-    int rc = ps_wire_sparse_decode(data, size, true, &spush, err, sizeof err);
-    Ps__V1__SparsePushRequest *pb = ps__v1__sparse_push_request__unpack(NULL, size, data);
-    if (refused(rc, err, sizeof err, pb, "SparsePushRequest: malformed field 0 "))
+    int rc = ps_wire_sparse_decode(data, size, push, r, err, sizeof err);
+    void *pb = push ? (void *)ps__v1__sparse_push_request__unpack(NULL, size, data)
+                    : (void *)ps__v1__sparse_pull_request__unpack(NULL, size, data);
+    if (refused(rc, err, sizeof err, pb, push ? "SparsePushRequest: malformed field 0 "
+                                              : "SparsePullRequest: malformed field 0 "))
         return;
-    check_sparse_items(&spush);
+    check_sparse_items(r);
     if (pb == NULL)
         return;
-    CHECK(pb->worker == spush.worker && pb->step == spush.step);
-    CHECK(pb->n_grads == spush.nitems);
-    for (size_t i = 0; i < spush.nitems; i++) {
-        const Ps__V1__SparseGradient *g = pb->grads[i];
-        CHECK(same_ids(&spush.items[i], g->n_ids, g->ids, g->n_next_ids, g->next_ids));
+    const Ps__V1__SparsePushRequest *ps = pb;
+    const Ps__V1__SparsePullRequest *pl = pb;
+    CHECK(!push || (ps->worker == r->worker && ps->step == r->step));
+    CHECK((push ? ps->n_grads : pl->n_items) == r->nitems);
+    for (size_t i = 0; i < r->nitems; i++) {
+        const Ps__V1__SparseGradient *g = push ? ps->grads[i] : NULL;
+        const Ps__V1__SparsePullItem *pi = push ? NULL : pl->items[i];
+        CHECK(push ? same_ids(&r->items[i], g->n_ids, g->ids, g->n_next_ids, g->next_ids)
+                   : same_ids(&r->items[i], pi->n_ids, pi->ids, pi->n_next_ids,
+                              pi->next_ids));
     }
-    ps__v1__sparse_push_request__free_unpacked(pb, NULL);
-}
-
-/* A SparsePullRequest decoded in place (psd's SparsePull) against
- * protobuf-c's unpack of the same bytes: the items, their ids and their
- * next_ids, which both concatenate when a field comes more than once. */
-static void check_sparse_pull(const uint8_t *data, size_t size)
-{
-    char err[256];
-    err[0] = '\0';
-    int rc = ps_wire_sparse_decode(data, size, false, &spull, err, sizeof err);
-    Ps__V1__SparsePullRequest *pb = ps__v1__sparse_pull_request__unpack(NULL, size, data);
-    if (refused(rc, err, sizeof err, pb, "SparsePullRequest: malformed field 0 "))
-        return;
-    check_sparse_items(&spull);
-    if (pb == NULL)
-        return;
-    CHECK(pb->n_items == spull.nitems);
-    for (size_t i = 0; i < spull.nitems; i++) {
-        const ps_wire_sparse_item *it = &spull.items[i];
-        const Ps__V1__SparsePullItem *pi = pb->items[i];
-        CHECK(same_ids(it, pi->n_ids, pi->ids, pi->n_next_ids, pi->next_ids));
-    }
-    ps__v1__sparse_pull_request__free_unpacked(pb, NULL);
+    protobuf_c_message_free_unpacked(pb, NULL);
 }
 
 /* The other requests go through protobuf-c as the handlers use it: unpack,
@@ -369,8 +356,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check_push(data, size);
-    check_sparse_pull(data, size);
-    check_sparse_push(data, size);
+    check_sparse(data, size, false);
+    check_sparse(data, size, true);
     check_others(data, size);
     return 0;
 }

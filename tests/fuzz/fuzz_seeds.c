@@ -158,15 +158,23 @@ static void seed_pushes(void)
 /* A SparsePullRequest with the hint of the next pull (fuzz_decode's
  * ps_wire_sparse_decode; the handlers have no sparse table, so it goes to
  * an unknown method there): negative ids are ten-byte varints. */
+static int64_t seed_ids[] = {3, 1, 4, 1, 5}, seed_next[] = {9, -2, 6, INT64_MIN, INT64_MAX};
+
+/* A sparse item's name, ids and next_ids (a pull item's or a gradient's). */
+static void seed_sparse_ids(char **name, int64_t **ids, size_t *n_ids, int64_t **next,
+                            size_t *n_next)
+{
+    *name = (char *)"emb";
+    *ids = seed_ids;
+    *n_ids = sizeof seed_ids / sizeof *seed_ids;
+    *next = seed_next;
+    *n_next = sizeof seed_next / sizeof *seed_next;
+}
+
 static void seed_sparse_pull(void)
 {
-    int64_t ids[] = {3, 1, 4, 1, 5}, next[] = {9, -2, 6, INT64_MIN, INT64_MAX};
     Ps__V1__SparsePullItem it = PS__V1__SPARSE_PULL_ITEM__INIT, *pit = &it;
-    it.name = (char *)"emb";
-    it.ids = ids;
-    it.n_ids = sizeof ids / sizeof *ids;
-    it.next_ids = next;
-    it.n_next_ids = sizeof next / sizeof *next;
+    seed_sparse_ids(&it.name, &it.ids, &it.n_ids, &it.next_ids, &it.n_next_ids);
     Ps__V1__SparsePullRequest req = PS__V1__SPARSE_PULL_REQUEST__INIT;
     req.items = &pit;
     req.n_items = 1;
@@ -176,9 +184,8 @@ static void seed_sparse_pull(void)
 /* A SparsePushRequest with the hint of the next push, the same way. */
 static void seed_sparse_push(void)
 {
-    int64_t ids[] = {3, 1, 4}, next[] = {9, -2, INT64_MIN};
-    float g[6] = {0.5f, -1.0f, 2.0f, 0.25f, 0.0f, -3.0f};
-    int64_t shape[2] = {3, 2};
+    float g[10] = {0.5f, -1.0f, 2.0f, 0.25f, 0.0f, -3.0f, 1.0f, 1.5f, -0.5f, 4.0f};
+    int64_t shape[2] = {5, 2};
     Ps__V1__Tensor t = PS__V1__TENSOR__INIT;
     t.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
     t.shape = shape;
@@ -186,11 +193,7 @@ static void seed_sparse_push(void)
     t.data.data = (uint8_t *)g;
     t.data.len = sizeof g;
     Ps__V1__SparseGradient gr = PS__V1__SPARSE_GRADIENT__INIT, *pg = &gr;
-    gr.name = (char *)"emb";
-    gr.ids = ids;
-    gr.n_ids = sizeof ids / sizeof *ids;
-    gr.next_ids = next;
-    gr.n_next_ids = sizeof next / sizeof *next;
+    seed_sparse_ids(&gr.name, &gr.ids, &gr.n_ids, &gr.next_ids, &gr.n_next_ids);
     gr.grad = &t;
     Ps__V1__SparsePushRequest req = PS__V1__SPARSE_PUSH_REQUEST__INIT;
     req.step = 7;
