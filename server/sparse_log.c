@@ -244,7 +244,7 @@ static int put_all(void *ctx)
             continue; /* the same rows again in a bigger map */
         if (rc != 0)
             break;
-        if (a->segs != NULL)
+        if (a->segs != NULL && j > i) /* a->r is NULL with no record */
             chunk_committed(a, a->r + i, j - i, loc, ix);
         appended = false;
         i = j;
