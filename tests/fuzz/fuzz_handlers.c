@@ -291,15 +291,10 @@ static int row_dtype(const char *name)
     return v->row_dtype != 0 ? (int)v->row_dtype : PS__V1__DTYPE__DTYPE_FLOAT32;
 }
 
-/* An OK SparsePull: a row block per item of the request as protobuf-c
- * reads it (psd's in-place decoder skips a field of the wrong wire type,
- * which protobuf-c refuses: then there is nothing to compare with). */
-static void check_sparse_pull(const uint8_t *req, size_t len,
+/* An OK SparsePull: a row block per item of the request. */
+static void check_sparse_pull(const Ps__V1__SparsePullRequest *q,
                               const Ps__V1__SparsePullResponse *r)
 {
-    Ps__V1__SparsePullRequest *q = ps__v1__sparse_pull_request__unpack(NULL, len, req);
-    if (q == NULL)
-        return;
     CHECK(r->n_rows == q->n_items, "SparsePull answered %zu row blocks for %zu items",
           r->n_rows, q->n_items);
     for (size_t i = 0; i < q->n_items; i++) {
@@ -307,17 +302,13 @@ static void check_sparse_pull(const uint8_t *req, size_t len,
         int want = it->dtype != 0 ? (int)it->dtype : row_dtype(it->name);
         check_rows("SparsePull", it->name, it->n_ids, want, r->rows[i]);
     }
-    ps__v1__sparse_pull_request__free_unpacked(q, NULL);
 }
 
 /* An OK SparsePush: a version per gradient, and with return_values a row
  * block per gradient in its table's row_dtype. */
-static void check_sparse_push(const uint8_t *req, size_t len,
+static void check_sparse_push(const Ps__V1__SparsePushRequest *q,
                               const Ps__V1__SparsePushResponse *r)
 {
-    Ps__V1__SparsePushRequest *q = ps__v1__sparse_push_request__unpack(NULL, len, req);
-    if (q == NULL)
-        return;
     CHECK(r->n_versions == q->n_grads, "SparsePush answered %zu versions for %zu grads",
           r->n_versions, q->n_grads);
     CHECK(r->n_values == (q->return_values ? q->n_grads : 0),
@@ -326,7 +317,28 @@ static void check_sparse_push(const uint8_t *req, size_t len,
     for (size_t i = 0; i < r->n_values; i++)
         check_rows("SparsePush", q->grads[i]->name, q->grads[i]->n_ids,
                    row_dtype(q->grads[i]->name), r->values[i]);
-    ps__v1__sparse_push_request__free_unpacked(q, NULL);
+}
+
+/* An OK answer r of SparsePull or SparsePush (method m) against its
+ * request as protobuf-c reads it. psd's in-place decoder skips a field of
+ * the wrong wire type, which protobuf-c refuses: then there is nothing to
+ * compare with. */
+static void check_sparse(int m, const uint8_t *req, size_t len, const ProtobufCMessage *r)
+{
+    bool pull = m == FUZZ_SPARSE_PULL;
+    ProtobufCMessage *q = protobuf_c_message_unpack(
+        pull ? &ps__v1__sparse_pull_request__descriptor
+             : &ps__v1__sparse_push_request__descriptor,
+        NULL, len, req);
+    if (q == NULL)
+        return;
+    if (pull)
+        check_sparse_pull((const Ps__V1__SparsePullRequest *)q,
+                          (const Ps__V1__SparsePullResponse *)r);
+    else
+        check_sparse_push((const Ps__V1__SparsePushRequest *)q,
+                          (const Ps__V1__SparsePushResponse *)r);
+    protobuf_c_message_free_unpacked(q, NULL);
 }
 
 /* The ids a refused push's spot check pulls of a table: a few fixed ones,
@@ -472,10 +484,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           fuzz_methods[m], F.resp.len, resp_desc[m]->name);
     if (m == FUZZ_LIST_VARIABLES)
         check_listed((const Ps__V1__ListVariablesResponse *)r);
-    else if (m == FUZZ_SPARSE_PULL)
-        check_sparse_pull(data + 1, size - 1, (const Ps__V1__SparsePullResponse *)r);
-    else if (m == FUZZ_SPARSE_PUSH)
-        check_sparse_push(data + 1, size - 1, (const Ps__V1__SparsePushResponse *)r);
+    else if (m == FUZZ_SPARSE_PULL || m == FUZZ_SPARSE_PUSH)
+        check_sparse(m, data + 1, size - 1, r);
     else if (m == FUZZ_DELETE_VARIABLE)
         recreate_vars();
     protobuf_c_message_free_unpacked(r, NULL);
