@@ -339,6 +339,19 @@ int main(int argc, char **argv)
     rc = ps_client_push(cp, 0, 9, &missing, 1, DEADLINE_MS, &st);
     check(rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND && strstr(st.message, "'no/such'"),
           "a push in pieces to no variable is NOT_FOUND naming it (%s)", st.message);
+    /* The same in bfloat16, whose pieces are made and rounded ahead of
+     * their calls: the refusal drops the pieces not sent, and the client's
+     * next push in pieces goes through whole. */
+    ps_client_set_wire_dtype(cp, PS_HALF_BF16, true);
+    rc = ps_client_push(cp, 0, 9, &missing, 1, DEADLINE_MS, &st);
+    check(rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND && strstr(st.message, "'no/such'"),
+          "a bf16 push in pieces to no variable is NOT_FOUND naming it (%s)", st.message);
+    gradient(g, STEPS + 1, 1);
+    ps_client_item next = {.name = "bf16/pieces", .data = g, .n = N};
+    rc = ps_client_push(cp, 0, STEPS + 1, &next, 1, DEADLINE_MS, &st);
+    check(rc == 0 && next.version == STEPS + 1,
+          "the next bf16 push in pieces is applied once (rc %d, version %llu)", rc,
+          (unsigned long long)next.version);
 
     free(big);
     free(g1);

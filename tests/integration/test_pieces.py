@@ -11,7 +11,9 @@ real psd on 127.0.0.1, write-behind and --durable:
 - SYNC with two workers, one pushing in pieces: the step applies once,
   with the same bits as two whole pushes;
 - a gradient or a pull of the wrong size, and an unknown variable, are
-  refused naming the variable, and change nothing.
+  refused naming the variable, and change nothing; a bfloat16 push in pieces
+  (rounded ahead on the client's thread) to an unknown variable likewise, and
+  the client's next one is applied once.
 
 The checks are the pieces helper's (tests/integration/pieces.c)."""
 import os
