@@ -782,9 +782,12 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n)
  * device takes only so many at once (128 tags on this machine's virtio
  * disk), and io_uring_enter with a batch of 600 blocked the caller for
  * ~5.5 ms, as long as the reads themselves. The thread keeps up to
- * AREAD_DEPTH in flight, as psd_segs_read does, and finishes each read as
- * it completes. */
-#define AREAD_DEPTH 256
+ * AREAD_DEPTH in flight and finishes each read as it completes. A table
+ * has two of these in flight at once (sparse_cold.c), and the disk's
+ * scheduler holds 256 requests (its nr_requests): past that, io_uring
+ * hands reads to worker threads of its own (iou-wrk, seen in psd during
+ * bench/sparse with 256 a ring), so each keeps 128, the disk's tags. */
+#define AREAD_DEPTH 128
 
 struct psd_seg_aread {
     struct io_uring ring;

@@ -136,7 +136,7 @@ int psd_segs_read(psd_segs *s, psd_seg_read *rq, size_t n);
 /* ---- reads in the background --------------------------------------------- */
 
 /* A batch of reads left in flight (a prefetch): handed to a thread of its
- * own, which submits them on its own ring, up to 256 in flight as the
+ * own, which submits them on its own ring, up to 128 in flight as the
  * device takes them, and checks each as it completes; collected later by
  * psd_seg_aread_wait. One batch at a time; the ring, the thread and the
  * buffer are kept from batch to batch. Threads: the calls one at a time

@@ -16,16 +16,21 @@
  * count stand still, a row with no RAM entry was not written since. The
  * second pass (sparse_cold_settle) reads under the mutex what the first
  * could not vouch for, which is rare: rows that left the RAM tier in
- * between, or the whole miss set after an apply or a sweep.
+ * between, or the whole miss set after an apply or a sweep; while no
+ * entry left the tier (the table's drop count), it does not even look.
  *
- * Reads ahead: a pull may name the ids of its table's next pull. Once the
- * pull's own reads are done, those ids with no RAM entry are looked up
- * under the mutex and their reads handed to the table's psd_seg_aread (a
- * thread and a ring of its own), one batch a table; their ids are claimed,
- * so that no other call reads them twice. The next pull with a hint first
- * waits for the batch and takes the rows it asks for as its own cold rows
- * (prefetch_adopt), each with the record it was read from, which settle
- * checks against the index under the mutex; the rest is dropped.
+ * Reads ahead: a pull may name the ids of its table's next pull. Those
+ * with no RAM entry, not claimed by a batch already, are looked up under
+ * the mutex into one of the table's two batches while the device still
+ * reads the other (the batch the last pull named), and handed to its
+ * psd_seg_aread (a thread and a ring of its own) once the call's own
+ * reads, what its batch does not hold, are done: those queue behind its
+ * batch only, and the device goes on to the next batch without waiting
+ * for the call's lookups, copies and serving. Their ids are claimed, so
+ * that no other call reads them twice. The call then waits for its batch
+ * and takes the rows it asks for as its own cold rows (prefetch_adopt),
+ * each with the record it was read from, which settle checks against the
+ * index under the mutex; the rest is dropped.
  */
 #include "server/sparse_internal.h"
 
@@ -196,19 +201,27 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Whether id's read is the table's batch of reads ahead's. t->mu held. */
+/* Whether batch b claims id. t->mu held. */
+static bool claims(const struct sp_batch *b, int64_t id)
+{
+    return b->nclaim > 0 && bsearch(&id, b->claim, b->nclaim, sizeof id, cmp_i64) != NULL;
+}
+
+/* Whether id's read is one of the table's batches of reads ahead. t->mu
+ * held. */
 static bool claimed(const psd_sparse_table *t, int64_t id)
 {
-    return t->pf.nclaim > 0 &&
-           bsearch(&id, t->pf.claim, t->pf.nclaim, sizeof id, cmp_i64) != NULL;
+    return claims(&t->pf.b[0], id) || claims(&t->pf.b[1], id);
 }
 
 /* The ids of ids[0..n) to read (those not read yet, slot[i] < 0, or all
  * of them): those with no RAM entry that the index holds, with their
- * locations. With *left (a first pass), an id the table's batch of reads
- * ahead is reading is left to it and counted there. t->mu held. */
+ * locations. With *left (a first pass), an id that batch to, or with to
+ * NULL either of the table's batches of reads ahead, is reading is left
+ * to it and counted there. t->mu held. */
 static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const int32_t *slot,
-                     bool all, size_t *idx, uint64_t *loc, size_t *left)
+                     bool all, size_t *idx, uint64_t *loc, const struct sp_batch *to,
+                     size_t *left)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -217,7 +230,7 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
             continue;
         uint64_t l;
         if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
-            if (left != NULL && claimed(t, ids[i])) {
+            if (left != NULL && (to != NULL ? claims(to, ids[i]) : claimed(t, ids[i]))) {
                 (*left)++;
                 continue;
             }
@@ -238,10 +251,11 @@ void sparse_prefetch_init(psd_sparse_table *t)
 void sparse_prefetch_free(psd_sparse_table *t)
 {
     struct sp_prefetch *pf = &t->pf;
-    psd_seg_aread_destroy(pf->ar); /* waits for a batch in flight */
-    free(pf->rq);
-    free(pf->loc);
-    free(pf->claim);
+    for (int k = 0; k < 2; k++) {
+        struct sp_batch *b = &pf->b[k];
+        psd_seg_aread_destroy(b->ar); /* waits for a batch in flight */
+        PS_FREE_ALL(b->rq, b->loc, b->claim);
+    }
     pthread_mutex_destroy(&pf->mu);
 }
 
@@ -249,13 +263,16 @@ void sparse_prefetch_end(psd_sparse *sp, psd_sparse_table *t)
 {
     struct sp_prefetch *pf = &t->pf;
     pthread_mutex_lock(&pf->mu);
-    psd_seg_aread_destroy(pf->ar);
-    pf->ar = NULL;
-    atomic_store(&pf->busy, false);
-    atomic_fetch_sub(&sp->pf_bytes, pf->bytes);
-    pf->bytes = 0;
+    for (int k = 0; k < 2; k++) {
+        struct sp_batch *b = &pf->b[k];
+        psd_seg_aread_destroy(b->ar);
+        b->ar = NULL;
+        b->busy = false;
+        atomic_fetch_sub(&sp->pf_bytes, b->bytes);
+        b->bytes = 0;
+    }
     sparse_lock(t);
-    pf->nclaim = 0;
+    pf->b[0].nclaim = pf->b[1].nclaim = 0;
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&pf->mu);
 }
@@ -272,191 +289,176 @@ static bool prefetch_take(psd_sparse_table *t)
 }
 
 /* Room for k more of the batch. */
-static int prefetch_grow(struct sp_prefetch *pf, size_t k)
+static int batch_grow(struct sp_batch *b, size_t k)
 {
-    if (pf->n + k <= pf->cap)
+    if (b->n + k <= b->cap)
         return 0;
-    size_t nc = cap_for(pf->cap, 256, pf->n + k);
+    size_t nc = cap_for(b->cap, 256, b->n + k);
     int rc = 0;
-    pf->rq = grown(pf->rq, nc, sizeof *pf->rq, &rc);
-    pf->loc = grown(pf->loc, nc, sizeof *pf->loc, &rc);
-    pf->claim = grown(pf->claim, nc, sizeof *pf->claim, &rc);
+    b->rq = grown(b->rq, nc, sizeof *b->rq, &rc);
+    b->loc = grown(b->loc, nc, sizeof *b->loc, &rc);
+    b->claim = grown(b->claim, nc, sizeof *b->claim, &rc);
     if (rc == 0)
-        pf->cap = pf->claimcap = nc;
+        b->cap = nc;
     return rc;
 }
 
-/* The most reads of a batch: PSD_SEG_AREAD_MAX, and buffers of at most an
- * eighth of the RAM budget (a record read with the alignment on both
- * sides). */
+/* The most reads of a batch: PSD_SEG_AREAD_MAX, and buffers of at most a
+ * sixteenth of the RAM budget (a record read with the alignment on both
+ * sides): the two batches an eighth. */
 static size_t prefetch_max(const psd_sparse *sp, const psd_sparse_table *t)
 {
     uint64_t a = psd_segs_align(sp->segs), rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
     uint64_t slot = (rec + a - 1) / a * a + a;
-    uint64_t k = sparse_budget(sp) / 8 / slot;
+    uint64_t k = sparse_budget(sp) / 16 / slot;
     return k < PSD_SEG_AREAD_MAX ? (size_t)k : PSD_SEG_AREAD_MAX;
 }
 
-/* Fills the batch with the ids of next[0..nn) to read ahead: no RAM entry,
- * a record the index holds, not already claimed by a read and not one of
- * the rows this call read (ids[i] with c->slot[i] >= 0: it keeps them in
- * the tier once served); each id once, sorted, up to prefetch_max. The
- * batch's ids are claimed. t->mu and pf->mu held. Returns 0 or -ENOMEM
- * (an empty batch). */
-static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, const int64_t *next,
-                           size_t nn, const int64_t *ids, const struct sp_cold *c)
+/* Fills batch b with the ids of next[0..nn) to read ahead: no RAM entry,
+ * a record the index holds, and not claimed by a batch: not read by the
+ * other batch, which holds this call's rows read ahead (this call keeps
+ * them in the tier once served); each id once, sorted, up to
+ * prefetch_max. The batch's ids are claimed. t->mu and pf->mu held.
+ * Returns 0 or -ENOMEM (an empty batch). */
+static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b,
+                           const int64_t *next, size_t nn)
 {
-    struct sp_prefetch *pf = &t->pf;
-    pf->n = 0;
-    size_t m = 0;
-    for (size_t i = 0; i < c->n; i++)
-        m += c->slot[i] >= 0;
-    int64_t *pairs = NULL, *mine = malloc((m ? m : 1) * sizeof *mine);
-    int rc = mine != NULL ? 0 : -ENOMEM;
-    for (size_t i = 0; i < nn && rc == 0; i++) {
+    b->n = 0;
+    int rc = 0;
+    for (size_t i = 0; i < nn; i++) {
         sparse_ahead(t, next, i, nn);
         uint64_t l;
         if (sparse_find(t, next[i]) != NULL || (l = sparse_index_get(t, next[i])) == 0 ||
             l == SPARSE_LOC_LMDB || claimed(t, next[i]))
             continue;
-        if ((rc = prefetch_grow(pf, 1)) != 0)
+        if ((rc = batch_grow(b, 1)) != 0)
             break;
-        pf->claim[pf->n] = next[i]; /* (id, loc) pairs for now, in rq's room */
-        pf->loc[pf->n++] = l;
+        b->claim[b->n] = next[i]; /* (id, loc) pairs for now, in rq's room */
+        b->loc[b->n++] = l;
     }
-    size_t n = pf->n;
-    pairs = rc == 0 ? malloc((n ? n : 1) * 2 * sizeof *pairs) : NULL;
-    if (rc == 0 && pairs == NULL)
-        rc = -ENOMEM;
-    if (rc != 0) {
-        pf->n = 0;
-        free(mine);
-        return rc;
+    size_t n = b->n;
+    int64_t *pairs = rc == 0 ? malloc((n ? n : 1) * 2 * sizeof *pairs) : NULL;
+    if (pairs == NULL) {
+        b->n = 0;
+        return -ENOMEM;
     }
-    for (size_t i = 0, k = 0; i < c->n; i++)
-        if (c->slot[i] >= 0)
-            mine[k++] = ids[i];
-    qsort(mine, m, sizeof *mine, cmp_i64);
     for (size_t k = 0; k < n; k++) {
-        pairs[2 * k] = pf->claim[k];
-        pairs[2 * k + 1] = (int64_t)pf->loc[k];
+        pairs[2 * k] = b->claim[k];
+        pairs[2 * k + 1] = (int64_t)b->loc[k];
     }
     qsort(pairs, n, 2 * sizeof *pairs, cmp_pair);
     size_t max = prefetch_max(sp, t), j = 0;
+    uint64_t rec = sparse_row_bytes(t) + PSD_SEG_REC_HEAD;
     for (size_t k = 0; k < n && j < max; k++) {
         int64_t id = pairs[2 * k];
-        if ((k > 0 && id == pairs[2 * k - 2]) ||
-            (m > 0 && bsearch(&id, mine, m, sizeof id, cmp_i64) != NULL))
+        if (k > 0 && id == pairs[2 * k - 2])
             continue;
-        pf->claim[j] = id;
-        pf->loc[j] = (uint64_t)pairs[2 * k + 1];
-        pf->rq[j] = (psd_seg_read){.var_id = t->var_id, .id = id,
-                                   .loc = sparse_loc_unpack(pf->loc[j], sparse_row_bytes(t) +
-                                                                          PSD_SEG_REC_HEAD)};
+        b->claim[j] = id;
+        b->loc[j] = (uint64_t)pairs[2 * k + 1];
+        b->rq[j] = (psd_seg_read){.var_id = t->var_id, .id = id,
+                                  .loc = sparse_loc_unpack(b->loc[j], rec)};
         j++;
     }
-    pf->n = pf->nclaim = j;
+    b->n = b->nclaim = j;
     free(pairs);
-    free(mine);
     return 0;
 }
 
-/* Submits the batch filled (without t->mu) and lets pf->mu go. A batch
- * that cannot be submitted is dropped, its claims with it. */
-static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t)
+/* Submits batch b, filled (without t->mu), to its thread. A batch that
+ * cannot be submitted is dropped, its claims with it. pf->mu held. */
+static void prefetch_submit(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b)
 {
     struct sp_prefetch *pf = &t->pf;
     int rc = 0;
-    if (pf->n > 0 && pf->ar == NULL && (rc = psd_seg_aread_create(&pf->ar)) != 0) {
+    if (b->n > 0 && b->ar == NULL && (rc = psd_seg_aread_create(&b->ar)) != 0) {
         /* (a table whose rows are all in RAM never gets this far) */
         ps_log_warn("sparse table '%s': no reads ahead (%s): a pull's next_ids are "
                     "ignored", t->name, ps_strerror(rc));
         atomic_store(&pf->off, true);
-        pf->n = 0;
+        b->n = 0;
         rc = 0;
     }
-    if (pf->n > 0)
-        rc = psd_seg_aread_submit(pf->ar, sp->segs, pf->rq, pf->n);
-    uint64_t b = psd_seg_aread_bytes(pf->ar);
-    if (b != pf->bytes) {
-        atomic_fetch_add(&sp->pf_bytes, b - pf->bytes); /* modulo 2^64 */
-        pf->bytes = b;
+    if (b->n > 0)
+        rc = psd_seg_aread_submit(b->ar, sp->segs, b->rq, b->n);
+    uint64_t bytes = psd_seg_aread_bytes(b->ar);
+    if (bytes != b->bytes) {
+        atomic_fetch_add(&sp->pf_bytes, bytes - b->bytes); /* modulo 2^64 */
+        b->bytes = bytes;
     }
-    if (rc == 0 && pf->n > 0) {
-        atomic_store(&pf->busy, true);
-        atomic_fetch_add_explicit(&sp->pf_reads, pf->n, memory_order_relaxed);
-        atomic_fetch_add_explicit(&sp->seg_reads, pf->n, memory_order_relaxed);
-        atomic_fetch_add_explicit(&sp->read_cold, pf->n, memory_order_relaxed);
-    } else {
-        if (rc != 0)
-            ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
-        if (pf->nclaim > 0) { /* written only with pf->mu held, as here */
-            sparse_lock(t);
-            pf->nclaim = 0;
-            pthread_mutex_unlock(&t->mu);
-        }
+    if (rc == 0 && b->n > 0) {
+        b->busy = true;
+        atomic_fetch_add_explicit(&sp->pf_reads, b->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->seg_reads, b->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sp->read_cold, b->n, memory_order_relaxed);
+        return;
     }
-    pthread_mutex_unlock(&pf->mu);
+    if (rc != 0)
+        ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, b->n);
+    if (b->nclaim > 0) { /* written only with pf->mu held, as here */
+        sparse_lock(t);
+        b->nclaim = 0;
+        pthread_mutex_unlock(&t->mu);
+    }
 }
 
-/* Waits for the table's batch read ahead, if one is in flight, and takes
- * the rows of ids[0..n) it holds that this call has not read (c->slot[i]
- * < 0) as the call's own, each with the record it was read from, which
- * sparse_cold_settle checks under the mutex; they enter the tier as the
- * call's other cold rows do, once served. The rest of the batch is
- * dropped (a hint not followed), its claims with it. pf->mu held. Returns
- * 0 or -ENOMEM. */
-static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                          struct sp_cold *c)
+/* Waits for batch b, if it is in flight, and takes the rows of ids[0..n)
+ * it holds that this call has not read (c->slot[i] < 0) as the call's
+ * own, each with the record it was read from, which sparse_cold_settle
+ * checks under the mutex; they enter the tier as the call's other cold
+ * rows do, once served. The rest of the batch is dropped (a hint not
+ * followed), its claims with it. *used: the ids it gave a row. pf->mu
+ * held. Returns 0 or -ENOMEM. */
+static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b,
+                          const int64_t *ids, size_t n, struct sp_cold *c, size_t *used)
 {
-    struct sp_prefetch *pf = &t->pf;
-    if (!atomic_load(&pf->busy))
+    *used = 0;
+    if (!b->busy)
         return 0;
-    int rc = psd_seg_aread_wait(pf->ar);
+    int rc = psd_seg_aread_wait(b->ar);
     if (rc != 0) /* the reads it submitted completed; the rest failed */
-        ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, pf->n);
+        ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, b->n);
     size_t rb = sparse_row_bytes(t);
-    uint64_t used = 0;
-    int grc = 0;
-    for (size_t i = 0; i < n && grc == 0 && pf->n > 0; i++) {
+    int grc = n > 0 && b->n > 0 ? slots_grow(c, b->n < n ? b->n : n, rb) : 0;
+    for (size_t i = 0; i < n && grc == 0; i++) {
         const int64_t *hit;
         if (c->slot[i] >= 0 ||
-            (hit = bsearch(&ids[i], pf->claim, pf->n, sizeof *hit, cmp_i64)) == NULL)
+            (hit = bsearch(&ids[i], b->claim, b->n, sizeof *hit, cmp_i64)) == NULL)
             continue;
-        size_t k = (size_t)(hit - pf->claim);
-        if (pf->rq[k].rc != 0 || (grc = slots_grow(c, 1, rb)) != 0)
+        size_t k = (size_t)(hit - b->claim);
+        if (b->rq[k].rc != 0 || (grc = slots_grow(c, 1, rb)) != 0)
             continue; /* not read: the call reads it under the mutex */
         size_t sl = c->nslots++;
-        memcpy(c->rows + sl * rb, pf->rq[k].dst, rb); /* the row: head, then body */
+        memcpy(c->rows + sl * rb, b->rq[k].dst, rb); /* the row: head, then body */
         c->have[sl] = 1;
-        c->vloc[sl] = pf->loc[k];
+        c->vloc[sl] = b->loc[k];
         c->slot[i] = (int32_t)sl;
-        used++;
+        (*used)++;
     }
     sparse_lock(t);
-    pf->nclaim = 0;
+    b->nclaim = 0;
     pthread_mutex_unlock(&t->mu);
-    atomic_store(&pf->busy, false);
-    atomic_fetch_add_explicit(&sp->pf_rows, used, memory_order_relaxed);
+    b->busy = false;
+    atomic_fetch_add_explicit(&sp->pf_rows, *used, memory_order_relaxed);
     return grc;
 }
 
-/* ---- the first pass ------------------------------------------------------ */
-
-/* With pf->mu held (prefetch_take): the hint's batch, next[0..nnext),
- * looked up and submitted, and pf->mu let go. */
-static void ahead(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
-                  const int64_t *next, size_t nnext, const struct sp_cold *c)
+/* The hint's batch, next[0..nnext), looked up into b, the batch not in
+ * flight, while the device still reads the other; submitted by the
+ * caller. pf->mu held. */
+static void ahead(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b,
+                  const int64_t *next, size_t nnext)
 {
+    size_t unused;
+    if (b->busy) /* (only if a hinted call left it: dropped) */
+        (void)prefetch_adopt(sp, t, b, NULL, 0, NULL, &unused);
     sparse_lock(t);
-    /* An apply, a sweep or a drop may have changed the tier: the lookup is
-     * made now, under the mutex, whatever the first pass saw. */
-    if (!t->ready || t->nentries >= t->rows ||
-        prefetch_lookup(sp, t, next, nnext, ids, c) != 0)
-        t->pf.n = 0;
+    if (sparse_ready(sp, t) != 0 || t->nentries >= t->rows ||
+        prefetch_lookup(sp, t, b, next, nnext) != 0)
+        b->n = 0;
     pthread_mutex_unlock(&t->mu);
-    prefetch_submit(sp, t); /* lets pf->mu go */
 }
+
+/* ---- the first pass ------------------------------------------------------ */
 
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                           const int64_t *next, size_t nnext, struct sp_cold *c)
@@ -469,40 +471,56 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
     int rc = c->slot && idx && loc ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         c->slot[i] = -1;
-    /* A pull with a hint follows the last one's: the batch read ahead for
-     * it is waited for and its rows taken first, so that the call's own
-     * reads (what the hint did not name) do not queue behind the batch's
-     * on the device. */
+    /* A pull with a hint: the next pull's batch is looked up first, while
+     * the device reads this call's (the last pull's hint), and submitted
+     * once the call's own reads (what that batch does not hold) are done:
+     * they queue behind this call's batch only, and the next batch right
+     * after them, with no lookup in between. */
+    struct sp_prefetch *pf = &t->pf;
     bool took = rc == 0 && nnext > 0 && prefetch_take(t);
+    struct sp_batch *mine = took ? &pf->b[pf->cur] : NULL;
     if (took)
-        rc = prefetch_adopt(sp, t, ids, n, c);
+        ahead(sp, t, &pf->b[pf->cur ^ 1], next, nnext);
     size_t m = 0, left = 0;
     if (rc == 0) {
         sparse_lock(t);
         rc = sparse_ready(sp, t);
         c->applied = atomic_load(&sp->log_applied);
         c->evicts = t->evicts;
+        c->drops = t->drops;
         /* Every row in the RAM tier: nothing to read (the in-RAM case
          * costs no second walk). The locations are copied out: the reads
-         * run without the mutex. */
+         * run without the mutex. A call with a hint leaves to its batch
+         * only the rows it holds, and reads the rest itself, even rows
+         * the next batch claimed. */
         if (rc == 0 && t->nentries < t->rows)
-            m = misses(t, ids, n, c->slot, false, idx, loc, &left);
+            m = misses(t, ids, n, c->slot, false, idx, loc, mine, &left);
         pthread_mutex_unlock(&t->mu);
     }
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
+    c->left = left;
     if (took) {
-        if (rc != 0)
-            pthread_mutex_unlock(&t->pf.mu);
+        size_t used = 0;
+        prefetch_submit(sp, t, &pf->b[pf->cur ^ 1]);
+        if (rc == 0)
+            rc = prefetch_adopt(sp, t, mine, ids, n, c, &used);
         else
-            ahead(sp, t, ids, next, nnext, c);
+            (void)prefetch_adopt(sp, t, mine, NULL, 0, NULL, &used);
+        c->left -= used < c->left ? used : c->left;
+        pf->cur ^= 1;
+        pthread_mutex_unlock(&pf->mu);
     } else if (rc == 0 && left > 0 && prefetch_take(t)) {
-        /* Rows another call's batch is reading are taken from it, not read
-         * twice (what it could not read is read by sparse_cold_settle,
-         * under the mutex). */
-        rc = prefetch_adopt(sp, t, ids, n, c);
-        pthread_mutex_unlock(&t->pf.mu);
+        /* Rows another call's batches are reading are taken from them,
+         * the older first, not read twice (what they could not read is
+         * read by sparse_cold_settle, under the mutex). */
+        for (unsigned k = 0; k < 2 && rc == 0; k++) {
+            size_t used;
+            rc = prefetch_adopt(sp, t, &pf->b[pf->cur ^ k], ids, n, c, &used);
+            c->left -= used < c->left ? used : c->left;
+        }
+        pthread_mutex_unlock(&pf->mu);
     }
     free(idx);
     free(loc);
@@ -551,13 +569,19 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
         }
     }
     atomic_fetch_add_explicit(&sp->pf_stale, dropped, memory_order_relaxed);
+    /* No entry left the tier since the first pass, nothing was applied or
+     * swept, no row read ahead went stale and none was left to another
+     * call's batch: the first pass read every row there is to read, and
+     * the walk below would find nothing. */
+    if (!stale && dropped == 0 && c->drops == t->drops && c->left == 0)
+        return 0;
     size_t one = c->n ? c->n : 1;
     size_t *idx = malloc(one * sizeof *idx);
     uint64_t *loc = malloc(one * sizeof *loc);
     int rc = idx && loc ? 0 : -ENOMEM;
     struct want w = {.ids = ids, .idx = idx, .loc = loc};
     if (rc == 0)
-        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL);
+        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL, NULL);
     if (rc == 0 && w.m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);

@@ -138,24 +138,32 @@ struct sp_entry {
     uint8_t row[] __attribute__((aligned(8)));
 };
 
-/* A table's prefetch (sparse_cold.c): the reads a pull's hint of the next
- * pull's ids started, one batch at a time, whose rows the table's next
- * call takes as its own cold rows. mu is held by whoever fills, submits or
- * takes from the batch; it is taken before the table's mu, never while
- * holding it. */
-struct sp_prefetch {
-    pthread_mutex_t mu;
-    psd_seg_aread *ar;     /* NULL until the first hint */
-    atomic_bool off;       /* no io_uring: hints are ignored */
+/* A batch of reads ahead (sparse_cold.c): the reads a pull's hint of the
+ * next pull's ids started, whose rows the table's next call takes as its
+ * own cold rows. */
+struct sp_batch {
+    psd_seg_aread *ar;     /* NULL until its first use */
     psd_seg_read *rq;      /* (n) the batch: rq[k].id's record */
     uint64_t *loc;         /* (n) where the index put it when looked up */
     size_t n, cap;
     uint64_t bytes;        /* counted in sp->pf_bytes */
-    atomic_bool busy;      /* submitted, not yet collected */
+    bool busy;             /* submitted, not yet collected */
     /* The batch's ids, sorted, in rq's order; while nclaim (guarded by
      * the table's mu too) says so, a first pass leaves them to it. */
     int64_t *claim;
-    size_t nclaim, claimcap;
+    size_t nclaim;
+};
+
+/* A table's prefetch: two batches, each with its own thread and ring, so
+ * that a pull submits the next pull's batch before it waits for its own
+ * and the device never waits between them. b[cur] is the older: the one
+ * the next pull takes. mu is held by whoever fills, submits or takes from
+ * a batch; it is taken before the table's mu, never while holding it. */
+struct sp_prefetch {
+    pthread_mutex_t mu;
+    atomic_bool off;       /* no io_uring: hints are ignored */
+    struct sp_batch b[2];
+    unsigned cur;
 };
 
 /* A sparse table's state; every field below mu is guarded by it. */
@@ -197,6 +205,9 @@ struct psd_sparse_table {
     uint8_t *cms;     /* admission counts, CMS_DEPTH x CMS_WIDTH */
     uint64_t evicts;        /* rows the sweeps deleted: a cold read begun
                                before one is done again (sparse_cold.c) */
+    uint64_t drops;         /* entries that left the RAM tier: while it and
+                               the applied mark stand still, a second pass
+                               has nothing to read (sparse_cold_settle) */
     int64_t sweep_from;     /* where the next TTL sweep starts */
     int64_t last_sweep_ms;
     uint64_t sweep_clock;   /* the table's clock at the last sweep */
@@ -380,8 +391,9 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
  * read). sparse_cold_remap moves the slots to the distinct ids of a push
  * (which[i] the distinct index of ids[i]). sparse_cold_settle, with t->mu
  * held, reads what the first pass could not know: rows that left the RAM
- * tier since, and all of them again when an apply or a sweep may have
- * changed what it read. sparse_cold_row: ids[i]'s stored bytes (value at
+ * tier since (none while no entry left it: then it reads nothing), and
+ * all of them again when an apply or a sweep may have changed what it
+ * read. sparse_cold_row: ids[i]'s stored bytes (value at
  * + SPARSE_ROW_HEAD) or NULL when it has no row outside the RAM tier. */
 struct sp_cold {
     int32_t *slot;       /* (n) */
@@ -391,16 +403,19 @@ struct sp_cold {
     uint64_t *vloc;      /* (nslots) a row read ahead: the packed location it
                             was read from, checked by settle (0: read here) */
     size_t nslots, cap;
-    uint64_t applied, evicts; /* when the first pass began */
+    uint64_t applied, evicts, drops; /* when the first pass began */
+    size_t left;         /* ids it left to a batch of another call */
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
 /* The same for a pull or a push that knows the ids of its table's next
- * call, next[0..nnext): the reads of those not in the RAM tier are submitted
- * once the call's own are done, and left in flight (one batch a table, at
- * most PSD_SEG_AREAD_MAX reads and an eighth of the RAM budget); the
+ * call, next[0..nnext): the reads of those not in the RAM tier and not
+ * among ids are submitted first, before the call waits for the batch the
+ * last call submitted, and left in flight (two batches a table, each at
+ * most PSD_SEG_AREAD_MAX reads and a sixteenth of the RAM budget); the
  * table's next call takes the rows it wants from the batch as its own
- * cold rows. Either call takes from a batch in flight the rows it needs. */
+ * cold rows. A call without a hint takes from the batches in flight the
+ * rows it needs (and drops them). */
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                           const int64_t *next, size_t nnext, struct sp_cold *c);
 /* A table's prefetch: made with it; ended (its batch waited for, its

@@ -180,7 +180,8 @@ static int put_all(void *ctx)
     struct apply *a = ctx;
     if (a->last > a->mark)
         a->mark = a->last;
-    qsort(a->r, a->n, sizeof *a->r, cmp_rec);
+    if (a->n > 1) /* an empty log file has no records: a->r may be NULL */
+        qsort(a->r, a->n, sizeof *a->r, cmp_rec);
     size_t u = 0; /* the last record of each row, in key order */
     for (size_t j = 0; j < a->n; j++)
         if (j + 1 == a->n || !same_row(&a->r[j], &a->r[j + 1]))
@@ -243,7 +244,7 @@ static int put_all(void *ctx)
             continue; /* the same rows again in a bigger map */
         if (rc != 0)
             break;
-        if (a->segs != NULL)
+        if (a->segs != NULL && j > i) /* a->r is NULL with no record */
             chunk_committed(a, a->r + i, j - i, loc, ix);
         appended = false;
         i = j;

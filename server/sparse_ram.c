@@ -123,6 +123,7 @@ void sparse_entry_drop(psd_sparse *sp, psd_sparse_table *t, struct sp_entry **li
     *link = e->next;
     free(e);
     t->nentries--;
+    t->drops++;
     atomic_fetch_sub(&sp->ram, sparse_entry_bytes(t));
 }
 

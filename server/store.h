@@ -209,7 +209,8 @@ int psd_store_row_get(psd_store_rtxn *r, uint32_t var_id, int64_t id,
 int psd_store_row_peek(psd_store_txn *t, uint32_t var_id, int64_t id,
                        const void **data, size_t *len);
 /* Inserts or replaces row id: head (head_len bytes) then body, written
- * straight into the map. Returns 0 or as psd_store_put (PS_EFULL...). */
+ * straight into the map; body may be NULL when body_len is 0. Returns 0
+ * or as psd_store_put (PS_EFULL...). */
 int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
                       const void *head, size_t head_len, const void *body,
                       size_t body_len);

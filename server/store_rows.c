@@ -142,7 +142,10 @@ int psd_store_row_put(psd_store_txn *t, uint32_t var_id, int64_t id,
     if (mrc != 0)
         return store_txn_fail(t, mrc, "writing a row", "(sparse)");
     memcpy(v.mv_data, head, head_len);
-    memcpy((uint8_t *)v.mv_data + head_len, body, body_len);
+    /* The catalog's entries and a copied row have no body (NULL, 0):
+     * memcpy from NULL is undefined even for no bytes. */
+    if (body_len != 0)
+        memcpy((uint8_t *)v.mv_data + head_len, body, body_len);
     return 0;
 }
 

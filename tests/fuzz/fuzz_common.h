@@ -1,8 +1,9 @@
 /*
  * fuzz_common.h - what the fuzz targets and their seed writer agree on: the
  * ParameterServer methods in the order an input's first byte picks them
- * (fuzz_handlers), and the variables fuzz_handlers creates before the first
- * input, so that seeds written by fuzz_seeds name variables that exist.
+ * (fuzz_handlers), and the variables and sparse tables fuzz_handlers
+ * creates before the first input, so that seeds written by fuzz_seeds name
+ * variables that exist.
  *
  * Threads and lifetime: constants and one pure function; nothing to free.
  */
@@ -11,6 +12,7 @@
 
 #include "proto/ps.pb-c.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +26,10 @@ enum {
     FUZZ_STATS,
     FUZZ_CHECKPOINT,
     FUZZ_RESTORE,
+    FUZZ_SET_SYNC_WORKERS,
+    FUZZ_DELETE_VARIABLE,
+    FUZZ_SPARSE_PULL,
+    FUZZ_SPARSE_PUSH,
     FUZZ_UNKNOWN,
     FUZZ_NMETHODS
 };
@@ -36,12 +42,21 @@ static const char *const fuzz_methods[FUZZ_NMETHODS] = {
     "/ps.v1.ParameterServer/Stats",
     "/ps.v1.ParameterServer/Checkpoint",
     "/ps.v1.ParameterServer/Restore",
+    "/ps.v1.ParameterServer/SetSyncWorkers",
+    "/ps.v1.ParameterServer/DeleteVariable",
+    "/ps.v1.ParameterServer/SparsePull",
+    "/ps.v1.ParameterServer/SparsePush",
     "/ps.v1.ParameterServer/NoSuchMethod",
 };
 
-/* The variables that exist before the first input: one per optimizer, one
- * of them SYNC with two workers (a push waits for the other worker until
- * its deadline), names one byte long so that mutations find them. */
+/* The variables that exist before the first input: one dense variable per
+ * optimizer, one of them SYNC with two workers (a push waits for the other
+ * worker until its deadline), and sparse tables (shape [dim]) over the
+ * tier's variants: float32 rows with ADAGRAD and with FTRL, float16 rows
+ * with bfloat16 slots, bfloat16 rows with float32 slots that a pull
+ * inserts, and a table of at most 4 rows with a TTL and admission after
+ * two pushes, which the sweep keeps evicting. Names are one byte long so
+ * that mutations find them. */
 struct fuzz_var {
     const char *name;
     int64_t shape[2];
@@ -50,6 +65,12 @@ struct fuzz_var {
     Ps__V1__Initializer__Kind init;
     Ps__V1__Consistency consistency;
     uint32_t num_workers;
+    /* Sparse tables only (sparse set). */
+    bool sparse;
+    Ps__V1__DType row_dtype, slot_dtype;
+    uint64_t max_rows, ttl_steps;
+    uint32_t admit_after;
+    bool insert_on_pull;
 };
 
 static const struct fuzz_var fuzz_vars[] = {
@@ -61,6 +82,23 @@ static const struct fuzz_var fuzz_vars[] = {
      PS__V1__INITIALIZER__KIND__NORMAL, PS__V1__CONSISTENCY__ASYNC, 0},
     {"a", {2, 0}, 1, PS__V1__OPTIMIZER__KIND__ADAGRAD,
      PS__V1__INITIALIZER__KIND__CONSTANT, PS__V1__CONSISTENCY__ASYNC, 0},
+    {.name = "e", .shape = {4}, .ndim = 1, .opt = PS__V1__OPTIMIZER__KIND__ADAGRAD,
+     .init = PS__V1__INITIALIZER__KIND__UNIFORM, .consistency = PS__V1__CONSISTENCY__ASYNC,
+     .sparse = true},
+    {.name = "f", .shape = {3}, .ndim = 1, .opt = PS__V1__OPTIMIZER__KIND__FTRL,
+     .init = PS__V1__INITIALIZER__KIND__NORMAL, .consistency = PS__V1__CONSISTENCY__ASYNC,
+     .sparse = true},
+    {.name = "h", .shape = {8}, .ndim = 1, .opt = PS__V1__OPTIMIZER__KIND__ADAM,
+     .init = PS__V1__INITIALIZER__KIND__CONSTANT, .consistency = PS__V1__CONSISTENCY__ASYNC,
+     .sparse = true, .row_dtype = PS__V1__DTYPE__DTYPE_FLOAT16,
+     .slot_dtype = PS__V1__DTYPE__DTYPE_BFLOAT16},
+    {.name = "g", .shape = {2}, .ndim = 1, .opt = PS__V1__OPTIMIZER__KIND__MOMENTUM,
+     .init = PS__V1__INITIALIZER__KIND__UNIFORM, .consistency = PS__V1__CONSISTENCY__ASYNC,
+     .sparse = true, .row_dtype = PS__V1__DTYPE__DTYPE_BFLOAT16,
+     .slot_dtype = PS__V1__DTYPE__DTYPE_FLOAT32, .insert_on_pull = true},
+    {.name = "r", .shape = {2}, .ndim = 1, .opt = PS__V1__OPTIMIZER__KIND__SGD,
+     .init = PS__V1__INITIALIZER__KIND__ZEROS, .consistency = PS__V1__CONSISTENCY__ASYNC,
+     .sparse = true, .max_rows = 4, .ttl_steps = 3, .admit_after = 2},
 };
 #define FUZZ_NVARS (sizeof fuzz_vars / sizeof fuzz_vars[0])
 
@@ -83,6 +121,8 @@ static inline void fuzz_create_request(size_t i, struct fuzz_create *c)
     ps__v1__initializer__init(&c->init);
     c->opt.kind = v->opt;
     c->opt.learning_rate = 0.1f;
+    if (v->opt == PS__V1__OPTIMIZER__KIND__FTRL)
+        c->opt.l1 = 0.01f;
     c->init.kind = v->init;
     c->init.value = 0.5f;
     c->init.minval = -1.0f;
@@ -98,6 +138,13 @@ static inline void fuzz_create_request(size_t i, struct fuzz_create *c)
     c->spec.initializer = &c->init;
     c->spec.consistency = v->consistency;
     c->spec.num_workers = v->num_workers;
+    c->spec.sparse = v->sparse;
+    c->spec.row_dtype = v->row_dtype;
+    c->spec.slot_dtype = v->slot_dtype;
+    c->spec.max_rows = v->max_rows;
+    c->spec.ttl_steps = v->ttl_steps;
+    c->spec.admit_after = v->admit_after;
+    c->spec.insert_on_pull = v->insert_on_pull;
     c->req.spec = &c->spec;
 }
 
