@@ -19,9 +19,10 @@
  *     the way TFRA's Redis backend does (bench/redis_peer.h).
  * psd's pulls, in both regimes and the warm-up, carry the ids of the
  * next pull as a hint (ps_sparse_item.next_ids: SparsePullItem.next_ids),
- * as a trainer that knows its next batch sends them: psd starts reading
- * those on disk before it serves the pull. The ceilings and Redis get the
- * same ids without it.
+ * and its pushes the ids of the next push (SparseGradient.next_ids), as a
+ * trainer that knows its next batch sends them: psd starts reading those
+ * on disk before it serves the call. The ceilings and Redis get the same
+ * ids without it.
  * Two regimes for psd: the table in RAM (no memory limit), and psd with
  * --memory-limit a quarter of the table's bytes (LMDB and segments),
  * inside a cgroup v1 memory group of that size when run as root (else
@@ -311,16 +312,16 @@ static int create(struct psd *p, const struct opts *o)
 
 /* One SparsePull (kind 0), SparsePush (1) or push with return (2), through
  * the C client's calls (common/sparseclient.h), as a program linking
- * libpsclient makes them; a pull tells psd the next pull's ids, next
- * (NULL: none). */
+ * libpsclient makes them; a call tells psd the ids of the next call of
+ * its kind, next (NULL: none). */
 static int one(struct psd *p, const struct opts *o, int kind, int64_t *ids, float *g,
                float *out, uint64_t step, const int64_t *next)
 {
     float *rows = kind == 1 ? g : out; /* a push without return leaves g as it is */
     if (kind == 2)
         memcpy(out, g, (size_t)(o->batch * o->dim) * sizeof *out);
-    ps_sparse_item it = {"emb", ids, (size_t)o->batch, (int)o->dim, rows, 0,
-                         kind == 0 ? next : NULL, next ? (size_t)o->batch : 0};
+    ps_sparse_item it = {"emb", ids, (size_t)o->batch, (int)o->dim, rows, 0, next,
+                         next ? (size_t)o->batch : 0};
     ps_rpc_status st;
     int rc = kind == 0 ? ps_client_sparse_pull(&p->pc, 1, &it, 1, 0, &st)
                        : ps_client_sparse_push(&p->pc, 1, 0, step, &it, 1, kind == 2, 0, &st);

@@ -272,6 +272,24 @@ static int decode_rows(void *ctx, const struct ps_piece *pieces, int np)
                                  pd->err, sizeof pd->err);
 }
 
+/* The items' next ids split as the ids of items of their own, into *nx
+ * when any were given (*hint; then split_free it). Returns 0 or -ENOMEM. */
+static int split_next(struct split *nx, int nshards, const ps_sparse_item *items, size_t n,
+                      bool *hint)
+{
+    ps_sparse_item next[PS_SPARSE_MAX_TABLES];
+    *hint = false;
+    for (size_t i = 0; i < n; i++) {
+        next[i] = (ps_sparse_item){.name = items[i].name, .ids = items[i].next_ids,
+                                   .n = items[i].next_ids ? items[i].next_n : 0};
+        *hint |= next[i].n > 0;
+    }
+    int rc = *hint ? split_make(nx, nshards, next, n) : 0;
+    if (rc != 0)
+        *hint = false;
+    return rc;
+}
+
 /* One shard's pull: its ids of each table, and of the next ids (nx: their
  * split, NULL when none were given) its own, so that a shard with no ids
  * of a table now but some next still hears of them. */
@@ -338,15 +356,8 @@ int ps_client_sparse_pull(ps_client *const *shards, int nshards,
     int rc = split_begin(&sp, nshards, items, n, st);
     if (rc != 0)
         return rc;
-    /* The next ids split the same way, as the ids of items of their own. */
-    ps_sparse_item next[PS_SPARSE_MAX_TABLES];
     bool hint = false;
-    for (size_t i = 0; i < n; i++) {
-        next[i] = (ps_sparse_item){.name = items[i].name, .ids = items[i].next_ids,
-                                   .n = items[i].next_ids ? items[i].next_n : 0};
-        hint |= next[i].n > 0;
-    }
-    if (hint && (rc = split_make(&nx, nshards, next, n)) != 0) {
+    if ((rc = split_next(&nx, nshards, items, n, &hint)) != 0) {
         split_free(&sp);
         return rc;
     }
@@ -358,10 +369,11 @@ int ps_client_sparse_pull(ps_client *const *shards, int nshards,
     return rc;
 }
 
-/* One shard's push: the gradient rows of its ids, gathered. */
-static int push_shard(ps_client *c, int s, const struct split *sp, uint32_t worker,
-                      uint64_t step, ps_sparse_item *items, size_t n, bool ret,
-                      int deadline_ms, ps_rpc_status *st)
+/* One shard's push: the gradient rows of its ids, gathered, with its
+ * share of the next ids (nx: their split, NULL when none were given). */
+static int push_shard(ps_client *c, int s, const struct split *sp, const struct split *nx,
+                      uint32_t worker, uint64_t step, ps_sparse_item *items, size_t n,
+                      bool ret, int deadline_ms, ps_rpc_status *st)
 {
     Ps__V1__SparseGradient g[PS_SPARSE_MAX_TABLES];
     Ps__V1__SparseGradient *gp[PS_SPARSE_MAX_TABLES];
@@ -394,6 +406,8 @@ static int push_shard(ps_client *c, int s, const struct split *sp, uint32_t work
         g[m].name = (char *)items[i].name;
         g[m].n_ids = cnt;
         g[m].ids = sp->ids[(size_t)s * n + i];
+        g[m].n_next_ids = nx ? nx->count[(size_t)s * n + i] : 0;
+        g[m].next_ids = g[m].n_next_ids ? nx->ids[(size_t)s * n + i] : NULL;
         g[m].grad = &t[m];
         gp[m] = &g[m];
         used[m++] = i;
@@ -432,13 +446,17 @@ int ps_client_sparse_push(ps_client *const *shards, int nshards, uint32_t worker
                           uint64_t step, ps_sparse_item *items, size_t n,
                           bool return_values, int deadline_ms, ps_rpc_status *st)
 {
-    struct split sp;
+    struct split sp, nx;
     int rc = split_begin(&sp, nshards, items, n, st);
     if (rc != 0)
         return rc;
+    bool hint = false;
+    rc = split_next(&nx, nshards, items, n, &hint);
     for (int s = 0; rc == 0 && s < nshards; s++)
-        rc = push_shard(shards[s], s, &sp, worker, step, items, n, return_values,
-                        deadline_ms, st);
+        rc = push_shard(shards[s], s, &sp, hint ? &nx : NULL, worker, step, items, n,
+                        return_values, deadline_ms, st);
+    if (hint)
+        split_free(&nx);
     split_free(&sp);
     return rc;
 }

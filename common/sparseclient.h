@@ -44,11 +44,15 @@ uint64_t ps_sparse_mix64(uint64_t x);
 /* One table of a call: n ids and n * dim floats (pull: written, the rows in
  * the order of ids, widened from float16 or bfloat16 when that is the
  * table's row dtype, which is what travels; push: read, row i the gradient
- * of ids[i], sent as float32). A pull may say the ids of its next pull of
- * the table, next_ids[0..next_n) (NULL, 0: none): each shard gets those it
- * holds (SparsePullItem.next_ids) and starts reading them from disk ahead,
- * so that the next pull finds them in memory; a hint, which changes no
- * answer. A push ignores them. */
+ * of ids[i], sent as float32). A call may say the ids of its next call of
+ * the same kind on the table, next_ids[0..next_n) (NULL, 0: none): each
+ * shard gets those it holds (SparsePullItem.next_ids,
+ * SparseGradient.next_ids) and starts reading them from disk ahead, so
+ * that the next call finds them in memory; a hint, which changes no answer
+ * and nothing a push applies. A pull sends a shard its share of the hint
+ * even when none of the table's ids of this pull are its; a push sends it
+ * with the shard's gradient of the table only (a shard with none of this
+ * push's ids of the table does not hear of them). */
 typedef struct ps_sparse_item {
     const char *name;
     const int64_t *ids;

@@ -521,7 +521,8 @@ static const char *read_ids(cursor *c, int wt, const char *past, const char *cut
     return NULL;
 }
 
-/* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3.
+/* A SparsePullItem or SparseGradient: name 1, ids 2, (gradient) grad 3,
+ * next_ids 4 (the hint of the next call's ids, both).
  * Returns NULL, or what is wrong; *rc -ENOMEM when out of memory. */
 static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
                                     ps_wire_sparse_item *it, int *rc)
@@ -537,20 +538,23 @@ static const char *read_sparse_item(cursor *c, bool push, ps_wire_sparse *req,
             if (get_name(c, it->g.name, sizeof it->g.name, &it->g.name_len) != 0)
                 return push ? "SparseGradient.name: length past the end"
                             : "SparsePullItem.name: length past the end";
-        } else if (field == 2 && (wt == WT_LEN || wt == WT_VARINT)) {
-            const char *why = read_ids(
-                c, wt, push ? "SparseGradient.ids: length past the end"
-                            : "SparsePullItem.ids: length past the end",
-                push ? "SparseGradient.ids: truncated varint"
-                     : "SparsePullItem.ids: truncated varint",
-                &req->ids, &req->nids, &req->idcap, &it->nids, rc);
-            if (why != NULL)
-                return why;
-        } else if (!push && field == 4 && (wt == WT_LEN || wt == WT_VARINT)) {
-            const char *why = read_ids(c, wt, "SparsePullItem.next_ids: length past the end",
-                                       "SparsePullItem.next_ids: truncated varint",
-                                       &req->next, &req->nnext, &req->nextcap, &it->nnext,
-                                       rc);
+        } else if ((field == 2 || field == 4) && (wt == WT_LEN || wt == WT_VARINT)) {
+            /* ids, or next_ids: each into its own array of the request. */
+            static const char *const why_of[2][2][2] = {
+                {{"SparsePullItem.ids: length past the end",
+                  "SparsePullItem.ids: truncated varint"},
+                 {"SparsePullItem.next_ids: length past the end",
+                  "SparsePullItem.next_ids: truncated varint"}},
+                {{"SparseGradient.ids: length past the end",
+                  "SparseGradient.ids: truncated varint"},
+                 {"SparseGradient.next_ids: length past the end",
+                  "SparseGradient.next_ids: truncated varint"}}};
+            bool nx = field == 4;
+            const char *const *w = why_of[push][nx];
+            const char *why = nx ? read_ids(c, wt, w[0], w[1], &req->next, &req->nnext,
+                                            &req->nextcap, &it->nnext, rc)
+                                 : read_ids(c, wt, w[0], w[1], &req->ids, &req->nids,
+                                            &req->idcap, &it->nids, rc);
             if (why != NULL)
                 return why;
         } else if (!push && field == 3 && wt == WT_VARINT) {

@@ -189,9 +189,9 @@ size_t ps_wire_push_step_at(const ps_wire_push_out *m);
 /* One decoded SparsePullItem or SparseGradient: its name (g.name,
  * g.name_len) and, for a gradient, its tensor (g.dtype, g.shape, g.data
  * over the request's bytes, g.shm, g.has_tensor), for a pull item the
- * answer's dtype (g.dtype, 0 when absent) and its next_ids (the hint of
- * the client's next pull); the ids decoded into the request's arrays
- * (repeated int64, packed or not). */
+ * answer's dtype (g.dtype, 0 when absent), and for both its next_ids (the
+ * hint of the client's next call of the table); the ids decoded into the
+ * request's arrays (repeated int64, packed or not). */
 typedef struct ps_wire_sparse_item {
     ps_wire_grad g;
     const int64_t *ids;    /* (nids), in the request's ids array */
@@ -214,7 +214,7 @@ typedef struct ps_wire_sparse {
     size_t nitems, cap;
     int64_t *ids;          /* every item's ids, one after the other */
     size_t nids, idcap;
-    int64_t *next;         /* every pull item's next_ids, the same way */
+    int64_t *next;         /* every item's next_ids, the same way */
     size_t nnext, nextcap;
     struct ps_piece one;
 } ps_wire_sparse;

@@ -885,7 +885,8 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         items[i] = (struct item){.g = &g[i], .t = g[i].t};
-        rc = sparse_cold_read(sp, g[i].t, g[i].ids, g[i].n, &items[i].cold);
+        rc = sparse_cold_read_next(sp, g[i].t, g[i].ids, g[i].n, g[i].next, g[i].nnext,
+                                   &items[i].cold);
         *bad = i;
     }
     if (rc != 0) {

@@ -137,13 +137,19 @@ int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids
  * widened before, by the RPC edge), as they arrived (any alignment), read
  * once into the rows' summed gradients. values: NULL, or n values of
  * psd_sparse_value_bytes(t, false) that receive the rows' values after the
- * update, in the row dtype. */
+ * update, in the row dtype. next: the ids of the client's next push of the
+ * table, read ahead as a pull's next_ids are (psd_sparse_pull_next) once
+ * the push's own rows are read, while it is applied and answered; it
+ * changes what the next push waits for, never what a push applies. */
 struct psd_sparse_grad {
     psd_sparse_table *t;
     const int64_t *ids;  /* (n) */
     size_t n;
     const void *grad;    /* (n, dim) float32 */
     void *values;        /* (n, dim) of the row dtype, or NULL */
+    const int64_t *next; /* (nnext) the ids of the table's next push, a hint
+                            (SparseGradient.next_ids), or NULL */
+    size_t nnext;
 };
 /* Applies a push to its tables at step, all or nothing: every row's update
  * is proven finite, and the new rows within the caps, first: a table's

@@ -408,14 +408,14 @@ struct sp_cold {
 };
 int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                      struct sp_cold *c);
-/* The same for a pull that knows the ids of its table's next pull,
- * next[0..nnext): the reads of those not in the RAM tier and not among
- * ids are submitted first, before the call waits for the batch the last
- * pull submitted, and left in flight (two batches a table, each at most
- * PSD_SEG_AREAD_MAX reads and a sixteenth of the RAM budget); the table's
- * next call takes the rows it wants from the batch as its own cold rows.
- * A call without a hint takes from the batches in flight the rows it
- * needs (and drops them). */
+/* The same for a pull or a push that knows the ids of its table's next
+ * call, next[0..nnext): the reads of those not in the RAM tier and not
+ * among ids are submitted first, before the call waits for the batch the
+ * last call submitted, and left in flight (two batches a table, each at
+ * most PSD_SEG_AREAD_MAX reads and a sixteenth of the RAM budget); the
+ * table's next call takes the rows it wants from the batch as its own
+ * cold rows. A call without a hint takes from the batches in flight the
+ * rows it needs (and drops them). */
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                           const int64_t *next, size_t nnext, struct sp_cold *c);
 /* A table's prefetch: made with it; ended (its batch waited for, its

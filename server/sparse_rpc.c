@@ -95,9 +95,11 @@ static bool reply_fits(psd_shard *s, ps_rpc_call *call, const char *method,
     return false;
 }
 
-/* A pull item's next_ids: at most the ids one pull can answer within the
- * message limit (the hint is of one pull). False with call failed. */
-static bool next_fits(psd_shard *s, ps_rpc_call *call, const psd_var *v,
+/* An item's next_ids: at most the ids one call of the method can carry
+ * within the message limit (the hint is of one call): rows of vb bytes
+ * each, those a pull answers or a push's gradient of the table at its
+ * narrowest (the row dtype). False with call failed. */
+static bool next_fits(psd_shard *s, ps_rpc_call *call, bool push, const psd_var *v,
                       const ps_wire_sparse_item *it, bool f32)
 {
     uint64_t vb = psd_sparse_value_bytes(v->sparse, f32);
@@ -105,10 +107,13 @@ static bool next_fits(psd_shard *s, ps_rpc_call *call, const psd_var *v,
     if (it->nnext <= most)
         return true;
     shard_count_bad(s);
-    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "SparsePull: sparse table '%s': next_ids "
-                "has %zu ids, more than one pull can answer within the message limit of "
-                "%zu bytes (at most %llu); send the ids of the next pull only", v->name,
-                it->nnext, s->o.max_message_bytes, (unsigned long long)most);
+    ps_rpc_fail(call, PS_RPC_INVALID_ARGUMENT, "%s: sparse table '%s': next_ids has %zu "
+                "ids, more than one %s can %s within the message limit of %zu bytes (at "
+                "most %llu); send the ids of the next %s only%s",
+                push ? "SparsePush" : "SparsePull", v->name, it->nnext,
+                push ? "push" : "pull", push ? "carry" : "answer", s->o.max_message_bytes,
+                (unsigned long long)most, push ? "push" : "pull",
+                push ? "; nothing applied" : "");
     return false;
 }
 
@@ -179,7 +184,7 @@ void shard_sparse_pull(ps_rpc_call *call, const uint8_t *req, size_t len, void *
             bytes += (uint64_t)r.items[i].nids * psd_sparse_value_bytes(vars[i]->sparse,
                                                                         f32[i]);
             half |= !f32[i] && psd_sparse_row_type(vars[i]->sparse) != 0;
-            ok = next_fits(s, call, vars[i], &r.items[i], f32[i]);
+            ok = next_fits(s, call, false, vars[i], &r.items[i], f32[i]);
         }
     }
     ok = ok && reply_fits(s, call, "SparsePull", bytes);
@@ -336,7 +341,8 @@ static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
         const ps_wire_sparse_item *it = &r->items[i];
         float *at = wide;
         vars[i] = find_table(s, call, "SparsePush", it->g.name, it->g.name_len);
-        if (vars[i] == NULL || !check_grad(s, call, it, vars[i], declared, &wide))
+        if (vars[i] == NULL || !check_grad(s, call, it, vars[i], declared, &wide) ||
+            !next_fits(s, call, true, vars[i], it, false))
             return false;
         for (size_t j = 0; j < i; j++)
             if (vars[j] == vars[i]) {
@@ -351,7 +357,8 @@ static bool push_check(psd_shard *s, ps_rpc_call *call, const ps_wire_sparse *r,
             ps_wire_bytes_peek(&b, &data);
         parts[i] = (struct psd_sparse_grad){.t = vars[i]->sparse, .ids = it->ids,
                                             .n = it->nids,
-                                            .grad = at != NULL ? (const void *)at : data};
+                                            .grad = at != NULL ? (const void *)at : data,
+                                            .next = it->next_ids, .nnext = it->nnext};
         *bytes += it->g.nbytes;
     }
     return true;

@@ -734,6 +734,7 @@ class Client:
 
     def sparse_push(self, grads: Mapping[str, Tuple[Any, Any]], *, step: Optional[int] = None,
                     return_values: bool = False,
+                    next_ids: Optional[Mapping[str, Any]] = None,
                     timeout: Optional[float] = None) -> SparsePushResult:
         """Pushes each table's (ids, rows): row i (float32 [len(ids), dim])
         is the gradient of ids[i]; psd sums a repeated id's rows before one
@@ -742,17 +743,29 @@ class Client:
         one dtype, the gradients travel in it (rounded to nearest even).
         return_values: the updated rows back, in request order.
         step: the table clock (ttl_steps); None: the client's sparse_step,
-        which rises by one per call."""
+        which rises by one per call.
+        next_ids: each pushed table's ids of the next push, when known (the
+        next batch): a shard that gets rows of the table now starts reading
+        its share of them on disk ahead, so that the next push finds them
+        in memory. A hint, which changes nothing a push applies or answers."""
         checked: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         for n, (i, g) in grads.items():
             a = _sparse.check_ids(n, i)
             checked[n] = (a, _sparse.check_rows(n, g, len(a), self._sparse_dim(n)))
         if not any(len(a) for a, _ in checked.values()):
             raise ValueError("sparse_push: no ids")
+        nxt = None
+        if next_ids is not None:
+            nxt = {n: _sparse.check_ids(n, a) for n, a in next_ids.items()}
+            for n in nxt:
+                self._sparse_dim(n)
+                if n not in checked:
+                    raise ValueError("sparse table '%s': next_ids of a table this push "
+                                     "does not push" % n)
         st = self.sparse_step if step is None else step
         res = _sparse.push(self._sparse_call(timeout), self._each, len(self.shards),
                            self.worker, st, checked, return_values,
-                           {n: self.sparse_row_dtypes.get(n, 1) for n in checked})
+                           {n: self.sparse_row_dtypes.get(n, 1) for n in checked}, nxt)
         if step is None:
             self.sparse_step += 1
         return res

@@ -175,13 +175,20 @@ def push(call: Callable[[int, str, Any, Any], Any],
          each: Callable[[Sequence[int], Callable[[int], Any]], Dict[int, Any]],
          nshards: int, worker: int, step: int,
          grads: Mapping[str, Tuple[np.ndarray, np.ndarray]],
-         return_values: bool, row_dtypes: Mapping[str, int]) -> SparsePushResult:
+         return_values: bool, row_dtypes: Mapping[str, int],
+         next_ids: Optional[Mapping[str, np.ndarray]] = None) -> SparsePushResult:
     """SparsePush of each table's (ids, rows): one request per shard with
     the rows of its ids, in parallel; versions (and with return_values the
     updated rows) merged back. A request whose tables all have half rows of
-    one dtype (row_dtypes) sends its gradients in it, half the bytes."""
+    one dtype (row_dtypes) sends its gradients in it, half the bytes.
+    next_ids: each table's ids of the next push, split by shard; a shard
+    gets its share with its gradient of the table (SparseGradient.next_ids),
+    and none when it has no ids of the table in this push."""
     ids = {n: g[0] for n, g in grads.items()}
     by = split(ids, nshards)
+    nids = next_ids or {}
+    hint = {s: {n: nids[n][pos] for n, pos in parts}
+            for s, parts in split(nids, nshards).items()}
 
     def one(s: int) -> Any:
         kinds = {row_dtypes.get(n, pb.DTYPE_FLOAT32) for n, _ in by[s]}
@@ -190,8 +197,10 @@ def push(call: Callable[[int, str, Any, Any], Any],
         for n, pos in by[s]:
             r = grads[n][1][pos]
             data = r.tobytes() if wire == pb.DTYPE_FLOAT32 else to_half(r, wire)[0].tobytes()
+            h = hint.get(s, {})
             gs.append(pb.SparseGradient(name=n, ids=ids[n][pos].tolist(), grad=pb.Tensor(
-                dtype=wire, shape=list(r.shape), data=data)))
+                dtype=wire, shape=list(r.shape), data=data),
+                next_ids=h[n].tolist() if n in h else []))
         req = pb.SparsePushRequest(worker=worker, step=step, grads=gs,
                                    return_values=return_values,
                                    wire_dtype=0 if wire == pb.DTYPE_FLOAT32 else wire)

@@ -13,8 +13,8 @@
  *   protobuf-c skips and the decoder refuses). The reverse need not hold:
  *   the decoder skips a known field with the wrong wire type as unknown,
  *   where protobuf-c refuses the message. The same for a
- *   SparsePullRequest (ps_wire_sparse_decode): its items, their ids and
- *   their next_ids.
+ *   SparsePullRequest and a SparsePushRequest (ps_wire_sparse_decode): the
+ *   items, their ids and their next_ids, and a push's worker and step.
  * A broken invariant aborts, which libFuzzer reports as a crash.
  */
 #include "common/errors.h"
@@ -40,7 +40,7 @@
 
 /* Reused across inputs, as the server reuses one per thread. */
 static ps_wire_push push;
-static ps_wire_sparse spull;
+static ps_wire_sparse spull, spush;
 
 static int inside(const uint8_t *p, size_t n, const uint8_t *buf, size_t len)
 {
@@ -240,38 +240,61 @@ static void check_push(const uint8_t *data, size_t size)
     ps__v1__push_request__free_unpacked(pb, NULL);
 }
 
-/* A SparsePullRequest decoded in place (psd's SparsePull) against
- * protobuf-c's unpack of the same bytes: the items, their ids and their
- * next_ids, which both concatenate when a field comes more than once. */
-static void check_sparse_pull(const uint8_t *data, size_t size)
+/* The items of a decoded SparsePullRequest or SparsePushRequest: each
+ * one's ids and next_ids where it says in the request's arrays. */
+static void check_sparse_items(const ps_wire_sparse *r)
 {
-    char err[256];
-    err[0] = '\0';
-    int rc = ps_wire_sparse_decode(data, size, false, &spull, err, sizeof err);
-    Ps__V1__SparsePullRequest *pb = ps__v1__sparse_pull_request__unpack(NULL, size, data);
-    if (refused(rc, err, sizeof err, pb, "SparsePullRequest: malformed field 0 "))
-        return;
-    CHECK(spull.nitems <= spull.cap);
+    CHECK(r->nitems <= r->cap);
     size_t ids = 0, next = 0;
-    for (size_t i = 0; i < spull.nitems; i++) {
-        const ps_wire_sparse_item *it = &spull.items[i];
+    for (size_t i = 0; i < r->nitems; i++) {
+        const ps_wire_sparse_item *it = &r->items[i];
         CHECK(it->ids_at == ids && it->next_at == next);
         ids += it->nids;
         next += it->nnext;
     }
-    CHECK(ids == spull.nids && next == spull.nnext);
+    CHECK(ids == r->nids && next == r->nnext);
+}
+
+/* Whether an item's ids and next_ids are those protobuf-c unpacked. */
+static bool same_ids(const ps_wire_sparse_item *it, size_t nids, const int64_t *ids,
+                     size_t nnext, const int64_t *next)
+{
+    return nids == it->nids && nnext == it->nnext &&
+           (nids == 0 || memcmp(ids, it->ids, nids * sizeof *ids) == 0) &&
+           (nnext == 0 || memcmp(next, it->next_ids, nnext * sizeof *next) == 0);
+}
+
+/* A SparsePullRequest (push false) or SparsePushRequest decoded in place
+ * (psd's SparsePull, SparsePush) against protobuf-c's unpack of the same
+ * bytes: the items, their ids and their next_ids, which both concatenate
+ * when a field comes more than once, and a push's worker and step (its
+ * tensors are the push decoder's, checked above). */
+static void check_sparse(const uint8_t *data, size_t size, bool push)
+{
+    ps_wire_sparse *r = push ? &spush : &spull;
+    char err[256];
+    err[0] = '\0';
+    int rc = ps_wire_sparse_decode(data, size, push, r, err, sizeof err);
+    void *pb = push ? (void *)ps__v1__sparse_push_request__unpack(NULL, size, data)
+                    : (void *)ps__v1__sparse_pull_request__unpack(NULL, size, data);
+    if (refused(rc, err, sizeof err, pb, push ? "SparsePushRequest: malformed field 0 "
+                                              : "SparsePullRequest: malformed field 0 "))
+        return;
+    check_sparse_items(r);
     if (pb == NULL)
         return;
-    CHECK(pb->n_items == spull.nitems);
-    for (size_t i = 0; i < spull.nitems; i++) {
-        const ps_wire_sparse_item *it = &spull.items[i];
-        const Ps__V1__SparsePullItem *pi = pb->items[i];
-        CHECK(pi->n_ids == it->nids && pi->n_next_ids == it->nnext);
-        CHECK(it->nids == 0 || memcmp(pi->ids, it->ids, it->nids * sizeof *it->ids) == 0);
-        CHECK(it->nnext == 0 ||
-              memcmp(pi->next_ids, it->next_ids, it->nnext * sizeof *it->next_ids) == 0);
+    const Ps__V1__SparsePushRequest *ps = pb;
+    const Ps__V1__SparsePullRequest *pl = pb;
+    CHECK(!push || (ps->worker == r->worker && ps->step == r->step));
+    CHECK((push ? ps->n_grads : pl->n_items) == r->nitems);
+    for (size_t i = 0; i < r->nitems; i++) {
+        const Ps__V1__SparseGradient *g = push ? ps->grads[i] : NULL;
+        const Ps__V1__SparsePullItem *pi = push ? NULL : pl->items[i];
+        CHECK(push ? same_ids(&r->items[i], g->n_ids, g->ids, g->n_next_ids, g->next_ids)
+                   : same_ids(&r->items[i], pi->n_ids, pi->ids, pi->n_next_ids,
+                              pi->next_ids));
     }
-    ps__v1__sparse_pull_request__free_unpacked(pb, NULL);
+    protobuf_c_message_free_unpacked(pb, NULL);
 }
 
 /* The other requests go through protobuf-c as the handlers use it: unpack,
@@ -333,7 +356,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check_push(data, size);
-    check_sparse_pull(data, size);
+    check_sparse(data, size, false);
+    check_sparse(data, size, true);
     check_others(data, size);
     return 0;
 }

@@ -191,7 +191,7 @@ static uint16_t half_one(Ps__V1__DType dt)
 /* Pulls and pushes of each start-up sparse table: ids with a repeat and a
  * negative one, the next pull's ids, float32 answers of a half table;
  * pushes in float32 and in the table's half dtype, with and without
- * return_values, at growing steps (so that "r"'s TTL evicts); then every
+ * return_values and the next push's ids, at growing steps (so that "r"'s TTL evicts); then every
  * table in one pull and one push. */
 static void seed_sparse(void)
 {
@@ -247,6 +247,9 @@ static void seed_sparse(void)
         write_seed(FUZZ_SPARSE_PUSH, &req.base);
         req.step = 9;
         req.return_values = 1;
+        write_seed(FUZZ_SPARSE_PUSH, &req.base);
+        grads[n].next_ids = next; /* the next push's ids, read ahead */
+        grads[n].n_next_ids = sizeof next / sizeof *next;
         write_seed(FUZZ_SPARSE_PUSH, &req.base);
         if (v->row_dtype != PS__V1__DTYPE__DTYPE_UNSPECIFIED) {
             Ps__V1__Tensor t = ts[n];

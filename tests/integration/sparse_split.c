@@ -2,8 +2,8 @@
  * sparse_split - drives sparseclient.h's split path against real psd
  * processes for test_sparse_shard.py: creates table "t" (dim 4, SGD, a
  * uniform initializer) on a reference psd and on every shard, pushes the
- * same gradients (ids with repeats) through the split path and to the
- * reference alone, then pulls a permutation with repeats both ways (the
+ * same gradients (ids with repeats) through the split path (naming the
+ * next push's ids, next_ids) and to the reference alone, then pulls a permutation with repeats both ways (the
  * split pull naming half of them as its next pull's ids, next_ids, which
  * changes no row), and compares the rows bit for bit. Writes the distinct ids, one a line, to
  * IDS_FILE (the test hashes them itself).
@@ -94,7 +94,10 @@ int main(int argc, char **argv)
     for (int step = 1; step <= 3; step++) {
         memcpy(a, g, sizeof g);
         memcpy(b, g, sizeof g);
-        ps_sparse_item ia = {.name = "t", .ids = ids, .n = NIDS, .dim = DIM, .rows = a};
+        /* The split push names its next push's ids (the same ids: the
+         * next step's), which changes nothing it applies or answers. */
+        ps_sparse_item ia = {.name = "t", .ids = ids, .n = NIDS, .dim = DIM, .rows = a,
+                             .next_ids = step < 3 ? ids : NULL, .next_n = NIDS};
         ps_sparse_item ib = {.name = "t", .ids = ids, .n = NIDS, .dim = DIM, .rows = b};
         int rc = ps_client_sparse_push(sh, ns, 0, (uint64_t)step, &ia, 1, true, 10000, &st);
         if (rc)

@@ -27,6 +27,15 @@ tier. Checked here from an outside client:
   blocks it will ask next, which the pusher then changes while their reads
   ahead are in flight. (Rows read ahead put in the tier without checking
   that the row had not entered it meanwhile failed this.)
+- a push may carry the ids of the next push (SparseGradient.next_ids), read
+  ahead the same way: the next push reads almost nothing itself; a hint
+  never followed, of ids with no row, or empty changes no answer and no
+  stored row; one longer than a push can carry is refused
+  (INVALID_ARGUMENT naming next_ids) with nothing applied. Pushes naming
+  their next batch, raced by a pusher on another connection that adds 2
+  to half of the batch being read ahead, answer and store exactly what
+  the same pushes without hints do: each row ends at its base less 1 and
+  2 per racing push of it.
 """
 import os
 import sys
@@ -49,11 +58,21 @@ AHEAD = 8
 HOT = list(range(5000000, 5000000 + 64))
 
 
-def push(stub, ids, g):
-    return stub.SparsePush(pb.SparsePushRequest(grads=[pb.SparseGradient(
-        name="emb", ids=list(ids),
+def push_req(ids, g, next_ids=None, ret=False):
+    return pb.SparsePushRequest(return_values=ret, grads=[pb.SparseGradient(
+        name="emb", ids=list(ids), next_ids=[] if next_ids is None else list(next_ids),
         grad=pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[len(ids), DIM],
-                       data=np.ascontiguousarray(g, "<f4").tobytes()))]), timeout=60)
+                       data=np.ascontiguousarray(g, "<f4").tobytes()))])
+
+
+def push(stub, ids, g, next_ids=None, ret=False):
+    return stub.SparsePush(push_req(ids, g, next_ids, ret), timeout=60)
+
+
+def push_rows(stub, ids, g, next_ids=None):
+    """A push with return_values: the rows as updated."""
+    r = push(stub, ids, g, next_ids, ret=True).values[0]
+    return np.frombuffer(r.values.data, "<f4").reshape(len(ids), DIM)
 
 
 def pull(stub, ids, next_ids=None):
@@ -168,6 +187,133 @@ def hints(stub):
                 "a hint longer than one pull can answer: INVALID_ARGUMENT naming next_ids "
                 "(%s: %s)" % (e.code(), e.details()))
     R.check(np.array_equal(pull(stub, x), expected(x)), "the refused pull changed nothing")
+
+
+def push_hints(stub):
+    """Pushes with next_ids (rows of [170000, 200000), on disk, untouched
+    so far): a followed hint's rows are read ahead; junk hints change
+    nothing; an oversized one is refused with nothing applied."""
+    rng = np.random.default_rng(13)
+    # y within a batch's cap (a sixteenth of the 16 MiB budget in reads of
+    # 1 KiB: 1024).
+    ids = rng.choice(np.arange(170000, 200000), 5000, replace=False)
+    x, y, z = ids[:3000], ids[3000:4000], ids[4000:]
+    one = np.ones((len(x), DIM), np.float32)
+    r0 = cold_reads(stub)
+    got = push_rows(stub, x, one, next_ids=y)
+    r1 = cold_reads(stub)
+    R.check(np.array_equal(got, expected(x) - 1), "a push with a hint answers its rows "
+            "updated")
+    time.sleep(0.2)  # the reads ahead complete
+    got = push_rows(stub, y, one[:len(y)])
+    r2 = cold_reads(stub)
+    R.check(np.array_equal(got, expected(y) - 1), "the hinted push updates its rows")
+    got = push_rows(stub, z, one[:len(z)])
+    r3 = cold_reads(stub)
+    R.check(np.array_equal(got, expected(z) - 1), "a push without a hint updates its rows")
+    R.check(r1 - r0 >= 0.6 * (len(x) + len(y)) and r2 - r1 <= 0.1 * (r3 - r2)
+            and r3 - r2 >= 0.6 * len(z),
+            "the hint's rows were read ahead: a push of 3000 rows naming 1000 as next "
+            "read %d rows, the push of those %d, a push of 1000 others without a hint %d"
+            % (r1 - r0, r2 - r1, r3 - r2))
+    R.check(np.array_equal(pull(stub, np.concatenate([x, y, z])),
+                           expected(np.concatenate([x, y, z])) - 1),
+            "the rows of the three pushes are stored updated once")
+    # A hint never followed, one of ids with no row, an empty one: the
+    # same answers and stored rows as no hint.
+    w = rng.choice(np.arange(0, 100000), 3000, replace=False)
+    before = pull(stub, w)
+    junk = [-1, -2 ** 63, 2 ** 63 - 1, ROWS, ROWS + 1, 10 ** 12] * 100
+    zero = np.zeros((len(HOT), DIM), np.float32)
+    r4 = cold_reads(stub)
+    a = push_rows(stub, HOT, zero, next_ids=junk)
+    b = push_rows(stub, HOT, zero, next_ids=[])
+    r5 = cold_reads(stub)
+    c = push_rows(stub, HOT, zero, next_ids=w)
+    R.check(np.array_equal(a, b) and np.array_equal(a, c) and
+            np.array_equal(a, pull(stub, HOT)),
+            "a hint of ids with no row, an empty one or one never followed changes no "
+            "answer of a push")
+    R.check(r5 - r4 == 0, "a push's hint of ids with no row reads nothing (%d reads)"
+            % (r5 - r4))
+    R.check(np.array_equal(pull(stub, w), before), "rows read ahead and never pushed "
+            "keep their stored values")
+    # More ids than one push can carry in the message limit (1 MiB: 16 floats
+    # a row): refused whole.
+    try:
+        push(stub, x[:10], one[:10], next_ids=list(range(20000)))
+        R.check(False, "a push's hint of 20000 ids is refused under a 1 MiB message limit")
+    except grpc.RpcError as e:
+        R.check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "next_ids" in e.details()
+                and "20000" in e.details() and "nothing applied" in e.details(),
+                "a push's hint longer than one push can carry: INVALID_ARGUMENT naming "
+                "next_ids (%s: %s)" % (e.code(), e.details()))
+    R.check(np.array_equal(pull(stub, x), expected(x) - 1), "the refused push changed "
+            "nothing")
+
+
+def push_race(stub, address, hint, first, batches=40):
+    """Pushes of consecutive blocks of rows on disk, each adding 1, with
+    (hint) or without the next block as next_ids, while a pusher on its own
+    connection adds 2 to a random half of the block after the one being
+    pushed (the one read ahead) as often as it can. Returns the number of
+    racing pushes that landed in a block before its own push."""
+    def block(b):
+        return np.arange(first + b * BLOCK, first + (b + 1) * BLOCK)
+
+    at = [0]
+    stop = threading.Event()
+    errors = []
+    racer = np.zeros(batches * BLOCK, np.int64)  # racing pushes of each row
+    ch = grpc.insecure_channel(address, options=pstest.CHANNEL_OPTIONS + [
+        ("grpc.use_local_subchannel_pool", 1)])
+    rstub = pbg.ParameterServerStub(ch)
+
+    def race():
+        rng = np.random.default_rng(first)
+        two = np.full((BLOCK // 2, DIM), 2.0, np.float32)
+        try:
+            while not stop.is_set():
+                b = at[0] + 1
+                if b >= batches:
+                    time.sleep(0.001)
+                    continue
+                ids = rng.choice(block(b), BLOCK // 2, replace=False)
+                racer[ids - first] += 1  # before: a push may see it as it lands
+                rstub.SparsePush(push_req(ids, two), timeout=60)
+        except grpc.RpcError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=race)
+    base = expected(np.arange(first, first + batches * BLOCK))
+    one = np.ones((BLOCK, DIM), np.float32)
+    bad = 0
+    t.start()
+    try:
+        for b in range(batches):
+            at[0] = b
+            nxt = block(b + 1) if hint and b + 1 < batches else None
+            got = push_rows(stub, block(b), one, next_ids=nxt)
+            # Its answer: the base less 1, and 2 per racing push before it.
+            lo = b * BLOCK
+            k = (base[lo:lo + BLOCK] - 1 - got) / 2
+            bad += int(np.sum(np.any((k != np.round(k)) | (k < 0) |
+                                     (k > racer[lo:lo + BLOCK, None]), axis=1)))
+            time.sleep(0.002)  # the racer's turn
+    finally:
+        stop.set()
+        t.join(60)
+        ch.close()
+    how = "with" if hint else "without"
+    final = pull(stub, np.arange(first, first + batches * BLOCK))
+    want = base - 1 - 2 * racer[:, None].astype(np.float32)
+    R.check(not errors, "the racing pushes succeeded: %s" % errors[:1])
+    R.check(bad == 0, "pushes %s hints answer each row as its base less 1 and 2 per "
+            "racing push (%d rows did not)" % (how, bad))
+    R.check(np.array_equal(final, want), "pushes %s hints raced by another pusher store "
+            "each row exactly (%d rows wrong, %d racing pushes)"
+            % (how, int(np.sum(np.any(final != want, axis=1))), int(racer.sum())))
+    return int(racer.sum())
 
 
 def chain(stub):
@@ -298,6 +444,10 @@ def main():
         chain(stub)
         one_moment(stub, d.address)
         one_moment(stub, d.address, hint=True, first=ROWS - (BLOCKS + AHEAD + 1) * BLOCK)
+        push_hints(stub)
+        raced = push_race(stub, d.address, False, 200000)
+        raced += push_race(stub, d.address, True, 220000)
+        R.check(raced >= 20, "the racer's pushes landed (%d)" % raced)
     finally:
         d.stop()
     R.finish()

@@ -18,7 +18,8 @@ real psd on 127.0.0.1:0 with temporary directories, numpy as the oracle:
             the version rises by one; badinput: float ids, wrong row shapes
             and unknown tables (ids or next_ids) are refused before anything
             is sent. Pulls with next_ids (the next pull's, split by shard)
-            answer what pulls without them answer.
+            answer what pulls without them answer, and a push with next_ids
+            (the next push's) applies numpy's update.
 
 Prints ok/FAIL per check and "python-sparse: N passed, N failed".
 """
@@ -84,6 +85,25 @@ def test_adagrad(c):
             and got.versions["emb"] >= 1,
             "adagrad: a pull of 500 ids (repeats, any order) answers numpy's rows in request "
             "order (version %d)" % got.versions["emb"])
+    # A push's next_ids: the next push's ids, split by shard; the same
+    # update and answer as a push without them (the hint's ids on both
+    # shards, some never pushed).
+    ids = rng.choice(universe, 300)
+    pushed.update(ids.tolist())
+    g = rng.standard_normal((300, dim)).astype(F32)
+    hint = np.concatenate([rng.choice(universe, 200), np.array([-1, 2 ** 63 - 1])])
+    res = c.sparse_push({"emb": (ids, g)}, return_values=True, next_ids={"emb": hint})
+    summed = {}
+    for i, row in zip(ids.tolist(), g):
+        summed[i] = summed[i] + row if i in summed else row.copy()
+    for i, s in summed.items():
+        a[i] = a[i] + s * s
+        w[i] = w[i] - F32(lr) * s / (np.sqrt(a[i]) + F32(eps))
+    want = np.stack([w[i] for i in ids.tolist()])
+    r.check(np.allclose(res.values["emb"], want, rtol=1e-6, atol=1e-7),
+            "adagrad: a push with next_ids (on both shards) gives numpy's update")
+    got = c.sparse_pull({"emb": q})
+    want = np.stack([w[int(i)] for i in q])
     # next_ids: a hint of the next pull, split by shard as the ids are; the
     # ids here all on shard 0, the hint on both (shard 1 gets an item with
     # next ids only).
@@ -213,6 +233,11 @@ def test_badinput(c):
             TypeError)
     refused("next_ids of an unknown table",
             lambda: c.sparse_pull({"emb": np.array([1])}, next_ids={"nope": [1]}), KeyError)
+    one = (np.array([1]), np.ones((1, 8), F32))
+    refused("a push's float next_ids",
+            lambda: c.sparse_push({"emb": one}, next_ids={"emb": np.array([1.5])}), TypeError)
+    refused("a push's next_ids of an unknown table",
+            lambda: c.sparse_push({"emb": one}, next_ids={"nope": [1]}), KeyError)
     r.check([s.sparse_rows_pushed for s in c.stats()] == pushes,
             "badinput: nothing was pushed")
 

@@ -603,7 +603,7 @@ static int64_t any_id(void)
 }
 
 /* Random SparsePushRequests (push) or SparsePullRequests packed by
- * protobuf-c decode to the same fields, ids and a pull item's next_ids
+ * protobuf-c decode to the same fields, ids and each item's next_ids
  * included (negative ones are ten-byte varints), and a gradient's bytes
  * stay where they were. */
 static void sparse_round(bool push)
@@ -631,8 +631,8 @@ static void sparse_round(bool push)
         g[i].name = it[i].name = names[i];
         g[i].n_ids = it[i].n_ids = k;
         g[i].ids = it[i].ids = ids[i];
-        it[i].n_next_ids = kn;
-        it[i].next_ids = next[i];
+        it[i].n_next_ids = g[i].n_next_ids = kn;
+        it[i].next_ids = g[i].next_ids = next[i];
         shape[i][0] = (int64_t)k;
         shape[i][1] = (int64_t)dim;
         tn[i].dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
@@ -671,7 +671,7 @@ static void sparse_round(bool push)
         ck_assert_uint_eq(w->nids, g[i].n_ids);
         for (size_t j = 0; j < w->nids; j++)
             ck_assert(w->ids[j] == ids[i][j]);
-        ck_assert_uint_eq(w->nnext, push ? 0 : it[i].n_next_ids);
+        ck_assert_uint_eq(w->nnext, it[i].n_next_ids);
         for (size_t j = 0; j < w->nnext; j++)
             ck_assert(w->next_ids[j] == next[i][j]);
         if (!push)
@@ -786,6 +786,10 @@ START_TEST(test_sparse_refused)
                    "SparsePullRequest.items[0]: SparsePullItem.next_ids: truncated varint");
     sparse_refused("\x0a\x02\x22\x05", 4, false,
                    "SparsePullRequest.items[0]: SparsePullItem.next_ids: length past the end");
+    sparse_refused("\x1a\x05\x22\x02\x01\x80\x01", 7, true,
+                   "SparsePushRequest.grads[0]: SparseGradient.next_ids: truncated varint");
+    sparse_refused("\x1a\x02\x22\x05", 4, true,
+                   "SparsePushRequest.grads[0]: SparseGradient.next_ids: length past the end");
     sparse_refused("\x0b", 1, false,
                    "SparsePullRequest: malformed field 1 (wire type 3) at byte 0");
     sparse_refused("\x10\x80", 2, true, "SparsePushRequest: truncated varint at byte 0");
@@ -802,6 +806,7 @@ START_TEST(test_sparse_empty_packed)
         {"\x0a\x0a\x0a\x01" "e\x12\x00\x22\x03\x09\x01\x02", 12, false, 0, 3},
         {"\x0a\x0a\x0a\x01" "e\x22\x00\x12\x03\x09\x01\x02", 12, false, 3, 0},
         {"\x1a\x05\x0a\x01" "e\x12\x00", 7, true, 0, 0},
+        {"\x1a\x0a\x0a\x01" "e\x12\x00\x22\x03\x09\x01\x02", 12, true, 0, 3},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const uint8_t *b = (const uint8_t *)cases[k].b;
@@ -816,7 +821,8 @@ START_TEST(test_sparse_empty_packed)
         if (cases[k].push) {
             Ps__V1__SparsePushRequest *pb =
                 ps__v1__sparse_push_request__unpack(NULL, cases[k].len, b);
-            ck_assert(pb != NULL && pb->n_grads == 1 && pb->grads[0]->n_ids == cases[k].ids);
+            ck_assert(pb != NULL && pb->n_grads == 1 && pb->grads[0]->n_ids == cases[k].ids &&
+                      pb->grads[0]->n_next_ids == cases[k].next);
             ps__v1__sparse_push_request__free_unpacked(pb, NULL);
         } else {
             Ps__V1__SparsePullRequest *pb =
