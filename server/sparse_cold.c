@@ -527,12 +527,6 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
     return rc;
 }
 
-int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                     struct sp_cold *c)
-{
-    return sparse_cold_read_next(sp, t, ids, n, NULL, 0, c);
-}
-
 int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)
 {
     int32_t *s = malloc((nu ? nu : 1) * sizeof *s);

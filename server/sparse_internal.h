@@ -386,8 +386,8 @@ struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id);
 int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
 
 /* sparse_cold.c: the rows of a call that are not in the RAM tier, read
- * from the store in one batch. sparse_cold_read without t->mu, before the
- * call takes it: slot[i] says where ids[i]'s row was read to (-1: not
+ * from the store in one batch. sparse_cold_read_next without t->mu, before
+ * the call takes it: slot[i] says where ids[i]'s row was read to (-1: not
  * read). sparse_cold_remap moves the slots to the distinct ids of a push
  * (which[i] the distinct index of ids[i]). sparse_cold_settle, with t->mu
  * held, reads what the first pass could not know: rows that left the RAM
@@ -406,12 +406,11 @@ struct sp_cold {
     uint64_t applied, evicts, drops; /* when the first pass began */
     size_t left;         /* ids it left to a batch of another call */
 };
-int sparse_cold_read(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                     struct sp_cold *c);
-/* The same for a pull or a push that knows the ids of its table's next
- * call, next[0..nnext): the reads of those not in the RAM tier and not
- * among ids are submitted first, before the call waits for the batch the
- * last call submitted, and left in flight (two batches a table, each at
+/* sparse_cold_read_next: the first pass; a pull or a push that knows the
+ * ids of its table's next call passes them, next[0..nnext) (none: nnext
+ * 0): the reads of those not in the RAM tier and not among ids are
+ * submitted first, before the call waits for the batch the last call
+ * submitted, and left in flight (two batches a table, each at
  * most PSD_SEG_AREAD_MAX reads and a sixteenth of the RAM budget); the
  * table's next call takes the rows it wants from the batch as its own
  * cold rows. A call without a hint takes from the batches in flight the
