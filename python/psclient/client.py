@@ -711,6 +711,20 @@ class Client:
                            % (name, len(self.sparse_tables)))
         return self.sparse_tables[name]
 
+    def _next_ids(self, next_ids: Optional[Mapping[str, Any]],
+                  pushed: Optional[Mapping[str, Any]]) -> Optional[Dict[str, np.ndarray]]:
+        """next_ids checked: each table one of this client's, and with
+        pushed (a push's tables), one that the push pushes."""
+        if next_ids is None:
+            return None
+        nxt = {n: _sparse.check_ids(n, a) for n, a in next_ids.items()}
+        for n in nxt:
+            self._sparse_dim(n)
+            if pushed is not None and n not in pushed:
+                raise ValueError("sparse table '%s': next_ids of a table this push "
+                                 "does not push" % n)
+        return nxt
+
     def sparse_pull(self, ids: Mapping[str, Any], *,
                     next_ids: Optional[Mapping[str, Any]] = None,
                     timeout: Optional[float] = None) -> SparseValues:
@@ -724,11 +738,7 @@ class Client:
         dims = {n: self._sparse_dim(n) for n in checked}
         if not checked:
             raise ValueError("sparse_pull: no tables")
-        nxt = None
-        if next_ids is not None:
-            nxt = {n: _sparse.check_ids(n, a) for n, a in next_ids.items()}
-            for n in nxt:
-                self._sparse_dim(n)
+        nxt = self._next_ids(next_ids, None)
         return _sparse.pull(self._sparse_call(timeout), self._each, len(self.shards),
                             dims, checked, nxt)
 
@@ -754,14 +764,7 @@ class Client:
             checked[n] = (a, _sparse.check_rows(n, g, len(a), self._sparse_dim(n)))
         if not any(len(a) for a, _ in checked.values()):
             raise ValueError("sparse_push: no ids")
-        nxt = None
-        if next_ids is not None:
-            nxt = {n: _sparse.check_ids(n, a) for n, a in next_ids.items()}
-            for n in nxt:
-                self._sparse_dim(n)
-                if n not in checked:
-                    raise ValueError("sparse table '%s': next_ids of a table this push "
-                                     "does not push" % n)
+        nxt = self._next_ids(next_ids, checked)
         st = self.sparse_step if step is None else step
         res = _sparse.push(self._sparse_call(timeout), self._each, len(self.shards),
                            self.worker, st, checked, return_values,

@@ -238,6 +238,9 @@ def test_badinput(c):
             lambda: c.sparse_push({"emb": one}, next_ids={"emb": np.array([1.5])}), TypeError)
     refused("a push's next_ids of an unknown table",
             lambda: c.sparse_push({"emb": one}, next_ids={"nope": [1]}), KeyError)
+    refused("a push's next_ids of a table it does not push (test_ftrl's f15s pushed)",
+            lambda: c.sparse_push({"f15s": (np.array([1]), np.ones((1, 33), F32))},
+                                  next_ids={"emb": [1]}), ValueError)
     r.check([s.sparse_rows_pushed for s in c.stats()] == pushes,
             "badinput: nothing was pushed")
 
