@@ -901,6 +901,8 @@ static int run_tls(const struct opts *o, const struct psd_proc *plain_psd,
 
 /* ---- --link: across a shaped veth link (pushpull_link.c) ----------------- */
 
+#define ECHO_ROUNDS 60
+
 static void print_link(const struct opts *o, const struct ceilings *lim,
                        const struct case_result *f32, const struct case_result *bf16)
 {
@@ -911,15 +913,21 @@ static void print_link(const struct opts *o, const struct ceilings *lim,
                "\"tcp_gbps\":%.4f,\"tcp_runs_gbps\":[%.4f,%.4f,%.4f],"
                "\"tcp_end_gbps\":%.4f,\"f32_rtt_median_ms\":%.4f,"
                "\"f32_gbps\":%.4f,\"f32_ratio_link\":%.4f,"
-               "\"bf16_rtt_median_ms\":%.4f,\"bf16_vs_f32\":%.4f}\n",
+               "\"bf16_rtt_median_ms\":%.4f,\"bf16_vs_f32\":%.4f,"
+               "\"tcp_echo_ms\":%.4f,\"tcp_echo_half_ms\":%.4f}\n",
                o->link_gbit, ceiling, lim->tcp_runs[0], lim->tcp_runs[1],
                lim->tcp_runs[2], lim->tcp_end_gbps, f32->rtt_med * 1e3, f32->gbps,
-               f32->ratio, bf16->rtt_med * 1e3, x);
+               f32->ratio, bf16->rtt_med * 1e3, x, lim->echo_ms, lim->echo_half_ms);
     else
         printf("\nlink %g Gbit/s (tc tbf, 256 KB burst): raw TCP %.3f GB/s "
-               "(%.3f %.3f %.3f), %.3f GB/s again after the cases\n", o->link_gbit,
+               "(%.3f %.3f %.3f), %.3f GB/s again after the cases\n"
+               "raw TCP there and back (%d rounds on one connection, median): 4 MiB "
+               "each way %.2f ms, 2 MiB %.2f ms: half the bytes at most %.2fx here; "
+               "psd f32 %.2f of it, bf16 %.2f\n", o->link_gbit,
                ceiling, lim->tcp_runs[0], lim->tcp_runs[1], lim->tcp_runs[2],
-               lim->tcp_end_gbps);
+               lim->tcp_end_gbps, ECHO_ROUNDS, lim->echo_ms, lim->echo_half_ms,
+               lim->echo_ms / lim->echo_half_ms, lim->echo_ms / (f32->rtt_med * 1e3),
+               lim->echo_half_ms / (bf16->rtt_med * 1e3));
     printf("pushpull link: %g Gbit/s 4 MiB push+pull f32 %.2f ms (%.2f of link), "
            "bf16 %.2f ms (%.1fx f32)\n", o->link_gbit, f32->rtt_med * 1e3, f32->ratio,
            bf16->rtt_med * 1e3, x);
@@ -951,7 +959,9 @@ static int link_main(struct opts *o)
     /* memcpy on this host, then everything after in the client's namespace. */
     if ((rc = measure_ceilings(o, &lim, false)) != 0 ||
         (rc = link_enter(link_client_netns())) != 0 ||
-        (rc = link_tcp_ceiling(o, lim.tcp_runs, &lim.tcp_gbps)) != 0) {
+        (rc = link_tcp_ceiling(o, lim.tcp_runs, &lim.tcp_gbps)) != 0 ||
+        (rc = link_tcp_echo(TARGET_BYTES, ECHO_ROUNDS, &lim.echo_ms)) != 0 ||
+        (rc = link_tcp_echo(TARGET_BYTES / 2, ECHO_ROUNDS, &lim.echo_half_ms)) != 0) {
         fprintf(stderr, "pushpull link: measuring raw TCP: %s\n", ps_strerror(rc));
         goto teardown;
     }

@@ -101,6 +101,8 @@ struct ceilings {
     double memcpy_runs[5];
     double tcp_end_gbps;  /* median of 3 again after the cases: a drift check */
     double tcp_end_runs[3];
+    double echo_ms;       /* --link: raw TCP 4 MiB there and back, median */
+    double echo_half_ms;  /* the same with 2 MiB: half precision's bytes */
 };
 
 struct psd_proc {
@@ -145,8 +147,10 @@ double tcp_once_on(int lfd, const struct sockaddr_in *a, size_t total, uint8_t *
  * link_setup: the two namespaces, the veth pair and tbf; returns 0, 77
  * (not root, or no ip/tc) or 1, with err set. link_enter: this thread into
  * the namespace (0 or -errno). link_tcp_ceiling: raw TCP from the client's
- * namespace to psd's (0 or -errno). link_cleanup_now: removes both
- * namespaces if they exist (from any thread). */
+ * namespace to psd's (0 or -errno). link_tcp_echo: raw TCP requests of
+ * `bytes` answered with as many, the median in ms (0 or -errno).
+ * link_cleanup_now: removes both namespaces if they exist (from any
+ * thread). */
 int link_parse_rate(const char *s, double *gbit);
 int link_setup(const char *rate, char *err, size_t errlen);
 int link_enter(const char *ns);
@@ -154,6 +158,7 @@ const char *link_psd_netns(void);
 const char *link_psd_host(void);
 const char *link_client_netns(void);
 int link_tcp_ceiling(const struct opts *o, double runs[3], double *median);
+int link_tcp_echo(size_t bytes, int rounds, double *ms);
 void link_cleanup_now(void);
 
 /* What the signal thread (signal_main, given the blocked set) takes down if

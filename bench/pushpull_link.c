@@ -169,11 +169,9 @@ int link_enter(const char *ns)
     return rc;
 }
 
-/* The raw TCP ceiling over the link: a listener made in psd's namespace,
- * then this thread back in the client's, three transfers of o->tcp_bytes
- * from the client's end to psd's. The caller's thread must be in ppB and
- * is again afterwards. Returns 0 or -errno. */
-int link_tcp_ceiling(const struct opts *o, double runs[3], double *median)
+/* A listener on ADDR_A port 0 made in psd's namespace, this thread back in
+ * the client's (it must be there on entry). Returns 0 or -errno. */
+static int listen_in_a(int *lfd_out, struct sockaddr_in *a)
 {
     int rc = link_enter(ns_a);
     if (rc != 0)
@@ -187,15 +185,29 @@ int link_tcp_ceiling(const struct opts *o, double runs[3], double *median)
         close(lfd);
         return rc;
     }
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, ADDR_A, &a.sin_addr);
-    socklen_t alen = sizeof a;
-    if (bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(lfd, 4) != 0 ||
-        getsockname(lfd, (struct sockaddr *)&a, &alen) != 0) {
+    *a = (struct sockaddr_in){.sin_family = AF_INET};
+    inet_pton(AF_INET, ADDR_A, &a->sin_addr);
+    socklen_t alen = sizeof *a;
+    if (bind(lfd, (struct sockaddr *)a, sizeof *a) != 0 || listen(lfd, 4) != 0 ||
+        getsockname(lfd, (struct sockaddr *)a, &alen) != 0) {
         rc = -errno;
         close(lfd);
         return rc;
     }
+    *lfd_out = lfd;
+    return 0;
+}
+
+/* The raw TCP ceiling over the link: three transfers of o->tcp_bytes from
+ * the client's end to a listener in psd's. The caller's thread must be in
+ * ppB and is again afterwards. Returns 0 or -errno. */
+int link_tcp_ceiling(const struct opts *o, double runs[3], double *median)
+{
+    int lfd;
+    struct sockaddr_in a;
+    int rc = listen_in_a(&lfd, &a);
+    if (rc != 0)
+        return rc;
     const size_t chunk = (size_t)4 << 20;
     uint8_t *sbuf = aligned_alloc(4096, chunk), *rbuf = aligned_alloc(4096, chunk);
     double v[3];
@@ -215,5 +227,104 @@ int link_tcp_ceiling(const struct opts *o, double runs[3], double *median)
     free(sbuf);
     free(rbuf);
     close(lfd);
+    return rc;
+}
+
+/* ---- raw TCP request and answer ------------------------------------------ */
+
+static int xfer(int fd, uint8_t *buf, size_t n, bool out)
+{
+    while (n > 0) {
+        ssize_t k = out ? write(fd, buf, n) : read(fd, buf, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? -errno : -EPIPE;
+        buf += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+struct echo {
+    int fd;
+    size_t bytes;
+    int rounds;
+    uint8_t *buf;
+    int rc;
+};
+
+/* psd's end: each round reads the whole request, then writes as many bytes
+ * back (a push answered, then a pull's answer: one after the other). */
+static void *echo_main(void *arg)
+{
+    struct echo *e = arg;
+    for (int i = 0; i < e->rounds && e->rc == 0; i++) {
+        e->rc = xfer(e->fd, e->buf, e->bytes, false);
+        if (e->rc == 0)
+            e->rc = xfer(e->fd, e->buf, e->bytes, true);
+    }
+    return NULL;
+}
+
+/* Raw TCP in the shape of one push then one pull of `bytes` each way, over
+ * one connection kept open (as gRPC's), TCP_NODELAY on both ends (as
+ * gRPC's): the client sends `bytes`, psd's end reads them all and sends
+ * `bytes` back. `rounds` timed after 10 untimed; *ms their median. What no
+ * RPC over this link can beat: the ceiling of push+pull at that size, and
+ * with half the bytes the most half precision can gain here. The caller's
+ * thread must be in ppB. Returns 0 or -errno. */
+int link_tcp_echo(size_t bytes, int rounds, double *ms)
+{
+    const int warm = 10;
+    int lfd, cfd = -1, one = 1;
+    struct sockaddr_in a;
+    int rc = listen_in_a(&lfd, &a);
+    if (rc != 0)
+        return rc;
+    struct echo e = {.fd = -1, .bytes = bytes, .rounds = warm + rounds};
+    uint8_t *buf = aligned_alloc(4096, bytes);
+    double *t = calloc((size_t)rounds, sizeof *t);
+    e.buf = aligned_alloc(4096, bytes);
+    rc = -ENOMEM;
+    if (buf == NULL || e.buf == NULL || t == NULL)
+        goto free_all;
+    memset(buf, 0x5a, bytes);
+    memset(e.buf, 0, bytes);
+    cfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (cfd < 0 || connect(cfd, (const struct sockaddr *)&a, sizeof a) != 0 ||
+        (e.fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+        rc = -errno;
+        goto free_all;
+    }
+    setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(e.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_t th;
+    if ((rc = -pthread_create(&th, NULL, echo_main, &e)) != 0)
+        goto free_all;
+    for (int i = 0; i < warm + rounds && rc == 0; i++) {
+        double t0 = ps_now_s();
+        rc = xfer(cfd, buf, bytes, true);
+        if (rc == 0)
+            rc = xfer(cfd, buf, bytes, false);
+        if (i >= warm)
+            t[i - warm] = ps_now_s() - t0;
+    }
+    if (rc != 0)
+        shutdown(cfd, SHUT_RDWR); /* the far end's read fails: it stops */
+    pthread_join(th, NULL);
+    if (rc == 0)
+        rc = e.rc;
+    if (rc == 0)
+        *ms = quantile(t, (size_t)rounds, 0.5) * 1e3;
+free_all:
+    if (e.fd >= 0)
+        close(e.fd);
+    if (cfd >= 0)
+        close(cfd);
+    close(lfd);
+    free(t);
+    free(buf);
+    free(e.buf);
     return rc;
 }
