@@ -9,7 +9,9 @@
  * the catalog, through its queue) pointed at the copies, where they still
  * point at the old records (sparse_relocate; a newer write wins); while a
  * step runs, the sweeps leave the segment's rows alone (sp->compact_seg:
- * a copy lies in the span the next open replays). When
+ * a copy lies in the span the next open replays), and after a step whose
+ * relocation failed until "cat_upto" is past its copies (k->orphans: the
+ * next apply commits the end past them; no step runs meanwhile). When
  * every record went through, a transaction moves the committed end past
  * the segment, the applier is asked to write the catalog, and the file is
  * removed at a later tick, once "cat_upto" is past the copies (no
@@ -44,6 +46,9 @@ struct sp_compact {
     bool wait_cat;         /* every record went through: the file goes once
                               "cat_upto" reaches need */
     psd_seg_loc need;
+    psd_seg_loc orphans;   /* a step's relocation failed: its copies, synced,
+                              end here (seg 0: none); sp->compact_seg stays
+                              set until "cat_upto" reaches it */
 };
 
 /* The sealed segment with the most dead bytes among those at least
@@ -96,20 +101,30 @@ static int live(void *arg, uint32_t var_id, int64_t id, uint64_t version, psd_se
     return 1;
 }
 
-/* The copies are synced: the catalog moves to them in one transaction. */
+/* The copies are synced: the catalog moves to them in one transaction.
+ * When it cannot (a full map that cannot grow), the copies stay where
+ * they are, past the committed end, which the next apply moves past them:
+ * until the catalog's write passes them too, an open would replay them,
+ * so the sweeps keep leaving the segment's rows (k->orphans), and the
+ * applier is asked to write the catalog. */
 static int moved(void *arg, psd_seg_move *mv, size_t n)
 {
     psd_sparse *sp = arg;
     struct sp_compact *k = sp->compact;
     rt_end(k);
-    if (n != k->n)
-        return PS_ECORRUPT; /* one move per live record, in order */
-    for (size_t i = 0; i < n; i++)
+    int rc = n == k->n ? 0 : PS_ECORRUPT; /* one move per live record, in order */
+    for (size_t i = 0; rc == 0 && i < n; i++)
         k->mv[i].new_loc = mv[i].to;
-    if (sp->compact_copied != NULL)
-        sp->compact_copied(sp);
+    if (rc == 0 && sp->compact_copied != NULL)
+        rc = sp->compact_copied(sp);
     size_t done;
-    return sparse_relocate(sp, k->mv, n, &done);
+    if (rc == 0)
+        rc = sparse_relocate(sp, k->mv, n, &done);
+    if (rc != 0) {
+        k->orphans = psd_segs_end(sp->segs);
+        atomic_store(&sp->cat_asap, true);
+    }
+    return rc;
 }
 
 /* Every record went through: the catalog's end moves past the segment (a
@@ -149,9 +164,21 @@ void sparse_compact_tick(psd_sparse *sp)
     if (sp->compact == NULL && (sp->compact = calloc(1, sizeof *sp->compact)) == NULL)
         return;
     struct sp_compact *k = sp->compact;
+    if (k->orphans.seg != 0 && sparse_cat_reaches(sp, k->orphans)) {
+        /* The failed step's copies are behind "cat_upto": never replayed,
+         * and the sweeps may delete the segment's rows again. */
+        k->orphans = (psd_seg_loc){0};
+        atomic_store(&sp->compact_seg, 0);
+    }
     int64_t t0 = ps_now_ms();
     if (t0 < k->next_ms)
         return;
+    if (k->orphans.seg != 0) {
+        /* No step while compact_seg must name the failed step's segment. */
+        atomic_store(&sp->cat_asap, true);
+        k->next_ms = t0 + WAIT_MS;
+        return;
+    }
     char why[512] = "";
     int rc = 0;
     bool waited = k->wait_cat; /* for the catalog, to remove k->seg */
@@ -180,12 +207,14 @@ void sparse_compact_tick(psd_sparse *sp)
         uint64_t wait = 0;
         k->n = 0;
         /* Rows the step copies stay out of the sweeps until the indexes
-         * point at the copies (sparse_internal.h): a row deleted after its
-         * copy was made would come back at the next open, which replays
-         * the copy. */
+         * point at the copies, or, when the relocation failed, until
+         * "cat_upto" is past them (sparse_internal.h): a row deleted after
+         * its copy was made would come back at the next open, which
+         * replays the copy. */
         atomic_store(&sp->compact_seg, k->seg);
         rc = psd_segs_compact_step(k->c, &wait, why, sizeof why);
-        atomic_store(&sp->compact_seg, 0);
+        if (k->orphans.seg == 0)
+            atomic_store(&sp->compact_seg, 0);
         rt_end(k);
         if (rc == 1) {
             psd_segs_compact_end(k->c);

@@ -54,9 +54,11 @@
  * step's copies lie past "cat_upto" before the index points at them, so
  * a sweep also leaves to its next pass the rows whose record is in the
  * segment a step is copying from (compact_seg, set from before the step
- * asks the index which records are live until after it moved the index):
- * a row deleted in between would be replayed from its copy. A compaction
- * removes a segment once "cat_upto" is past its copies.
+ * asks the index which records are live until after it moved the index,
+ * or, when the relocation failed and the copies stayed, until "cat_upto"
+ * is past them, no step running meanwhile): a row deleted in between
+ * would be replayed from its copy. A compaction removes a segment once
+ * "cat_upto" is past its copies.
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
  * rows read most (a clock), are held in a hash in memory, the RAM tier. At
@@ -300,13 +302,15 @@ struct psd_sparse {
     atomic_uint_fast64_t compacted, segs_removed;
     /* The segment a compaction step is copying records from (0: none),
      * set from before the step asks the indexes which records are live
-     * until after it pointed them at the copies: a sweep leaves the rows
-     * whose record is there to its next pass (sparse_rows.c). */
+     * until after it pointed them at the copies, or, when it could not,
+     * until "cat_upto" is past the copies: a sweep leaves the rows whose
+     * record is there to its next pass (sparse_rows.c). */
     atomic_uint_fast32_t compact_seg;
     /* Tests only (check_sparse): called by a compaction step with its
      * copies synced, before their relocation commits, so that a test can
-     * put a sweep there. NULL in psd. */
-    void (*compact_copied)(psd_sparse *sp);
+     * put a sweep there; not 0: the relocation fails with it, as with a
+     * full map that cannot grow. NULL in psd. */
+    int (*compact_copied)(psd_sparse *sp);
 
     /* The catalog queue (sparse_seg.c): locations the applier and
      * compaction committed (with segs_end, the commit point) and pointed

@@ -110,8 +110,9 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
     }
     if (rec && c.loc.seg == atomic_load(&w->sp->compact_seg)) {
         /* A compaction step may have copied the record and not yet
-         * pointed the index at the copy, which lies past "cat_upto":
-         * deleted now, the row would be replayed from it at open. */
+         * pointed the index at the copy (or failed to), which lies past
+         * "cat_upto": deleted now, the row would be replayed from it at
+         * open. */
         w->copying++;
         return 0;
     }
@@ -201,7 +202,7 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
             t->sweep_clock = UINT64_MAX;
             atomic_store(&sp->cat_asap, true);
         }
-        if (w.copying > 0) /* due again after the step */
+        if (w.copying > 0) /* due again after the step, or the catalog's write */
             t->sweep_clock = UINT64_MAX;
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);

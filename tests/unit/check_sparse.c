@@ -806,19 +806,76 @@ static uint32_t row_seg(struct fx *f, int64_t id)
 static struct fx *step_fx; /* the table compact_sweep sweeps */
 static int step_sweeps;
 
-/* compaction's compact_copied: the flusher's sweep (clock 120) between a
- * step's sync of its copies and the commit of their relocation. */
-static void compact_sweep(psd_sparse *sp)
+/* The flusher's sweep of f's table at clock 120. */
+static void sweep_at_120(struct fx *f)
 {
-    sparse_lock(step_fx->t);
-    ck_assert_int_eq(sparse_sweep(sp, step_fx->t, 120), 0);
-    pthread_mutex_unlock(&step_fx->t->mu);
-    step_sweeps++;
+    sparse_lock(f->t);
+    ck_assert_int_eq(sparse_sweep(f->sp, f->t, 120), 0);
+    pthread_mutex_unlock(&f->t->mu);
 }
 
-/* Rows 0..499 after compact_sweep's case: rows 0..99 and 400..499 were
- * pushed once, 100..199 once, 200..399 twice (a row the sweeps deleted
- * is absent, not read). */
+/* compaction's compact_copied: the flusher's sweep (clock 120) between a
+ * step's sync of its copies and the commit of their relocation. */
+static int compact_sweep(psd_sparse *sp)
+{
+    ck_assert_ptr_eq(sp, step_fx->sp);
+    sweep_at_120(step_fx);
+    step_sweeps++;
+    return 0;
+}
+
+/* compaction's compact_copied: the step's relocation fails after its
+ * copies were synced, as when the store's map is full and cannot grow. */
+static int compact_full(psd_sparse *sp)
+{
+    (void)sp;
+    step_sweeps++;
+    return PS_EFULL;
+}
+
+/* A tier of rows 0..499 of table "emb" (ttl 50 steps), each apply its own
+ * segment: the first (returned) holds 0..399, 0..99 at step 1 (due for
+ * eviction at clock 120), 100..399 at step 100; the next 200..399 again
+ * at step 120 (half of the first dead) and 400..499 at step 1; the
+ * catalog whole. Then ticks of compaction, the hook copied given, until
+ * it was called once. */
+static uint32_t compact_case(struct fx *f, int (*copied)(psd_sparse *sp))
+{
+    fx_segment_size = 1; /* each apply its own segment */
+    fx_start(f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t *ids = range(0, 500);
+    ck_assert_int_eq(push(f, ids, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(f, ids + 100, 300, 1.0f, 100, UINT64_MAX, NULL), 0);
+    commit(f);
+    ck_assert_int_eq(psd_sparse_drain(f->sp), 0);
+    uint32_t seg = row_seg(f, 0); /* the first apply's */
+    ck_assert_uint_gt(seg, 0);
+    ck_assert_uint_eq(row_seg(f, 399), seg);
+    ck_assert_int_eq(push(f, ids + 200, 200, 1.0f, 120, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(f, ids + 400, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
+    commit(f);
+    ck_assert_int_eq(psd_sparse_drain(f->sp), 0); /* the catalog whole */
+    ck_assert_uint_eq(row_seg(f, 200), seg + 1);
+    ck_assert_uint_eq(row_seg(f, 499), seg + 1);
+    free(ids);
+
+    step_fx = f;
+    step_sweeps = 0;
+    f->sp->compact_copied = copied;
+    pthread_mutex_lock(&f->sp->apply_run_mu); /* as the applier holds it */
+    for (int i = 0; i < 5000 && step_sweeps == 0; i++) {
+        sparse_compact_tick(f->sp);
+        usleep(1000);
+    }
+    pthread_mutex_unlock(&f->sp->apply_run_mu);
+    f->sp->compact_copied = NULL;
+    ck_assert_int_eq(step_sweeps, 1); /* one step: the segment is 25 KiB */
+    return seg;
+}
+
+/* Rows 0..499 after compact_case: rows 0..99 and 400..499 were pushed
+ * once, 100..199 once, 200..399 twice (a row the sweeps deleted is
+ * absent, not read; 400..499 pushed again once evicted start over). */
 static float compacted_want(int64_t id)
 {
     return id >= 200 && id < 400 ? -2.0f : -1.0f;
@@ -859,34 +916,7 @@ static void expect_held(struct fx *f, const bool *had)
 START_TEST(test_compact_sweep)
 {
     struct fx f;
-    fx_segment_size = 1; /* each apply its own segment */
-    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
-    int64_t *ids = range(0, 500);
-    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
-    ck_assert_int_eq(push(&f, ids + 100, 300, 1.0f, 100, UINT64_MAX, NULL), 0);
-    commit(&f);
-    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
-    uint32_t seg = row_seg(&f, 0); /* the first apply's */
-    ck_assert_uint_gt(seg, 0);
-    ck_assert_uint_eq(row_seg(&f, 399), seg);
-    ck_assert_int_eq(push(&f, ids + 200, 200, 1.0f, 120, UINT64_MAX, NULL), 0);
-    ck_assert_int_eq(push(&f, ids + 400, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
-    commit(&f);
-    ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* the catalog whole */
-    ck_assert_uint_eq(row_seg(&f, 200), seg + 1);
-    ck_assert_uint_eq(row_seg(&f, 499), seg + 1);
-
-    step_fx = &f;
-    step_sweeps = 0;
-    f.sp->compact_copied = compact_sweep;
-    pthread_mutex_lock(&f.sp->apply_run_mu); /* as the applier holds it */
-    for (int i = 0; i < 5000 && row_seg(&f, 199) == seg; i++) {
-        sparse_compact_tick(f.sp);
-        usleep(1000);
-    }
-    pthread_mutex_unlock(&f.sp->apply_run_mu);
-    f.sp->compact_copied = NULL;
-    ck_assert_int_eq(step_sweeps, 1); /* one step: the segment is 25 KiB */
+    uint32_t seg = compact_case(&f, compact_sweep);
     ck_assert_uint_gt(row_seg(&f, 199), seg + 1);
     bool had[500];
     for (int64_t id = 0; id < 500; id++)
@@ -896,9 +926,7 @@ START_TEST(test_compact_sweep)
 
     fx_open(&f, 0, 0, false);
     expect_held(&f, had);
-    sparse_lock(f.t);
-    ck_assert_int_eq(sparse_sweep(f.sp, f.t, 120), 0);
-    pthread_mutex_unlock(&f.t->mu);
+    sweep_at_120(&f);
     for (int64_t id = 0; id < 500; id++)
         had[id] = id >= 100 && id < 400;
     for (int64_t id = 0; id < 500; id++)
@@ -906,9 +934,66 @@ START_TEST(test_compact_sweep)
     fx_close(&f, false); /* a kill */
     fx_open(&f, 0, 0, false);
     expect_held(&f, had);
-    free(ids);
     fx_close(&f, true);
     fx_segment_size = 0;
+}
+END_TEST
+
+/* A compaction step whose relocation fails once its copies were synced
+ * (compact_full) leaves them past the committed end, which the next apply
+ * moves past them: until the catalog's write passes them too, an open
+ * replays them, so a sweep must not delete the rows they copy. After the
+ * failed step of compact_case, the catalog written past the copies or
+ * not (written), a sweep at clock 120 (evicting 400..499, and 0..99 only
+ * when written), then 400..499 pushed again (their first value: they were
+ * evicted) and applied, and psd killed before the catalog's next write:
+ * every row the index held reads back its value and no evicted row is
+ * back. A sweep after the reopen evicts 0..99, gone after a second kill. */
+static void compact_fail_case(bool written)
+{
+    struct fx f;
+    uint32_t seg = compact_case(&f, compact_full);
+    ck_assert_uint_eq(row_seg(&f, 0), seg); /* not relocated */
+    ck_assert_uint_eq(row_seg(&f, 199), seg);
+    if (written) {
+        ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* the catalog past the copies */
+        pthread_mutex_lock(&f.sp->apply_run_mu);
+        sparse_compact_tick(f.sp); /* sees it (no step: the retry waits) */
+        pthread_mutex_unlock(&f.sp->apply_run_mu);
+    }
+    sweep_at_120(&f);
+    int64_t *ids = range(400, 100);
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 120, UINT64_MAX, NULL), 0);
+    free(ids);
+    apply_only(&f); /* the committed end past the copies */
+    bool had[500];
+    for (int64_t id = 0; id < 500; id++)
+        had[id] = row_seg(&f, id) != 0;
+    fx_close(&f, false); /* a kill */
+
+    fx_open(&f, 0, 0, false);
+    expect_held(&f, had);
+    for (int64_t id = 0; id < 500; id++)
+        ck_assert_msg(had[id] == (id >= 100 || !written), "row %lld", (long long)id);
+    sweep_at_120(&f);
+    for (int64_t id = 0; id < 100; id++)
+        had[id] = false;
+    fx_close(&f, false); /* a kill */
+    fx_open(&f, 0, 0, false);
+    expect_held(&f, had);
+    fx_close(&f, true);
+    fx_segment_size = 0;
+}
+
+START_TEST(test_compact_fail_sweep)
+{
+    compact_fail_case(false);
+}
+END_TEST
+
+START_TEST(test_compact_fail_written)
+{
+    compact_fail_case(true);
 }
 END_TEST
 
@@ -1428,6 +1513,7 @@ PSCHECK_MAIN("sparse",
                          test_catalog_step, test_catalog_dropped,
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
-    {"sparse_compact_tick", {test_compact_sweep}, &pscheck_tmp},
+    {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
+                             test_compact_fail_written}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
