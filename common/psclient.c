@@ -1613,9 +1613,10 @@ static int premake_half(struct pjob *j)
 }
 
 /* After a half push in pieces with error feedback that failed (st its
- * status, NULL when the failure was not psd's): gives back to the residuals the gradients of the calls psd did
- * not apply (push_call_applied), rounded or not. Called once the rounding
- * thread has let go of the job. */
+ * status, NULL when the failure was not psd's): gives back to the
+ * residuals the gradients of the calls psd did not apply
+ * (push_call_applied), rounded or not. Called once the rounding thread has
+ * let go of the job. */
 static void pieces_restore(struct pjob *j, const ps_rpc_status *st)
 {
     /* Only the small items' call has several gradients, of which psd may
@@ -1658,7 +1659,7 @@ static int push_pieces(ps_client *c, uint32_t worker, uint64_t step,
         st = &local; /* error feedback reads what the calls came to */
     if (rc == 0)
         rc = pjob_run(&j, "/ps.v1.ParameterServer/Push", deadline_ms, st);
-    if (rc != 0 && j.codes != NULL) {
+    if (rc != 0 && j.codes != NULL && j.hs != NULL) {
         if (j.ahead != NULL)
             ahead_end(j.ahead);
         j.ahead = NULL;
