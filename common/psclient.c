@@ -149,6 +149,70 @@ static float *residual_of(ps_client *c, const char *name, size_t n)
     return e->r;
 }
 
+int ps_client_residual(const ps_client *c, const char *name, const float **r,
+                       size_t *n)
+{
+    for (size_t i = 0; i < c->nres; i++)
+        if (strcmp(c->res[i].name, name) == 0) {
+            *r = c->res[i].r;
+            *n = c->res[i].n;
+            return 0;
+        }
+    return PS_ENOTFOUND;
+}
+
+/* Whether psd applied, or may have applied, a push call that ended with
+ * status code (-1: never sent). Its answer OK says so; a call whose answer
+ * never came (its deadline passed, it was cancelled, the status is
+ * UNKNOWN) reached psd or may have, and psd applies what it has received
+ * whatever the client's deadline (a SYNC push waiting for its step keeps
+ * its gradients in the step): giving it back to the residual would apply
+ * it twice. Not applied: a refusal, which changes nothing, and
+ * UNAVAILABLE, which the client's retries take as not received (they send
+ * the call again). */
+static bool push_call_applied(int code)
+{
+    return code == PS_RPC_OK || code == PS_RPC_DEADLINE_EXCEEDED ||
+           code == PS_RPC_CANCELLED || code == PS_RPC_UNKNOWN;
+}
+
+/* How many gradients of a refused call psd applied before the one it
+ * refused, as its message says (PS_WIRE_APPLIED_BEFORE); 0 when it does
+ * not say. */
+static size_t applied_before(const ps_rpc_status *st)
+{
+    const char *p = strstr(st->message, PS_WIRE_APPLIED_BEFORE);
+    size_t i = 0;
+    if (p == NULL || sscanf(p + strlen(PS_WIRE_APPLIED_BEFORE), "%zu]", &i) != 1)
+        return 0;
+    return i;
+}
+
+/* Gives back to the residual r (n elements) what a push did not deliver
+ * of gradient g: its half rounding h (in a message, 2 bytes an element,
+ * any alignment), widened, since r + float(h) is exactly the g + r the
+ * rounding started from (x - half(x) is exact in float32); or, h NULL, g
+ * itself, never rounded. After it r holds all that is owed to psd. */
+static void feedback_restore(int wire, float *r, const float *g, const uint8_t *h,
+                             size_t n)
+{
+    if (h == NULL) {
+        for (size_t i = 0; i < n; i++)
+            r[i] += g[i];
+        return;
+    }
+    uint16_t chunk[1024];
+    float w[1024];
+    for (size_t i = 0; i < n;) {
+        size_t k = n - i < 1024 ? n - i : 1024;
+        memcpy(chunk, h + 2 * i, k * 2);
+        ps_half_to_f32(wire, chunk, w, k);
+        for (size_t q = 0; q < k; q++)
+            r[i + q] += w[q];
+        i += k;
+    }
+}
+
 /* The fields written after the gradients, two bytes each: return_values
  * (4) and delta (5). */
 enum { TAIL_RETURN_VALUES = 1, TAIL_DELTA = 2 };
@@ -595,13 +659,15 @@ static bool push_uses_shm(const ps_client *c, const ps_client_item *items,
 }
 
 /* A Push of items in the client's half wire dtype into a new message
- * (common/wire.h's encoder): each gradient rounded, with its residual
- * when error feedback is on. Returns 0 or -ENOMEM. */
+ * (common/wire.h's encoder): each gradient rounded into c->half, one after
+ * the other, with its residual when error feedback is on (*rounded: how
+ * many were). Returns 0 or -ENOMEM. */
 static int push_encode_half(ps_client *c, uint32_t worker, uint64_t step,
                             const ps_client_item *items, size_t n, bool rv,
-                            ps_rpc_msg **out)
+                            ps_rpc_msg **out, size_t *rounded)
 {
     size_t total = 0;
+    *rounded = 0;
     for (size_t i = 0; i < n; i++)
         total += items[i].n;
     ps_wire_grad_out *g = calloc(n ? n : 1, sizeof *g);
@@ -618,6 +684,7 @@ static int push_encode_half(ps_client *c, uint32_t worker, uint64_t step,
             return -ENOMEM;
         }
         ps_half_encode_ef(c->wire, it->data, r, h, it->n);
+        *rounded = i + 1;
         g[i] = (ps_wire_grad_out){.name = it->name, .dtype = c->wire,
                                   .shape = it->shape, .ndim = it->shape ? it->ndim : 0,
                                   .data = h, .nbytes = it->n * 2};
@@ -635,6 +702,28 @@ static int push_encode_half(ps_client *c, uint32_t worker, uint64_t step,
     free(g);
     *out = msg;
     return msg != NULL ? 0 : -ENOMEM;
+}
+
+/* After a whole half push with error feedback that failed (rc, st):
+ * gives the gradients psd did not apply back to their residuals, from
+ * their roundings still in c->half (the first `rounded` items were; the
+ * others' gradients as they are). */
+static void whole_restore(ps_client *c, const ps_client_item *items, size_t n,
+                          size_t rounded, int rc, const ps_rpc_status *st)
+{
+    /* An answer that came OK but did not decode was applied. */
+    if (rc == PS_ESHAPE || rc == PS_EPARSE ||
+        (rc == PS_ERPC && push_call_applied(st->code)))
+        return;
+    size_t from = rc == PS_ERPC ? applied_before(st) : 0;
+    const uint8_t *h = c->half.data;
+    for (size_t i = 0; i < n; i++) {
+        float *r = i >= from ? residual_of(c, items[i].name, items[i].n) : NULL;
+        if (r != NULL)
+            feedback_restore(c->wire, r, items[i].data, i < rounded ? h : NULL,
+                             items[i].n);
+        h += items[i].n * 2;
+    }
 }
 
 /* A Push, and with pulls != NULL the values it asks back (see
@@ -663,6 +752,9 @@ static int push_common(ps_client *c, uint32_t worker, uint64_t step,
     char err[256] = "";
     struct pull_ctx pc = {c, pulls, rv ? n : 0, versions, n, err, sizeof err, false,
                           NULL, NULL};
+    ps_rpc_status local;
+    if (st == NULL)
+        st = &local; /* error feedback reads what the call came to */
     int rc;
 again:;
     bool shm = push_uses_shm(c, items, pulls, n);
@@ -673,8 +765,9 @@ again:;
     if (shm || c->wire != 0) {
         /* Shared memory, else half precision: a message encoded whole. */
         ps_rpc_msg *m = NULL;
+        size_t rounded = 0;
         rc = shm ? push_encode_shm(c, worker, step, items, pulls, n, &m)
-                 : push_encode_half(c, worker, step, items, n, rv, &m);
+                 : push_encode_half(c, worker, step, items, n, rv, &m, &rounded);
         if (rc == 0) {
             rc = ps_rpc_invoke_msg(c->rpc, "/ps.v1.ParameterServer/Push", m,
                                    decode_pieces, &pc, deadline_ms, st);
@@ -682,6 +775,8 @@ again:;
             if (shm && shm_refused(c, rc, st))
                 goto again;
         }
+        if (rc != 0 && !shm && c->feedback)
+            whole_restore(c, items, n, rounded, rc, st);
     } else if (in_place > 0 && !big_plain) {
         ps_rpc_part *parts = malloc((2 * n + 1) * sizeof *parts);
         rc = parts ? ps_buf_reserve(&c->req, len - in_place) : -ENOMEM;
@@ -1094,6 +1189,15 @@ struct premade {
     size_t seq;    /* its piece in the job; SIZE_MAX: written already */
 };
 
+/* Where a half push's call wrote one gradient's rounding, with error
+ * feedback: kept until the push is over, so that the gradient of a call
+ * psd did not apply goes back to its residual (pieces_restore). */
+struct half_sent {
+    const uint8_t *h; /* (n) 2 bytes an element in msg; NULL: not written */
+    ps_rpc_msg *msg;  /* the pjob's own reference */
+    size_t job;       /* its piece of the rounding thread's job; SIZE_MAX: rounded */
+};
+
 /* A push or pull whose big tensors go in pieces (push_pieces, pull_pieces):
  * its calls, the small items whole in the first when there are any and
  * then one per piece, a few in flight at once (ps_rpc_invoke_window),
@@ -1118,6 +1222,11 @@ struct pjob {
     struct ahead_piece *job; /* (njob) their rounding, on the client's thread */
     size_t njob;
     struct ahead *ahead;    /* the thread, while it has job */
+    /* A half push with error feedback: how each call ended (-1: not sent,
+     * else its status code), and where each gradient's rounding is: hs[k]
+     * for call k of a piece, hs[ncalls + q] for small[q]. Else NULL. */
+    int *codes;             /* (ncalls) */
+    struct half_sent *hs;   /* (ncalls + nsmall) */
     char err[256];
 };
 
@@ -1125,6 +1234,11 @@ static void pjob_free(struct pjob *j)
 {
     if (j->ahead != NULL)
         ahead_end(j->ahead);
+    for (size_t k = 0; j->hs != NULL && k < j->ncalls + j->nsmall; k++)
+        if (j->hs[k].msg != NULL)
+            ps_rpc_msg_unref(j->hs[k].msg);
+    free(j->hs);
+    free(j->codes);
     for (size_t k = 0; j->pre != NULL && k < j->ncalls; k++)
         for (int q = 0; q < j->pre[k].np; q++)
             ps_rpc_msg_unref(j->pre[k].parts[q].arg);
@@ -1207,6 +1321,14 @@ static int pjob_init(struct pjob *j)
             continue;
         }
         j->ncalls += cut_item(i, j->items[i].n, per, ends, j->calls + j->ncalls);
+    }
+    if (j->push && j->c->wire != 0 && j->c->feedback) {
+        j->codes = calloc(j->ncalls, sizeof *j->codes);
+        j->hs = calloc(j->ncalls + j->nsmall, sizeof *j->hs);
+        if (j->codes == NULL || j->hs == NULL)
+            return -ENOMEM;
+        for (size_t k = 0; k < j->ncalls; k++)
+            j->codes[k] = -1; /* until the window says */
     }
     return 0;
 }
@@ -1325,6 +1447,11 @@ static int push_call_encode(struct pjob *j, const struct piece *pc, ps_rpc_part 
         const ps_client_item *it = &j->items[pc->n ? pc->item : j->small[k]];
         rc = put_grad_data(c, it, pc->off, pc->n ? pc->n : it->n, at[k],
                            ng == 1 ? defer : NULL);
+        if (rc == 0 && j->hs != NULL) {
+            struct half_sent *e = &j->hs[pc->n ? (size_t)(pc - j->calls) : j->ncalls + k];
+            ps_rpc_msg_ref(msg);
+            *e = (struct half_sent){at[k], msg, SIZE_MAX};
+        }
     }
     if (rc != 0) {
         ps_rpc_msg_unref(msg);
@@ -1434,7 +1561,8 @@ static int pjob_run(struct pjob *j, const char *method, int deadline_ms,
      * the wire. A pull's answers, the big part, come window at a time. */
     int rc = ps_rpc_invoke_window(j->c->rpc, method, j->ncalls,
                                   j->push ? 1 : j->c->piece_window, !j->push,
-                                  pieces_make, pieces_resp, j, deadline_ms, st);
+                                  pieces_make, pieces_resp, j, deadline_ms, st,
+                                  j->codes);
     /* A value pushed and brought back holds this push's update in every
      * piece, though the pieces before the last answered the version before
      * it: it is at least the version the push produced. */
@@ -1474,12 +1602,41 @@ static int premake_half(struct pjob *j)
         m->seq = SIZE_MAX;
         if (p.n != 0)
             j->job[m->seq = j->njob++] = p;
+        if (j->hs != NULL)
+            j->hs[k].job = m->seq;
     }
     if (j->njob > 0) {
         j->ahead = a;
         ahead_begin(a, j->c->wire, j->job, j->njob);
     }
     return 0;
+}
+
+/* After a half push in pieces with error feedback that failed (st its
+ * status, NULL when the failure was not psd's): gives back to the
+ * residuals the gradients of the calls psd did not apply
+ * (push_call_applied), rounded or not. Called once the rounding thread has
+ * let go of the job. */
+static void pieces_restore(struct pjob *j, const ps_rpc_status *st)
+{
+    /* Only the small items' call has several gradients, of which psd may
+     * have applied the first few. */
+    size_t before = st != NULL ? applied_before(st) : 0;
+    for (size_t k = 0; k < j->ncalls; k++) {
+        const struct piece *pc = &j->calls[k];
+        size_t ng = pc->n ? 1 : j->nsmall;
+        for (size_t q = 0; q < ng && !push_call_applied(j->codes[k]); q++) {
+            if (pc->n == 0 && q < before)
+                continue;
+            const ps_client_item *it = &j->items[pc->n ? pc->item : j->small[q]];
+            const struct half_sent *e = &j->hs[pc->n ? k : j->ncalls + q];
+            bool rounded = e->h != NULL && (e->job == SIZE_MAX || j->job[e->job].state == 2);
+            float *r = residual_of(j->c, it->name, it->n);
+            if (r != NULL)
+                feedback_restore(j->c->wire, r + pc->off, it->data + pc->off,
+                                 rounded ? e->h : NULL, pc->n ? pc->n : it->n);
+        }
+    }
 }
 
 /* A push whose big gradients go in pieces, several calls in flight: while
@@ -1497,8 +1654,17 @@ static int push_pieces(ps_client *c, uint32_t worker, uint64_t step,
     int rc = pjob_init(&j);
     if (rc == 0 && c->wire != 0)
         rc = premake_half(&j);
+    ps_rpc_status local;
+    if (st == NULL)
+        st = &local; /* error feedback reads what the calls came to */
     if (rc == 0)
         rc = pjob_run(&j, "/ps.v1.ParameterServer/Push", deadline_ms, st);
+    if (rc != 0 && j.codes != NULL && j.hs != NULL) {
+        if (j.ahead != NULL)
+            ahead_end(j.ahead);
+        j.ahead = NULL;
+        pieces_restore(&j, rc == PS_ERPC ? st : NULL);
+    }
     pjob_free(&j);
     return rc;
 }

@@ -112,10 +112,23 @@ int ps_client_pull(ps_client *c, ps_client_item *items, size_t n,
  * and asks each value in it (half the bytes; psd keeps float32), 1 or 0
  * float32 again. With error_feedback the client keeps, per variable name,
  * the residual of each rounding and adds it to the variable's next
- * gradient (common/half.h), so that nothing is lost over time. Tensors in
- * shared memory stay float32. Returns 0, or PS_EINVAL_ARG for another
- * dtype. */
+ * gradient (common/half.h), so that nothing is lost over time. A push
+ * that fails leaves in the residual the whole gradient (with the residual
+ * before) of each gradient or piece psd did not apply, for the next push
+ * to send: a failed push must not be sent again with the same gradient,
+ * which would count it twice. Counted as applied: a call answered OK, and
+ * one whose answer never came though it may have reached psd (deadline,
+ * cancelled, UNKNOWN); not applied: one psd refused, UNAVAILABLE (as the
+ * client's retries take it), or never sent. Tensors in shared memory stay
+ * float32. Returns 0, or PS_EINVAL_ARG for another dtype. */
 int ps_client_set_wire_dtype(ps_client *c, int dtype, bool error_feedback);
+
+/* The error feedback residual the client keeps for variable name: *r and
+ * *n set (borrowed, valid until the client's next push or its destroy),
+ * or returns PS_ENOTFOUND when it has none (no half push of it with
+ * error feedback yet). */
+int ps_client_residual(const ps_client *c, const char *name, const float **r,
+                       size_t *n);
 
 /* Tensors of more than piece_bytes go in pieces of piece_bytes, on by
  * default (1 MiB, 2): a push's pieces one behind the other, each started

@@ -290,7 +290,11 @@ int ps_rpc_invoke_parts(ps_rpc_client *c, const char *method,
  * at once on the link finish one after another, not all at the end). A call answered
  * UNAVAILABLE is sent again with the same parts as the client's options
  * allow (max_attempts, backoff). The first failure stops the lot: no call
- * starts after it, the ones in flight are cancelled and waited for.
+ * starts after it, the ones in flight are cancelled and waited for. With
+ * codes (n entries, else NULL) the ones in flight are not cancelled but
+ * answered, each answered OK still taken by on_resp, and codes[i] says how
+ * call i ended: -1 not started, else the status code of its last attempt
+ * (PS_RPC_OK: answered OK), so that a push knows which pieces psd applied.
  * Returns 0, PS_ERPC with *st (the failed call's status), make's or
  * on_resp's nonzero return, or -ENOMEM. */
 #define PS_RPC_WINDOW_PARTS 4
@@ -299,7 +303,7 @@ typedef int (*ps_rpc_resp_fn)(void *ctx, size_t i, const struct ps_piece *pieces
                               int np);
 int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
                          bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
-                         void *ctx, int deadline_ms, ps_rpc_status *st);
+                         void *ctx, int deadline_ms, ps_rpc_status *st, int *codes);
 
 /* Packs a protobuf-c request, calls, and unpacks the response with
  * `resp_desc` (a const ProtobufCMessageDescriptor *) into *resp_out, which

@@ -543,9 +543,11 @@ static int slot_result(ps_rpc_client *c, const char *method, struct slot *sl,
     return PS_ERPC;
 }
 
-static void cancel_all(struct slot *slots, size_t n)
+/* After the window's first failure: cancels the calls in flight, unless
+ * the caller asked each call's outcome (codes), which they then give. */
+static void cancel_all(struct slot *slots, size_t n, const int *codes)
 {
-    for (size_t k = 0; k < n; k++)
+    for (size_t k = 0; codes == NULL && k < n; k++)
         if (slots[k].call != NULL)
             grpc_call_cancel(slots[k].call, NULL);
 }
@@ -574,12 +576,14 @@ static ps_rpc_status *status_begin(const ps_rpc_client *c, ps_rpc_status *st,
 
 int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int window,
                          bool by_answer, ps_rpc_make_fn make, ps_rpc_resp_fn on_resp,
-                         void *ctx, int deadline_ms, ps_rpc_status *st)
+                         void *ctx, int deadline_ms, ps_rpc_status *st, int *codes)
 {
     ps_rpc_status local;
     st = status_begin(c, st, &local, &deadline_ms);
     if (window < 1)
         window = 1;
+    for (size_t i = 0; codes != NULL && i < n; i++)
+        codes[i] = -1;
     if (n == 0)
         return 0;
     struct slot *slots = calloc(n, sizeof *slots);
@@ -604,7 +608,7 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
                 made = rc == 0;
                 if (rc != 0) {
                     slot_release(sl);
-                    cancel_all(slots, next);
+                    cancel_all(slots, next, codes);
                 }
                 continue;
             }
@@ -620,7 +624,7 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
             if (rc != 0) {
                 if (sl->pending == 0)
                     slot_release(sl);
-                cancel_all(slots, next);
+                cancel_all(slots, next, codes);
             }
             continue;
         }
@@ -636,7 +640,17 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
         if (--sl->pending > 0)
             continue;
         active--;
-        int r = rc == 0 ? slot_result(c, method, sl, on_resp, ctx, st) : 0;
+        int r = 0;
+        if (rc == 0) {
+            r = slot_result(c, method, sl, on_resp, ctx, st);
+        } else if (codes != NULL && sl->code == GRPC_STATUS_OK && sl->recv_bb != NULL) {
+            /* Answered after another call failed: still taken, for what
+             * it says was done. */
+            struct window_resp w = {on_resp, ctx, sl->i};
+            (void)ps_rpc_bb_pieces(sl->recv_bb, window_pieces, &w);
+        }
+        if (codes != NULL)
+            codes[sl->i] = (int)sl->code;
         slot_end(sl);
         if (r == 1) {
             /* UNAVAILABLE: the same message again after the backoff. */
@@ -661,7 +675,7 @@ int ps_rpc_invoke_window(ps_rpc_client *c, const char *method, size_t n, int win
             slot_release(sl);
         if (r != 0 && rc == 0) {
             rc = r;
-            cancel_all(slots, next);
+            cancel_all(slots, next, codes);
         }
     }
     if (made)

@@ -99,6 +99,13 @@ const char *ps_wire_shm_ref_decode(const uint8_t *buf, size_t len,
 
 /* ---- PushRequest ---------------------------------------------------------- */
 
+/* What psd appends to the message of a push it refused at grads[i] after
+ * applying the gradients before it (async variables are updated one by
+ * one), and what a client with error feedback reads there to know which
+ * of its gradients psd applied. */
+#define PS_WIRE_APPLIED_BEFORE "; the gradients before grads["
+#define PS_WIRE_APPLIED_BEFORE_FMT PS_WIRE_APPLIED_BEFORE "%zu] in this push were applied"
+
 /* One decoded Gradient. */
 typedef struct ps_wire_grad {
     char name[PS_WIRE_MAX_NAME + 1]; /* the first 255 bytes, NUL-terminated */

@@ -1013,8 +1013,7 @@ static size_t push_apply(psd_shard *s, pending_push *p, const ps_wire_push *r,
         if (!apply_async(s, p, i, r, straddle, err, errlen)) {
             if (i > 0) {
                 size_t len = strlen(err);
-                snprintf(err + len, errlen - len, "; the gradients before "
-                         "grads[%zu] in this push were applied", i);
+                snprintf(err + len, errlen - len, PS_WIRE_APPLIED_BEFORE_FMT, i);
             }
             return SIZE_MAX;
         }

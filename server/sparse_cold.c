@@ -418,7 +418,9 @@ static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *
     if (rc != 0) /* the reads it submitted completed; the rest failed */
         ps_log_err(rc, "sparse table '%s': reading %zu rows ahead", t->name, b->n);
     size_t rb = sparse_row_bytes(t);
-    int grc = n > 0 && b->n > 0 ? slots_grow(c, b->n < n ? b->n : n, rb) : 0;
+    if (b->n == 0) /* nothing was claimed: b->claim may be NULL */
+        n = 0;
+    int grc = n > 0 ? slots_grow(c, b->n < n ? b->n : n, rb) : 0;
     for (size_t i = 0; i < n && grc == 0; i++) {
         const int64_t *hit;
         if (c->slot[i] >= 0 ||

@@ -7,7 +7,9 @@
  * records (those the tables' indexes of rows point at) of a small batch to
  * the newest segment and syncs them, and only then are the indexes (and
  * the catalog, through its queue) pointed at the copies, where they still
- * point at the old records (sparse_relocate; a newer write wins). When
+ * point at the old records (sparse_relocate; a newer write wins); while a
+ * step runs, the sweeps leave the segment's rows alone (sp->compact_seg:
+ * a copy lies in the span the next open replays). When
  * every record went through, a transaction moves the committed end past
  * the segment, the applier is asked to write the catalog, and the file is
  * removed at a later tick, once "cat_upto" is past the copies (no
@@ -104,6 +106,8 @@ static int moved(void *arg, psd_seg_move *mv, size_t n)
         return PS_ECORRUPT; /* one move per live record, in order */
     for (size_t i = 0; i < n; i++)
         k->mv[i].new_loc = mv[i].to;
+    if (sp->compact_copied != NULL)
+        sp->compact_copied(sp);
     size_t done;
     return sparse_relocate(sp, k->mv, n, &done);
 }
@@ -175,7 +179,13 @@ void sparse_compact_tick(psd_sparse *sp)
     while (rc == 0 && !waited) {
         uint64_t wait = 0;
         k->n = 0;
+        /* Rows the step copies stay out of the sweeps until the indexes
+         * point at the copies (sparse_internal.h): a row deleted after its
+         * copy was made would come back at the next open, which replays
+         * the copy. */
+        atomic_store(&sp->compact_seg, k->seg);
         rc = psd_segs_compact_step(k->c, &wait, why, sizeof why);
+        atomic_store(&sp->compact_seg, 0);
         rt_end(k);
         if (rc == 1) {
             psd_segs_compact_end(k->c);

@@ -52,7 +52,12 @@
  * records (the next open's replay does that). A sweep deletes only rows
  * whose catalog entry is the index's and whose record lies before
  * "cat_upto" (sparse_cat_covers), so no record of a deleted row is
- * replayed: no tombstones. A compaction removes a segment once
+ * replayed: no tombstones. A compaction step's copies lie past "cat_upto"
+ * before the index points at them, so a sweep also leaves to its next
+ * pass the rows whose record is in the segment a step is copying from
+ * (compact_seg, set from before the step asks the index which records
+ * are live until after it moved the index): a row deleted in between
+ * would be replayed from its copy. A compaction removes a segment once
  * "cat_upto" is past its copies.
  *
  * Tiers: rows changed and not yet applied, and within the RAM budget the
@@ -295,6 +300,15 @@ struct psd_sparse {
     uint64_t segment_size, compact_rate;
     struct sp_compact *compact; /* the applier's (sparse_compact.c) */
     atomic_uint_fast64_t compacted, segs_removed;
+    /* The segment a compaction step is copying records from (0: none),
+     * set from before the step asks the indexes which records are live
+     * until after it pointed them at the copies: a sweep leaves the rows
+     * whose record is there to its next pass (sparse_rows.c). */
+    atomic_uint_fast32_t compact_seg;
+    /* Tests only (check_sparse): called by a compaction step with its
+     * copies synced, before their relocation commits, so that a test can
+     * put a sweep there. NULL in psd. */
+    void (*compact_copied)(psd_sparse *sp);
 
     /* The catalog queue (sparse_seg.c): locations the applier and
      * compaction committed (with segs_end, the commit point) and pointed

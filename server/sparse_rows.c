@@ -70,6 +70,7 @@ struct sweep {
     enum { SWEEP_TTL, SWEEP_COLLECT, SWEEP_CUT } mode;
     uint64_t deleted;
     uint64_t stale;         /* rows kept: their catalog entry is queued */
+    uint64_t copying;       /* rows kept: a compaction step copies them */
     int64_t *gone;          /* (deleted) ids, out of the index once committed */
     size_t gone_cap;
 };
@@ -105,6 +106,13 @@ static int sweep_visit(void *ctx, int64_t id, const void *data, size_t len)
         /* The catalog is behind (its entry queued), or the record would
          * be replayed at open, bringing the row back: kept this time. */
         w->stale++;
+        return 0;
+    }
+    if (rec && c.loc.seg == atomic_load(&w->sp->compact_seg)) {
+        /* A compaction step may have copied the record and not yet
+         * pointed the index at the copy, which lies past "cat_upto":
+         * deleted now, the row would be replayed from it at open. */
+        w->copying++;
         return 0;
     }
     struct sp_entry **l = sparse_link(t, id);
@@ -193,6 +201,8 @@ int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
             t->sweep_clock = UINT64_MAX;
             atomic_store(&sp->cat_asap, true);
         }
+        if (w.copying > 0) /* due again after the step */
+            t->sweep_clock = UINT64_MAX;
         t->rows -= w.deleted;
         atomic_fetch_add(&sp->evicted, w.deleted);
         atomic_fetch_sub(&sp->row_bytes, w.deleted * t->row_bytes);

@@ -594,8 +594,9 @@ static int chunk_rec(void *ctx, uint32_t var_id, int64_t id, uint64_t version,
  * the ready tables hold (a later record of a row wins when written, so
  * that the catalog never points at a record older than the span's: a
  * compaction removes a segment once "cat_upto" is past its copies). The
- * others are of tables that went, or of rows a sweep deleted after
- * compaction copied their record. Returns the entries kept, in order. */
+ * others are of tables that went, or of rows deleted after a compaction
+ * step copied their record and failed to commit the relocation. Returns
+ * the entries kept, in order. */
 static size_t chunk_keep(psd_sparse *sp, struct sp_catq *q, size_t n)
 {
     size_t kept = 0;

@@ -70,8 +70,8 @@ static void job_done(struct session *s, uint64_t *done)
  * reach (sync). A stale sync push (the variables aggregate another step)
  * is not an error: *stale_out is set, and the worker rejoins at their step.
  */
-static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
-                    bool *together, uint64_t *minv, bool *stale_out)
+static int push_job(struct shard *sh, const struct job *j, ps_client_item *items,
+                    ps_rpc_status *st, bool *together, uint64_t *minv, bool *stale_out)
 {
     const struct wd_train_opts *o = sh->s->o;
     /* A sync push waits for every worker's push of the step. */
@@ -86,11 +86,11 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
     double t0 = ps_metrics_now();
     if (*together)
         rc = ps_client_push_pull(sh->client, (uint32_t)o->task_index,
-                                 push_step, sh->push_items, sh->pull_items,
+                                 push_step, items, sh->pull_items,
                                  sh->nitems, dl, st);
     else
         rc = ps_client_push(sh->client, (uint32_t)o->task_index, push_step,
-                            sh->push_items, sh->nitems, dl, st);
+                            items, sh->nitems, dl, st);
     bool stale = rc == PS_ERPC && o->consistency == 2 &&
                  st->code == PS_RPC_FAILED_PRECONDITION;
     if (rc != 0 && !stale)
@@ -108,9 +108,35 @@ static int push_job(struct shard *sh, const struct job *j, ps_rpc_status *st,
         *together = false;
         *stale_out = true;
     } else if (o->consistency == 2) {
-        *minv = sh->push_items[0].version;
+        *minv = items[0].version;
     }
     return 0;
+}
+
+/* The shard's push items over zeros (made on first use; NULL when out of
+ * memory): a gradient psd refused is in the error feedback residuals
+ * already (ps_client_set_wire_dtype), and a push of zeros sends exactly
+ * it, where the gradient itself would count twice. */
+static ps_client_item *zero_items(struct shard *sh)
+{
+    if (sh->zero_items != NULL || sh->nitems == 0)
+        return sh->zero_items;
+    size_t total = 0;
+    for (size_t i = 0; i < sh->nitems; i++)
+        total += sh->push_items[i].n;
+    float *z = calloc(total ? total : 1, sizeof *z);
+    ps_client_item *its = malloc(sh->nitems * sizeof *its);
+    if (z == NULL || its == NULL) {
+        free(z);
+        free(its);
+        return NULL;
+    }
+    for (size_t i = 0, off = 0; i < sh->nitems; off += its[i].n, i++) {
+        its[i] = sh->push_items[i];
+        its[i].data = z + off;
+        its[i].msg = NULL;
+    }
+    return sh->zero_items = its;
 }
 
 /* One job of a comm thread. Returns 0, or a code with *st set and *what
@@ -146,7 +172,7 @@ static int push_then_pull(struct shard *sh, const struct job *j,
     int rc;
     *what = "Push";
     if (!j->pull_only && sh->nitems > 0 &&
-        (rc = push_job(sh, j, st, &together, &minv, &stale)) != 0)
+        (rc = push_job(sh, j, sh->push_items, st, &together, &minv, &stale)) != 0)
         return rc;
     for (size_t i = 0; i < sh->nitems; i++)
         sh->pull_items[i].min_version = o->consistency == 2 ? minv : 0;
@@ -176,10 +202,16 @@ static int push_then_pull(struct shard *sh, const struct job *j,
          * next job, which waits for every shard of this one: another
          * shard's step waiting for a worker that waits here would never
          * come (the other workers keep that lockstep too). Stale again
-         * (the step was applied without this worker meanwhile): dropped. */
+         * (the step was applied without this worker meanwhile): dropped,
+         * or with error feedback kept in the residuals for the next push.
+         * With error feedback it is in the residuals already and goes
+         * again as zeros. */
         bool again = false;
+        ps_client_item *items = sh->feedback ? zero_items(sh) : sh->push_items;
         *what = "Push";
-        if ((rc = push_job(sh, j, st, &together, &minv, &again)) != 0)
+        if (items == NULL)
+            return -ENOMEM;
+        if ((rc = push_job(sh, j, items, st, &together, &minv, &again)) != 0)
             return rc;
         if (!again) /* a sync push brings the step's values back */
             sh->sync_step = sh->pull_items[0].version;

@@ -348,7 +348,9 @@ static void session_close(struct session *s)
         struct shard *sh = &s->shards[k];
         ps_client_destroy(sh->client);
         ps_client_destroy(sh->pull_client);
-        PS_FREE_ALL(sh->push_items, sh->pull_items);
+        if (sh->zero_items != NULL && sh->nitems > 0)
+            free(sh->zero_items[0].data);
+        PS_FREE_ALL(sh->push_items, sh->pull_items, sh->zero_items);
     }
     for (int r = 0; r < s->nrep; r++)
         ps_model_destroy(s->replicas[r]);
@@ -491,6 +493,8 @@ static int connect_shards(struct session *s, const ps_rpc_client_opts *co,
             ps_client_set_shm(sh->client, s->shm);
         else if (o->wire_dtype != 0)
             ps_client_set_wire_dtype(sh->client, o->wire_dtype, o->error_feedback);
+        sh->feedback = !(s->shm != NULL && shm_with[k]) && o->wire_dtype != 0 &&
+                       o->error_feedback;
         if (ps_client_set_pieces(sh->client, o->piece_bytes, 4) != 0) {
             snprintf(err, errlen, "--pieces %zu: 0 or at least 4096 bytes",
                      o->piece_bytes);

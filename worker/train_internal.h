@@ -37,6 +37,9 @@ struct shard {
     ps_client_item *push_items; /* views of s->grads_send */
     ps_client_item *pull_items; /* views of s->params_pull */
     size_t nitems;
+    bool feedback;              /* pushes in half with error feedback */
+    ps_client_item *zero_items; /* (nitems) push_items over zeros, made
+                                   for the first stale sync push; or NULL */
     size_t bytes;
     pthread_t th;
     uint64_t done;              /* jobs finished */

@@ -40,6 +40,11 @@ from .task import Task, TaskEnv, from_environment
 
 log = logging.getLogger("psclient")
 
+# A failed call whose answer never came: it may have reached psd, which
+# applies what it has received whatever the client's deadline.
+_MAYBE_APPLIED = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                  grpc.StatusCode.UNKNOWN)
+
 PS = "ps.v1.ParameterServer"
 COORD = "ps.v1.Coordinator"
 # How long a task that is not the chief waits for the chief's placement.
@@ -206,7 +211,9 @@ class Client:
     state), "f32" (default) float32; shared memory is always float32.
     error_feedback: with a half wire_dtype, keep each variable's rounding
     residual and add it to its next gradient (default), so that nothing is
-    lost over time; False rounds each gradient alone.
+    lost over time; False rounds each gradient alone. A push that raises
+    leaves the gradients psd did not apply in the residuals, for the next
+    push to send: do not push the same gradients again (doc/python.md).
 
     Given neither addresses nor coordinator, the task comes from the
     environment (psclient.task.from_environment): TF_CONFIG's chief is the
@@ -587,7 +594,9 @@ class Client:
         next push while the worker waits on another shard whose step waits
         for a worker stuck on the first).
         delta: each array is a change of the value, added as w += d with no
-        optimizer (local SGD; psd refuses it for sync variables)."""
+        optimizer (local SGD; psd refuses it for sync variables).
+        With error feedback, a push that raises, or is stale twice, leaves
+        what psd did not apply in the residuals, and the next push sends it."""
         checked = {n: self._check_grad(n, g) for n, g in grads.items()}
         if not checked:
             raise ValueError("push: no gradients")
@@ -600,6 +609,9 @@ class Client:
             sh = self.shards[s]
             st = step if step is not None else (sh.sync_step if sync else self.step)
             again = False  # sent again at the variables' step after a stale refusal
+            # Each part's rounding, made once a push: a call sent again
+            # carries the same bits, and a failed one gives them back.
+            halves: Dict[str, np.ndarray] = {}
             while True:
                 rv = return_values or again
                 region = sh.shm_region()
@@ -619,7 +631,7 @@ class Client:
                             g.value_into.CopyFrom(pb.ShmRef(name=region.name,
                                                             offset=sh.half + off, length=4 * n))
                     elif self.wire_dtype != pb.DTYPE_FLOAT32:
-                        g.grad.CopyFrom(self._half_tensor(p.name, rows))
+                        g.grad.CopyFrom(self._half_tensor(p.name, rows, halves))
                     else:
                         g.grad.CopyFrom(_tensor(rows))
                     gs.append(g)
@@ -634,10 +646,12 @@ class Client:
                     if sync and step is None and e.code == grpc.StatusCode.FAILED_PRECONDITION:
                         rejoined = self._rejoin(sh, by[s], e)
                         if again:  # stale twice: the step ran without us
+                            self._give_back(halves, [p.name for _, p in by[s]], e)
                             return rejoined
                         again = True
                         st = sh.sync_step
                         continue
+                    self._give_back(halves, [p.name for _, p in by[s]], e)
                     raise
                 versions = [(p.name, v) for (_, p), v in zip(by[s], resp.versions)]
                 values = [(p.name, v) for (_, p), v in zip(by[s], resp.values)]
@@ -658,14 +672,31 @@ class Client:
             self.step += 1
         return PushResult(versions, values, pushed_as, stale)
 
-    def _half_tensor(self, part: str, rows: np.ndarray) -> Any:
-        """rows in the client's half wire_dtype, with error feedback."""
+    def _half_tensor(self, part: str, rows: np.ndarray, halves: Dict[str, np.ndarray]) -> Any:
+        """rows in the client's half wire_dtype, with error feedback: the
+        part's rounding in halves if this push made it already, else made
+        and kept there."""
         d = self.wire_dtype
-        if self.feedback is not None:
-            h = self.feedback.encode(part, rows, d)
-        else:
+        h = halves.get(part)
+        if h is None and self.feedback is not None:
+            h = halves[part] = self.feedback.encode(part, rows, d)
+        elif h is None:
             h, _ = _half.to_half(rows, d)
         return pb.Tensor(dtype=d, shape=list(rows.shape), data=h.tobytes())
+
+    def _give_back(self, halves: Dict[str, np.ndarray], parts: Sequence[str],
+                   e: PsError) -> None:
+        """After a push to one psd that failed with e (parts: its gradients
+        in order): the roundings psd did not apply go back to their
+        residuals, whole, for the next push to send (doc/python.md). A
+        call whose answer never came (deadline, cancelled, UNKNOWN) may
+        have reached psd, which applies it: counted as applied."""
+        if self.feedback is None or e.code in _MAYBE_APPLIED:
+            return
+        before = _half.applied_before(e.details)
+        for i, part in enumerate(parts):
+            if i >= before and part in halves:
+                self.feedback.give_back(part, halves[part], self.wire_dtype)
 
     def _rejoin(self, sh: _Shard, parts: Sequence[Tuple[str, _place.Part]],
                 e: PsError) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, int]], bool]:

@@ -16,6 +16,10 @@ import numpy as np
 
 from ._proto import pb
 
+# What psd appends to the message of a push it refused at grads[i] after
+# applying the gradients before it (common/wire.h PS_WIRE_APPLIED_BEFORE).
+APPLIED_BEFORE = "; the gradients before grads["
+
 NAMES = {"f32": 1, "float32": 1, "fp16": 2, "float16": 2, "bf16": 3, "bfloat16": 3}
 F16_MAX = 65504.0
 
@@ -53,6 +57,16 @@ def from_half(bits: np.ndarray, dtype: int) -> np.ndarray:
     return bits.view("<f2").astype("<f4")
 
 
+def applied_before(details: str) -> int:
+    """How many gradients of a refused push psd applied before the one it
+    refused, as its message says; 0 when it does not say."""
+    at = details.find(APPLIED_BEFORE)
+    if at < 0:
+        return 0
+    digits = details[at + len(APPLIED_BEFORE):].split("]", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
 class ErrorFeedback:
     """Per variable part: the residual of the last rounding (float32)."""
 
@@ -67,3 +81,11 @@ class ErrorFeedback:
         h, _ = to_half(t, dtype)
         self.residual[name] = t - from_half(h, dtype)
         return h
+
+    def give_back(self, name: str, h: np.ndarray, dtype: int) -> None:
+        """After a push that did not deliver h (encode's): r += float(h),
+        which is exactly the g + r that encode started from, so that the
+        next push sends it."""
+        r = self.residual.get(name)
+        if r is not None and r.shape == h.shape:
+            self.residual[name] = r + from_half(h, dtype)

@@ -3,7 +3,8 @@
  * psd for test_pieces.py: for each case two variables of the same spec,
  * one pushed and pulled in pieces by one client, the other whole by a
  * second client with pieces off, the same gradients to both, then both
- * compared bit for bit, with their versions. The size, 300007 elements, is
+ * compared bit for bit, with their versions; then half pushes with error
+ * feedback that fail part-way (failed_part_way). The size, 300007 elements, is
  * more than 64 pieces of 16 KiB, so psclient cuts it in 62 pieces of 4839
  * elements (its cap on pieces a call) and a short last one of 4828.
  *
@@ -196,6 +197,252 @@ static void sum_invariant(ps_client *cp, const char *a, const float *w0, float *
           "(largest %.3g at element %zu)", worst, at);
 }
 
+/* ---- error feedback when a push fails part-way ----------------------------
+ *
+ * Gradients on a grid of 2^-12 below 0.5, variables starting at zero with
+ * SGD at rate 1: every sum, rounding and residual is exact in float32, so
+ * that psd's value w and the client's residual r must give back the sum S
+ * of the gradients bit for bit: -w + r == S. */
+
+#define EF_SMALL 1000
+#define EF_HUGE (1 << 22)
+
+/* A client with the default pieces. */
+static ps_client *client_default(const char *addr)
+{
+    ps_client *c;
+    ps_rpc_client_opts o = {.deadline_ms = DEADLINE_MS};
+    int rc = ps_client_create(addr, &o, &c);
+    if (rc != 0)
+        die("client", rc, NULL);
+    return c;
+}
+
+static void grid_gradient(float *g, size_t n, int step, int seed)
+{
+    uint64_t x = (uint64_t)step * 7919u + (uint64_t)seed * 104729u + 5;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        g[i] = (float)((int64_t)((x >> 33) % 4095) - 2047) / 4096.0f;
+    }
+}
+
+/* A variable of n elements at zero, SGD at rate 1. */
+static void create_zero(ps_client *c, const char *name, size_t n)
+{
+    Ps__V1__VariableSpec spec = PS__V1__VARIABLE_SPEC__INIT;
+    Ps__V1__Optimizer opt = PS__V1__OPTIMIZER__INIT;
+    int64_t shape[1] = {(int64_t)n};
+    spec.name = (char *)name;
+    spec.dtype = PS__V1__DTYPE__DTYPE_FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    opt.kind = PS__V1__OPTIMIZER__KIND__SGD;
+    opt.learning_rate = 1.0f;
+    spec.optimizer = &opt;
+    ps_rpc_status st = {0};
+    int rc = ps_client_create_variable(c, &spec, NULL, NULL, DEADLINE_MS, &st);
+    if (rc != 0)
+        die(name, rc, &st);
+}
+
+/* Checks -w + r == S for variable name (n elements) but element skip, and
+ * counts the elements whose value is not prev (the ones applied since). */
+static void ef_check(ps_client *c, ps_client *reader, const char *name, const float *sum,
+                     size_t n, size_t skip, float *w, const float *prev, size_t *changed,
+                     const char *what)
+{
+    ps_client_item it = {.name = name, .data = w, .n = n};
+    ps_rpc_status st = {0};
+    int rc = ps_client_pull(reader, &it, 1, DEADLINE_MS, &st);
+    if (rc != 0)
+        die("pull (float32)", rc, &st);
+    const float *r = NULL;
+    size_t rn = 0;
+    rc = ps_client_residual(c, name, &r, &rn);
+    size_t bad = n, nch = 0;
+    for (size_t i = 0; rc == 0 && rn == n && i < n; i++) {
+        if (prev != NULL && w[i] != prev[i])
+            nch++;
+        if (i != skip && bad == n && -w[i] + r[i] != sum[i])
+            bad = i;
+    }
+    if (changed != NULL)
+        *changed = nch;
+    check(rc == 0 && rn == n && bad == n,
+          "%s: '%s': applied + residual == sum of the gradients, bit for bit", what,
+          name);
+    if (rc == 0 && rn == n && bad != n)
+        printf("  element %zu: -w %.9g + r %.9g != %.9g\n", bad, (double)-w[bad],
+               (double)r[bad], (double)sum[bad]);
+}
+
+/* Half pushes with error feedback that fail part-way, against psd: what
+ * psd did not apply stays in the residual, whole, and the next push sends
+ * it. */
+static void failed_part_way(const char *addr)
+{
+    ps_client *cf = client(addr, true), *cw = client(addr, false);
+    ps_client *reader = client(addr, false);
+    ps_client_set_wire_dtype(cf, PS_HALF_BF16, true);
+    ps_client_set_wire_dtype(cw, PS_HALF_BF16, true);
+    float *g = malloc(N * sizeof *g), *sum = calloc(N, sizeof *sum),
+          *w = malloc(N * sizeof *w), *prev = malloc(N * sizeof *prev);
+    float gs[EF_SMALL], s1[EF_SMALL] = {0}, s2[EF_SMALL] = {0}, ws[EF_SMALL];
+    if (g == NULL || sum == NULL || w == NULL || prev == NULL)
+        die("malloc", -12, NULL);
+    create_zero(cf, "ef/big", N);
+    create_zero(cf, "ef/nan", N);
+    create_zero(cf, "ef/w1", EF_SMALL);
+    create_zero(cf, "ef/w2", EF_SMALL);
+    ps_rpc_status st = {0};
+
+    /* In pieces: one push that goes, then one beside a variable psd does
+     * not have, whose call (the small items', first) is refused while the
+     * pieces after it go out: some applied, the rest never sent. */
+    grid_gradient(g, N, 1, 7);
+    for (size_t i = 0; i < N; i++)
+        sum[i] += g[i];
+    ps_client_item big = {.name = "ef/big", .data = g, .n = N};
+    int rc = ps_client_push(cf, 0, 1, &big, 1, DEADLINE_MS, &st);
+    if (rc != 0)
+        die("ef/big push 1", rc, &st);
+    ef_check(cf, reader, "ef/big", sum, N, N, prev, NULL, NULL, "bf16 in pieces, pushed");
+    grid_gradient(g, N, 2, 7);
+    for (size_t i = 0; i < N; i++)
+        sum[i] += g[i];
+    grid_gradient(gs, EF_SMALL, 2, 8);
+    ps_client_item two[2] = {{.name = "ef/big", .data = g, .n = N},
+                             {.name = "no/such", .data = gs, .n = EF_SMALL}};
+    rc = ps_client_push(cf, 0, 2, two, 2, DEADLINE_MS, &st);
+    check(rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND,
+          "a bf16 push in pieces beside no variable fails NOT_FOUND (%s)", st.message);
+    size_t changed = 0, owed = 0;
+    ef_check(cf, reader, "ef/big", sum, N, N, w, prev, &changed,
+             "a bf16 push in pieces refused part-way");
+    for (size_t i = 0; i < N; i++)
+        owed += g[i] != 0 && w[i] == prev[i];
+    check(owed > 0, "the failed push left pieces unapplied (%zu of %d elements "
+          "applied, %zu owed)", changed, N, owed);
+    const float *r = NULL;
+    size_t rn = 0;
+    rc = ps_client_residual(cf, "no/such", &r, &rn);
+    check(rc == 0 && rn == EF_SMALL && memcmp(r, gs, sizeof gs) == 0,
+          "the refused small gradient is all in its residual");
+    grid_gradient(g, N, 3, 7);
+    for (size_t i = 0; i < N; i++)
+        sum[i] += g[i];
+    rc = ps_client_push(cf, 0, 3, &big, 1, DEADLINE_MS, &st);
+    if (rc != 0)
+        die("ef/big push 3", rc, &st);
+    ef_check(cf, reader, "ef/big", sum, N, N, w, NULL, NULL,
+             "the next push in pieces after it");
+    rc = ps_client_residual(cf, "ef/big", &r, &rn);
+    float worst = 0;
+    for (size_t i = 0; rc == 0 && i < rn; i++)
+        worst = fabsf(r[i]) > worst ? fabsf(r[i]) : worst;
+    check(rc == 0 && worst <= 1.0f / 128,
+          "the next push sent what the failed one owed (largest residual %g)",
+          (double)worst);
+
+    /* Bigger, in the client's default pieces (1 MiB, about 8 ms of sending
+     * for this push on loopback): the small call's refusal comes back
+     * while the pieces still go out, and the ones after it are never sent,
+     * some never rounded. */
+    ps_client *cd = client_default(addr);
+    ps_client_set_wire_dtype(cd, PS_HALF_BF16, true);
+    float *hg = malloc(EF_HUGE * sizeof *hg), *hw = malloc(EF_HUGE * sizeof *hw),
+          *hs = calloc(EF_HUGE, sizeof *hs);
+    if (hg == NULL || hw == NULL || hs == NULL)
+        die("malloc", -12, NULL);
+    create_zero(cd, "ef/huge", EF_HUGE);
+    grid_gradient(hg, EF_HUGE, 1, 12);
+    ps_client_item huge[2] = {{.name = "no/such3", .data = gs, .n = EF_SMALL},
+                              {.name = "ef/huge", .data = hg, .n = EF_HUGE}};
+    rc = ps_client_push(cd, 0, 1, huge, 2, DEADLINE_MS, &st);
+    check(rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND,
+          "a bigger bf16 push in pieces beside no variable fails NOT_FOUND (%s)",
+          st.message);
+    ef_check(cd, reader, "ef/huge", hg, EF_HUGE, EF_HUGE, hw, hs, &changed,
+             "a bigger bf16 push in pieces refused part-way");
+    printf("  %zu of %d elements applied\n", changed, EF_HUGE);
+    for (size_t i = 0; i < EF_HUGE; i++)
+        hs[i] = hg[i];
+    grid_gradient(hg, EF_HUGE, 2, 12);
+    for (size_t i = 0; i < EF_HUGE; i++)
+        hs[i] += hg[i];
+    rc = ps_client_push(cd, 0, 2, &huge[1], 1, DEADLINE_MS, &st);
+    if (rc != 0)
+        die("ef/huge push 2", rc, &st);
+    ef_check(cd, reader, "ef/huge", hs, EF_HUGE, EF_HUGE, hw, NULL, NULL,
+             "the next bigger push in pieces after it");
+    free(hg);
+    free(hw);
+    free(hs);
+    ps_client_destroy(cd);
+
+    /* A piece in the middle refused for a NaN: the pieces before it and
+     * those already sent are applied, the rest are owed. */
+    size_t mid = N / 2;
+    grid_gradient(g, N, 1, 9);
+    g[mid] = NAN;
+    big.name = "ef/nan";
+    rc = ps_client_push(cf, 0, 1, &big, 1, DEADLINE_MS, &st);
+    check(rc == PS_ERPC && st.code == PS_RPC_INVALID_ARGUMENT,
+          "a bf16 push in pieces with a NaN is refused (%s)", st.message);
+    memset(prev, 0, N * sizeof *prev);
+    ef_check(cf, reader, "ef/nan", g, N, mid, w, prev, &changed,
+             "a bf16 piece refused for a NaN");
+    rc = ps_client_residual(cf, "ef/nan", &r, &rn);
+    check(rc == 0 && isnan(r[mid]) && changed > 0 && changed < N,
+          "the NaN stays in its residual, %zu of %d elements applied", changed, N);
+
+    /* Whole (not cut), two variables a push, ef/w2's element 5 at 3e38:
+     * step 2 would take it past float's range, so psd applies ef/w1 and
+     * refuses ef/w2, saying ef/w1 was applied; step 3 goes beside a
+     * variable psd does not have and step 4 holds a NaN, both refused
+     * before anything is applied. */
+    float a[EF_SMALL], b[EF_SMALL];
+    for (int step = 1; step <= 4; step++) {
+        grid_gradient(a, EF_SMALL, step, 10);
+        grid_gradient(b, EF_SMALL, step, 11);
+        b[5] = step == 4 ? NAN : 3e38f;
+        for (size_t i = 0; i < EF_SMALL; i++) {
+            s1[i] += a[i];
+            s2[i] += step != 3 ? b[i] : 0;
+        }
+        ps_client_item it[2] = {{.name = "ef/w1", .data = a, .n = EF_SMALL},
+                                {.name = step == 3 ? "no/such2" : "ef/w2", .data = b,
+                                 .n = EF_SMALL}};
+        rc = ps_client_push(cw, 0, (uint64_t)step, it, 2, DEADLINE_MS, &st);
+        if (step == 1 && rc != 0)
+            die("whole push 1", rc, &st);
+        if (step == 2)
+            check(rc == PS_ERPC && st.code == PS_RPC_INVALID_ARGUMENT &&
+                      strstr(st.message, "grads[1] in this push were applied") != NULL,
+                  "a whole bf16 push whose second gradient would overflow is refused, "
+                  "the first applied (%s)", st.message);
+        if (step == 3)
+            check(rc == PS_ERPC && st.code == PS_RPC_NOT_FOUND,
+                  "a whole bf16 push beside no variable fails NOT_FOUND (%s)", st.message);
+        if (step == 4)
+            check(rc == PS_ERPC && st.code == PS_RPC_INVALID_ARGUMENT,
+                  "a whole bf16 push with a NaN is refused (%s)", st.message);
+        const char *what[] = {"", "whole push", "whole push refused after its first gradient",
+                              "whole push refused beside no variable",
+                              "whole push refused for a NaN"};
+        ef_check(cw, reader, "ef/w1", s1, EF_SMALL, EF_SMALL, ws, NULL, NULL, what[step]);
+        ef_check(cw, reader, "ef/w2", s2, EF_SMALL, 5, ws, NULL, NULL, what[step]);
+    }
+    free(g);
+    free(sum);
+    free(w);
+    free(prev);
+    ps_client_destroy(reader);
+    ps_client_destroy(cw);
+    ps_client_destroy(cf);
+}
+
 /* Worker 1's whole push of a sync step, on a thread of its own (it is
  * answered once worker 0's push completes the step). */
 struct worker1 {
@@ -352,6 +599,8 @@ int main(int argc, char **argv)
     check(rc == 0 && next.version == STEPS + 1,
           "the next bf16 push in pieces is applied once (rc %d, version %llu)", rc,
           (unsigned long long)next.version);
+
+    failed_part_way(argv[1]);
 
     free(big);
     free(g1);

@@ -13,7 +13,13 @@ real psd on 127.0.0.1, write-behind and --durable:
 - a gradient or a pull of the wrong size, and an unknown variable, are
   refused naming the variable, and change nothing; a bfloat16 push in pieces
   (rounded ahead on the client's thread) to an unknown variable likewise, and
-  the client's next one is applied once.
+  the client's next one is applied once;
+- bfloat16 pushes with error feedback that fail part-way (in pieces beside
+  an unknown variable, with pieces never sent; a piece refused for a NaN;
+  whole, refused after psd applied the first gradient, beside an unknown
+  variable, for a NaN): on a grid where the arithmetic is exact, psd's
+  change plus the client's residual equals the sum of the gradients bit
+  for bit, and the next push sends what the failed one owed.
 
 The checks are the pieces helper's (tests/integration/pieces.c)."""
 import os

@@ -23,6 +23,11 @@ and a real psd on 127.0.0.1:0 in a temporary directory:
             the value and version unchanged;
   client    psclient.Client(wire_dtype="bf16") trains a least-squares model
             to the float32 client's loss; Stats.half_pushes counts;
+  failed    a bf16 push psd refuses (after applying its first gradient; for
+            a NaN, applying none) leaves in the residuals what psd did not
+            apply: on a grid where the arithmetic is exact, psd's change
+            plus the residual equals the sum of the gradients bit for bit,
+            and the next push sends what the failed one owed;
   workerd   workerd --wire-dtype bf16 --shm off (libpsclient's half push
             and pull, error feedback) on a fresh psd: every push and pull
             in half (Stats), the model learns (test accuracy > 0.75); with
@@ -45,7 +50,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 import pstest  # noqa: E402
-from psclient import Client, Initializer, Optimizer, Variable  # noqa: E402
+from psclient import Client, Initializer, Optimizer, PsError, Variable  # noqa: E402
 from psclient import half as phalf  # noqa: E402
 
 r = pstest.Results("half")
@@ -304,6 +309,44 @@ def check_client(p):
             "client: Stats half_pushes %d, half_pulls %d" % (st.half_pushes, st.half_pulls))
 
 
+def check_failed(p):
+    names = ("ef_a", "ef_b")
+    c = Client([p.d.address], wire_dtype="bf16")
+    try:
+        c.create_variables([Variable(n, (1000,), Initializer.constant(0.0)) for n in names],
+                           optimizer=Optimizer.sgd(1.0))
+        rng = np.random.default_rng(5)
+        sums = {n: np.zeros(1000, dtype="<f4") for n in names}
+        keep = np.arange(1000) != 5  # ef_b's element 5 goes beyond the grid
+        big = {0: 3e38, 1: 3e38, 2: -3e38, 3: np.nan}
+        want = {0: "OK", 1: "INVALID_ARGUMENT after ef_a", 2: "OK", 3: "INVALID_ARGUMENT"}
+        for step in range(4):
+            gs = {n: (rng.integers(-2047, 2048, 1000) / 4096.0).astype("<f4") for n in names}
+            gs["ef_b"][5] = big[step]
+            for n in names:
+                sums[n] += gs[n]
+            try:
+                c.push(gs)
+                got = "OK"
+            except PsError as e:
+                got = e.code.name + (" after ef_a" if "grads[1] in this push were applied"
+                                     in e.details else "")
+            exact = []
+            for n in names:
+                w = p.pull(n)[0]
+                res = c.feedback.residual[n]
+                exact.append(np.array_equal((-w + res)[keep], sums[n][keep]))
+            r.check(got == want[step] and all(exact),
+                    "failed: push %d: %s (want %s); applied + residual == sum of the "
+                    "gradients bit for bit: %s" % (step, got, want[step], exact))
+            if step == 2:
+                worst = max(float(np.abs(c.feedback.residual[n][keep]).max()) for n in names)
+                r.check(worst <= 1 / 128.0, "failed: the push after a refused one sent what "
+                        "it owed (largest residual %g)" % worst)
+    finally:
+        c.close()
+
+
 def check_workerd():
     import json
     import subprocess
@@ -346,6 +389,7 @@ def main():
         check_pull_push(p)
         check_bad(p)
         check_client(p)
+        check_failed(p)
     finally:
         p.stop()
     check_workerd()

@@ -67,13 +67,18 @@ static void spec_make(struct fx *f, const char *name, uint32_t admit_after, uint
     f->o.lr = 1.0f;
 }
 
+/* The tier's --segment-size (0: its default); a test that sets it sets it
+ * back to 0 (under valgrind the tests share one process). */
+static uint64_t fx_segment_size;
+
 /* Opens the store and the tier (memory_limit and max_rows as given) and
  * the table, its record written to the store as CreateVariable does. */
 static void fx_open(struct fx *f, uint64_t memory_limit, uint64_t max_rows, bool record)
 {
     ck_assert_int_eq(psd_store_open(tmpdir, 0, 0, &f->store), 0);
     struct psd_sparse_conf c = {.store = f->store, .data_dir = tmpdir,
-                                .memory_limit = memory_limit, .max_rows = max_rows};
+                                .memory_limit = memory_limit, .max_rows = max_rows,
+                                .segment_size = fx_segment_size};
     ck_assert_int_eq(psd_sparse_open(&c, &f->sp), 0);
     char why[256];
     ck_assert_int_eq(psd_sparse_validate(&f->spec, why, sizeof why), 0);
@@ -888,6 +893,128 @@ START_TEST(test_catalog_dropped_skip)
 }
 END_TEST
 
+/* ---- compaction and sweeps ------------------------------------------------- */
+
+/* The segment row id's record is in (0: none outside the LMDB). */
+static uint32_t row_seg(struct fx *f, int64_t id)
+{
+    sparse_lock(f->t);
+    uint64_t p = sparse_index_get(f->t, id);
+    pthread_mutex_unlock(&f->t->mu);
+    if (p == 0 || p == SPARSE_LOC_LMDB)
+        return 0;
+    return sparse_loc_unpack(p, sparse_row_bytes(f->t) + PSD_SEG_REC_HEAD).seg;
+}
+
+static struct fx *step_fx; /* the table compact_sweep sweeps */
+static int step_sweeps;
+
+/* compaction's compact_copied: the flusher's sweep (clock 120) between a
+ * step's sync of its copies and the commit of their relocation. */
+static void compact_sweep(psd_sparse *sp)
+{
+    sparse_lock(step_fx->t);
+    ck_assert_int_eq(sparse_sweep(sp, step_fx->t, 120), 0);
+    pthread_mutex_unlock(&step_fx->t->mu);
+    step_sweeps++;
+}
+
+/* Rows 0..499 after compact_sweep's case: rows 0..99 and 400..499 were
+ * pushed once, 100..199 once, 200..399 twice (a row the sweeps deleted
+ * is absent, not read). */
+static float compacted_want(int64_t id)
+{
+    return id >= 200 && id < 400 ? -2.0f : -1.0f;
+}
+
+/* Whether, after a kill, every row of 0..499 the index held before it
+ * (had) reads back its value, and no other is stored. */
+static void expect_held(struct fx *f, const bool *had)
+{
+    uint64_t n = 0;
+    float out[DIM];
+    uint64_t ins;
+    for (int64_t id = 0; id < 500; id++) {
+        bool in = in_catalog(f, id);
+        ck_assert_msg(in == had[id], "row %lld: %s before the kill, %s after", (long long)id,
+                      had[id] ? "stored" : "evicted", in ? "stored" : "absent");
+        if (!in)
+            continue;
+        n++;
+        ck_assert_int_eq(psd_sparse_pull(f->sp, f->t, &id, 1, out, true, &ins), 0);
+        ck_assert_msg(out[0] == compacted_want(id), "row %lld: %g, expected %g",
+                      (long long)id, out[0], compacted_want(id));
+    }
+    ck_assert_uint_eq(stats(f).sparse_rows, n);
+}
+
+/* An eviction sweep that runs while a compaction step has copied a row's
+ * record and not yet committed its relocation must not delete the row:
+ * the copy lies past "cat_upto" and the next open would replay it,
+ * bringing back the evicted row after a kill. A segment holds rows 0..399
+ * (0..99 at step 1, due for eviction at clock 120 with ttl 50), half of
+ * it dead once 200..399 are written again (the next segment, with
+ * 400..499 at step 1); a sweep falls inside the step that copies 0..199 out of it,
+ * then psd is killed before the catalog's next write. Every row the
+ * index held before the kill reads back its value after, and no other
+ * row is back; a sweep after the reopen evicts 0..99, and they stay
+ * gone after a second kill. */
+START_TEST(test_compact_sweep)
+{
+    struct fx f;
+    fx_segment_size = 1; /* each apply its own segment */
+    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t *ids = range(0, 500);
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 100, 300, 1.0f, 100, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0);
+    uint32_t seg = row_seg(&f, 0); /* the first apply's */
+    ck_assert_uint_gt(seg, 0);
+    ck_assert_uint_eq(row_seg(&f, 399), seg);
+    ck_assert_int_eq(push(&f, ids + 200, 200, 1.0f, 120, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 400, 100, 1.0f, 1, UINT64_MAX, NULL), 0);
+    commit(&f);
+    ck_assert_int_eq(psd_sparse_drain(f.sp), 0); /* the catalog whole */
+    ck_assert_uint_eq(row_seg(&f, 200), seg + 1);
+    ck_assert_uint_eq(row_seg(&f, 499), seg + 1);
+
+    step_fx = &f;
+    step_sweeps = 0;
+    f.sp->compact_copied = compact_sweep;
+    pthread_mutex_lock(&f.sp->apply_run_mu); /* as the applier holds it */
+    for (int i = 0; i < 5000 && row_seg(&f, 199) == seg; i++) {
+        sparse_compact_tick(f.sp);
+        usleep(1000);
+    }
+    pthread_mutex_unlock(&f.sp->apply_run_mu);
+    f.sp->compact_copied = NULL;
+    ck_assert_int_eq(step_sweeps, 1); /* one step: the segment is 25 KiB */
+    ck_assert_uint_gt(row_seg(&f, 199), seg + 1);
+    bool had[500];
+    for (int64_t id = 0; id < 500; id++)
+        had[id] = row_seg(&f, id) != 0;
+    ck_assert(had[100] && had[399] && !had[400] && !had[499]); /* 400.. swept */
+    fx_close(&f, false); /* a kill: the step's copies replayed */
+
+    fx_open(&f, 0, 0, false);
+    expect_held(&f, had);
+    sparse_lock(f.t);
+    ck_assert_int_eq(sparse_sweep(f.sp, f.t, 120), 0);
+    pthread_mutex_unlock(&f.t->mu);
+    for (int64_t id = 0; id < 500; id++)
+        had[id] = id >= 100 && id < 400;
+    for (int64_t id = 0; id < 500; id++)
+        ck_assert_msg((row_seg(&f, id) != 0) == had[id], "row %lld", (long long)id);
+    fx_close(&f, false); /* a kill */
+    fx_open(&f, 0, 0, false);
+    expect_held(&f, had);
+    free(ids);
+    fx_close(&f, true);
+    fx_segment_size = 0;
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -1404,5 +1531,6 @@ PSCHECK_MAIN("sparse",
                          test_catalog_step, test_catalog_dropped, test_catalog_stop,
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
+    {"sparse_compact_tick", {test_compact_sweep}, &pscheck_tmp},
     {"segments", {test_dead_bytes, test_corrupt_segment, test_truncated_segment,
                   test_uncommitted_tail, test_old_format}, &pscheck_tmp})
