@@ -427,6 +427,7 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
     pthread_mutex_unlock(&sp->tables_mu);
     /* Its rows go with its variable's record: their records are dead. */
     atomic_store(&sp->seg_recount, true);
+    atomic_fetch_add(&sp->tables_gone, 1);
 }
 
 size_t psd_sparse_table_dim(const psd_sparse_table *t)

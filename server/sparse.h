@@ -83,8 +83,10 @@ struct psd_sparse_conf {
 int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out);
 /* Starts the applier thread: 0 or -EAGAIN. */
 int psd_sparse_start(psd_sparse *sp);
-/* Stops the applier and applies the whole log:
- * LMDB is whole after it. Returns 0 or the store's error. */
+/* Stops the applier and applies the whole log: every row is in the
+ * segments and LMDB's "segs_end" after it. The catalog is written for a
+ * second at most (the next open replays what is left). Returns 0 or the
+ * store's error. */
 int psd_sparse_stop(psd_sparse *sp);
 /* Frees the tier, after every table was freed. NULL is a no-op. */
 void psd_sparse_close(psd_sparse *sp);

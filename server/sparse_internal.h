@@ -47,16 +47,18 @@
  * waits for one, the pages of the next read ahead by threads meanwhile):
  * while pushes run only once the span an open would replay passes
  * SPARSE_CAT_SPAN, and when the log is quiet, when a sweep or a
- * compaction asks; whole before a checkpoint or a conversion and at a
- * clean stop. A sweep deletes only rows whose catalog entry is the
- * index's and whose record lies before "cat_upto" (sparse_cat_covers), so
- * no record of a deleted row is replayed: no tombstones. A compaction
- * step's copies lie past "cat_upto" before the index points at them, so
- * a sweep also leaves to its next pass the rows whose record is in the
- * segment a step is copying from (compact_seg, set from before the step
- * asks the index which records are live until after it moved the index,
- * or, when the relocation failed and the copies stayed, until "cat_upto"
- * is past them, no step running meanwhile): a row deleted in between
+ * compaction asks; whole before a checkpoint or a conversion; at a clean
+ * stop for a second at most, and not at all when it would read the
+ * records (the next open's replay does that). A sweep deletes only rows
+ * whose catalog entry is the index's and whose record lies before
+ * "cat_upto" (sparse_cat_covers), so no record of a deleted row is
+ * replayed: no tombstones. A compaction step's copies lie past "cat_upto"
+ * before the index points at them, so a sweep also leaves to its next
+ * pass the rows whose record is in the segment a step is copying from
+ * (compact_seg, set from before the step asks the index which records
+ * are live until after it moved the index, or, when the relocation
+ * failed and the copies stayed, until "cat_upto" is past them, no step
+ * running meanwhile): a row deleted in between
  * would be replayed from its copy. A compaction removes a segment once
  * "cat_upto" is past its copies.
  *
@@ -333,8 +335,8 @@ struct psd_sparse {
     bool catq_lost, catw_scan;
     psd_seg_loc catw_from;
     uint64_t catw_recs, catw_scanned;
-    bool cat_roomy; /* no RAM tier to keep (open, stop): a chunk may take
-                       half the budget */
+    bool cat_roomy; /* no RAM tier to keep (open): a chunk may take half
+                       the budget */
     size_t cat_txn_pages; /* a write's transaction's leaf pages at most (0:
                              from the budget; tests set a few) */
     struct sp_cat_ahead *cat_ahead; /* threads reading the write's next pages ahead */
@@ -345,6 +347,14 @@ struct psd_sparse {
     atomic_uint_fast64_t cat_upto; /* "cat_upto" as last committed (packed) */
     int64_t cat_logged_ms;   /* the last failure said (once a minute) */
     atomic_bool cat_asap;    /* a sweep wants the catalog written */
+    /* Tables detached (deleted, or replaced by a restore), counted; and
+     * the count when the last write of the ready tables' entries began
+     * (catw_gone), once it is done. While they differ, records past
+     * "cat_upto" may be of a table that went, which an open (no table
+     * ready yet) would replay as rows of no variable: a clean stop writes
+     * the catalog whole then. */
+    atomic_uint_fast64_t tables_gone;
+    uint64_t catw_gone, cat_gone_done;
 };
 
 /* sparse.c */
@@ -386,7 +396,6 @@ struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,
                                 const float *state, uint64_t updates, uint64_t last_step);
 void sparse_cache(psd_sparse *sp, psd_sparse_table *t, int64_t id, const uint8_t *data);
 void sparse_trim(psd_sparse *sp, psd_sparse_table *t);
-void sparse_release(psd_sparse *sp, psd_sparse_table *t);
 /* Room for rows more rows on the dirty list and entries new entries, so
  * that the next rows sparse_install calls, entries of them for ids not in
  * the RAM tier, cannot fail: 0 or -ENOMEM (nothing to undo).
@@ -511,6 +520,19 @@ bool sparse_cat_due(psd_sparse *sp, bool must);
  * Returns 0 or the store's error (the queue kept: written again next
  * time). */
 int sparse_cat_flush(psd_sparse *sp, bool all);
+/* sparse_cat_flush, but beginning no transaction at or after until
+ * (ps_now_ms; 0: no bound): a write cut short keeps the transactions it
+ * committed and "cat_upto" where it was (the next open replays the
+ * records past it; a later record of a row wins), and is taken up again
+ * from where it stands by the next write. */
+int sparse_cat_flush_until(psd_sparse *sp, bool all, int64_t until);
+/* Whether anything is left to write: queued entries, or a committed end
+ * the catalog's mark has not reached. apply_run_mu held. */
+bool sparse_cat_behind(psd_sparse *sp);
+/* Whether the write under way, or else the next one, reads the records
+ * past "cat_upto" from the segments (the queue was dropped). apply_run_mu
+ * held. */
+bool sparse_cat_reads(const psd_sparse *sp);
 /* One transaction of the queue's write (begun, when none is under way,
  * with the whole queue): the applier's, so that a round of room waits
  * for one transaction, not a whole write. *busy: more of the write is
@@ -631,8 +653,8 @@ int sparse_cmp_u32(const void *a, const void *b);
 int sparse_cmp_row(uint32_t va, int64_t ia, uint64_t oa, uint32_t vb, int64_t ib, uint64_t ob);
 void sparse_applier_stop(psd_sparse *sp);
 /* A clean stop's last drain, the applier stopped and no call left: the
- * log applied, the RAM tier let go, then the catalog written whole in
- * chunks of half the budget. */
+ * log applied, then the catalog's queue written for SPARSE_STOP_CAT_MS at
+ * most, the rest left to the next open's replay. */
 int sparse_stop_drain(psd_sparse *sp);
 
 #endif

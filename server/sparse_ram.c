@@ -233,13 +233,6 @@ void sparse_trim(psd_sparse *sp, psd_sparse_table *t)
     clock_sweep(sp, t, sparse_budget(sp) / 8 * 7, 2 * t->nbuckets);
 }
 
-/* Drops every row the tier may drop (those applied and not changed
- * since): at a stop, once the log is applied, for the catalog's write. */
-void sparse_release(psd_sparse *sp, psd_sparse_table *t)
-{
-    clock_sweep(sp, t, 0, 2 * t->nbuckets);
-}
-
 /* Keeps a copy of a row read from LMDB (data: its stored bytes) in the RAM
  * tier, entering without its clock bit; past the tier's budget the clock
  * first makes room, and the row is not kept if it cannot: hot rows are

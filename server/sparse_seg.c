@@ -553,6 +553,7 @@ static void cat_take(psd_sparse *sp, bool all)
     sp->catw_k = 0;
     sp->catw_upto = pack_end(psd_segs_end(sp->segs));
     sp->catw_all = all;
+    sp->catw_gone = atomic_load(&sp->tables_gone);
     sp->catw_recs = atomic_load(&sp->catq_len);
     sp->catw_scan = sp->catq_lost;
     if (sp->catw_scan) {
@@ -625,10 +626,10 @@ static size_t chunk_keep(psd_sparse *sp, struct sp_catq *q, size_t n)
  * hold; an empty chunk once the scan reached the write's end. */
 static int cat_chunk(psd_sparse *sp)
 {
-    /* At open, before any table is ready, and at a stop, the RAM tier is
-     * empty: a chunk may take half the budget. Every chunk rewrites the
-     * catalog's leaf pages its rows fall on, whatever their number: fewer,
-     * denser chunks rewrite fewer pages. */
+    /* At open, before any table is ready, the RAM tier is empty: a chunk
+     * may take half the budget. Every chunk rewrites the catalog's leaf
+     * pages its rows fall on, whatever their number: fewer, denser chunks
+     * rewrite fewer pages. */
     size_t cap = sp->cat_roomy ? (size_t)(sparse_budget(sp) / 2 / sizeof *sp->catq)
                                : sparse_catq_max(sp);
     /* No more than the records left can hold (each a head and a row's). */
@@ -676,6 +677,8 @@ static void cat_done(psd_sparse *sp)
 {
     sparse_cat_ahead_end(sp); /* none: the last transaction starts none */
     atomic_store(&sp->cat_upto, sp->catw_upto);
+    if (!sp->catw_all) /* it skipped the entries of the tables gone before it */
+        sp->cat_gone_done = sp->catw_gone;
     atomic_fetch_sub(&sp->catq_len, sp->catw_recs);
     pthread_mutex_lock(&sp->tables_mu);
     for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
@@ -702,10 +705,10 @@ static void cat_done(psd_sparse *sp)
     sp->catw_scan = false;
 }
 
-/* Writes up to txns transactions of the write under way: 0 (*busy: more
- * is left) or the store's error (the part kept, written again from where
- * it stands). */
-static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
+/* Writes up to txns transactions of the write under way, each begun
+ * before until (ps_now_ms; 0: any time): 0 (*busy: more is left) or the
+ * store's error (the part kept, written again from where it stands). */
+static int cat_write(psd_sparse *sp, size_t txns, int64_t until, bool *busy)
 {
     size_t nlive = 0;
     uint32_t *live = sp->catw_all ? NULL : sparse_live_ids(sp, &nlive);
@@ -718,7 +721,9 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
         max = sp->cat_txn_pages;
     size_t ahead = max;
     int rc = 0;
-    for (size_t n = 0; n < txns && rc == 0 && sp->catw_upto != 0; n++) {
+    for (size_t n = 0; n < txns && rc == 0 && sp->catw_upto != 0 &&
+                       (until == 0 || ps_now_ms() < until);
+         n++) {
         if (sp->catw_k >= sp->catw_n && cat_more(sp) && (rc = cat_chunk(sp)) != 0)
             break;
         size_t from = sp->catw_k, k = from;
@@ -767,9 +772,7 @@ static int cat_write(psd_sparse *sp, size_t txns, bool *busy)
     return rc;
 }
 
-/* Whether anything is left to write: queued entries, or a committed end
- * the catalog's mark has not reached. */
-static bool cat_behind(psd_sparse *sp)
+bool sparse_cat_behind(psd_sparse *sp)
 {
     return sp->catq_n > sp->catw_n ||
            atomic_load(&sp->cat_upto) != pack_end(psd_segs_end(sp->segs));
@@ -779,14 +782,24 @@ int sparse_cat_step(psd_sparse *sp, bool *busy)
 {
     *busy = false;
     if (sp->catw_upto == 0) {
-        if (!cat_behind(sp))
+        if (!sparse_cat_behind(sp))
             return 0;
         cat_take(sp, false);
     }
-    return cat_write(sp, 1, busy);
+    return cat_write(sp, 1, 0, busy);
+}
+
+bool sparse_cat_reads(const psd_sparse *sp)
+{
+    return sp->catw_upto != 0 ? sp->catw_scan : sp->catq_lost;
 }
 
 int sparse_cat_flush(psd_sparse *sp, bool all)
+{
+    return sparse_cat_flush_until(sp, all, 0);
+}
+
+int sparse_cat_flush_until(psd_sparse *sp, bool all, int64_t until)
 {
     int rc = 0;
     bool busy = false;
@@ -794,12 +807,12 @@ int sparse_cat_flush(psd_sparse *sp, bool all)
      * the order of its records), then what was queued since. */
     for (int round = 0; round < 2 && rc == 0; round++) {
         if (sp->catw_upto == 0) {
-            if (!cat_behind(sp))
+            if (!sparse_cat_behind(sp))
                 break;
             cat_take(sp, all);
         }
         sp->catw_all = sp->catw_all || all;
-        rc = cat_write(sp, SIZE_MAX, &busy);
+        rc = cat_write(sp, SIZE_MAX, until, &busy);
     }
     if (rc == 0 && sp->catq_n == 0 && sp->catq_cap > 2 * sparse_catq_max(sp))
         catq_free(sp); /* empty */

@@ -8,6 +8,7 @@
  * directory of an older psd held in LMDB moved into them. The flusher's
  * part is played by the test: flush, committed, drain, maintain, as
  * persist.c calls them. */
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/half.h"
 #include "proto/ps.pb-c.h"
@@ -638,6 +639,19 @@ static float dropped_want(int64_t id)
     return -(float)dropped_pushes - (hot ? 1.0f : 0.0f);
 }
 
+/* Opens the tier again (memory_limit lim): the records past "cat_upto"
+ * replayed into the catalog, and rows 0..11999 read back after pushes
+ * pushes of every row (dropped_want). */
+static void reopened(struct fx *f, uint64_t lim, int pushes)
+{
+    fx_open(f, lim, 0, false);
+    ck_assert_uint_eq(stats(f).sparse_rows, 12000);
+    ck_assert_uint_eq(stats(f).sparse_catalog_queued, 0); /* replayed and written */
+    ck_assert(in_catalog(f, 0) && in_catalog(f, 11999));
+    dropped_pushes = pushes;
+    expect_rows(f, 12000, dropped_want);
+}
+
 /* Past sparse_catq_max entries the queue is dropped and nothing more is
  * queued; the catalog's next write reads the records past "cat_upto"
  * from the segments, in chunks of that many. A kill with the queue
@@ -666,12 +680,7 @@ START_TEST(test_catalog_dropped)
     ck_assert(!in_catalog(&f, 0));
     fx_close(&f, false); /* a kill */
 
-    fx_open(&f, lim, 0, false);
-    ck_assert_uint_eq(stats(&f).sparse_rows, 12000);
-    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 0); /* replayed and written */
-    ck_assert(in_catalog(&f, 0) && in_catalog(&f, 11999));
-    dropped_pushes = 1;
-    expect_rows(&f, 12000, dropped_want);
+    reopened(&f, lim, 1);
 
     /* Dropped again, then a write that reads the records, a transaction
      * at a time, killed part-way: "cat_upto" stays, the rest is replayed. */
@@ -711,6 +720,100 @@ START_TEST(test_catalog_dropped)
     fx_open(&f, lim, 0, false);
     dropped_pushes = 3;
     expect_rows(&f, 12000, dropped_want);
+    free(ids);
+    fx_close(&f, true);
+}
+END_TEST
+
+/* The committed end of the segments and the catalog's mark, read from
+ * the store alone (the tier closed). */
+static void marks(uint64_t *upto, uint64_t *end)
+{
+    psd_store *st;
+    ck_assert_int_eq(psd_store_open(tmpdir, 0, 0, &st), 0);
+    ck_assert_int_eq(psd_store_log_mark(st, PSD_STORE_CAT_UPTO, upto), 0);
+    ck_assert_int_eq(psd_store_log_mark(st, PSD_STORE_SEGS_END, end), 0);
+    psd_store_close(st);
+}
+
+/* Pushes 1.0 to ids[0..n) at step, has them applied (the queue dropped
+ * or not, as lost says), stops cleanly, and checks that the stop wrote
+ * the catalog whole. */
+static void stop_whole(struct fx *f, const int64_t *ids, size_t n, uint64_t step, bool lost)
+{
+    uint64_t upto, end;
+    ck_assert_int_eq(push(f, ids, n, 1.0f, step, UINT64_MAX, NULL), 0);
+    apply_only(f);
+    ck_assert(f->sp->catq_lost == lost);
+    fx_close(f, true);
+    marks(&upto, &end);
+    ck_assert_uint_eq(upto, end);
+}
+
+/* A clean stop writes the catalog for a second at most, and not at all
+ * when the queue was dropped (the write would read the records, which is
+ * the next open's replay): "cat_upto" stays, and the next open replays
+ * the records past it, every row reading back its last value. A write
+ * bounded in time begins no transaction past its bound and keeps those
+ * it committed; a queue held is written whole at the stop. */
+START_TEST(test_catalog_stop)
+{
+    struct fx f;
+    uint64_t lim = (uint64_t)32 << 20, roomy = (uint64_t)128 << 20, upto0, upto, end;
+    fx_start(&f, 0, 0, 0, lim, 0);
+    int64_t *ids = range(0, 12000);
+    ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 1, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(f.sp->catq_lost);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto0), 0);
+    ck_assert_int_eq(push(&f, ids, 100, 1.0f, 2, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, ids + 5000, 100, 1.0f, 2, UINT64_MAX, NULL), 0);
+    fx_close(&f, true); /* a clean stop: the last pushes applied, the catalog left */
+    marks(&upto, &end);
+    ck_assert_uint_eq(upto, upto0);
+    ck_assert_uint_lt(upto, end);
+    reopened(&f, roomy, 1);
+
+    /* A queue held (a larger budget), its write bounded: a bound already
+     * passed writes nothing, not even after a transaction of it. */
+    f.sp->cat_txn_pages = 8;
+    ck_assert_int_eq(push(&f, ids, 12000, 1.0f, 3, UINT64_MAX, NULL), 0);
+    apply_only(&f);
+    ck_assert(!f.sp->catq_lost);
+    ck_assert_uint_eq(stats(&f).sparse_catalog_queued, 12000);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto0), 0);
+    bool busy = false;
+    pthread_mutex_lock(&f.sp->apply_run_mu);
+    ck_assert_int_eq(sparse_cat_flush_until(f.sp, false, ps_now_ms()), 0);
+    ck_assert(sparse_cat_behind(f.sp));
+    ck_assert_uint_eq(f.sp->catw_k, 0);
+    ck_assert_int_eq(sparse_cat_step(f.sp, &busy), 0);
+    size_t k = f.sp->catw_k;
+    ck_assert(busy && k > 0 && k < 12000);
+    ck_assert_int_eq(sparse_cat_flush_until(f.sp, false, ps_now_ms()), 0);
+    ck_assert_uint_eq(f.sp->catw_k, k);
+    pthread_mutex_unlock(&f.sp->apply_run_mu);
+    ck_assert_int_eq(psd_store_log_mark(f.store, PSD_STORE_CAT_UPTO, &upto), 0);
+    ck_assert_uint_eq(upto, upto0);
+    fx_close(&f, false); /* a kill */
+    reopened(&f, roomy, 2);
+
+    /* Held, and written whole by a clean stop: nothing left to replay. */
+    stop_whole(&f, ids, 12000, 4, false);
+
+    /* Dropped, and a table went since the catalog's last write (deleted,
+     * or replaced by a restore): the open, no table ready yet, would
+     * replay its records as rows of no variable, so the stop writes the
+     * catalog whole. */
+    reopened(&f, lim, 3);
+    psd_sparse_table *gone = psd_sparse_table_new(&f.spec, &f.o);
+    uint64_t went = atomic_load(&f.sp->tables_gone);
+    psd_sparse_attach(f.sp, gone, 0);
+    psd_sparse_detach(f.sp, gone);
+    psd_sparse_table_free(gone);
+    ck_assert_uint_eq(atomic_load(&f.sp->tables_gone), went + 1);
+    stop_whole(&f, ids, 12000, 5, true);
+    reopened(&f, lim, 4);
     free(ids);
     fx_close(&f, true);
 }
@@ -1510,7 +1613,7 @@ PSCHECK_MAIN("sparse",
     {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
     {"sparse_index", {test_index_table}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
-                         test_catalog_step, test_catalog_dropped,
+                         test_catalog_step, test_catalog_dropped, test_catalog_stop,
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
