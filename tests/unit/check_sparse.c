@@ -5,9 +5,11 @@
  * and commits that survive closing the tier, with and without the row log
  * applied (its replay); the segment files: cold reads from them, their
  * live and dead bytes, a corrupt or truncated one refused, and rows a
- * directory of an older psd held in LMDB moved into them. The flusher's
- * part is played by the test: flush, committed, drain, maintain, as
- * persist.c calls them. */
+ * directory of an older psd held in LMDB moved into them; rows read ahead
+ * for a call's hint of the next call's ids that a sweep deleted or a push
+ * changed before the next call took them. The flusher's part is played
+ * by the test: flush, committed, drain, maintain, as persist.c calls
+ * them. */
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/half.h"
@@ -127,19 +129,27 @@ static void fx_close(struct fx *f, bool drain)
     f->store = NULL;
 }
 
-/* Pushes gradient g (each element) to ids at step: the push's result. */
-static int push(struct fx *f, const int64_t *ids, size_t n, float g, uint64_t step,
-                uint64_t room, char *why)
+/* Pushes gradient g (each element) to ids at step, naming next[0..nnext)
+ * as the table's next call's ids (none: nnext 0): the push's result. */
+static int push_next(struct fx *f, const int64_t *ids, size_t n, const int64_t *next,
+                     size_t nnext, float g, uint64_t step, uint64_t room, char *why)
 {
     float *grad = malloc((n ? n : 1) * DIM * sizeof *grad);
     for (size_t i = 0; i < n * DIM; i++)
         grad[i] = g;
-    struct psd_sparse_grad part = {.t = f->t, .ids = ids, .n = n, .grad = grad};
+    struct psd_sparse_grad part = {.t = f->t, .ids = ids, .n = n, .grad = grad,
+                                   .next = next, .nnext = nnext};
     size_t bad;
     char buf[512];
     int rc = psd_sparse_push(f->sp, &part, 1, step, room, &bad, why ? why : buf, 512);
     free(grad);
     return rc;
+}
+
+static int push(struct fx *f, const int64_t *ids, size_t n, float g, uint64_t step,
+                uint64_t room, char *why)
+{
+    return push_next(f, ids, n, NULL, 0, g, step, room, why);
 }
 
 static float pull_one(struct fx *f, int64_t id)
@@ -1100,6 +1110,154 @@ START_TEST(test_compact_fail_written)
 }
 END_TEST
 
+/* ---- reads ahead ----------------------------------------------------------- */
+
+/* A pull of ids naming next[0..nnext) as the table's next call's ids
+ * (psd_sparse_pull_next): their values into out (n * DIM). */
+static void pull_next(struct fx *f, const int64_t *ids, size_t n, const int64_t *next,
+                      size_t nnext, float *out)
+{
+    uint64_t ins;
+    ck_assert_int_eq(psd_sparse_pull_next(f->sp, f->t, ids, n, next, nnext, out, true, &ins),
+                     0);
+}
+
+/* Whether the table read ahead what its last call named (io_uring); where
+ * it cannot, psd ignores hints and these tests have nothing to test. */
+static bool reads_ahead(struct fx *f)
+{
+    if (!atomic_load(&f->t->pf.off))
+        return true;
+    fprintf(stderr, "no io_uring here: psd reads nothing ahead, nothing to test\n");
+    return false;
+}
+
+/* Whether row id has an entry in the RAM tier. */
+static bool in_ram(struct fx *f, int64_t id)
+{
+    sparse_lock(f->t);
+    bool in = sparse_find(f->t, id) != NULL;
+    pthread_mutex_unlock(&f->t->mu);
+    return in;
+}
+
+/* A row read ahead that a sweep deletes before the next pull takes it
+ * from its batch: the pull answers the row's initial value (it has no
+ * row now), not the value read ahead. A sweep is no push, so nothing
+ * takes the batch first: sparse_cold_settle's check of the record read
+ * against the index is all that stands between the pull and the deleted
+ * row. Rows 1 and 2 at step 1 (due at clock 120, ttl 50), and with keep
+ * row 3 at step 100, stored and the tier opened again (every row cold);
+ * a pull of 2 names 1 as the next; the sweep; the pull of 1 (and 3)
+ * takes 1 from the batch. Without keep no row is left, so every row left
+ * is in the RAM tier when that pull settles. */
+static void evicted_case(bool keep)
+{
+    struct fx f;
+    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
+    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
+    if (keep)
+        ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 0, 0, false);
+    float out[2 * DIM];
+    pull_next(&f, &old[1], 1, &old[0], 1, out);
+    ck_assert(out[0] == -1.0f);
+    if (reads_ahead(&f)) {
+        sweep_at_120(&f);
+        ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
+        pull_next(&f, ids, keep ? 2 : 1, &old[1], 1, out);
+        ck_assert_msg(out[0] == 0.0f, "row 1, evicted: %g (read ahead), expected 0 (none)",
+                      out[0]);
+        ck_assert(!keep || out[DIM] == -1.0f);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), 1);  /* taken from the batch */
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 1); /* and dropped */
+        ck_assert_uint_eq(stats(&f).sparse_rows, keep ? 1 : 0);
+    }
+    fx_close(&f, true);
+}
+
+START_TEST(test_ahead_evicted)
+{
+    evicted_case(true);
+}
+END_TEST
+
+START_TEST(test_ahead_evicted_all)
+{
+    evicted_case(false);
+}
+END_TEST
+
+/* A push that names its own rows as the next call's: their reads ahead
+ * are looked up before it changes them, and no batch claims them yet, so
+ * none is taken first; its batch holds their old records. Once the
+ * changes are applied and the rows left the RAM tier (its clock, past
+ * the budget), the next call takes them from that batch: the check of
+ * the records read against the index (now at the new records) is all
+ * that keeps a pull from answering the values before the push, or a push
+ * from updating them (losing the first push). Rows 0..7 pushed once and
+ * the tier opened again (every row cold), pushed again naming 0..7 next,
+ * then new rows pushed and applied until 0..7 left the RAM tier; the
+ * next call, a pull (again) or a push (again), of 0..7 naming 1000 next:
+ * the pull answers the second push's values, and after the push a pull
+ * answers the third's. */
+static void pushed_case(bool again)
+{
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 1 << 20, 0); /* a budget of 256 KiB */
+    enum { N = 8, MORE = 1000, ROUNDS = 16 };
+    int64_t *x = range(0, N), *more = range(1000, MORE * ROUNDS), next = 1000;
+    ck_assert_int_eq(push(&f, x, N, 1.0f, 1, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 1 << 20, 0, false);
+    ck_assert_int_eq(push_next(&f, x, N, x, N, 1.0f, 2, UINT64_MAX, NULL), 0);
+    if (reads_ahead(&f)) {
+        int held = N, round = 0;
+        for (; round < ROUNDS && held > 0; round++) {
+            ck_assert_int_eq(push(&f, more + round * MORE, MORE, 1.0f, 3, UINT64_MAX, NULL),
+                             0);
+            commit(&f);
+            ck_assert_int_eq(psd_sparse_make_room(f.sp), 0);
+            held = 0;
+            for (int64_t id = 0; id < N; id++)
+                held += in_ram(&f, id);
+        }
+        ck_assert_msg(held == 0, "%d of rows 0..%d still in the RAM tier after %d rounds",
+                      held, N - 1, round);
+        float out[N * DIM], want = again ? -3.0f : -2.0f;
+        if (again)
+            ck_assert_int_eq(push_next(&f, x, N, &next, 1, 1.0f, 4, UINT64_MAX, NULL), 0);
+        else
+            pull_next(&f, x, N, &next, 1, out);
+        uint64_t taken = atomic_load(&f.sp->pf_rows);
+        if (again)
+            pull_next(&f, x, N, NULL, 0, out);
+        for (int64_t id = 0; id < N; id++)
+            ck_assert_msg(out[id * DIM] == want, "row %lld: %g, expected %g (the rows read "
+                          "ahead before the second push: -1)", (long long)id, out[id * DIM],
+                          want);
+        ck_assert_uint_gt(taken, 0);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), taken);
+    }
+    free(more);
+    free(x);
+    fx_close(&f, true);
+}
+
+START_TEST(test_ahead_pushed)
+{
+    pushed_case(false);
+}
+END_TEST
+
+START_TEST(test_ahead_pushed_twice)
+{
+    pushed_case(true);
+}
+END_TEST
+
 /* ---- rows in float16 and bfloat16 ------------------------------------------ */
 
 /* A table of rows of type (half.h) and slots of slot_type (0: float32),
@@ -1615,6 +1773,9 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
                          test_catalog_step, test_catalog_dropped, test_catalog_stop,
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
+     &pscheck_tmp},
+    {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all, test_ahead_pushed,
+                              test_ahead_pushed_twice},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
                              test_compact_fail_written}, &pscheck_tmp},
