@@ -747,6 +747,7 @@ static uint64_t tier_misses(struct psd *p, uint64_t *ram, uint64_t *segs)
 
 /* The 4x regime's pull over its disk ceiling (0: not measured). */
 static double g_disk_frac;
+static double g_disk_bound[2]; /* 4x-over pulls' disk bounds: float32 rows, half rows */
 
 static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
                 const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
@@ -816,6 +817,7 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
                rec, BENCH_DISK_DEPTH, bound, res[0] / bound);
         if (o->row_dtype == 0)
             g_disk_frac = res[0] / bound;
+        g_disk_bound[o->row_dtype != 0] = bound;
     }
     free(ids);
     free(g);
@@ -968,6 +970,15 @@ int main(int argc, char **argv)
                "memory: pull %.0f rows/s (%.2fx float32 rows), push %.0f rows/s (%.2fx)\n",
                hname, o.half_slots ? hname : "float32", half[0], half[0] / over[0], half[1],
                over[1] > 0 ? half[1] / over[1] : 0);
+    /* What halving the rows can gain at all: a cold row costs one read at
+     * either size, so only the hits the larger RAM tier adds, and the
+     * disk's rate at the smaller record, move the bound. */
+    if (o.half_rows && g_disk_bound[0] > 0 && g_disk_bound[1] > 0)
+        printf("half rows' bound: the disk bounds the %s table's pull at %.2fx the float32 "
+               "table's (%.0f against %.0f rows/s): what half rows gain with both at their "
+               "disk's bound; psd's %s pull %.2f of its bound, float32's %.2f\n", hname,
+               g_disk_bound[1] / g_disk_bound[0], g_disk_bound[1], g_disk_bound[0], hname,
+               half[0] / g_disk_bound[1], over[0] / g_disk_bound[0]);
     printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
            "%s over memory %.2f of in-ram, pull %s of disk ceiling\n", ram[0],
            ram[0] / pr.lmdb, rr, ram[1], rp, xs, (over[0] + over[1]) / (ram[0] + ram[1]), dc);
