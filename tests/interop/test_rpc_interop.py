@@ -3,6 +3,7 @@ generated from proto/ at test time, against rpc_test_server on 127.0.0.1:0.
 """
 import os
 import sys
+import time
 
 import grpc
 
@@ -73,9 +74,26 @@ def main():
     r.check(got == [str(i).encode() for i in range(50)],
             "a server stream delivers 50 messages in order")
 
-    ch.close()
+    # SIGTERM with a call in flight and a second client connected and idle:
+    # the call is answered (the drain; the server closes the connections
+    # left once no call is in flight, and must not count this one out), and
+    # the stop ends with it.
+    idle = pstest.channel(d.address)
+    grpc.channel_ready_future(idle).result(timeout=10)
+    fut = sleep.future(b"800", timeout=10)
+    time.sleep(0.2)
+    t0 = time.monotonic()
     rc = d.stop()
+    took = time.monotonic() - t0
+    try:
+        answer = fut.result(timeout=10)
+    except grpc.RpcError as e:
+        answer = "%s: %s" % (e.code(), e.details())
+    r.check(answer == b"slept", "a call in flight at SIGTERM is answered (%r)" % answer)
     r.check(rc == 0, "SIGTERM drains and exits 0 (got %r)" % rc)
+    r.check(took < 2.5, "the stop takes the call's 0.6 s left: %.2f s" % took)
+    idle.close()
+    ch.close()
     r.finish()
 
 
