@@ -600,6 +600,8 @@ int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids
      * drops rows the clock passes over, which the loop may still need. */
     size_t *cold = malloc((n ? n : 1) * sizeof *cold), ncold = 0;
     int rc = cold == NULL ? -ENOMEM : sparse_cold_read_next(sp, t, ids, n, next, nnext, &c);
+    if (rc == 0 && sp->cold_read != NULL)
+        sp->cold_read(sp);
     sparse_lock(t);
     if (rc == 0)
         rc = sparse_ready(sp, t);

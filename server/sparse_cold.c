@@ -565,6 +565,11 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
         if (sl >= 0 && c->vloc[sl] != 0 && sparse_index_get(t, ids[i]) != c->vloc[sl]) {
             c->slot[i] = -1;
             dropped++;
+        } else if (sl >= 0 && stale && sparse_find(t, ids[i]) == NULL &&
+                   sparse_index_get(t, ids[i]) == 0) {
+            /* Read by the first pass, then deleted (a sweep): it has no
+             * row now, and the walk below reads only rows there are. */
+            c->slot[i] = -1;
         }
     }
     atomic_fetch_add_explicit(&sp->pf_stale, dropped, memory_order_relaxed);

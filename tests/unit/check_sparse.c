@@ -1190,6 +1190,49 @@ START_TEST(test_ahead_evicted_all)
 }
 END_TEST
 
+/* A row a pull's first pass reads from disk (without the table's mutex)
+ * that a sweep deletes before the pull checks its reads under the mutex:
+ * the pull answers the row's initial value (it has no row now), not the
+ * value read. The walk that reads stale rows again looks only at rows the
+ * index holds, so the check must drop the deleted one itself. Rows 1 and
+ * 2 at step 1 (due at clock 120, ttl 50), row 3 at step 100, stored and
+ * the tier opened again (every row cold); a pull of 1 and 3 whose first
+ * pass is followed by the sweep (the cold_read hook). */
+static struct fx *read_fx;
+static int read_sweeps;
+
+static void read_then_sweep(psd_sparse *sp)
+{
+    ck_assert_ptr_eq(sp, read_fx->sp);
+    if (read_sweeps++ == 0)
+        sweep_at_120(read_fx);
+}
+
+START_TEST(test_read_evicted)
+{
+    struct fx f;
+    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
+    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 0, 0, false);
+    read_fx = &f;
+    read_sweeps = 0;
+    f.sp->cold_read = read_then_sweep;
+    float out[2 * DIM];
+    pull_next(&f, ids, 2, NULL, 0, out);
+    f.sp->cold_read = NULL;
+    ck_assert_int_eq(read_sweeps, 1);
+    ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
+    ck_assert_msg(out[0] == 0.0f, "row 1, evicted after it was read: %g, expected 0 (none)",
+                  out[0]);
+    ck_assert_msg(out[DIM] == -1.0f, "row 3: %g, expected -1", out[DIM]);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 1);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* A push that names its own rows as the next call's: their reads ahead
  * are looked up before it changes them, and no batch claims them yet, so
  * none is taken first; its batch holds their old records. Once the
@@ -1775,7 +1818,7 @@ PSCHECK_MAIN("sparse",
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
     {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all, test_ahead_pushed,
-                              test_ahead_pushed_twice},
+                              test_ahead_pushed_twice, test_read_evicted},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
                              test_compact_fail_written}, &pscheck_tmp},
