@@ -892,6 +892,8 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
                                    &items[i].cold);
         *bad = i;
     }
+    if (rc == 0 && sp->cold_read != NULL)
+        sp->cold_read(sp);
     if (rc != 0) {
         for (size_t i = 0; i < n; i++)
             item_free(&items[i]);

@@ -313,10 +313,10 @@ struct psd_sparse {
      * put a sweep there; not 0: the relocation fails with it, as with a
      * full map that cannot grow. NULL in psd. */
     int (*compact_copied)(psd_sparse *sp);
-    /* Tests only (check_sparse): called by a pull between its first pass
-     * of cold reads, made without the table's mutex, and their check
-     * under it (sparse_cold_settle), so that a test can put a sweep there.
-     * NULL in psd. */
+    /* Tests only (check_sparse): called by a pull or a push between its
+     * first pass of cold reads, made without the tables' mutexes, and
+     * their check under them (sparse_cold_settle), so that a test can put
+     * a sweep there. NULL in psd. */
     void (*cold_read)(psd_sparse *sp);
 
     /* The catalog queue (sparse_seg.c): locations the applier and

@@ -1233,6 +1233,35 @@ START_TEST(test_read_evicted)
 }
 END_TEST
 
+/* The same order for a push: the row swept after the push read it is a
+ * new row to the push (its initial value, 0, updated: -1, and counted in
+ * the table's rows), not the row read (-1, updated: -2, not counted). */
+START_TEST(test_read_evicted_push)
+{
+    struct fx f;
+    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
+    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 0, 0, false);
+    read_fx = &f;
+    read_sweeps = 0;
+    f.sp->cold_read = read_then_sweep;
+    ck_assert_int_eq(push(&f, ids, 2, 1.0f, 121, UINT64_MAX, NULL), 0);
+    f.sp->cold_read = NULL;
+    ck_assert_int_eq(read_sweeps, 1);
+    ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
+    float out[2 * DIM];
+    pull_next(&f, ids, 2, NULL, 0, out);
+    ck_assert_msg(out[0] == -1.0f, "row 1, evicted after the push read it: %g, expected -1 "
+                  "(a new row, updated once)", out[0]);
+    ck_assert_msg(out[DIM] == -2.0f, "row 3: %g, expected -2", out[DIM]);
+    ck_assert_uint_eq(stats(&f).sparse_rows, 2);
+    fx_close(&f, true);
+}
+END_TEST
+
 /* A push that names its own rows as the next call's: their reads ahead
  * are looked up before it changes them, and no batch claims them yet, so
  * none is taken first; its batch holds their old records. Once the
@@ -1818,7 +1847,8 @@ PSCHECK_MAIN("sparse",
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
     {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all, test_ahead_pushed,
-                              test_ahead_pushed_twice, test_read_evicted},
+                              test_ahead_pushed_twice, test_read_evicted,
+                              test_read_evicted_push},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
                              test_compact_fail_written}, &pscheck_tmp},
