@@ -1208,35 +1208,10 @@ static void read_then_sweep(psd_sparse *sp)
         sweep_at_120(read_fx);
 }
 
-START_TEST(test_read_evicted)
-{
-    struct fx f;
-    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
-    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
-    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
-    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
-    fx_close(&f, true);
-    fx_open(&f, 0, 0, false);
-    read_fx = &f;
-    read_sweeps = 0;
-    f.sp->cold_read = read_then_sweep;
-    float out[2 * DIM];
-    pull_next(&f, ids, 2, NULL, 0, out);
-    f.sp->cold_read = NULL;
-    ck_assert_int_eq(read_sweeps, 1);
-    ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
-    ck_assert_msg(out[0] == 0.0f, "row 1, evicted after it was read: %g, expected 0 (none)",
-                  out[0]);
-    ck_assert_msg(out[DIM] == -1.0f, "row 3: %g, expected -1", out[DIM]);
-    ck_assert_uint_eq(stats(&f).sparse_rows, 1);
-    fx_close(&f, true);
-}
-END_TEST
-
 /* The same order for a push: the row swept after the push read it is a
  * new row to the push (its initial value, 0, updated: -1, and counted in
  * the table's rows), not the row read (-1, updated: -2, not counted). */
-START_TEST(test_read_evicted_push)
+static void read_evicted_case(bool by_push)
 {
     struct fx f;
     fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
@@ -1248,17 +1223,37 @@ START_TEST(test_read_evicted_push)
     read_fx = &f;
     read_sweeps = 0;
     f.sp->cold_read = read_then_sweep;
-    ck_assert_int_eq(push(&f, ids, 2, 1.0f, 121, UINT64_MAX, NULL), 0);
+    float out[2 * DIM];
+    if (by_push)
+        ck_assert_int_eq(push(&f, ids, 2, 1.0f, 121, UINT64_MAX, NULL), 0);
+    else
+        pull_next(&f, ids, 2, NULL, 0, out);
     f.sp->cold_read = NULL;
     ck_assert_int_eq(read_sweeps, 1);
     ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
-    float out[2 * DIM];
-    pull_next(&f, ids, 2, NULL, 0, out);
-    ck_assert_msg(out[0] == -1.0f, "row 1, evicted after the push read it: %g, expected -1 "
-                  "(a new row, updated once)", out[0]);
-    ck_assert_msg(out[DIM] == -2.0f, "row 3: %g, expected -2", out[DIM]);
-    ck_assert_uint_eq(stats(&f).sparse_rows, 2);
+    if (by_push) {
+        pull_next(&f, ids, 2, NULL, 0, out);
+        ck_assert_msg(out[0] == -1.0f, "row 1, evicted after the push read it: %g, expected -1 "
+                      "(a new row, updated once)", out[0]);
+        ck_assert_msg(out[DIM] == -2.0f, "row 3: %g, expected -2", out[DIM]);
+    } else {
+        ck_assert_msg(out[0] == 0.0f, "row 1, evicted after it was read: %g, expected 0 (none)",
+                      out[0]);
+        ck_assert_msg(out[DIM] == -1.0f, "row 3: %g, expected -1", out[DIM]);
+    }
+    ck_assert_uint_eq(stats(&f).sparse_rows, by_push ? 2 : 1);
     fx_close(&f, true);
+}
+
+START_TEST(test_read_evicted)
+{
+    read_evicted_case(false);
+}
+END_TEST
+
+START_TEST(test_read_evicted_push)
+{
+    read_evicted_case(true);
 }
 END_TEST
 
