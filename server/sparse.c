@@ -140,6 +140,7 @@ uint64_t sparse_ram_cost(const psd_sparse *sp)
     uint64_t open = atomic_load(&sp->apply_pages), kept = atomic_load(&sp->dpages_kept);
     return atomic_load(&sp->ram) + atomic_load(&sp->index_bytes) +
            atomic_load(&sp->catq_bytes) + atomic_load(&sp->pf_bytes) +
+           atomic_load(&sp->apply_bytes) +
            (open > kept ? open : kept) * SPARSE_DIRTY_PAGE;
 }
 
@@ -398,7 +399,7 @@ void psd_sparse_attach(psd_sparse *sp, psd_sparse_table *t, uint64_t clock)
     atomic_store(&t->clock, clock);
     t->next = sp->tables;
     sp->tables = t;
-    atomic_fetch_add(&sp->ram, t->nentries * sparse_entry_bytes(t));
+    atomic_fetch_add(&sp->ram, sparse_table_ram(t));
     atomic_fetch_add(&sp->index_bytes, sparse_index_bytes(t));
     atomic_fetch_add(&sp->dirty, t->ndirty);
     if (t->ready)
@@ -418,7 +419,7 @@ void psd_sparse_detach(psd_sparse *sp, psd_sparse_table *t)
     t->next = NULL;
     t->sp = NULL;
     sparse_lock(t);
-    atomic_fetch_sub(&sp->ram, t->nentries * sparse_entry_bytes(t));
+    atomic_fetch_sub(&sp->ram, sparse_table_ram(t));
     atomic_fetch_sub(&sp->index_bytes, sparse_index_bytes(t));
     atomic_fetch_sub(&sp->dirty, t->ndirty);
     if (t->ready)
@@ -1053,6 +1054,6 @@ void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_spar
     sparse_ready(sp, t);
     b->rows = t->rows;
     b->row_bytes = sparse_row_bytes(t);
-    b->ram_bytes = t->nentries * sparse_entry_bytes(t);
+    b->ram_bytes = sparse_table_ram(t);
     pthread_mutex_unlock(&t->mu);
 }

@@ -243,6 +243,10 @@ struct psd_sparse {
      * (in sparse_ram_cost), rows read ahead, of them those a call took,
      * and of those the ones read again: the row changed meanwhile. */
     atomic_uint_fast64_t pf_bytes, pf_reads, pf_rows, pf_stale;
+    /* The applier's array of the records of the log file it applies (in
+     * sparse_ram_cost): 40 bytes a record, up to 35 MiB for a 627 MiB
+     * budget's file of fp16 rows. */
+    atomic_uint_fast64_t apply_bytes;
     /* float16 row values clamped to +-65504 by an update
      * (Stats.sparse_values_clamped). */
     atomic_uint_fast64_t clamped;
@@ -395,6 +399,8 @@ struct sp_entry *sparse_find(psd_sparse_table *t, int64_t id);
 struct sp_entry **sparse_link(psd_sparse_table *t, int64_t id);
 void sparse_entry_drop(psd_sparse *sp, psd_sparse_table *t, struct sp_entry **link);
 size_t sparse_entry_bytes(const psd_sparse_table *t);
+/* The table's part of sp->ram: its entries and its hash's buckets. */
+uint64_t sparse_table_ram(const psd_sparse_table *t);
 bool sparse_dirty(const struct sp_entry *e);
 bool sparse_pinned(const psd_sparse *sp, const struct sp_entry *e);
 struct sp_entry *sparse_install(psd_sparse *sp, psd_sparse_table *t, int64_t id,

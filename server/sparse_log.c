@@ -95,10 +95,13 @@ static int collect(void *ctx, uint64_t seq, uint32_t var_id, int64_t id, const u
         a->last = seq;
     if (a->live && !bsearch(&var_id, a->live, a->nlive, sizeof *a->live, sparse_cmp_u32))
         return 0;
+    size_t cap = a->cap;
     struct rec *nr = ps_grow(a->r, &a->cap, a->n, sizeof *nr, 65536);
     if (nr == NULL)
         return -ENOMEM;
     a->r = nr;
+    if (a->cap != cap)
+        atomic_fetch_add(&a->sp->apply_bytes, (a->cap - cap) * sizeof *nr);
     a->r[a->n] = (struct rec){var_id, len, id, a->n, seq, data};
     a->n++;
     return 0;
@@ -309,6 +312,7 @@ static int apply_file(psd_sparse *sp, psd_store *st, int which, uint64_t after,
                       .seg_bytes = seg_chunk_bytes(sp)};
     int rc = psd_rowlog_walk(sp->rowlog, which, after, collect, put_all, &a, NULL);
     free(a.r);
+    atomic_fetch_sub(&sp->apply_bytes, a.cap * sizeof *a.r);
     if (last)
         *last = a.last;
     return rc;
