@@ -147,6 +147,11 @@ uint64_t ps_rpc_server_local_refused(const ps_rpc_server *srv);
 /* Calls answered since start, and calls in flight now. */
 uint64_t ps_rpc_server_calls_total(const ps_rpc_server *srv);
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv);
+/* How long every completion-queue thread has been inside a handler, in ms
+ * (the shortest of their times); 0 while one of them is free. gRPC's
+ * listener accepts on those threads: while this is above 0 a new
+ * connection waits in the accept queue. */
+int64_t ps_rpc_server_busy_ms(const ps_rpc_server *srv);
 /* Calls ended with status `code` (enum ps_rpc_code) by ps_rpc_fail since
  * start, and those the token check refused before any handler: a daemon's
  * /metrics reports them as refused, by reason. 0 for a code outside

@@ -42,6 +42,7 @@ struct cq_thread {
     grpc_completion_queue *cq;
     pthread_t th;
     ps_buf buf; /* the request bytes of the call being handled */
+    _Atomic int64_t busy_since; /* ps_now_ms() a handler began; 0: none */
 };
 
 struct ps_rpc_server {
@@ -286,7 +287,9 @@ static void on_new_call(ps_rpc_call *c)
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
     rpc_call_begin(c);
+    atomic_store(&c->thr->busy_since, ps_now_ms());
     dispatch(c);
+    atomic_store(&c->thr->busy_since, 0);
 }
 
 static void on_close(ps_rpc_call *c)
@@ -773,6 +776,19 @@ uint64_t ps_rpc_server_failures(const ps_rpc_server *srv, int code)
         return 0;
     uint64_t n = atomic_load(&((ps_rpc_server *)srv)->failures[code]);
     return n + (srv->opts.auth != NULL ? ps_auth_refused(srv->opts.auth, code) : 0);
+}
+
+int64_t ps_rpc_server_busy_ms(const ps_rpc_server *srv)
+{
+    int64_t now = ps_now_ms(), least = INT64_MAX;
+    for (int i = 0; i < srv->nthreads; i++) {
+        int64_t since = atomic_load(&srv->threads[i].busy_since);
+        if (since == 0)
+            return 0;
+        if (now - since < least)
+            least = now - since;
+    }
+    return srv->nthreads > 0 ? (least > 0 ? least : 1) : 0;
 }
 
 int ps_rpc_server_calls_in_flight(const ps_rpc_server *srv)

@@ -249,8 +249,9 @@ static const ps_opt psd_opts[] = {
      * probes and exits 1 (systemd restarts it). */
     {"probe-interval", PS_OPT_DURATION_MS, offsetof(struct psd_conf, probe_interval_ms),
      "10s", "connect to the TCP listener this often; when two probes in a row "
-     "are not answered, psd exits 1 with one line, to be restarted; 0: no "
-     "probe", 0, 3600000, NULL},
+     "are not answered (not counted while every gRPC thread has been handling a "
+     "call for less than a minute), psd exits 1 with one line, to be restarted; "
+     "0: no probe", 0, 3600000, NULL},
     PS_DAEMON_OPTS(struct psd_conf, common,
                    "file holding the token psd sends to --coordinator (a worker's); "
                    "default: none"),
@@ -726,6 +727,10 @@ static void describe(void *ctx, char *out, size_t len)
 /* Probes failed in a row before psd gives up on its listener. */
 #define PROBE_TRIES 2
 #define PROBE_TIMEOUT_MS 3000
+/* A probe not accepted while every gRPC thread is inside a handler is not
+ * counted (they are what accepts: a push waiting for the RAM tier's room
+ * on a slow disk), unless that handler has run this long: stuck. */
+#define PROBE_BUSY_MAX_MS 60000
 
 /* The listener's self-probe, on the control loop (common/probe.h): two
  * probes in a row unanswered (one that was accepted and answered late is
@@ -763,6 +768,12 @@ static void probe(void *ctx)
         /* Accepted: the listener works, psd is slow to answer (its gRPC
          * threads busy or starved, a disk that makes pushes wait). */
         ps_log_warn("listener probe: %s; not counted", err);
+        return;
+    }
+    int64_t busy = ps_rpc_server_busy_ms(d->srv);
+    if (rc == -ETIMEDOUT && busy > 0 && busy < PROBE_BUSY_MAX_MS) {
+        ps_log_warn("listener probe: %s, while every gRPC thread has been handling a "
+                    "call for %lld ms; not counted", err, (long long)busy);
         return;
     }
     if (++d->probe_failures < PROBE_TRIES) {
