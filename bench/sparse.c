@@ -161,18 +161,10 @@ static void cg_remove(const char *cg)
         nanosleep(&(struct timespec){0, 20000000}, NULL);
 }
 
-/* The signal thread: waits for SIGINT, SIGTERM or SIGHUP (blocked in
- * every other thread and unblocked in the children), kills the children
- * (SIGKILL: nothing of theirs is kept), removes their directories and the
- * cgroup, and exits as the signal would have. */
-static void *stop_main(void *arg)
+/* Kills the children running now (SIGKILL: nothing of theirs is kept),
+ * removes their directories and the cgroup. live_mu held. */
+static void undo_live(void)
 {
-    int sig = 0;
-    sigwait(arg, &sig);
-    atomic_store(&stopping, true);
-    fprintf(stderr, "sparse: interrupted by signal %d; stopping psd and redis, removing "
-            "their directories\n", sig);
-    pthread_mutex_lock(&live_mu);
     pid_t pids[2] = {atomic_load(&live_psd), atomic_load(&live_redis)};
     for (int i = 0; i < 2; i++)
         if (pids[i] > 0) {
@@ -185,6 +177,31 @@ static void *stop_main(void *arg)
         remove_dir(live_redis_dir);
     if (live_cg[0])
         cg_remove(live_cg);
+}
+
+/* An exit on a failed call (exit(1)) leaves nothing behind either: psd
+ * exiting on its own, its directory, the memory cgroup. */
+static void undo_at_exit(void)
+{
+    if (atomic_load(&stopping))
+        return;
+    pthread_mutex_lock(&live_mu);
+    undo_live();
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* The signal thread: waits for SIGINT, SIGTERM or SIGHUP (blocked in
+ * every other thread and unblocked in the children), undoes what runs
+ * (undo_live), and exits as the signal would have. */
+static void *stop_main(void *arg)
+{
+    int sig = 0;
+    sigwait(arg, &sig);
+    atomic_store(&stopping, true);
+    fprintf(stderr, "sparse: interrupted by signal %d; stopping psd and redis, removing "
+            "their directories\n", sig);
+    pthread_mutex_lock(&live_mu); /* kept: main's thread starts nothing more */
+    undo_live();
     _exit(128 + sig);
 }
 
@@ -874,7 +891,7 @@ int main(int argc, char **argv)
         sigaddset(&stop_set, stops[i]);
     pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
     pthread_t stop_thread;
-    if (atexit(wait_for_stop) != 0 ||
+    if (atexit(undo_at_exit) != 0 || atexit(wait_for_stop) != 0 ||
         pthread_create(&stop_thread, NULL, stop_main, &stop_set) != 0) {
         fprintf(stderr, "sparse: cannot start the signal thread\n");
         return 1;
