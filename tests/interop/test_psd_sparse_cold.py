@@ -166,6 +166,11 @@ def hints(stub):
     got = pull(stub, HOT, next_ids=z)
     R.check(np.array_equal(got, before), "a hint never followed changes no answer")
     junk = [-1, -2 ** 63, 2 ** 63 - 1, ROWS, ROWS + 1, 10 ** 12, 5000000] * 100
+    # A push of zeros (SGD: no value changes) keeps the hot rows in the RAM
+    # tier until its batch is applied, so that the calls below read none of
+    # their own rows whatever the clock dropped meanwhile: what they read is
+    # the hint's.
+    push(stub, HOT, np.zeros((len(HOT), DIM), np.float32))
     r3 = cold_reads(stub)
     got = pull(stub, HOT + [ROWS + 7], next_ids=junk)
     got_empty = pull(stub, HOT + [ROWS + 7], next_ids=[])
@@ -225,6 +230,7 @@ def push_hints(stub):
     before = pull(stub, w)
     junk = [-1, -2 ** 63, 2 ** 63 - 1, ROWS, ROWS + 1, 10 ** 12] * 100
     zero = np.zeros((len(HOT), DIM), np.float32)
+    push(stub, HOT, zero)  # the hot rows held in the tier (above)
     r4 = cold_reads(stub)
     a = push_rows(stub, HOT, zero, next_ids=junk)
     b = push_rows(stub, HOT, zero, next_ids=[])
