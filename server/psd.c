@@ -770,8 +770,8 @@ static void probe(void *ctx)
         ps_log_warn("listener probe: %s; not counted", err);
         return;
     }
-    int64_t busy = ps_rpc_server_busy_ms(d->srv);
-    if (rc == -ETIMEDOUT && busy > 0 && busy < PROBE_BUSY_MAX_MS) {
+    int64_t busy = rc == -ETIMEDOUT ? ps_rpc_server_busy_ms(d->srv) : 0;
+    if (busy > 0 && busy < PROBE_BUSY_MAX_MS) {
         ps_log_warn("listener probe: %s, while every gRPC thread has been handling a "
                     "call for %lld ms; not counted", err, (long long)busy);
         return;
