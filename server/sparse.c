@@ -1055,5 +1055,6 @@ void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_spar
     b->rows = t->rows;
     b->row_bytes = sparse_row_bytes(t);
     b->ram_bytes = sparse_table_ram(t);
+    b->ram_rows = t->nentries;
     pthread_mutex_unlock(&t->mu);
 }

@@ -249,7 +249,8 @@ int psd_sparse_convert_row(const psd_sparse_table *from, const psd_sparse_table 
 struct psd_sparse_brief {
     uint64_t rows;       /* stored, in LMDB or waiting to be */
     uint64_t row_bytes;  /* one row as stored: head, value and slots */
-    uint64_t ram_bytes;  /* its rows in the RAM tier */
+    uint64_t ram_bytes;  /* its rows in the RAM tier, with the hash's buckets */
+    uint64_t ram_rows;   /* how many rows the RAM tier holds */
 };
 void psd_sparse_table_brief(psd_sparse *sp, psd_sparse_table *t, struct psd_sparse_brief *b);
 

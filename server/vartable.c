@@ -763,6 +763,7 @@ void shard_list_variables(ps_rpc_call *call, const uint8_t *req, size_t len,
             infos[i].sparse_rows = b.rows;
             infos[i].sparse_disk_bytes = b.rows * b.row_bytes;
             infos[i].sparse_ram_bytes = b.ram_bytes;
+            infos[i].sparse_ram_rows = b.ram_rows;
         }
         pi[i] = &infos[i];
     }

@@ -143,7 +143,9 @@ class Restored:
 class VariableInfo:
     """A variable or sparse table on one shard (a split variable has one
     per part; `name` is the part's). shape: the part's ([dim] for a sparse
-    table); optimizer, consistency: their proto names in lower case."""
+    table); optimizer, consistency: their proto names in lower case. For a
+    sparse table: its rows stored, their bytes as stored, and the rows the
+    RAM tier holds and their bytes (0 for a dense variable)."""
     shard: int
     address: str
     name: str
@@ -154,6 +156,10 @@ class VariableInfo:
     slot_bytes: int
     optimizer: str
     consistency: str
+    sparse_rows: int = 0
+    sparse_disk_bytes: int = 0
+    sparse_ram_rows: int = 0
+    sparse_ram_bytes: int = 0
 
 
 def _stats_class() -> Any:
@@ -833,7 +839,11 @@ class Client:
                              sparse=bool(v.spec.sparse), version=int(v.version),
                              value_bytes=int(v.value_bytes), slot_bytes=int(v.slot_bytes),
                              optimizer=name_of(opt, v.spec.optimizer.kind),
-                             consistency=name_of(cons, v.spec.consistency))
+                             consistency=name_of(cons, v.spec.consistency),
+                             sparse_rows=int(v.sparse_rows),
+                             sparse_disk_bytes=int(v.sparse_disk_bytes),
+                             sparse_ram_rows=int(v.sparse_ram_rows),
+                             sparse_ram_bytes=int(v.sparse_ram_bytes))
                 for s in range(len(self.shards)) for v in r[s].variables]
 
     def checkpoint(self, step: int = 0, *, keep_at_least: int = 0,

@@ -181,6 +181,11 @@ def test_info(d, addr):
             and tb.sparse and tb.shape == (4,) and dataclasses.asdict(tb)["name"] == "tab",
             "info: list() gives VariableInfo dataclasses: %s" % sorted(
                 (v.name, v.shape, v.version, v.sparse) for v in vs.values()))
+    # psd has no memory limit here: every row of the table is in its RAM tier
+    r.check(tb.sparse_rows == 3 and tb.sparse_ram_rows == 3 and tb.sparse_disk_bytes > 0
+            and tb.sparse_ram_bytes > 0 and dn.sparse_rows == dn.sparse_ram_rows == 0,
+            "info: a table's rows, stored and in RAM: %d, %d (%d and %d bytes)"
+            % (tb.sparse_rows, tb.sparse_ram_rows, tb.sparse_disk_bytes, tb.sparse_ram_bytes))
     c.close()
 
 
