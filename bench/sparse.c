@@ -42,6 +42,15 @@
  * memory group of the same size, and a line "half rows: ... pull N rows/s
  * (X.XXx float32 rows), push N rows/s (X.XXx)" that says which.
  *
+ * Before each regime's timed calls, --warmup untimed pulls (200), and in
+ * the memory-limited regimes more, 50 at a time, until psd has read twice
+ * the rows its RAM tier held after the fill from the disk (or reads less
+ * than a row a pull: the tier holds what they draw), so that the tier
+ * holds what the stream keeps there and not the fill's last rows. Each
+ * such regime also says how many cold reads a pull would make with an
+ * ideal tier of the same rows (the table's most drawn ones), which bounds
+ * what any replacement policy can save.
+ *
  * SIGINT, SIGTERM or SIGHUP stop the bench cleanly: a thread of its own
  * kills the psd and the redis-server it runs, removes their directories
  * (/tmp/bench-sparse.*, /tmp/bench-redis.*) and the memory cgroup, and
@@ -762,9 +771,51 @@ static uint64_t tier_misses(struct psd *p, uint64_t *ram, uint64_t *segs)
     return n;
 }
 
+/* Rows the table's RAM tier holds now (ListVariables). */
+static uint64_t tier_rows(struct psd *p)
+{
+    Ps__V1__ListVariablesRequest r = PS__V1__LIST_VARIABLES_REQUEST__INIT;
+    Ps__V1__ListVariablesResponse *l = NULL;
+    if (call(p, "/ps.v1.ParameterServer/ListVariables", &r,
+             &ps__v1__list_variables_response__descriptor, (void **)&l) != 0)
+        exit(1);
+    uint64_t n = 0;
+    for (size_t i = 0; i < l->n_variables; i++)
+        n += l->variables[i]->sparse_ram_rows;
+    protobuf_c_message_free_unpacked(&l->base, NULL);
+    return n;
+}
+
+/* The cold reads a pull would make, on average, if the RAM tier held
+ * exactly the k most drawn rows of the table (its first k ranks: an ideal
+ * replacement, which no policy beats): the expected number of distinct
+ * ranks of [k, rows) among a call's batch draws, sum of 1 - (1 - p_r)^B
+ * over them. Zipf's sum over the key space past the table is its integral
+ * (rank r drawn with probability (r+1)^-s / H). */
+static double ideal_reads(const struct opts *o, double s, uint64_t k)
+{
+    double h = 0;
+    for (long r = 1; r <= o->rows; r++)
+        h += pow((double)r, -s);
+    h += (pow((double)o->rows + 0.5, 1 - s) - pow((double)o->keyspace + 0.5, 1 - s)) / (s - 1);
+    double reads = 0;
+    for (uint64_t r = k; r < (uint64_t)o->rows; r++)
+        reads += -expm1((double)o->batch * log1p(-pow((double)(r + 1), -s) / h));
+    return reads;
+}
+
+/* Warm-up past the fixed one: in a memory-limited regime, pulls go on
+ * until psd has read from the disk twice the rows its RAM tier holds, so
+ * that the tier holds what the stream keeps there rather than what the
+ * fill left (at 4M rows, 200 pulls left ~14% of the in-table ids missing
+ * where the steady state misses ~10%). At most this many more pulls. */
+#define TURNOVER_MAX_CALLS 30000
+
 /* The 4x regime's pull over its disk ceiling (0: not measured). */
 static double g_disk_frac;
 static double g_disk_bound[2]; /* 4x-over pulls' disk bounds: float32 rows, half rows */
+static double g_cold[2];        /* 4x-over pulls' cold reads a call: float32 rows, half rows */
+static double g_ideal[2];       /* the same with an ideal tier of the same rows */
 
 static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
                 const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
@@ -793,18 +844,38 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         exit(1);
     for (long i = 0; i < o->batch; i++)
         ids[i] = id_of(o, zipf_rank(cdf, &wrng));
-    for (long c = 0; c < o->warmup; c++) {
-        for (long i = 0; i < o->batch; i++)
-            wnext[i] = id_of(o, zipf_rank(cdf, &wrng));
-        if (one(p, o, 0, ids, g, out, 0, c + 1 < o->warmup ? wnext : NULL) != 0)
-            exit(1);
-        memcpy(ids, wnext, (size_t)o->batch * sizeof *ids);
+    uint64_t k0 = limit ? tier_rows(p) : 0, w0 = limit ? tier_misses(p, NULL, NULL) : 0;
+    long c = 0, round = o->warmup;
+    uint64_t wl = w0;
+    for (;;) {
+        for (long r = 0; r < round; r++, c++) {
+            for (long i = 0; i < o->batch; i++)
+                wnext[i] = id_of(o, zipf_rank(cdf, &wrng));
+            if (one(p, o, 0, ids, g, out, 0, r + 1 < round ? wnext : NULL) != 0)
+                exit(1);
+            memcpy(ids, wnext, (size_t)o->batch * sizeof *ids);
+        }
+        uint64_t w = limit ? tier_misses(p, NULL, NULL) : 0;
+        if (!limit || c - o->warmup >= TURNOVER_MAX_CALLS || w - w0 >= 2 * k0 ||
+            (c > o->warmup && w - wl < (uint64_t)round))
+            break; /* or the tier holds what the pulls draw: less than a read a pull */
+        wl = w;
+        round = 50;
     }
     free(wnext);
+    uint64_t wr = limit ? tier_misses(p, NULL, NULL) - w0 : 0;
+    if (limit)
+        printf("%s: warm-up of %ld pulls: %llu rows read from disk, the RAM tier's %llu rows "
+               "after the fill %s\n", who, c, (unsigned long long)wr, (unsigned long long)k0,
+               wr >= 2 * k0 ? "read twice over"
+               : c - o->warmup >= TURNOVER_MAX_CALLS ? "not yet read twice over (stopped at the cap)"
+                                                     : "not read twice over: the tier holds what "
+                                                       "the pulls draw");
     /* psd's cold reads (Stats) over the timed pulls */
     uint64_t sr0 = 0, sr1 = 0, read0 = tier_misses(p, NULL, &sr0);
     res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
     tier_misses(p, NULL, &sr1);
+    uint64_t held = limit ? tier_rows(p) : 0; /* the rows the timed pulls found in RAM */
     for (int k = 1; k < 3; k++)
         res[k] = measure(o, psd_op, &pc, k, cdf, ids, g, out, who);
     uint64_t ram = 0, read1 = tier_misses(p, &ram, NULL);
@@ -835,6 +906,12 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         if (o->row_dtype == 0)
             g_disk_frac = res[0] / bound;
         g_disk_bound[o->row_dtype != 0] = bound;
+        int h = o->row_dtype != 0;
+        g_cold[h] = cold / (double)o->calls;
+        g_ideal[h] = ideal_reads(o, 1.1, held);
+        printf("%s: were the RAM tier's %llu rows the table's most drawn ones (an ideal "
+               "replacement), a pull would make %.0f cold reads, not %.0f\n", who,
+               (unsigned long long)held, g_ideal[h], g_cold[h]);
     }
     free(ids);
     free(g);
@@ -996,6 +1073,13 @@ int main(int argc, char **argv)
                "disk's bound; psd's %s pull %.2f of its bound, float32's %.2f\n", hname,
                g_disk_bound[1] / g_disk_bound[0], g_disk_bound[1], g_disk_bound[0], hname,
                half[0] / g_disk_bound[1], over[0] / g_disk_bound[0]);
+    /* What half rows gain in reads: a pull near the disk's bound goes as
+     * its cold reads, and the ideal replacement's reads say how far a
+     * better policy for both tables could move the ratio. */
+    if (o.half_rows && g_cold[0] >= 1 && g_cold[1] >= 1 && g_ideal[1] > 0)
+        printf("half rows' reads: %.0f cold reads a pull against float32 rows' %.0f (%.2fx "
+               "fewer); with ideal tiers %.0f against %.0f (%.2fx fewer)\n", g_cold[1],
+               g_cold[0], g_cold[0] / g_cold[1], g_ideal[1], g_ideal[0], g_ideal[0] / g_ideal[1]);
     printf("sparse: pull %.0f rows/s (%.2f of lmdb, %s); push %.0f rows/s (%s); "
            "%s over memory %.2f of in-ram, pull %s of disk ceiling\n", ram[0],
            ram[0] / pr.lmdb, rr, ram[1], rp, xs, (over[0] + over[1]) / (ram[0] + ram[1]), dc);
