@@ -310,6 +310,32 @@ START_TEST(test_caps)
 }
 END_TEST
 
+/* The budget: the limit less 88 MiB or a fifth of it, whichever is more,
+ * at least a quarter of it; 256 MiB with no limit. */
+START_TEST(test_budget_share)
+{
+    const uint64_t mib = 1 << 20;
+    const struct {
+        uint64_t limit, budget;
+    } cases[] = {{0, 256 * mib},
+                 {96 * mib, 24 * mib},          /* a quarter */
+                 {147 * mib, 59 * mib},         /* less 88 MiB */
+                 {440 * mib, 352 * mib},        /* both the same */
+                 {634 * mib, 634 * mib - 634 * mib / 5},
+                 {4096 * mib, 4096 * mib - 4096 * mib / 5}};
+    struct fx f;
+    fx_start(&f, 0, 0, 0, 0, 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        f.sp->memory_limit = cases[i].limit;
+        ck_assert_msg(sparse_budget(f.sp) == cases[i].budget, "limit %llu MiB: %llu MiB",
+                      (unsigned long long)(cases[i].limit / mib),
+                      (unsigned long long)(sparse_budget(f.sp) / mib));
+    }
+    f.sp->memory_limit = 0;
+    fx_close(&f, true);
+}
+END_TEST
+
 /* Past the RAM tier's budget a push must commit and make room first; then
  * the tier is back under it (rows stay in LMDB and read back). */
 START_TEST(test_budget)
@@ -1835,7 +1861,7 @@ PSCHECK_MAIN("sparse",
                     test_slot_dtype_refused}, &pscheck_tmp},
     {"psd_sparse_push", {test_insert, test_nonfinite, test_admission}, &pscheck_tmp},
     {"psd_sparse_maintain", {test_ttl, test_max_rows}, &pscheck_tmp},
-    {"caps", {test_caps, test_budget, test_index}, &pscheck_tmp},
+    {"caps", {test_caps, test_budget, test_budget_share, test_index}, &pscheck_tmp},
     {"sparse_index", {test_index_table}, &pscheck_tmp},
     {"psd_sparse_stop", {test_reopen_clean, test_reopen_replay, test_catalog_replay,
                          test_catalog_step, test_catalog_dropped, test_catalog_stop,
