@@ -705,6 +705,45 @@ START_TEST(test_sparse_decode)
 }
 END_TEST
 
+/* Ids of every varint length, 1 to 10 bytes (the decoder reads those that
+ * lie whole in its buffer eight bytes at a time, the rest byte by byte),
+ * decode to what protobuf-c packed. */
+START_TEST(test_sparse_varint_lengths)
+{
+    rng_state = 0x7a1e5u;
+    enum { N = 64 * 4 };
+    int64_t ids[N];
+    for (int b = 0; b < 64; b++)
+        for (int k = 0; k < 4; k++) {
+            uint64_t top = (uint64_t)1 << b, v = k == 0 ? top : k == 1 ? 2 * top - 1
+                                                : top | (rnd() & (top - 1));
+            ids[b * 4 + k] = k == 3 ? -(int64_t)v : (int64_t)v;
+        }
+    for (int shift = 0; shift < N; shift += 37) { /* each length near the end too */
+        Ps__V1__SparsePullItem it = PS__V1__SPARSE_PULL_ITEM__INIT, *ip = &it;
+        Ps__V1__SparsePullRequest lr = PS__V1__SPARSE_PULL_REQUEST__INIT;
+        it.name = "t";
+        it.n_ids = N - (size_t)shift;
+        it.ids = ids + shift;
+        lr.n_items = 1;
+        lr.items = &ip;
+        size_t len = protobuf_c_message_get_packed_size(&lr.base);
+        uint8_t *buf = malloc(len);
+        protobuf_c_message_pack(&lr.base, buf);
+        ps_wire_sparse r = {0};
+        char err[256] = "";
+        ck_assert_msg(ps_wire_sparse_decode(buf, len, false, &r, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_uint_eq(r.items[0].nids, it.n_ids);
+        for (size_t j = 0; j < it.n_ids; j++)
+            ck_assert_msg(r.items[0].ids[j] == it.ids[j], "id %zu: %lld, not %lld", j,
+                          (long long)r.items[0].ids[j], (long long)it.ids[j]);
+        ps_wire_sparse_free(&r);
+        free(buf);
+    }
+}
+END_TEST
+
 /* A SparsePushResponse as psd writes it (versions, then each table's rows
  * as a value of field 2) is what protobuf-c packs. */
 START_TEST(test_sparse_push_response)
@@ -842,7 +881,7 @@ PSCHECK_MAIN("wire",
     {"ps_wire_values_decode", {test_values}},
     {"push refusals", {test_push_refused}},
     {"values refusals", {test_values_refused}},
-    {"ps_wire_sparse_decode", {test_sparse_decode}},
+    {"ps_wire_sparse_decode", {test_sparse_decode, test_sparse_varint_lengths}},
     {"SparsePushResponse", {test_sparse_push_response}},
     {"sparse refusals", {test_sparse_refused}},
     {"sparse empty packed fields", {test_sparse_empty_packed}})
