@@ -49,6 +49,7 @@ static int get_varint(cursor *c, uint64_t *out)
      * from the piece with no check per byte (a sparse call's ids, 5-byte
      * varints, 8192 a call, were 10% of psd's time in bench/sparse's
      * in-RAM pulls). Ten bytes, a varint's longest, or the slow path. */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (c->left >= 10 && c->i < c->np && c->p[c->i].len - c->off >= 10) {
         const uint8_t *p = c->p[c->i].data + c->off;
         uint64_t x;
@@ -77,6 +78,7 @@ static int get_varint(cursor *c, uint64_t *out)
         }
         return -1;
     }
+#endif
     uint64_t v = 0;
     for (int s = 0; s < 64; s += 7) {
         if (c->left == 0 || !settle(c))
