@@ -908,7 +908,7 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         g_disk_bound[o->row_dtype != 0] = bound;
         int h = o->row_dtype != 0;
         g_cold[h] = cold / (double)o->calls;
-        g_ideal[h] = ideal_reads(o, 1.1, held);
+        g_ideal[h] = ideal_reads(o, cdf->s, held);
         printf("%s: were the RAM tier's %llu rows the table's most drawn ones (an ideal "
                "replacement), a pull would make %.0f cold reads, not %.0f\n", who,
                (unsigned long long)held, g_ideal[h], g_cold[h]);

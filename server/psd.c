@@ -170,9 +170,9 @@ static const ps_opt psd_opts[] = {
     {"memory-limit", PS_OPT_SIZE, offsetof(struct psd_conf, memory_limit), "0",
      "memory psd's sparse tables plan for, e.g. 4G: their RAM tier of rows "
      "is kept under it less 88M or a fifth, whichever is more, at least a quarter "
-     "(the rest of the rows are read from their segment files with O_DIRECT); run psd in a memory cgroup of this size to bound "
-     "it; 0: the host's physical memory, or psd's memory cgroup's limit when "
-     "lower", 0, 1e18, NULL},
+     "(the rest of the rows are read from their segment files with O_DIRECT); run "
+     "psd in a memory cgroup of this size to bound it; 0: the host's physical "
+     "memory, or psd's memory cgroup's limit when lower", 0, 1e18, NULL},
     {"max-bytes", PS_OPT_SIZE, offsetof(struct psd_conf, max_bytes), "0",
      "most bytes the variables hold (values, optimizer slots, sync "
      "aggregates, sparse tables' rows with their slots), e.g. 16G; a "

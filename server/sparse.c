@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* A push commits first past BACKLOG_MS of rows at the flusher's measured
  * rate (psd_sparse_needs_commit), and at least past BACKLOG_MIN_ROWS. */
