@@ -1013,19 +1013,22 @@ static const struct {
 
 void psd_sparse_metrics(psd_sparse *sp, ps_metrics *m)
 {
-    uint64_t tables = 0, rows = 0;
+    uint64_t tables = 0, rows = 0, ram_rows = 0;
     pthread_mutex_lock(&sp->tables_mu);
     for (psd_sparse_table *t = sp->tables; t != NULL; t = t->next) {
         tables++;
         sparse_lock(t);
         sparse_ready(sp, t);
         rows += t->rows;
+        ram_rows += t->nentries;
         pthread_mutex_unlock(&t->mu);
     }
     pthread_mutex_unlock(&sp->tables_mu);
     ps_metrics_gauge(m, "psd_sparse_tables", "Sparse tables held.", (double)tables);
     ps_metrics_gauge(m, "psd_sparse_rows", "Rows of all sparse tables, stored or "
                      "waiting to be.", (double)rows);
+    ps_metrics_gauge(m, "psd_sparse_ram_rows", "Rows the sparse RAM tier holds "
+                     "(ListVariables' sparse_ram_rows, summed).", (double)ram_rows);
     for (size_t i = 0; i < sizeof counters / sizeof *counters; i++) {
         const char *n = counters[i].name;
         double v = (double)atomic_load(

@@ -227,6 +227,11 @@ def main():
             and get(page, "psd_sparse_commits_total") >= 1
             and get(page, "psd_sparse_row_bytes") == 3 * (16 + 4 * 4),
             "the sparse series count 3 rows of 32 bytes, hits, misses and a commit")
+    ram_rows = sum(v.sparse_ram_rows for v in stub.ListVariables(
+        pb.ListVariablesRequest(), timeout=10).variables)
+    r.check(get(page, "psd_sparse_ram_rows") == ram_rows == 3,
+            "psd_sparse_ram_rows is %s, ListVariables' %s" % (get(page, "psd_sparse_ram_rows"),
+                                                             ram_rows))
     for name in ("psd_sparse_disk_bytes", "psd_sparse_log_bytes",
                  "psd_sparse_ram_budget_bytes", "psd_sparse_refused_rows_total",
                  "psd_sparse_commit_rows_per_second"):
