@@ -1,7 +1,7 @@
 """Which of psd's source files one Push and one SparsePush run through,
 from the socket to LMDB, counted by execution rather than by reading.
 
-    /usr/bin/python3 bench/callpath.py [BUILD_DIR]
+    /usr/bin/python3 bench/callpath.py [BUILD_DIR] [--functions]
 
 psd runs under valgrind's callgrind (a 1 GiB map: valgrind cannot reserve
 psd's default 64 GiB) with instrumentation off. One dense variable of 1024
@@ -14,7 +14,7 @@ makes psd do after its answer (the flusher's commit, the row log's apply).
 A function counts for a call when it ran in the call's window and in none
 of the idle ones; the call's files are those functions' files (psd's own:
 server/, common/, and their inline headers). Prints each call's files and
-their count.
+their count; with --functions, each file's functions too.
 """
 import os
 import socket
@@ -130,6 +130,9 @@ def main():
     for name, fns in calls.items():
         files = sorted({f for f, _ in fns - idle})
         print("%s: %d files: %s" % (name, len(files), " ".join(files)))
+        if "--functions" in sys.argv[1:]:
+            for f in files:
+                print("  %s: %s" % (f, " ".join(sorted(fn for ff, fn in fns - idle if ff == f))))
     subprocess.run(["rm", "-rf", out])
     return 0
 

@@ -83,4 +83,14 @@ void psd_init_fill_range(const psd_init *i, float *w, uint64_t first,
 void psd_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
                        uint32_t out[4]);
 
+/* The uniform kinds' fill in portable C, element k of [lo, hi) for k from
+ * first: the reference the AVX2 kernel psd_init_fill_range uses where the
+ * CPU has it (four Philox blocks a step) must equal bit for bit. */
+void psd_init_uniform_portable(uint64_t seed, float lo, float hi, float *w,
+                               uint64_t first, size_t count);
+
+/* The uniform fill's kernel: "avx2", or "portable" without AVX2 or with
+ * PS_INIT_PORTABLE set (not "0") in the environment when first used. */
+const char *psd_init_kernel(void);
+
 #endif

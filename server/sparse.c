@@ -487,9 +487,11 @@ static void init_row(const psd_sparse_table *t, int64_t id, float *row, bool slo
  * slots as stored. */
 static void round_to(int type, float *x, size_t n)
 {
-    for (size_t i = 0; type && i < n; i++) {
-        bool clamped;
-        x[i] = ps_half_to_f32_one(type, ps_half_from_f32_one(type, x[i], &clamped));
+    uint16_t h[256];
+    for (size_t i = 0; type && i < n; i += sizeof h / sizeof h[0]) {
+        size_t k = n - i < sizeof h / sizeof h[0] ? n - i : sizeof h / sizeof h[0];
+        ps_half_from_f32(type, x + i, h, k);
+        ps_half_to_f32(type, h, x + i, k);
     }
 }
 
@@ -577,7 +579,8 @@ static int pull_new(psd_sparse *sp, psd_sparse_table *t, int64_t id, void *out, 
 {
     if (!t->insert_on_pull) {
         init_row(t, id, scratch, false);
-        round_to(t->row_dtype, scratch, t->dim); /* as stored, whatever is asked */
+        if (f32) /* as stored, whatever is asked */
+            round_to(t->row_dtype, scratch, t->dim);
         state_out(t, scratch, out, f32);
         return 0;
     }

@@ -587,6 +587,49 @@ START_TEST(test_fill_glorot)
 }
 END_TEST
 
+/* The uniform fill psd_init_fill_range picks (AVX2 where the CPU has it)
+ * gives the portable reference's bits, from every offset within a few
+ * blocks and for lengths around the kernel's four-block step, for seeds
+ * with both key words set, indexes past 2^32 (the counter's high word), and
+ * a range so narrow that half the draws round up to maxval and must be
+ * moved below it. */
+START_TEST(test_fill_uniform_kernel_matches_portable)
+{
+    static float got[300], want[300];
+    const float bounds[][2] = {{-0.05f, 0.05f}, {-3.0f, 7.5f},
+                               {1.0f, 1.00000012f}, {-1e-30f, 1e-30f}};
+    const uint64_t seeds[] = {0, 42, UINT64_C(0xdeadbeefcafef00d)};
+    const uint64_t firsts[] = {0, 1, 2, 3, 4, 5, 15, 16, 17, 63, 64,
+                               (UINT64_C(1) << 34) - 9};
+    const size_t counts[] = {0, 1, 3, 4, 15, 16, 17, 31, 64, 65, 299};
+    ck_assert(bits_of(nextafterf(1.0f, 2.0f)) == bits_of(1.00000012f));
+    size_t at_edge = 0;
+    for (size_t bi = 0; bi < sizeof bounds / sizeof bounds[0]; bi++)
+        for (size_t si = 0; si < sizeof seeds / sizeof seeds[0]; si++)
+            for (size_t fi = 0; fi < sizeof firsts / sizeof firsts[0]; fi++)
+                for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                    psd_init i = {.kind = PSD_INIT_UNIFORM, .minval = bounds[bi][0],
+                                  .maxval = bounds[bi][1], .seed = seeds[si]};
+                    size_t n = counts[ci];
+                    memset(got, 0x5a, sizeof got);
+                    memset(want, 0x5a, sizeof want);
+                    psd_init_fill_range(&i, got, firsts[fi], n, NULL, 0);
+                    psd_init_uniform_portable(seeds[si], bounds[bi][0], bounds[bi][1],
+                                              want, firsts[fi], n);
+                    for (size_t k = 0; k < 300; k++)
+                        ck_assert_msg(bits_of(got[k]) == bits_of(want[k]),
+                                      "%s kernel: bounds %zu seed %zu first %llu n %zu: "
+                                      "element %zu 0x%08x, portable 0x%08x",
+                                      psd_init_kernel(), bi, si,
+                                      (unsigned long long)firsts[fi], n, k,
+                                      bits_of(got[k]), bits_of(want[k]));
+                    for (size_t k = 0; bi == 2 && k < n; k++)
+                        at_edge += got[k] == 1.0f;
+                }
+    ck_assert_uint_gt(at_edge, 1000); /* the narrow range did reach the edge */
+}
+END_TEST
+
 int main(void)
 {
     const struct pscheck_case cases[] = {
@@ -596,7 +639,8 @@ int main(void)
                                test_validate_uniform_bounds, test_validate_stddev,
                                test_validate_non_finite, test_validate_why_short}},
         {"psd_init_name", {test_name}},
-        {"psd_init_fill_range", {test_fill_prefix_and_range}},
+        {"psd_init_fill_range", {test_fill_prefix_and_range,
+                                 test_fill_uniform_kernel_matches_portable}},
     };
     Suite *s = pscheck_suite("init");
     pscheck_add(s, cases, sizeof cases / sizeof cases[0]);
