@@ -630,8 +630,7 @@ int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids
     for (size_t i = 0; i < n && rc == 0; i++) {
         const uint8_t *data;
         int64_t id = ids[i];
-        sparse_ahead(t, ids, i, n);
-        struct sp_entry *e = sparse_get(sp, t, id);
+        struct sp_entry *e = sparse_cold_entry(sp, t, &c, ids, i, n);
         if (e != NULL) {
             value_out(t, e->row, o + i * vb, f32);
         } else if ((data = sparse_cold_row(t, &c, i)) != NULL) {

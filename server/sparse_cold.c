@@ -47,6 +47,7 @@ void sparse_cold_free(struct sp_cold *c)
     free(c->rows);
     free(c->have);
     free(c->vloc);
+    free(c->ent);
     *c = (struct sp_cold){0};
 }
 
@@ -218,18 +219,24 @@ static bool claimed(const psd_sparse_table *t, int64_t id)
  * of them): those with no RAM entry that the index holds, with their
  * locations. With *left (a first pass), an id that batch to, or with to
  * NULL either of the table's batches of reads ahead, is reading is left
- * to it and counted there. t->mu held. */
+ * to it and counted there. With ent, ent[i] is the RAM entry found for
+ * ids[i] (NULL: none, or not looked up). t->mu held. */
 static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const int32_t *slot,
                      bool all, size_t *idx, uint64_t *loc, const struct sp_batch *to,
-                     size_t *left)
+                     size_t *left, struct sp_entry **ent)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         sparse_ahead(t, ids, i, n);
+        if (ent != NULL)
+            ent[i] = NULL;
         if (!all && slot[i] >= 0)
             continue;
         uint64_t l;
-        if (sparse_find(t, ids[i]) == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
+        struct sp_entry *e = sparse_find(t, ids[i]);
+        if (ent != NULL)
+            ent[i] = e;
+        if (e == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
             if (left != NULL && (to != NULL ? claims(to, ids[i]) : claimed(t, ids[i]))) {
                 (*left)++;
                 continue;
@@ -495,8 +502,10 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
          * run without the mutex. A call with a hint leaves to its batch
          * only the rows it holds, and reads the rest itself, even rows
          * the next batch claimed. */
-        if (rc == 0 && t->nentries < t->rows)
-            m = misses(t, ids, n, c->slot, false, idx, loc, mine, &left);
+        if (rc == 0 && t->nentries < t->rows) {
+            c->ent = malloc(one * sizeof *c->ent);
+            m = misses(t, ids, n, c->slot, false, idx, loc, mine, &left, c->ent);
+        }
         pthread_mutex_unlock(&t->mu);
     }
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
@@ -542,6 +551,8 @@ int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)
     free(c->slot);
     c->slot = s;
     c->n = nu;
+    free(c->ent); /* (indexed by the call's ids, not the distinct ones) */
+    c->ent = NULL;
     return 0;
 }
 
@@ -585,12 +596,35 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     int rc = idx && loc ? 0 : -ENOMEM;
     struct want w = {.ids = ids, .idx = idx, .loc = loc};
     if (rc == 0)
-        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL, NULL);
+        w.m = misses(t, ids, c->n, c->slot, stale, idx, loc, NULL, NULL, NULL);
     if (rc == 0 && w.m > 0)
         rc = read_rows(sp, t->name, t->var_id, sparse_row_bytes(t), &w, c);
     free(idx);
     free(loc);
     return rc;
+}
+
+struct sp_entry *sparse_cold_entry(psd_sparse *sp, psd_sparse_table *t, const struct sp_cold *c,
+                                   const int64_t *ids, size_t i, size_t n)
+{
+    if (c->ent == NULL || c->drops != t->drops) {
+        sparse_ahead(t, ids, i, n);
+        return sparse_get(sp, t, ids[i]);
+    }
+    if (i + 8 < n && c->ent[i + 8] != NULL) {
+        const char *p = (const char *)c->ent[i + 8];
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + 64);
+        __builtin_prefetch(p + 128);
+        __builtin_prefetch(p + 192);
+    }
+    struct sp_entry *e = c->ent[i];
+    if (e == NULL) /* none then: one may have come since */
+        return sparse_get(sp, t, ids[i]);
+    if (!e->ref)
+        e->ref = true;
+    atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
+    return e;
 }
 
 const uint8_t *sparse_cold_row(const psd_sparse_table *t, const struct sp_cold *c, size_t i)

@@ -443,6 +443,13 @@ struct sp_cold {
     size_t nslots, cap;
     uint64_t applied, evicts, drops; /* when the first pass began */
     size_t left;         /* ids it left to a batch of another call */
+    /* (n) the RAM entry the first pass found for ids[i], or NULL (none
+     * then); NULL when the pass looked up nothing. An entry leaves the
+     * tier only through sparse_entry_drop, which counts t->drops: while
+     * t->drops is still c->drops, each pointer is live and still ids[i]'s,
+     * and the serve loop takes it rather than look the id up again
+     * (sparse_cold_entry). */
+    struct sp_entry **ent;
 };
 /* sparse_cold_read_next: the first pass; a pull or a push that knows the
  * ids of its table's next call passes them, next[0..nnext) (none: nnext
@@ -464,6 +471,11 @@ int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu);
 int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
                        struct sp_cold *c);
 const uint8_t *sparse_cold_row(const psd_sparse_table *t, const struct sp_cold *c, size_t i);
+/* ids[i]'s RAM entry as sparse_get finds it (and counts it), from what the
+ * first pass found while no entry left the tier since; the next ids'
+ * entries fetched into the cache as sparse_ahead does. t->mu held. */
+struct sp_entry *sparse_cold_entry(psd_sparse *sp, psd_sparse_table *t, const struct sp_cold *c,
+                                   const int64_t *ids, size_t i, size_t n);
 void sparse_cold_free(struct sp_cold *c);
 
 /* sparse_seg.c: the segments and the catalog. An entry of the store's

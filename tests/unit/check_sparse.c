@@ -1271,6 +1271,44 @@ static void read_evicted_case(bool by_push)
     fx_close(&f, true);
 }
 
+/* A RAM entry the first pass found that leaves the tier (a sweep) before
+ * the pull serves it: the serve loop takes the first pass's entries only
+ * while no entry left the tier since, and here looks row 1 up again, finds
+ * none and answers its initial value, not the freed entry's. Rows 1 and 2
+ * at step 1 (due at clock 120), row 3 at step 100, the tier opened again;
+ * a pull of row 1 brings it into the tier (row 2 stays out, so that the
+ * first pass looks the ids up), then a pull of 1 and 3 with the sweep
+ * between its passes. */
+START_TEST(test_read_entry_dropped)
+{
+    struct fx f;
+    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
+    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
+    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
+    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 0, 0, false);
+    float out[2 * DIM];
+    pull_next(&f, ids, 1, NULL, 0, out);
+    ck_assert(out[0] == -1.0f);
+    sparse_lock(f.t);
+    bool in_ram = sparse_find(f.t, 1) != NULL, some_out = f.t->nentries < f.t->rows;
+    pthread_mutex_unlock(&f.t->mu);
+    ck_assert_msg(in_ram && some_out, "row 1 in the tier, row 2 not: %d %d", in_ram, some_out);
+    read_fx = &f;
+    read_sweeps = 0;
+    f.sp->cold_read = read_then_sweep;
+    pull_next(&f, ids, 2, NULL, 0, out);
+    f.sp->cold_read = NULL;
+    ck_assert_int_eq(read_sweeps, 1);
+    ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
+    ck_assert_msg(out[0] == 0.0f, "row 1, its entry dropped after the first pass found it: %g, "
+                  "expected 0 (none)", out[0]);
+    ck_assert_msg(out[DIM] == -1.0f, "row 3: %g, expected -1", out[DIM]);
+    fx_close(&f, true);
+}
+END_TEST
+
 START_TEST(test_read_evicted)
 {
     read_evicted_case(false);
@@ -1869,7 +1907,7 @@ PSCHECK_MAIN("sparse",
      &pscheck_tmp},
     {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all, test_ahead_pushed,
                               test_ahead_pushed_twice, test_read_evicted,
-                              test_read_evicted_push},
+                              test_read_evicted_push, test_read_entry_dropped},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
                              test_compact_fail_written}, &pscheck_tmp},
