@@ -1177,16 +1177,25 @@ static bool in_ram(struct fx *f, int64_t id)
  * a pull of 2 names 1 as the next; the sweep; the pull of 1 (and 3)
  * takes 1 from the batch. Without keep no row is left, so every row left
  * is in the RAM tier when that pull settles. */
+/* Rows 1 and 2 pushed at step 1 (due at clock 120 with a ttl of 50 steps),
+ * row 3 at step 100 when with3, stored, and the tier opened again: every
+ * row on disk. */
+static void ttl_rows_cold(struct fx *f, bool with3)
+{
+    fx_start(f, 0, 50, 0, 0, 0);
+    int64_t old[] = {1, 2}, kept = 3;
+    ck_assert_int_eq(push(f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
+    if (with3)
+        ck_assert_int_eq(push(f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
+    fx_close(f, true);
+    fx_open(f, 0, 0, false);
+}
+
 static void evicted_case(bool keep)
 {
     struct fx f;
-    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
-    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
-    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
-    if (keep)
-        ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
-    fx_close(&f, true);
-    fx_open(&f, 0, 0, false);
+    int64_t old[] = {1, 2}, ids[] = {1, 3};
+    ttl_rows_cold(&f, keep);
     float out[2 * DIM];
     pull_next(&f, &old[1], 1, &old[0], 1, out);
     ck_assert(out[0] == -1.0f);
@@ -1240,12 +1249,8 @@ static void read_then_sweep(psd_sparse *sp)
 static void read_evicted_case(bool by_push)
 {
     struct fx f;
-    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
-    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
-    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
-    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
-    fx_close(&f, true);
-    fx_open(&f, 0, 0, false);
+    int64_t ids[] = {1, 3};
+    ttl_rows_cold(&f, true);
     read_fx = &f;
     read_sweeps = 0;
     f.sp->cold_read = read_then_sweep;
@@ -1282,12 +1287,8 @@ static void read_evicted_case(bool by_push)
 START_TEST(test_read_entry_dropped)
 {
     struct fx f;
-    fx_start(&f, 0, 50, 0, 0, 0); /* ttl 50 steps */
-    int64_t old[] = {1, 2}, kept = 3, ids[] = {1, 3};
-    ck_assert_int_eq(push(&f, old, 2, 1.0f, 1, UINT64_MAX, NULL), 0);
-    ck_assert_int_eq(push(&f, &kept, 1, 1.0f, 100, UINT64_MAX, NULL), 0);
-    fx_close(&f, true);
-    fx_open(&f, 0, 0, false);
+    int64_t ids[] = {1, 3};
+    ttl_rows_cold(&f, true);
     float out[2 * DIM];
     pull_next(&f, ids, 1, NULL, 0, out);
     ck_assert(out[0] == -1.0f);
