@@ -18,6 +18,8 @@
  * could not vouch for, which is rare: rows that left the RAM tier in
  * between, or the whole miss set after an apply or a sweep; while no
  * entry left the tier (the table's drop count), it does not even look.
+ * By the same count a pull serves the RAM entries the first pass found
+ * without looking them up again (sparse_cold_entry).
  *
  * Reads ahead: a pull may name the ids of its table's next pull. Those
  * with no RAM entry, not claimed by a batch already, are looked up under
