@@ -619,7 +619,7 @@ int psd_sparse_pull_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids
     /* The call's cold rows, cached once every row is copied out: caching
      * drops rows the clock passes over, which the loop may still need. */
     size_t *cold = malloc((n ? n : 1) * sizeof *cold), ncold = 0;
-    int rc = cold == NULL ? -ENOMEM : sparse_cold_read_next(sp, t, ids, n, next, nnext, &c);
+    int rc = cold == NULL ? -ENOMEM : sparse_cold_read_next(sp, t, ids, n, next, nnext, true, &c);
     if (rc == 0 && sp->cold_read != NULL)
         sp->cold_read(sp);
     sparse_lock(t);
@@ -908,7 +908,7 @@ int psd_sparse_push(psd_sparse *sp, struct psd_sparse_grad *g, size_t n, uint64_
     for (size_t i = 0; i < n && rc == 0; i++) {
         items[i] = (struct item){.g = &g[i], .t = g[i].t};
         rc = sparse_cold_read_next(sp, g[i].t, g[i].ids, g[i].n, g[i].next, g[i].nnext,
-                                   &items[i].cold);
+                                   false, &items[i].cold);
         *bad = i;
     }
     if (rc == 0 && sp->cold_read != NULL)

@@ -230,14 +230,12 @@ static size_t misses(psd_sparse_table *t, const int64_t *ids, size_t n, const in
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         sparse_ahead(t, ids, i, n);
+        struct sp_entry *e = !all && slot[i] >= 0 ? NULL : sparse_find(t, ids[i]);
         if (ent != NULL)
-            ent[i] = NULL;
+            ent[i] = e;
         if (!all && slot[i] >= 0)
             continue;
         uint64_t l;
-        struct sp_entry *e = sparse_find(t, ids[i]);
-        if (ent != NULL)
-            ent[i] = e;
         if (e == NULL && (l = sparse_index_get(t, ids[i])) != 0) {
             if (left != NULL && (to != NULL ? claims(to, ids[i]) : claimed(t, ids[i]))) {
                 (*left)++;
@@ -472,7 +470,7 @@ static void ahead(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b,
 /* ---- the first pass ------------------------------------------------------ */
 
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                          const int64_t *next, size_t nnext, struct sp_cold *c)
+                          const int64_t *next, size_t nnext, bool entries, struct sp_cold *c)
 {
     *c = (struct sp_cold){.n = n};
     size_t one = n ? n : 1;
@@ -505,7 +503,7 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
          * only the rows it holds, and reads the rest itself, even rows
          * the next batch claimed. */
         if (rc == 0 && t->nentries < t->rows) {
-            c->ent = malloc(one * sizeof *c->ent);
+            c->ent = entries ? malloc(one * sizeof *c->ent) : NULL;
             m = misses(t, ids, n, c->slot, false, idx, loc, mine, &left, c->ent);
         }
         pthread_mutex_unlock(&t->mu);
@@ -553,8 +551,6 @@ int sparse_cold_remap(struct sp_cold *c, const size_t *which, size_t nu)
     free(c->slot);
     c->slot = s;
     c->n = nu;
-    free(c->ent); /* (indexed by the call's ids, not the distinct ones) */
-    c->ent = NULL;
     return 0;
 }
 
@@ -613,20 +609,11 @@ struct sp_entry *sparse_cold_entry(psd_sparse *sp, psd_sparse_table *t, const st
         sparse_ahead(t, ids, i, n);
         return sparse_get(sp, t, ids[i]);
     }
-    if (i + 8 < n && c->ent[i + 8] != NULL) {
-        const char *p = (const char *)c->ent[i + 8];
-        __builtin_prefetch(p);
-        __builtin_prefetch(p + 64);
-        __builtin_prefetch(p + 128);
-        __builtin_prefetch(p + 192);
-    }
+    if (i + 8 < n && c->ent[i + 8] != NULL)
+        sparse_prefetch_entry(c->ent[i + 8]);
     struct sp_entry *e = c->ent[i];
-    if (e == NULL) /* none then: one may have come since */
-        return sparse_get(sp, t, ids[i]);
-    if (!e->ref)
-        e->ref = true;
-    atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
-    return e;
+    /* none then: one may have come since */
+    return e != NULL ? sparse_hit(sp, e) : sparse_get(sp, t, ids[i]);
 }
 
 const uint8_t *sparse_cold_row(const psd_sparse_table *t, const struct sp_cold *c, size_t i)

@@ -416,11 +416,15 @@ void sparse_unreserve(psd_sparse_table *t);
 void sparse_free_entries(psd_sparse_table *t);
 /* Fetches what the ids a few ahead of i will need into the cache. */
 void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_t n);
+/* Fetches an entry and the first lines of its row into the cache. */
+void sparse_prefetch_entry(const struct sp_entry *e);
 
 /* sparse_rows.c: with t->mu held. */
 int sparse_ready(psd_sparse *sp, psd_sparse_table *t);
 /* id's RAM entry (its clock bit set), or NULL; counts a hit or a miss. */
 struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id);
+/* e, found: its clock bit set and a hit counted, as sparse_get does. */
+struct sp_entry *sparse_hit(psd_sparse *sp, struct sp_entry *e);
 int sparse_sweep(psd_sparse *sp, psd_sparse_table *t, uint64_t clock);
 
 /* sparse_cold.c: the rows of a call that are not in the RAM tier, read
@@ -444,7 +448,8 @@ struct sp_cold {
     uint64_t applied, evicts, drops; /* when the first pass began */
     size_t left;         /* ids it left to a batch of another call */
     /* (n) the RAM entry the first pass found for ids[i], or NULL (none
-     * then); NULL when the pass looked up nothing. An entry leaves the
+     * then); NULL when the pass looked up nothing or was not asked to
+     * keep them. An entry leaves the
      * tier only through sparse_entry_drop, which counts t->drops: while
      * t->drops is still c->drops, each pointer is live and still ids[i]'s,
      * and the serve loop takes it rather than look the id up again
@@ -459,9 +464,10 @@ struct sp_cold {
  * most PSD_SEG_AREAD_MAX reads and a sixteenth of the RAM budget); the
  * table's next call takes the rows it wants from the batch as its own
  * cold rows. A call without a hint takes from the batches in flight the
- * rows it needs (and drops them). */
+ * rows it needs (and drops them). entries: keep the RAM entries found in
+ * c->ent (a pull; a push, whose rows go by distinct id, does not). */
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
-                          const int64_t *next, size_t nnext, struct sp_cold *c);
+                          const int64_t *next, size_t nnext, bool entries, struct sp_cold *c);
 /* A table's prefetch: made with it; ended (its batch waited for, its
  * buffer uncounted from sp) when it leaves its tier; freed with it. */
 void sparse_prefetch_init(psd_sparse_table *t);

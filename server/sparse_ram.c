@@ -168,16 +168,20 @@ void sparse_ahead(const psd_sparse_table *t, const int64_t *ids, size_t i, size_
         __builtin_prefetch(&t->buckets[bucket_of(t, ids[i + 16])]);
     if (i + 8 < n) {
         const struct sp_entry *e = t->buckets[bucket_of(t, ids[i + 8])];
-        if (e != NULL) {
-            const char *p = (const char *)e;
-            __builtin_prefetch(p);
-            __builtin_prefetch(p + 64);
-            __builtin_prefetch(p + 128);
-            __builtin_prefetch(p + 192);
-        } else {
+        if (e != NULL)
+            sparse_prefetch_entry(e);
+        else
             sparse_index_prefetch(t, ids[i + 8]);
-        }
     }
+}
+
+void sparse_prefetch_entry(const struct sp_entry *e)
+{
+    const char *p = (const char *)e;
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+    __builtin_prefetch(p + 128);
+    __builtin_prefetch(p + 192);
 }
 
 /* Installs a row's new state (rowf floats, rounded to the row dtype here)

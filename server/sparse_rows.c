@@ -42,17 +42,21 @@ int sparse_ready(psd_sparse *sp, psd_sparse_table *t)
     return 0;
 }
 
+struct sp_entry *sparse_hit(psd_sparse *sp, struct sp_entry *e)
+{
+    if (!e->ref)
+        e->ref = true; /* no store when set: the line stays clean */
+    atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
+    return e;
+}
+
 struct sp_entry *sparse_get(psd_sparse *sp, psd_sparse_table *t, int64_t id)
 {
     struct sp_entry *e = sparse_find(t, id);
-    if (e != NULL) {
-        if (!e->ref)
-            e->ref = true; /* no store when set: the line stays clean */
-        atomic_fetch_add_explicit(&sp->ram_hits, 1, memory_order_relaxed);
-    } else {
-        atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
-    }
-    return e;
+    if (e != NULL)
+        return sparse_hit(sp, e);
+    atomic_fetch_add_explicit(&sp->ram_misses, 1, memory_order_relaxed);
+    return NULL;
 }
 
 /* ---- sweeps ------------------------------------------------------------ */
