@@ -248,12 +248,18 @@ def run(r, engine):
         r.check(final is not None and step is not None and final > step,
                 "the job went on after the kill: global step %s -> %s" % (step, final))
         print("cluster trained in %.0f s" % (time.monotonic() - t1), flush=True)
-        # psd's metrics, from the cluster's own Prometheus.
+        # psd's metrics, from the cluster's own Prometheus. ps1's counter
+        # began again at 0 when it restarted, and its last scrape may
+        # predate the workers' pushes to the new process: the highest
+        # value each server's series took over the job is the one to ask.
         up = wait_step(c, "scrape", lambda: sorted(
             m["instance"] for m, v in c.query('up{job="psd"}') if v == 1) ==
             ["ps0:9480", "ps1:9481"], 30)
         r.check(up, "Prometheus scrapes both psd (%s)" % c.query('up{job="psd"}'))
-        pushes = c.query("sum by (instance) (psd_pushes_total)")
+        most = "max by (instance) (max_over_time(psd_pushes_total[15m]))"
+        wait_step(c, "pushes scraped", lambda: [v > 0 for _, v in c.query(most)] ==
+                  [True, True], 30)
+        pushes = c.query(most)
         r.check(len(pushes) == 2 and all(v > 0 for _, v in pushes),
                 "psd_pushes_total from Prometheus: %s" % [(m.get("instance"), v)
                                                          for m, v in pushes])
