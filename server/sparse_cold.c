@@ -367,6 +367,7 @@ static int prefetch_lookup(psd_sparse *sp, psd_sparse_table *t, struct sp_batch 
         j++;
     }
     b->n = b->nclaim = j;
+    b->ixgen = t->ix.gen;
     free(pairs);
     return 0;
 }
@@ -443,6 +444,8 @@ static int prefetch_adopt(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *
         c->slot[i] = (int32_t)sl;
         (*used)++;
     }
+    if (*used > 0 && b->ixgen < c->ixgen)
+        c->ixgen = b->ixgen;
     sparse_lock(t);
     b->nclaim = 0;
     pthread_mutex_unlock(&t->mu);
@@ -472,7 +475,7 @@ static void ahead(psd_sparse *sp, psd_sparse_table *t, struct sp_batch *b,
 int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids, size_t n,
                           const int64_t *next, size_t nnext, bool entries, struct sp_cold *c)
 {
-    *c = (struct sp_cold){.n = n};
+    *c = (struct sp_cold){.n = n, .ixgen = UINT64_MAX};
     size_t one = n ? n : 1;
     c->slot = malloc(one * sizeof *c->slot);
     size_t *idx = malloc(one * sizeof *idx);
@@ -563,15 +566,19 @@ int sparse_cold_settle(psd_sparse *sp, psd_sparse_table *t, const int64_t *ids,
     if (t->nentries >= t->rows && c->nslots == 0)
         return 0;
     bool stale = c->applied != atomic_load(&sp->log_applied) || c->evicts != t->evicts;
+    bool moved = c->ixgen != t->ix.gen; /* (no row read ahead: none to check) */
     /* A row read ahead is the row's last state only while the index still
      * points at the record read: records are never rewritten, and a row
      * leaves the tier only once its last change is applied and indexed (a
      * RAM entry, if the row has one now, is what the call answers). A
-     * push, an apply, a compaction or a sweep since: read it again. */
+     * push, an apply, a compaction or a sweep since: read it again. With
+     * the index unchanged since the batches were looked up (moved false),
+     * none of that happened to their rows, and nothing is asked. */
     uint64_t dropped = 0;
     for (size_t i = 0; i < c->n; i++) {
         int32_t sl = c->slot[i];
-        if (sl >= 0 && c->vloc[sl] != 0 && sparse_index_get(t, ids[i]) != c->vloc[sl]) {
+        if (sl >= 0 && c->vloc[sl] != 0 && moved &&
+            sparse_index_get(t, ids[i]) != c->vloc[sl]) {
             c->slot[i] = -1;
             dropped++;
         } else if (sl >= 0 && stale && sparse_find(t, ids[i]) == NULL &&

@@ -146,7 +146,7 @@ void sparse_index_free(psd_sparse_table *t)
     count_bytes(t, -(int64_t)t->ix.bytes);
     for (size_t p = 0; p < SPARSE_IX_PARTS; p++)
         free(t->ix.part[p].slot);
-    t->ix = (struct sp_index){0};
+    t->ix = (struct sp_index){.gen = t->ix.gen + 1};
 }
 
 uint64_t sparse_index_get(const psd_sparse_table *t, int64_t id)
@@ -181,6 +181,7 @@ int sparse_index_set(psd_sparse_table *t, int64_t id, uint64_t loc)
         t->ix.n++;
     }
     x->slot[i] = (struct sp_slot){.id = id, .loc = loc};
+    t->ix.gen++;
     return 0;
 }
 
@@ -194,6 +195,7 @@ bool sparse_index_replace(psd_sparse_table *t, int64_t id, uint64_t old, uint64_
     if (s->loc == 0 || s->loc != old)
         return false;
     s->loc = loc;
+    t->ix.gen++;
     return true;
 }
 
@@ -222,6 +224,7 @@ void sparse_index_del(psd_sparse_table *t, int64_t id)
     x->slot[i] = (struct sp_slot){0};
     x->n--;
     t->ix.n--;
+    t->ix.gen++;
 }
 
 /* Room for the ids of s[0..n) (one table's) the index does not hold yet,

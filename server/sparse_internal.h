@@ -130,6 +130,10 @@ struct sp_index {
     struct sp_ixpart part[SPARSE_IX_PARTS];
     size_t n;        /* ids held */
     uint64_t bytes;  /* of the parts' arrays */
+    /* Counts the changes to what an id maps to (set, replace, delete,
+     * the whole freed): while it stands still, every location looked up
+     * since is what the index still holds. Never goes back. */
+    uint64_t gen;
 };
 
 /* A row in the RAM tier: dirty while mod != saved (a change not yet
@@ -161,6 +165,7 @@ struct sp_batch {
      * the table's mu too) says so, a first pass leaves them to it. */
     int64_t *claim;
     size_t nclaim;
+    uint64_t ixgen;        /* the index's gen when the batch was looked up */
 };
 
 /* A table's prefetch: two batches, each with its own thread and ring, so
@@ -447,6 +452,10 @@ struct sp_cold {
     size_t nslots, cap;
     uint64_t applied, evicts, drops; /* when the first pass began */
     size_t left;         /* ids it left to a batch of another call */
+    /* The lowest index gen among the batches its rows read ahead came
+     * from (UINT64_MAX: none): while the index's gen is still that, each
+     * such row's location is the index's, and settle need not ask. */
+    uint64_t ixgen;
     /* (n) the RAM entry the first pass found for ids[i], or NULL (none
      * then); NULL when the pass looked up nothing or was not asked to
      * keep them. An entry leaves the

@@ -1167,16 +1167,6 @@ static bool in_ram(struct fx *f, int64_t id)
     return in;
 }
 
-/* A row read ahead that a sweep deletes before the next pull takes it
- * from its batch: the pull answers the row's initial value (it has no
- * row now), not the value read ahead. A sweep is no push, so nothing
- * takes the batch first: sparse_cold_settle's check of the record read
- * against the index is all that stands between the pull and the deleted
- * row. Rows 1 and 2 at step 1 (due at clock 120, ttl 50), and with keep
- * row 3 at step 100, stored and the tier opened again (every row cold);
- * a pull of 2 names 1 as the next; the sweep; the pull of 1 (and 3)
- * takes 1 from the batch. Without keep no row is left, so every row left
- * is in the RAM tier when that pull settles. */
 /* Rows 1 and 2 pushed at step 1 (due at clock 120 with a ttl of 50 steps),
  * row 3 at step 100 when with3, stored, and the tier opened again: every
  * row on disk. */
@@ -1190,40 +1180,6 @@ static void ttl_rows_cold(struct fx *f, bool with3)
     fx_close(f, true);
     fx_open(f, 0, 0, false);
 }
-
-static void evicted_case(bool keep)
-{
-    struct fx f;
-    int64_t old[] = {1, 2}, ids[] = {1, 3};
-    ttl_rows_cold(&f, keep);
-    float out[2 * DIM];
-    pull_next(&f, &old[1], 1, &old[0], 1, out);
-    ck_assert(out[0] == -1.0f);
-    if (reads_ahead(&f)) {
-        sweep_at_120(&f);
-        ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
-        pull_next(&f, ids, keep ? 2 : 1, &old[1], 1, out);
-        ck_assert_msg(out[0] == 0.0f, "row 1, evicted: %g (read ahead), expected 0 (none)",
-                      out[0]);
-        ck_assert(!keep || out[DIM] == -1.0f);
-        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), 1);  /* taken from the batch */
-        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 1); /* and dropped */
-        ck_assert_uint_eq(stats(&f).sparse_rows, keep ? 1 : 0);
-    }
-    fx_close(&f, true);
-}
-
-START_TEST(test_ahead_evicted)
-{
-    evicted_case(true);
-}
-END_TEST
-
-START_TEST(test_ahead_evicted_all)
-{
-    evicted_case(false);
-}
-END_TEST
 
 /* A row a pull's first pass reads from disk (without the table's mutex)
  * that a sweep deletes before the pull checks its reads under the mutex:
@@ -1242,6 +1198,71 @@ static void read_then_sweep(psd_sparse *sp)
     if (read_sweeps++ == 0)
         sweep_at_120(read_fx);
 }
+
+/* A row read ahead that a sweep deletes before a pull takes it from its
+ * batch: the pull answers the row's initial value (it has no row now),
+ * not the value read ahead. Rows 1 and 2 at step 1 (due at clock 120, ttl
+ * 50), and with keep row 3 at step 100, stored and the tier opened again
+ * (every row cold); a pull of 2 names 1 as the next; the sweep; the pull
+ * of 1 (and 3) takes 1 from the batch. With mid the sweep comes after
+ * that pull's first pass instead (the cold_read hook), when the batch's
+ * rows are taken: the index changed since the batch was looked up. A
+ * sweep is no push, so nothing takes the batch first: sparse_cold_settle's
+ * check of the record read against the index is all that stands between
+ * the pull and the deleted row. Without keep no row is left, so every row
+ * left is in the RAM tier when that pull settles. */
+static void evicted_case(bool keep, bool mid)
+{
+    struct fx f;
+    int64_t old[] = {1, 2}, ids[] = {1, 3};
+    ttl_rows_cold(&f, keep);
+    float out[2 * DIM];
+    pull_next(&f, &old[1], 1, &old[0], 1, out);
+    ck_assert(out[0] == -1.0f);
+    if (reads_ahead(&f)) {
+        read_fx = &f;
+        read_sweeps = 0;
+        if (mid)
+            f.sp->cold_read = read_then_sweep;
+        else
+            sweep_at_120(&f);
+        pull_next(&f, ids, keep ? 2 : 1, &old[1], 1, out);
+        f.sp->cold_read = NULL;
+        ck_assert_int_eq(read_sweeps, mid ? 1 : 0);
+        ck_assert_uint_eq(stats(&f).sparse_evicted, 2);
+        ck_assert_msg(out[0] == 0.0f, "row 1, evicted: %g (read ahead), expected 0 (none)",
+                      out[0]);
+        ck_assert(!keep || out[DIM] == -1.0f);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), 1);  /* taken from the batch */
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 1); /* and dropped */
+        ck_assert_uint_eq(stats(&f).sparse_rows, keep ? 1 : 0);
+    }
+    fx_close(&f, true);
+}
+
+START_TEST(test_ahead_evicted)
+{
+    evicted_case(true, false);
+}
+END_TEST
+
+START_TEST(test_ahead_evicted_all)
+{
+    evicted_case(false, false);
+}
+END_TEST
+
+START_TEST(test_ahead_evicted_mid)
+{
+    evicted_case(true, true);
+}
+END_TEST
+
+START_TEST(test_ahead_evicted_mid_all)
+{
+    evicted_case(false, true);
+}
+END_TEST
 
 /* The same order for a push: the row swept after the push read it is a
  * new row to the push (its initial value, 0, updated: -1, and counted in
@@ -1906,8 +1927,9 @@ PSCHECK_MAIN("sparse",
                          test_catalog_step, test_catalog_dropped, test_catalog_stop,
                          test_catalog_dropped_sweep, test_catalog_dropped_skip},
      &pscheck_tmp},
-    {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all, test_ahead_pushed,
-                              test_ahead_pushed_twice, test_read_evicted,
+    {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all,
+                              test_ahead_evicted_mid, test_ahead_evicted_mid_all,
+                              test_ahead_pushed, test_ahead_pushed_twice, test_read_evicted,
                               test_read_evicted_push, test_read_entry_dropped},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
