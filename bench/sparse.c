@@ -40,7 +40,13 @@
  * stored in that dtype (VariableSpec.row_dtype; Adagrad's slot float32,
  * or with --half-slots in the same dtype: VariableSpec.slot_dtype), in a
  * memory group of the same size, and a line "half rows: ... pull N rows/s
- * (X.XXx float32 rows), push N rows/s (X.XXx)" that says which.
+ * (X.XXx float32 rows), push N rows/s (X.XXx)" that says which. Both
+ * tables are filled and warmed up, each psd in its group, before either
+ * regime's timed calls, and their pulls are first timed by turns: 20
+ * rounds of 20 pulls of each table on the same ids, both psds running
+ * ("half rows, by turns: ... (X.XXx; a round's ratio ...)"). The two
+ * regimes' own timed pulls run minutes apart on a disk whose rate can
+ * drift by a third in that time; by turns, a drift weighs on both.
  *
  * Before each regime's timed calls, --warmup untimed pulls (200), and in
  * the memory-limited regimes more, 50 at a time, until psd has read twice
@@ -110,6 +116,7 @@ struct opts {
 typedef int (*op_fn)(void *ctx, int kind, int64_t *ids, float *g, float *out, uint64_t step);
 
 struct psd {
+    int slot; /* 0, or 1 for a second psd running beside it */
     pid_t pid;
     char dir[256], cg[256];
     int port;
@@ -140,9 +147,9 @@ static uint64_t mix64(uint64_t z)
  * was waited for, a directory once it was removed (a removal racing
  * stop_main's is harmless: rm -rf twice). */
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic pid_t live_psd, live_redis;
-static char live_psd_dir[256], live_redis_dir[256], live_cg[256];
-static _Atomic bool live_psd_has_dir, stopping;
+static _Atomic pid_t live_psd[2], live_redis; /* by struct psd's slot */
+static char live_psd_dir[2][256], live_redis_dir[256], live_cg[2][256];
+static _Atomic bool live_psd_has_dir[2], stopping;
 
 /* An exit of main's thread while stop_main cleans up (a call failing once
  * the signal killed its peer) waits here for stop_main's _exit: exit()
@@ -174,18 +181,21 @@ static void cg_remove(const char *cg)
  * removes their directories and the cgroup. live_mu held. */
 static void undo_live(void)
 {
-    pid_t pids[2] = {atomic_load(&live_psd), atomic_load(&live_redis)};
-    for (int i = 0; i < 2; i++)
+    pid_t pids[3] = {atomic_load(&live_psd[0]), atomic_load(&live_psd[1]),
+                     atomic_load(&live_redis)};
+    for (int i = 0; i < 3; i++)
         if (pids[i] > 0) {
             kill(pids[i], SIGKILL);
             waitpid(pids[i], NULL, 0); /* ECHILD when main's thread waited first */
         }
-    if (atomic_load(&live_psd_has_dir))
-        remove_dir(live_psd_dir);
-    if (pids[1] > 0 && live_redis_dir[0])
+    for (int k = 0; k < 2; k++)
+        if (atomic_load(&live_psd_has_dir[k]))
+            remove_dir(live_psd_dir[k]);
+    if (pids[2] > 0 && live_redis_dir[0])
         remove_dir(live_redis_dir);
-    if (live_cg[0])
-        cg_remove(live_cg);
+    for (int k = 0; k < 2; k++)
+        if (live_cg[k][0])
+            cg_remove(live_cg[k]);
 }
 
 /* An exit on a failed call (exit(1)) leaves nothing behind either: psd
@@ -229,8 +239,8 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
         close(pfd[1]);
         return -e;
     }
-    snprintf(live_psd_dir, sizeof live_psd_dir, "%s", p->dir);
-    atomic_store(&live_psd_has_dir, true);
+    snprintf(live_psd_dir[p->slot], sizeof live_psd_dir[p->slot], "%s", p->dir);
+    atomic_store(&live_psd_has_dir[p->slot], true);
     char lim[32];
     snprintf(lim, sizeof lim, "%llu", (unsigned long long)limit);
     p->pid = fork();
@@ -253,7 +263,7 @@ static int psd_start(const struct opts *o, struct psd *p, uint64_t limit)
         _exit(127);
     }
     if (p->pid > 0)
-        atomic_store(&live_psd, p->pid);
+        atomic_store(&live_psd[p->slot], p->pid);
     pthread_mutex_unlock(&live_mu);
     close(pfd[1]);
     char buf[256];
@@ -282,7 +292,7 @@ static void psd_stop(struct psd *p, double *disk, uint32_t rec)
     ps_client_destroy(p->pc);
     kill(p->pid, SIGTERM);
     waitpid(p->pid, NULL, 0);
-    atomic_store(&live_psd, 0);
+    atomic_store(&live_psd[p->slot], 0);
     char cmd[300];
     if (disk != NULL) {
         uint32_t nseg = 0;
@@ -296,7 +306,7 @@ static void psd_stop(struct psd *p, double *disk, uint32_t rec)
                                     DISK_SECONDS);
     }
     remove_dir(p->dir);
-    atomic_store(&live_psd_has_dir, false);
+    atomic_store(&live_psd_has_dir[p->slot], false);
 }
 
 static int call(struct psd *p, const char *m, const void *req, const void *desc, void **resp)
@@ -813,18 +823,46 @@ static double ideal_reads(const struct opts *o, double s, uint64_t k)
 
 /* The 4x regime's pull over its disk ceiling (0: not measured). */
 static double g_disk_frac;
+static double g_zipf_s; /* the draws' exponent, for ideal_reads */
 static double g_disk_bound[2]; /* 4x-over pulls' disk bounds: float32 rows, half rows */
 static double g_cold[2];        /* 4x-over pulls' cold reads a call: float32 rows, half rows */
 static double g_ideal[2];       /* the same with an ideal tier of the same rows */
 
-static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
-                const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
+/* A regime measured by run: what run_end needs once its psd stops. */
+struct regime {
+    struct opts o;
+    struct psd *p;
+    uint64_t limit;
+    char who[48];
+    uint64_t sr0, sr1, held; /* Stats' segment reads before and after the timed pulls */
+    double res[3];
+};
+
+static void run_end(const struct regime *rg);
+
+/* The buffers of a regime's calls: ids (batch), a gradient and rows
+ * (batch * dim). */
+static void bufs_new(const struct opts *o, int64_t **ids, float **g, float **out)
 {
-    int64_t *ids = malloc((size_t)o->batch * sizeof *ids);
-    float *g = malloc((size_t)(o->batch * o->dim) * sizeof *g);
-    float *out = malloc((size_t)(o->batch * o->dim) * sizeof *out);
+    *ids = malloc((size_t)o->batch * sizeof **ids);
+    *g = malloc((size_t)(o->batch * o->dim) * sizeof **g);
+    *out = malloc((size_t)(o->batch * o->dim) * sizeof **out);
+    if (*ids == NULL || *g == NULL || *out == NULL)
+        exit(1);
     for (long i = 0; i < o->batch * o->dim; i++)
-        g[i] = (float)((i % 7) - 3) * 0.01f;
+        (*g)[i] = (float)((i % 7) - 3) * 0.01f;
+}
+
+/* A regime's psd started (in p->cg when set) with --memory-limit limit
+ * (0: none), its table made and filled (*bytes: its size on disk), and
+ * warmed up; rg says the regime for run_timed and run_end. */
+static void run_ready(struct regime *rg, const struct opts *o, struct psd *p, uint64_t limit,
+                      const char *regime, const struct zipf *cdf, uint64_t *bytes)
+{
+    int64_t *ids;
+    float *g, *out;
+    bufs_new(o, &ids, &g, &out);
+    *rg = (struct regime){.o = *o, .p = p, .limit = limit};
     if (psd_start(o, p, limit) != 0 || create(p, o) != 0) {
         fprintf(stderr, "sparse: psd did not start\n");
         exit(1);
@@ -832,9 +870,8 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
     uint64_t b = fill(p, o, ids, g);
     if (bytes)
         *bytes = b;
-    struct psd_ctx pc = {p, o};
-    char who[32];
-    snprintf(who, sizeof who, "psd %s", regime);
+    snprintf(rg->who, sizeof rg->who, "psd %s", regime);
+    const char *who = rg->who;
     /* Warm-up: pulls of the same distribution (other draws), untimed, so
      * that the tiers hold what a steady stream keeps there, as the LMDB
      * ceiling reads a warm page cache. */
@@ -871,6 +908,24 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
                : c - o->warmup >= TURNOVER_MAX_CALLS ? "not yet read twice over (stopped at the cap)"
                                                      : "not read twice over: the tier holds what "
                                                        "the pulls draw");
+    free(ids);
+    free(g);
+    free(out);
+}
+
+/* A ready regime's calls timed into res (rows/s of pulls, pushes, pushes
+ * with return), and with pr the peers on the same calls. */
+static void run_timed(struct regime *rg, const struct zipf *cdf, double res[3],
+                      struct peers *pr)
+{
+    const struct opts *o = &rg->o;
+    struct psd *p = rg->p;
+    const char *who = rg->who;
+    uint64_t limit = rg->limit;
+    int64_t *ids;
+    float *g, *out;
+    bufs_new(o, &ids, &g, &out);
+    struct psd_ctx pc = {p, o};
     /* psd's cold reads (Stats) over the timed pulls */
     uint64_t sr0 = 0, sr1 = 0, read0 = tier_misses(p, NULL, &sr0);
     res[0] = measure(o, psd_op, &pc, 0, cdf, ids, g, out, who);
@@ -885,6 +940,34 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
            (unsigned long long)(ram >> 20));
     if (pr)
         measure_peers(o, p, cdf, ids, g, out, pr);
+    rg->sr0 = sr0;
+    rg->sr1 = sr1;
+    rg->held = held;
+    memcpy(rg->res, res, sizeof rg->res);
+    free(ids);
+    free(g);
+    free(out);
+}
+
+/* One regime, start to end. */
+static void run(const struct opts *o, struct psd *p, uint64_t limit, const char *regime,
+                const struct zipf *cdf, double res[3], uint64_t *bytes, struct peers *pr)
+{
+    struct regime rg;
+    run_ready(&rg, o, p, limit, regime, cdf, bytes);
+    run_timed(&rg, cdf, res, pr);
+    run_end(&rg);
+}
+
+/* Stops a regime's psd, and for a memory-limited one prints what the disk
+ * allows its pulls. */
+static void run_end(const struct regime *rg)
+{
+    const struct opts *o = &rg->o;
+    const double *res = rg->res;
+    const char *who = rg->who;
+    uint64_t limit = rg->limit, sr0 = rg->sr0, sr1 = rg->sr1, held = rg->held;
+    struct psd *p = rg->p;
     double disk = 0;
     /* A stored record: its 32-byte head, the row's 16-byte head, the value
      * and Adagrad's slot, each padded to 4 bytes. */
@@ -908,12 +991,95 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
         g_disk_bound[o->row_dtype != 0] = bound;
         int h = o->row_dtype != 0;
         g_cold[h] = cold / (double)o->calls;
-        g_ideal[h] = ideal_reads(o, cdf->s, held);
+        g_ideal[h] = ideal_reads(o, g_zipf_s, held);
         printf("%s: were the RAM tier's %llu rows the table's most drawn ones (an ideal "
                "replacement), a pull would make %.0f cold reads, not %.0f\n", who,
                (unsigned long long)held, g_ideal[h], g_cold[h]);
     }
-    free(ids);
+}
+
+/* Makes q's memory group, /sys/fs/cgroup/memory/bench-sparse-PID<suffix>,
+ * of limit bytes, for a psd started after (as root with cgroup v1's
+ * memory controller); false when it cannot. */
+static bool cg_make(struct psd *q, const char *suffix, uint64_t limit)
+{
+    snprintf(q->cg, sizeof q->cg, "/sys/fs/cgroup/memory/bench-sparse-%d%s", (int)getpid(),
+             suffix);
+    snprintf(live_cg[q->slot], sizeof live_cg[q->slot], "%s", q->cg);
+    char path[300];
+    snprintf(path, sizeof path, "%s/memory.limit_in_bytes", q->cg);
+    FILE *f = NULL;
+    if (geteuid() != 0 || mkdir(q->cg, 0755) != 0 || (f = fopen(path, "w")) == NULL)
+        return false;
+    fprintf(f, "%llu\n", (unsigned long long)limit);
+    return fclose(f) == 0;
+}
+
+/* Says how often q's memory group refused psd memory, and removes it. */
+static void cg_end(struct psd *q)
+{
+    if (q->cg[0]) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/memory.failcnt", q->cg);
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            unsigned long long fc = 0;
+            if (fscanf(f, "%llu", &fc) == 1)
+                printf("4x-over: the memory group %s's memory.failcnt %llu (psd was never "
+                       "killed: every call succeeded)\n", q->cg, fc);
+            fclose(f);
+        }
+        cg_remove(q->cg);
+    }
+    live_cg[q->slot][0] = 0;
+}
+
+/* The two 4x-over tables' pulls, float32 rows (psd a) and half rows (b),
+ * both psds running: blocks of TURN_CALLS pulls by turns, TURN_ROUNDS
+ * rounds, the same ids for both, each call naming the table's next one
+ * (a block's last names the first of its table's next block). The two
+ * regimes before ran minutes apart on a disk whose rate drifted by a
+ * third between them (85-126k random reads/s); taken by turns, a drift
+ * weighs on both alike. r: rows/s of a and of b. */
+#define TURN_ROUNDS 20
+#define TURN_CALLS 20
+static void interleave(const struct opts *o, struct psd *a, struct psd *b,
+                       const struct zipf *cdf, const char *hname, double r[2])
+{
+    long calls = TURN_ROUNDS * TURN_CALLS;
+    size_t nb = (size_t)o->batch;
+    int64_t *all = malloc((size_t)calls * nb * sizeof *all);
+    float *g = calloc(nb * (size_t)o->dim, sizeof *g), *out = malloc(nb * (size_t)o->dim *
+                                                                    sizeof *out);
+    double busy[2] = {0}, ratio[TURN_ROUNDS];
+    if (all == NULL || g == NULL || out == NULL)
+        exit(1);
+    uint64_t rng = 4343;
+    for (size_t i = 0; i < (size_t)calls * nb; i++)
+        all[i] = id_of(o, zipf_rank(cdf, &rng));
+    for (long k = 0; k < TURN_ROUNDS; k++) {
+        double t[2] = {0};
+        for (int w = 0; w < 2; w++)
+            for (long c = k * TURN_CALLS; c < (k + 1) * TURN_CALLS; c++) {
+                const int64_t *next = c + 1 < calls ? all + (size_t)(c + 1) * nb : NULL;
+                double t0 = now_s();
+                if (one(w ? b : a, o, 0, all + (size_t)c * nb, g, out, 0, next) != 0)
+                    exit(1);
+                t[w] += now_s() - t0;
+            }
+        busy[0] += t[0];
+        busy[1] += t[1];
+        ratio[k] = t[0] / t[1];
+    }
+    for (int w = 0; w < 2; w++)
+        r[w] = (double)calls * (double)nb / busy[w];
+    qsort(ratio, TURN_ROUNDS, sizeof *ratio, cmp_d);
+    printf("half rows, by turns: the two 4x-over tables' pulls, both psds running, %d "
+           "rounds of %d pulls each (the same ids): float32 rows %.0f rows/s, %s rows %.0f "
+           "rows/s (%.2fx; a round's ratio %.2f-%.2fx, median %.2fx)\n", TURN_ROUNDS,
+           TURN_CALLS, r[0], hname, r[1], r[1] / r[0], ratio[0], ratio[TURN_ROUNDS - 1],
+           ratio[TURN_ROUNDS / 2]);
+    free(all);
     free(g);
     free(out);
 }
@@ -978,6 +1144,7 @@ int main(int argc, char **argv)
            "draws), then %ld timed calls of each kind\n", o.warmup, o.calls);
     struct zipf zz;
     zipf_init(&zz, 1.1, (double)o.keyspace);
+    g_zipf_s = zz.s;
     const struct zipf *cdf = &zz;
     g_ranks = malloc((size_t)o.batch * sizeof *g_ranks);
     g_next_ranks = malloc((size_t)o.batch * sizeof *g_next_ranks);
@@ -990,20 +1157,20 @@ int main(int argc, char **argv)
      * ~25-50 MiB whatever the table: below 128 MiB the cgroup would measure
      * that, not the table, so smaller tables get 128 MiB (said below). */
     uint64_t limit = bytes / 4 > ((uint64_t)128 << 20) ? bytes / 4 : (uint64_t)128 << 20;
-    struct psd q = {0};
-    snprintf(q.cg, sizeof q.cg, "/sys/fs/cgroup/memory/bench-sparse-%d", (int)getpid());
-    char path[300];
-    snprintf(path, sizeof path, "%s/memory.limit_in_bytes", q.cg);
-    FILE *f = NULL;
-    snprintf(live_cg, sizeof live_cg, "%s", q.cg); /* rmdir fails harmlessly if not made */
-    if (geteuid() == 0 && mkdir(q.cg, 0755) == 0 && (f = fopen(path, "w")) != NULL) {
-        fprintf(f, "%llu\n", (unsigned long long)limit);
-        fclose(f);
+    /* Each 4x-over regime's psd in a memory group of its own, of the same
+     * size: the half-rows one runs beside the float32 one for the pulls by
+     * turns (interleave). */
+    struct psd q = {0}, q2 = {.slot = 1};
+    bool cg = cg_make(&q, "", limit) && (!o.half_rows || cg_make(&q2, "-half", limit));
+    if (cg) {
         printf("4x-over: psd in a cgroup v1 memory group of %llu MiB (table %.1fx that), "
                "--memory-limit the same\n", (unsigned long long)(limit >> 20),
                (double)bytes / (double)limit);
     } else {
-        q.cg[0] = 0;
+        cg_remove(q.cg);
+        if (q2.cg[0])
+            cg_remove(q2.cg);
+        q.cg[0] = q2.cg[0] = live_cg[0][0] = live_cg[1][0] = 0;
         printf("4x-over: no writable memory cgroup (not root, or no cgroup v1 memory "
                "controller): --memory-limit %llu MiB alone\n",
                (unsigned long long)(limit >> 20));
@@ -1012,12 +1179,15 @@ int main(int argc, char **argv)
      * same rows fill LMDB's pages more or less densely from run to run
      * (654-894 MiB seen for the in-RAM table). */
     uint64_t over_bytes = 0;
-    run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
     /* The same table with half-precision rows (Adagrad's slot float32,
      * or with --half-slots of the same dtype), in a memory group of the
      * same size: the same ids and calls, the rows widened to float32 by the
-     * client as users get them. */
-    double half[3] = {0};
+     * client as users get them. Both tables are made and warmed up first,
+     * and their pulls by turns (interleave) come before either's timed
+     * calls: the pushes insert rows, and the tables they leave are no
+     * longer the ones the timed pulls saw. Then each regime alone, as
+     * without --half-rows, the float32 psd stopped before the other's. */
+    double half[3] = {0}, turns[2] = {0};
     const char *hname = o.half_rows == 2 ? "fp16" : "bf16";
     if (o.half_rows) {
         struct opts oh = o;
@@ -1025,20 +1195,19 @@ int main(int argc, char **argv)
         oh.slot_dtype = o.half_slots ? o.half_rows : 0;
         char reg[48];
         snprintf(reg, sizeof reg, "4x-over %s%s", hname, o.half_slots ? " +slots" : "");
-        run(&oh, &q, limit, reg, cdf, half, NULL, NULL);
+        struct regime r32, r16;
+        run_ready(&r32, &o, &q, limit, "4x-over", cdf, &over_bytes);
+        run_ready(&r16, &oh, &q2, limit, reg, cdf, NULL);
+        interleave(&o, &q, &q2, cdf, hname, turns);
+        run_timed(&r32, cdf, over, NULL);
+        run_end(&r32);
+        run_timed(&r16, cdf, half, NULL);
+        run_end(&r16);
+    } else {
+        run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
     }
-    if (q.cg[0]) {
-        snprintf(path, sizeof path, "%s/memory.failcnt", q.cg);
-        if ((f = fopen(path, "r")) != NULL) {
-            unsigned long long fc = 0;
-            if (fscanf(f, "%llu", &fc) == 1)
-                printf("4x-over: the cgroup's memory.failcnt %llu (psd was never killed: "
-                       "every call succeeded)\n", fc);
-            fclose(f);
-        }
-        cg_remove(q.cg);
-    }
-    live_cg[0] = 0;
+    cg_end(&q);
+    cg_end(&q2);
     printf("ids: Zipf(1.1) over %ld ranks; %.1f%% of the %llu drawn were beyond the "
            "table's %ld first ranks (never pushed when a run began: psd answers a pull of "
            "one with its initial row, a push inserts it)\n", o.keyspace,
