@@ -823,7 +823,6 @@ static double ideal_reads(const struct opts *o, double s, uint64_t k)
 
 /* The 4x regime's pull over its disk ceiling (0: not measured). */
 static double g_disk_frac;
-static double g_zipf_s; /* the draws' exponent, for ideal_reads */
 static double g_disk_bound[2]; /* 4x-over pulls' disk bounds: float32 rows, half rows */
 static double g_cold[2];        /* 4x-over pulls' cold reads a call: float32 rows, half rows */
 static double g_ideal[2];       /* the same with an ideal tier of the same rows */
@@ -832,6 +831,7 @@ static double g_ideal[2];       /* the same with an ideal tier of the same rows 
 struct regime {
     struct opts o;
     struct psd *p;
+    const struct zipf *cdf; /* the draws */
     uint64_t limit;
     char who[48];
     uint64_t sr0, sr1, held; /* Stats' segment reads before and after the timed pulls */
@@ -862,7 +862,7 @@ static void run_ready(struct regime *rg, const struct opts *o, struct psd *p, ui
     int64_t *ids;
     float *g, *out;
     bufs_new(o, &ids, &g, &out);
-    *rg = (struct regime){.o = *o, .p = p, .limit = limit};
+    *rg = (struct regime){.o = *o, .p = p, .cdf = cdf, .limit = limit};
     if (psd_start(o, p, limit) != 0 || create(p, o) != 0) {
         fprintf(stderr, "sparse: psd did not start\n");
         exit(1);
@@ -915,10 +915,10 @@ static void run_ready(struct regime *rg, const struct opts *o, struct psd *p, ui
 
 /* A ready regime's calls timed into res (rows/s of pulls, pushes, pushes
  * with return), and with pr the peers on the same calls. */
-static void run_timed(struct regime *rg, const struct zipf *cdf, double res[3],
-                      struct peers *pr)
+static void run_timed(struct regime *rg, double res[3], struct peers *pr)
 {
     const struct opts *o = &rg->o;
+    const struct zipf *cdf = rg->cdf;
     struct psd *p = rg->p;
     const char *who = rg->who;
     uint64_t limit = rg->limit;
@@ -955,7 +955,7 @@ static void run(const struct opts *o, struct psd *p, uint64_t limit, const char 
 {
     struct regime rg;
     run_ready(&rg, o, p, limit, regime, cdf, bytes);
-    run_timed(&rg, cdf, res, pr);
+    run_timed(&rg, res, pr);
     run_end(&rg);
 }
 
@@ -991,7 +991,7 @@ static void run_end(const struct regime *rg)
         g_disk_bound[o->row_dtype != 0] = bound;
         int h = o->row_dtype != 0;
         g_cold[h] = cold / (double)o->calls;
-        g_ideal[h] = ideal_reads(o, g_zipf_s, held);
+        g_ideal[h] = ideal_reads(o, rg->cdf->s, held);
         printf("%s: were the RAM tier's %llu rows the table's most drawn ones (an ideal "
                "replacement), a pull would make %.0f cold reads, not %.0f\n", who,
                (unsigned long long)held, g_ideal[h], g_cold[h]);
@@ -1040,18 +1040,18 @@ static void cg_end(struct psd *q)
  * (a block's last names the first of its table's next block). The two
  * regimes before ran minutes apart on a disk whose rate drifted by a
  * third between them (85-126k random reads/s); taken by turns, a drift
- * weighs on both alike. r: rows/s of a and of b. */
+ * weighs on both alike. */
 #define TURN_ROUNDS 20
 #define TURN_CALLS 20
 static void interleave(const struct opts *o, struct psd *a, struct psd *b,
-                       const struct zipf *cdf, const char *hname, double r[2])
+                       const struct zipf *cdf, const char *hname)
 {
     long calls = TURN_ROUNDS * TURN_CALLS;
     size_t nb = (size_t)o->batch;
     int64_t *all = malloc((size_t)calls * nb * sizeof *all);
     float *g = calloc(nb * (size_t)o->dim, sizeof *g), *out = malloc(nb * (size_t)o->dim *
                                                                     sizeof *out);
-    double busy[2] = {0}, ratio[TURN_ROUNDS];
+    double busy[2] = {0}, r[2], ratio[TURN_ROUNDS];
     if (all == NULL || g == NULL || out == NULL)
         exit(1);
     uint64_t rng = 4343;
@@ -1144,7 +1144,6 @@ int main(int argc, char **argv)
            "draws), then %ld timed calls of each kind\n", o.warmup, o.calls);
     struct zipf zz;
     zipf_init(&zz, 1.1, (double)o.keyspace);
-    g_zipf_s = zz.s;
     const struct zipf *cdf = &zz;
     g_ranks = malloc((size_t)o.batch * sizeof *g_ranks);
     g_next_ranks = malloc((size_t)o.batch * sizeof *g_next_ranks);
@@ -1187,7 +1186,7 @@ int main(int argc, char **argv)
      * calls: the pushes insert rows, and the tables they leave are no
      * longer the ones the timed pulls saw. Then each regime alone, as
      * without --half-rows, the float32 psd stopped before the other's. */
-    double half[3] = {0}, turns[2] = {0};
+    double half[3] = {0};
     const char *hname = o.half_rows == 2 ? "fp16" : "bf16";
     if (o.half_rows) {
         struct opts oh = o;
@@ -1198,10 +1197,10 @@ int main(int argc, char **argv)
         struct regime r32, r16;
         run_ready(&r32, &o, &q, limit, "4x-over", cdf, &over_bytes);
         run_ready(&r16, &oh, &q2, limit, reg, cdf, NULL);
-        interleave(&o, &q, &q2, cdf, hname, turns);
-        run_timed(&r32, cdf, over, NULL);
+        interleave(&o, &q, &q2, cdf, hname);
+        run_timed(&r32, over, NULL);
         run_end(&r32);
-        run_timed(&r16, cdf, half, NULL);
+        run_timed(&r16, half, NULL);
         run_end(&r16);
     } else {
         run(&o, &q, limit, "4x-over", cdf, over, &over_bytes, NULL);
