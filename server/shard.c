@@ -452,6 +452,7 @@ static int start_threads(psd_shard *s)
         pthread_create(&s->sweeper, NULL, shard_sweeper_main, s) != 0)
         return -EAGAIN; /* (a started flusher is stopped by close) */
     s->threads_started = true;
+    psd_sparse_set_assist(s->sparse, s->assist);
     if (psd_sparse_start(s->sparse) != 0)
         return -EAGAIN;
     return 0;

@@ -68,6 +68,11 @@ int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out)
     return 0;
 }
 
+void psd_sparse_set_assist(psd_sparse *sp, struct psd_assist *a)
+{
+    sp->assist = a;
+}
+
 int psd_sparse_stop(psd_sparse *sp)
 {
     if (sp == NULL)

@@ -59,6 +59,7 @@
 typedef struct psd_sparse psd_sparse;             /* a shard's tier */
 typedef struct psd_sparse_table psd_sparse_table; /* one table's rows */
 struct psd_store;
+struct psd_assist;
 
 /* Largest dim a sparse table may have. */
 #define PSD_SPARSE_MAX_DIM 65536
@@ -83,6 +84,11 @@ struct psd_sparse_conf {
 int psd_sparse_open(const struct psd_sparse_conf *c, psd_sparse **out);
 /* Starts the applier thread: 0 or -EAGAIN. */
 int psd_sparse_start(psd_sparse *sp);
+/* Lends the tier the shard's helper thread (assist.h; NULL: none), which a
+ * pull that reads ahead borrows, when it is idle, to look up the next
+ * pull's ids while it looks up its own. a outlives every call of the
+ * tier. Before the first call. */
+void psd_sparse_set_assist(psd_sparse *sp, struct psd_assist *a);
 /* Stops the applier and applies the whole log: every row is in the
  * segments and LMDB's "segs_end" after it. The catalog is written for a
  * second at most (the next open replays what is left). Returns 0 or the

@@ -232,6 +232,7 @@ struct psd_sparse {
     psd_store *store;
     char *data_dir;
     uint64_t memory_limit, map_size;
+    struct psd_assist *assist; /* the shard's, lent (NULL: none) */
 
     /* The attached tables; taken after the shard's table_lock, before a
      * table's mu. */

@@ -14,6 +14,7 @@
 #include "common/errors.h"
 #include "common/half.h"
 #include "proto/ps.pb-c.h"
+#include "server/assist.h"
 #include "server/sparse.h"
 #include "server/sparse_internal.h" /* the catalog's write, a transaction at a time */
 #include "server/store.h"
@@ -41,6 +42,7 @@ struct fx {
     Ps__V1__Optimizer opt;
     int64_t shape[1];
     psd_opt o;
+    psd_assist *assist; /* lent to the tier, as the shard lends its own */
 };
 
 static void spec_make(struct fx *f, const char *name, uint32_t admit_after, uint64_t ttl,
@@ -82,6 +84,8 @@ static void fx_open(struct fx *f, uint64_t memory_limit, uint64_t max_rows, bool
                                 .memory_limit = memory_limit, .max_rows = max_rows,
                                 .segment_size = fx_segment_size};
     ck_assert_int_eq(psd_sparse_open(&c, &f->sp), 0);
+    ck_assert_int_eq(psd_assist_start(&f->assist), 0);
+    psd_sparse_set_assist(f->sp, f->assist);
     char why[256];
     ck_assert_int_eq(psd_sparse_validate(&f->spec, why, sizeof why), 0);
     if (record) {
@@ -123,7 +127,9 @@ static void fx_close(struct fx *f, bool drain)
     psd_sparse_detach(f->sp, f->t);
     psd_sparse_table_free(f->t);
     psd_sparse_close(f->sp);
+    psd_assist_stop(f->assist);
     psd_store_close(f->store);
+    f->assist = NULL;
     f->t = NULL;
     f->sp = NULL;
     f->store = NULL;
@@ -1204,7 +1210,9 @@ static void read_then_sweep(psd_sparse *sp)
  * not the value read ahead. Rows 1 and 2 at step 1 (due at clock 120, ttl
  * 50), and with keep row 3 at step 100, stored and the tier opened again
  * (every row cold); a pull of 2 names 1 as the next; the sweep; the pull
- * of 1 (and 3) takes 1 from the batch. With mid the sweep comes after
+ * of 1 (and 3), whose first pass finds 1 gone from the index and leaves
+ * nothing to the batch (the pass's own index lookup is then all that
+ * stands between the pull and the row read ahead). With mid the sweep comes after
  * that pull's first pass instead (the cold_read hook), when the batch's
  * rows are taken: the index changed since the batch was looked up. A
  * sweep is no push, so nothing takes the batch first: sparse_cold_settle's
@@ -1233,8 +1241,11 @@ static void evicted_case(bool keep, bool mid)
         ck_assert_msg(out[0] == 0.0f, "row 1, evicted: %g (read ahead), expected 0 (none)",
                       out[0]);
         ck_assert(!keep || out[DIM] == -1.0f);
-        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), 1);  /* taken from the batch */
-        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 1); /* and dropped */
+        /* Swept before the first pass: the index no longer holds row 1,
+         * and the pass leaves nothing to the batch. Swept after it: taken
+         * from the batch and dropped. */
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), mid ? 1 : 0);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), mid ? 1 : 0);
         ck_assert_uint_eq(stats(&f).sparse_rows, keep ? 1 : 0);
     }
     fx_close(&f, true);
@@ -1408,6 +1419,74 @@ END_TEST
 START_TEST(test_ahead_pushed_twice)
 {
     pushed_case(true);
+}
+END_TEST
+
+/* A job that holds the helper thread until its gate opens. */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+};
+
+static void hold(void *arg)
+{
+    struct gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A pull's hint looked up on the helper thread while the pull looks up
+ * its own ids, or, with busy (the helper held by another job), by the pull
+ * itself first: either way the batch holds the next pull's rows, and that
+ * pull takes every one of them from it, with the values pushed. Rows
+ * 0..63 pushed once (-1) and the tier opened again (every row cold); a
+ * pull of 0..31 naming 32..63, then a pull of 32..63. */
+static void helper_case(bool busy)
+{
+    struct fx f;
+    enum { N = 64, H = N / 2 };
+    fx_start(&f, 0, 0, 0, 0, 0);
+    int64_t *x = range(0, N);
+    ck_assert_int_eq(push(&f, x, N, 1.0f, 1, UINT64_MAX, NULL), 0);
+    fx_close(&f, true);
+    fx_open(&f, 0, 0, false);
+    if (reads_ahead(&f)) {
+        struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+        if (busy)
+            ck_assert(psd_assist_try(f.assist, hold, &g));
+        float out[H * DIM];
+        pull_next(&f, x, H, x + H, H, out);
+        if (busy) {
+            pthread_mutex_lock(&g.mu);
+            g.open = true;
+            pthread_cond_signal(&g.cv);
+            pthread_mutex_unlock(&g.mu);
+            psd_assist_join(f.assist);
+        }
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_reads), H); /* the hint's rows, once */
+        pull_next(&f, x + H, H, NULL, 0, out);
+        for (int i = 0; i < H; i++)
+            ck_assert_msg(out[i * DIM] == -1.0f, "row %d: %g, expected -1", H + i,
+                          out[i * DIM]);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), H);
+        ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 0);
+    }
+    free(x);
+    fx_close(&f, true);
+}
+
+START_TEST(test_ahead_helper)
+{
+    helper_case(false);
+}
+END_TEST
+
+START_TEST(test_ahead_helper_busy)
+{
+    helper_case(true);
 }
 END_TEST
 
@@ -1929,7 +2008,8 @@ PSCHECK_MAIN("sparse",
      &pscheck_tmp},
     {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all,
                               test_ahead_evicted_mid, test_ahead_evicted_mid_all,
-                              test_ahead_pushed, test_ahead_pushed_twice, test_read_evicted,
+                              test_ahead_pushed, test_ahead_pushed_twice, test_ahead_helper,
+                              test_ahead_helper_busy, test_read_evicted,
                               test_read_evicted_push, test_read_entry_dropped},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
