@@ -1442,12 +1442,13 @@ static void hold(void *arg)
  * its own ids, or, with busy (the helper held by another job), by the pull
  * itself first: either way the batch holds the next pull's rows, and that
  * pull takes every one of them from it, with the values pushed. Rows
- * 0..63 pushed once (-1) and the tier opened again (every row cold); a
- * pull of 0..31 naming 32..63, then a pull of 32..63. */
-static void helper_case(bool busy)
+ * 0..N-1 pushed once (-1) and the tier opened again (every row cold); a
+ * pull of the first half naming the second, then a pull of the second.
+ * N 64, and 2048: a pull of 1024 rows and its hint of 1024. */
+static void helper_case(bool busy, int N)
 {
     struct fx f;
-    enum { N = 64, H = N / 2 };
+    const int H = N / 2;
     fx_start(&f, 0, 0, 0, 0, 0);
     int64_t *x = range(0, N);
     ck_assert_int_eq(push(&f, x, N, 1.0f, 1, UINT64_MAX, NULL), 0);
@@ -1457,8 +1458,10 @@ static void helper_case(bool busy)
         struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
         if (busy)
             ck_assert(psd_assist_try(f.assist, hold, &g));
-        float out[H * DIM];
+        float *out = malloc((size_t)H * DIM * sizeof *out);
         pull_next(&f, x, H, x + H, H, out);
+        for (int i = 0; i < H; i++)
+            ck_assert_msg(out[i * DIM] == -1.0f, "row %d: %g, expected -1", i, out[i * DIM]);
         if (busy) {
             pthread_mutex_lock(&g.mu);
             g.open = true;
@@ -1473,6 +1476,7 @@ static void helper_case(bool busy)
                           out[i * DIM]);
         ck_assert_uint_eq(atomic_load(&f.sp->pf_rows), H);
         ck_assert_uint_eq(atomic_load(&f.sp->pf_stale), 0);
+        free(out);
     }
     free(x);
     fx_close(&f, true);
@@ -1480,13 +1484,19 @@ static void helper_case(bool busy)
 
 START_TEST(test_ahead_helper)
 {
-    helper_case(false);
+    helper_case(false, 64);
+}
+END_TEST
+
+START_TEST(test_ahead_helper_many)
+{
+    helper_case(false, 2048);
 }
 END_TEST
 
 START_TEST(test_ahead_helper_busy)
 {
-    helper_case(true);
+    helper_case(true, 64);
 }
 END_TEST
 
@@ -2009,7 +2019,8 @@ PSCHECK_MAIN("sparse",
     {"psd_sparse_pull_next", {test_ahead_evicted, test_ahead_evicted_all,
                               test_ahead_evicted_mid, test_ahead_evicted_mid_all,
                               test_ahead_pushed, test_ahead_pushed_twice, test_ahead_helper,
-                              test_ahead_helper_busy, test_read_evicted,
+                              test_ahead_helper_many, test_ahead_helper_busy,
+                              test_read_evicted,
                               test_read_evicted_push, test_read_entry_dropped},
      &pscheck_tmp},
     {"sparse_compact_tick", {test_compact_sweep, test_compact_fail_sweep,
