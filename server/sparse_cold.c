@@ -514,6 +514,8 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
     size_t m = 0, left = 0, unused;
     if (took && job.b->busy) /* (only if a hinted call left it: dropped) */
         (void)prefetch_adopt(sp, t, job.b, NULL, 0, NULL, &unused);
+    if (took)
+        job.b->n = 0; /* filled below when the table has rows to read */
     if (rc == 0) {
         sparse_lock(t);
         rc = sparse_ready(sp, t);
@@ -527,8 +529,6 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
         bool helped = took && cold && psd_assist_try(sp->assist, ahead_run, &job);
         if (took && cold && !helped)
             ahead_run(&job);
-        else if (took && !cold)
-            job.b->n = 0;
         /* The locations are copied out: the reads run without the mutex.
          * A call with a hint leaves to its batch only the rows it holds,
          * and reads the rest itself, even rows the next batch claims. */
@@ -539,8 +539,6 @@ int sparse_cold_read_next(psd_sparse *sp, psd_sparse_table *t, const int64_t *id
         if (helped)
             psd_assist_join(sp->assist);
         pthread_mutex_unlock(&t->mu);
-    } else if (took) {
-        job.b->n = 0;
     }
     struct want w = {.ids = ids, .idx = idx, .loc = loc, .m = m};
     if (rc == 0 && m > 0)
